@@ -1,0 +1,210 @@
+"""``connect`` and ``Cluster``: a store, a timestamp source and a coordinator."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from percolator._coordination import Coordination, LocalCoordination
+from percolator._encoding import FAMILIES, META_FAMILIES, META_TABLE, check_column, check_table
+from percolator._errors import InvalidArgument, PercolatorError, UnknownTableError
+from percolator._retry import LOCK_WAIT, RetryPolicy
+from percolator._store import Mutation, Read, Store
+from percolator._timestamps import HostTimestamps, StoreTimestamps, TimestampSource
+from percolator.stores import open_store
+
+__all__ = ["Cluster", "connect"]
+
+log = logging.getLogger(__name__)
+
+_OBSERVED_ROW = b"observed"
+
+
+def connect(
+    url: str,
+    *,
+    oracle: str | None = None,
+    zookeeper: str | None = None,
+    lock_ttl: float = 30.0,
+    lock_wait: float | None = None,
+    **store_options: Any,
+) -> Cluster:
+    """Connect to the repository at *url*.
+
+    *url* names the store: ``"sqlite:///abs/path.db"`` (embedded: durable, shared by
+    every process of the host, no server), ``"hbase://host:9090"`` or
+    ``"bigtable://project/instance"``. *oracle* (``"grpc://host:port"`` or
+    ``"zk://host:port/chroot"``) selects the timestamp oracle; without it the
+    embedded store uses its in-file allocator and remote stores a compare-and-set
+    counter in the store. *zookeeper* (``"host:port/chroot"``) selects ZooKeeper
+    coordination. *lock_ttl* (seconds) is how long a lock of a live but silent
+    client is honoured; *lock_wait* how long a read waits for a live lock before
+    raising :class:`LockedError` (default: twice the ttl).
+
+    :raises InvalidArgument: for a malformed url or option.
+    :raises StoreUnavailable: when the store cannot be reached.
+    """
+    if not isinstance(lock_ttl, int | float) or lock_ttl <= 0:
+        raise InvalidArgument(f"lock_ttl must be a positive number of seconds, got {lock_ttl!r}")
+    store = open_store(url, **store_options)
+    closers: list[Any] = [store]
+    try:
+        coordination: Coordination
+        if zookeeper is not None:
+            from percolator._zookeeper import ZooKeeperCoordination  # type: ignore[import-not-found]
+
+            coordination = ZooKeeperCoordination(zookeeper)
+        else:
+            path = getattr(store, "path", None)
+            coordination = LocalCoordination(f"{path}-locks" if path else None)
+        closers.append(coordination)
+        timestamps: TimestampSource
+        if oracle is not None:
+            from oracle import OracleClient
+
+            timestamps = OracleClient(oracle)
+        elif getattr(store, "path", None):
+            timestamps = HostTimestamps(store, f"{store.path}-ts")  # type: ignore[attr-defined]
+        else:
+            timestamps = StoreTimestamps(store)
+        return Cluster(
+            store,
+            timestamps,
+            coordination,
+            lock_ttl=lock_ttl,
+            lock_wait=2 * lock_ttl if lock_wait is None else lock_wait,
+        )
+    except BaseException:
+        for closer in reversed(closers):
+            closer.close()
+        raise
+
+
+class Cluster:
+    """A connection to one repository: tables, transactions, observed columns.
+
+    Thread-safe; share one per process. Use as a context manager or call
+    :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        timestamps: TimestampSource,
+        coordination: Coordination,
+        *,
+        lock_ttl: float = 30.0,
+        lock_wait: float = 60.0,
+        config_refresh: float = 0.5,
+    ) -> None:
+        self.store = store
+        self.timestamps = timestamps
+        self.coordination = coordination
+        self.lock_ttl = lock_ttl
+        self.lock_wait_policy: RetryPolicy = LOCK_WAIT.with_(deadline=lock_wait)
+        self._config_refresh = config_refresh
+        self._tables: set[str] = set()
+        self._observed: frozenset[tuple[str, str]] = frozenset()
+        self._observed_at = float("-inf")
+        self._lock = threading.Lock()
+        self._closed = False
+        self.stats: dict[str, int] = {
+            "commits": 0, "conflicts": 0, "rollbacks": 0, "locks_resolved": 0,
+        }
+        store.create_table(META_TABLE, META_FAMILIES)
+
+    # --- tables -----------------------------------------------------------------
+
+    def create_table(self, name: str) -> None:
+        """Create table *name* (idempotent)."""
+        self._check_open()
+        self.store.create_table(check_table(name), FAMILIES)
+        self._tables.add(name)
+
+    def drop_table(self, name: str) -> None:
+        """Delete table *name* and everything in it."""
+        self._check_open()
+        self.store.drop_table(check_table(name))
+        self._tables.discard(name)
+
+    def tables(self) -> list[str]:
+        """The user tables, sorted."""
+        self._check_open()
+        return [t for t in self.store.list_tables() if not t.startswith("_")]
+
+    def check_table_exists(self, name: str) -> str:
+        """Validate *name* and raise :class:`UnknownTableError` unless it exists."""
+        check_table(name)
+        if name not in self._tables:
+            known = set(self.tables())
+            self._tables = known
+            if name not in known:
+                raise UnknownTableError(name)
+        return name
+
+    # --- observed columns -----------------------------------------------------------
+
+    def observe(self, table: str, column: str) -> None:
+        """Register (*table*, *column*) as observed: commits to it set notify cells."""
+        self.check_table_exists(table)
+        check_column(column)
+        self.store.mutate_rows(
+            META_TABLE, [Mutation(_OBSERVED_ROW, [(f"m:{table}/{column}", 0, b"1")])]
+        )
+        self._observed_at = float("-inf")
+
+    def observed_columns(self) -> frozenset[tuple[str, str]]:
+        """The registered (table, column) pairs, refreshed at most every half second."""
+        now = time.monotonic()
+        if now - self._observed_at > self._config_refresh:
+            cells = self.store.read_rows(META_TABLE, [_OBSERVED_ROW], [Read("m")])
+            found = set()
+            for column, versions in cells.get(_OBSERVED_ROW, {}).items():
+                if versions and versions[0][1] == b"1":
+                    table, _, user_column = column[2:].partition("/")
+                    found.add((table, user_column))
+            self._observed = frozenset(found)
+            self._observed_at = now
+        return self._observed
+
+    def is_observed(self, table: str, column: str) -> bool:
+        return (table, column) in self.observed_columns()
+
+    # --- life cycle -----------------------------------------------------------------
+
+    def transaction(self) -> Any:
+        """A new :class:`~percolator.Transaction` (same as ``Transaction(cluster)``)."""
+        from percolator._transaction import Transaction
+
+        return Transaction(self)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PercolatorError("the cluster is closed")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Release the store, the timestamp source and the coordinator. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for part in (self.timestamps, self.coordination, self.store):
+            try:
+                part.close()
+            except Exception:  # closing must go on whatever one part says
+                log.exception("closing %r failed", part)
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<percolator.Cluster {self.store.url}{' closed' if self._closed else ''}>"

@@ -1,0 +1,317 @@
+"""Two-phase commit: prewrite (primary first, then secondaries) and commit.
+
+Store round trips for a transaction writing N cells (R = rows per table):
+
+* prewrite: one batched read of lock + newer write records per table, then one
+  compare-and-set per cell (carrying its data where the store is atomic per row);
+* commit: one timestamp, the commit point (one CAS of the primary, carrying its
+  write record on atomic stores), then one CAS per secondary (non-atomic stores:
+  one batched write of all write records first).
+
+A single-cell transaction on SQLite or Bigtable: 1 read + 2 CAS + 2 timestamps.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from percolator._encoding import (
+    DATA,
+    LOCK,
+    NOTIFY,
+    WRITE,
+    Committed,
+    Free,
+    Lock,
+    LockState,
+    WriteKind,
+    decode_lock,
+    decode_write,
+    encode_lock,
+)
+from percolator._errors import CommitUnknownError, ConflictError, PercolatorError
+from percolator._lock_resolver import release, resolve_lock, write_cells
+from percolator._store import Cell, Mutation, Read
+
+if TYPE_CHECKING:
+    from percolator._transaction import TransactionBase
+
+__all__ = ["CrashPoint", "commit_transaction"]
+
+log = logging.getLogger(__name__)
+
+NOTIFY_WEAK = b"w"
+
+
+@dataclass(frozen=True, slots=True)
+class CrashPoint:
+    """Where a test harness abandons a commit, as if the committer died there.
+
+    ``phase`` is one of ``"prewrite"`` (after ``index + 1`` cells are locked, the
+    primary first), ``"commit_point"`` (right after the primary's commit CAS) or
+    ``"commit"`` (after ``index`` secondaries are released).
+    """
+
+    phase: str
+    index: int = 0
+
+
+class SimulatedCrash(BaseException):
+    """Raised at a :class:`CrashPoint`; leaves the store exactly as a dead process would."""
+
+
+@dataclass(slots=True)
+class _Cell:
+    table: str
+    row: bytes
+    column: str
+    value: bytes | None
+    notify: bool
+    held: bytes = b""
+
+
+class _Committer:
+    def __init__(self, txn: TransactionBase, crash: CrashPoint | None) -> None:
+        self.txn = txn
+        self.cluster = txn.cluster
+        self.store = txn.cluster.store
+        self.crash = crash
+        self.start_ts = txn.start_ts
+        observed = self.cluster.observed_columns()
+        self.cells = [
+            _Cell(t, r, c, v, (t, c) in observed) for (t, r, c), v in txn._writes.items()
+        ]
+        self.primary = self.cells[0]
+        self.owner = self.cluster.coordination.current_owner()
+        self.ttl_ms = int(self.cluster.lock_ttl * 1000)
+        self.locked: list[_Cell] = []
+        self.refreshed_at = time.monotonic()
+
+    def _maybe_crash(self, phase: str, index: int) -> None:
+        if self.crash is not None and self.crash == CrashPoint(phase, index):
+            raise SimulatedCrash(f"simulated crash at {phase}[{index}]")
+
+    def _lock_for(self, cell: _Cell) -> Lock:
+        p = self.primary
+        return Lock(
+            start_ts=self.start_ts,
+            primary_table=p.table,
+            primary_row=p.row,
+            primary_column=p.column,
+            owner=self.owner,
+            wall_ms=int(time.time() * 1000),
+            ttl_ms=self.ttl_ms,
+            delete=cell.value is None,
+            notify=cell.notify,
+        )
+
+    # --- prewrite ---------------------------------------------------------------------
+
+    def _conflict(self, cell: _Cell, why: str, ts: int | None) -> ConflictError:
+        return ConflictError(
+            f"write-write conflict on {cell.table}/{cell.row!r}/{cell.column}: {why} "
+            f"(transaction {self.start_ts})",
+            start_ts=self.start_ts, conflict_ts=ts,
+            table=cell.table, row=cell.row, column=cell.column,
+        )
+
+    def _read_for_prewrite(self, cells: list[_Cell]) -> dict[int, tuple[bytes | None, list[Cell]]]:
+        """One batched read per table: each cell's lock and its write records >= start_ts."""
+        by_table: dict[str, list[_Cell]] = {}
+        for cell in cells:
+            by_table.setdefault(cell.table, []).append(cell)
+        found: dict[int, tuple[bytes | None, list[Cell]]] = {}
+        for table, group in by_table.items():
+            rows = list(dict.fromkeys(c.row for c in group))
+            columns = tuple(dict.fromkeys(c.column for c in group))
+            result = self.store.read_rows(
+                table, rows,
+                [Read(LOCK, columns), Read(WRITE, columns, min_ts=self.start_ts, versions=None)],
+            )
+            for cell in group:
+                row_cells = result.get(cell.row, {})
+                lock = row_cells.get(f"{LOCK}:{cell.column}")
+                found[id(cell)] = (
+                    lock[0][1] if lock else None, row_cells.get(f"{WRITE}:{cell.column}", [])
+                )
+        return found
+
+    def _prewrite(self, cell: _Cell, lock_raw: bytes | None, writes: list[Cell]) -> None:
+        for attempt in range(20):
+            for ts, value in writes:
+                kind, _ = decode_write(value)
+                if kind is WriteKind.ROLLBACK:
+                    if ts == self.start_ts:
+                        raise self._conflict(cell, "this transaction was rolled back", ts)
+                    continue
+                if ts > self.start_ts:
+                    raise self._conflict(cell, f"committed at {ts} after our start", ts)
+            state: LockState | None = decode_lock(lock_raw) if lock_raw is not None else None
+            if lock_raw is not None and not isinstance(state, Free):
+                # Another transaction holds it (or its primary awaits clean-up): clean it
+                # up if its fate is decided or its owner is dead, else give way.
+                if not resolve_lock(self.cluster, cell.table, cell.row, cell.column, lock_raw):
+                    raise self._conflict(
+                        cell, f"locked by live transaction {getattr(state, 'start_ts', '?')}",
+                        getattr(state, "start_ts", None),
+                    )
+            else:
+                lock = self._lock_for(cell)
+                held = encode_lock(lock)
+                puts = [] if cell.value is None else [(f"{DATA}:{cell.column}", self.start_ts,
+                                                       cell.value)]
+                if self.store.check_and_set(
+                    cell.table, cell.row, f"{LOCK}:{cell.column}", lock_raw, held, puts
+                ):
+                    cell.held = held
+                    self.locked.append(cell)
+                    return
+                if attempt > 2:
+                    raise self._conflict(cell, "the lock cell changed while we locked it", None)
+            lock_raw, writes = self._read_for_prewrite([cell])[id(cell)]
+        raise self._conflict(cell, "could not take the lock", None)
+
+    def _refresh_primary(self) -> None:
+        """A long commit keeps its primary's wall time fresh so cleaners leave it alone."""
+        if (time.monotonic() - self.refreshed_at) * 1000 < self.ttl_ms / 3:
+            return
+        p = self.primary
+        fresh = encode_lock(self._lock_for(p))
+        if not self.store.check_and_set(p.table, p.row, f"{LOCK}:{p.column}", p.held, fresh):
+            raise self._conflict(p, "rolled back by a cleaner while committing", None)
+        p.held = fresh
+        self.refreshed_at = time.monotonic()
+
+    def prewrite(self) -> None:
+        first = self._read_for_prewrite([self.primary])[id(self.primary)]
+        self._prewrite(self.primary, *first)
+        self._maybe_crash("prewrite", 0)
+        secondaries = self.cells[1:]
+        if secondaries:
+            found = self._read_for_prewrite(secondaries)
+            for index, cell in enumerate(secondaries, start=1):
+                self._refresh_primary()
+                self._prewrite(cell, *found[id(cell)])
+                self._maybe_crash("prewrite", index)
+
+    def abort(self) -> None:
+        """Release our locks (secondaries first); the data left at start_ts is never
+        referenced by a write record, so it stays invisible."""
+        for cell in reversed(self.locked):
+            try:
+                release(self.cluster, cell.table, cell.row, cell.column, cell.held,
+                        self.start_ts, None)
+            except PercolatorError:
+                log.warning("could not release lock of %d on %s/%r/%s; readers will clean it",
+                            self.start_ts, cell.table, cell.row, cell.column)
+
+    # --- commit -------------------------------------------------------------------------
+
+    def commit_point(self, commit_ts: int) -> None:
+        p = self.primary
+        self._refresh_primary()
+        column = f"{LOCK}:{p.column}"
+        delete, notify = p.value is None, p.notify
+        try:
+            if self.store.atomic_row_cas:
+                won = self.store.check_and_set(
+                    p.table, p.row, column, p.held, encode_lock(Free(self.start_ts, True)),
+                    write_cells(p.column, self.start_ts, commit_ts, delete, notify),
+                )
+            else:
+                decided = encode_lock(Committed(self.start_ts, commit_ts, delete, notify))
+                won = self.store.check_and_set(p.table, p.row, column, p.held, decided)
+        except PercolatorError as e:
+            raise CommitUnknownError(
+                f"the store failed at the commit point of transaction {self.start_ts}: {e}; "
+                "it may or may not have committed"
+            ) from e
+        if not won:
+            raise self._conflict(p, "rolled back by a cleaner before the commit point", None)
+        self._maybe_crash("commit_point", 0)
+        if not self.store.atomic_row_cas:
+            try:
+                release(self.cluster, p.table, p.row, p.column, decided, self.start_ts,
+                        (commit_ts, delete, notify))
+            except PercolatorError:
+                log.warning("committed %d but could not release its primary", self.start_ts)
+
+    def commit_secondaries(self, commit_ts: int) -> None:
+        secondaries = self.locked[1:]
+        if not self.store.atomic_row_cas:
+            by_table: dict[str, list[Mutation]] = {}
+            for cell in secondaries:
+                by_table.setdefault(cell.table, []).append(Mutation(
+                    cell.row, write_cells(cell.column, self.start_ts, commit_ts,
+                                          cell.value is None, cell.notify)))
+            for table, mutations in by_table.items():
+                self.store.mutate_rows(table, mutations)
+        for index, cell in enumerate(secondaries):
+            self._maybe_crash("commit", index)
+            release(self.cluster, cell.table, cell.row, cell.column, cell.held, self.start_ts,
+                    (commit_ts, cell.value is None, cell.notify))
+        self._maybe_crash("commit", len(secondaries))
+
+
+def _write_weak_notifications(txn: TransactionBase, commit_ts: int) -> None:
+    by_table: dict[str, list[Mutation]] = {}
+    for table, row, column in txn._weak:
+        by_table.setdefault(table, []).append(
+            Mutation(row, [(f"{NOTIFY}:{column}", commit_ts, NOTIFY_WEAK)])
+        )
+    for table, mutations in by_table.items():
+        txn.cluster.store.mutate_rows(table, mutations)
+
+
+def commit_transaction(txn: TransactionBase, crash: CrashPoint | None = None) -> int:
+    """Commit *txn* (see the module docstring); *crash* is for test harnesses only."""
+    cluster = txn.cluster
+    txn._closed = True
+    if not txn._writes:
+        if txn._weak:
+            commit_ts = cluster.timestamps.get_timestamp()
+            _write_weak_notifications(txn, commit_ts)
+        else:
+            commit_ts = txn.start_ts
+        txn.commit_ts = commit_ts
+        return commit_ts
+    committer = _Committer(txn, crash)
+    try:
+        committer.prewrite()
+    except ConflictError:
+        cluster.stats["conflicts"] += 1
+        committer.abort()
+        raise
+    except SimulatedCrash:
+        raise
+    except BaseException:
+        committer.abort()
+        raise
+    try:
+        commit_ts = cluster.timestamps.get_timestamp()
+    except BaseException:
+        committer.abort()
+        raise
+    try:
+        committer.commit_point(commit_ts)
+    except ConflictError:
+        cluster.stats["conflicts"] += 1
+        committer.abort()
+        raise
+    # Committed: what follows only cleans up; a failure leaves locks that readers
+    # roll forward.
+    txn.commit_ts = commit_ts
+    cluster.stats["commits"] += 1
+    try:
+        committer.commit_secondaries(commit_ts)
+        if txn._weak:
+            _write_weak_notifications(txn, commit_ts)
+    except SimulatedCrash:
+        raise
+    except PercolatorError:
+        log.warning("transaction %d committed at %d; clean-up left to readers",
+                    txn.start_ts, commit_ts, exc_info=True)
+    return commit_ts

@@ -1,0 +1,144 @@
+"""The coordination contract: liveness of lock owners and advisory locks.
+
+Lock resolution asks "is the owner of this lock still alive?" (Percolator §2.2:
+workers hold a token in a lock service); scanners ask for cheap, non-persisted
+advisory locks (§2.4). :class:`LocalCoordination` answers both for processes on
+one host (the embedded mode); the ZooKeeper implementation answers them for a
+cluster.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import threading
+import uuid
+import zlib
+from typing import Protocol
+
+__all__ = ["Coordination", "LocalCoordination"]
+
+
+class Coordination(Protocol):
+    def current_owner(self) -> str:
+        """This client's owner id, to put in the locks it takes.
+
+        :raises CoordinationError: when the identity is not (or no longer) registered,
+            so that nothing commits under a lost identity.
+        """
+        ...
+
+    def is_alive(self, owner: str) -> bool | None:
+        """True if *owner* is alive, False if it is certainly dead, None if unknown
+        (then only the lock's ttl decides)."""
+        ...
+
+    def try_advisory_lock(self, key: str) -> bool:
+        """Take the advisory lock *key* without waiting; True if taken."""
+        ...
+
+    def release_advisory_lock(self, key: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
+def _process_start(pid: int) -> str | None:
+    """Start time of *pid* in clock ticks since boot (tells a reused pid apart)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses: split after it.
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    return fields[19].decode()
+
+
+_closed_owners: set[str] = set()
+_closed_lock = threading.Lock()
+
+
+class LocalCoordination:
+    """Coordination among processes on one host.
+
+    An owner id is ``local/<host>/<boot id>/<pid>/<process start>/<nonce>``. An owner
+    is dead when its host booted again, when its pid is gone or now belongs to
+    another process, or when it was closed in this very process. Owners on other
+    hosts are unknown. Advisory locks are ``fcntl`` byte-range locks on a sidecar
+    file, hashed into buckets: free, cross-process, released when a process dies.
+    """
+
+    BUCKETS = 1 << 20
+
+    def __init__(self, lock_file: str | None = None) -> None:
+        self._host = socket.gethostname()
+        self._boot = _boot_id()
+        self._pid = os.getpid()
+        self._owner = "/".join(
+            ("local", self._host, self._boot, str(self._pid),
+             _process_start(self._pid) or "?", uuid.uuid4().hex[:12])
+        )
+        self._held: dict[int, str] = {}
+        self._held_lock = threading.Lock()
+        self._lock_fd = -1
+        if lock_file is not None:
+            self._lock_fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def current_owner(self) -> str:
+        return self._owner
+
+    def is_alive(self, owner: str) -> bool | None:
+        parts = owner.split("/")
+        if len(parts) != 6 or parts[0] != "local" or parts[1] != self._host:
+            return None
+        _, _, boot, pid, started, _ = parts
+        if boot != self._boot:
+            return False
+        with _closed_lock:
+            if owner in _closed_owners:
+                return False
+        return _process_start(int(pid)) == started
+
+    def _bucket(self, key: str) -> int:
+        return zlib.crc32(key.encode()) % self.BUCKETS
+
+    def try_advisory_lock(self, key: str) -> bool:
+        bucket = self._bucket(key)
+        with self._held_lock:
+            if bucket in self._held:
+                return False
+            if self._lock_fd >= 0:
+                try:
+                    fcntl.lockf(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, bucket)
+                except OSError:
+                    return False
+            self._held[bucket] = key
+            return True
+
+    def release_advisory_lock(self, key: str) -> None:
+        bucket = self._bucket(key)
+        with self._held_lock:
+            if self._held.get(bucket) != key:
+                return
+            del self._held[bucket]
+            if self._lock_fd >= 0:
+                fcntl.lockf(self._lock_fd, fcntl.LOCK_UN, 1, bucket)
+
+    def close(self) -> None:
+        """Declare this owner dead: its remaining locks may be rolled back at once."""
+        with _closed_lock:
+            _closed_owners.add(self._owner)
+        with self._held_lock:
+            self._held.clear()
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
+                self._lock_fd = -1

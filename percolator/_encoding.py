@@ -1,0 +1,238 @@
+"""Column layout and the binary codecs of lock and write cells (DESIGN.md §5).
+
+A user column ``c`` of a row is stored in physical families, with ``c`` as qualifier:
+
+=========  ===============================================================
+family     content
+=========  ===============================================================
+``d``      data: the value, at the writer's start_ts
+``w``      write records: at commit_ts, ``kind + start_ts`` of the data
+``l``      the lock cell, one current value (a state machine, below)
+``n``      notify: a hint that an observer may need to run (own family)
+=========  ===============================================================
+
+Lock cell states (first byte): ``F`` free (with a token never used before),
+``L`` locked, ``C`` committed and ``R`` rolled back (short-lived states of a primary).
+Values are fixed binary encodings, never pickle.
+
+User families starting with ``_`` are reserved (observer acknowledgements use
+``_ack:...``).
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+from enum import Enum
+
+from percolator._errors import InvalidArgument, ValueTooLargeError
+
+DATA = "d"
+WRITE = "w"
+LOCK = "l"
+NOTIFY = "n"
+FAMILIES: dict[str, int] = {DATA: 0, WRITE: 0, LOCK: 1, NOTIFY: 0}
+"""Physical families of every user table: name -> versions kept (0 = all)."""
+
+META_TABLE = "__percolator"
+META_FAMILIES: dict[str, int] = {"m": 1}
+
+MAX_VALUE_BYTES = 4 * 1024 * 1024
+"""Largest value accepted by ``set`` (4 MiB: below HBase's default cell limit)."""
+MAX_ROW_BYTES = 4096
+"""Largest row key (Bigtable's limit)."""
+MAX_COLUMN_BYTES = 1024
+
+_TABLE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}")
+_FAMILY_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+
+
+def physical(family: str, column: str) -> str:
+    return f"{family}:{column}"
+
+
+def check_table(table: object) -> str:
+    if not isinstance(table, str):
+        raise InvalidArgument(f"table must be a str, got {type(table).__name__}: {table!r}")
+    if not _TABLE_RE.fullmatch(table):
+        raise InvalidArgument(
+            f"bad table name {table!r}: use 1-200 letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit"
+        )
+    return table
+
+
+def check_row(row: object) -> bytes:
+    if not isinstance(row, bytes):
+        raise InvalidArgument(f"row must be bytes, got {type(row).__name__}: {row!r}")
+    if not row:
+        raise InvalidArgument("row must not be empty")
+    if len(row) > MAX_ROW_BYTES:
+        raise ValueTooLargeError(
+            f"row key of {len(row)} bytes is over the limit of {MAX_ROW_BYTES} bytes"
+        )
+    return row
+
+
+def check_column(column: object, *, internal: bool = False) -> str:
+    """Validate a ``"family:qualifier"`` user column name."""
+    if not isinstance(column, str):
+        raise InvalidArgument(f"column must be a str, got {type(column).__name__}: {column!r}")
+    family, sep, qualifier = column.partition(":")
+    if not sep or not family or not qualifier:
+        raise InvalidArgument(f"bad column name {column!r}: expected 'family:qualifier'")
+    if not _FAMILY_RE.fullmatch(family):
+        raise InvalidArgument(
+            f"bad column family in {column!r}: use letters, digits, '_', '.' or '-'"
+        )
+    if family.startswith("_") and not internal:
+        raise InvalidArgument(f"column family of {column!r} is reserved: names starting "
+                              "with '_' are used by percolator itself")
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in qualifier):
+        raise InvalidArgument(f"bad column qualifier in {column!r}: control characters")
+    if len(column.encode()) > MAX_COLUMN_BYTES:
+        raise ValueTooLargeError(f"column name is over the limit of {MAX_COLUMN_BYTES} bytes")
+    return column
+
+
+def check_value(value: object) -> bytes:
+    if not isinstance(value, bytes):
+        raise InvalidArgument(f"value must be bytes, got {type(value).__name__}: {value!r:.80}")
+    if len(value) > MAX_VALUE_BYTES:
+        raise ValueTooLargeError(
+            f"value of {len(value)} bytes is over the limit of {MAX_VALUE_BYTES} bytes"
+        )
+    return value
+
+
+# --- write records ---------------------------------------------------------------
+
+
+class WriteKind(Enum):
+    PUT = b"P"
+    DELETE = b"D"
+    ROLLBACK = b"R"
+
+
+_WRITE = struct.Struct(">cQ")
+
+
+def encode_write(kind: WriteKind, start_ts: int) -> bytes:
+    return _WRITE.pack(kind.value, start_ts)
+
+
+def decode_write(value: bytes) -> tuple[WriteKind, int]:
+    kind, start_ts = _WRITE.unpack(value)
+    return WriteKind(kind), start_ts
+
+
+# --- lock cell --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Lock:
+    """``LOCKED``: held by the transaction that started at ``start_ts``."""
+
+    start_ts: int
+    primary_table: str
+    primary_row: bytes
+    primary_column: str
+    owner: str
+    wall_ms: int
+    ttl_ms: int
+    delete: bool = False
+    notify: bool = False
+
+    def is_primary(self, table: str, row: bytes, column: str) -> bool:
+        return (table, row, column) == (self.primary_table, self.primary_row, self.primary_column)
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """``COMMITTED``: a primary between its commit point and its clean-up."""
+
+    start_ts: int
+    commit_ts: int
+    delete: bool = False
+    notify: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RolledBack:
+    """``ROLLED_BACK``: a primary between a cleaner's decision and its clean-up."""
+
+    start_ts: int
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    """``FREE``: no holder. ``(start_ts, outcome)`` of the last holder makes the value
+    unique, so a compare-and-set never succeeds on a value that left and came back."""
+
+    start_ts: int
+    committed: bool
+
+
+LockState = Lock | Committed | RolledBack | Free
+
+_LOCK_HEAD = struct.Struct(">cQQIB")
+_LEN = struct.Struct(">I")
+_TWO = struct.Struct(">cQQB")
+_ONE = struct.Struct(">cQ")
+_FREE = struct.Struct(">cQ?")
+
+
+def encode_lock(state: LockState) -> bytes:
+    if isinstance(state, Lock):
+        flags = (1 if state.delete else 0) | (2 if state.notify else 0)
+        parts = [_LOCK_HEAD.pack(b"L", state.start_ts, state.wall_ms, state.ttl_ms, flags)]
+        for field in (
+            state.primary_table.encode(),
+            state.primary_row,
+            state.primary_column.encode(),
+            state.owner.encode(),
+        ):
+            parts.append(_LEN.pack(len(field)))
+            parts.append(field)
+        return b"".join(parts)
+    if isinstance(state, Committed):
+        flags = (1 if state.delete else 0) | (2 if state.notify else 0)
+        return _TWO.pack(b"C", state.start_ts, state.commit_ts, flags)
+    if isinstance(state, RolledBack):
+        return _ONE.pack(b"R", state.start_ts)
+    return _FREE.pack(b"F", state.start_ts, state.committed)
+
+
+def decode_lock(value: bytes) -> LockState:
+    tag = value[:1]
+    if tag == b"L":
+        _, start_ts, wall_ms, ttl_ms, flags = _LOCK_HEAD.unpack_from(value)
+        offset = _LOCK_HEAD.size
+        fields = []
+        for _ in range(4):
+            (length,) = _LEN.unpack_from(value, offset)
+            offset += _LEN.size
+            fields.append(value[offset : offset + length])
+            offset += length
+        return Lock(
+            start_ts=start_ts,
+            primary_table=fields[0].decode(),
+            primary_row=fields[1],
+            primary_column=fields[2].decode(),
+            owner=fields[3].decode(),
+            wall_ms=wall_ms,
+            ttl_ms=ttl_ms,
+            delete=bool(flags & 1),
+            notify=bool(flags & 2),
+        )
+    if tag == b"C":
+        _, start_ts, commit_ts, flags = _TWO.unpack(value)
+        return Committed(start_ts, commit_ts, bool(flags & 1), bool(flags & 2))
+    if tag == b"R":
+        _, start_ts = _ONE.unpack(value)
+        return RolledBack(start_ts)
+    if tag == b"F":
+        _, start_ts, committed = _FREE.unpack(value)
+        return Free(start_ts, committed)
+    raise ValueError(f"corrupt lock cell value {value!r:.80}")

@@ -1,0 +1,191 @@
+"""Lazy lock resolution (Percolator §2.2; DESIGN.md §5).
+
+A lock of transaction X found by a reader or a writer is resolved by asking X's
+primary: committed -> roll the cell forward (write record, notify, FREE); rolled
+back -> free it; still locked -> wait, unless X's owner is dead or its wall time is
+past its ttl, in which case the primary is rolled back with one compare-and-set
+(the only step that can race with X's own commit point: exactly one wins).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from percolator._encoding import (
+    LOCK,
+    NOTIFY,
+    WRITE,
+    Committed,
+    Free,
+    Lock,
+    RolledBack,
+    WriteKind,
+    decode_lock,
+    decode_write,
+    encode_lock,
+    encode_write,
+)
+from percolator._store import Mutation, Read
+
+if TYPE_CHECKING:
+    from percolator._cluster import Cluster
+
+__all__ = ["TxnStatus", "check_txn_status", "resolve_lock", "write_cells"]
+
+log = logging.getLogger(__name__)
+
+NOTIFY_STRONG = b"1"
+
+
+@dataclass(frozen=True, slots=True)
+class TxnStatus:
+    """The fate of a transaction as its primary tells it."""
+
+    start_ts: int
+    commit_ts: int | None = None
+    """Set when committed."""
+    rolled_back: bool = False
+    pending: Lock | None = None
+    """The primary's lock while undecided."""
+    pending_raw: bytes | None = None
+
+    @property
+    def committed(self) -> bool:
+        return self.commit_ts is not None
+
+
+def write_cells(
+    column: str, start_ts: int, commit_ts: int, delete: bool, notify: bool
+) -> list[tuple[str, int, bytes]]:
+    """The write record (and notify cell) that make a locked cell's change visible."""
+    kind = WriteKind.DELETE if delete else WriteKind.PUT
+    cells = [(f"{WRITE}:{column}", commit_ts, encode_write(kind, start_ts))]
+    if notify:
+        cells.append((f"{NOTIFY}:{column}", commit_ts, NOTIFY_STRONG))
+    return cells
+
+
+def release(
+    cluster: Cluster,
+    table: str,
+    row: bytes,
+    column: str,
+    held: bytes,
+    start_ts: int,
+    commit: tuple[int, bool, bool] | None,
+) -> bool:
+    """Move a lock cell from *held* to FREE, first making the outcome durable.
+
+    *commit* is ``(commit_ts, delete, notify)`` for a committed transaction (its write
+    record and notify cell are written, atomically with the release where the
+    store can) or None for a rolled-back one. Returns whether the CAS won.
+    """
+    store = cluster.store
+    free = encode_lock(Free(start_ts, commit is not None))
+    puts = write_cells(column, start_ts, *commit) if commit is not None else []
+    if puts and not store.atomic_row_cas:
+        store.mutate_rows(table, [Mutation(row, puts)])
+        puts = []
+    return store.check_and_set(table, row, f"{LOCK}:{column}", held, free, puts)
+
+
+def check_txn_status(cluster: Cluster, lock: Lock) -> TxnStatus:
+    """Read X's primary (lock cell first, then write records, in one row read) and
+    tell whether X committed, rolled back, or is pending. Finishes the clean-up of a
+    primary caught between its decision and FREE."""
+    table, row, column = lock.primary_table, lock.primary_row, lock.primary_column
+    start_ts = lock.start_ts
+    cells = cluster.store.read_rows(
+        table,
+        [row],
+        [Read(LOCK, (column,)), Read(WRITE, (column,), min_ts=start_ts, versions=None)],
+    ).get(row, {})
+    lock_cell = cells.get(f"{LOCK}:{column}")
+    raw = lock_cell[0][1] if lock_cell else None
+    state = decode_lock(raw) if raw is not None else None
+    if isinstance(state, Lock) and state.start_ts == start_ts:
+        return TxnStatus(start_ts, pending=state, pending_raw=raw)
+    if isinstance(state, Committed) and state.start_ts == start_ts:
+        assert raw is not None
+        release(cluster, table, row, column, raw, start_ts,
+                (state.commit_ts, state.delete, state.notify))
+        return TxnStatus(start_ts, commit_ts=state.commit_ts)
+    if isinstance(state, RolledBack) and state.start_ts == start_ts:
+        assert raw is not None
+        release(cluster, table, row, column, raw, start_ts, None)
+        return TxnStatus(start_ts, rolled_back=True)
+    for ts, value in cells.get(f"{WRITE}:{column}", []):
+        kind, data_ts = decode_write(value)
+        if data_ts == start_ts:
+            if kind is WriteKind.ROLLBACK:
+                return TxnStatus(start_ts, rolled_back=True)
+            return TxnStatus(start_ts, commit_ts=ts)
+    # The primary is locked first, so a lock of X elsewhere means X locked its primary;
+    # with neither lock nor write record left there, X was rolled back.
+    return TxnStatus(start_ts, rolled_back=True)
+
+
+def _expired(lock: Lock) -> bool:
+    return time.time() * 1000 > lock.wall_ms + lock.ttl_ms
+
+
+def roll_back_primary(cluster: Cluster, status: TxnStatus) -> bool:
+    """The cleaner's decision: CAS X's primary LOCKED -> ROLLED_BACK, then leave a
+    ROLLBACK record at X.start_ts and free the cell. False if X moved first."""
+    lock, raw = status.pending, status.pending_raw
+    assert lock is not None and raw is not None
+    table, row, column = lock.primary_table, lock.primary_row, lock.primary_column
+    decided = encode_lock(RolledBack(lock.start_ts))
+    if not cluster.store.check_and_set(table, row, f"{LOCK}:{column}", raw, decided):
+        return False
+    cluster.store.mutate_rows(
+        table,
+        [Mutation(row, [(f"{WRITE}:{column}", lock.start_ts,
+                         encode_write(WriteKind.ROLLBACK, lock.start_ts))])],
+    )
+    release(cluster, table, row, column, decided, lock.start_ts, None)
+    log.info("rolled back transaction %d (owner %s)", lock.start_ts, lock.owner)
+    return True
+
+
+def resolve_lock(
+    cluster: Cluster, table: str, row: bytes, column: str, raw: bytes
+) -> bool:
+    """Resolve the lock cell value *raw* found at (*table*, *row*, *column*).
+
+    Returns True when the cell was dealt with (or changed under us): read again.
+    Returns False when its transaction is alive and within its ttl: wait.
+    """
+    state = decode_lock(raw)
+    if isinstance(state, Free):
+        return True
+    if isinstance(state, Committed):
+        release(cluster, table, row, column, raw, state.start_ts,
+                (state.commit_ts, state.delete, state.notify))
+        return True
+    if isinstance(state, RolledBack):
+        release(cluster, table, row, column, raw, state.start_ts, None)
+        return True
+    status = check_txn_status(cluster, state)
+    if status.pending is not None:
+        primary = status.pending
+        alive = cluster.coordination.is_alive(primary.owner)
+        if alive is not False and not _expired(primary):
+            return False
+        if not roll_back_primary(cluster, status):
+            return True  # X moved (committed, refreshed or cleaned): look again
+        status = TxnStatus(state.start_ts, rolled_back=True)
+        cluster.stats["locks_resolved"] += 1
+    if state.is_primary(table, row, column):
+        return True  # check_txn_status or roll_back_primary already cleaned it
+    if status.commit_ts is not None:
+        release(cluster, table, row, column, raw, state.start_ts,
+                (status.commit_ts, state.delete, state.notify))
+    else:
+        release(cluster, table, row, column, raw, state.start_ts, None)
+    cluster.stats["locks_resolved"] += 1
+    return True
+

@@ -1,0 +1,162 @@
+"""Retry policies (in the style of kazoo's ``KazooRetry``) and ``@transactional``."""
+
+from __future__ import annotations
+
+import functools
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
+
+from percolator._errors import InvalidArgument, is_retryable
+
+if TYPE_CHECKING:
+    from percolator._transaction import TransactionBase
+
+__all__ = ["RetryPolicy", "transactional"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often and how long to retry.
+
+    ``max_tries`` bounds the attempts (None: only the deadline bounds them); the n-th
+    wait is ``delay * backoff**n`` capped at ``max_delay``, plus up to ``max_jitter``
+    of itself at random; ``deadline`` (seconds, None: none) bounds the total time.
+    """
+
+    max_tries: int | None = 50
+    delay: float = 0.002
+    backoff: float = 2.0
+    max_jitter: float = 0.5
+    max_delay: float = 0.5
+    deadline: float | None = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_tries is not None and self.max_tries < 1:
+            raise InvalidArgument(f"max_tries must be >= 1 or None, got {self.max_tries!r}")
+        for name in ("delay", "backoff", "max_jitter", "max_delay"):
+            if getattr(self, name) < 0:
+                raise InvalidArgument(f"{name} must be >= 0, got {getattr(self, name)!r}")
+
+    def with_(self, **changes: Any) -> RetryPolicy:
+        return replace(self, **changes)
+
+    def attempts(self) -> Attempts:
+        """A fresh counter for one operation (policies are shared, counters are not)."""
+        return Attempts(self)
+
+
+class Attempts:
+    """The state of one retried operation."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self.tries = 1
+        self._start = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._start
+
+    def wait(self) -> bool:
+        """Sleep before the next try; False (without sleeping) when the policy is spent."""
+        p = self.policy
+        if p.max_tries is not None and self.tries >= p.max_tries:
+            return False
+        pause = min(p.delay * p.backoff ** (self.tries - 1), p.max_delay)
+        pause += random.uniform(0, pause * p.max_jitter)
+        if p.deadline is not None and self.elapsed() + pause > p.deadline:
+            return False
+        time.sleep(pause)
+        self.tries += 1
+        return True
+
+
+CONFLICT_RETRY = RetryPolicy(max_tries=30, delay=0.002, max_delay=0.2, deadline=60.0)
+"""Default of ``@transactional``: rerun the body after a conflict."""
+LOCK_WAIT = RetryPolicy(max_tries=None, delay=0.001, backoff=1.6, max_delay=0.1, deadline=None)
+"""Waiting for a live transaction's lock (the deadline is set from the lock ttl)."""
+
+
+@overload
+def transactional(
+    func: Callable[Concatenate[TransactionBase, P], R],
+) -> Callable[Concatenate[Any, P], R]: ...
+
+
+@overload
+def transactional(
+    func: None = None,
+    *,
+    retry: RetryPolicy | None = None,
+    retries: int | None = None,
+    backoff: float | None = None,
+) -> Callable[[Callable[Concatenate[TransactionBase, P], R]], Callable[Concatenate[Any, P], R]]: ...
+
+
+def transactional(
+    func: Callable[Concatenate[TransactionBase, P], R] | None = None,
+    *,
+    retry: RetryPolicy | None = None,
+    retries: int | None = None,
+    backoff: float | None = None,
+) -> Any:
+    """Make a function of a transaction callable with a cluster or a transaction.
+
+    Called with a :class:`~percolator.Cluster`, the wrapper begins a transaction, runs
+    the body, commits, and on :class:`~percolator.ConflictError` or
+    :class:`~percolator.LockedError` retries with jittered exponential backoff
+    (policy *retry*, or the default with *retries* tries and *backoff* factor).
+    Called with a transaction, it runs the body inside it, so decorated functions
+    compose. Use bare (``@transactional``) or with options
+    (``@transactional(retries=5)``).
+
+    .. warning:: the body may run several times: keep side effects out of it.
+
+    :raises ConflictError: when the retries are spent.
+    """
+    policy = retry or CONFLICT_RETRY
+    if retries is not None:
+        policy = policy.with_(max_tries=retries)
+    if backoff is not None:
+        policy = policy.with_(backoff=backoff)
+
+    def decorate(
+        body: Callable[Concatenate[TransactionBase, P], R],
+    ) -> Callable[Concatenate[Any, P], R]:
+        @functools.wraps(body)
+        def run(target: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
+            from percolator._cluster import Cluster
+            from percolator._transaction import Transaction, TransactionBase
+
+            if isinstance(target, TransactionBase):
+                return body(target, *args, **kwargs)
+            if not isinstance(target, Cluster):
+                raise InvalidArgument(
+                    f"{body.__name__}() needs a Cluster or a transaction as first argument, "
+                    f"got {type(target).__name__}"
+                )
+            attempts = policy.attempts()
+            while True:
+                txn = Transaction(target)
+                try:
+                    result = body(txn, *args, **kwargs)
+                    txn.commit()
+                    return result
+                except Exception as error:
+                    txn.rollback()
+                    if not is_retryable(error) or not attempts.wait():
+                        raise
+                except BaseException:
+                    txn.rollback()
+                    raise
+
+        return run
+
+    if func is not None:
+        return decorate(func)
+    return decorate

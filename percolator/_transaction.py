@@ -1,0 +1,385 @@
+"""The transaction type ladder: ``Snapshot`` (reads) -> ``TransactionBase`` (writes)
+-> ``Transaction`` (commit). Observers and loaders receive a ``TransactionBase``:
+they read and write; the framework commits and retries for them."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Iterator, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from percolator._encoding import (
+    DATA,
+    LOCK,
+    WRITE,
+    Committed,
+    Lock,
+    WriteKind,
+    check_column,
+    check_row,
+    check_value,
+    decode_lock,
+    decode_write,
+)
+from percolator._errors import InvalidArgument, LockedError, TransactionClosedError
+from percolator._lock_resolver import resolve_lock
+from percolator._store import Read, RowCells
+
+if TYPE_CHECKING:
+    from percolator._cluster import Cluster
+
+__all__ = ["Snapshot", "Transaction", "TransactionBase"]
+
+WriteKey = tuple[str, bytes, str]
+
+
+def _check_bound(name: str, value: object) -> bytes | None:
+    if value is not None and not isinstance(value, bytes):
+        raise InvalidArgument(
+            f"{name} must be bytes or None, got {type(value).__name__}: {value!r}"
+        )
+    return value
+
+
+def _check_columns(columns: object, *, internal: bool) -> list[str]:
+    if isinstance(columns, str | bytes) or not isinstance(columns, Iterable):
+        raise InvalidArgument(
+            f"columns must be a list of 'family:qualifier' strings, got {columns!r:.80}"
+        )
+    return [check_column(c, internal=internal) for c in columns]
+
+
+class Snapshot:
+    """Consistent reads at :attr:`start_ts`: every read sees exactly the transactions
+    that committed before it (Percolator's snapshot isolation).
+
+    Reads block on (and resolve) locks of older transactions; they wait at most the
+    cluster's lock wait, then raise :class:`LockedError`.
+    """
+
+    _internal_columns = False
+
+    def __init__(self, cluster: Cluster, *, start_ts: int | None = None) -> None:
+        from percolator._cluster import Cluster
+
+        if not isinstance(cluster, Cluster):
+            raise InvalidArgument(
+                f"a transaction needs a percolator.Cluster, got {type(cluster).__name__}"
+            )
+        cluster._check_open()
+        self.cluster = cluster
+        self.start_ts: int = cluster.timestamps.get_timestamp() if start_ts is None else start_ts
+        self._closed = False
+
+    # --- validation ---------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransactionClosedError(
+                f"transaction {self.start_ts} is already committed or rolled back; "
+                "start a new one"
+            )
+
+    def _check_cell(self, table: str, row: bytes, column: str) -> None:
+        self._check_open()
+        self.cluster.check_table_exists(table)
+        check_row(row)
+        check_column(column, internal=self._internal_columns)
+
+    # --- store reads ----------------------------------------------------------------
+
+    def _reads(self, columns: Sequence[str] | None) -> list[Read]:
+        qualifiers = None if columns is None else tuple(columns)
+        return [
+            Read(LOCK, qualifiers),
+            Read(WRITE, qualifiers, max_ts=self.start_ts),
+            Read(DATA, qualifiers, max_ts=self.start_ts),
+        ]
+
+    def _blocking(self, cells: RowCells) -> list[tuple[str, bytes]]:
+        """Lock cells that hide a change at or below start_ts."""
+        found = []
+        for name, versions in cells.items():
+            if not name.startswith("l:"):
+                continue
+            state = decode_lock(versions[0][1])
+            if (isinstance(state, Lock) and state.start_ts <= self.start_ts) or (
+                isinstance(state, Committed) and state.commit_ts <= self.start_ts
+            ):
+                found.append((name[2:], versions[0][1]))
+        return found
+
+    def _wait_for_locks(
+        self, table: str, row: bytes, blocked: list[tuple[str, bytes]], attempts: object
+    ) -> object:
+        from percolator._retry import Attempts
+
+        progressed = False
+        for column, raw in blocked:
+            if resolve_lock(self.cluster, table, row, column, raw):
+                progressed = True
+        if progressed:
+            return attempts
+        if attempts is None:
+            attempts = self.cluster.lock_wait_policy.attempts()
+        assert isinstance(attempts, Attempts)
+        if not attempts.wait():
+            column, raw = blocked[0]
+            lock = decode_lock(raw)
+            holder = getattr(lock, "start_ts", "?")
+            raise LockedError(
+                f"{table}/{row!r}/{column} is locked by transaction {holder}"
+                f" (owner {getattr(lock, 'owner', '?')}), still alive after waiting "
+                f"{attempts.elapsed():.1f}s; retry later",
+                table=table, row=row, column=column, lock_ts=getattr(lock, "start_ts", 0),
+            )
+        return attempts
+
+    def _read_row(self, table: str, row: bytes, columns: Sequence[str] | None) -> dict[str, bytes]:
+        attempts: object = None
+        store = self.cluster.store
+        while True:
+            cells = store.read_rows(table, [row], self._reads(columns)).get(row, {})
+            blocked = self._blocking(cells)
+            if not blocked:
+                return self._values(table, row, cells)
+            attempts = self._wait_for_locks(table, row, blocked, attempts)
+
+    def _values(self, table: str, row: bytes, cells: RowCells) -> dict[str, bytes]:
+        """Decode the visible values from a row read (lock-free at start_ts)."""
+        values: dict[str, bytes] = {}
+        for name, writes in cells.items():
+            if not name.startswith("w:"):
+                continue
+            column = name[2:]
+            if not self._internal_columns and column.startswith("_"):
+                continue
+            kind, data_ts = decode_write(writes[0][1])
+            if kind is WriteKind.ROLLBACK:
+                found = self._newest_write(table, row, column)
+                if found is None:
+                    continue
+                kind, data_ts = found
+            if kind is WriteKind.DELETE:
+                continue
+            data = cells.get(f"{DATA}:{column}")
+            if data and data[0][0] == data_ts:
+                values[column] = data[0][1]
+            else:
+                exact = self.cluster.store.read_rows(
+                    table, [row], [Read(DATA, (column,), min_ts=data_ts, max_ts=data_ts)]
+                )
+                versions = exact.get(row, {}).get(f"{DATA}:{column}")
+                if versions:
+                    values[column] = versions[0][1]
+        return values
+
+    def _newest_write(self, table: str, row: bytes, column: str) -> tuple[WriteKind, int] | None:
+        """The newest PUT/DELETE record at or below start_ts, skipping ROLLBACK records."""
+        cells = self.cluster.store.read_rows(
+            table, [row], [Read(WRITE, (column,), max_ts=self.start_ts, versions=None)]
+        )
+        for _, value in cells.get(row, {}).get(f"{WRITE}:{column}", []):
+            kind, data_ts = decode_write(value)
+            if kind is not WriteKind.ROLLBACK:
+                return kind, data_ts
+        return None
+
+    # --- public reads ---------------------------------------------------------------
+
+    def _own(self, key: WriteKey) -> tuple[bool, bytes | None]:
+        return False, None
+
+    def get(self, table: str, row: bytes, column: str) -> bytes | None:
+        """The value of (*table*, *row*, *column*) in this snapshot, or None.
+
+        .. warning:: blocks while an older transaction holds a lock on the cell.
+        :raises LockedError: when that lock outlives the cluster's lock wait.
+        """
+        self._check_cell(table, row, column)
+        own, value = self._own((table, row, column))
+        if own:
+            return value
+        return self._read_row(table, row, [column]).get(column)
+
+    def get_row(self, table: str, row: bytes, columns: Sequence[str]) -> dict[str, bytes]:
+        """The present values among *columns* of one row, in one store read."""
+        self._check_open()
+        self.cluster.check_table_exists(table)
+        check_row(row)
+        wanted = _check_columns(columns, internal=self._internal_columns)
+        result: dict[str, bytes] = {}
+        missing = []
+        for column in wanted:
+            own, value = self._own((table, row, column))
+            if not own:
+                missing.append(column)
+            elif value is not None:
+                result[column] = value
+        if missing:
+            result.update(self._read_row(table, row, missing))
+        return result
+
+    def scan(
+        self,
+        table: str,
+        start: bytes | None = None,
+        stop: bytes | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> Iterator[tuple[bytes, dict[str, bytes]]]:
+        """Rows in ``[start, stop)`` in row order with their visible *columns* (all
+        user columns when None); rows with none of them are skipped."""
+        self._check_open()
+        self.cluster.check_table_exists(table)
+        _check_bound("start", start)
+        _check_bound("stop", stop)
+        wanted = None if columns is None else _check_columns(
+            columns, internal=self._internal_columns
+        )
+        return self._scan(table, start, stop, wanted)
+
+    def _scan(
+        self, table: str, start: bytes | None, stop: bytes | None, columns: list[str] | None
+    ) -> Iterator[tuple[bytes, dict[str, bytes]]]:
+        stored = self.cluster.store.scan(table, start, stop, self._reads(columns))
+        for row, cells in stored:
+            if self._blocking(cells):
+                yield row, self._read_row(table, row, columns)
+            else:
+                yield row, self._values(table, row, cells)
+
+    # --- life cycle -------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"<percolator.{type(self).__name__} start_ts={self.start_ts} {state}>"
+
+
+class TransactionBase(Snapshot):
+    """Reads plus buffered writes. Writes are seen by later reads of the same
+    transaction and reach the store only at commit."""
+
+    def __init__(self, cluster: Cluster, *, start_ts: int | None = None) -> None:
+        super().__init__(cluster, start_ts=start_ts)
+        self._writes: dict[WriteKey, bytes | None] = {}
+        self._weak: dict[WriteKey, None] = {}
+        self.commit_ts: int | None = None
+
+    def _own(self, key: WriteKey) -> tuple[bool, bytes | None]:
+        if key in self._writes:
+            return True, self._writes[key]
+        return False, None
+
+    def set(self, table: str, row: bytes, column: str, value: bytes) -> None:
+        """Write *value* to the cell at commit (buffered until then)."""
+        self._check_cell(table, row, column)
+        self._writes[(table, row, column)] = check_value(value)
+
+    def delete(self, table: str, row: bytes, column: str) -> None:
+        """Delete the cell at commit."""
+        self._check_cell(table, row, column)
+        self._writes[(table, row, column)] = None
+
+    def notify(self, table: str, row: bytes, column: str) -> None:
+        """A weak notification: at commit, mark the cell dirty for its observer
+        without writing it (no conflicts, no acknowledgement check)."""
+        self._check_cell(table, row, column)
+        self._weak[(table, row, column)] = None
+
+    @property
+    def writes(self) -> dict[WriteKey, bytes | None]:
+        """The buffered writes (value None: a delete), in the order first written."""
+        return dict(self._writes)
+
+    def _scan(
+        self, table: str, start: bytes | None, stop: bytes | None, columns: list[str] | None
+    ) -> Iterator[tuple[bytes, dict[str, bytes]]]:
+        own: dict[bytes, dict[str, bytes | None]] = {}
+        for (t, row, column), value in self._writes.items():
+            if t != table or (start is not None and row < start) or (stop and row >= stop):
+                continue
+            if columns is not None and column not in columns:
+                continue
+            if column.startswith("_") and not self._internal_columns:
+                continue
+            own.setdefault(row, {})[column] = value
+        if not own:
+            yield from super()._scan(table, start, stop, columns)
+            return
+        stored = super()._scan(table, start, stop, columns)
+        pending: list[tuple[bytes, dict[str, bytes]]] = [(row, {}) for row in sorted(own)]
+        for row, values in _merge_rows(stored, pending):
+            merged = dict(values)
+            for column, value in own.get(row, {}).items():
+                if value is None:
+                    merged.pop(column, None)
+                else:
+                    merged[column] = value
+            if merged:
+                yield row, merged
+
+
+def _merge_rows(
+    a: Iterable[tuple[bytes, dict[str, bytes]]], b: Iterable[tuple[bytes, dict[str, bytes]]]
+) -> Iterator[tuple[bytes, dict[str, bytes]]]:
+    """Merge two row-ordered streams, joining rows present in both."""
+    previous: tuple[bytes, dict[str, bytes]] | None = None
+    for row, values in heapq.merge(a, b, key=lambda item: item[0]):
+        if previous is not None and previous[0] == row:
+            previous = (row, {**values, **previous[1]})
+            continue
+        if previous is not None:
+            yield previous
+        previous = (row, values)
+    if previous is not None:
+        yield previous
+
+
+class Transaction(TransactionBase):
+    """A snapshot-isolation transaction over any number of rows and tables.
+
+    Takes its start timestamp when created. As a context manager it commits on a
+    clean exit and rolls back on an exception::
+
+        with percolator.Transaction(cluster) as txn:
+            txn.set("accounts", b"alice", "bal:amount", b"90")
+    """
+
+    def commit(self) -> int:
+        """Commit the buffered writes (Percolator's two-phase commit); returns the
+        commit timestamp (the start timestamp for a transaction with no writes).
+
+        :raises ConflictError: another transaction wrote or locked a cell we write;
+            nothing of this transaction remains.
+        :raises CommitUnknownError: the store failed at the commit point itself.
+        """
+        from percolator._commit import commit_transaction
+
+        self._check_open()
+        return commit_transaction(self)
+
+    def rollback(self) -> None:
+        """Discard the buffered writes. Idempotent; a no-op after commit."""
+        self._closed = True
+        self._writes.clear()
+        self._weak.clear()
+
+    def __enter__(self) -> Transaction:
+        self._check_open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None and not self._closed:
+            self.commit()
+        else:
+            self.rollback()

@@ -1,0 +1,391 @@
+"""The embedded store: one SQLite file in WAL mode, shared by processes on one host.
+
+Each (table, family) pair is its own SQLite table, keyed ``(row, qual, ts)`` without
+rowid: a family is its own locality group, so a scan of the sparse notify family
+touches only its cells. Every contract call is one SQLite statement or one
+``BEGIN IMMEDIATE`` transaction (a "round trip" in the benchmarks):
+
+=================  ====================================================
+``read_rows``       one SELECT (a UNION ALL of the requested reads)
+``mutate_rows``     one write transaction
+``check_and_set``   one write transaction (puts applied atomically)
+``scan``            one SELECT per batch of rows
+=================  ====================================================
+
+``synchronous=NORMAL`` in WAL mode: a committed write survives ``kill -9`` of any
+process (the WAL is in the OS page cache); only a power cut may lose the last
+transactions, never corrupt the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from percolator._errors import InvalidArgument, StoreUnavailable, UnknownTableError
+from percolator._store import Mutation, Read, RowCells
+
+__all__ = ["SqliteStore", "open_sqlite_store"]
+
+log = logging.getLogger(__name__)
+
+_CATALOG = "_percolator_catalog"
+_MAX_TS = (1 << 63) - 1
+
+
+def open_sqlite_store(url: str, **options: Any) -> SqliteStore:
+    """Open ``sqlite:///absolute/path.db`` (``sqlite:///:memory:`` is refused: the
+    store is shared between connections). Query options: ``busy_timeout`` (s)."""
+    parts = urlsplit(url)
+    if parts.netloc or not parts.path.startswith("/") or parts.path == "/":
+        raise InvalidArgument(
+            f"bad sqlite url {url!r}: expected 'sqlite:///absolute/path/to/file.db'"
+        )
+    query = dict(parse_qsl(parts.query))
+    query.update({k: str(v) for k, v in options.items()})
+    try:
+        busy = float(query.pop("busy_timeout", "60"))
+    except ValueError:
+        raise InvalidArgument(f"bad busy_timeout in {url!r}: expected seconds") from None
+    if query:
+        raise InvalidArgument(f"unknown sqlite store options {sorted(query)} in {url!r}")
+    return SqliteStore(parts.path, busy_timeout=busy)
+
+
+def _sql_name(table: str, family: str) -> str:
+    return '"' + f"{table}#{family}".replace('"', '""') + '"'
+
+
+class SqliteStore:
+    """The store contract on one SQLite file (see the module docstring)."""
+
+    atomic_row_cas = True
+
+    def __init__(self, path: str, *, busy_timeout: float = 60.0) -> None:
+        self.path = path
+        self.url = f"sqlite://{path}"
+        self._busy_timeout = busy_timeout
+        self._local = threading.local()
+        self._families: dict[str, dict[str, int]] = {}
+        self._closed = False
+        self._all_connections: list[sqlite3.Connection] = []
+        self._conn_lock = threading.Lock()
+        directory = os.path.dirname(path) or "."
+        if not os.path.isdir(directory):
+            raise StoreUnavailable(
+                f"cannot open sqlite store {self.url}: directory {directory!r} does not exist"
+            )
+        with self._write() as db:
+            db.execute(
+                f"CREATE TABLE IF NOT EXISTS {_CATALOG} "
+                "(name TEXT PRIMARY KEY, families TEXT NOT NULL)"
+            )
+
+    # --- connections ------------------------------------------------------------
+
+    def _db(self) -> sqlite3.Connection:
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is not None and self._local.pid == os.getpid():
+            return db
+        if self._closed:
+            raise StoreUnavailable(f"sqlite store {self.url} is closed")
+        try:
+            db = sqlite3.connect(
+                self.path,
+                timeout=self._busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+                cached_statements=512,
+            )
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+        except sqlite3.Error as e:
+            raise StoreUnavailable(f"cannot open sqlite store {self.url}: {e}") from e
+        self._local.db = db
+        self._local.pid = os.getpid()
+        with self._conn_lock:
+            self._all_connections.append(db)
+        return db
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        db = self._db()
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            raise StoreUnavailable(f"sqlite store {self.url}: cannot begin a write: {e}") from e
+        try:
+            yield db
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        else:
+            db.execute("COMMIT")
+
+    def _error(self, table: str, e: sqlite3.Error) -> Exception:
+        if "no such table" in str(e):
+            self._families.pop(table, None)
+            return UnknownTableError(table)
+        return StoreUnavailable(f"sqlite store {self.url}: {e}")
+
+    def _table_families(self, table: str) -> dict[str, int]:
+        families = self._families.get(table)
+        if families is None:
+            row = self._db().execute(
+                f"SELECT families FROM {_CATALOG} WHERE name = ?", (table,)
+            ).fetchone()
+            if row is None:
+                raise UnknownTableError(table)
+            families = {}
+            for item in row[0].split(","):
+                name, _, versions = item.partition("=")
+                families[name] = int(versions)
+            self._families[table] = families
+        return families
+
+    def _family(self, table: str, family: str) -> str:
+        if family not in self._table_families(table):
+            raise InvalidArgument(f"table {table!r} has no column family {family!r}")
+        return _sql_name(table, family)
+
+    # --- tables -----------------------------------------------------------------
+
+    def create_table(self, table: str, families: Mapping[str, int]) -> None:
+        spec = ",".join(f"{name}={versions}" for name, versions in sorted(families.items()))
+        with self._write() as db:
+            existing = db.execute(
+                f"SELECT families FROM {_CATALOG} WHERE name = ?", (table,)
+            ).fetchone()
+            if existing is not None:
+                if existing[0] != spec:
+                    raise InvalidArgument(
+                        f"table {table!r} exists with families {existing[0]!r}, not {spec!r}"
+                    )
+                return
+            for family in families:
+                db.execute(
+                    f"CREATE TABLE IF NOT EXISTS {_sql_name(table, family)} "
+                    "(row BLOB NOT NULL, qual TEXT NOT NULL, ts INTEGER NOT NULL, "
+                    "value BLOB NOT NULL, PRIMARY KEY (row, qual, ts DESC)) WITHOUT ROWID"
+                )
+            db.execute(f"INSERT INTO {_CATALOG} VALUES (?, ?)", (table, spec))
+        self._families.pop(table, None)
+
+    def drop_table(self, table: str) -> None:
+        with self._write() as db:
+            row = db.execute(
+                f"SELECT families FROM {_CATALOG} WHERE name = ?", (table,)
+            ).fetchone()
+            if row is None:
+                return
+            for item in row[0].split(","):
+                db.execute(f"DROP TABLE IF EXISTS {_sql_name(table, item.partition('=')[0])}")
+            db.execute(f"DELETE FROM {_CATALOG} WHERE name = ?", (table,))
+        self._families.pop(table, None)
+
+    def list_tables(self) -> list[str]:
+        rows = self._db().execute(f"SELECT name FROM {_CATALOG} ORDER BY name").fetchall()
+        return [r[0] for r in rows]
+
+    # --- reads ------------------------------------------------------------------
+
+    def _read_sql(self, table: str, read: Read, params: list[Any], row_param: bytes) -> str:
+        name = self._family(table, read.family)
+        tag = read.family.replace("'", "''")
+        lo, hi = read.min_ts, _MAX_TS if read.max_ts is None else read.max_ts
+        limit = -1 if read.versions is None else read.versions
+        if read.qualifiers is not None:
+            subs = []
+            for qual in read.qualifiers:
+                subs.append(
+                    f"SELECT * FROM (SELECT row, '{tag}' AS fam, qual, ts, value FROM {name} "
+                    "WHERE row = ? AND qual = ? AND ts BETWEEN ? AND ? ORDER BY ts DESC LIMIT ?)"
+                )
+                params.extend((row_param, qual, lo, hi, limit))
+            return " UNION ALL ".join(subs)
+        if limit < 0:
+            params.extend((row_param, lo, hi))
+            return (
+                f"SELECT row, '{tag}' AS fam, qual, ts, value FROM {name} "
+                "WHERE row = ? AND ts BETWEEN ? AND ?"
+            )
+        params.extend((row_param, lo, hi, limit))
+        return (
+            f"SELECT row, fam, qual, ts, value FROM (SELECT row, '{tag}' AS fam, qual, ts, value, "
+            "row_number() OVER (PARTITION BY qual ORDER BY ts DESC) AS n "
+            f"FROM {name} WHERE row = ? AND ts BETWEEN ? AND ?) WHERE n <= ?"
+        )
+
+    def read_rows(
+        self, table: str, rows: Sequence[bytes], reads: Sequence[Read]
+    ) -> dict[bytes, RowCells]:
+        result: dict[bytes, RowCells] = {}
+        if not rows or not reads:
+            return result
+        params: list[Any] = []
+        sql = " UNION ALL ".join(
+            self._read_sql(table, read, params, row) for row in rows for read in reads
+        )
+        try:
+            found = self._db().execute(sql, params).fetchall()
+        except sqlite3.Error as e:
+            raise self._error(table, e) from e
+        for row, fam, qual, ts, value in found:
+            result.setdefault(row, {}).setdefault(f"{fam}:{qual}", []).append((ts, value))
+        for cells in result.values():
+            for versions in cells.values():
+                versions.sort(key=lambda cell: -cell[0])
+        return result
+
+    def scan(
+        self,
+        table: str,
+        start: bytes | None,
+        stop: bytes | None,
+        reads: Sequence[Read],
+        *,
+        batch_size: int = 1000,
+    ) -> Iterator[tuple[bytes, RowCells]]:
+        if not reads:
+            return
+        names = [self._family(table, read.family) for read in reads]
+        lo: bytes = start or b""
+        inclusive = True
+        while True:
+            bound = ">=" if inclusive else ">"
+            stop_sql = "" if stop is None else " AND row < ?"
+            stop_params: tuple[bytes, ...] = () if stop is None else (stop,)
+            distinct = " UNION ".join(
+                f"SELECT row FROM {name} WHERE row {bound} ?{stop_sql}" for name in set(names)
+            )
+            params: list[Any] = []
+            for _ in set(names):
+                params.extend((lo, *stop_params))
+            try:
+                db = self._db()
+                db.execute("BEGIN")
+                try:
+                    last = db.execute(
+                        f"SELECT row FROM ({distinct}) ORDER BY row LIMIT 1 OFFSET ?",
+                        (*params, batch_size - 1),
+                    ).fetchone()
+                    hi_sql, hi_params = ("", ()) if last is None else (" AND row <= ?", (last[0],))
+                    subs: list[str] = []
+                    cell_params: list[Any] = []
+                    for read, name in zip(reads, names, strict=True):
+                        tag = read.family.replace("'", "''")
+                        qual_sql = ""
+                        if read.qualifiers is not None:
+                            qual_sql = f" AND qual IN ({','.join('?' * len(read.qualifiers))})"
+                        subs.append(
+                            f"SELECT row, '{tag}' AS fam, qual, ts, value, {len(subs)} AS r "
+                            f"FROM {name} WHERE row {bound} ?{stop_sql}{hi_sql}{qual_sql} "
+                            "AND ts BETWEEN ? AND ?"
+                        )
+                        cell_params.extend((lo, *stop_params, *hi_params))
+                        cell_params.extend(read.qualifiers or ())
+                        cell_params.extend(
+                            (read.min_ts, _MAX_TS if read.max_ts is None else read.max_ts)
+                        )
+                    cells = db.execute(
+                        " UNION ALL ".join(subs) + " ORDER BY row, r, qual, ts DESC", cell_params
+                    ).fetchall()
+                finally:
+                    db.execute("COMMIT")
+            except sqlite3.Error as e:
+                raise self._error(table, e) from e
+            current: bytes | None = None
+            row_cells: RowCells = {}
+            counts: dict[str, int] = {}
+            for row, fam, qual, ts, value, r in cells:
+                if row != current:
+                    if current is not None and row_cells:
+                        yield current, row_cells
+                    current, row_cells, counts = row, {}, {}
+                column = f"{fam}:{qual}"
+                limit = reads[r].versions
+                seen = counts.get(column, 0)
+                if limit is not None and seen >= limit:
+                    continue
+                counts[column] = seen + 1
+                row_cells.setdefault(column, []).append((ts, value))
+            if current is not None and row_cells:
+                yield current, row_cells
+            if last is None:
+                return
+            lo, inclusive = last[0], False
+
+    # --- writes -----------------------------------------------------------------
+
+    def _apply(self, db: sqlite3.Connection, table: str, mutation: Mutation) -> None:
+        for column, max_ts in mutation.deletes:
+            family, _, qual = column.partition(":")
+            db.execute(
+                f"DELETE FROM {self._family(table, family)} WHERE row = ? AND qual = ? AND ts <= ?",
+                (mutation.row, qual, max_ts),
+            )
+        self._put(db, table, mutation.row, mutation.puts)
+
+    def _put(
+        self, db: sqlite3.Connection, table: str, row: bytes, puts: Sequence[tuple[str, int, bytes]]
+    ) -> None:
+        families = self._table_families(table)
+        for column, ts, value in puts:
+            family, _, qual = column.partition(":")
+            name = self._family(table, family)
+            if families[family] == 1:
+                db.execute(f"DELETE FROM {name} WHERE row = ? AND qual = ?", (row, qual))
+            db.execute(f"INSERT OR REPLACE INTO {name} VALUES (?, ?, ?, ?)", (row, qual, ts, value))
+
+    def mutate_rows(self, table: str, mutations: Sequence[Mutation]) -> None:
+        if not mutations:
+            return
+        try:
+            with self._write() as db:
+                for mutation in mutations:
+                    self._apply(db, table, mutation)
+        except sqlite3.Error as e:
+            raise self._error(table, e) from e
+
+    def check_and_set(
+        self,
+        table: str,
+        row: bytes,
+        column: str,
+        expected: bytes | None,
+        new: bytes,
+        puts: Sequence[tuple[str, int, bytes]] = (),
+    ) -> bool:
+        family, _, qual = column.partition(":")
+        try:
+            name = self._family(table, family)
+            with self._write() as db:
+                found = db.execute(
+                    f"SELECT value FROM {name} WHERE row = ? AND qual = ? ORDER BY ts DESC LIMIT 1",
+                    (row, qual),
+                ).fetchone()
+                if (found[0] if found else None) != expected:
+                    return False
+                db.execute(f"DELETE FROM {name} WHERE row = ? AND qual = ?", (row, qual))
+                db.execute(f"INSERT INTO {name} VALUES (?, ?, 0, ?)", (row, qual, new))
+                self._put(db, table, row, puts)
+                return True
+        except sqlite3.Error as e:
+            raise self._error(table, e) from e
+
+    def close(self) -> None:
+        self._closed = True
+        with self._conn_lock:
+            connections, self._all_connections = self._all_connections, []
+        for db in connections:
+            try:
+                db.close()
+            except sqlite3.Error:
+                pass

@@ -1,0 +1,30 @@
+"""How the suite treats real services it needs (ZooKeeper, cbtemulator, Spark, ...).
+
+A service the suite cannot find fails the run in CI (``CI=true``) and skips the
+test elsewhere, always with a reason that says what to install.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import NoReturn
+
+import pytest
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def service_missing(reason: str) -> NoReturn:
+    """Fail in CI, skip elsewhere, quoting *reason* (what is missing and how to get it)."""
+    if in_ci():
+        pytest.fail(f"required service missing in CI: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
