@@ -231,6 +231,8 @@ class _Committer:
             ) from e
         if not won:
             raise self._conflict(p, "rolled back by a cleaner before the commit point", None)
+        self.txn.commit_ts = commit_ts
+        self.cluster.stats["commits"] += 1
         self._maybe_crash("commit_point", 0)
         if not self.store.atomic_row_cas:
             try:
@@ -303,8 +305,6 @@ def commit_transaction(txn: TransactionBase, crash: CrashPoint | None = None) ->
         raise
     # Committed: what follows only cleans up; a failure leaves locks that readers
     # roll forward.
-    txn.commit_ts = commit_ts
-    cluster.stats["commits"] += 1
     try:
         committer.commit_secondaries(commit_ts)
         if txn._weak:

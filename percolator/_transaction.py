@@ -245,9 +245,11 @@ class Snapshot:
         stored = self.cluster.store.scan(table, start, stop, self._reads(columns))
         for row, cells in stored:
             if self._blocking(cells):
-                yield row, self._read_row(table, row, columns)
+                values = self._read_row(table, row, columns)
             else:
-                yield row, self._values(table, row, cells)
+                values = self._values(table, row, cells)
+            if values:
+                yield row, values
 
     # --- life cycle -------------------------------------------------------------------
 

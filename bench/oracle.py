@@ -1,0 +1,357 @@
+"""Benchmark of the timestamp oracle: capacity, batching client vs naive client, failover.
+
+    python bench/oracle.py                 # defaults, about a minute
+    python bench/oracle.py --duration 10 --failovers 5
+
+Starts its own oracle server processes (and a ZooKeeper from Debian's ``zookeeper``
+package for the failover part, as the tests do) and kills them all at the end.
+
+1. **Server capacity**: ``--capacity-procs`` processes x ``--capacity-threads`` threads,
+   each sending ``GetTimestamps(count=B)`` back to back, for each block size B in
+   ``--blocks``. Timestamps served per second, counted by the server. Paper: about
+   2 million/s from one machine.
+2. **End to end**: ``--procs`` processes x ``--threads`` threads, each calling
+   ``get_timestamp()`` one at a time: the batching :class:`oracle.OracleClient` against a
+   naive client (one RPC per timestamp, the same channel for all threads of a process),
+   on the same server in the same run. Target: batching at least 50x naive.
+3. **Failover**: three replicas on ZooKeeper; a client draws timestamps continuously;
+   the leader is killed with SIGKILL; time from the kill to the first timestamp served by
+   the new leader. Target under 3 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# This file is bench/oracle.py: keep bench/ off the path so that "import oracle" is the package.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+sys.path.insert(0, ROOT)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- worker processes ------------------------------------------------------------------
+
+
+def worker(args: argparse.Namespace) -> int:
+    """``bench/oracle.py _worker``: draw timestamps from start_at for duration seconds."""
+    import grpc
+
+    from oracle import OracleClient
+    from oracle._proto import timestamp_oracle_pb2 as pb
+    from oracle._proto import timestamp_oracle_pb2_grpc as pb_grpc
+
+    counts = [0] * args.threads
+    end = args.start_at + args.duration
+    if args.mode == "batching":
+        client = OracleClient(args.target)
+
+        def draw() -> int:
+            return int(client.get_timestamp())
+
+        draw()  # connect before the clock starts
+    else:
+        channel = grpc.insecure_channel(args.target.removeprefix("grpc://"))
+        stub = pb_grpc.TimestampOracleStub(channel)
+        request = pb.GetTimestampsRequest(count=args.block)
+
+        def draw() -> int:
+            return int(stub.GetTimestamps(request, timeout=30).first)
+
+        draw()
+
+    def run(i: int) -> None:
+        time.sleep(max(0.0, args.start_at - time.time()))
+        n = 0
+        last = 0
+        while time.time() < end:
+            ts = draw()
+            assert ts > last
+            last = ts
+            n += 1
+        counts[i] = n
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(args.threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps({"calls": sum(counts)}))
+    return 0
+
+
+def run_workers(
+    mode: str, target: str, procs: int, threads: int, duration: float, block: int = 1
+) -> int:
+    start_at = time.time() + 3.0  # leave time for the workers to import and connect
+    cmd = [sys.executable, os.path.abspath(__file__), "_worker", mode, target]
+    cmd += ["--threads", str(threads), "--duration", str(duration)]
+    cmd += ["--block", str(block), "--start-at", repr(start_at)]
+    ps = [subprocess.Popen(cmd, stdout=subprocess.PIPE, cwd=ROOT) for _ in range(procs)]
+    total = 0
+    for p in ps:
+        out, _ = p.communicate(timeout=duration + 120)
+        if p.returncode != 0:
+            raise RuntimeError(f"{mode} worker failed with status {p.returncode}")
+        total += json.loads(out)["calls"]
+    return total
+
+
+# -- servers ---------------------------------------------------------------------------
+
+
+class Server:
+    def __init__(self, args: list[str], log_dir: str) -> None:
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.log = open(os.path.join(log_dir, f"oracle-{self.port}.log"), "ab")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "oracle",
+                "--listen",
+                self.address,
+                "--log-level",
+                "WARNING",
+                *args,
+            ],
+            cwd=ROOT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def status(self) -> Any:
+        from oracle import OracleClient
+
+        with OracleClient(f"grpc://{self.address}", deadline=1.0) as c:
+            return c.status()
+
+    def wait(self, leader: bool = True, timeout: float = 30.0) -> None:
+        from percolator._errors import OracleUnavailable
+
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            try:
+                if self.status().leader == leader:
+                    return
+            except OracleUnavailable:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"oracle {self.address} not ready")
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+        self.log.close()
+
+
+# -- the three measurements ------------------------------------------------------------
+
+
+def bench_capacity(args: argparse.Namespace, server: Server) -> list[dict[str, float]]:
+    rows = []
+    for block in args.blocks:
+        before = server.status().served
+        calls = run_workers(
+            "naive",
+            f"grpc://{server.address}",
+            args.capacity_procs,
+            args.capacity_threads,
+            args.duration,
+            block,
+        )
+        served = server.status().served - before
+        rate = calls * block / args.duration
+        rows.append({"block": block, "rpcs_per_s": calls / args.duration, "ts_per_s": rate})
+        print(
+            f"capacity  block={block:>7,}  {calls / args.duration:>9,.0f} RPC/s  "
+            f"{rate:>14,.0f} timestamps/s  (server counted {served:,} incl. warm-up)",
+            flush=True,
+        )
+    return rows
+
+
+def bench_end_to_end(args: argparse.Namespace, server: Server) -> dict[str, float]:
+    target = f"grpc://{server.address}"
+    result: dict[str, float] = {}
+    for mode in ("naive", "batching"):
+        st0 = server.status()
+        calls = run_workers(mode, target, args.procs, args.threads, args.duration)
+        st1 = server.status()
+        rpcs = st1.requests - st0.requests
+        allocs = st1.allocations - st0.allocations
+        rate = calls / args.duration
+        result[f"{mode}_per_s"] = rate
+        result[f"{mode}_ts_per_rpc"] = calls / max(1, rpcs)
+        result[f"{mode}_rpcs_per_alloc"] = rpcs / max(1, allocs)
+        print(
+            f"end-to-end {mode:<8} {args.procs}x{args.threads}: {rate:>10,.0f} timestamps/s  "
+            f"({calls / max(1, rpcs):.1f} timestamps per RPC, "
+            f"{rpcs / max(1, allocs):.2f} RPCs per allocation)",
+            flush=True,
+        )
+    result["ratio"] = result["batching_per_s"] / result["naive_per_s"]
+    print(f"end-to-end batching / naive = {result['ratio']:.1f}x (target >= 50x)", flush=True)
+    return result
+
+
+def bench_failover(args: argparse.Namespace, tmp: str) -> list[float]:
+    from kazoo.client import KazooClient
+
+    from oracle import OracleClient
+    from oracle._target import zk_paths
+    from tests._zookeeper import ZooKeeperServer, java_available
+
+    missing = java_available()
+    if missing:
+        print(f"failover: skipped ({missing})")
+        return []
+    times: list[float] = []
+    with ZooKeeperServer() as zk_server:
+        chroot = zk_server.create_chroot("bench-oracle")
+        _, _, ceiling_path = zk_paths("/bench-oracle")
+        zk = KazooClient(hosts=zk_server.hosts)
+        zk.start(timeout=30)
+        servers: list[Server] = []
+
+        def spawn() -> Server:
+            s = Server(["--zookeeper", chroot, "--session-timeout", str(args.session_timeout)], tmp)
+            servers.append(s)
+            return s
+
+        try:
+            for _ in range(3):
+                spawn()
+            client = OracleClient(f"zk://{chroot}", deadline=30)
+            stamps: list[tuple[float, int]] = []
+            stop = threading.Event()
+
+            def draw() -> None:
+                while not stop.is_set():
+                    ts = client.get_timestamp()
+                    stamps.append((time.monotonic(), ts))
+                    time.sleep(0.001)
+
+            client.get_timestamp()
+            drawer = threading.Thread(target=draw, daemon=True)
+            drawer.start()
+            for i in range(args.failovers):
+                time.sleep(1.0)
+                leader = next(s for s in servers if s.process.poll() is None and _leads(s))
+                killed_at = time.monotonic()
+                leader.kill()
+                servers.remove(leader)
+                spawn()  # keep three replicas
+                old_ceiling = int(zk.get(ceiling_path)[0])
+                while True:
+                    after = [t for t, ts in stamps[-1000:] if t > killed_at and ts > old_ceiling]
+                    if after:
+                        break
+                    time.sleep(0.01)
+                times.append(after[0] - killed_at)
+                print(f"failover {i + 1}: {times[-1]:.2f} s", flush=True)
+            stop.set()
+            drawer.join(timeout=30)
+            client.close()
+        finally:
+            for s in servers:
+                s.kill()
+            zk.stop()
+            zk.close()
+    print(
+        f"failover: mean {statistics.mean(times):.2f} s, max {max(times):.2f} s "
+        f"(session timeout {args.session_timeout:g} s; target < 3 s)",
+        flush=True,
+    )
+    return times
+
+
+def _leads(s: Server) -> bool:
+    try:
+        return bool(s.status().leader)
+    except Exception:
+        return False
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_worker"]:
+        p = argparse.ArgumentParser()
+        p.add_argument("mode", choices=["batching", "naive"])
+        p.add_argument("target")
+        p.add_argument("--threads", type=int, required=True)
+        p.add_argument("--duration", type=float, required=True)
+        p.add_argument("--block", type=int, default=1)
+        p.add_argument("--start-at", type=float, required=True)
+        return worker(p.parse_args(argv[1:]))
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--duration", type=float, default=4.0, help="seconds per measurement")
+    p.add_argument("--procs", type=int, default=4, help="end-to-end client processes")
+    p.add_argument("--threads", type=int, default=16, help="end-to-end threads per process")
+    p.add_argument("--capacity-procs", type=int, default=2)
+    p.add_argument("--capacity-threads", type=int, default=4)
+    p.add_argument(
+        "--blocks", type=int, nargs="+", default=[1, 1000, 10_000], help="capacity block sizes"
+    )
+    p.add_argument("--failovers", type=int, default=3, help="leader kills (0 to skip)")
+    p.add_argument("--session-timeout", type=float, default=2.0)
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = p.parse_args(argv)
+
+    print(
+        f"machine: {os.cpu_count()} CPUs ({cpu_model()}), Python {platform.python_version()}, "
+        f"{time.strftime('%Y-%m-%d %H:%M %Z')}",
+        flush=True,
+    )
+    tmp = tempfile.mkdtemp(prefix="bench-oracle-")
+    results: dict[str, Any] = {}
+    server = Server(["--state-file", os.path.join(tmp, "ceiling")], tmp)
+    try:
+        server.wait()
+        results["capacity"] = bench_capacity(args, server)
+        results["end_to_end"] = bench_end_to_end(args, server)
+    finally:
+        server.kill()
+    if args.failovers:
+        results["failover_s"] = bench_failover(args, tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""The timestamp oracle of percolator: strictly increasing timestamps from one service.
+
+Every transaction asks the oracle twice (start and commit timestamps; Percolator paper
+section 2.3, DESIGN.md section 6). The pieces:
+
+* :class:`OracleServer`, run as ``python -m oracle`` / ``percolator-oracle``: a gRPC
+  service (``oracle/timestamp_oracle.proto``) that hands out blocks of consecutive
+  timestamps from memory below a ceiling it records durably *before* serving (a fsynced
+  file for a single oracle, or a fenced versioned set in ZooKeeper where several servers
+  elect one leader);
+* :class:`OracleClient`: a thread-safe client that keeps at most one RPC in flight and
+  serves every caller waiting for it from the next block, so batching grows with load.
+
+Targets are ``"grpc://host:port"`` or ``"zk://host:port[,host:port...]/chroot"``.
+"""
+
+from __future__ import annotations
+
+from oracle._client import OracleClient, OracleStatus
+from oracle._server import OracleServer
+from oracle._target import MAX_COUNT, parse_target
+
+__all__ = ["MAX_COUNT", "OracleClient", "OracleServer", "OracleStatus", "parse_target"]

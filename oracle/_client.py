@@ -1,0 +1,322 @@
+"""The batching, linearizable timestamp oracle client.
+
+At most one RPC is in flight per client. A caller that finds none in flight sends one
+for itself; callers that arrive while it is out queue up, and when it returns the first
+of them sends the *next* RPC for all of them (each gets its own range of the block).
+So batching grows with load, and a caller never receives a timestamp from an RPC sent
+before it arrived: if ``get_timestamp()`` returned ``t`` (in any thread or process)
+before another call began, that call returns more than ``t``. Spare timestamps are
+discarded, never cached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from oracle._proto import timestamp_oracle_pb2 as pb
+from oracle._proto import timestamp_oracle_pb2_grpc as pb_grpc
+from oracle._target import MAX_COUNT, GrpcTarget, Target, check_count, parse_target, zk_paths
+from percolator._errors import InvalidArgument, OracleUnavailable
+
+if TYPE_CHECKING:
+    from kazoo.client import KazooClient
+
+log = logging.getLogger("oracle.client")
+
+_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 500),
+]
+#: Longest single RPC attempt (seconds); a hung leader costs at most this before a retry.
+_ATTEMPT_TIMEOUT = 2.0
+_RETRY_CODES_REFIND = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE)
+
+
+@dataclass(frozen=True)
+class OracleStatus:
+    """What an oracle server says about itself.
+
+    ``leader``: whether it serves timestamps now; ``persisted_ceiling``: highest
+    timestamp durably recorded as possibly served; ``served``: timestamps served since it
+    started; ``requests``/``allocations``: RPCs answered and allocator rounds that served
+    them; ``address``: the address it publishes; ``mode``: ``"file"`` or ``"zookeeper"``.
+    """
+
+    leader: bool
+    persisted_ceiling: int
+    served: int
+    requests: int
+    allocations: int
+    address: str
+    mode: str
+
+
+class _Waiter:
+    __slots__ = ("count", "drive", "error", "first", "wake")
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.first = -1
+        self.error: BaseException | None = None
+        self.drive = False
+        self.wake = threading.Lock()
+        self.wake.acquire()
+
+
+class _Retry(Exception):
+    """One attempt failed in a way worth retrying (after finding the leader again)."""
+
+
+class OracleClient:
+    """Client of the timestamp oracle; thread-safe, one RPC in flight at a time.
+
+    :param target: ``"grpc://host:port"`` (one server) or ``"zk://host:port[,...]/chroot"``
+        (servers elected through ZooKeeper; the client follows the published leader).
+    :param deadline: seconds a call keeps retrying (following leadership changes) before
+        it raises :class:`~percolator._errors.OracleUnavailable`.
+    :raises InvalidArgument: for a malformed *target* or a non-positive *deadline*.
+
+    Usable as a context manager; :meth:`close` releases the channel (and ZooKeeper session).
+    Do not share a client across ``fork()``: create one per process.
+    """
+
+    def __init__(self, target: str, *, deadline: float = 10.0) -> None:
+        self._target: Target = parse_target(target)
+        if not isinstance(deadline, int | float) or isinstance(deadline, bool) or not deadline > 0:
+            raise InvalidArgument(
+                f"deadline must be a positive number of seconds, got {deadline!r}"
+            )
+        self.target = target
+        self.deadline = float(deadline)
+        self._lock = threading.Lock()
+        self._pending: deque[_Waiter] = deque()
+        self._in_flight = False
+        self._closed = False
+        # Connection state, touched only by the thread driving the current RPC (or status()).
+        self._conn_lock = threading.Lock()
+        self._address: str | None = None
+        self._channel: grpc.Channel | None = None
+        self._stub: Any = None
+        self._zk: KazooClient | None = None
+        self._zk_leader: str | None = None
+        self._zk_watch_set = False
+
+    # -- public API -----------------------------------------------------------------------
+
+    def get_timestamp(self) -> int:
+        """One fresh timestamp, larger than any returned (anywhere) before this call began.
+
+        .. warning:: Blocks until the oracle answers, retrying for up to ``deadline``.
+
+        :raises OracleUnavailable: if no oracle answered within the deadline.
+        """
+        return self.get_timestamps(1).start
+
+    def get_timestamps(self, n: int) -> range:
+        """*n* consecutive fresh timestamps for this caller, as a ``range``.
+
+        :param n: how many, 1 to 10,000,000.
+        :raises InvalidArgument: if *n* is not an integer in that range.
+        :raises OracleUnavailable: if no oracle answered within the deadline, or the client
+            is closed.
+        """
+        check_count(n)
+        w = _Waiter(n)
+        with self._lock:
+            if self._closed:
+                raise OracleUnavailable(f"the oracle client for {self.target!r} is closed")
+            self._pending.append(w)
+            if self._in_flight:
+                drive = False
+            else:
+                self._in_flight = True
+                drive = True
+        if not drive:
+            w.wake.acquire()
+            if not w.drive:
+                return self._result(w)
+        self._drive()
+        return self._result(w)
+
+    def status(self) -> OracleStatus:
+        """The status of the oracle server this client talks to (the leader, in ZooKeeper mode).
+
+        :raises OracleUnavailable: if no oracle answered within the deadline.
+        """
+        with self._lock:
+            if self._closed:
+                raise OracleUnavailable(f"the oracle client for {self.target!r} is closed")
+        r = self._call(lambda stub, timeout: stub.Status(pb.StatusRequest(), timeout=timeout))
+        return OracleStatus(
+            leader=r.leader,
+            persisted_ceiling=r.persisted_ceiling,
+            served=r.served,
+            requests=r.requests,
+            allocations=r.allocations,
+            address=r.address,
+            mode=r.mode,
+        )
+
+    def close(self) -> None:
+        """Close the channel and the ZooKeeper session; later calls raise OracleUnavailable."""
+        with self._lock:
+            self._closed = True
+        with self._conn_lock:
+            self._drop_channel()
+            if self._zk is not None:
+                with contextlib.suppress(Exception):
+                    self._zk.stop()
+                with contextlib.suppress(Exception):
+                    self._zk.close()
+                self._zk = None
+
+    def __enter__(self) -> OracleClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"OracleClient({self.target!r}, deadline={self.deadline})"
+
+    # -- batching ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _result(w: _Waiter) -> range:
+        if w.error is not None:
+            raise w.error
+        return range(w.first, w.first + w.count)
+
+    def _drive(self) -> None:
+        """Send one RPC for the callers queued now, hand out results, pass the baton on."""
+        batch: list[_Waiter] = []
+        total = 0
+        with self._lock:
+            while self._pending and total + self._pending[0].count <= MAX_COUNT:
+                w = self._pending.popleft()
+                batch.append(w)
+                total += w.count
+        try:
+            first = self._call(
+                lambda stub, timeout: (
+                    stub.GetTimestamps(pb.GetTimestampsRequest(count=total), timeout=timeout).first
+                )
+            )
+            for w in batch:
+                w.first = first
+                first += w.count
+        except BaseException as e:
+            for w in batch:
+                w.error = e
+        finally:
+            with self._lock:
+                if self._pending:
+                    nxt = self._pending[0]
+                    nxt.drive = True
+                    nxt.wake.release()
+                else:
+                    self._in_flight = False
+        # The caller driving this RPC is batch[0]; wake the others.
+        for w in batch[1:]:
+            w.wake.release()
+
+    # -- transport --------------------------------------------------------------------------
+
+    def _call(self, op: Any) -> Any:
+        """Run *op(stub, timeout)* against the current oracle, retrying until the deadline."""
+        deadline = time.monotonic() + self.deadline
+        delay = 0.01
+        last = "no attempt"
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise OracleUnavailable(
+                    f"no timestamp oracle answered at {self.target!r} within "
+                    f"{self.deadline:g}s (last error: {last})"
+                )
+            try:
+                with self._conn_lock:
+                    stub = self._connect(remaining)
+                return op(stub, min(remaining, _ATTEMPT_TIMEOUT))
+            except grpc.RpcError as e:
+                code = e.code()
+                if code == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise InvalidArgument(f"oracle at {self.target!r}: {e.details()}") from None
+                last = f"{code.name}: {e.details()}"
+                if code in _RETRY_CODES_REFIND:
+                    with self._conn_lock:
+                        self._forget_leader()
+            except _Retry as e:
+                last = str(e)
+            except OracleUnavailable:
+                raise
+            remaining = deadline - time.monotonic()
+            time.sleep(max(0.0, min(delay, remaining)))
+            delay = min(delay * 2, 0.2)
+
+    def _connect(self, remaining: float) -> Any:
+        if self._closed:
+            raise OracleUnavailable(f"the oracle client for {self.target!r} is closed")
+        target = self._target
+        if isinstance(target, GrpcTarget):
+            address = target.address
+        else:
+            address = self._zk_leader_address(remaining)
+        if self._stub is None or address != self._address:
+            self._drop_channel()
+            self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            self._stub = pb_grpc.TimestampOracleStub(self._channel)
+            self._address = address
+        return self._stub
+
+    def _drop_channel(self) -> None:
+        if self._channel is not None:
+            with contextlib.suppress(Exception):
+                self._channel.close()
+        self._channel = None
+        self._stub = None
+        self._address = None
+
+    def _forget_leader(self) -> None:
+        # For a single grpc target a fresh channel reconnects without grpc's backoff; for
+        # ZooKeeper the watch keeps the leader address current, so the channel follows it.
+        self._drop_channel()
+
+    def _zk_leader_address(self, remaining: float) -> str:
+        from kazoo.client import KazooClient
+
+        assert not isinstance(self._target, GrpcTarget)
+        _, leader_path, _ = zk_paths(self._target.chroot)
+        if self._zk is None:
+            zk = KazooClient(hosts=self._target.hosts, timeout=10.0)
+            try:
+                zk.start(timeout=max(0.1, min(remaining, 5.0)))
+            except Exception as e:
+                with contextlib.suppress(Exception):
+                    zk.close()
+                raise _Retry(f"cannot connect to ZooKeeper {self._target.hosts}: {e!r}") from None
+            self._zk = zk
+            self._zk_watch_set = False
+        if not self._zk_watch_set:
+
+            def watch(data: bytes | None, stat: Any) -> None:
+                self._zk_leader = data.decode() if data else None
+
+            try:
+                self._zk.DataWatch(leader_path, watch)
+            except Exception as e:
+                raise _Retry(f"cannot read {leader_path} in ZooKeeper: {e!r}") from None
+            self._zk_watch_set = True
+        leader = self._zk_leader
+        if not leader:
+            raise _Retry(f"no oracle leader published at {leader_path}")
+        return leader

@@ -1,0 +1,961 @@
+"""Cloud Bigtable backend of the store contract (:mod:`percolator._store`).
+
+``open_bigtable_store("bigtable://project/instance")`` talks to Cloud Bigtable, or to
+the emulator (``cbtemulator``) when ``BIGTABLE_EMULATOR_HOST`` is set or the URL says
+``?emulator=host:port``. It needs the ``bigtable`` extra: ``pip install
+'percolator[bigtable]'``.
+
+How the contract maps onto Bigtable
+-----------------------------------
+
+* **Timestamps.** Bigtable timestamps are microseconds and, for tables with the
+  default granularity, multiples of 1000. A logical timestamp ``ts`` is stored as
+  ``ts * 1000`` microseconds and read back as ``micros // 1000``.
+* **Columns.** ``"family:qualifier"`` is split at the first colon; the qualifier (which
+  may itself contain colons) is stored as its UTF-8 bytes. Column selection uses exact
+  ``ColumnRange`` filters (``[q, q]``), so no qualifier ever goes through a regular
+  expression and binary or regex-looking qualifiers need no escaping.
+* **Reads.** One :meth:`BigtableStore.read_rows` call is one ``ReadRows`` request: a
+  ``RowSet`` of the keys and one filter, the *interleave* of one chain per
+  :class:`~percolator._store.Read` (columns, then ``TimestampRange`` ``[min_ts*1000,
+  (max_ts+1)*1000)``, then ``CellsColumnLimit`` for ``versions``). A transactional get
+  (lock latest + write records + data version of one row) is therefore one request,
+  and all its cells come from one atomic row read.
+* **Compare-and-set.** :meth:`BigtableStore.check_and_set` is one ``CheckAndMutateRow``.
+  The predicate is the chain *exact column -> latest version -> value in
+  [expected, expected]* (for ``expected=None``: *exact column -> latest version*, and the
+  mutation goes in the false branch). The mutation deletes every version of the CAS
+  cell and sets the new value **at timestamp 0**, so exactly one version remains whatever
+  the family's GC rule (it is read back with timestamp 0, so a ``Read`` of it must keep
+  ``min_ts=0``, the default). The caller's ``puts`` go into
+  the same branch of the same request, so they are applied atomically with the set and
+  only when it succeeds: :attr:`BigtableStore.atomic_row_cas` is True.
+* **Writes.** :meth:`BigtableStore.mutate_rows` is one ``MutateRows`` request (split
+  only beyond 100,000 mutations); mutations of the same row are merged into one entry
+  in order. A delete ``(column, max_ts)`` is ``DeleteFromColumn`` over
+  ``[0, (max_ts+1)*1000)``.
+* **Scans** page through the range with ``ReadRows`` requests of ``batch_size`` rows
+  each, with the same filter as reads; Bigtable omits rows with no selected cell.
+* **Tables** are created through the table admin API, one ``GcRule`` of
+  ``max_num_versions`` per family (0: no GC rule, keep everything). With
+  ``?table_prefix=P`` the table ``t`` is the Bigtable table ``P_t`` and
+  :meth:`~BigtableStore.list_tables` only lists (and strips) that prefix.
+
+No call is retried here: a failed RPC raises :class:`~percolator.StoreUnavailable`
+(or :class:`~percolator.UnknownTableError` / :class:`~percolator.InvalidArgument`), and
+the retry policy of the transaction layer decides. Every RPC has a deadline
+(``timeout`` option, seconds).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, NoReturn
+from urllib.parse import parse_qsl, urlsplit
+
+from percolator._errors import (
+    InvalidArgument,
+    StoreUnavailable,
+    UnknownTableError,
+    ValueTooLargeError,
+)
+from percolator._store import Mutation, Read, RowCells
+
+__all__ = ["BigtableStore", "open_bigtable_store"]
+
+log = logging.getLogger(__name__)
+
+_EXTRA_HINT = "pip install 'percolator[bigtable]'"
+
+try:  # optional dependency: only this module imports it
+    import grpc
+    from google.api_core import exceptions as gexc
+    from google.api_core import grpc_helpers
+    from google.auth.exceptions import GoogleAuthError
+    from google.cloud.bigtable_admin_v2 import BaseBigtableTableAdminClient
+    from google.cloud.bigtable_admin_v2.services.bigtable_table_admin.transports import (
+        BigtableTableAdminGrpcTransport,
+    )
+    from google.cloud.bigtable_admin_v2.types import bigtable_table_admin as admin_pb
+    from google.cloud.bigtable_admin_v2.types import table as admin_table
+    from google.cloud.bigtable_v2 import BigtableClient
+    from google.cloud.bigtable_v2.services.bigtable.transports import BigtableGrpcTransport
+    from google.cloud.bigtable_v2.types import bigtable as bt_types
+    from google.cloud.bigtable_v2.types import data as data_types
+except ImportError as _import_error:  # pragma: no cover - exercised without the extra
+    _IMPORT_ERROR: ImportError | None = _import_error
+else:
+    _IMPORT_ERROR = None
+
+EMULATOR_ENV = "BIGTABLE_EMULATOR_HOST"
+DEFAULT_TIMEOUT = 30.0
+"""Default deadline of one RPC, in seconds."""
+
+MAX_MUTATIONS_PER_REQUEST = 100_000
+"""Bigtable's limit on the mutations of one ``MutateRows`` request."""
+
+MAX_ROW_KEY = 4096
+_TS_SCALE = 1000  # logical timestamp -> microseconds
+_MAX_LOGICAL_TS = (2**63 - 1) // _TS_SCALE - 1
+
+_TABLE_ID = re.compile(r"[_a-zA-Z0-9][-_.a-zA-Z0-9]*")
+_FAMILY = re.compile(r"[-_.a-zA-Z0-9]+")
+_INSTANCE = re.compile(r"[a-z][-a-z0-9]*")
+_PROJECT = re.compile(r"[a-z0-9][-a-z0-9.:]*")
+_MAX_TABLE_ID = 50
+_MAX_FAMILY = 64
+
+_DATA_SCOPES = ("https://www.googleapis.com/auth/bigtable.data",)
+_ADMIN_SCOPES = ("https://www.googleapis.com/auth/bigtable.admin.table",)
+_CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+]
+
+
+def _require_dependency() -> None:
+    if _IMPORT_ERROR is not None:
+        raise InvalidArgument(
+            f"the bigtable store needs google-cloud-bigtable: {_EXTRA_HINT} ({_IMPORT_ERROR})"
+        )
+
+
+# ---------------------------------------------------------------------------
+# Arguments
+
+
+def _split_column(column: str) -> tuple[str, bytes]:
+    if not isinstance(column, str):
+        raise InvalidArgument(f"column must be a str 'family:qualifier', got {column!r}")
+    family, sep, qualifier = column.partition(":")
+    if not sep:
+        raise InvalidArgument(f"column must be 'family:qualifier', got {column!r}")
+    _check_family(family)
+    return family, qualifier.encode("utf-8")
+
+
+def _check_family(family: str) -> None:
+    if not isinstance(family, str) or not _FAMILY.fullmatch(family) or len(family) > _MAX_FAMILY:
+        raise InvalidArgument(
+            f"column family must match [-_.a-zA-Z0-9]+ (at most {_MAX_FAMILY} characters) "
+            f"in Bigtable, got {family!r}"
+        )
+
+
+def _check_ts(ts: int, what: str) -> int:
+    if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0 or ts > _MAX_LOGICAL_TS:
+        raise InvalidArgument(f"{what!r} must be an integer in [0, {_MAX_LOGICAL_TS}], got {ts!r}")
+    return ts
+
+
+def _check_row(row: bytes) -> bytes:
+    if not isinstance(row, bytes):
+        raise InvalidArgument(f"row key must be bytes, got {type(row).__name__}: {row!r}")
+    if not row:
+        raise InvalidArgument("row key must not be empty (Bigtable rejects b'')")
+    if len(row) > MAX_ROW_KEY:
+        raise ValueTooLargeError(
+            f"row key is {len(row)} bytes; Bigtable allows at most {MAX_ROW_KEY}: {row[:32]!r}..."
+        )
+    return row
+
+
+def _check_value(value: bytes, column: str) -> bytes:
+    if not isinstance(value, bytes):
+        raise InvalidArgument(
+            f"value of {column!r} must be bytes, got {type(value).__name__}: {value!r}"
+        )
+    return value
+
+
+# ---------------------------------------------------------------------------
+# Filters and mutations (raw protobuf messages, wrapped once per request)
+
+
+def _column_range(family: str, qualifier: bytes) -> Any:
+    pb = data_types.RowFilter.pb()()
+    pb.column_range_filter.family_name = family
+    pb.column_range_filter.start_qualifier_closed = qualifier
+    pb.column_range_filter.end_qualifier_closed = qualifier
+    return pb
+
+
+def _chain(filters: list[Any]) -> Any:
+    if len(filters) == 1:
+        return filters[0]
+    pb = data_types.RowFilter.pb()()
+    pb.chain.filters.extend(filters)
+    return pb
+
+
+def _interleave(filters: list[Any]) -> Any:
+    if len(filters) == 1:
+        return filters[0]
+    pb = data_types.RowFilter.pb()()
+    pb.interleave.filters.extend(filters)
+    return pb
+
+
+def _block_all() -> Any:
+    pb = data_types.RowFilter.pb()()
+    pb.block_all_filter = True
+    return pb
+
+
+def _read_filter(read: Read) -> Any:
+    """The filter chain that selects what *read* asks for."""
+    if not isinstance(read, Read):
+        raise InvalidArgument(f"reads must be percolator Read objects, got {read!r}")
+    _check_family(read.family)
+    min_ts = _check_ts(read.min_ts, "min_ts")
+    max_ts = None if read.max_ts is None else _check_ts(read.max_ts, "max_ts")
+    if read.versions is not None and (
+        isinstance(read.versions, bool) or not isinstance(read.versions, int) or read.versions < 1
+    ):
+        raise InvalidArgument(
+            f"'versions' must be a positive integer or None, got {read.versions!r}"
+        )
+    if max_ts is not None and max_ts < min_ts:
+        return _block_all()
+    steps: list[Any] = []
+    if read.qualifiers is None:
+        pb = data_types.RowFilter.pb()()
+        # validated as [-_.a-zA-Z0-9]+: only "." is special in RE2; anchored both ends
+        pb.family_name_regex_filter = "^" + read.family.replace(".", "\\.") + "$"
+        steps.append(pb)
+    else:
+        if isinstance(read.qualifiers, str):
+            raise InvalidArgument(f"qualifiers must be a tuple of str, got {read.qualifiers!r}")
+        for q in read.qualifiers:
+            if not isinstance(q, str):
+                raise InvalidArgument(f"qualifiers must be str, got {q!r} in {read!r}")
+        qualifiers = sorted({q.encode("utf-8") for q in read.qualifiers})
+        if not qualifiers:
+            return _block_all()
+        steps.append(_interleave([_column_range(read.family, q) for q in qualifiers]))
+    if min_ts > 0 or max_ts is not None:
+        pb = data_types.RowFilter.pb()()
+        pb.timestamp_range_filter.start_timestamp_micros = min_ts * _TS_SCALE
+        if max_ts is not None:
+            pb.timestamp_range_filter.end_timestamp_micros = (max_ts + 1) * _TS_SCALE
+        steps.append(pb)
+    if read.versions is not None:
+        pb = data_types.RowFilter.pb()()
+        pb.cells_per_column_limit_filter = read.versions
+        steps.append(pb)
+    return _chain(steps)
+
+
+def _reads_filter(reads: Sequence[Read]) -> Any:
+    if isinstance(reads, Read):
+        reads = (reads,)
+    if not reads:
+        raise InvalidArgument("reads must name at least one family (a Read)")
+    return _interleave([_read_filter(r) for r in reads])
+
+
+def _set_cell(family: str, qualifier: bytes, micros: int, value: bytes) -> Any:
+    pb = data_types.Mutation.pb()()
+    pb.set_cell.family_name = family
+    pb.set_cell.column_qualifier = qualifier
+    pb.set_cell.timestamp_micros = micros
+    pb.set_cell.value = value
+    return pb
+
+
+def _delete_column(family: str, qualifier: bytes, end_micros: int | None) -> Any:
+    pb = data_types.Mutation.pb()()
+    pb.delete_from_column.family_name = family
+    pb.delete_from_column.column_qualifier = qualifier
+    if end_micros is None:
+        pb.delete_from_column.SetInParent()
+    else:
+        pb.delete_from_column.time_range.start_timestamp_micros = 0
+        pb.delete_from_column.time_range.end_timestamp_micros = end_micros
+    return pb
+
+
+def _put_mutations(puts: Iterable[tuple[str, int, bytes]]) -> list[Any]:
+    out = []
+    for put in puts:
+        try:
+            column, ts, value = put
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"a put must be (column, timestamp, value), got {put!r}")
+        family, qualifier = _split_column(column)
+        _check_ts(ts, "timestamp")
+        out.append(_set_cell(family, qualifier, ts * _TS_SCALE, _check_value(value, column)))
+    return out
+
+
+def _row_mutations(mutation: Mutation) -> list[Any]:
+    out = []
+    for delete in mutation.deletes:
+        try:
+            column, max_ts = delete
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"a delete must be (column, max_ts), got {delete!r}")
+        family, qualifier = _split_column(column)
+        _check_ts(max_ts, "max_ts")
+        out.append(_delete_column(family, qualifier, (max_ts + 1) * _TS_SCALE))
+    out.extend(_put_mutations(mutation.puts))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# ReadRows chunk merging
+
+
+class _RowMerger:
+    """Turns the chunk stream of ReadRows responses into ``(row, RowCells)``."""
+
+    def __init__(self) -> None:
+        self._key = b""
+        self._family = ""
+        self._column = ""
+        self._ts = 0
+        self._value: list[bytes] = []
+        self._cells: dict[str, list[tuple[int, bytes]]] = {}
+
+    def feed(self, response: Any) -> Iterator[tuple[bytes, RowCells]]:
+        raw = type(response).pb(response)
+        for chunk in raw.chunks:
+            if chunk.reset_row:
+                self._cells = {}
+                self._value = []
+                continue
+            if not self._value:  # the chunk starts a cell (else it continues a split value)
+                if chunk.row_key:
+                    self._key = chunk.row_key
+                if chunk.HasField("family_name"):
+                    self._family = chunk.family_name.value
+                if chunk.HasField("qualifier"):
+                    qualifier = chunk.qualifier.value.decode("utf-8", "surrogateescape")
+                    self._column = f"{self._family}:{qualifier}"
+                self._ts = chunk.timestamp_micros
+            self._value.append(chunk.value)
+            if chunk.value_size == 0:  # the cell is complete
+                value = self._value[0] if len(self._value) == 1 else b"".join(self._value)
+                self._value = []
+                self._cells.setdefault(self._column, []).append((self._ts // _TS_SCALE, value))
+            if chunk.commit_row:
+                cells, self._cells = self._cells, {}
+                if cells:
+                    yield self._key, _normalise(cells)
+
+
+def _normalise(cells: dict[str, list[tuple[int, bytes]]]) -> RowCells:
+    """Newest first, one cell per timestamp (overlapping reads may repeat a cell)."""
+    for column, versions in cells.items():
+        if any(versions[i][0] <= versions[i + 1][0] for i in range(len(versions) - 1)):
+            unique = dict(versions)
+            cells[column] = sorted(unique.items(), key=lambda c: c[0], reverse=True)
+    return cells
+
+
+# ---------------------------------------------------------------------------
+# The store
+
+
+class BigtableStore:
+    """The store contract over Cloud Bigtable (or its emulator).
+
+    Build it with :func:`open_bigtable_store`. *project* and *instance* name the
+    Bigtable instance; *emulator* is ``host:port`` of an emulator or None for the
+    cloud; *table_prefix* namespaces the tables; *timeout* is the deadline of one
+    RPC in seconds; *app_profile_id* selects a Bigtable app profile; *credentials*
+    are google-auth credentials (cloud only; default: application default
+    credentials); *interceptors* are gRPC client interceptors wrapped around the
+    channels (tracing, counting RPCs in tests). The store is thread-safe.
+    """
+
+    atomic_row_cas = True
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        project: str,
+        instance: str,
+        emulator: str | None = None,
+        table_prefix: str = "",
+        timeout: float = DEFAULT_TIMEOUT,
+        app_profile_id: str = "",
+        credentials: Any = None,
+        interceptors: Sequence[Any] = (),
+    ) -> None:
+        _require_dependency()
+        self.url = url
+        self.project = project
+        self.instance = instance
+        self.emulator = emulator
+        self.table_prefix = table_prefix
+        self.timeout = timeout
+        self.app_profile_id = app_profile_id
+        self._closed = False
+        self._lock = threading.Lock()
+        self._instance_path = f"projects/{project}/instances/{instance}"
+        if emulator is not None:
+            channel = grpc.insecure_channel(emulator, options=_CHANNEL_OPTIONS)
+            # No credentials at all on the insecure channel: what the client library
+            # does with AnonymousCredentials when BIGTABLE_EMULATOR_HOST is set.
+            self._channels: list[Any] = [channel]
+            data_channel = admin_channel = grpc.intercept_channel(channel, *interceptors)
+        else:
+            try:
+                data_raw, admin_raw = self._cloud_channels(credentials)
+            except GoogleAuthError as e:
+                raise StoreUnavailable(
+                    f"Bigtable store {url} ({self._where()}): no credentials for Cloud Bigtable "
+                    f"({e}); set up Application Default Credentials (gcloud auth "
+                    "application-default login, or GOOGLE_APPLICATION_CREDENTIALS), pass "
+                    f"credentials=..., or point at an emulator with {EMULATOR_ENV} or "
+                    "?emulator=host:port"
+                ) from e
+            self._channels = [data_raw, admin_raw]
+            data_channel = grpc.intercept_channel(data_raw, *interceptors)
+            admin_channel = grpc.intercept_channel(admin_raw, *interceptors)
+        # The transports get ready channels, so they never look for credentials themselves.
+        self._data = BigtableClient(transport=BigtableGrpcTransport(channel=data_channel))
+        self._admin = BaseBigtableTableAdminClient(
+            transport=BigtableTableAdminGrpcTransport(channel=admin_channel)
+        )
+        log.debug("opened Bigtable store %s (%s)", url, self._where())
+
+    @staticmethod
+    def _cloud_channels(credentials: Any) -> tuple[Any, Any]:
+        """Authenticated TLS channels to the Cloud Bigtable data and admin endpoints."""
+        data_raw = grpc_helpers.create_channel(
+            "bigtable.googleapis.com:443",
+            credentials=credentials,
+            scopes=_DATA_SCOPES,
+            options=_CHANNEL_OPTIONS,
+        )
+        admin_raw = grpc_helpers.create_channel(
+            "bigtableadmin.googleapis.com:443",
+            credentials=credentials,
+            scopes=_ADMIN_SCOPES,
+            options=_CHANNEL_OPTIONS,
+        )
+        return data_raw, admin_raw
+
+    # -- naming and errors ------------------------------------------------
+
+    def _where(self) -> str:
+        target = f"emulator {self.emulator}" if self.emulator else "Cloud Bigtable"
+        return f"project {self.project!r}, instance {self.instance!r}, {target}"
+
+    def _table_id(self, table: str) -> str:
+        if not isinstance(table, str):
+            raise InvalidArgument(f"table name must be a str, got {table!r}")
+        table_id = f"{self.table_prefix}_{table}" if self.table_prefix else table
+        if not _TABLE_ID.fullmatch(table_id) or len(table_id) > _MAX_TABLE_ID:
+            raise InvalidArgument(
+                f"table name {table!r} (Bigtable table id {table_id!r}) must match "
+                f"[_a-zA-Z0-9][-_.a-zA-Z0-9]* and have at most {_MAX_TABLE_ID} characters"
+            )
+        return table_id
+
+    def _table_path(self, table: str) -> str:
+        return f"{self._instance_path}/tables/{self._table_id(table)}"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreUnavailable(f"Bigtable store {self.url} is closed")
+
+    def _fail(self, error: Exception, action: str, table: str | None = None) -> NoReturn:
+        """Map a google.api_core / gRPC error of *action* on *table* to ours."""
+        message = getattr(error, "message", None) or str(error)
+        family_error = _is_family_error(message)
+        if isinstance(error, gexc.NotFound) and table is not None and not family_error:
+            raise UnknownTableError(table) from error
+        if family_error or isinstance(
+            error, gexc.InvalidArgument | gexc.FailedPrecondition | gexc.OutOfRange
+        ):
+            raise InvalidArgument(
+                f"Bigtable store {self.url} rejected {action}: {message}"
+            ) from error
+        hint = (
+            f"is the emulator running at {self.emulator}?"
+            if self.emulator
+            else "check the network, the instance and the credentials"
+        )
+        if isinstance(error, gexc.DeadlineExceeded):
+            what = f"no answer within {self.timeout:g}s"
+        elif isinstance(error, gexc.ServiceUnavailable):
+            what = "unreachable"
+        else:
+            what = type(error).__name__
+        log.warning("Bigtable %s failed on %s: %s: %s", action, self.url, what, message)
+        raise StoreUnavailable(
+            f"Bigtable store {self.url} ({self._where()}): {action} failed, {what}: "
+            f"{message}; {hint}"
+        ) from error
+
+    # -- admin ------------------------------------------------------------
+
+    def create_table(self, table: str, families: Mapping[str, int]) -> None:
+        """Create *table* with the column *families* (name -> versions kept, 0 = all).
+
+        Idempotent: if the table exists, families it lacks are added; existing
+        families are left as they are.
+
+        :raises InvalidArgument: bad table or family names.
+        :raises StoreUnavailable: Bigtable could not be reached.
+        """
+        self._check_open()
+        table_id = self._table_id(table)
+        specs: dict[str, Any] = {}
+        for name, versions in families.items():
+            _check_family(name)
+            if isinstance(versions, bool) or not isinstance(versions, int) or versions < 0:
+                raise InvalidArgument(
+                    f"max versions of family {name!r} must be an integer >= 0, got {versions!r}"
+                )
+            rule = admin_table.GcRule(max_num_versions=versions) if versions else None
+            specs[name] = admin_table.ColumnFamily(gc_rule=rule)
+        try:
+            self._admin.create_table(
+                parent=self._instance_path,
+                table_id=table_id,
+                table=admin_table.Table(column_families=specs),
+                retry=None,
+                timeout=self.timeout,
+            )
+            log.info("created Bigtable table %s in %s", table_id, self.url)
+            return
+        except gexc.AlreadyExists:
+            pass
+        except gexc.GoogleAPICallError as e:
+            self._fail(e, f"CreateTable {table_id!r}")
+        try:
+            existing = self._admin.get_table(
+                request=admin_pb.GetTableRequest(
+                    name=self._table_path(table), view=admin_table.Table.View.SCHEMA_VIEW
+                ),
+                retry=None,
+                timeout=self.timeout,
+            )
+            missing = [name for name in specs if name not in existing.column_families]
+            if missing:
+                mods = [
+                    admin_pb.ModifyColumnFamiliesRequest.Modification(id=name, create=specs[name])
+                    for name in missing
+                ]
+                self._admin.modify_column_families(
+                    name=self._table_path(table),
+                    modifications=mods,
+                    retry=None,
+                    timeout=self.timeout,
+                )
+                log.info("added families %s to Bigtable table %s", missing, table_id)
+        except gexc.GoogleAPICallError as e:
+            self._fail(e, f"CreateTable {table_id!r} (adding families)", table)
+
+    def drop_table(self, table: str) -> None:
+        """Delete *table* and all its cells; a missing table is not an error.
+
+        :raises StoreUnavailable: Bigtable could not be reached.
+        """
+        self._check_open()
+        try:
+            self._admin.delete_table(name=self._table_path(table), retry=None, timeout=self.timeout)
+            log.info("dropped Bigtable table %s in %s", table, self.url)
+        except gexc.NotFound:
+            pass
+        except gexc.GoogleAPICallError as e:
+            self._fail(e, f"DeleteTable {table!r}")
+
+    def list_tables(self) -> list[str]:
+        """Names of the existing tables (without the table prefix), sorted.
+
+        :raises StoreUnavailable: Bigtable could not be reached.
+        """
+        self._check_open()
+        prefix = f"{self.table_prefix}_" if self.table_prefix else ""
+        names = []
+        try:
+            pager = self._admin.list_tables(
+                request=admin_pb.ListTablesRequest(
+                    parent=self._instance_path, view=admin_table.Table.View.NAME_ONLY
+                ),
+                retry=None,
+                timeout=self.timeout,
+            )
+            for t in pager:
+                table_id = t.name.rsplit("/", 1)[-1]
+                if table_id.startswith(prefix):
+                    names.append(table_id[len(prefix) :])
+        except gexc.GoogleAPICallError as e:
+            self._fail(e, "ListTables")
+        return sorted(names)
+
+    # -- data -------------------------------------------------------------
+
+    def _read(self, table: str, request_pb: Any, action: str) -> Iterator[tuple[bytes, RowCells]]:
+        request = bt_types.ReadRowsRequest.wrap(request_pb)
+        merger = _RowMerger()
+        try:
+            for response in self._data.read_rows(request=request, retry=None, timeout=self.timeout):
+                yield from merger.feed(response)
+        except gexc.GoogleAPICallError as e:
+            self._fail(e, action, table)
+
+    def read_rows(
+        self, table: str, rows: Sequence[bytes], reads: Sequence[Read]
+    ) -> dict[bytes, RowCells]:
+        """Read *reads* of every row in *rows* with one ``ReadRows`` request.
+
+        Returns row -> column -> versions (newest first); rows and columns with no
+        selected cell are left out. An empty *rows* makes no request.
+
+        :raises UnknownTableError: *table* does not exist.
+        :raises StoreUnavailable: Bigtable could not be reached.
+        """
+        self._check_open()
+        if isinstance(rows, bytes):
+            raise InvalidArgument(f"rows must be a sequence of row keys, got {rows!r}")
+        keys = sorted({_check_row(r) for r in rows})
+        row_filter = _reads_filter(reads)
+        if not keys:
+            return {}
+        request = bt_types.ReadRowsRequest.pb()(
+            table_name=self._table_path(table),
+            app_profile_id=self.app_profile_id,
+            filter=row_filter,
+        )
+        request.rows.row_keys.extend(keys)
+        return dict(self._read(table, request, f"ReadRows on {table!r}"))
+
+    def scan(
+        self,
+        table: str,
+        start: bytes | None,
+        stop: bytes | None,
+        reads: Sequence[Read],
+        *,
+        batch_size: int = 1000,
+    ) -> Iterator[tuple[bytes, RowCells]]:
+        """Rows in ``[start, stop)`` (None: unbounded) with their cells selected by *reads*.
+
+        Pages through the range, one ``ReadRows`` request of at most *batch_size* rows
+        per page, so memory stays bounded and no stream outlives its deadline. Rows
+        with no selected cell are not yielded (Bigtable skips them server-side).
+
+        :raises UnknownTableError: *table* does not exist.
+        :raises StoreUnavailable: Bigtable could not be reached.
+        """
+        self._check_open()
+        for bound in (start, stop):
+            if bound is not None and not isinstance(bound, bytes):
+                raise InvalidArgument(f"scan bounds must be bytes or None, got {bound!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidArgument(f"'batch_size' must be a positive integer, got {batch_size!r}")
+        row_filter = _reads_filter(reads)
+        table_path = self._table_path(table)
+        return self._scan(table, table_path, start or None, stop or None, row_filter, batch_size)
+
+    def _scan(
+        self,
+        table: str,
+        table_path: str,
+        start: bytes | None,
+        stop: bytes | None,
+        row_filter: Any,
+        batch_size: int,
+    ) -> Iterator[tuple[bytes, RowCells]]:
+        resume: bytes | None = start
+        first = True
+        while True:
+            if resume is not None and stop is not None and resume >= stop:
+                return
+            request = bt_types.ReadRowsRequest.pb()(
+                table_name=table_path,
+                app_profile_id=self.app_profile_id,
+                filter=row_filter,
+                rows_limit=batch_size,
+            )
+            rng = request.rows.row_ranges.add()
+            if resume is not None:
+                if first:
+                    rng.start_key_closed = resume
+                else:
+                    rng.start_key_open = resume
+            if stop is not None:
+                rng.end_key_open = stop
+            first = False
+            page = list(self._read(table, request, f"ReadRows (scan) on {table!r}"))
+            self._check_open()
+            yield from page
+            if len(page) < batch_size:
+                return
+            resume = page[-1][0]
+
+    def mutate_rows(self, table: str, mutations: Sequence[Mutation]) -> None:
+        """Apply *mutations* with one ``MutateRows`` request, each atomic within its row.
+
+        Mutations of the same row are merged, in order, into one entry (so they stay
+        atomic and ordered). Only beyond 100,000 cell mutations is the batch split.
+
+        :raises UnknownTableError: *table* does not exist.
+        :raises InvalidArgument: an unknown family or bad argument.
+        :raises StoreUnavailable: Bigtable could not be reached or failed some rows
+            (the message lists them; rows not listed were applied).
+        """
+        self._check_open()
+        table_path = self._table_path(table)
+        entries: dict[bytes, list[Any]] = {}
+        for m in mutations:
+            if not isinstance(m, Mutation):
+                raise InvalidArgument(f"mutations must be percolator Mutation objects, got {m!r}")
+            muts = _row_mutations(m)
+            if muts:
+                entries.setdefault(_check_row(m.row), []).extend(muts)
+        batch: list[tuple[bytes, list[Any]]] = []
+        count = 0
+        for row, muts in entries.items():
+            if batch and count + len(muts) > MAX_MUTATIONS_PER_REQUEST:
+                self._mutate_batch(table, table_path, batch)
+                batch, count = [], 0
+            batch.append((row, muts))
+            count += len(muts)
+        if batch:
+            self._mutate_batch(table, table_path, batch)
+
+    def _mutate_batch(
+        self, table: str, table_path: str, batch: list[tuple[bytes, list[Any]]]
+    ) -> None:
+        request = bt_types.MutateRowsRequest.pb()(
+            table_name=table_path, app_profile_id=self.app_profile_id
+        )
+        for row, muts in batch:
+            entry = request.entries.add()
+            entry.row_key = row
+            entry.mutations.extend(muts)
+        failed: list[tuple[bytes, int, str]] = []
+        seen = 0
+        try:
+            for response in self._data.mutate_rows(
+                request=bt_types.MutateRowsRequest.wrap(request), retry=None, timeout=self.timeout
+            ):
+                for status in type(response).pb(response).entries:
+                    seen += 1
+                    if status.status.code != 0:
+                        failed.append(
+                            (batch[status.index][0], status.status.code, status.status.message)
+                        )
+        except gexc.GoogleAPICallError as e:
+            self._fail(e, f"MutateRows on {table!r} ({len(batch)} rows)", table)
+        if not failed and seen >= len(batch):
+            return
+        if not failed:
+            raise StoreUnavailable(
+                f"Bigtable store {self.url} ({self._where()}): MutateRows on {table!r} "
+                f"reported {seen} of {len(batch)} rows; the others may not be applied"
+            )
+        codes = {code for _, code, _ in failed}
+        if any(_is_family_error(message) for _, _, message in failed):
+            codes = {3}
+        detail = "; ".join(
+            f"row {row!r}: {_code_name(code)} {message}" for row, code, message in failed[:5]
+        )
+        more = f" (and {len(failed) - 5} more)" if len(failed) > 5 else ""
+        if codes <= {3, 9}:  # INVALID_ARGUMENT, FAILED_PRECONDITION: our mistake
+            raise InvalidArgument(
+                f"Bigtable store {self.url} rejected mutations of {len(failed)} rows of "
+                f"{table!r}: {detail}{more}"
+            )
+        if codes == {5}:  # NOT_FOUND: the table went away
+            raise UnknownTableError(table)
+        raise StoreUnavailable(
+            f"Bigtable store {self.url} ({self._where()}): MutateRows on {table!r} failed "
+            f"for {len(failed)} of {len(batch)} rows: {detail}{more}; the other rows were "
+            "applied, retry the failed ones"
+        )
+
+    def check_and_set(
+        self,
+        table: str,
+        row: bytes,
+        column: str,
+        expected: bytes | None,
+        new: bytes,
+        puts: Sequence[tuple[str, int, bytes]] = (),
+    ) -> bool:
+        """Compare-and-set of ``(row, column)`` in one ``CheckAndMutateRow`` request.
+
+        If the latest value of the cell equals *expected* (``None``: the cell has no
+        value), replace every version of it by *new* at timestamp 0, apply *puts*
+        (``(column, ts, value)`` of the same row) in the same atomic step, and return
+        True; otherwise change nothing and return False.
+
+        :raises UnknownTableError: *table* does not exist.
+        :raises StoreUnavailable: Bigtable could not be reached; the CAS may or may
+            not have been applied.
+        """
+        self._check_open()
+        _check_row(row)
+        family, qualifier = _split_column(column)
+        if expected is not None:
+            _check_value(expected, column)
+        _check_value(new, column)
+        mutations = [
+            _delete_column(family, qualifier, None),
+            _set_cell(family, qualifier, 0, new),
+            *_put_mutations(puts),
+        ]
+        limit = data_types.RowFilter.pb()()
+        limit.cells_per_column_limit_filter = 1
+        steps = [_column_range(family, qualifier), limit]
+        if expected is not None:
+            match = data_types.RowFilter.pb()()
+            match.value_range_filter.start_value_closed = expected
+            match.value_range_filter.end_value_closed = expected
+            steps.append(match)
+        request = bt_types.CheckAndMutateRowRequest.pb()(
+            table_name=self._table_path(table),
+            app_profile_id=self.app_profile_id,
+            row_key=row,
+            predicate_filter=_chain(steps),
+        )
+        if expected is None:
+            request.false_mutations.extend(mutations)
+        else:
+            request.true_mutations.extend(mutations)
+        try:
+            response = self._data.check_and_mutate_row(
+                request=bt_types.CheckAndMutateRowRequest.wrap(request),
+                retry=None,
+                timeout=self.timeout,
+            )
+        except gexc.GoogleAPICallError as e:
+            self._fail(e, f"CheckAndMutateRow on {table!r} row {row!r} {column!r}", table)
+        matched = bool(response.predicate_matched)
+        return matched if expected is not None else not matched
+
+    def close(self) -> None:
+        """Close the gRPC channels. The store is unusable afterwards."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for channel in self._channels:
+            channel.close()
+        log.debug("closed Bigtable store %s", self.url)
+
+    def __enter__(self) -> BigtableStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"BigtableStore({self.url!r})"
+
+
+def _is_family_error(message: str) -> bool:
+    """Whether Bigtable's *message* is about an unknown column family (a caller's
+    mistake: NOT_FOUND in Cloud Bigtable, INTERNAL in the emulator)."""
+    return "family" in message.lower()
+
+
+def _code_name(code: int) -> str:
+    for status in grpc.StatusCode:
+        if status.value[0] == code:
+            return str(status.name)
+    return str(code)
+
+
+# ---------------------------------------------------------------------------
+# Opening
+
+
+_OPTIONS = {"emulator", "table_prefix", "timeout", "app_profile_id", "credentials", "interceptors"}
+
+
+def open_bigtable_store(url: str, **options: Any) -> BigtableStore:
+    """Open the Bigtable store at *url*: ``bigtable://project/instance``.
+
+    The URL query may hold ``emulator=host:port`` (otherwise ``BIGTABLE_EMULATOR_HOST``
+    is honoured; without either, Cloud Bigtable with application default credentials),
+    ``table_prefix=P`` (tables are named ``P_table``), ``timeout=seconds`` (deadline of
+    one RPC, default 30) and ``app_profile_id=ID``. *options* may give the same
+    keys, plus ``credentials`` (google-auth credentials) and ``interceptors`` (gRPC client
+    interceptors); URL query values win over *options*. Nothing is sent until the
+    first call.
+
+    :raises InvalidArgument: a malformed URL or unknown option, or the extra is missing
+        (``pip install 'percolator[bigtable]'``).
+    """
+    _require_dependency()
+    if not isinstance(url, str):
+        raise InvalidArgument(f"store url must be a str, got {url!r}")
+    parts = urlsplit(url)
+    if parts.scheme != "bigtable":
+        raise InvalidArgument(f"not a bigtable url: {url!r} (expected bigtable://project/instance)")
+    project = parts.netloc
+    instance = parts.path.strip("/")
+    if (
+        not project
+        or not _PROJECT.fullmatch(project)
+        or not instance
+        or not _INSTANCE.fullmatch(instance)
+    ):
+        raise InvalidArgument(
+            f"bigtable url {url!r} must be bigtable://project/instance with a lower-case project "
+            "id and an instance id matching [a-z][-a-z0-9]*"
+        )
+    unknown = set(options) - _OPTIONS
+    if unknown:
+        raise InvalidArgument(
+            f"unknown bigtable store option(s) {sorted(unknown)} for {url!r}; "
+            f"known: {sorted(_OPTIONS)}"
+        )
+    settings = dict(options)
+    try:
+        query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError:
+        raise InvalidArgument(f"malformed query string in bigtable url {url!r}")
+    for key, value in query:
+        if key not in _OPTIONS - {"credentials", "interceptors"}:
+            raise InvalidArgument(
+                f"unknown query parameter {key!r} in bigtable url {url!r}; known: "
+                "emulator, table_prefix, timeout, app_profile_id"
+            )
+        settings[key] = value
+    emulator = settings.get("emulator") or os.environ.get(EMULATOR_ENV) or None
+    if emulator is not None and (not isinstance(emulator, str) or ":" not in emulator):
+        raise InvalidArgument(f"emulator must be 'host:port', got {emulator!r} (url {url!r})")
+    prefix = settings.get("table_prefix", "") or ""
+    if not isinstance(prefix, str) or (prefix and not _TABLE_ID.fullmatch(prefix)):
+        raise InvalidArgument(
+            f"table_prefix must match [_a-zA-Z0-9][-_.a-zA-Z0-9]*, got {prefix!r} (url {url!r})"
+        )
+    raw_timeout = settings.get("timeout", DEFAULT_TIMEOUT)
+    try:
+        timeout = float(raw_timeout)
+    except (TypeError, ValueError):
+        timeout = -1.0
+    if not timeout > 0:
+        raise InvalidArgument(
+            f"timeout must be a positive number of seconds, got {raw_timeout!r} (url {url!r})"
+        )
+    app_profile_id = settings.get("app_profile_id", "") or ""
+    interceptors = settings.get("interceptors", ())
+    clean_query = "&".join(f"{k}={v}" for k, v in query)
+    shown = f"bigtable://{project}/{instance}" + (f"?{clean_query}" if clean_query else "")
+    return BigtableStore(
+        url=shown,
+        project=project,
+        instance=instance,
+        emulator=emulator,
+        table_prefix=prefix,
+        timeout=timeout,
+        app_profile_id=str(app_profile_id),
+        credentials=settings.get("credentials"),
+        interceptors=tuple(interceptors),
+    )

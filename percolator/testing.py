@@ -1,0 +1,63 @@
+"""A public test harness: embedded clusters and simulated committer crashes.
+
+::
+
+    from percolator.testing import temporary_cluster, crash_commit, CrashPoint
+
+    with temporary_cluster() as cluster:
+        txn = percolator.Transaction(client)
+        ...
+        crash_commit(txn, CrashPoint("commit_point"))  # dies right after its commit point
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from percolator._cluster import Cluster, connect
+from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
+from percolator._coordination import LocalCoordination
+from percolator._transaction import TransactionBase
+
+__all__ = ["CrashPoint", "SimulatedCrash", "client_of", "crash_commit", "temporary_cluster"]
+
+
+@contextmanager
+def temporary_cluster(**options: object) -> Iterator[Cluster]:
+    """An embedded cluster in a fresh temporary directory, removed afterwards."""
+    directory = tempfile.mkdtemp(prefix="percolator-")
+    try:
+        with connect(f"sqlite:///{directory}/repo.db", **options) as cluster:  # type: ignore[arg-type]
+            yield cluster
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def client_of(cluster: Cluster) -> Cluster:
+    """Another client of the same repository with an identity of its own, so that
+    it can "die" (:func:`crash_commit`) while *cluster* lives on. Shares the
+    store and timestamps of *cluster*; closing it does not close them."""
+    client = Cluster.__new__(Cluster)
+    client.__dict__.update(cluster.__dict__)
+    client.coordination = LocalCoordination()
+    client.stats = dict.fromkeys(cluster.stats, 0)
+    return client
+
+
+def crash_commit(txn: TransactionBase, point: CrashPoint) -> bool:
+    """Commit *txn* but die at *point*: the store is left exactly as a killed
+    process would leave it, and the transaction's owner is declared dead.
+
+    Returns True if the commit reached its commit point (so, once its locks are
+    resolved, it is wholly visible), False if not (wholly invisible). A
+    :class:`ConflictError` propagates as from ``commit()``.
+    """
+    try:
+        commit_transaction(txn, point)
+    except SimulatedCrash:
+        txn.cluster.coordination.close()
+        return txn.commit_ts is not None
+    return True

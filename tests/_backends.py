@@ -1,0 +1,62 @@
+"""Backend parametrization: one test body, run over every store backend.
+
+``store_url`` gives a fresh, isolated repository URL on the backend of the current
+parameter (sqlite: a new file; hbase: the Thrift test server, or a real HBase when
+``PERCOLATOR_HBASE_THRIFT`` is set; bigtable: the cbtemulator), and ``cluster`` a
+connected :class:`percolator.Cluster` on it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import percolator
+
+BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("hbase", id="hbase", marks=pytest.mark.hbase),
+    pytest.param("bigtable", id="bigtable", marks=pytest.mark.bigtable),
+]
+
+
+def make_store_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    name = re.sub(r"[^A-Za-z0-9]+", "_", request.node.name)[:30]
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path}/repo.db"
+    if backend == "hbase":
+        from tests._hbase import hbase_store_url
+
+        return hbase_store_url(request.getfixturevalue("hbase_thrift"), name)
+    if backend == "bigtable":
+        from tests._bigtable import bigtable_store_url
+
+        return bigtable_store_url(request.getfixturevalue("bigtable_emulator"), name)
+    raise AssertionError(backend)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def store_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return make_store_url(backend, request, tmp_path)
+
+
+@pytest.fixture
+def cluster(store_url: str) -> Iterator[percolator.Cluster]:
+    with percolator.connect(store_url) as c:
+        yield c
+        for table in c.tables():
+            c.drop_table(table)
+
+
+@pytest.fixture
+def sqlite_cluster(tmp_path: Path) -> Iterator[percolator.Cluster]:
+    with percolator.connect(f"sqlite:///{tmp_path}/repo.db") as c:
+        yield c

@@ -1,0 +1,132 @@
+"""HBase's Thrift1 server for the suite: the in-repo test server, or a real HBase.
+
+``hbase_thrift`` (session scope) yields ``"host:port"`` of an HBase Thrift1 server:
+``PERCOLATOR_HBASE_THRIFT`` if set (a real HBase, e.g. from ``docker compose up``),
+otherwise the test server of ``tests/hbase_thrift_server`` started in its own process
+on a free loopback port and killed at the end of the session (and at interpreter exit,
+whatever happens). ``hbase_store_url(hostport, name)`` gives a store URL isolated from
+every other test (its own table prefix), so tests never assume an empty server.
+Missing happybase/thriftpy2 fails in CI and skips elsewhere.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests._services import free_port, service_missing
+
+ENV = "PERCOLATOR_HBASE_THRIFT"
+STARTUP_SECONDS = 30.0
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def require_hbase_client() -> None:
+    """Fail in CI, skip elsewhere, if the Thrift client libraries are missing."""
+    try:
+        import happybase  # noqa: F401
+        import thriftpy2  # noqa: F401
+    except ImportError:
+        service_missing(
+            "happybase/thriftpy2 are not installed: pip install 'percolator[hbase]' thriftpy2"
+        )
+
+
+def _answers(hostport: str) -> bool:
+    """Whether a Thrift1 server at *hostport* answers ``getTableNames``."""
+    import happybase
+
+    host, _, port = hostport.rpartition(":")
+    connection = happybase.Connection(host, int(port), timeout=2000, autoconnect=False)
+    try:
+        connection.open()
+        connection.tables()
+        return True
+    except Exception:
+        return False
+    finally:
+        connection.close()
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """Kill *proc* (a test server) and reap it."""
+    if proc.poll() is None:
+        proc.kill()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # pragma: no cover - kill -9 does not hang
+        pass
+
+
+def start_test_server(*namespaces: str) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``python -m tests.hbase_thrift_server`` on a free port with *namespaces*.
+
+    Returns the process and ``host:port``; the caller kills the process (an atexit
+    hook does so as a last resort).
+    """
+    require_hbase_client()
+    port = free_port()
+    args = [sys.executable, "-m", "tests.hbase_thrift_server", "--host", "127.0.0.1"]
+    args += ["--port", str(port)]
+    for ns in namespaces:
+        args += ["--namespace", ns]
+    hostport = f"127.0.0.1:{port}"
+    with tempfile.TemporaryFile() as log:  # the server's output, quoted if it dies
+        proc = subprocess.Popen(
+            args, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+        )
+        atexit.register(stop_process, proc)
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while not _answers(hostport):
+            if proc.poll() is not None:
+                log.seek(0)
+                output = log.read().decode(errors="replace")
+                pytest.fail(f"the HBase test server exited with {proc.returncode}: {output}")
+            if time.monotonic() > deadline:
+                stop_process(proc)
+                pytest.fail(f"the HBase test server did not answer on {hostport} in time")
+            time.sleep(0.05)
+    return proc, hostport
+
+
+@pytest.fixture(scope="session")
+def hbase_thrift() -> Iterator[str]:
+    """``host:port`` of an HBase Thrift1 server for the whole session."""
+    require_hbase_client()
+    real = os.environ.get(ENV)
+    if real:
+        if not _answers(real):
+            service_missing(f"{ENV}={real} is set but no HBase Thrift1 server answers there")
+        yield real
+        return
+    proc, hostport = start_test_server("percolator_test")
+    try:
+        yield hostport
+    finally:
+        stop_process(proc)
+
+
+def is_real_hbase() -> bool:
+    """Whether the suite runs against a real HBase (``PERCOLATOR_HBASE_THRIFT``)."""
+    return bool(os.environ.get(ENV))
+
+
+def unique_name(name: str) -> str:
+    """A table-name-safe version of *name* with a random suffix."""
+    slug = re.sub(r"[^a-zA-Z0-9]+", "_", name).strip("_")[:24] or "t"
+    return f"{slug}_{uuid.uuid4().hex[:8]}"
+
+
+def hbase_store_url(hostport: str, unique_name_: str) -> str:
+    """An ``hbase://`` URL on *hostport* whose tables no other test sees: the table
+    prefix is derived from *unique_name_* plus a random suffix."""
+    return f"hbase://{hostport}?table_prefix={unique_name(unique_name_)}&pool_size=4"

@@ -1,0 +1,303 @@
+"""A real ZooKeeper for the test suite (DESIGN.md section 3), and its pytest fixtures.
+
+:class:`ZooKeeperServer` runs Debian's ``zookeeper`` package as a standalone server::
+
+    java -cp /usr/share/java/zookeeper.jar:/etc/zookeeper/conf \\
+        org.apache.zookeeper.server.quorum.QuorumPeerMain zoo.cfg
+
+with ``admin.enableServer=false``, ``4lw.commands.whitelist=*``, a temporary dataDir and a
+free loopback port; it is ready when the four-letter command ``srvr`` answers
+``Mode: standalone``. ``tickTime`` is 500 ms, so sessions may be as short as 1 s
+(``minSessionTimeout=1000``) and fault tests stay fast.
+
+Fixtures (registered through ``pytest_plugins`` in ``tests/conftest.py``):
+
+* ``zookeeper`` (session scope): the running :class:`ZooKeeperServer`. Tests that stop,
+  kill or restart it must leave it running (call :meth:`ZooKeeperServer.start` again).
+* ``zk_chroot`` (function scope): a fresh chroot that exists, as a connection string
+  ``"127.0.0.1:PORT/test-<hex>"``; pass it to kazoo (``KazooClient(hosts=zk_chroot)``) or
+  build ``"zk://" + zk_chroot`` for the oracle client.
+
+No orphans: the java process gets ``PR_SET_PDEATHSIG=SIGKILL`` (it dies with the process
+that started it, even after a ``kill -9`` of pytest), and every server still running at
+interpreter exit is killed by an ``atexit`` hook. When java or the jar is missing the
+fixture fails in CI and skips elsewhere (:func:`tests._services.service_missing`).
+
+Mark tests that use it ``@pytest.mark.zk``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests._services import free_port, service_missing
+
+ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
+ZOOKEEPER_CONF_DIR = "/etc/zookeeper/conf"
+MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+INSTALL_HINT = "install Java and ZooKeeper: apt-get install -y default-jre-headless zookeeper"
+
+_live: weakref.WeakSet[ZooKeeperServer] = weakref.WeakSet()
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def four_letter(hosts: str, command: str, timeout: float = 2.0) -> str:
+    """Send a four-letter word (``srvr``, ``stat``, ``cons``...) to ``host:port``; '' on error."""
+    host, _, port = hosts.partition("/")[0].split(",")[0].rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout) as s:
+            s.sendall(command.encode("ascii"))
+            chunks = []
+            while True:
+                data = s.recv(65536)
+                if not data:
+                    break
+                chunks.append(data)
+        return b"".join(chunks).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def java_available() -> str | None:
+    """Why ZooKeeper cannot run here, or None when java and the jar are present."""
+    if shutil.which("java") is None:
+        return f"java not found on PATH; {INSTALL_HINT}"
+    if not os.path.exists(ZOOKEEPER_JAR):
+        return f"{ZOOKEEPER_JAR} not found; {INSTALL_HINT}"
+    return None
+
+
+class ZooKeeperServer:
+    """One standalone ZooKeeper server process on a free loopback port.
+
+    :param port: client port (default: a free one, kept across restarts).
+    :param tick_time: ZooKeeper ``tickTime`` in milliseconds.
+    :param min_session_timeout: smallest session timeout granted, in milliseconds.
+
+    :meth:`start`, :meth:`stop` (SIGTERM, then SIGKILL), :meth:`kill` (SIGKILL) and
+    :meth:`restart` (same port and data directory, so the data survives);
+    :attr:`hosts` is ``"127.0.0.1:PORT"``; :meth:`expire_session` expires a kazoo
+    client's session the way a long network partition would. :meth:`cleanup` kills the
+    process and removes the data directory.
+    """
+
+    def __init__(
+        self, port: int | None = None, *, tick_time: int = 500, min_session_timeout: int = 1000
+    ) -> None:
+        self.port = port or free_port()
+        self.tick_time = tick_time
+        self.min_session_timeout = min_session_timeout
+        self.workdir = tempfile.mkdtemp(prefix="percolator-zk-")
+        self.data_dir = os.path.join(self.workdir, "data")
+        os.makedirs(self.data_dir)
+        self.config_path = os.path.join(self.workdir, "zoo.cfg")
+        self.log_path = os.path.join(self.workdir, "zookeeper.log")
+        self.process: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        _live.add(self)
+
+    @property
+    def hosts(self) -> str:
+        """The connection string ``"127.0.0.1:PORT"``."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def _write_config(self) -> None:
+        with open(self.config_path, "w") as f:
+            f.write(
+                f"tickTime={self.tick_time}\n"
+                f"minSessionTimeout={self.min_session_timeout}\n"
+                "maxSessionTimeout=60000\n"
+                f"dataDir={self.data_dir}\n"
+                f"clientPort={self.port}\n"
+                "clientPortAddress=127.0.0.1\n"
+                "admin.enableServer=false\n"
+                "4lw.commands.whitelist=*\n"
+                "maxClientCnxns=0\n"
+                "autopurge.purgeInterval=0\n"
+            )
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start the server and wait until ``srvr`` answers ``Mode: standalone``.
+
+        :raises RuntimeError: if it exits or is not ready within *timeout* seconds (the
+            message ends with the tail of its log).
+        """
+        with self._lock:
+            if self.running:
+                return
+            self._write_config()
+            cmd = [
+                "java",
+                "-Xms32m",
+                "-Xmx256m",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+                f"-Dzookeeper.log.dir={self.workdir}",
+                "-Dzookeeper.root.logger=INFO,CONSOLE",
+                "-Dzookeeper.jmx.log4j.disable=true",
+                "-cp",
+                f"{ZOOKEEPER_JAR}:{ZOOKEEPER_CONF_DIR}",
+                MAIN_CLASS,
+                self.config_path,
+            ]
+            with open(self.log_path, "ab") as log:
+                self.process = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=self.workdir,
+                    preexec_fn=_die_with_parent,
+                )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.running:
+                raise RuntimeError(f"ZooKeeper exited at start:\n{self.log_tail()}")
+            if "Mode: standalone" in four_letter(self.hosts, "srvr"):
+                return
+            time.sleep(0.1)
+        self.kill()
+        raise RuntimeError(f"ZooKeeper not ready after {timeout}s:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop gracefully (SIGTERM), escalating to SIGKILL after *timeout* seconds."""
+        with self._lock:
+            p = self.process
+            if p is None:
+                return
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            self.process = None
+
+    def kill(self) -> None:
+        """Kill the server with SIGKILL (a crash); :meth:`start` brings it back with its data."""
+        with self._lock:
+            p = self.process
+            if p is None:
+                return
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            self.process = None
+
+    def restart(self, timeout: float = 60.0) -> None:
+        """Stop and start again on the same port with the same data directory."""
+        self.stop()
+        self.start(timeout)
+
+    def cleanup(self) -> None:
+        """Kill the process and delete its data directory."""
+        self.kill()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def expire_session(self, client: Any, timeout: float = 10.0) -> None:
+        """Expire the ZooKeeper session of a started kazoo client *client*.
+
+        Opens a second connection with the same session id and password and closes it,
+        which ends the session on the server; *client* then sees ``KazooState.LOST``. See
+        :meth:`expire_session_id` for a session held by another process.
+        """
+        session_id, password = client.client_id
+        self.expire_session_id(session_id, password, timeout)
+
+    def expire_session_id(self, session_id: int, password: bytes, timeout: float = 10.0) -> None:
+        """Expire the session *session_id* (with its *password*) on this server."""
+        from kazoo.client import KazooClient
+
+        other = KazooClient(hosts=self.hosts, client_id=(session_id, password), timeout=timeout)
+        other.start(timeout=timeout)
+        try:
+            other.stop()
+        finally:
+            other.close()
+
+    def create_chroot(self, name: str | None = None) -> str:
+        """Create a fresh chroot node; return the connection string ``hosts/chroot``."""
+        from kazoo.client import KazooClient
+
+        path = "/" + (name or f"test-{uuid.uuid4().hex[:12]}")
+        zk = KazooClient(hosts=self.hosts, timeout=10.0)
+        zk.start(timeout=30)
+        try:
+            zk.ensure_path(path)
+        finally:
+            zk.stop()
+            zk.close()
+        return f"{self.hosts}{path}"
+
+    def __enter__(self) -> ZooKeeperServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+
+@atexit.register
+def _kill_all() -> None:
+    for server in list(_live):
+        with contextlib.suppress(Exception):
+            server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def zookeeper() -> Iterator[ZooKeeperServer]:
+    """A standalone ZooKeeper for the whole test session (see the module docstring)."""
+    missing = java_available()
+    if missing is not None:
+        service_missing(missing)
+    try:
+        import kazoo  # noqa: F401
+    except ImportError:
+        service_missing("kazoo is not installed: pip install 'kazoo>=2.9'")
+    server = ZooKeeperServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture
+def zk_chroot(zookeeper: ZooKeeperServer) -> str:
+    """A fresh, existing chroot ``"127.0.0.1:PORT/test-<hex>"`` on the session ZooKeeper."""
+    if not zookeeper.running:
+        zookeeper.start()
+    return zookeeper.create_chroot()

@@ -1,0 +1,393 @@
+"""HBase Thrift1 semantics the hbase backend relies on, checked through happybase and
+the raw Thrift client as a user would.
+
+These run against ``tests/hbase_thrift_server`` by default and against a real HBase
+when ``PERCOLATOR_HBASE_THRIFT=host:port`` is set, so the test server is held to the
+same expectations as HBase itself. Each test cites what it checks: the HBase Reference
+Guide (https://hbase.apache.org/book.html), the Javadoc, the comments of ``Hbase.thrift``
+or the Thrift1 handler (``ThriftHBaseServiceHandler``, ``ThriftServerRunner`` in 1.x).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests._hbase import is_real_hbase, unique_name
+
+pytestmark = pytest.mark.hbase
+
+try:  # a missing client fails in CI and skips elsewhere, through the hbase_thrift fixture
+    import happybase
+except ImportError:  # pragma: no cover - depends on the environment
+    happybase = None
+
+hb: Any = sys.modules.get("Hbase_thrift")
+
+
+@pytest.fixture
+def conn(hbase_thrift: str) -> Iterator[Any]:
+    host, _, port = hbase_thrift.rpartition(":")
+    connection = happybase.Connection(host, int(port))
+    yield connection
+    connection.close()
+
+
+@pytest.fixture
+def name(conn: Any, request: pytest.FixtureRequest) -> Iterator[bytes]:
+    """A fresh table: f keeps 3 versions, g 1, h all; dropped afterwards."""
+    table = unique_name(request.node.name)
+    conn.create_table(
+        table,
+        {"f": {"max_versions": 3}, "g": {"max_versions": 1}, "h": {"max_versions": 2**31 - 1}},
+    )
+    yield table.encode()
+    conn.delete_table(table, disable=True)
+
+
+def cells(conn: Any, name: bytes, row: bytes, column: bytes) -> list[tuple[int, bytes]]:
+    return [(c.timestamp, c.value) for c in conn.client.getVer(name, row, column, 100, {})]
+
+
+def put(conn: Any, name: bytes, row: bytes, column: bytes, value: bytes, ts: int) -> None:
+    conn.client.mutateRowTs(name, row, [hb.Mutation(column=column, value=value)], ts, {})
+
+
+# ---- versions ---------------------------------------------------------------------
+
+
+def test_family_keeps_its_newest_max_versions(conn: Any, name: bytes) -> None:
+    """Reference Guide, "Versions": a column family keeps at most VERSIONS versions;
+    the oldest are the ones dropped ("Maximum Number of Versions")."""
+    for ts in (2, 5, 1, 4, 3):
+        put(conn, name, b"r", b"f:a", b"v%d" % ts, ts)
+        put(conn, name, b"r", b"g:a", b"v%d" % ts, ts)
+    assert cells(conn, name, b"r", b"f:a") == [(5, b"v5"), (4, b"v4"), (3, b"v3")]
+    assert cells(conn, name, b"r", b"g:a") == [(5, b"v5")]
+
+
+def test_versions_are_returned_newest_first(conn: Any, name: bytes) -> None:
+    """Reference Guide, "Versions": "the versions are sorted from newest to oldest";
+    happybase ``Table.cells`` documents the same order."""
+    for ts in (10, 30, 20):
+        put(conn, name, b"r", b"h:a", b"%d" % ts, ts)
+    table = conn.table(name)
+    assert table.cells(b"r", b"h:a", include_timestamp=True) == [
+        (b"30", 30),
+        (b"20", 20),
+        (b"10", 10),
+    ]
+    assert table.cells(b"r", b"h:a", versions=2) == [b"30", b"20"]
+
+
+def test_put_at_an_existing_timestamp_overwrites_it(conn: Any, name: bytes) -> None:
+    """Reference Guide, "Versions" > "Put": to overwrite an existing value, do a put at
+    exactly the same row, column, and version as the cell to overwrite."""
+    put(conn, name, b"r", b"h:a", b"first", 7)
+    put(conn, name, b"r", b"h:a", b"second", 7)
+    assert cells(conn, name, b"r", b"h:a") == [(7, b"second")]
+
+
+def test_put_without_timestamp_uses_server_time(conn: Any, name: bytes) -> None:
+    """Reference Guide, "Versions" > "Implicit Version Example": without an explicit
+    version the region server uses its current time in milliseconds."""
+    conn.table(name).put(b"r", {b"h:a": b"x"})
+    [(ts, _)] = cells(conn, name, b"r", b"h:a")
+    assert ts > 10**12  # milliseconds since the epoch, not a small logical number
+
+
+# ---- time ranges -------------------------------------------------------------------
+
+
+def test_ts_reads_use_an_exclusive_upper_bound(conn: Any, name: bytes) -> None:
+    """``getRowWithColumnsTs``/``getRowsWithColumnsTs``/``getVerTs`` build the Get with
+    ``setTimeRange(0, timestamp)`` (ThriftHBaseServiceHandler) and ``TimeRange`` is
+    ``[minStamp, maxStamp)`` (TimeRange Javadoc), although the comment in Hbase.thrift
+    says "less than or equal": a cell at exactly *timestamp* is not returned."""
+    for ts in (3, 5, 8):
+        put(conn, name, b"r", b"h:a", b"%d" % ts, ts)
+    client = conn.client
+    [row] = client.getRowWithColumnsTs(name, b"r", [b"h:a"], 5, {})
+    assert row.columns[b"h:a"].timestamp == 3
+    [row] = client.getRowWithColumnsTs(name, b"r", [b"h:a"], 6, {})
+    assert row.columns[b"h:a"].timestamp == 5
+    assert client.getRowWithColumnsTs(name, b"r", [b"h:a"], 3, {}) == []
+    assert [c.timestamp for c in client.getVerTs(name, b"r", b"h:a", 8, 10, {})] == [5, 3]
+    [row] = client.getRowsWithColumnsTs(name, [b"r"], [b"h"], 9, {})
+    assert row.columns[b"h:a"].timestamp == 8
+
+
+def test_row_reads_return_only_the_newest_version_per_column(conn: Any, name: bytes) -> None:
+    """Thrift1 ``getRow*`` and scanners build a Get/Scan with the default of one version
+    (Get/Scan Javadoc: "by default only the latest version is returned")."""
+    for ts in (1, 2):
+        put(conn, name, b"r", b"h:a", b"%d" % ts, ts)
+        put(conn, name, b"r", b"h:b", b"%d" % ts, ts)
+    [row] = conn.client.getRow(name, b"r", {})
+    assert {k: (c.timestamp, c.value) for k, c in row.columns.items()} == {
+        b"h:a": (2, b"2"),
+        b"h:b": (2, b"2"),
+    }
+    assert [c.value for c in conn.client.get(name, b"r", b"h:a", {})] == [b"2"]
+
+
+def test_get_rows_omits_rows_without_cells(conn: Any, name: bytes) -> None:
+    """ThriftUtilities.rowResultFromHBase skips empty Results."""
+    put(conn, name, b"b", b"f:a", b"x", 1)
+    rows = conn.client.getRowsWithColumns(name, [b"a", b"b", b"c"], [b"f"], {})
+    assert [r.row for r in rows] == [b"b"]
+
+
+def test_column_after_family_narrows_the_get(conn: Any, name: bytes) -> None:
+    """Get Javadoc: ``addColumn`` "overrides previous calls to addFamily for this
+    family"; ``addFamily`` "overrides previous calls to addColumn for this family"."""
+    put(conn, name, b"r", b"f:a", b"1", 1)
+    put(conn, name, b"r", b"f:b", b"2", 1)
+    [row] = conn.client.getRowWithColumns(name, b"r", [b"f", b"f:a"], {})
+    assert set(row.columns) == {b"f:a"}
+    [row] = conn.client.getRowWithColumns(name, b"r", [b"f:a", b"f"], {})
+    assert set(row.columns) == {b"f:a", b"f:b"}
+
+
+def test_qualifier_may_contain_colons(conn: Any, name: bytes) -> None:
+    """``CellUtil.parseColumn`` splits ``family:qualifier`` at the first colon."""
+    put(conn, name, b"r", b"h:doc:contents", b"x", 4)
+    [row] = conn.client.getRowWithColumns(name, b"r", [b"h:doc:contents"], {})
+    assert row.columns[b"h:doc:contents"].value == b"x"
+
+
+# ---- deletes -----------------------------------------------------------------------
+
+
+def test_delete_all_ts_deletes_versions_at_or_below(conn: Any, name: bytes) -> None:
+    """Hbase.thrift ``deleteAllTs``: "Delete all cells that match the passed row and
+    column and whose timestamp is equal-to or older than the passed timestamp"
+    (``Delete.addColumns``)."""
+    for ts in (1, 2, 3, 4):
+        put(conn, name, b"r", b"h:a", b"%d" % ts, ts)
+    put(conn, name, b"r", b"h:b", b"other", 1)
+    conn.client.deleteAllTs(name, b"r", b"h:a", 3, {})
+    assert cells(conn, name, b"r", b"h:a") == [(4, b"4")]
+    assert cells(conn, name, b"r", b"h:b") == [(1, b"other")]
+
+
+def test_deletes_mask_later_puts_at_or_below_them(conn: Any, name: bytes) -> None:
+    """Reference Guide, "Current Limitations" > "Deletes mask Puts": a put with a
+    timestamp at or below a delete marker is hidden even if it is written later."""
+    put(conn, name, b"r", b"h:a", b"old", 5)
+    conn.client.deleteAllTs(name, b"r", b"h:a", 10, {})
+    put(conn, name, b"r", b"h:a", b"masked", 8)
+    put(conn, name, b"r", b"h:a", b"visible", 11)
+    assert cells(conn, name, b"r", b"h:a") == [(11, b"visible")]
+
+
+def test_mutate_rows_ts_applies_puts_then_deletes(conn: Any, name: bytes) -> None:
+    """ThriftHBaseServiceHandler.mutateRowsTs runs ``table.put(puts)`` then
+    ``table.delete(deletes)``, with the call's timestamp for both: a put and a delete
+    of the same column in one call leave nothing."""
+    batch = hb.BatchMutation(
+        row=b"r",
+        mutations=[
+            hb.Mutation(column=b"h:a", value=b"x"),
+            hb.Mutation(isDelete=True, column=b"h:a"),
+            hb.Mutation(column=b"h:b", value=b"y"),
+        ],
+    )
+    conn.client.mutateRowsTs(name, [batch], 5, {})
+    assert cells(conn, name, b"r", b"h:a") == []
+    assert cells(conn, name, b"r", b"h:b") == [(5, b"y")]
+
+
+def test_mutate_rows_ts_delete_is_at_or_below_the_timestamp(conn: Any, name: bytes) -> None:
+    """mutateRowsTs turns ``isDelete`` into ``Delete.addColumns(family, qualifier, ts)``:
+    every version at or below *ts* (Delete Javadoc)."""
+    for ts in (3, 6):
+        put(conn, name, b"r", b"h:a", b"%d" % ts, ts)
+    batch = hb.BatchMutation(row=b"r", mutations=[hb.Mutation(isDelete=True, column=b"h:a")])
+    conn.client.mutateRowsTs(name, [batch], 5, {})
+    assert cells(conn, name, b"r", b"h:a") == [(6, b"6")]
+
+
+def test_put_of_a_family_without_qualifier_is_refused(conn: Any, name: bytes) -> None:
+    """mutateRowsTs: "Invalid famAndQf provided." (IllegalArgument)."""
+    batch = hb.BatchMutation(row=b"r", mutations=[hb.Mutation(column=b"h", value=b"x")])
+    with pytest.raises(hb.IllegalArgument):
+        conn.client.mutateRowsTs(name, [batch], 5, {})
+
+
+# ---- checkAndPut -------------------------------------------------------------------
+
+
+def check_and_put(conn: Any, name: bytes, expected: bytes | None, new: bytes) -> bool:
+    mput = hb.Mutation(column=b"g:lock", value=new)
+    return bool(conn.client.checkAndPut(name, b"r", b"g:lock", expected, mput, {}))
+
+
+def test_check_and_put_without_value_means_column_must_not_exist(conn: Any, name: bytes) -> None:
+    """Hbase.thrift ``checkAndPut``: "if not provided the check is for the
+    non-existence of the column in question"."""
+    assert check_and_put(conn, name, None, b"one")
+    assert not check_and_put(conn, name, None, b"two")
+    assert [v for _, v in cells(conn, name, b"r", b"g:lock")] == [b"one"]
+
+
+def test_check_and_put_compares_with_the_latest_value(conn: Any, name: bytes) -> None:
+    """Table.checkAndMutate Javadoc: the put is applied only if the current value
+    equals the expected one."""
+    assert check_and_put(conn, name, None, b"one")
+    assert not check_and_put(conn, name, b"other", b"two")
+    assert check_and_put(conn, name, b"one", b"two")
+    assert not check_and_put(conn, name, b"one", b"three")
+    assert [v for _, v in cells(conn, name, b"r", b"g:lock")] == [b"two"]
+
+
+def test_check_and_put_treats_empty_as_absent(conn: Any, name: bytes) -> None:
+    """The handler passes a missing value as an empty array and HRegion.checkAndMutate
+    matches an empty expected value against a missing cell *or* an empty one."""
+    assert check_and_put(conn, name, b"", b"")
+    assert check_and_put(conn, name, None, b"full")
+    assert not check_and_put(conn, name, b"", b"again")
+
+
+def test_check_and_put_writes_at_server_time_never_below_the_checked_cell(
+    conn: Any, name: bytes
+) -> None:
+    """checkAndPut builds its Put with HConstants.LATEST_TIMESTAMP (server time), and
+    HRegion.checkAndMutate writes it at ``max(now, timestamp of the checked cell)``
+    "to ensure the write is not eclipsed" (HBASE-14054)."""
+    assert check_and_put(conn, name, None, b"one")
+    [(ts, _)] = cells(conn, name, b"r", b"g:lock")
+    assert ts > 10**12
+    future = int(time.time() * 1000) + 10**9
+    put(conn, name, b"r", b"g:lock", b"future", future)
+    assert check_and_put(conn, name, b"future", b"after")
+    assert cells(conn, name, b"r", b"g:lock") == [(future, b"after")]
+
+
+# ---- tables ------------------------------------------------------------------------
+
+
+def test_create_existing_table_raises_already_exists(conn: Any, name: bytes) -> None:
+    """Hbase.thrift ``createTable``: "throws AlreadyExists if table name already in use"."""
+    with pytest.raises(hb.AlreadyExists):
+        conn.client.createTable(name, [hb.ColumnDescriptor(name=b"f:")])
+
+
+def test_column_descriptors_carry_max_versions(conn: Any, name: bytes) -> None:
+    """getColumnDescriptors returns each family as ``family:`` with its maxVersions."""
+    descriptors = conn.client.getColumnDescriptors(name)
+    assert {k: d.maxVersions for k, d in descriptors.items()} == {
+        b"f:": 3,
+        b"g:": 1,
+        b"h:": 2**31 - 1,
+    }
+
+
+def test_delete_table_requires_disable(conn: Any, request: pytest.FixtureRequest) -> None:
+    """Reference Guide, HBase shell "drop": "the table must be disabled first"
+    (Admin.deleteTable throws TableNotDisabledException)."""
+    table = unique_name(request.node.name).encode()
+    conn.client.createTable(table, [hb.ColumnDescriptor(name=b"f:")])
+    with pytest.raises(hb.IOError):
+        conn.client.deleteTable(table)
+    assert conn.client.isTableEnabled(table)
+    conn.client.disableTable(table)
+    assert not conn.client.isTableEnabled(table)
+    conn.client.deleteTable(table)
+    assert table not in conn.client.getTableNames()
+
+
+def test_unknown_table_and_family_are_io_errors(conn: Any, name: bytes) -> None:
+    """Reads and writes of a missing table fail with TableNotFoundException, of a missing
+    family with NoSuchColumnFamilyException, both sent as IOError."""
+    missing = unique_name("missing").encode()
+    with pytest.raises(hb.IOError):
+        conn.client.getRow(missing, b"r", {})
+    with pytest.raises(hb.IOError):
+        conn.client.mutateRowsTs(
+            missing, [hb.BatchMutation(row=b"r", mutations=[hb.Mutation(column=b"f:a")])], 1, {}
+        )
+    with pytest.raises(hb.IOError):
+        conn.client.getRowWithColumns(name, b"r", [b"nosuch:a"], {})
+
+
+def test_table_names_are_sorted(conn: Any, name: bytes, request: pytest.FixtureRequest) -> None:
+    """Admin.listTableNames returns TableNames in their natural (sorted) order."""
+    other = unique_name("a" + request.node.name)
+    conn.create_table(other, {"f": {}})
+    try:
+        names = conn.client.getTableNames()
+        assert names == sorted(names)
+        assert name in names and other.encode() in names
+    finally:
+        conn.delete_table(other, disable=True)
+
+
+def test_table_in_a_missing_namespace_cannot_be_created(conn: Any) -> None:
+    """Reference Guide, "Namespace": a table is created in an existing namespace;
+    otherwise NamespaceNotFoundException (IOError)."""
+    table = b"nosuchns_" + unique_name("x").encode() + b":t"
+    with pytest.raises(hb.IOError):
+        conn.client.createTable(table, [hb.ColumnDescriptor(name=b"f:")])
+
+
+@pytest.mark.skipif(is_real_hbase(), reason="needs the namespace the test server creates")
+def test_table_in_a_namespace_is_listed_with_it(conn: Any) -> None:
+    """Reference Guide, "Namespace": tables outside ``default`` are named ``ns:table``."""
+    table = b"percolator_test:" + unique_name("ns").encode()
+    conn.client.createTable(table, [hb.ColumnDescriptor(name=b"f:")])
+    assert table in conn.client.getTableNames()
+    conn.client.disableTable(table)
+    conn.client.deleteTable(table)
+
+
+# ---- scanners ----------------------------------------------------------------------
+
+
+def fill_rows(conn: Any, name: bytes) -> None:
+    for key in (b"a", b"b", b"c", b"d"):
+        put(conn, name, key, b"f:x", key, 1)
+    put(conn, name, b"b", b"h:y", b"hy", 2)
+    put(conn, name, b"c", b"h:z", b"hz", 3)
+
+
+def test_scan_start_is_inclusive_stop_is_exclusive(conn: Any, name: bytes) -> None:
+    """Scan Javadoc: ``withStartRow`` is inclusive, ``withStopRow`` exclusive."""
+    fill_rows(conn, name)
+    table = conn.table(name)
+    assert [k for k, _ in table.scan(row_start=b"b", row_stop=b"d")] == [b"b", b"c"]
+    assert [k for k, _ in table.scan(row_start=b"c")] == [b"c", b"d"]
+
+
+def test_scan_columns_select_families_or_columns(conn: Any, name: bytes) -> None:
+    """Scan.addFamily / Scan.addColumn; rows with no selected cell are not returned."""
+    fill_rows(conn, name)
+    table = conn.table(name)
+    assert list(table.scan(columns=[b"h"])) == [(b"b", {b"h:y": b"hy"}), (b"c", {b"h:z": b"hz"})]
+    assert list(table.scan(columns=[b"h:z"])) == [(b"c", {b"h:z": b"hz"})]
+
+
+def test_scan_timestamp_is_an_exclusive_upper_bound(conn: Any, name: bytes) -> None:
+    """scannerOpenWithScan: ``scan.setTimeRange(0, tScan.getTimestamp())``."""
+    fill_rows(conn, name)
+    table = conn.table(name)
+    assert [k for k, _ in table.scan(columns=[b"h"], timestamp=3)] == [b"b"]
+
+
+def test_scanner_get_list_pages_then_returns_empty(conn: Any, name: bytes) -> None:
+    """Hbase.thrift ``scannerGetList``: "Returns, starting at the scanner's current
+    row value, nbRows worth of rows"; an empty list once the scanner is exhausted; a
+    closed or unknown scanner is an IllegalArgument ("scanner ID is invalid")."""
+    fill_rows(conn, name)
+    client = conn.client
+    scanner = client.scannerOpenWithScan(name, hb.TScan(columns=[b"f"], caching=3), {})
+    assert [r.row for r in client.scannerGetList(scanner, 3)] == [b"a", b"b", b"c"]
+    assert [r.row for r in client.scannerGetList(scanner, 3)] == [b"d"]
+    assert client.scannerGetList(scanner, 3) == []
+    client.scannerClose(scanner)
+    with pytest.raises(hb.IllegalArgument):
+        client.scannerGetList(scanner, 1)

@@ -1,0 +1,116 @@
+"""Bad input gets a specific error with a clear message, and nothing is written."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import percolator
+from percolator import Cluster, Transaction
+
+
+@pytest.fixture
+def db(sqlite_cluster: Cluster) -> Cluster:
+    sqlite_cluster.create_table("t")
+    return sqlite_cluster
+
+
+def _nothing_written(db: Cluster) -> None:
+    assert list(Transaction(db).scan("t")) == []
+    assert list(db.store.scan("t", None, None, [percolator._store.Read("l")])) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "quote"),
+    [
+        (("t", "alice", "c:q", b"v"), percolator.InvalidArgument, "row must be bytes"),
+        (("t", b"", "c:q", b"v"), percolator.InvalidArgument, "row must not be empty"),
+        (("t", b"r", "cq", b"v"), percolator.InvalidArgument, "expected 'family:qualifier'"),
+        (("t", b"r", ":q", b"v"), percolator.InvalidArgument, "'family:qualifier'"),
+        (("t", b"r", "c:", b"v"), percolator.InvalidArgument, "'family:qualifier'"),
+        (("t", b"r", "c d:q", b"v"), percolator.InvalidArgument, "bad column family"),
+        (("t", b"r", "_ack:q", b"v"), percolator.InvalidArgument, "reserved"),
+        (("t", b"r", "c:q\n", b"v"), percolator.InvalidArgument, "control characters"),
+        (("t", b"r", b"c:q", b"v"), percolator.InvalidArgument, "column must be a str"),
+        (("t", b"r", "c:q", "v"), percolator.InvalidArgument, "value must be bytes"),
+        (("t", b"r", "c:q", None), percolator.InvalidArgument, "value must be bytes"),
+        (("nope", b"r", "c:q", b"v"), percolator.UnknownTableError, "create_table('nope')"),
+        ((1, b"r", "c:q", b"v"), percolator.InvalidArgument, "table must be a str"),
+        (("bad/name", b"r", "c:q", b"v"), percolator.InvalidArgument, "bad table name"),
+        (
+            ("t", b"r" * (percolator.MAX_ROW_BYTES + 1), "c:q", b"v"),
+            percolator.ValueTooLargeError,
+            "over the limit",
+        ),
+        (
+            ("t", b"r", "c:q", b"v" * (percolator.MAX_VALUE_BYTES + 1)),
+            percolator.ValueTooLargeError,
+            "over the limit of 4194304 bytes",
+        ),
+    ],
+)
+def test_bad_set_is_refused_at_the_door(
+    db: Cluster, args: tuple[Any, ...], error: type[Exception], quote: str
+) -> None:
+    with Transaction(db) as txn:
+        txn.set("t", b"good", "c:q", b"kept?")
+        with pytest.raises(error, match=quote.replace("(", r"\(").replace(")", r"\)")):
+            txn.set(*args)
+        txn.rollback()
+    _nothing_written(db)
+
+
+def test_errors_share_one_root() -> None:
+    for name in percolator.__all__:
+        obj = getattr(percolator, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, percolator.PercolatorError), name
+    assert issubclass(percolator.InvalidArgument, ValueError)
+
+
+def test_reads_validate_too(db: Cluster) -> None:
+    txn = Transaction(db)
+    with pytest.raises(percolator.UnknownTableError):
+        txn.get("missing", b"r", "c:q")
+    with pytest.raises(percolator.InvalidArgument, match="list of 'family:qualifier'"):
+        txn.get_row("t", b"r", "c:q")
+    with pytest.raises(percolator.InvalidArgument, match="start must be bytes"):
+        txn.scan("t", start="a")
+
+
+def test_closed_transaction(db: Cluster) -> None:
+    txn = Transaction(db)
+    txn.set("t", b"r", "c:q", b"v")
+    txn.commit()
+    for call in (
+        lambda: txn.get("t", b"r", "c:q"),
+        lambda: txn.set("t", b"r", "c:q", b"w"),
+        lambda: txn.commit(),
+        lambda: txn.scan("t"),
+    ):
+        with pytest.raises(percolator.TransactionClosedError, match="start a new one"):
+            call()
+    assert Transaction(db).get("t", b"r", "c:q") == b"v"
+
+
+def test_bad_urls_and_options(tmp_path: Any) -> None:
+    with pytest.raises(percolator.InvalidArgument, match="unknown store url"):
+        percolator.connect("mysql://localhost/db")
+    with pytest.raises(percolator.InvalidArgument, match="absolute"):
+        percolator.connect("sqlite://relative.db")
+    with pytest.raises(percolator.InvalidArgument, match="store url must be a str"):
+        percolator.connect(None)  # type: ignore[arg-type]
+    with pytest.raises(percolator.StoreUnavailable, match="does not exist"):
+        percolator.connect(f"sqlite:///{tmp_path}/no/such/dir/x.db")
+    with pytest.raises(percolator.InvalidArgument, match="lock_ttl"):
+        percolator.connect(f"sqlite:///{tmp_path}/x.db", lock_ttl=-1)
+    with pytest.raises(percolator.InvalidArgument, match="needs a percolator.Cluster"):
+        Transaction("sqlite:///x.db")  # type: ignore[arg-type]
+
+
+def test_closed_cluster(tmp_path: Any) -> None:
+    cluster = percolator.connect(f"sqlite:///{tmp_path}/x.db")
+    cluster.close()
+    with pytest.raises(percolator.PercolatorError, match="closed"):
+        Transaction(cluster)

@@ -1,0 +1,92 @@
+"""Bank under crashes: clients killed with kill -9 at random moments, on every backend.
+
+Several processes make random transfers; the test kills them with SIGKILL at random
+moments and restarts them, while reading. Every read transaction sees the initial
+total; afterwards every acknowledged transfer is in the log, balances equal the
+initial balance plus the logged transfers (so no transfer is half-applied or lost),
+and no lock is left.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import percolator
+from percolator import Transaction
+from percolator._store import Read
+
+ACCOUNTS = 8
+INITIAL = 1000
+WORKERS = 3
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _start(url: str, seed: int, log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.transactions._bank_worker", url, str(ACCOUNTS),
+         str(seed), str(log)],
+        cwd=ROOT, stderr=subprocess.PIPE,
+    )
+
+
+def _total(cluster: percolator.Cluster) -> int:
+    return sum(int(v["bal:v"]) for _, v in Transaction(cluster).scan("accounts"))
+
+
+def test_bank_survives_kill_9(store_url: str, tmp_path: Path) -> None:
+    rng = random.Random()
+    cluster = percolator.connect(store_url)
+    cluster.create_table("accounts")
+    cluster.create_table("transfers")
+    with Transaction(cluster) as txn:
+        for i in range(ACCOUNTS):
+            txn.set("accounts", b"acct%03d" % i, "bal:v", str(INITIAL).encode())
+    log = tmp_path / "committed.log"
+    seeds = iter(range(1, 10_000))
+    workers = [_start(store_url, next(seeds), log) for _ in range(WORKERS)]
+    kills = reads = 0
+    try:
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            time.sleep(rng.uniform(0.05, 0.4))
+            victim = rng.randrange(WORKERS)
+            if workers[victim].poll() is not None:
+                err = workers[victim].stderr.read().decode()  # type: ignore[union-attr]
+                raise AssertionError(f"a worker died on its own:\n{err}")
+            os.kill(workers[victim].pid, signal.SIGKILL)
+            workers[victim].wait()
+            kills += 1
+            workers[victim] = _start(store_url, next(seeds), log)
+            assert _total(cluster) == ACCOUNTS * INITIAL
+            reads += 1
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()
+    assert kills >= 10
+
+    # Reading resolves every lock the killed clients left behind.
+    final = Transaction(cluster)
+    balances = {row: int(v["bal:v"]) for row, v in final.scan("accounts")}
+    transfers = {row: v["t:move"] for row, v in final.scan("transfers")}
+    assert sum(balances.values()) == ACCOUNTS * INITIAL
+    expected = {b"acct%03d" % i: INITIAL for i in range(ACCOUNTS)}
+    for move in transfers.values():
+        src, dst, n = move.split()
+        expected[src] -= int(n)
+        expected[dst] += int(n)
+    assert balances == expected, "a transfer was half-applied"
+    acknowledged = set(log.read_bytes().split())
+    assert acknowledged, "no transfer committed"
+    assert acknowledged <= set(transfers), "an acknowledged transfer was lost"
+    for table in ("accounts", "transfers"):
+        for _, cells in cluster.store.scan(table, None, None, [Read("l")]):
+            for versions in cells.values():
+                assert versions[0][1][:1] == b"F", "a lock was left unresolved"
+    cluster.close()

@@ -1,0 +1,165 @@
+"""Transactions: the public API on every backend."""
+
+from __future__ import annotations
+
+import pytest
+
+import percolator
+from percolator import Cluster, Transaction
+
+
+@pytest.fixture
+def accounts(cluster: Cluster) -> Cluster:
+    cluster.create_table("accounts")
+    cluster.create_table("audit")
+    return cluster
+
+
+def test_committed_writes_are_visible_to_later_transactions(accounts: Cluster) -> None:
+    with Transaction(accounts) as txn:
+        txn.set("accounts", b"alice", "bal:amount", b"100")
+        txn.set("audit", b"1", "log:text", b"opened alice")
+    assert txn.commit_ts is not None and txn.commit_ts > txn.start_ts
+    reader = Transaction(accounts)
+    assert reader.start_ts > txn.commit_ts
+    assert reader.get("accounts", b"alice", "bal:amount") == b"100"
+    assert reader.get("audit", b"1", "log:text") == b"opened alice"
+    assert reader.get("accounts", b"bob", "bal:amount") is None
+
+
+def test_reads_see_own_writes_and_deletes(accounts: Cluster) -> None:
+    with Transaction(accounts) as txn:
+        txn.set("accounts", b"a", "bal:amount", b"1")
+        txn.set("accounts", b"a", "bal:note", b"x")
+    txn = Transaction(accounts)
+    txn.set("accounts", b"a", "bal:amount", b"2")
+    txn.delete("accounts", b"a", "bal:note")
+    txn.set("accounts", b"b", "bal:amount", b"3")
+    assert txn.get("accounts", b"a", "bal:amount") == b"2"
+    assert txn.get("accounts", b"a", "bal:note") is None
+    assert txn.get_row("accounts", b"a", ["bal:amount", "bal:note"]) == {"bal:amount": b"2"}
+    assert list(txn.scan("accounts")) == [
+        (b"a", {"bal:amount": b"2"}),
+        (b"b", {"bal:amount": b"3"}),
+    ]
+    txn.commit()
+    after = Transaction(accounts)
+    assert after.get_row("accounts", b"a", ["bal:amount", "bal:note"]) == {"bal:amount": b"2"}
+
+
+def test_snapshot_does_not_see_later_commits(accounts: Cluster) -> None:
+    with Transaction(accounts) as txn:
+        txn.set("accounts", b"a", "bal:amount", b"1")
+    old = Transaction(accounts)
+    with Transaction(accounts) as txn:
+        txn.set("accounts", b"a", "bal:amount", b"2")
+        txn.set("accounts", b"c", "bal:amount", b"9")
+    assert old.get("accounts", b"a", "bal:amount") == b"1"
+    assert list(old.scan("accounts")) == [(b"a", {"bal:amount": b"1"})]
+    assert Transaction(accounts).get("accounts", b"a", "bal:amount") == b"2"
+
+
+def test_scan_range_and_columns(accounts: Cluster) -> None:
+    with Transaction(accounts) as txn:
+        for i in range(10):
+            txn.set("accounts", b"r%02d" % i, "bal:amount", str(i).encode())
+            if i % 2:
+                txn.set("accounts", b"r%02d" % i, "bal:odd", b"1")
+    reader = Transaction(accounts)
+    rows = list(reader.scan("accounts", b"r03", b"r07"))
+    assert [r for r, _ in rows] == [b"r03", b"r04", b"r05", b"r06"]
+    assert rows[0][1] == {"bal:amount": b"3", "bal:odd": b"1"}
+    odd = list(reader.scan("accounts", columns=["bal:odd"]))
+    assert [r for r, _ in odd] == [b"r01", b"r03", b"r05", b"r07", b"r09"]
+
+
+def test_delete_then_reinsert_and_many_versions(accounts: Cluster) -> None:
+    for value in (b"1", None, b"3", b"4"):
+        with Transaction(accounts) as txn:
+            if value is None:
+                txn.delete("accounts", b"a", "bal:amount")
+            else:
+                txn.set("accounts", b"a", "bal:amount", value)
+    assert Transaction(accounts).get("accounts", b"a", "bal:amount") == b"4"
+
+
+def test_conflict_first_committer_wins_and_leaves_nothing(accounts: Cluster) -> None:
+    t1, t2 = Transaction(accounts), Transaction(accounts)
+    t1.set("accounts", b"a", "bal:amount", b"1")
+    t2.set("accounts", b"b", "bal:amount", b"2")
+    t2.set("accounts", b"a", "bal:amount", b"2")
+    t1.commit()
+    with pytest.raises(percolator.ConflictError) as info:
+        t2.commit()
+    assert info.value.start_ts == t2.start_ts
+    assert info.value.row == b"a" and info.value.column == "bal:amount"
+    assert info.value.conflict_ts == t1.commit_ts
+    reader = Transaction(accounts)
+    assert reader.get("accounts", b"a", "bal:amount") == b"1"
+    assert reader.get("accounts", b"b", "bal:amount") is None
+    # No lock of t2 is left behind: a new writer of b succeeds at once.
+    with Transaction(accounts) as t3:
+        t3.set("accounts", b"b", "bal:amount", b"3")
+
+
+def test_context_manager_rolls_back_on_exception(accounts: Cluster) -> None:
+    with pytest.raises(RuntimeError), Transaction(accounts) as txn:
+        txn.set("accounts", b"a", "bal:amount", b"1")
+        raise RuntimeError("boom")
+    assert txn.closed
+    assert Transaction(accounts).get("accounts", b"a", "bal:amount") is None
+
+
+def test_rollback_discards(accounts: Cluster) -> None:
+    txn = Transaction(accounts)
+    txn.set("accounts", b"a", "bal:amount", b"1")
+    txn.rollback()
+    txn.rollback()
+    assert Transaction(accounts).get("accounts", b"a", "bal:amount") is None
+
+
+def test_transactional_retries_conflicts_and_composes(accounts: Cluster) -> None:
+    with Transaction(accounts) as txn:
+        txn.set("accounts", b"a", "bal:amount", b"0")
+    runs = []
+
+    @percolator.transactional
+    def increment(txn: percolator.TransactionBase, row: bytes) -> int:
+        runs.append(txn.start_ts)
+        value = int(txn.get("accounts", row, "bal:amount") or b"0") + 1
+        if len(runs) == 1:  # a competing commit lands between our read and commit
+            with Transaction(accounts) as other:
+                other.set("accounts", row, "bal:amount", b"10")
+        txn.set("accounts", row, "bal:amount", str(value).encode())
+        return value
+
+    @percolator.transactional(retries=3)
+    def twice(txn: percolator.TransactionBase) -> int:
+        increment(txn, b"a")
+        return increment(txn, b"a")
+
+    assert increment(accounts, b"a") == 11
+    assert len(runs) == 2
+    assert twice(accounts) == 13
+    assert Transaction(accounts).get("accounts", b"a", "bal:amount") == b"13"
+
+
+def test_transactional_gives_up_after_its_retries(accounts: Cluster) -> None:
+    @percolator.transactional(retries=2)
+    def always_conflicts(txn: percolator.TransactionBase) -> None:
+        txn.get("accounts", b"a", "bal:amount")
+        with Transaction(accounts) as other:
+            other.set("accounts", b"a", "bal:amount", b"x")
+        txn.set("accounts", b"a", "bal:amount", b"y")
+
+    with pytest.raises(percolator.ConflictError):
+        always_conflicts(accounts)
+
+
+def test_tables(cluster: Cluster) -> None:
+    cluster.create_table("t1")
+    cluster.create_table("t1")
+    cluster.create_table("t2")
+    assert cluster.tables() == ["t1", "t2"]
+    cluster.drop_table("t2")
+    assert cluster.tables() == ["t1"]
