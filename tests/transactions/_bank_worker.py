@@ -22,7 +22,9 @@ def main() -> None:
     cluster = percolator.connect(url, lock_ttl=30)
 
     @percolator.transactional(retries=1000)
-    def transfer(txn: percolator.TransactionBase, tid: bytes, src: bytes, dst: bytes, n: int) -> None:
+    def transfer(
+        txn: percolator.TransactionBase, tid: bytes, src: bytes, dst: bytes, n: int
+    ) -> None:
         a = int(txn.get("accounts", src, "bal:v") or b"0")
         b = int(txn.get("accounts", dst, "bal:v") or b"0")
         txn.set("accounts", src, "bal:v", str(a - n).encode())

@@ -105,7 +105,7 @@ def test_bad_urls_and_options(tmp_path: Any) -> None:
         percolator.connect(f"sqlite:///{tmp_path}/no/such/dir/x.db")
     with pytest.raises(percolator.InvalidArgument, match="lock_ttl"):
         percolator.connect(f"sqlite:///{tmp_path}/x.db", lock_ttl=-1)
-    with pytest.raises(percolator.InvalidArgument, match="needs a percolator.Cluster"):
+    with pytest.raises(percolator.InvalidArgument, match=r"needs a percolator\.Cluster"):
         Transaction("sqlite:///x.db")  # type: ignore[arg-type]
 
 

@@ -29,9 +29,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _start(url: str, seed: int, log: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.transactions._bank_worker", url, str(ACCOUNTS),
-         str(seed), str(log)],
-        cwd=ROOT, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "tests.transactions._bank_worker",
+            url,
+            str(ACCOUNTS),
+            str(seed),
+            str(log),
+        ],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
     )
 
 

@@ -23,7 +23,6 @@ import collections
 import itertools
 from dataclasses import dataclass, field
 
-import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
@@ -197,10 +196,16 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
             final = Transaction(cluster)
             snapshot = self.snapshot(Open(final))
             for table in TABLES:
-                got = {(table, r, c): v for r, vs in final.scan(self.names[table]) for c, v in vs.items()}
+                got = {
+                    (table, r, c): v
+                    for r, vs in final.scan(self.names[table])
+                    for c, v in vs.items()
+                }
                 assert got == {k: v for k, v in snapshot.items() if k[0] == table}
             for table in TABLES:
-                locks = cluster.store.scan(self.names[table], None, None, [percolator._store.Read("l")])
+                locks = cluster.store.scan(
+                    self.names[table], None, None, [percolator._store.Read("l")]
+                )
                 for _, cells in locks:
                     for versions in cells.values():
                         assert versions[0][1][:1] == b"F", "a lock was left unresolved"
