@@ -30,6 +30,7 @@ from percolator._errors import (
 )
 from percolator._retry import RetryPolicy, transactional
 from percolator._transaction import Snapshot, Transaction, TransactionBase
+from percolator._zookeeper import publish_config
 
 __version__ = "0.1.0"
 
@@ -55,5 +56,6 @@ __all__ = [
     "ValueTooLargeError",
     "connect",
     "is_retryable",
+    "publish_config",
     "transactional",
 ]

@@ -9,7 +9,12 @@ from typing import Any
 
 from percolator._coordination import Coordination, LocalCoordination
 from percolator._encoding import FAMILIES, META_FAMILIES, META_TABLE, check_column, check_table
-from percolator._errors import InvalidArgument, PercolatorError, UnknownTableError
+from percolator._errors import (
+    CoordinationError,
+    InvalidArgument,
+    PercolatorError,
+    UnknownTableError,
+)
 from percolator._retry import LOCK_WAIT, RetryPolicy
 from percolator._store import Mutation, Read, Store
 from percolator._timestamps import HostTimestamps, StoreTimestamps, TimestampSource
@@ -27,6 +32,8 @@ def connect(
     *,
     oracle: str | None = None,
     zookeeper: str | None = None,
+    zookeeper_auth: str | None = None,
+    zookeeper_session_timeout: float = 10.0,
     lock_ttl: float = 30.0,
     lock_wait: float | None = None,
     **store_options: Any,
@@ -39,27 +46,64 @@ def connect(
     ``"zk://host:port/chroot"``) selects the timestamp oracle; without it the
     embedded store uses its in-file allocator and remote stores a compare-and-set
     counter in the store. *zookeeper* (``"host:port/chroot"``) selects ZooKeeper
-    coordination. *lock_ttl* (seconds) is how long a lock of a live but silent
+    coordination: every client registers an ephemeral liveness node there, locks of
+    dead owners are rolled back at once, scanners take advisory locks there and the
+    registry of observed columns lives there (watched by every client).
+    *zookeeper_auth* (``"user:password"``) protects that namespace with digest ACLs;
+    *zookeeper_session_timeout* (seconds) is how soon a dead client is noticed.
+
+    With *url* ``"zk://host:port[,...]/chroot"`` everything else is learnt from
+    ZooKeeper: the store url and the oracle target published there with
+    ``publish_config`` (an explicit *oracle* still wins); ZooKeeper coordination is
+    then implied. *lock_ttl* (seconds) is how long a lock of a live but silent
     client is honoured; *lock_wait* how long a read waits for a live lock before
     raising :class:`LockedError` (default: twice the ttl).
 
+    .. warning:: With ZooKeeper this blocks while connecting (up to 15 s).
+
     :raises InvalidArgument: for a malformed url or option.
     :raises StoreUnavailable: when the store cannot be reached.
+    :raises CoordinationError: when ZooKeeper cannot be reached, kazoo is missing, or
+        ``zk://`` names a namespace where no configuration was published.
     """
     if not isinstance(lock_ttl, int | float) or lock_ttl <= 0:
         raise InvalidArgument(f"lock_ttl must be a positive number of seconds, got {lock_ttl!r}")
-    store = open_store(url, **store_options)
-    closers: list[Any] = [store]
+    closers: list[Any] = []
     try:
         coordination: Coordination
+        if isinstance(url, str) and url.startswith("zk://"):
+            if zookeeper is not None and zookeeper != url[len("zk://"):]:
+                raise InvalidArgument(
+                    f"connect({url!r}, zookeeper={zookeeper!r}) names two ZooKeeper "
+                    "namespaces; pass only the zk:// url"
+                )
+            zookeeper = url[len("zk://"):]
         if zookeeper is not None:
-            from percolator._zookeeper import ZooKeeperCoordination  # type: ignore[import-not-found]
+            from percolator._zookeeper import ZooKeeperCoordination
 
-            coordination = ZooKeeperCoordination(zookeeper)
+            zk = ZooKeeperCoordination(
+                zookeeper, session_timeout=zookeeper_session_timeout, auth=zookeeper_auth
+            )
+            closers.append(zk)
+            coordination = zk
+            if url.startswith("zk://"):
+                config = zk.config()
+                if not config or not config.get("store"):
+                    raise CoordinationError(
+                        f"no percolator configuration published at {url!r}; publish one "
+                        "with percolator.publish_config(zookeeper, store=..., oracle=...)"
+                    )
+                url = str(config["store"])
+                if oracle is None and config.get("oracle"):
+                    oracle = str(config["oracle"])
+            store = open_store(url, **store_options)
+            closers.insert(0, store)
         else:
+            store = open_store(url, **store_options)
+            closers.append(store)
             path = getattr(store, "path", None)
             coordination = LocalCoordination(f"{path}-locks" if path else None)
-        closers.append(coordination)
+            closers.append(coordination)
         timestamps: TimestampSource
         if oracle is not None:
             from oracle import OracleClient
@@ -110,6 +154,11 @@ class Cluster:
         self._observed_at = float("-inf")
         self._lock = threading.Lock()
         self._closed = False
+        # With ZooKeeper coordination the registry of observed columns lives there,
+        # watched (no polling); otherwise in the store's meta table, polled.
+        self._registry: Any = (
+            coordination if hasattr(coordination, "register_observed") else None
+        )
         self.stats: dict[str, int] = {
             "commits": 0, "conflicts": 0, "rollbacks": 0, "locks_resolved": 0,
         }
@@ -136,6 +185,8 @@ class Cluster:
 
     def check_table_exists(self, name: str) -> str:
         """Validate *name* and raise :class:`UnknownTableError` unless it exists."""
+        if name in self._tables:
+            return name
         check_table(name)
         if name not in self._tables:
             known = set(self.tables())
@@ -147,16 +198,28 @@ class Cluster:
     # --- observed columns -----------------------------------------------------------
 
     def observe(self, table: str, column: str) -> None:
-        """Register (*table*, *column*) as observed: commits to it set notify cells."""
+        """Register (*table*, *column*) as observed: commits to it set notify cells.
+
+        With ZooKeeper coordination the registration goes to ZooKeeper, whose watch tells
+        every connected client at once; it is also recorded in the store.
+
+        :raises CoordinationError: when ZooKeeper refuses the registration.
+        """
         self.check_table_exists(table)
         check_column(column)
         self.store.mutate_rows(
             META_TABLE, [Mutation(_OBSERVED_ROW, [(f"m:{table}/{column}", 0, b"1")])]
         )
+        if self._registry is not None:
+            self._registry.register_observed(table, column)
         self._observed_at = float("-inf")
 
     def observed_columns(self) -> frozenset[tuple[str, str]]:
-        """The registered (table, column) pairs, refreshed at most every half second."""
+        """The registered (table, column) pairs: with ZooKeeper, the watched registry
+        (no round trip); otherwise read from the store at most every half second."""
+        if self._registry is not None:
+            observed: frozenset[tuple[str, str]] = self._registry.observed_columns()
+            return observed
         now = time.monotonic()
         if now - self._observed_at > self._config_refresh:
             cells = self.store.read_rows(META_TABLE, [_OBSERVED_ROW], [Read("m")])

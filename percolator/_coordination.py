@@ -22,7 +22,9 @@ __all__ = ["Coordination", "LocalCoordination"]
 
 class Coordination(Protocol):
     def current_owner(self) -> str:
-        """This client's owner id, to put in the locks it takes.
+        """This client's owner id, to put in the locks it takes. Called at the start of
+        every commit, so it must be cheap (no round trip in the steady state); it may
+        wait a bounded time while the coordinator reconnects.
 
         :raises CoordinationError: when the identity is not (or no longer) registered,
             so that nothing commits under a lost identity.
@@ -31,14 +33,27 @@ class Coordination(Protocol):
 
     def is_alive(self, owner: str) -> bool | None:
         """True if *owner* is alive, False if it is certainly dead, None if unknown
-        (then only the lock's ttl decides)."""
+        (then only the lock's ttl decides). Called for every lock found pending, so it
+        is answered from memory in the steady state; False must be final (owner ids
+        are never reused)."""
         ...
 
     def try_advisory_lock(self, key: str) -> bool:
-        """Take the advisory lock *key* without waiting; True if taken."""
+        """Take the advisory lock *key* without waiting; True if taken.
+
+        Advisory only (nothing is persisted, correctness never depends on it): a key is
+        exclusive among the threads of this process and, at the granularity of a hash
+        bucket of keys, among processes. Keys may collide into one bucket, so a refusal
+        means "someone is busy near here: go elsewhere". Refused while the coordinator
+        is disconnected (pause new work). Cheap: the ZooKeeper implementation leases a
+        whole bucket with one ephemeral node and then serves the bucket's keys from
+        memory.
+        """
         ...
 
-    def release_advisory_lock(self, key: str) -> None: ...
+    def release_advisory_lock(self, key: str) -> None:
+        """Release *key* (a no-op if it is not held by this process)."""
+        ...
 
     def close(self) -> None: ...
 

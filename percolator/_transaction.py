@@ -71,6 +71,7 @@ class Snapshot:
         self.cluster = cluster
         self.start_ts: int = cluster.timestamps.get_timestamp() if start_ts is None else start_ts
         self._closed = False
+        self._read_cache: dict[tuple[str, ...] | None, list[Read]] = {}
 
     # --- validation ---------------------------------------------------------------
 
@@ -91,11 +92,16 @@ class Snapshot:
 
     def _reads(self, columns: Sequence[str] | None) -> list[Read]:
         qualifiers = None if columns is None else tuple(columns)
-        return [
-            Read(LOCK, qualifiers),
-            Read(WRITE, qualifiers, max_ts=self.start_ts),
-            Read(DATA, qualifiers, max_ts=self.start_ts),
-        ]
+        reads = self._read_cache.get(qualifiers)
+        if reads is None:
+            reads = [
+                Read(LOCK, qualifiers),
+                Read(WRITE, qualifiers, max_ts=self.start_ts),
+                Read(DATA, qualifiers, max_ts=self.start_ts),
+            ]
+            if len(self._read_cache) < 64:
+                self._read_cache[qualifiers] = reads
+        return reads
 
     def _blocking(self, cells: RowCells) -> list[tuple[str, bytes]]:
         """Lock cells that hide a change at or below start_ts."""

@@ -73,6 +73,7 @@ class SqliteStore:
         self._busy_timeout = busy_timeout
         self._local = threading.local()
         self._families: dict[str, dict[str, int]] = {}
+        self._sql_cache: dict[tuple[Any, ...], str] = {}
         self._closed = False
         self._all_connections: list[sqlite3.Connection] = []
         self._conn_lock = threading.Lock()
@@ -196,32 +197,39 @@ class SqliteStore:
 
     # --- reads ------------------------------------------------------------------
 
-    def _read_sql(self, table: str, read: Read, params: list[Any], row_param: bytes) -> str:
+    def _read_sql(self, table: str, read: Read) -> str:
+        """The statement of one read of one row; parameters from :meth:`_read_params`."""
         name = self._family(table, read.family)
         tag = read.family.replace("'", "''")
-        lo, hi = read.min_ts, _MAX_TS if read.max_ts is None else read.max_ts
-        limit = -1 if read.versions is None else read.versions
         if read.qualifiers is not None:
-            subs = []
-            for qual in read.qualifiers:
-                subs.append(
-                    f"SELECT * FROM (SELECT row, '{tag}' AS fam, qual, ts, value FROM {name} "
-                    "WHERE row = ? AND qual = ? AND ts BETWEEN ? AND ? ORDER BY ts DESC LIMIT ?)"
-                )
-                params.extend((row_param, qual, lo, hi, limit))
-            return " UNION ALL ".join(subs)
-        if limit < 0:
-            params.extend((row_param, lo, hi))
+            return " UNION ALL ".join(
+                f"SELECT * FROM (SELECT row, '{tag}' AS fam, qual, ts, value FROM {name} "
+                "WHERE row = ? AND qual = ? AND ts BETWEEN ? AND ? ORDER BY ts DESC LIMIT ?)"
+                for _ in read.qualifiers
+            )
+        if read.versions is None:
             return (
                 f"SELECT row, '{tag}' AS fam, qual, ts, value FROM {name} "
                 "WHERE row = ? AND ts BETWEEN ? AND ?"
             )
-        params.extend((row_param, lo, hi, limit))
         return (
             f"SELECT row, fam, qual, ts, value FROM (SELECT row, '{tag}' AS fam, qual, ts, value, "
             "row_number() OVER (PARTITION BY qual ORDER BY ts DESC) AS n "
             f"FROM {name} WHERE row = ? AND ts BETWEEN ? AND ?) WHERE n <= ?"
         )
+
+    @staticmethod
+    def _read_params(read: Read, params: list[Any], row: bytes) -> None:
+        """The parameters of :meth:`_read_sql`'s statement, in the same order."""
+        lo, hi = read.min_ts, _MAX_TS if read.max_ts is None else read.max_ts
+        limit = -1 if read.versions is None else read.versions
+        if read.qualifiers is not None:
+            for qual in read.qualifiers:
+                params.extend((row, qual, lo, hi, limit))
+        elif limit < 0:
+            params.extend((row, lo, hi))
+        else:
+            params.extend((row, lo, hi, limit))
 
     def read_rows(
         self, table: str, rows: Sequence[bytes], reads: Sequence[Read]
@@ -229,20 +237,70 @@ class SqliteStore:
         result: dict[bytes, RowCells] = {}
         if not rows or not reads:
             return result
-        params: list[Any] = []
-        sql = " UNION ALL ".join(
-            self._read_sql(table, read, params, row) for row in rows for read in reads
-        )
         try:
-            found = self._db().execute(sql, params).fetchall()
+            terms = len(rows) * sum(len(r.qualifiers or "_") for r in reads)
+            if terms <= 100:
+                shape = (table, len(rows), *[
+                    (r.family, r.versions is None) if r.qualifiers is None
+                    else (r.family, len(r.qualifiers)) for r in reads
+                ])
+                sql = self._sql_cache.get(shape)
+                if sql is None:
+                    sql = " UNION ALL ".join(
+                        self._read_sql(table, read) for _ in rows for read in reads
+                    )
+                    if len(self._sql_cache) > 1000:
+                        self._sql_cache.clear()
+                    self._sql_cache[shape] = sql
+                params: list[Any] = []
+                for row in rows:
+                    for read in reads:
+                        self._read_params(read, params, row)
+                found = self._db().execute(sql, params).fetchall()
+            else:
+                found = self._read_many(table, rows, reads)
         except sqlite3.Error as e:
             raise self._error(table, e) from e
         for row, fam, qual, ts, value in found:
             result.setdefault(row, {}).setdefault(f"{fam}:{qual}", []).append((ts, value))
         for cells in result.values():
             for versions in cells.values():
-                versions.sort(key=lambda cell: -cell[0])
+                if len(versions) > 1:
+                    versions.sort(key=lambda cell: -cell[0])
         return result
+
+    def _read_many(
+        self, table: str, rows: Sequence[bytes], reads: Sequence[Read]
+    ) -> list[tuple[Any, ...]]:
+        """Many rows: one windowed SELECT per read and chunk of rows, in one read
+        transaction so that every row is read from one snapshot."""
+        db = self._db()
+        found: list[tuple[Any, ...]] = []
+        db.execute("BEGIN")
+        try:
+            for start in range(0, len(rows), 400):
+                chunk = list(rows[start : start + 400])
+                for read in reads:
+                    name = self._family(table, read.family)
+                    tag = read.family.replace("'", "''")
+                    params: list[Any] = list(chunk)
+                    qual_sql = ""
+                    if read.qualifiers is not None:
+                        qual_sql = f" AND qual IN ({','.join('?' * len(read.qualifiers))})"
+                        params.extend(read.qualifiers)
+                    params.extend((read.min_ts, _MAX_TS if read.max_ts is None else read.max_ts))
+                    params.append(-1 if read.versions is None else read.versions)
+                    found.extend(db.execute(
+                        f"SELECT row, fam, qual, ts, value FROM (SELECT row, '{tag}' AS fam, "
+                        "qual, ts, value, row_number() OVER (PARTITION BY row, qual "
+                        f"ORDER BY ts DESC) AS n FROM {name} WHERE row IN "
+                        f"({','.join('?' * len(chunk))}){qual_sql} AND ts BETWEEN ? AND ?) "
+                        "WHERE ? < 0 OR n <= ?",
+                        (*params[:-1], params[-1], params[-1]),
+                    ).fetchall())
+        finally:
+            db.execute("COMMIT")
+        return found
 
     def scan(
         self,
@@ -377,6 +435,109 @@ class SqliteStore:
                 db.execute(f"INSERT INTO {name} VALUES (?, ?, 0, ?)", (row, qual, new))
                 self._put(db, table, row, puts)
                 return True
+        except sqlite3.Error as e:
+            raise self._error(table, e) from e
+
+    def check_and_set_many(
+        self,
+        table: str,
+        items: Sequence[
+            tuple[bytes, str, bytes | None, bytes, Sequence[tuple[str, int, bytes]]]
+        ],
+    ) -> list[bool]:
+        """Many :meth:`check_and_set` calls in one write transaction (an optional
+        capability used by bulk writers, see :mod:`percolator._bulk`).
+
+        Each item is ``(row, column, expected, new, puts)`` and is decided in order,
+        as if the calls ran one after another: an item sees the values set by the
+        items before it. Returns one bool per item. The puts of an item are applied
+        only when its compare-and-set succeeds, atomically with it.
+        """
+        if not items:
+            return []
+        try:
+            families = self._table_families(table)
+            with self._write() as db:
+                current: dict[tuple[str, bytes, str], bytes | None] = {}
+                existed: set[tuple[str, bytes, str]] = set()
+                several: set[tuple[str, bytes, str]] = set()  # not just one version at ts 0
+                split: dict[str, tuple[str, str]] = {}
+                wanted: dict[str, list[tuple[bytes, str]]] = {}
+                for row, column, _, _, _ in items:
+                    family, qual = split.get(column) or split.setdefault(
+                        column, column.partition(":")[::2]
+                    )
+                    key = (family, row, qual)
+                    if key not in current:
+                        current[key] = None
+                        wanted.setdefault(family, []).append((row, qual))
+                for family, keys in wanted.items():
+                    name = self._family(table, family)
+                    for i in range(0, len(keys), 400):
+                        chunk = keys[i : i + 400]
+                        values = ",".join("(?,?)" for _ in chunk)
+                        params = [p for key in chunk for p in key]
+                        for row, qual, ts, value in db.execute(
+                            f"SELECT t.row, t.qual, t.ts, t.value FROM {name} AS t JOIN "
+                            f"(VALUES {values}) AS v ON t.row = v.column1 AND t.qual = v.column2 "
+                            "ORDER BY t.ts",
+                            params,
+                        ):
+                            key = (family, row, qual)
+                            current[key] = value  # newest (largest ts) last
+                            if key in existed or ts != 0:
+                                several.add(key)
+                            existed.add(key)
+                results: list[bool] = []
+                changed: dict[tuple[str, bytes, str], bytes] = {}
+                puts: dict[str, list[tuple[bytes, str, int, bytes]]] = {}
+                for row, column, expected, new, item_puts in items:
+                    family, qual = split[column]
+                    key = (family, row, qual)
+                    if current[key] != expected:
+                        results.append(False)
+                        continue
+                    current[key] = changed[key] = new
+                    for put_column, ts, value in item_puts:
+                        put_family, put_qual = split.get(put_column) or split.setdefault(
+                            put_column, put_column.partition(":")[::2]
+                        )
+                        puts.setdefault(put_family, []).append((row, put_qual, ts, value))
+                    results.append(True)
+                inserts: dict[str, list[tuple[bytes, str, bytes]]] = {}
+                updates: dict[str, list[tuple[bytes, bytes, str]]] = {}
+                stale: dict[str, list[tuple[bytes, str]]] = {}
+                for key, value in changed.items():
+                    family, row, qual = key
+                    if key in existed and key not in several:
+                        updates.setdefault(family, []).append((value, row, qual))
+                        continue
+                    inserts.setdefault(family, []).append((row, qual, value))
+                    if key in existed:
+                        stale.setdefault(family, []).append((row, qual))
+                for family, update in updates.items():
+                    db.executemany(
+                        f"UPDATE {self._family(table, family)} SET value = ? "
+                        "WHERE row = ? AND qual = ? AND ts = 0",
+                        update,
+                    )
+                for family, cas in inserts.items():
+                    name = self._family(table, family)
+                    if family in stale:
+                        db.executemany(
+                            f"DELETE FROM {name} WHERE row = ? AND qual = ?", stale[family]
+                        )
+                    db.executemany(f"INSERT INTO {name} VALUES (?, ?, 0, ?)", cas)
+                for family, cells in puts.items():
+                    name = self._family(table, family)
+                    if families[family] == 1:
+                        cells = list({c[:2]: c for c in cells}.values())
+                        db.executemany(
+                            f"DELETE FROM {name} WHERE row = ? AND qual = ?",
+                            [c[:2] for c in cells],
+                        )
+                    db.executemany(f"INSERT OR REPLACE INTO {name} VALUES (?, ?, ?, ?)", cells)
+                return results
         except sqlite3.Error as e:
             raise self._error(table, e) from e
 

@@ -58,26 +58,32 @@ def test_bank_survives_kill_9(store_url: str, tmp_path: Path) -> None:
     log = tmp_path / "committed.log"
     seeds = iter(range(1, 10_000))
     workers = [_start(store_url, next(seeds), log) for _ in range(WORKERS)]
-    kills = reads = 0
+    started = [time.monotonic()] * WORKERS
+    kills = 0
     try:
-        deadline = time.monotonic() + 8
-        while time.monotonic() < deadline:
-            time.sleep(rng.uniform(0.05, 0.4))
+        # Kill a random worker at a random moment, but only once it has had a random
+        # 0.3-1.5 s of life (starting a client takes a while on the remote backends).
+        deadline = time.monotonic() + 40
+        while (kills < 12 or not log.exists()) and time.monotonic() < deadline:
+            time.sleep(rng.uniform(0.02, 0.2))
             victim = rng.randrange(WORKERS)
             if workers[victim].poll() is not None:
                 err = workers[victim].stderr.read().decode()  # type: ignore[union-attr]
                 raise AssertionError(f"a worker died on its own:\n{err}")
+            if time.monotonic() - started[victim] < rng.uniform(0.3, 1.5):
+                continue
             os.kill(workers[victim].pid, signal.SIGKILL)
             workers[victim].wait()
             kills += 1
             workers[victim] = _start(store_url, next(seeds), log)
+            started[victim] = time.monotonic()
             assert _total(cluster) == ACCOUNTS * INITIAL
-            reads += 1
     finally:
         for w in workers:
             w.kill()
             w.wait()
-    assert kills >= 10
+    assert kills >= 12
+    assert log.exists(), "no transfer committed"
 
     # Reading resolves every lock the killed clients left behind.
     final = Transaction(cluster)

@@ -30,6 +30,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_s
 import percolator
 from percolator import Transaction
 from percolator.testing import CrashPoint, client_of, crash_commit
+from tests._services import in_ci
 
 TABLES = ("ta", "tb")
 ROWS = (b"r1", b"r2", b"r3")
@@ -215,10 +216,17 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
 
 def test_snapshot_isolation_state_machine(cluster: percolator.Cluster, backend: str) -> None:
     machine = make_machine(cluster)
-    examples = 150 if backend == "sqlite" else 40
+    examples = 150 if backend == "sqlite" else 60
     exercised.clear()
     run_state_machine_as_test(
-        machine, settings=settings(max_examples=examples, stateful_step_count=30, deadline=None)
+        machine,
+        settings=settings(
+            max_examples=examples,
+            stateful_step_count=30,
+            deadline=None,
+            # CI replays one fixed, known-good exploration; elsewhere every run explores anew.
+            derandomize=in_ci(),
+        ),
     )
     # The run must have met what it claims to check.
     assert exercised["conflict"] > 0, exercised

@@ -1,0 +1,235 @@
+"""The paper's Figure 8 on our stores: the cost of transactions over the raw store.
+
+    python bench/overhead.py                      # embedded SQLite store
+    python bench/overhead.py --backend bigtable   # starts the cbtemulator itself
+    python bench/overhead.py --backend hbase      # starts the HBase Thrift test server
+
+Measured in one run, in alternating rounds so that the machine's noise hits both
+sides alike; the ratio reported is the median of the per-round ratios:
+
+* reads: raw latest-version read of one cell vs ``txn.get`` (a transaction reads
+  many cells, as in the paper; one start timestamp per 100 reads), and vs a fresh
+  transaction per read;
+* writes: raw write of one cell vs a transaction that writes one cell and commits;
+* a transfer: a transaction that reads two rows and writes both.
+
+Store round trips per operation are counted by a proxy around the store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import percolator
+from percolator._store import Mutation, Read
+
+TABLE = "bench"
+COLUMN = "c:value"
+ROWS = 1000
+
+
+class CountingStore:
+    """Counts the calls (round trips) made to the wrapped store."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.calls: Counter[str] = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if name in ("read_rows", "mutate_rows", "check_and_set"):
+
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                self.calls[name] += 1
+                return attr(*args, **kwargs)
+
+            return counted
+        if name == "scan":
+
+            def scan(*args: Any, **kwargs: Any) -> Any:
+                self.calls["scan"] += 1
+                return attr(*args, **kwargs)
+
+            return scan
+        return attr
+
+
+class CountingTimestamps:
+    def __init__(self, source: Any, calls: Counter[str]) -> None:
+        self._source = source
+        self._calls = calls
+
+    def get_timestamp(self) -> int:
+        self._calls["timestamp"] += 1
+        return int(self._source.get_timestamp())
+
+    def get_timestamps(self, n: int) -> range:
+        self._calls["timestamp"] += 1
+        return self._source.get_timestamps(n)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self._source.close()
+
+
+@contextmanager
+def open_backend(backend: str) -> Iterator[str]:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if backend == "sqlite":
+        directory = tempfile.mkdtemp(prefix="percolator-bench-")
+        try:
+            yield f"sqlite:///{directory}/bench.db"
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+    elif backend == "bigtable":
+        sys.path.insert(0, root)
+        from tests._bigtable import bigtable_store_url, start_emulator
+
+        proc, hostport = start_emulator()
+        try:
+            yield bigtable_store_url(hostport, "overhead")
+        finally:
+            proc.kill()
+            proc.wait()
+    elif backend == "hbase":
+        sys.path.insert(0, root)
+        from tests._hbase import hbase_store_url, start_test_server
+
+        proc, hostport = start_test_server()
+        try:
+            yield hbase_store_url(hostport, "overhead")
+        finally:
+            proc.kill()
+            proc.wait()
+    else:
+        raise SystemExit(f"unknown backend {backend!r}")
+
+
+def rate(op: Callable[[int], None], n: int) -> float:
+    start = time.perf_counter()
+    for i in range(n):
+        op(i)
+    return n / (time.perf_counter() - start)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=["sqlite", "bigtable", "hbase"], default="sqlite")
+    parser.add_argument("--ops", type=int, default=2000, help="operations per side per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    with open_backend(args.backend) as url, percolator.connect(url) as cluster:
+        store = CountingStore(cluster.store)
+        cluster.store = store  # type: ignore[assignment]
+        cluster.timestamps = CountingTimestamps(cluster.timestamps, store.calls)
+        cluster.create_table(TABLE)
+        raw = store._store
+        raw.create_table("raw", {"d": 0})
+        rows = [b"row%06d" % i for i in range(ROWS)]
+        with percolator.Transaction(cluster) as txn:
+            for row in rows:
+                txn.set(TABLE, row, COLUMN, b"x" * 100)
+        raw.mutate_rows("raw", [Mutation(row, [("d:" + COLUMN, 1, b"x" * 100)]) for row in rows])
+
+        reader: list[percolator.Transaction] = [percolator.Transaction(cluster)]
+        ts = iter(range(10, 10**12))
+
+        def raw_read(i: int) -> None:
+            raw.read_rows("raw", [rows[i % ROWS]], [Read("d", (COLUMN,))])
+
+        def txn_read(i: int) -> None:
+            if i % 100 == 0:
+                reader[0] = percolator.Transaction(cluster)
+            reader[0].get(TABLE, rows[i % ROWS], COLUMN)
+
+        def txn_read_fresh(i: int) -> None:
+            percolator.Transaction(cluster).get(TABLE, rows[i % ROWS], COLUMN)
+
+        def raw_write(i: int) -> None:
+            raw.mutate_rows(
+                "raw", [Mutation(rows[i % ROWS], [("d:" + COLUMN, next(ts), b"y" * 100)])]
+            )
+
+        def txn_write(i: int) -> None:
+            with percolator.Transaction(cluster) as txn:
+                txn.set(TABLE, rows[i % ROWS], COLUMN, b"y" * 100)
+
+        def transfer(i: int) -> None:
+            a, b = rows[(2 * i) % ROWS], rows[(2 * i + 1) % ROWS]
+            with percolator.Transaction(cluster) as txn:
+                va = txn.get(TABLE, a, COLUMN) or b""
+                vb = txn.get(TABLE, b, COLUMN) or b""
+                txn.set(TABLE, a, COLUMN, vb)
+                txn.set(TABLE, b, COLUMN, va)
+
+        ops = {
+            "raw read": raw_read,
+            "txn read": txn_read,
+            "txn read, own txn": txn_read_fresh,
+            "raw write": raw_write,
+            "txn write": txn_write,
+            "transfer txn": transfer,
+        }
+        trips: dict[str, str] = {}
+        for name, op in ops.items():
+            store.calls.clear()
+            for i in range(100):
+                op(i)
+            trips[name] = ", ".join(f"{k} {v / 100:g}" for k, v in sorted(store.calls.items()))
+        rates: dict[str, list[float]] = {name: [] for name in ops}
+        for _ in range(args.rounds):
+            for name, op in ops.items():
+                n = args.ops if "transfer" not in name else args.ops // 2
+                rates[name].append(rate(op, n))
+
+    def ratio(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
+
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
+    except (OSError, StopIteration):
+        pass
+    print(f"## Transaction overhead, {args.backend} (bench/overhead.py)\n")
+    print(
+        f"- machine: {os.cpu_count()} cores, {cpu}, {platform.python_implementation()} "
+        f"{platform.python_version()}"
+    )
+    print(f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
+    print(
+        f"- command: `python bench/overhead.py --backend {args.backend} --ops {args.ops} "
+        f"--rounds {args.rounds}`\n"
+    )
+    print("| operation | ops/s (median of rounds) | store calls per op |")
+    print("|---|---:|---|")
+    for name in ops:
+        print(f"| {name} | {statistics.median(rates[name]):,.0f} | {trips[name]} |")
+    print()
+    print("| ratio (same run, median of per-round ratios) | measured | target | paper |")
+    print("|---|---:|---:|---:|")
+    print(f"| txn read / raw read | {ratio('txn read', 'raw read'):.2f} | 0.95 | 0.94 |")
+    print(
+        f"| txn read in its own txn / raw read | {ratio('txn read, own txn', 'raw read'):.2f} | | |"
+    )
+    print(f"| single-cell txn / raw write | {ratio('txn write', 'raw write'):.2f} | 0.5 | 0.23 |")
+    print(f"| transfer txn / raw write | {ratio('transfer txn', 'raw write'):.2f} | | |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

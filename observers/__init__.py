@@ -1,0 +1,32 @@
+"""Observers: code that runs whenever an observed column changes (Percolator §2.4).
+
+::
+
+    from observers import Observer, Worker, wait_for_observers
+
+    class DocumentProcessor(Observer):
+        table, column = "documents", "raw:html"
+
+        def process(self, txn, row, column):
+            ...                 # read and write through txn; the worker commits
+
+    Worker(cluster, [DocumentProcessor], threads=4).run()
+
+or run workers as processes: ``python -m observers --cluster URL --observers
+package.module:OBSERVERS [--threads N]`` (also ``percolator-worker``).
+"""
+
+from observers._observer import Observer
+from observers._worker import CommitHook, Worker, load_observers, wait_for_observers
+from percolator._notifications import Quarantined, WaitTimeout, ack_column
+
+__all__ = [
+    "CommitHook",
+    "Observer",
+    "Quarantined",
+    "WaitTimeout",
+    "Worker",
+    "ack_column",
+    "load_observers",
+    "wait_for_observers",
+]

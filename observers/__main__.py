@@ -1,0 +1,65 @@
+"""``python -m observers --cluster URL --observers package.module:OBSERVERS``: a worker
+process (also installed as ``percolator-worker``). Stops cleanly on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+import percolator
+from observers._worker import Worker, load_observers
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="percolator-worker",
+        description="Run Percolator observers: scan for changed cells and process them.",
+    )
+    parser.add_argument("--cluster", required=True,
+                        help="store url, e.g. sqlite:///var/lib/app/repo.db")
+    parser.add_argument("--observers", required=True, metavar="MODULE:NAME",
+                        help="where the application lists its observers, "
+                             "e.g. myapp.observers:OBSERVERS")
+    parser.add_argument("--threads", type=int, default=4, help="scanner threads (default 4)")
+    parser.add_argument("--oracle", help="timestamp oracle, grpc://host:port or zk://...")
+    parser.add_argument("--zookeeper", help="ZooKeeper for coordination, host:port/chroot")
+    parser.add_argument("--max-failures", type=int, default=5,
+                        help="failures of one notification before it is quarantined")
+    parser.add_argument("--retry-delay", type=float, default=0.5,
+                        help="seconds before the first retry of a failed notification")
+    parser.add_argument("--lock-ttl", type=float, default=30.0,
+                        help="seconds a silent client's locks are honoured")
+    parser.add_argument("--stats-file", help="write the worker's counters here as JSON on exit")
+    parser.add_argument("--log-level", default=os.environ.get("PERCOLATOR_LOG", "INFO"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format=f"%(asctime)s worker[{os.getpid()}] %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        observers = load_observers(args.observers)
+        cluster = percolator.connect(args.cluster, oracle=args.oracle,
+                                     zookeeper=args.zookeeper, lock_ttl=args.lock_ttl)
+    except percolator.PercolatorError as e:
+        print(f"percolator-worker: {e}", file=sys.stderr)
+        return 2
+    try:
+        worker = Worker(cluster, observers, threads=args.threads,
+                        max_failures=args.max_failures, retry_delay=args.retry_delay)
+        worker.run()
+        if args.stats_file:
+            with open(args.stats_file, "w") as f:
+                json.dump(dict(worker.stats), f)
+    except percolator.PercolatorError as e:
+        print(f"percolator-worker: {e}", file=sys.stderr)
+        return 2
+    finally:
+        cluster.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""The observer contract: a class naming the column it watches and a ``process``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from percolator._encoding import WRITE, WriteKind, check_column, check_table, decode_write
+from percolator._errors import InvalidArgument
+from percolator._store import Read, RowCells
+from percolator._transaction import TransactionBase
+
+if TYPE_CHECKING:
+    from percolator._cluster import Cluster
+
+__all__ = ["Observer"]
+
+
+class Observer:
+    """Code that runs after a committed change to one column (Percolator §2.4)::
+
+        class DocumentProcessor(Observer):
+            table, column = "documents", "raw:html"
+
+            def process(self, txn, row, column):
+                html = txn.get(self.table, row, column)
+                txn.set("documents", row, "parsed:hash", sha(html))
+
+    A subclass sets :attr:`table` and :attr:`column` (what it observes) and
+    implements :meth:`process`. :attr:`name` (default: the class name) identifies
+    the observer's acknowledgements in the store: keep it stable across releases.
+    Register observers with a :class:`~observers.Worker`; a worker instantiates
+    classes with no arguments and uses instances as they are.
+    """
+
+    table: ClassVar[str]
+    column: ClassVar[str]
+    name: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.__dict__.get("name"):
+            cls.name = cls.__name__
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        """Handle a change of (*row*, *column*) of :attr:`table`.
+
+        *txn* is a transaction started after the change committed: it reads a
+        consistent snapshot and buffers writes; the worker commits it together
+        with the acknowledgement, so its writes land if and only if this run is
+        the one acknowledged. Several changes may collapse into one call.
+
+        .. warning:: ``process`` may run more than once for a change (after a
+           conflict, a crash or a failure) and only the last run's writes commit:
+           touch the store only through *txn* and keep other side effects
+           idempotent.
+        """
+        raise NotImplementedError(f"{type(self).__name__}.process is not implemented")
+
+    @classmethod
+    def check(cls) -> None:
+        """Validate the class attributes.
+
+        :raises InvalidArgument: when :attr:`table` or :attr:`column` is missing or bad.
+        """
+        for attr in ("table", "column"):
+            if not isinstance(getattr(cls, attr, None), str):
+                raise InvalidArgument(
+                    f"observer {cls.__name__} must set the class attribute {attr!r} to a str"
+                )
+        check_table(cls.table)
+        check_column(cls.column)
+        if "@" in cls.name or not cls.name.isprintable():
+            raise InvalidArgument(f"bad observer name {cls.name!r}: no '@' or control characters")
+
+    def __repr__(self) -> str:
+        table, column = getattr(self, "table", "?"), getattr(self, "column", "?")
+        return f"<observer {self.name} on {table}/{column}>"
+
+
+class ObserverTransaction(TransactionBase):
+    """The observer's transaction: a :class:`TransactionBase` (no commit) that also
+    remembers the commit timestamp of the newest write it read per cell, and that
+    the worker switches into reading and writing acknowledgement columns."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(cluster)
+        self._internal_columns = False
+        self._write_versions: dict[tuple[str, bytes, str], list[tuple[int, bytes]]] = {}
+
+    def _values(self, table: str, row: bytes, cells: RowCells) -> dict[str, bytes]:
+        for name, writes in cells.items():
+            if name.startswith(f"{WRITE}:"):
+                self._write_versions[(table, row, name[2:])] = writes
+        return super()._values(table, row, cells)
+
+    def change_version(self, table: str, row: bytes, column: str) -> int:
+        """Commit timestamp of the newest PUT or DELETE of the cell at or below
+        start_ts (0: never written). Call after reading the cell."""
+        writes = self._write_versions.get((table, row, column))
+        if not writes:
+            return 0
+        ts, value = writes[0]
+        if decode_write(value)[0] is not WriteKind.ROLLBACK:
+            return ts
+        cells = self.cluster.store.read_rows(
+            table, [row], [Read(WRITE, (column,), max_ts=self.start_ts, versions=None)]
+        )
+        for ts, value in cells.get(row, {}).get(f"{WRITE}:{column}", []):
+            if decode_write(value)[0] is not WriteKind.ROLLBACK:
+                return ts
+        return 0

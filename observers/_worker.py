@@ -1,0 +1,492 @@
+"""Workers: scanner threads that find dirty cells in the notify family and run
+their observers (Percolator §2.4; DESIGN.md §7).
+
+Each scanner thread starts at a random row of a random observed table (drawn from
+a sample of dirty rows seen so far), scans the notify family to the end and wraps
+around. Before working on a row it takes an advisory lock; when another scanner
+holds it, the scanner jumps to a new random place (the paper's anti-clumping). A
+scanner that finds nothing to do backs off, up to ``idle_max`` seconds.
+
+For each dirty cell the worker runs, per observer of the column, a transaction
+that reads the column and the observer's acknowledgement ``_ack:<name>@<column>``
+(the commit timestamp of the last change processed). It calls ``process`` only if
+the column changed after that (or the notification is weak), writes the new
+acknowledgement and commits: two runs for one change write the same
+acknowledgement cell, so snapshot isolation lets at most one of them commit. The
+notify versions at or below the newest one seen are deleted afterwards, so a
+notification written meanwhile survives.
+
+A failing observer is retried with exponential backoff (per worker process); after
+``max_failures`` failures in one process the notification is quarantined (see
+:mod:`percolator._notifications`): ``percolator status`` shows it and
+``percolator retry`` puts it back.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from observers._observer import Observer, ObserverTransaction
+from percolator._cluster import Cluster
+from percolator._commit import commit_transaction
+from percolator._encoding import NOTIFY
+from percolator._errors import (
+    CommitUnknownError,
+    InvalidArgument,
+    ObserverError,
+    PercolatorError,
+    is_retryable,
+)
+from percolator._notifications import (
+    NOTIFY_WEAK,
+    Quarantined,
+    ack_column,
+    format_row,
+    quarantine,
+    wait_until_idle,
+)
+from percolator._store import Mutation, Read, RowCells
+
+__all__ = ["CommitHook", "Worker", "wait_for_observers"]
+
+log = logging.getLogger("observers")
+
+CommitHook = Callable[[Observer, str, bytes, str, int, int], None]
+"""``on_commit(observer, table, row, column, change_ts, commit_ts)``."""
+
+_SAMPLE = 4096
+
+
+@dataclass(slots=True)
+class _Failures:
+    count: int
+    next_try: float
+
+
+class _Outcome:
+    COMMITTED = "committed"
+    SKIPPED = "skipped"
+    CONFLICT = "conflict"
+    TRANSIENT = "transient"
+    FAILED = "failed"
+
+
+def wait_for_observers(cluster: Cluster, timeout: float | None = 60.0) -> None:
+    """Return when no notification is pending and no lock is held in any table of
+    *cluster* (the observers have caught up), checking twice in a row.
+
+    Quarantined notifications are not pending. *timeout* is in seconds (None: wait
+    forever).
+
+    .. warning:: blocks; notifications of columns that no running worker observes
+       keep it waiting until the timeout.
+    :raises WaitTimeout: after *timeout* seconds; the message lists what is still
+        pending (``.pending``, ``.locks``).
+    """
+    wait_until_idle(cluster, timeout)
+
+
+class Worker:
+    """Runs *observers* on *cluster* with *threads* scanner threads.
+
+    *observers* are :class:`Observer` subclasses (instantiated with no arguments)
+    or instances. At :meth:`start` the worker creates their tables if needed and
+    registers their columns as observed, so that commits to them set notify cells.
+
+    *max_failures* bounds how often (in this process) a failing notification is
+    retried, waiting *retry_delay* seconds after the first failure and twice as long
+    after each next one (at most *max_retry_delay*), before it is quarantined.
+    *idle_max* caps the back-off of a scanner that finds nothing to do. *on_commit*,
+    if given, is called after each committed observer transaction with
+    ``(observer, table, row, column, change_ts, commit_ts)`` (from the scanner
+    thread; keep it quick).
+
+    :attr:`stats` counts ``committed`` runs, ``skipped`` notifications (already
+    acknowledged: duplicate work the acks rejected), ``conflicts``, ``failures``,
+    ``quarantined``, ``meetings`` (a scanner found another on its row and jumped),
+    ``passes`` and ``idle`` passes.
+
+    ::
+
+        worker = Worker(cluster, [DocumentProcessor, Clusterer], threads=4)
+        worker.run()          # blocks; SIGTERM or SIGINT stops it cleanly
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        observers: Iterable[Observer | type[Observer]],
+        *,
+        threads: int = 4,
+        max_failures: int = 5,
+        retry_delay: float = 0.5,
+        max_retry_delay: float = 60.0,
+        idle_max: float = 0.1,
+        on_commit: CommitHook | None = None,
+    ) -> None:
+        if not isinstance(cluster, Cluster):
+            raise InvalidArgument(f"Worker needs a percolator.Cluster, got {cluster!r:.80}")
+        if not isinstance(threads, int) or threads < 1:
+            raise InvalidArgument(f"threads must be an int >= 1, got {threads!r}")
+        if not isinstance(max_failures, int) or max_failures < 1:
+            raise InvalidArgument(f"max_failures must be an int >= 1, got {max_failures!r}")
+        for arg, value in (("retry_delay", retry_delay), ("max_retry_delay", max_retry_delay),
+                           ("idle_max", idle_max)):
+            if not isinstance(value, int | float) or value < 0:
+                raise InvalidArgument(f"{arg} must be a number of seconds >= 0, got {value!r}")
+        self.cluster = cluster
+        self.observers: list[Observer] = []
+        for item in observers:
+            if isinstance(item, type) and issubclass(item, Observer):
+                item.check()
+                self.observers.append(item())
+            elif isinstance(item, Observer):
+                type(item).check()
+                self.observers.append(item)
+            else:
+                raise InvalidArgument(
+                    f"observers must be Observer subclasses or instances, got {item!r:.80}"
+                )
+        if not self.observers:
+            raise InvalidArgument("a Worker needs at least one observer")
+        names = [o.name for o in self.observers]
+        if len(set(names)) != len(names):
+            raise InvalidArgument(f"observer names must be unique, got {sorted(names)}")
+        self._by_column: dict[tuple[str, str], list[Observer]] = {}
+        for o in self.observers:
+            self._by_column.setdefault((o.table, o.column), []).append(o)
+        self._columns: dict[str, tuple[str, ...]] = {}
+        for table, column in self._by_column:
+            self._columns[table] = (*self._columns.get(table, ()), column)
+        self.threads = threads
+        self.max_failures = max_failures
+        self.retry_delay = retry_delay
+        self.max_retry_delay = max_retry_delay
+        self.idle_max = idle_max
+        self.on_commit = on_commit
+        self.stats: Counter[str] = Counter()
+        self._stats_lock = threading.Lock()
+        self._failures: dict[tuple[str, bytes, str], _Failures] = {}
+        self._failures_lock = threading.Lock()
+        self._sample: dict[str, list[bytes]] = {t: [] for t in self._columns}
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # --- life cycle -----------------------------------------------------------------
+
+    def register(self) -> None:
+        """Create the observed tables if missing and register the observed columns."""
+        for table, column in self._by_column:
+            self.cluster.create_table(table)
+            self.cluster.observe(table, column)
+
+    def start(self) -> None:
+        """Register the observers and start the scanner threads; returns at once."""
+        if self._threads:
+            raise InvalidArgument("this worker is already started")
+        self.register()
+        self._stop.clear()
+        for i in range(self.threads):
+            thread = threading.Thread(target=self._scanner, name=f"observers-scanner-{i}",
+                                      daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        log.info("worker started: %d scanner thread(s), observers %s", self.threads,
+                 ", ".join(f"{o.name} ({o.table}/{o.column})" for o in self.observers))
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Ask the scanners to stop after their current transaction and wait for them
+        (at most *timeout* seconds each)."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout)
+        self._threads = []
+        log.info("worker stopped: %s", dict(self.stats))
+
+    def run(self) -> None:
+        """:meth:`start`, then block until SIGTERM or SIGINT (when called from the main
+        thread) or :meth:`stop` from another thread, then stop cleanly.
+
+        .. warning:: blocks.
+        """
+        previous: dict[int, Any] = {}
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            log.info("signal %d: stopping", signum)
+            self._stop.set()
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[int(sig)] = signal.signal(sig, on_signal)
+        try:
+            self.start()
+            while not self._stop.wait(0.5):
+                pass
+        finally:
+            self.stop()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def __enter__(self) -> Worker:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._stats_lock:
+            self.stats[key] += n
+
+    # --- scanning -------------------------------------------------------------------
+
+    def _remember(self, table: str, row: bytes) -> None:
+        sample = self._sample[table]
+        if len(sample) < _SAMPLE:
+            sample.append(row)
+        else:
+            sample[random.randrange(_SAMPLE)] = row
+
+    def _random_start(self, table: str) -> bytes | None:
+        sample = self._sample[table]
+        if not sample:
+            return None
+        try:
+            return random.choice(sample)
+        except IndexError:
+            return None
+
+    def _scanner(self) -> None:
+        idle = 0.0
+        while not self._stop.is_set():
+            try:
+                worked = self._scan_pass()
+            except PercolatorError:
+                log.warning("scan failed; backing off", exc_info=True)
+                worked = False
+            except Exception:
+                log.exception("scanner error; backing off")
+                worked = False
+            self._count("passes")
+            if worked:
+                idle = 0.0
+                continue
+            self._count("idle")
+            idle = min(max(idle * 2, 0.002), self.idle_max)
+            self._stop.wait(random.uniform(idle / 2, idle))
+
+    def _scan_pass(self) -> bool:
+        """One pass over a random table from a random row, wrapping around. Returns
+        whether it did any work. A scanner that finds another on its row skips a
+        random stretch ahead; after a few such meetings in one pass it jumps to a new
+        random place (a new pass), so scanners spread out instead of clumping."""
+        table = random.choice(list(self._columns))
+        reads = [Read(NOTIFY, self._columns[table], versions=None)]
+        start = self._random_start(table)
+        ranges = [(start, None), (None, start)] if start is not None else [(None, None)]
+        worked = False
+        skip = 0
+        meetings = 0
+        for lo, hi in ranges:
+            for row, cells in self.cluster.store.scan(table, lo, hi, reads, batch_size=128):
+                if self._stop.is_set():
+                    return worked
+                self._remember(table, row)
+                if skip:
+                    skip -= 1
+                    continue
+                if self._backing_off(table, row, cells):
+                    continue
+                key = f"{table}/{row.hex()}"
+                if not self.cluster.coordination.try_advisory_lock(key):
+                    self._count("meetings")
+                    meetings += 1
+                    if meetings >= 4:
+                        self._count("jumps")
+                        return True  # a new pass starts at a new random place
+                    skip = random.randint(1, 16 * self.threads)
+                    continue
+                try:
+                    if self._process_row(table, row):
+                        worked = True
+                finally:
+                    self.cluster.coordination.release_advisory_lock(key)
+        return worked
+
+    def _backing_off(self, table: str, row: bytes, cells: RowCells) -> bool:
+        if not self._failures:
+            return False
+        now = time.monotonic()
+        with self._failures_lock:
+            for name in cells:
+                failure = self._failures.get((table, row, name[len(NOTIFY) + 1 :]))
+                if failure is None or failure.next_try <= now:
+                    return False
+        return True
+
+    # --- processing -----------------------------------------------------------------
+
+    def _process_row(self, table: str, row: bytes) -> bool:
+        """Run the observers of every dirty cell of *row*; True if anything was done."""
+        cells = self.cluster.store.read_rows(
+            table, [row], [Read(NOTIFY, self._columns[table], versions=None)]
+        ).get(row, {})
+        worked = False
+        for name, versions in cells.items():
+            column = name[len(NOTIFY) + 1 :]
+            if not versions:
+                continue
+            newest = versions[0][0]
+            weak = any(value == NOTIFY_WEAK for _, value in versions)
+            key = (table, row, column)
+            if self._failures:
+                with self._failures_lock:
+                    failure = self._failures.get(key)
+                if failure is not None and failure.next_try > time.monotonic():
+                    continue
+            done = True
+            for observer in self._by_column[(table, column)]:
+                outcome, error = self._run_observer(observer, table, row, column, weak)
+                worked = True
+                if outcome == _Outcome.FAILED:
+                    done = False
+                    assert error is not None
+                    self._failed(observer, table, row, column, weak, newest, error)
+                    break
+                if outcome != _Outcome.COMMITTED and outcome != _Outcome.SKIPPED:
+                    done = False
+            if done:
+                if self._failures:
+                    with self._failures_lock:
+                        self._failures.pop(key, None)
+                self.cluster.store.mutate_rows(
+                    table, [Mutation(row, deletes=[(f"{NOTIFY}:{column}", newest)])]
+                )
+        return worked
+
+    def _run_observer(
+        self, observer: Observer, table: str, row: bytes, column: str, weak: bool
+    ) -> tuple[str, BaseException | None]:
+        """Run one observer transaction, retrying conflicts a few times."""
+        for attempt in range(4):
+            if attempt:
+                time.sleep(random.uniform(0, 0.005 * 2**attempt))
+            try:
+                outcome = self._transaction(observer, table, row, column, weak)
+            except ObserverError as e:
+                return _Outcome.FAILED, e.__cause__ or e
+            except CommitUnknownError:
+                log.warning("commit outcome of %s on %s/%s/%s unknown; will look again",
+                            observer.name, table, format_row(row), column)
+                return _Outcome.TRANSIENT, None
+            except PercolatorError as e:
+                if not is_retryable(e):
+                    return _Outcome.FAILED, e
+                self._count("conflicts")
+                continue
+            self._count(outcome)
+            return outcome, None
+        return _Outcome.CONFLICT, None
+
+    def _transaction(
+        self, observer: Observer, table: str, row: bytes, column: str, weak: bool
+    ) -> str:
+        txn = ObserverTransaction(self.cluster)
+        ack = ack_column(observer.name, column)
+        txn._internal_columns = True
+        values = txn.get_row(table, row, [column, ack])
+        change = txn.change_version(table, row, column)
+        acked = int(values.get(ack, b"0"))
+        if change <= acked and not weak:
+            txn._closed = True
+            return _Outcome.SKIPPED
+        txn._internal_columns = False
+        try:
+            observer.process(txn, row, column)
+        except PercolatorError as e:
+            if is_retryable(e):
+                raise
+            raise ObserverError(
+                f"observer {observer.name} failed on {table}/{format_row(row)}/{column}: {e}"
+            ) from e
+        except Exception as e:
+            raise ObserverError(
+                f"observer {observer.name} failed on {table}/{format_row(row)}/{column}: "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        txn._internal_columns = True
+        txn.set(table, row, ack, str(max(change, acked)).encode())
+        commit_ts = commit_transaction(txn)
+        if self.on_commit is not None:
+            try:
+                self.on_commit(observer, table, row, column, change, commit_ts)
+            except Exception:
+                log.exception("on_commit hook failed")
+        return _Outcome.COMMITTED
+
+    def _failed(
+        self, observer: Observer, table: str, row: bytes, column: str, weak: bool,
+        newest: int, error: BaseException,
+    ) -> None:
+        self._count("failures")
+        key = (table, row, column)
+        with self._failures_lock:
+            failure = self._failures.get(key) or _Failures(0, 0.0)
+            failure.count += 1
+            delay = min(self.retry_delay * 2 ** (failure.count - 1), self.max_retry_delay)
+            failure.next_try = time.monotonic() + delay * random.uniform(0.8, 1.2)
+            self._failures[key] = failure
+            count = failure.count
+        where = f"{table}/{format_row(row)}/{column}"
+        if count < self.max_failures:
+            log.warning("observer %s failed on %s (%d/%d), retrying in %.2fs: %s",
+                        observer.name, where, count, self.max_failures, delay, error)
+            return
+        text = "".join(traceback.format_exception_only(type(error), error)).strip()
+        quarantine(
+            self.cluster,
+            Quarantined(table, row, column, observer.name, text, count, weak, time.time()),
+            newest,
+        )
+        with self._failures_lock:
+            self._failures.pop(key, None)
+        self._count("quarantined")
+        log.error("observer %s failed %d times on %s: notification quarantined "
+                  "(see `percolator status`, `percolator retry`): %s",
+                  observer.name, count, where, text)
+
+
+def load_observers(spec: str) -> Sequence[Observer | type[Observer]]:
+    """The observers named by *spec*, ``"package.module:NAME"`` (a list of observer
+    classes or instances, or a single one).
+
+    :raises InvalidArgument: when *spec* is malformed or names nothing suitable.
+    """
+    import importlib
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise InvalidArgument(f"bad observers spec {spec!r}: expected 'package.module:NAME'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise InvalidArgument(f"cannot import {module_name!r} from {spec!r}: {e}") from e
+    try:
+        value = getattr(module, attr)
+    except AttributeError:
+        raise InvalidArgument(f"module {module_name!r} has no attribute {attr!r}") from None
+    if isinstance(value, Observer) or (isinstance(value, type) and issubclass(value, Observer)):
+        return [value]
+    if isinstance(value, list | tuple):
+        return list(value)
+    raise InvalidArgument(f"{spec!r} is not a list of observers: {value!r:.80}")

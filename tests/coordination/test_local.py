@@ -1,0 +1,39 @@
+"""Embedded mode (no ZooKeeper): a killed process's locks are resolved at once (pid gone)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+import percolator
+from tests.coordination._helpers import child, lock_of, read_line
+
+
+def test_killed_local_owner_is_resolved_at_once(store_url: str) -> None:
+    with child("lock", store_url, "-", "60") as proc:
+        owner = read_line(proc, "LOCKED ")
+        with percolator.connect(store_url, lock_ttl=60.0) as cluster:
+            primary = lock_of(cluster, "t", b"r1", "c:v")
+            assert primary is not None and primary.owner == owner
+            assert cluster.coordination.is_alive(owner) is True
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            assert cluster.coordination.is_alive(owner) is False
+            with cluster.transaction() as txn:
+                assert txn.get("t", b"r2", "c:v") == b"old"
+            assert time.time() * 1000 < primary.wall_ms + primary.ttl_ms
+            assert lock_of(cluster, "t", b"r1", "c:v") is None
+            assert lock_of(cluster, "t", b"r2", "c:v") is None
+
+
+def test_embedded_mode_imports_no_kazoo(store_url: str) -> None:
+    import subprocess
+
+    code = (
+        "import sys, percolator\n"
+        f"c = percolator.connect({store_url!r})\n"
+        "c.close()\n"
+        "assert 'kazoo' not in sys.modules, 'kazoo imported in embedded mode'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,275 @@
+"""Observers and workers, named by failure mode: worker processes killed with
+``kill -9`` mid-transaction, crashed writers, weak notifications, chains,
+quarantine and retry, and what observers may see."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import observers
+import percolator
+from observers import Observer, WaitTimeout, Worker, wait_for_observers
+from percolator import Snapshot, Transaction
+from percolator.__main__ import main as percolator_main
+from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
+from percolator._notifications import pending_notifications, quarantined
+from tests.observers import _app
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "tests.observers._app:OBSERVERS"
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/db.sqlite"
+
+
+@pytest.fixture
+def cluster(url: str) -> Iterator[percolator.Cluster]:
+    with percolator.connect(url) as c:
+        for table in ("docs", "log", "flaky"):
+            c.create_table(table)
+        yield c
+
+
+def log_rows(cluster: percolator.Cluster, kind: str) -> list[tuple[bytes, bytes]]:
+    """(row, value) of each committed run of observer *kind*, from its own writes."""
+    found = []
+    for key, _ in Snapshot(cluster).scan("log", kind.encode() + b"/", kind.encode() + b"0"):
+        _, row, value, _ = key.split(b"/")
+        found.append((row, value))
+    return found
+
+
+def write(cluster: percolator.Cluster, row: bytes, value: bytes, column: str = "raw:v") -> int:
+    with Transaction(cluster) as txn:
+        txn.set("docs", row, column, value)
+    assert txn.commit_ts is not None
+    return txn.commit_ts
+
+
+def start_worker(url: str, tmp_path: Path, name: str, threads: int = 4) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, OBSERVERS_TEST_SLEEP="0.01", PYTHONPATH=str(ROOT))
+    return subprocess.Popen(
+        [sys.executable, "-m", "observers", "--cluster", url, "--observers", APP,
+         "--threads", str(threads), "--lock-ttl", "5", "--log-level", "WARNING",
+         "--stats-file", str(tmp_path / f"{name}.json")],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"{name}.log", "ab"),
+    )
+
+
+def test_exports_are_sorted_and_complete() -> None:
+    assert observers.__all__ == sorted(observers.__all__)
+    for name in observers.__all__:
+        assert hasattr(observers, name)
+
+
+def test_observer_checks_its_attributes() -> None:
+    class NoColumn(Observer):
+        table = "docs"
+
+    with pytest.raises(percolator.InvalidArgument, match="'column'"):
+        NoColumn.check()
+    assert _app.Indexer.name == "Indexer"
+
+
+# --- processes killed mid-transaction -----------------------------------------------------
+
+
+def test_workers_killed_mid_transaction_process_every_change_once(
+    cluster: percolator.Cluster, url: str, tmp_path: Path
+) -> None:
+    Worker(cluster, _app.OBSERVERS).register()
+    workers = [start_worker(url, tmp_path, f"w{i}") for i in range(2)]
+    rng = random.Random(5)
+    final: dict[bytes, bytes] = {}
+    kills = 0
+    try:
+        deadline = time.monotonic() + 6.0
+        n = 0
+        while time.monotonic() < deadline:
+            row = b"doc%02d" % rng.randrange(40)
+            value = b"v%d" % n
+            n += 1
+            write(cluster, row, value)
+            final[row] = value
+            if n % 40 == 0:
+                victim = rng.randrange(len(workers))
+                workers[victim].send_signal(signal.SIGKILL)
+                workers[victim].wait()  # reap it, so its pid is gone at once
+                kills += 1
+                workers[victim] = start_worker(url, tmp_path, f"w{victim}")
+            time.sleep(0.01)
+        wait_for_observers(cluster, timeout=90)
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        codes = [w.wait(timeout=30) for w in workers]
+    assert codes == [0, 0]  # SIGTERM stops a worker cleanly
+    assert kills >= 3
+    idx = Counter(log_rows(cluster, "idx"))
+    s2 = Counter(log_rows(cluster, "s2"))
+    assert idx and max(idx.values()) == 1, [k for k, v in idx.items() if v > 1]
+    assert max(s2.values()) == 1, [k for k, v in s2.items() if v > 1]
+    snap = Snapshot(cluster)
+    for row, value in final.items():
+        assert (row, value) in idx
+        assert snap.get("docs", row, "out:final") == value
+    assert not list(pending_notifications(cluster))
+    for i in range(2):  # the last incarnations stopped cleanly and wrote their counters
+        json.loads((tmp_path / f"w{i}.json").read_text())
+        assert "Traceback" not in (tmp_path / f"w{i}.log").read_text()
+
+
+# --- crashed writers and uncommitted data -------------------------------------------------
+
+
+def test_change_committed_by_crashed_writer_is_rolled_forward_and_observed(
+    cluster: percolator.Cluster, url: str
+) -> None:
+    worker = Worker(cluster, _app.OBSERVERS, threads=2)
+    worker.register()
+    with percolator.connect(url) as doomed:
+        txn = percolator.Transaction(doomed)
+        txn.set("docs", b"other", "misc:x", b"primary")     # the primary
+        txn.set("docs", b"crashed", "raw:v", b"after-commit-point")  # a secondary
+        with pytest.raises(SimulatedCrash):
+            commit_transaction(txn, CrashPoint("commit_point"))
+        doomed.coordination.close()  # its owner is now dead
+    with worker:
+        wait_for_observers(cluster, timeout=60)
+    assert (b"crashed", b"after-commit-point") in log_rows(cluster, "idx")
+    assert Snapshot(cluster).get("docs", b"crashed", "out:final") == b"after-commit-point"
+
+
+def test_observers_never_see_uncommitted_or_rolled_back_data(
+    cluster: percolator.Cluster, url: str
+) -> None:
+    worker = Worker(cluster, _app.OBSERVERS, threads=2)
+    worker.register()
+    write(cluster, b"doc", b"committed")
+    with percolator.connect(url) as doomed:
+        txn = percolator.Transaction(doomed)
+        txn.set("docs", b"doc", "raw:v", b"uncommitted")
+        txn.set("docs", b"doc2", "raw:v", b"uncommitted")
+        with pytest.raises(SimulatedCrash):
+            commit_transaction(txn, CrashPoint("prewrite", 1))
+        doomed.coordination.close()
+    rolled = Transaction(cluster)
+    rolled.set("docs", b"doc3", "raw:v", b"rolled-back")
+    rolled.rollback()
+    with worker:
+        wait_for_observers(cluster, timeout=60)
+        live = Transaction(cluster)  # holds locks while the observers run
+        live.set("docs", b"doc4", "raw:v", b"in-flight")
+        commit = percolator._commit._Committer(live, None)
+        commit.prewrite()
+        time.sleep(0.5)
+        commit.abort()
+        wait_for_observers(cluster, timeout=60)
+    seen = {value for _, value in log_rows(cluster, "idx")}
+    assert seen == {b"committed"}
+
+
+# --- weak notifications, chains --------------------------------------------------------
+
+
+def test_weak_notification_runs_observer_without_a_change(cluster: percolator.Cluster) -> None:
+    with Worker(cluster, _app.OBSERVERS, threads=2):
+        write(cluster, b"w1", b"x")
+        wait_for_observers(cluster, timeout=60)
+        assert log_rows(cluster, "ping") == []
+        for _ in range(2):
+            with Transaction(cluster) as txn:
+                txn.notify("docs", b"w1", "ping:p")
+            wait_for_observers(cluster, timeout=60)
+    assert log_rows(cluster, "ping") == [(b"w1", b"x"), (b"w1", b"x")]
+    # the weak notification wrote only the notify cell: no data, no write record
+    assert Snapshot(cluster).get("docs", b"w1", "ping:p") is None
+
+
+def test_chain_runs_the_next_stage(cluster: percolator.Cluster) -> None:
+    with Worker(cluster, _app.OBSERVERS, threads=2):
+        for i in range(20):
+            write(cluster, b"c%d" % i, b"first")
+        wait_for_observers(cluster, timeout=60)
+        write(cluster, b"c0", b"second")
+        wait_for_observers(cluster, timeout=60)
+    snap = Snapshot(cluster)
+    assert snap.get("docs", b"c0", "out:final") == b"second"
+    assert all(snap.get("docs", b"c%d" % i, "out:final") == b"first" for i in range(1, 20))
+    assert Counter(log_rows(cluster, "s2"))[(b"c0", b"second")] == 1
+
+
+def test_many_changes_collapse_and_acks_reject_reruns(cluster: percolator.Cluster) -> None:
+    Worker(cluster, _app.OBSERVERS).register()
+    for i in range(5):
+        write(cluster, b"hot", b"v%d" % i)
+    with Worker(cluster, _app.OBSERVERS, threads=3) as worker:
+        wait_for_observers(cluster, timeout=60)
+    assert log_rows(cluster, "idx") == [(b"hot", b"v4")]
+    assert worker.stats["committed"] == 2  # Indexer once, Stage2 once
+
+
+# --- failures, quarantine, retry --------------------------------------------------------
+
+
+def test_failing_observer_is_quarantined_and_retried_from_the_cli(
+    cluster: percolator.Cluster, url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with Transaction(cluster) as txn:
+        txn.set("flaky", b"config", "cfg:fail", b"1")
+    worker = Worker(cluster, [_app.Flaky], threads=2, max_failures=3, retry_delay=0.02)
+    with worker:
+        with Transaction(cluster) as txn:
+            txn.set("flaky", b"r1", "in:x", b"payload")
+        wait_for_observers(cluster, timeout=60)  # quarantined: no longer pending
+        assert worker.stats["failures"] == 3 and worker.stats["quarantined"] == 1
+        [record] = quarantined(cluster)
+        assert (record.table, record.row, record.column) == ("flaky", b"r1", "in:x")
+        assert record.observer == "Flaky" and record.failures == 3
+        assert "RuntimeError: configured to fail" in record.error
+        status = subprocess.run(
+            [sys.executable, "-m", "percolator", "status", "--cluster", url],
+            cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+        ).stdout
+        assert "quarantined notifications: 1" in status
+        assert "flaky/r1/in:x: observer Flaky, 3 failure(s)" in status
+        assert "RuntimeError: configured to fail" in status
+        time.sleep(0.3)
+        assert worker.stats["failures"] == 3  # not retried forever
+        with Transaction(cluster) as txn:
+            txn.set("flaky", b"config", "cfg:fail", b"0")
+        assert percolator_main(["retry", "--cluster", url, "flaky", "r1"]) == 0
+        assert "1 notification(s) put back" in capsys.readouterr().out
+        wait_for_observers(cluster, timeout=60)
+    assert quarantined(cluster) == []
+    assert log_rows(cluster, "flaky") == [(b"r1", b"payload")]
+
+
+# --- waiting ----------------------------------------------------------------------------
+
+
+def test_wait_times_out_listing_what_is_pending(
+    cluster: percolator.Cluster, url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cluster.observe("docs", "raw:v")
+    write(cluster, b"stuck-row", b"x")
+    with pytest.raises(WaitTimeout, match=r"docs/stuck-row/raw:v") as info:
+        wait_for_observers(cluster, timeout=0.2)
+    assert len(info.value.pending) == 1
+    assert percolator_main(["wait", "--cluster", url, "--timeout", "0.2"]) == 1
+    assert "docs/stuck-row/raw:v" in capsys.readouterr().err
+    with Worker(cluster, _app.OBSERVERS, threads=1):
+        assert percolator_main(["wait", "--cluster", url, "--timeout", "60"]) == 0
