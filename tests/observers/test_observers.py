@@ -69,6 +69,19 @@ def start_worker(url: str, tmp_path: Path, name: str, threads: int = 4) -> subpr
     )
 
 
+def wait_until_catching_sigterm(proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    """Wait until *proc* has installed its SIGTERM handler (SigCgt in /proc), so that
+    a SIGTERM tests its clean stop rather than racing its start-up."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and proc.poll() is None:
+        with open(f"/proc/{proc.pid}/status") as f:
+            caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt"))
+        if caught & (1 << (signal.SIGTERM - 1)):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"worker {proc.pid} never installed its SIGTERM handler")
+
+
 def test_exports_are_sorted_and_complete() -> None:
     assert observers.__all__ == sorted(observers.__all__)
     for name in observers.__all__:
@@ -114,6 +127,7 @@ def test_workers_killed_mid_transaction_process_every_change_once(
         wait_for_observers(cluster, timeout=90)
     finally:
         for w in workers:
+            wait_until_catching_sigterm(w)
             w.send_signal(signal.SIGTERM)
         codes = [w.wait(timeout=30) for w in workers]
     assert codes == [0, 0]  # SIGTERM stops a worker cleanly

@@ -1,0 +1,579 @@
+"""Bulk writes in Percolator's layout: one transaction, many cells, batched store calls.
+
+A bulk load (``spark_loader``, or any other bulk writer) is ONE Percolator
+transaction whose cells are written by many workers at once (DESIGN.md §5):
+
+1. the driver takes ``start_ts`` and prewrites the **primary**: a marker cell of
+   the load in the internal table ``__percolator_loads``, row = the load id (derived
+   from the input, so a rerun finds it), column ``load:marker``;
+2. workers prewrite their cells in batches (:func:`prewrite_rows`): data at
+   ``start_ts`` and a ``LOCKED`` lock pointing at the primary, taken with a batched
+   compare-and-set so no other transaction's lock is overwritten (Invariant A/B);
+3. the driver takes ``commit_ts`` and commits the primary with one compare-and-set
+   (:meth:`BulkLoad.commit`): the commit point of the whole load;
+4. workers write the write records (and notify cells of observed columns) and free
+   their locks in batches (:func:`finish_rows`).
+
+Readers meeting a lock of the load resolve it through the primary like any other
+lock: they wait while the driver is alive (it refreshes the primary's wall time),
+roll the load back if the driver died before the commit point, and roll the cell
+forward after it. A load is therefore visible all at once or not at all.
+
+Write-write conflicts: a cell with a write record newer than the load's start_ts
+fails the load with :class:`ConflictError` naming the cell (nothing becomes
+visible; run the load again). A cell locked by a live transaction is waited for up
+to the cluster's lock wait, then the load fails with :class:`LockedError`.
+
+Store capability: ``check_and_set_many(table, items) -> list[bool]`` (each item
+``(row, column, expected, new, puts)``, decided in order) applies many
+compare-and-sets in one round trip; stores without it fall back to one
+``check_and_set`` per cell (:func:`check_and_set_many`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from percolator._encoding import (
+    DATA,
+    FAMILIES,
+    LOCK,
+    WRITE,
+    Committed,
+    Free,
+    Lock,
+    RolledBack,
+    WriteKind,
+    decode_lock,
+    decode_write,
+    encode_lock,
+)
+from percolator._errors import ConflictError, LockedError, PercolatorError
+from percolator._lock_resolver import (
+    TxnStatus,
+    release,
+    resolve_lock,
+    roll_back_primary,
+    write_cells,
+)
+from percolator._store import Mutation, Read, Store
+
+if TYPE_CHECKING:
+    from percolator._cluster import Cluster
+
+__all__ = [
+    "LOADS_TABLE",
+    "LOAD_COLUMN",
+    "AlreadyLoaded",
+    "BulkLoad",
+    "CasItem",
+    "LoadTxn",
+    "check_and_set_many",
+    "finish_rows",
+    "prewrite_rows",
+]
+
+log = logging.getLogger(__name__)
+
+LOADS_TABLE = "__percolator_loads"
+"""Internal table holding one marker row per bulk load (the load's primary cell)."""
+LOAD_COLUMN = "load:marker"
+_FINISHED = f"{DATA}:load:finished"
+"""Plain (non-transactional) cell: every lock of the committed load was released."""
+
+CasItem = tuple[bytes, str, bytes | None, bytes, Sequence[tuple[str, int, bytes]]]
+"""``(row, column, expected, new, puts)``: one compare-and-set of a batch."""
+
+
+class BatchedCas(Protocol):
+    def check_and_set_many(self, table: str, items: Sequence[CasItem]) -> list[bool]: ...
+
+
+def check_and_set_many(store: Store, table: str, items: Sequence[CasItem]) -> list[bool]:
+    """Apply *items* in order, as ``check_and_set`` would one by one; one round trip
+    where the store offers ``check_and_set_many``. On stores without atomic row CAS
+    (:attr:`Store.atomic_row_cas` False) the puts of every item are written first in
+    one batch, then the cells are compared and set, as ``check_and_set`` documents."""
+    if not items:
+        return []
+    batched = getattr(store, "check_and_set_many", None)
+    if batched is not None:
+        result: list[bool] = batched(table, items)
+        return result
+    if store.atomic_row_cas:
+        return [store.check_and_set(table, r, c, e, n, p) for r, c, e, n, p in items]
+    mutations = [Mutation(r, list(p)) for r, _, _, _, p in items if p]
+    if mutations:
+        store.mutate_rows(table, mutations)
+    return [store.check_and_set(table, r, c, e, n) for r, c, e, n, _ in items]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadTxn:
+    """What a worker needs to take part in a load (picklable, shipped to executors)."""
+
+    table: str
+    load_id: str
+    start_ts: int
+    owner: str
+    wall_ms: int
+    ttl_ms: int
+    observed: frozenset[str]
+    """Columns of :attr:`table` that are observed: their locks carry ``notify``."""
+
+    @property
+    def primary_row(self) -> bytes:
+        return self.load_id.encode()
+
+    def lock(self, column: str, wall_ms: int | None = None) -> Lock:
+        return Lock(
+            start_ts=self.start_ts,
+            primary_table=LOADS_TABLE,
+            primary_row=self.primary_row,
+            primary_column=LOAD_COLUMN,
+            owner=self.owner,
+            wall_ms=self.wall_ms if wall_ms is None else wall_ms,
+            ttl_ms=self.ttl_ms,
+            notify=column in self.observed,
+        )
+
+    def held(self, column: str) -> bytes:
+        """The lock value of every secondary cell of *column* (the same for all rows:
+        only the primary's wall time matters to cleaners)."""
+        return _held(self, column)
+
+
+@functools.lru_cache(maxsize=1024)
+def _held(txn: LoadTxn, column: str) -> bytes:
+    return encode_lock(txn.lock(column))
+
+
+@dataclass(frozen=True, slots=True)
+class AlreadyLoaded:
+    """A load with this id committed before (a rerun found it)."""
+
+    load_id: str
+    start_ts: int
+    commit_ts: int
+    info: dict[str, Any]
+
+
+# --- workers ------------------------------------------------------------------------
+
+
+def _conflict(txn: LoadTxn, row: bytes, column: str, why: str, ts: int | None) -> ConflictError:
+    return ConflictError(
+        f"bulk load {txn.load_id!r} into {txn.table!r}: write-write conflict on "
+        f"{txn.table}/{row!r}/{column}: {why} (load transaction {txn.start_ts}); "
+        "nothing of the load is visible; run it again",
+        start_ts=txn.start_ts, conflict_ts=ts, table=txn.table, row=row, column=column,
+    )
+
+
+def _read_chunks(cells: list[tuple[bytes, str]]) -> Iterator[list[tuple[bytes, str]]]:
+    # Keep each read well below SQLite's 500 terms per compound SELECT.
+    chunk: list[tuple[bytes, str]] = []
+    rows: set[bytes] = set()
+    columns: set[str] = set()
+    for cell in cells:
+        rows.add(cell[0])
+        columns.add(cell[1])
+        chunk.append(cell)
+        if len(rows) * len(columns) >= 100:
+            yield chunk
+            chunk, rows, columns = [], set(), set()
+    if chunk:
+        yield chunk
+
+
+def _slow_prewrite(
+    cluster: Cluster, txn: LoadTxn, cells: dict[tuple[bytes, str], bytes]
+) -> set[tuple[bytes, str]]:
+    """Prewrite *cells* (whose optimistic CAS from "absent" failed) the careful way:
+    read lock and newer write records, resolve foreign locks, CAS from what was read.
+    Returns the cells that are already finished by this very load (a recomputation)."""
+    store = cluster.store
+    pending = dict(cells)
+    done: set[tuple[bytes, str]] = set()
+    attempts = cluster.lock_wait_policy.attempts()
+    while pending:
+        items: list[CasItem] = []
+        waiting: list[tuple[bytes, str, Lock]] = []
+        progressed = False
+        for chunk in _read_chunks(list(pending)):
+            rows = list(dict.fromkeys(r for r, _ in chunk))
+            columns = tuple(dict.fromkeys(c for _, c in chunk))
+            found = store.read_rows(txn.table, rows, [
+                Read(LOCK, columns), Read(WRITE, columns, min_ts=txn.start_ts, versions=None),
+            ])
+            for row, column in chunk:
+                row_cells = found.get(row, {})
+                lock_cell = row_cells.get(f"{LOCK}:{column}")
+                raw = lock_cell[0][1] if lock_cell else None
+                ours_committed = False
+                for ts, value in row_cells.get(f"{WRITE}:{column}", []):
+                    kind, data_ts = decode_write(value)
+                    if data_ts == txn.start_ts:
+                        if kind is WriteKind.ROLLBACK:
+                            raise _conflict(txn, row, column, "this load was rolled back", ts)
+                        ours_committed = True
+                    elif kind is not WriteKind.ROLLBACK and ts > txn.start_ts:
+                        raise _conflict(txn, row, column, f"committed at {ts} after the "
+                                        "load started", ts)
+                state = decode_lock(raw) if raw is not None else None
+                if ours_committed or (isinstance(state, Free) and state.start_ts == txn.start_ts
+                                      and state.committed):
+                    done.add((row, column))
+                    del pending[(row, column)]
+                    progressed = True
+                elif isinstance(state, Lock) and state.start_ts == txn.start_ts:
+                    del pending[(row, column)]  # ours already (a recomputed partition)
+                    progressed = True
+                elif isinstance(state, Free) and state.start_ts == txn.start_ts:
+                    raise _conflict(txn, row, column, "this load was rolled back", None)
+                elif state is None or isinstance(state, Free):
+                    items.append((row, f"{LOCK}:{column}", raw, txn.held(column),
+                                  [(f"{DATA}:{column}", txn.start_ts, pending[(row, column)])]))
+                elif isinstance(state, Committed | RolledBack) or (
+                    isinstance(state, Lock) and state.start_ts != txn.start_ts
+                ):
+                    assert raw is not None
+                    if resolve_lock(cluster, txn.table, row, column, raw):
+                        progressed = True
+                    elif isinstance(state, Lock):
+                        waiting.append((row, column, state))
+        if items:
+            for item, won in zip(items, check_and_set_many(store, txn.table, items), strict=True):
+                if won:
+                    del pending[(item[0], item[1][len(LOCK) + 1 :])]
+                    progressed = True
+        if pending and not progressed and not attempts.wait():
+            row, column, lock = waiting[0] if waiting else (*next(iter(pending)), None)
+            raise LockedError(
+                f"bulk load {txn.load_id!r}: {txn.table}/{row!r}/{column} is locked by "
+                f"live transaction {getattr(lock, 'start_ts', '?')} (owner "
+                f"{getattr(lock, 'owner', '?')}) after waiting {attempts.elapsed():.1f}s; "
+                "nothing of the load is visible; run it again later",
+                table=txn.table, row=row, column=column,
+                lock_ts=getattr(lock, "start_ts", 0),
+            )
+    return done
+
+
+def prewrite_rows(
+    cluster: Cluster,
+    txn: LoadTxn,
+    rows: Iterable[tuple[bytes, dict[str, bytes]]],
+    *,
+    batch_cells: int = 2000,
+    after_batch: Any = None,
+) -> Iterator[tuple[bytes, tuple[str, ...]]]:
+    """Prewrite every cell of *rows* (``(row, {column: value})``, already validated)
+    for the load *txn*, in batches of about *batch_cells* cells, and yield
+    ``(row, columns)`` for the cells left locked (to pass to :func:`finish_rows`).
+
+    Each batch first tries one compare-and-set per cell from "absent" (a cell never
+    written has no lock cell and, by Invariant A, no write record); cells where that
+    fails take the careful path (read, resolve, CAS from what was read). Running
+    this again for the same rows and load is harmless (recomputed partitions).
+
+    :raises ConflictError: a cell has a write record newer than the load's start.
+    :raises LockedError: a live transaction kept a cell locked beyond the lock wait.
+    """
+    store = cluster.store
+    batch: list[tuple[bytes, dict[str, bytes]]] = []
+    size = 0
+
+    def flush() -> Iterator[tuple[bytes, tuple[str, ...]]]:
+        items: list[CasItem] = []
+        for row, values in batch:
+            for column, value in values.items():
+                items.append((row, f"{LOCK}:{column}", None, txn.held(column),
+                              [(f"{DATA}:{column}", txn.start_ts, value)]))
+        failed: dict[tuple[bytes, str], bytes] = {}
+        for (row, lcol, _, _, puts), won in zip(
+            items, check_and_set_many(store, txn.table, items), strict=True
+        ):
+            if not won:
+                failed[(row, lcol[len(LOCK) + 1 :])] = puts[0][2]
+        done = _slow_prewrite(cluster, txn, failed) if failed else set()
+        for row, values in batch:
+            columns = tuple(c for c in values if (row, c) not in done)
+            if columns:
+                yield row, columns
+        if after_batch is not None:
+            after_batch()
+
+    for row, values in rows:
+        if not values:
+            continue
+        batch.append((row, values))
+        size += len(values)
+        if size >= batch_cells:
+            yield from flush()
+            batch, size = [], 0
+    if batch:
+        yield from flush()
+
+
+def finish_rows(
+    cluster: Cluster,
+    txn: LoadTxn,
+    rows: Iterable[tuple[bytes, Sequence[str]]],
+    commit_ts: int | None,
+    *,
+    batch_cells: int = 2000,
+) -> int:
+    """Release the load's locks on *rows* (``(row, columns)`` from :func:`prewrite_rows`):
+    rolled forward with write records (and notify cells of observed columns) at
+    *commit_ts*, or rolled back when *commit_ts* is None. Cells already cleaned by a
+    reader are skipped. Returns how many cells this call released."""
+    store = cluster.store
+    free = encode_lock(Free(txn.start_ts, commit_ts is not None))
+    released = 0
+    items: list[CasItem] = []
+
+    def flush() -> int:
+        won = check_and_set_many(store, txn.table, items)
+        for item, ok in zip(items, won, strict=True):
+            if not ok:
+                log.debug("lock of load %s on %r/%s already cleaned", txn.load_id, item[0],
+                          item[1])
+        n = sum(won)
+        items.clear()
+        return n
+
+    for row, columns in rows:
+        for column in columns:
+            puts = (write_cells(column, txn.start_ts, commit_ts, False, column in txn.observed)
+                    if commit_ts is not None else [])
+            items.append((row, f"{LOCK}:{column}", txn.held(column), free, puts))
+        if len(items) >= batch_cells:
+            released += flush()
+    if items:
+        released += flush()
+    return released
+
+
+# --- the driver -----------------------------------------------------------------------
+
+
+class BulkLoad:
+    """The driver's side of a load: its primary, refreshed while workers write.
+
+    Use :meth:`begin` (returns :class:`AlreadyLoaded` when a previous run with the
+    same *load_id* committed), hand :attr:`txn` to the workers, then :meth:`commit`
+    or :meth:`abort`; :meth:`mark_finished` once every worker released its locks.
+    """
+
+    def __init__(self, cluster: Cluster, table: str, load_id: str) -> None:
+        self.cluster = cluster
+        self.table = table
+        self.load_id = load_id
+        self.row = load_id.encode()
+        self._held: bytes | None = None
+        self._txn: LoadTxn | None = None
+        self._mutex = threading.Lock()
+        self._stop = threading.Event()
+        self._refresher: threading.Thread | None = None
+        self.lost: PercolatorError | None = None
+        """Set when a cleaner rolled the load back (the refresher found the primary gone)."""
+
+    @property
+    def txn(self) -> LoadTxn:
+        assert self._txn is not None, "begin() first"
+        return self._txn
+
+    def _read_primary(self) -> tuple[bytes | None, list[tuple[int, bytes]], dict[int, bytes]]:
+        cells = self.cluster.store.read_rows(LOADS_TABLE, [self.row], [
+            Read(LOCK, (LOAD_COLUMN,)), Read(WRITE, (LOAD_COLUMN,), versions=None),
+            Read(DATA, ("load:marker",), versions=None),
+        ]).get(self.row, {})
+        lock = cells.get(f"{LOCK}:{LOAD_COLUMN}")
+        data = dict(cells.get(f"{DATA}:{LOAD_COLUMN}", []))
+        return lock[0][1] if lock else None, cells.get(f"{WRITE}:{LOAD_COLUMN}", []), data
+
+    def begin(self, info: dict[str, Any]) -> LoadTxn | AlreadyLoaded:
+        """Start the load (prewrite its primary), or find that it committed before.
+
+        A previous attempt whose driver died is rolled back here (its locks are then
+        cleaned by whoever meets them); an attempt still running makes this raise.
+
+        :raises LockedError: another live driver is running the same load.
+        """
+        cluster = self.cluster
+        cluster.store.create_table(LOADS_TABLE, FAMILIES)
+        attempts = cluster.lock_wait_policy.with_(deadline=5.0).attempts()
+        while True:
+            raw, writes, data = self._read_primary()
+            for ts, value in writes:
+                kind, data_ts = decode_write(value)
+                if kind is WriteKind.PUT:
+                    stored = data.get(data_ts, b"{}")
+                    return AlreadyLoaded(self.load_id, data_ts, ts, json.loads(stored))
+            state = decode_lock(raw) if raw is not None else None
+            if state is not None and not isinstance(state, Free):
+                if not resolve_lock(cluster, LOADS_TABLE, self.row, LOAD_COLUMN, raw or b""):
+                    if attempts.wait():
+                        continue
+                    raise LockedError(
+                        f"bulk load {self.load_id!r} is already running (transaction "
+                        f"{getattr(state, 'start_ts', '?')}, owner {getattr(state, 'owner', '?')})"
+                        "; wait for it to finish or die",
+                        table=LOADS_TABLE, row=self.row, column=LOAD_COLUMN,
+                        lock_ts=getattr(state, "start_ts", 0),
+                    )
+                continue
+            start_ts = cluster.timestamps.get_timestamp()
+            observed = frozenset(c for t, c in cluster.observed_columns() if t == self.table)
+            txn = LoadTxn(
+                table=self.table, load_id=self.load_id, start_ts=start_ts,
+                owner=cluster.coordination.current_owner(), wall_ms=int(time.time() * 1000),
+                ttl_ms=int(cluster.lock_ttl * 1000), observed=observed,
+            )
+            held = encode_lock(txn.lock(LOAD_COLUMN))
+            body = json.dumps(info, sort_keys=True).encode()
+            if cluster.store.check_and_set(
+                LOADS_TABLE, self.row, f"{LOCK}:{LOAD_COLUMN}", raw, held,
+                [(f"{DATA}:{LOAD_COLUMN}", start_ts, body)],
+            ):
+                self._txn, self._held = txn, held
+                self._start_refresher()
+                return txn
+
+    # --- keeping the primary alive ------------------------------------------------------
+
+    def _start_refresher(self) -> None:
+        self._stop.clear()
+        self._refresher = threading.Thread(
+            target=self._refresh_loop, name=f"percolator-load-{self.load_id}", daemon=True
+        )
+        self._refresher.start()
+
+    def _refresh_loop(self) -> None:
+        period = max(self.txn.ttl_ms / 3000, 0.05)
+        while not self._stop.wait(period):
+            try:
+                self.refresh()
+            except PercolatorError as e:
+                self.lost = e
+                log.error("bulk load %s: %s", self.load_id, e)
+                return
+
+    def refresh(self) -> None:
+        """Renew the primary's wall time so cleaners know the driver is at work."""
+        with self._mutex:
+            if self._held is None:
+                return
+            fresh = encode_lock(self.txn.lock(LOAD_COLUMN, int(time.time() * 1000)))
+            if not self.cluster.store.check_and_set(
+                LOADS_TABLE, self.row, f"{LOCK}:{LOAD_COLUMN}", self._held, fresh
+            ):
+                raise ConflictError(
+                    f"bulk load {self.load_id!r} was rolled back by a cleaner (was the "
+                    "driver silent for longer than the lock ttl?); nothing is visible; "
+                    "run it again",
+                    start_ts=self.txn.start_ts, table=LOADS_TABLE, row=self.row,
+                    column=LOAD_COLUMN,
+                )
+            self._held = fresh
+
+    def _stop_refresher(self) -> None:
+        self._stop.set()
+        if self._refresher is not None:
+            self._refresher.join()
+            self._refresher = None
+
+    # --- outcome --------------------------------------------------------------------------
+
+    def commit(self, info: dict[str, Any]) -> int:
+        """The commit point of the whole load: one CAS of the primary. Returns commit_ts.
+
+        :raises ConflictError: a cleaner rolled the load back first.
+        """
+        self._stop_refresher()
+        if self.lost is not None:
+            raise self.lost
+        self.refresh()
+        txn, held = self.txn, self._held
+        assert held is not None
+        commit_ts = self.cluster.timestamps.get_timestamp()
+        store = self.cluster.store
+        column = f"{LOCK}:{LOAD_COLUMN}"
+        body = [(f"{DATA}:{LOAD_COLUMN}", txn.start_ts, json.dumps(info, sort_keys=True).encode())]
+        record = write_cells(LOAD_COLUMN, txn.start_ts, commit_ts, False, False)
+        if store.atomic_row_cas:
+            won = store.check_and_set(LOADS_TABLE, self.row, column, held,
+                                      encode_lock(Free(txn.start_ts, True)), body + record)
+        else:
+            store.mutate_rows(LOADS_TABLE, [Mutation(self.row, body)])
+            decided = encode_lock(Committed(txn.start_ts, commit_ts))
+            won = store.check_and_set(LOADS_TABLE, self.row, column, held, decided)
+            if won:
+                release(self.cluster, LOADS_TABLE, self.row, LOAD_COLUMN, decided,
+                        txn.start_ts, (commit_ts, False, False))
+        if not won:
+            raise ConflictError(
+                f"bulk load {self.load_id!r} was rolled back by a cleaner before its commit "
+                "point; nothing is visible; run it again",
+                start_ts=txn.start_ts, table=LOADS_TABLE, row=self.row, column=LOAD_COLUMN,
+            )
+        self._held = None
+        return commit_ts
+
+    def abort(self) -> None:
+        """Roll the load back at its primary (nothing becomes visible); its secondary
+        locks are then freed by :func:`finish_rows` with ``commit_ts=None`` or by
+        whoever meets them."""
+        self._stop_refresher()
+        with self._mutex:
+            held, self._held = self._held, None
+        if held is None or self._txn is None:
+            return
+        lock = decode_lock(held)
+        assert isinstance(lock, Lock)
+        try:
+            roll_back_primary(self.cluster, TxnStatus(lock.start_ts, pending=lock,
+                                                      pending_raw=held))
+        except PercolatorError:
+            log.warning("bulk load %s: could not roll back its primary; readers will",
+                        self.load_id, exc_info=True)
+
+    def is_finished(self) -> bool:
+        """Whether a committed load released all its locks (see :meth:`mark_finished`)."""
+        cells = self.cluster.store.read_rows(LOADS_TABLE, [self.row],
+                                             [Read(DATA, ("load:finished",))])
+        return bool(cells.get(self.row))
+
+    def mark_finished(self, commit_ts: int) -> None:
+        self.cluster.store.mutate_rows(
+            LOADS_TABLE, [Mutation(self.row, [(_FINISHED, commit_ts, b"1")])]
+        )
+
+    def finish_leftovers(self, loaded: AlreadyLoaded) -> int:
+        """Roll forward every lock a committed earlier run of this load left behind
+        (its driver died after the commit point): one scan of the table's lock
+        family. Returns how many cells were released."""
+        txn = LoadTxn(self.table, self.load_id, loaded.start_ts, "", 0, 0, frozenset())
+        left: list[tuple[bytes, str, bytes]] = []
+        for row, cells in self.cluster.store.scan(self.table, None, None, [Read(LOCK)]):
+            for name, versions in cells.items():
+                state = decode_lock(versions[0][1])
+                if isinstance(state, Lock) and state.start_ts == loaded.start_ts:
+                    left.append((row, name[len(LOCK) + 1 :], versions[0][1]))
+        done = 0
+        for row, column, raw in left:
+            state = decode_lock(raw)
+            assert isinstance(state, Lock)
+            if release(self.cluster, txn.table, row, column, raw, loaded.start_ts,
+                       (loaded.commit_ts, False, state.notify)):
+                done += 1
+        self.mark_finished(loaded.commit_ts)
+        return done

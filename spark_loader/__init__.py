@@ -1,0 +1,19 @@
+"""PySpark bulk loader: seed a Percolator table from files or a DataFrame, atomically.
+
+::
+
+    from spark_loader import load_dataframe
+    result = load_dataframe(df, "sqlite:///var/lib/app/repo.db", "documents",
+                            row_key="url", columns={"html": "raw:html"})
+    print(result.summary())
+
+The whole load is one Percolator transaction (see :mod:`percolator._bulk`): readers
+see all of it or none of it; a rerun of a committed load writes nothing again; a
+rerun after a crash loads again. Command line: ``python -m spark_loader --help``.
+PySpark is needed only when a load runs: ``pip install 'percolator[spark]'``.
+"""
+
+from spark_loader._job import LoadError, LoadResult, load_dataframe, load_files
+from spark_loader._records import Reject
+
+__all__ = ["LoadError", "LoadResult", "Reject", "load_dataframe", "load_files"]

@@ -1,0 +1,128 @@
+"""``python -m spark_loader`` / ``percolator-load`` / ``spark-submit -m``-style entry point.
+
+::
+
+    python -m spark_loader --cluster sqlite:///tmp/repo.db --table docs \\
+        --input crawl.jsonl --format jsonl --row-key url \\
+        --column html=raw:html --column lang=meta:lang --observe raw:html
+
+Prints Spark's progress bar while it runs and one summary line at the end. Exit
+status: 0 loaded (or loaded before), 1 the load failed (nothing visible), 2 bad
+arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+__all__ = ["main"]
+
+
+def _column(text: str) -> tuple[str, str]:
+    field, sep, column = text.partition("=")
+    if not sep or not field or not column:
+        raise argparse.ArgumentTypeError(f"expected FIELD=family:qualifier, got {text!r}")
+    return field, column
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="percolator-load",
+        description="Load files into a Percolator table as one atomic transaction.",
+    )
+    p.add_argument("--cluster", required=True, metavar="URL",
+                   help="store url: sqlite:///abs/path.db, hbase://host:9090, "
+                        "bigtable://project/instance")
+    p.add_argument("--table", required=True)
+    p.add_argument("--input", required=True, metavar="PATH", help="file, directory or glob")
+    p.add_argument("--format", required=True, choices=("jsonl", "csv", "parquet"))
+    p.add_argument("--row-key", required=True, metavar="FIELD")
+    p.add_argument("--column", required=True, action="append", type=_column,
+                   metavar="FIELD=family:qualifier", help="repeat for each mapped field")
+    p.add_argument("--observe", action="append", default=[], metavar="family:qualifier",
+                   help="register this column as observed before loading (repeatable)")
+    p.add_argument("--no-create-table", action="store_true",
+                   help="fail if the table does not exist instead of creating it")
+    p.add_argument("--max-rejects", type=int, default=None, metavar="N",
+                   help="fail (loading nothing) when more than N records are rejected")
+    p.add_argument("--rejects", metavar="PATH",
+                   help="where to write rejects as JSON lines "
+                        "(default: ./rejects-<table>-<load id>.jsonl, only if any)")
+    p.add_argument("--load-id", help="identity of the load for reruns "
+                                     "(default: derived from the input files and mapping)")
+    p.add_argument("--partitions", type=int, default=None,
+                   help="Spark partitions (default: the default parallelism)")
+    p.add_argument("--batch-cells", type=int, default=2000, help="cells per store batch")
+    p.add_argument("--master", help="Spark master (default: spark-submit's, or local[*])")
+    p.add_argument("--oracle", help="timestamp oracle (grpc://host:port or zk://...)")
+    p.add_argument("--zookeeper", help="ZooKeeper coordination host:port/chroot")
+    p.add_argument("--lock-ttl", type=float, default=30.0, help="seconds (default 30)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--test-batch-delay", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--test-crash-after-commit", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    import percolator
+    from spark_loader._job import LoadError, _require_pyspark, load_files
+
+    try:
+        _require_pyspark()
+    except percolator.InvalidArgument as e:
+        print(f"percolator-load: {e}", file=sys.stderr)
+        return 2
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = SparkSession.builder.appName(f"percolator-load {args.table}")
+    if args.master:
+        builder = builder.master(args.master)
+    builder = (builder.config("spark.ui.showConsoleProgress", "true")
+               .config("spark.ui.enabled", os.environ.get("PERCOLATOR_SPARK_UI", "false")))
+    connect: dict[str, Any] = {"lock_ttl": args.lock_ttl}
+    if args.oracle:
+        connect["oracle"] = args.oracle
+    if args.zookeeper:
+        connect["zookeeper"] = args.zookeeper
+    columns = dict(args.column)
+    ours = SparkSession.getActiveSession() is None
+    spark = builder.getOrCreate()
+    try:
+        rejects = args.rejects
+        result = load_files(
+            spark, args.input, args.format, args.cluster, args.table, args.row_key, columns,
+            load_id=args.load_id, create_table=not args.no_create_table,
+            observe=args.observe, max_rejects=args.max_rejects,
+            rejects_path=rejects or f"rejects-{args.table}-{{load_id}}.jsonl",
+            partitions=args.partitions, batch_cells=args.batch_cells, connect_options=connect,
+            test_hooks={"batch_delay": args.test_batch_delay,
+                        "crash_after_commit": args.test_crash_after_commit},
+        )
+    except LoadError as e:
+        print(f"percolator-load: {e}", file=sys.stderr)
+        if e.result is not None:
+            print(e.result.summary(), file=sys.stderr)
+        return 1
+    except percolator.InvalidArgument as e:
+        print(f"percolator-load: {e}", file=sys.stderr)
+        return 2
+    except percolator.PercolatorError as e:
+        print(f"percolator-load: load failed, nothing of it is visible: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if ours:
+            spark.stop()
+    print(result.summary())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""The loader's import surface and its pure-Python record handling (no Spark)."""
+
+from __future__ import annotations
+
+import pytest
+
+import percolator
+import spark_loader
+from spark_loader.__main__ import main
+from spark_loader._records import ColumnMap, Reject, dedupe, parse_csv, parse_json
+
+
+def test_all_is_sorted_and_exported() -> None:
+    assert spark_loader.__all__ == sorted(spark_loader.__all__)
+    for name in spark_loader.__all__:
+        assert hasattr(spark_loader, name)
+
+
+def test_mapping_is_checked_at_the_door() -> None:
+    with pytest.raises(percolator.InvalidArgument, match="both map to column"):
+        ColumnMap.of("k", {"a": "f:x", "b": "f:x"})
+    with pytest.raises(percolator.InvalidArgument, match="reserved"):
+        ColumnMap.of("k", {"a": "_ack:x"})
+    with pytest.raises(percolator.InvalidArgument, match="at least one field"):
+        ColumnMap.of("k", {})
+
+
+def test_parse_and_dedupe() -> None:
+    m = ColumnMap.of("k", {"v": "f:v", "n": "f:n"})
+    out = list(parse_json(['{"k": "a", "v": "x", "n": 3}', "", '{"k": 1, "v": [1, {"b": 2}]}',
+                           '{"k": "z"}'], m))
+    assert out[0] == (b"a", ({"f:v": b"x", "f:n": b"3"}, '{"k": "a", "v": "x", "n": 3}'))
+    assert out[1][0] == b"1" and out[1][1][0] == {"f:v": b'[1,{"b":2}]'}
+    assert isinstance(out[2], Reject) and "no mapped field" in out[2].reason
+    csv_out = list(parse_csv(["k,v,n", "a,x,1", "b,y", 'c,"q,r",2'], m, ["k", "v", "n"], "k,v,n"))
+    assert isinstance(csv_out[1], Reject) and "2 fields" in csv_out[1].reason
+    assert csv_out[2] == (b"c", ({"f:v": b"q,r", "f:n": b"2"}, 'c,"q,r",2'))
+    rejects: list[Reject] = []
+    rows = list(dedupe([(b"a", ({"f:v": b"1"}, "l1")), (b"a", ({"f:v": b"1"}, "l2")),
+                        (b"b", ({"f:v": b"1"}, "l3")), (b"b", ({"f:v": b"2"}, "l4"))], rejects))
+    assert rows == [(b"a", {"f:v": b"1"})]
+    assert [r.line for r in rejects] == ["l3", "l4"]
+
+
+def test_cli_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--cluster", "sqlite:///tmp/x.db", "--table", "t", "--input", "x",
+              "--format", "xml", "--row-key", "k", "--column", "a=f:a"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit):
+        main(["--cluster", "u", "--table", "t", "--input", "x", "--format", "csv",
+              "--row-key", "k", "--column", "nocolumn"])
+    assert "expected FIELD=family:qualifier" in capsys.readouterr().err

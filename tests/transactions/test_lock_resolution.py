@@ -1,0 +1,131 @@
+"""Lock resolution: dead owners are rolled back at once, live ones only after their
+ttl, and a long commit keeps its primary fresh so that it is not rolled back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import percolator
+from percolator import Transaction
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path}/repo.db"
+    with percolator.connect(url) as cluster:
+        cluster.create_table("t")
+        with Transaction(cluster) as txn:
+            txn.set("t", b"a", "c:q", b"old")
+            txn.set("t", b"b", "c:q", b"old")
+    return url
+
+
+@pytest.fixture
+def holder(url: str) -> Iterator[Any]:
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(ttl: float) -> subprocess.Popen[str]:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "tests.transactions._lock_holder", url, str(ttl)],
+            cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        )
+        procs.append(p)
+        assert p.stdout is not None and p.stdout.readline().strip() == "locked"
+        return p
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_dead_owner_is_rolled_back_at_once(url: str, holder: Any) -> None:
+    proc = holder(ttl=3600)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with percolator.connect(url, lock_wait=3600) as cluster:
+        txn = Transaction(cluster)
+        assert txn.get("t", b"b", "c:q") == b"old"  # no wait for the hour-long ttl
+        assert cluster.stats["locks_resolved"] >= 1
+
+
+def test_live_owner_blocks_readers_until_its_ttl(url: str, holder: Any) -> None:
+    proc = holder(ttl=2.0)
+    locked_at = time.time()
+    with percolator.connect(url, lock_wait=0.2) as cluster:
+        with pytest.raises(percolator.LockedError, match="still alive") as info:
+            Transaction(cluster).get("t", b"a", "c:q")
+        assert info.value.row == b"a"
+        # Within the ttl the owner's lock is left alone...
+        assert time.time() < locked_at + 2.0
+        writer = Transaction(cluster)
+        writer.set("t", b"b", "c:q", b"mine")
+        with pytest.raises(percolator.ConflictError, match="live transaction"):
+            writer.commit()
+    assert proc.poll() is None
+    # ...and once the ttl has passed, it is rolled back although the owner lives.
+    time.sleep(max(0.0, locked_at + 2.2 - time.time()))
+    with percolator.connect(url, lock_wait=0.2) as cluster:
+        assert Transaction(cluster).get("t", b"a", "c:q") == b"old"
+        assert Transaction(cluster).get("t", b"b", "c:q") == b"old"
+    assert proc.poll() is None
+
+
+class SlowStore:
+    """The real store, with a pause before every compare-and-set (a slow network)."""
+
+    def __init__(self, store: Any, pause: float) -> None:
+        self._store, self._pause = store, pause
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def check_and_set(self, *args: Any, **kwargs: Any) -> bool:
+        time.sleep(self._pause)
+        return bool(self._store.check_and_set(*args, **kwargs))
+
+
+def test_long_commit_refreshes_its_primary(url: str) -> None:
+    ttl = 0.3
+    slow = percolator.connect(url, lock_ttl=ttl)
+    slow.store = SlowStore(slow.store, 0.02)  # type: ignore[assignment]
+    reader_cluster = percolator.connect(url, lock_wait=30)
+    txn = Transaction(slow)
+    rows = [b"r%03d" % i for i in range(60)]  # prewrite takes ~4 ttls
+    for row in rows:
+        txn.set("t", row, "c:q", b"v")
+    seen: list[bytes | None] = []
+    stop = threading.Event()
+
+    def read_last_secondary() -> None:
+        # A reader meeting the locks while the commit runs: with a stale primary it
+        # would roll the live transaction back (its wall time is past the ttl).
+        while not stop.is_set():
+            seen.append(Transaction(reader_cluster).get("t", rows[-1], "c:q"))
+            time.sleep(0.01)
+
+    reader = threading.Thread(target=read_last_secondary)
+    reader.start()
+    start = time.monotonic()
+    try:
+        txn.commit()  # raises ConflictError if a cleaner rolled it back
+    finally:
+        stop.set()
+        reader.join()
+    assert time.monotonic() - start > 3 * ttl
+    assert Transaction(reader_cluster).get("t", rows[-1], "c:q") == b"v"
+    assert seen and set(seen) <= {None, b"v"}
+    slow.close()
+    reader_cluster.close()

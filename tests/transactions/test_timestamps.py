@@ -1,0 +1,151 @@
+"""The embedded timestamp allocator: unique, increasing in real time across processes,
+never reissued after kill -9, restart or a lost sidecar file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import percolator
+from percolator._timestamps import HostTimestamps, StoreTimestamps
+from percolator.stores.sqlite import SqliteStore
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _worker(db: Path, out: Path, threads: int, count: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.transactions._ts_worker", str(db), str(out),
+         str(threads), str(count)],
+        cwd=ROOT,
+    )
+
+
+def _calls(paths: list[Path]) -> list[tuple[str, int, int, int]]:
+    calls = []
+    for path in paths:
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 4:  # a killed writer may leave half a line
+                calls.append((f"{path.name}/{parts[0]}", int(parts[1]), int(parts[2]),
+                              int(parts[3])))
+    return calls
+
+
+def check_linearizable(calls: list[tuple[str, int, int, int]]) -> None:
+    stamps = [c[3] for c in calls]
+    assert len(stamps) == len(set(stamps)), "a timestamp was issued twice"
+    by_caller: dict[str, list[int]] = {}
+    for caller, _, _, ts in calls:
+        by_caller.setdefault(caller, []).append(ts)
+    for seq in by_caller.values():
+        assert seq == sorted(seq), "timestamps went backwards for one caller"
+    # A call that began after another returned must get a larger timestamp.
+    ordered = sorted(calls, key=lambda c: c[1])
+    returned = sorted(calls, key=lambda c: c[2])
+    best = 0
+    j = 0
+    for caller, invoked, _, ts in ordered:
+        while j < len(returned) and returned[j][2] < invoked:
+            best = max(best, returned[j][3])
+            j += 1
+        assert ts > best, f"{caller} got {ts} after {best} had been returned"
+
+
+def test_processes_and_threads_draw_unique_real_time_ordered_timestamps(tmp_path: Path) -> None:
+    db = tmp_path / "repo.db"
+    percolator.connect(f"sqlite:///{db}").close()
+    outs = [tmp_path / f"w{i}.txt" for i in range(4)]
+    procs = [_worker(db, out, threads=4, count=500) for out in outs]
+    for p in procs:
+        assert p.wait(120) == 0
+    calls = _calls(outs)
+    assert len(calls) == 4 * 4 * 500
+    check_linearizable(calls)
+
+
+def test_kill_9_and_restart_never_reissue(tmp_path: Path) -> None:
+    db = tmp_path / "repo.db"
+    percolator.connect(f"sqlite:///{db}").close()
+    outs = []
+    for round_ in range(3):
+        out = tmp_path / f"round{round_}.txt"
+        outs.append(out)
+        procs = [_worker(db, out.with_suffix(f".{i}"), threads=2, count=0) for i in range(2)]
+        time.sleep(0.6)
+        for p in procs:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+    files = sorted(tmp_path.glob("round*.*"))
+    calls = _calls(files)
+    assert len(calls) > 100
+    check_linearizable(calls)
+    # After every process died, a new one starts above everything issued.
+    store = SqliteStore(str(db))
+    source = HostTimestamps(store, str(db) + "-ts")
+    assert source.get_timestamp() > max(c[3] for c in calls)
+    source.close()
+    store.close()
+
+
+def test_a_lost_or_foreign_sidecar_resumes_above_the_persisted_ceiling(tmp_path: Path) -> None:
+    db = str(tmp_path / "repo.db")
+    store = SqliteStore(db)
+    source = HostTimestamps(store, db + "-ts")
+    issued = [source.get_timestamp() for _ in range(1000)]
+    source.close()
+    # A reboot loses the page cache: the sidecar may be stale or gone.
+    os.unlink(db + "-ts")
+    again = HostTimestamps(store, db + "-ts")
+    assert again.get_timestamp() > max(issued)
+    again.close()
+    # A sidecar written for another boot (stale counter) is not trusted.
+    with open(db + "-ts", "r+b") as f:
+        f.seek(8)
+        f.write(b"\x00" * 16)  # a different boot id
+        f.seek(40)
+        f.write((1).to_bytes(8, "big"))  # a counter far below what was issued
+    third = HostTimestamps(store, db + "-ts")
+    assert third.get_timestamp() > max(issued)
+    third.close()
+    store.close()
+
+
+def test_store_timestamps_are_unique_under_threads(tmp_path: Path) -> None:
+    store = SqliteStore(str(tmp_path / "repo.db"))
+    source = StoreTimestamps(store)
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def draw() -> None:
+        for _ in range(200):
+            ts = source.get_timestamp()
+            with lock:
+                got.append(ts)
+
+    threads = [threading.Thread(target=draw) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(got)) == 800
+    block = source.get_timestamps(5)
+    assert len(block) == 5 and block[0] > max(got)
+    store.close()
+
+
+@pytest.mark.parametrize("count", [0, -1, 10_000_001, 1.5, True])
+def test_bad_counts(tmp_path: Path, count: object) -> None:
+    store = SqliteStore(str(tmp_path / "repo.db"))
+    source = HostTimestamps(store, str(tmp_path / "repo.db-ts"))
+    with pytest.raises(percolator.InvalidArgument, match="count"):
+        source.get_timestamps(count)  # type: ignore[arg-type]
+    source.close()
+    store.close()
