@@ -33,7 +33,7 @@ def test_transactions_take_their_timestamps_from_the_oracle(
 
 
 def test_connect_with_an_unreachable_oracle_fails_clearly(tmp_path: Path) -> None:
-    with pytest.raises(percolator.OracleUnavailable, match="127.0.0.1:9"):
+    with pytest.raises(percolator.OracleUnavailable, match=r"127\.0\.0\.1:9"):
         cluster = percolator.connect(f"sqlite:///{tmp_path}/repo.db", oracle="grpc://127.0.0.1:9")
         try:
             Transaction(cluster)
