@@ -147,6 +147,8 @@ class Cluster:
         self.timestamps = timestamps
         self.coordination = coordination
         self.lock_ttl = lock_ttl
+        self.one_phase_commit = True
+        """Commit in one atomic store step where the store and timestamps allow it."""
         self.lock_wait_policy: RetryPolicy = LOCK_WAIT.with_(deadline=lock_wait)
         self._config_refresh = config_refresh
         self._tables: set[str] = set()

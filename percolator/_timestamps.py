@@ -22,6 +22,8 @@ import os
 import struct
 import threading
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Protocol
 
 from percolator._encoding import META_FAMILIES, META_TABLE
@@ -155,23 +157,60 @@ class HostTimestamps:
         with self._lock:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
-                magic, boot, identity, nxt = self._LAYOUT.unpack(self._map[: self._LAYOUT.size])
-                if (magic, boot, identity) != (self._MAGIC, self._boot, self._identity):
-                    nxt = self._ceiling.raise_to_at_least(1)
-                    self._known_ceiling = nxt
-                end = nxt + n
-                if end > self._known_ceiling:
-                    self._known_ceiling = self._ceiling.read()[0]
-                    if end > self._known_ceiling:
-                        self._known_ceiling = self._ceiling.raise_to_at_least(
-                            max(end, self._known_ceiling) + self.BLOCK
-                        )
-                self._map[: self._LAYOUT.size] = self._LAYOUT.pack(
-                    self._MAGIC, self._boot, self._identity, end
-                )
+                return self._reserve(n)
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _reserve(self, n: int, *, persist: bool = True) -> range:
+        """Take *n* timestamps; the caller holds both locks. The ceiling is persisted
+        first when the block is spent (unless *persist* is False: then the caller
+        made room beforehand, see :meth:`exclusive`)."""
+        magic, boot, identity, nxt = self._LAYOUT.unpack(self._map[: self._LAYOUT.size])
+        if (magic, boot, identity) != (self._MAGIC, self._boot, self._identity):
+            assert persist, "exclusive() validated the sidecar"
+            nxt = self._ceiling.raise_to_at_least(1)
+            self._known_ceiling = nxt
+        end = nxt + n
+        if end > self._known_ceiling:
+            assert persist, "exclusive() made room in the block"
+            self._known_ceiling = self._ceiling.read()[0]
+            if end > self._known_ceiling:
+                self._known_ceiling = self._ceiling.raise_to_at_least(
+                    max(end, self._known_ceiling) + self.BLOCK
+                )
+        self._map[: self._LAYOUT.size] = self._LAYOUT.pack(
+            self._MAGIC, self._boot, self._identity, end
+        )
         return range(nxt, end)
+
+    @contextmanager
+    def exclusive(self, draws: int = 1) -> Iterator[Callable[[], int]]:
+        """Hold the host's timestamp lock for the block and yield a function that
+        draws a timestamp (at most *draws* times) without persisting anything.
+
+        No process of the host gets a timestamp until the block ends, so a commit made
+        visible inside it at a timestamp drawn inside it is seen by every transaction
+        that starts afterwards: the embedded store's one-phase commit relies on it.
+        """
+        with self._lock:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                # Validate the sidecar and persist room for the draws, then give them back.
+                room = self._reserve(draws)
+                self._map[: self._LAYOUT.size] = self._LAYOUT.pack(
+                    self._MAGIC, self._boot, self._identity, room.start
+                )
+                left = [draws]
+
+                def draw() -> int:
+                    if left[0] <= 0:
+                        raise RuntimeError("exclusive(): more draws than announced")
+                    left[0] -= 1
+                    return self._reserve(1, persist=False)[0]
+
+                yield draw
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
         with self._lock:

@@ -39,6 +39,18 @@ _CATALOG = "_percolator_catalog"
 _MAX_TS = (1 << 63) - 1
 
 
+_fork_generation = 0
+
+
+def _after_fork_in_child() -> None:
+    # SQLite connections must not cross fork(): a child opens its own.
+    global _fork_generation
+    _fork_generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def open_sqlite_store(url: str, **options: Any) -> SqliteStore:
     """Open ``sqlite:///absolute/path.db`` (``sqlite:///:memory:`` is refused: the
     store is shared between connections). Query options: ``busy_timeout`` (s)."""
@@ -92,7 +104,7 @@ class SqliteStore:
 
     def _db(self) -> sqlite3.Connection:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
-        if db is not None and self._local.pid == os.getpid():
+        if db is not None and self._local.generation == _fork_generation:
             return db
         if self._closed:
             raise StoreUnavailable(f"sqlite store {self.url} is closed")
@@ -109,14 +121,29 @@ class SqliteStore:
         except sqlite3.Error as e:
             raise StoreUnavailable(f"cannot open sqlite store {self.url}: {e}") from e
         self._local.db = db
-        self._local.pid = os.getpid()
+        self._local.generation = _fork_generation
         with self._conn_lock:
             self._all_connections.append(db)
         return db
 
     @contextmanager
+    def atomically(self) -> Iterator[None]:
+        """Make every call of this thread inside the block one SQLite write transaction:
+        all of it or none of it, with no other writer in between (an optional
+        capability: the one-phase commit of :mod:`percolator._commit` uses it)."""
+        with self._write():
+            self._local.atomic = True
+            try:
+                yield
+            finally:
+                self._local.atomic = False
+
+    @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         db = self._db()
+        if getattr(self._local, "atomic", False):
+            yield db  # part of the enclosing atomically() transaction
+            return
         try:
             db.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as e:
@@ -237,6 +264,7 @@ class SqliteStore:
         result: dict[bytes, RowCells] = {}
         if not rows or not reads:
             return result
+        rows = list(dict.fromkeys(rows))  # a row named twice is read once
         try:
             terms = len(rows) * sum(len(r.qualifiers or "_") for r in reads)
             if terms <= 100:
@@ -276,7 +304,9 @@ class SqliteStore:
         transaction so that every row is read from one snapshot."""
         db = self._db()
         found: list[tuple[Any, ...]] = []
-        db.execute("BEGIN")
+        own = not db.in_transaction
+        if own:
+            db.execute("BEGIN")
         try:
             for start in range(0, len(rows), 400):
                 chunk = list(rows[start : start + 400])
@@ -299,7 +329,8 @@ class SqliteStore:
                         (*params[:-1], params[-1], params[-1]),
                     ).fetchall())
         finally:
-            db.execute("COMMIT")
+            if own:
+                db.execute("COMMIT")
         return found
 
     def scan(
@@ -328,7 +359,9 @@ class SqliteStore:
                 params.extend((lo, *stop_params))
             try:
                 db = self._db()
-                db.execute("BEGIN")
+                own = not db.in_transaction
+                if own:
+                    db.execute("BEGIN")
                 try:
                     last = db.execute(
                         f"SELECT row FROM ({distinct}) ORDER BY row LIMIT 1 OFFSET ?",
@@ -356,7 +389,8 @@ class SqliteStore:
                         " UNION ALL ".join(subs) + " ORDER BY row, r, qual, ts DESC", cell_params
                     ).fetchall()
                 finally:
-                    db.execute("COMMIT")
+                    if own:
+                        db.execute("COMMIT")
             except sqlite3.Error as e:
                 raise self._error(table, e) from e
             current: bytes | None = None
@@ -396,9 +430,17 @@ class SqliteStore:
     ) -> None:
         families = self._table_families(table)
         for column, ts, value in puts:
+            if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
+                raise InvalidArgument(
+                    f"timestamps must be integers >= 0, got {ts!r} for column {column!r}"
+                )
             family, _, qual = column.partition(":")
             name = self._family(table, family)
-            if families[family] == 1:
+            if families[family] == 1:  # keep the newest version only, like HBase
+                if db.execute(
+                    f"SELECT 1 FROM {name} WHERE row = ? AND qual = ? AND ts > ?", (row, qual, ts)
+                ).fetchone():
+                    continue
                 db.execute(f"DELETE FROM {name} WHERE row = ? AND qual = ?", (row, qual))
             db.execute(f"INSERT OR REPLACE INTO {name} VALUES (?, ?, ?, ?)", (row, qual, ts, value))
 
@@ -424,15 +466,22 @@ class SqliteStore:
         family, _, qual = column.partition(":")
         try:
             name = self._family(table, family)
+            # One conditional statement decides; a family of single versions has at most
+            # one row per cell, so "latest value" is "the value".
+            if expected is None:
+                sql = (
+                    f"INSERT INTO {name} SELECT ?, ?, 0, ? WHERE NOT EXISTS "
+                    f"(SELECT 1 FROM {name} WHERE row = ? AND qual = ?)"
+                )
+                params: tuple[Any, ...] = (row, qual, new, row, qual)
+            else:
+                sql = f"UPDATE {name} SET value = ? WHERE row = ? AND qual = ? AND value = ?"
+                params = (new, row, qual, expected)
+            if not puts:
+                return bool(self._db().execute(sql, params).rowcount == 1)
             with self._write() as db:
-                found = db.execute(
-                    f"SELECT value FROM {name} WHERE row = ? AND qual = ? ORDER BY ts DESC LIMIT 1",
-                    (row, qual),
-                ).fetchone()
-                if (found[0] if found else None) != expected:
+                if db.execute(sql, params).rowcount != 1:
                     return False
-                db.execute(f"DELETE FROM {name} WHERE row = ? AND qual = ?", (row, qual))
-                db.execute(f"INSERT INTO {name} VALUES (?, ?, 0, ?)", (row, qual, new))
                 self._put(db, table, row, puts)
                 return True
         except sqlite3.Error as e:

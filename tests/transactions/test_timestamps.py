@@ -22,8 +22,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _worker(db: Path, out: Path, threads: int, count: int) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.transactions._ts_worker", str(db), str(out),
-         str(threads), str(count)],
+        [
+            sys.executable,
+            "-m",
+            "tests.transactions._ts_worker",
+            str(db),
+            str(out),
+            str(threads),
+            str(count),
+        ],
         cwd=ROOT,
     )
 
@@ -34,8 +41,9 @@ def _calls(paths: list[Path]) -> list[tuple[str, int, int, int]]:
         for line in path.read_text().splitlines():
             parts = line.split()
             if len(parts) == 4:  # a killed writer may leave half a line
-                calls.append((f"{path.name}/{parts[0]}", int(parts[1]), int(parts[2]),
-                              int(parts[3])))
+                calls.append(
+                    (f"{path.name}/{parts[0]}", int(parts[1]), int(parts[2]), int(parts[3]))
+                )
     return calls
 
 

@@ -1,0 +1,170 @@
+"""``docker-compose.yml`` and ``Dockerfile`` at the root: valid for Compose, and
+consistent with the project's command lines.
+
+No Docker engine runs here, so the file is checked offline: ``docker-compose config``
+(Debian's ``docker-compose`` package) validates it against the Compose schema and
+prints it resolved (anchors and defaults applied), which these tests then read.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import percolator
+from tests._services import service_missing
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "docker-compose.yml"
+PROJECT_SERVICES = ("oracle1", "oracle2", "configure", "worker")
+
+
+def docker_compose(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        service_missing("docker-compose is not installed: apt-get install docker-compose")
+    return subprocess.run(
+        [exe, "--file", str(COMPOSE), "--project-directory", str(ROOT), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@cache
+def _resolved_text() -> str:
+    result = docker_compose("config")
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def resolved() -> dict[str, Any]:
+    """The compose file as ``docker-compose config`` resolves it."""
+    try:
+        import yaml  # type: ignore[import-untyped]
+    except ImportError:
+        service_missing("PyYAML is not installed: pip install pyyaml")
+    text = _resolved_text()
+    data = yaml.safe_load(text)
+    assert isinstance(data, dict)
+    return data
+
+
+def services() -> dict[str, Any]:
+    found = resolved()["services"]
+    assert isinstance(found, dict)
+    return found
+
+
+def option_help(module: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def options_of(command: list[str]) -> list[str]:
+    return [arg for arg in command if arg.startswith("--")]
+
+
+def value_of(command: list[str], option: str) -> str:
+    return command[command.index(option) + 1]
+
+
+def test_compose_file_is_valid() -> None:
+    result = docker_compose("config", "-q")
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_services_exist() -> None:
+    assert set(services()) >= {"zookeeper", "hbase", *PROJECT_SERVICES}
+
+
+def test_project_services_are_built_from_the_dockerfile() -> None:
+    assert (ROOT / "Dockerfile").is_file()
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim\b", dockerfile, re.M)
+    assert "'.[all]'" in dockerfile or '".[all]"' in dockerfile
+    for name in PROJECT_SERVICES:
+        build = services()[name]["build"]
+        assert Path(build["context"]) == ROOT, name
+        assert build.get("dockerfile", "Dockerfile") == "Dockerfile", name
+
+
+def test_zookeeper_and_hbase_images() -> None:
+    zookeeper, hbase = services()["zookeeper"], services()["hbase"]
+    assert zookeeper["image"].split(":")[0] == "zookeeper"
+    assert hbase["image"].split(":")[0] == "harisekhon/hbase"
+    assert {p["target"] for p in hbase["ports"]} >= {9090}  # Thrift1
+    assert {p["target"] for p in zookeeper["ports"]} >= {2181}
+    assert "healthcheck" in zookeeper and "healthcheck" in hbase
+
+
+def test_oracle_replicas_match_the_oracle_cli() -> None:
+    known = set(re.findall(r"--[a-z][-a-z]*", option_help("oracle")))
+    zookeepers = set()
+    for name in ("oracle1", "oracle2"):
+        command = services()[name]["command"]
+        assert command[:3] == ["python", "-m", "oracle"], name
+        assert set(options_of(command)) <= known, name
+        host, port = value_of(command, "--listen").rsplit(":", 1)
+        assert host == "0.0.0.0"
+        assert value_of(command, "--advertise") == f"{name}:{port}"
+        zookeepers.add(value_of(command, "--zookeeper"))
+        assert services()[name]["depends_on"]["zookeeper"]["condition"] == "service_healthy"
+        assert str(port) in " ".join(services()[name]["healthcheck"]["test"])
+    assert zookeepers == {"zookeeper:2181/percolator"}  # both replicas elect in one place
+
+
+def test_worker_matches_the_observers_cli() -> None:
+    known = set(re.findall(r"--[a-z][-a-z]*", option_help("observers")))
+    worker = services()["worker"]
+    command = worker["command"]
+    assert command[:3] == ["python", "-m", "observers"]
+    assert set(options_of(command)) <= known
+    assert value_of(command, "--cluster") == "zk://zookeeper:2181/percolator"
+    module, _, name = value_of(command, "--observers").partition(":")
+    from observers._worker import load_observers
+
+    assert load_observers(f"{module}:{name}")
+    assert worker["depends_on"]["configure"]["condition"] == "service_completed_successfully"
+
+
+def test_configure_publishes_what_the_others_use() -> None:
+    configure = services()["configure"]
+    command = configure["command"]
+    assert command[:2] == ["python", "-c"]
+    script = command[2]
+    tree = ast.parse(script)  # valid Python
+    calls = {
+        node.func.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+    }
+    assert {"publish_config", "connect", "create_table"} <= calls
+    assert {"store", "oracle"} <= set(inspect.signature(percolator.publish_config).parameters)
+    assert '"zookeeper:2181/percolator"' in script
+    assert "hbase://hbase:9090" in script
+    # the demo's observers write these tables: they exist before the worker starts
+    for table in ("documents", "clusters", "links"):
+        assert f'"{table}"' in script
+    assert configure["restart"] == "no"
+    assert set(configure["depends_on"]) >= {"zookeeper", "hbase", "oracle1", "oracle2"}
+
+
+def test_dockerignore_keeps_the_image_small() -> None:
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", "tests", "bench"} <= set(ignored)
