@@ -1,0 +1,32 @@
+"""Across processes, a snapshot never changes under a reader: the embedded store's
+one-phase commit holds the host timestamp lock until its commit is visible, so no
+reader can take a start timestamp above a commit it cannot see yet."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import percolator
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_reads_repeat_while_other_processes_commit(store_url: str) -> None:
+    with percolator.connect(store_url) as cluster:
+        cluster.create_table("t")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.transactions._rr_worker", store_url, role, "4"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for role in ("writer", "writer", "reader", "reader")
+    ]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], outputs
+    with percolator.connect(store_url) as cluster:
+        values = {r: v["c:n"] for r, v in percolator.Transaction(cluster).scan("t")}
+    assert len(set(values.values())) == 1 and int(next(iter(values.values()))) > 0
