@@ -42,9 +42,12 @@ from percolator._commit import commit_transaction
 from percolator._encoding import NOTIFY
 from percolator._errors import (
     CommitUnknownError,
+    CoordinationError,
     InvalidArgument,
     ObserverError,
+    OracleUnavailable,
     PercolatorError,
+    StoreUnavailable,
     is_retryable,
 )
 from percolator._notifications import (
@@ -388,6 +391,13 @@ class Worker:
             except CommitUnknownError:
                 log.warning("commit outcome of %s on %s/%s/%s unknown; will look again",
                             observer.name, table, format_row(row), column)
+                return _Outcome.TRANSIENT, None
+            except (StoreUnavailable, OracleUnavailable, CoordinationError) as e:
+                # Not the observer's fault: keep the notification, count no failure
+                # towards quarantine, and let the scanner back off.
+                log.warning("%s on %s/%s/%s: %s; will retry", observer.name, table,
+                            format_row(row), column, e)
+                time.sleep(0.1)
                 return _Outcome.TRANSIENT, None
             except PercolatorError as e:
                 if not is_retryable(e):

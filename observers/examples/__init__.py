@@ -1,0 +1,1 @@
+"""Example observer applications built on :mod:`observers` (see each module)."""
