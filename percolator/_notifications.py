@@ -167,9 +167,12 @@ def quarantine(cluster: Cluster, record: Quarantined, notify_ts: int) -> None:
     body.pop("row")
     body.pop("column")
     value = json.dumps(body, sort_keys=True).encode()
+    # A fresh timestamp, above any earlier delete of the record: on HBase a delete
+    # hides every later put at or below its timestamp.
+    ts = cluster.timestamps.get_timestamp()
     cluster.store.mutate_rows(
         META_TABLE,
-        [Mutation(_record_key(record.table, record.row), [(f"m:{record.column}", 0, value)])],
+        [Mutation(_record_key(record.table, record.row), [(f"m:{record.column}", ts, value)])],
     )
     cluster.store.mutate_rows(
         record.table, [Mutation(record.row, deletes=[(f"{NOTIFY}:{record.column}", notify_ts)])]
@@ -221,7 +224,7 @@ def retry_quarantined(
         )
         cluster.store.mutate_rows(
             META_TABLE,
-            [Mutation(_record_key(record.table, record.row), deletes=[(f"m:{record.column}", 0)])],
+            [Mutation(_record_key(record.table, record.row), deletes=[(f"m:{record.column}", ts)])],
         )
     return records
 

@@ -14,6 +14,20 @@ Conventions every backend follows:
   and ``read_rows`` omits rows that have none;
 * a missing table raises :class:`~percolator.UnknownTableError`; a store that
   cannot be reached raises :class:`~percolator.StoreUnavailable` naming it.
+
+Two latitudes, because HBase's Thrift1 interface cannot do otherwise (the conformance
+suite documents both with strict expected failures on HBase):
+
+* a :class:`Mutation` whose changes span several timestamps, or mix deletes and
+  puts, may become visible in steps (Thrift1 applies one timestamp per call);
+* a put at or below the timestamp of an earlier delete of the same cell may stay
+  hidden (HBase delete markers mask older versions until a major compaction).
+
+The protocol never needs either: its multi-timestamp writes are ordered so that each
+step is safe on its own (data before its write record, write record before the lock
+is freed), and it only ever deletes notify versions at or below a notification already
+processed and records at or below a timestamp drawn after them, writing anew only
+at fresh, larger timestamps.
 """
 
 from __future__ import annotations
