@@ -43,6 +43,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 sys.path.insert(0, ROOT)
 
 import percolator  # noqa: E402
+from bench._common import cpu_model, write_section  # noqa: E402
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction  # noqa: E402
 from tests._zookeeper import ZooKeeperServer, four_letter  # noqa: E402
 
@@ -209,17 +210,6 @@ def advisory(zk: ZooKeeperServer, seconds: float) -> dict[str, float]:
     }
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def report(args: argparse.Namespace, res: dict[str, Any]) -> str:
     zk_times, local_times = res["zk_death"], res["local_death"]
     ops, adv = res["ops"], res["advisory"]
@@ -267,24 +257,6 @@ ephemeral create when not).
 """
 
 
-def write_section(text: str) -> None:
-    path = os.path.join(ROOT, "BENCHMARKS.md")
-    try:
-        with open(path) as f:
-            current = f.read()
-    except FileNotFoundError:
-        current = "# Benchmarks\n"
-    start = current.find(SECTION)
-    if start < 0:
-        new = current.rstrip("\n") + "\n\n" + text
-    else:
-        nxt = current.find("\n## ", start + len(SECTION))
-        end = len(current) if nxt < 0 else nxt + 1
-        new = current[:start] + text + ("\n" + current[end:] if nxt >= 0 else "")
-    with open(path, "w") as f:
-        f.write(new.rstrip("\n") + "\n")
-
-
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "_locker":
         locker(sys.argv[2], sys.argv[3], float(sys.argv[4]))
@@ -306,7 +278,7 @@ def main() -> int:
     text = report(args, res)
     print(text)
     if not args.no_write:
-        write_section(text)
+        write_section(SECTION, text)
     return 0
 
 

@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import percolator  # noqa: E402
+from bench._common import cpu_model, write_section  # noqa: E402
 from observers import Observer, Worker, wait_for_observers  # noqa: E402
 from observers.examples.clustering import (  # noqa: E402
     DOCUMENTS,
@@ -58,17 +59,6 @@ from observers.examples.clustering import (  # noqa: E402
 )
 
 SECTION = "## Incremental vs batch, Figure 7 (bench/incremental_vs_batch.py)"
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def pct(values: list[float], q: float) -> float:
@@ -219,18 +209,6 @@ def plot(path: Path, n: int, inc: list[Inc], bat: list[Batch], saturation: float
     plt.close(fig)
 
 
-def write_section(text: str) -> None:
-    path = ROOT / "BENCHMARKS.md"
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    start = old.find(SECTION)
-    if start < 0:
-        new = old.rstrip("\n") + "\n\n" + text
-    else:
-        nxt = old.find("\n## ", start + len(SECTION))
-        new = old[:start] + text + ("" if nxt < 0 else "\n" + old[nxt + 1:])
-    path.write_text(new)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -370,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + text)
     if not args.no_write:
         plot(ROOT / "bench" / "figure7.png", n, inc, bat, saturation)
-        write_section(text)
+        write_section(SECTION, text)
     return 0
 
 

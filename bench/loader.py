@@ -28,21 +28,11 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import percolator  # noqa: E402
+from bench._common import cpu_model  # noqa: E402
 from percolator._encoding import FAMILIES  # noqa: E402
 from percolator._store import Mutation  # noqa: E402
 
 COLUMNS = 5
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def make_records(rows: int) -> list[dict[str, str]]:

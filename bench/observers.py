@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import percolator  # noqa: E402
+from bench._common import cpu_model, write_section  # noqa: E402
 from observers import Observer, Worker, wait_for_observers  # noqa: E402
 from percolator import TransactionBase  # noqa: E402
 from percolator._store import Mutation, Read  # noqa: E402
@@ -159,16 +160,6 @@ def latency(tmp: str, writes: int) -> dict[str, float]:
             "max_ms": lat[-1]}
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def report(args: argparse.Namespace, tp: list[dict[str, float]], clump: dict[str, float],
            scan: dict[str, float], lat: dict[str, float]) -> str:
     best = max(tp, key=lambda r: r["per_s"])
@@ -207,18 +198,6 @@ def report(args: argparse.Namespace, tp: list[dict[str, float]], clump: dict[str
     return "\n".join(lines)
 
 
-def write_section(text: str) -> None:
-    path = ROOT / "BENCHMARKS.md"
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    start = old.find(SECTION)
-    if start < 0:
-        new = old.rstrip("\n") + "\n\n" + text
-    else:
-        end = old.find("\n## ", start + len(SECTION))
-        new = old[:start] + text + ("" if end < 0 else old[end:])
-    path.write_text(new.rstrip("\n") + "\n")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--notifications", type=int, default=3000)
@@ -238,7 +217,7 @@ def main() -> int:
     text = report(args, tp, clump, scan, lat)
     print(text)
     if args.write:
-        write_section(text)
+        write_section(SECTION, text)
     return 0
 
 

@@ -42,6 +42,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 sys.path.insert(0, ROOT)
 
+from bench._common import cpu_model  # noqa: E402
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -292,17 +294,6 @@ def _leads(s: Server) -> bool:
         return bool(s.status().leader)
     except Exception:
         return False
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

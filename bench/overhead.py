@@ -218,15 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     def ratio(a: str, b: str) -> float:
         return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
 
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        pass
     print(f"## Transaction overhead, {args.backend} (bench/overhead.py)\n")
     print(
-        f"- machine: {os.cpu_count()} cores, {cpu}, {platform.python_implementation()} "
+        f"- machine: {os.cpu_count()} cores, {cpu_model()}, {platform.python_implementation()} "
         f"{platform.python_version()}"
     )
     print(f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")

@@ -1,0 +1,32 @@
+"""What every benchmark script shares: the machine's description and the writer of
+its own section of BENCHMARKS.md (scripts run as ``python bench/NAME.py``)."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def write_section(heading: str, text: str, path: Path = BENCHMARKS) -> None:
+    """Replace the section that starts with *heading* (a ``## `` line) by *text*, or
+    append it; the other sections are left as they are."""
+    old = path.read_text() if path.exists() else "# Benchmarks\n"
+    start = old.find(heading)
+    if start < 0:
+        new = old.rstrip("\n") + "\n\n" + text
+    else:
+        end = old.find("\n## ", start + len(heading))
+        new = old[:start] + text.rstrip("\n") + "\n" + ("" if end < 0 else old[end:])
+    path.write_text(new.rstrip("\n") + "\n")
