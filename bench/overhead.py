@@ -35,6 +35,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import percolator
+from bench._common import cpu_model
 from percolator._store import Mutation, Read
 
 TABLE = "bench"
