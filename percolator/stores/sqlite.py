@@ -89,6 +89,9 @@ class SqliteStore:
         self._closed = False
         self._all_connections: list[sqlite3.Connection] = []
         self._conn_lock = threading.Lock()
+        # SQLite takes one writer at a time anyway; queueing this process's writers here
+        # keeps them out of SQLite's busy handler, which sleeps in millisecond steps.
+        self._write_lock = threading.Lock()
         directory = os.path.dirname(path) or "."
         if not os.path.isdir(directory):
             raise StoreUnavailable(
@@ -144,18 +147,21 @@ class SqliteStore:
         if getattr(self._local, "atomic", False):
             yield db  # part of the enclosing atomically() transaction
             return
-        try:
-            db.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as e:
-            raise StoreUnavailable(f"sqlite store {self.url}: cannot begin a write: {e}") from e
-        try:
-            yield db
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
-        else:
-            db.execute("COMMIT")
+        with self._write_lock:
+            try:
+                db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as e:
+                raise StoreUnavailable(
+                    f"sqlite store {self.url}: cannot begin a write: {e}"
+                ) from e
+            try:
+                yield db
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            else:
+                db.execute("COMMIT")
 
     def _error(self, table: str, e: sqlite3.Error) -> Exception:
         if "no such table" in str(e):
@@ -477,8 +483,6 @@ class SqliteStore:
             else:
                 sql = f"UPDATE {name} SET value = ? WHERE row = ? AND qual = ? AND value = ?"
                 params = (new, row, qual, expected)
-            if not puts:
-                return bool(self._db().execute(sql, params).rowcount == 1)
             with self._write() as db:
                 if db.execute(sql, params).rowcount != 1:
                     return False
