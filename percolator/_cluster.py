@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from percolator._coordination import Coordination, LocalCoordination
 from percolator._encoding import FAMILIES, META_FAMILIES, META_TABLE, check_column, check_table
@@ -19,6 +19,9 @@ from percolator._retry import LOCK_WAIT, RetryPolicy
 from percolator._store import Mutation, Read, Store
 from percolator._timestamps import HostTimestamps, StoreTimestamps, TimestampSource
 from percolator.stores import open_store
+
+if TYPE_CHECKING:
+    from percolator._transaction import Transaction
 
 __all__ = ["Cluster", "connect"]
 
@@ -86,7 +89,7 @@ def connect(
             )
             closers.append(zk)
             coordination = zk
-            if url.startswith("zk://"):
+            if isinstance(url, str) and url.startswith("zk://"):
                 config = zk.config()
                 if not config or not config.get("store"):
                     raise CoordinationError(
@@ -239,7 +242,7 @@ class Cluster:
 
     # --- life cycle -----------------------------------------------------------------
 
-    def transaction(self) -> Any:
+    def transaction(self) -> Transaction:
         """A new :class:`~percolator.Transaction` (same as ``Transaction(cluster)``)."""
         from percolator._transaction import Transaction
 
