@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -54,12 +52,13 @@ MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 INSTALL_HINT = "install Java and ZooKeeper: apt-get install -y default-jre-headless zookeeper"
 
 _live: weakref.WeakSet[ZooKeeperServer] = weakref.WeakSet()
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+DIE_WITH_PARENT: list[str] = (
+    ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
+)
+"""A command prefix that makes a child die with the process that started it
+(PR_SET_PDEATHSIG, set by util-linux ``setpriv`` before it execs the command). Not a
+``preexec_fn``: code run between fork and exec can deadlock once the parent has threads
+(py4j, gRPC, kazoo all start some)."""
 
 
 def four_letter(hosts: str, command: str, timeout: float = 2.0) -> str:
@@ -167,12 +166,11 @@ class ZooKeeperServer:
             ]
             with open(self.log_path, "ab") as log:
                 self.process = subprocess.Popen(
-                    cmd,
+                    [*DIE_WITH_PARENT, *cmd],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     cwd=self.workdir,
-                    preexec_fn=_die_with_parent,
                 )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -17,7 +17,7 @@ import pytest
 from oracle import OracleClient
 from percolator._errors import OracleUnavailable
 from tests._services import free_port
-from tests._zookeeper import _die_with_parent
+from tests._zookeeper import DIE_WITH_PARENT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -32,12 +32,11 @@ class OracleProcess:
         self.log_path = log_path
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "oracle", "--listen", self.address, *args],
+                [*DIE_WITH_PARENT, sys.executable, "-m", "oracle", "--listen", self.address, *args],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
-                preexec_fn=_die_with_parent,
             )
 
     @property
@@ -105,7 +104,7 @@ class Oracles:
     ) -> subprocess.Popen[bytes]:
         cmd = [sys.executable, "-m", "tests.oracle._load_worker", target, out]
         cmd += ["--threads", str(threads), "--count", str(count), "--stop", stop]
-        w = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        w = subprocess.Popen([*DIE_WITH_PARENT, *cmd], cwd=ROOT, stdin=subprocess.DEVNULL)
         self.workers.append(w)
         return w
 
