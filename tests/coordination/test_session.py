@@ -62,7 +62,8 @@ def test_zookeeper_restart_loses_nothing_and_rolls_back_no_live_lock(
 ) -> None:
     chroot = live_zookeeper.create_chroot()
     clusters = [
-        percolator.connect(store_url, zookeeper=chroot, zookeeper_session_timeout=6.0)
+        # Sessions must outlive the restart (a JVM start on a loaded machine: seconds).
+        percolator.connect(store_url, zookeeper=chroot, zookeeper_session_timeout=20.0)
         for _ in range(3)
     ]
     stop = threading.Event()

@@ -101,13 +101,13 @@ class SlowStore:
 
 
 def test_long_commit_refreshes_its_primary(url: str) -> None:
-    ttl = 0.3
+    ttl = 1.0  # refreshed every ttl/3: only a stall of 2/3 s could fail this test
     slow = percolator.connect(url, lock_ttl=ttl)
-    slow.store = SlowStore(slow.store, 0.02)  # type: ignore[assignment]
+    slow.store = SlowStore(slow.store, 0.025)  # type: ignore[assignment]
     slow.one_phase_commit = False  # the two-phase path is the one that refreshes
     reader_cluster = percolator.connect(url, lock_wait=30)
     txn = Transaction(slow)
-    rows = [b"r%03d" % i for i in range(60)]  # prewrite takes ~4 ttls
+    rows = [b"r%03d" % i for i in range(150)]  # prewrite takes ~4 ttls
     for row in rows:
         txn.set("t", row, "c:q", b"v")
     seen: list[bytes | None] = []
