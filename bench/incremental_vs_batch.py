@@ -96,8 +96,10 @@ class Batch:
         return 0.95 * self.base + self.run
 
 
-def spark_session() -> Any:
+def spark_session(size: int) -> Any:
+    """Spark local[2]; memory and shuffle partitions grow with the repository."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    big = size > 200_000
     from pyspark.sql import SparkSession
 
     with warnings.catch_warnings():
@@ -105,9 +107,9 @@ def spark_session() -> Any:
         session = (SparkSession.builder.master("local[2]").appName("incremental-vs-batch")
                    .config("spark.ui.enabled", "false")
                    .config("spark.ui.showConsoleProgress", "false")
-                   .config("spark.sql.shuffle.partitions", "4")
+                   .config("spark.sql.shuffle.partitions", "16" if big else "4")
                    .config("spark.default.parallelism", "2")
-                   .config("spark.driver.memory", "2g")
+                   .config("spark.driver.memory", "8g" if big else "2g")
                    .config("spark.python.worker.reuse", "true")
                    .getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
@@ -236,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="percolator-fig7-") as tmp:
         url = f"sqlite:///{tmp}/repo.db"
-        spark = spark_session()
+        spark = spark_session(args.size)
         try:
             out(f"seeding {n:,} documents ...")
             seed = seed_repository(spark, url, synthetic_documents(spark, n))
