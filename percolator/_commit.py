@@ -1,6 +1,6 @@
-"""Two-phase commit: prewrite (primary first, then secondaries) and commit.
+"""Commit: Percolator's two-phase commit, or one atomic step where the store allows.
 
-Store round trips for a transaction writing N cells (R = rows per table):
+Two-phase commit (every store), store round trips for a transaction writing N cells:
 
 * prewrite: one batched read of lock + newer write records per table, then one
   compare-and-set per cell (carrying its data where the store is atomic per row);
@@ -8,7 +8,10 @@ Store round trips for a transaction writing N cells (R = rows per table):
   write record on atomic stores), then one CAS per secondary (non-atomic stores:
   one batched write of all write records first).
 
-A single-cell transaction on SQLite or Bigtable: 1 read + 2 CAS + 2 timestamps.
+A single-cell transaction on Bigtable: 1 read + 2 CAS + 2 timestamps.
+
+One-phase commit (the embedded store, see :func:`_commit_one_phase`): one read and
+one write inside one SQLite write transaction, plus the two timestamps, for any N.
 """
 
 from __future__ import annotations
