@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests._services import free_port, service_missing
+from tests._services import free_port, service_missing, stop_process
 
 CBTEMULATOR = os.environ.get(
     "PERCOLATOR_CBTEMULATOR", "/usr/lib/google-cloud-sdk/platform/bigtable-emulator/cbtemulator"
@@ -30,13 +30,6 @@ CBTEMULATOR = os.environ.get(
 STARTUP_SECONDS = 30.0
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:  # pragma: no cover - kill -9 does not hang
-        pass
 
 
 def start_emulator() -> tuple[subprocess.Popen[bytes], str]:
@@ -64,7 +57,7 @@ def start_emulator() -> tuple[subprocess.Popen[bytes], str]:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        atexit.register(_stop, proc)
+        atexit.register(stop_process, proc)
         deadline = time.monotonic() + STARTUP_SECONDS
         while True:
             if proc.poll() is not None:
@@ -76,7 +69,7 @@ def start_emulator() -> tuple[subprocess.Popen[bytes], str]:
                     break
             except OSError:
                 if time.monotonic() > deadline:
-                    _stop(proc)
+                    stop_process(proc)
                     pytest.fail(f"cbtemulator did not listen on 127.0.0.1:{port} in time")
                 time.sleep(0.05)
     return proc, f"127.0.0.1:{port}"
@@ -89,7 +82,7 @@ def bigtable_emulator() -> Iterator[str]:
     try:
         yield hostport
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 def bigtable_store_url(hostport: str, unique_name: str) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests._services import free_port, service_missing
+from tests._services import free_port, service_missing, stop_process
 
 ENV = "PERCOLATOR_HBASE_THRIFT"
 STARTUP_SECONDS = 30.0
@@ -57,14 +57,6 @@ def _answers(hostport: str) -> bool:
         connection.close()
 
 
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    """Kill *proc* (a test server) and reap it."""
-    if proc.poll() is None:
-        proc.kill()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:  # pragma: no cover - kill -9 does not hang
-        pass
 
 
 def start_test_server(*namespaces: str) -> tuple[subprocess.Popen[bytes], str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 from typing import NoReturn
 
 import pytest
@@ -22,6 +23,16 @@ def service_missing(reason: str) -> NoReturn:
     if in_ci():
         pytest.fail(f"required service missing in CI: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """Kill *proc* (a service the suite started) and reap it."""
+    if proc.poll() is None:
+        proc.kill()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # pragma: no cover - kill -9 does not hang
+        pass
 
 
 def free_port() -> int:

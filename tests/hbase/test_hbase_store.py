@@ -16,10 +16,9 @@ from tests._hbase import (
     is_real_hbase,
     require_hbase_client,
     start_test_server,
-    stop_process,
     unique_name,
 )
-from tests._services import free_port
+from tests._services import free_port, stop_process
 
 pytestmark = pytest.mark.hbase
 
