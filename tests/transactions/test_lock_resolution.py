@@ -27,8 +27,8 @@ def url(tmp_path: Path) -> str:
     with percolator.connect(url) as cluster:
         cluster.create_table("t")
         with Transaction(cluster) as txn:
-            txn.set("t", b"a", "c:q", b"old")
-            txn.set("t", b"b", "c:q", b"old")
+            txn.set("t", b"r1", "c:v", b"old")
+            txn.set("t", b"r2", "c:v", b"old")
     return url
 
 
@@ -37,14 +37,16 @@ def holder(url: str) -> Iterator[Any]:
     procs: list[subprocess.Popen[str]] = []
 
     def start(ttl: float) -> subprocess.Popen[str]:
+        # Prewrites t/r1 and t/r2 (embedded coordination), then blocks: a live owner.
         p = subprocess.Popen(
-            [sys.executable, "-m", "tests.transactions._lock_holder", url, str(ttl)],
+            [sys.executable, "-m", "tests.coordination._child", "lock", url, "-", str(ttl)],
             cwd=ROOT,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
         procs.append(p)
-        assert p.stdout is not None and p.stdout.readline().strip() == "locked"
+        assert p.stdout is not None and p.stdout.readline().startswith("LOCKED ")
         return p
 
     yield start
@@ -59,7 +61,7 @@ def test_dead_owner_is_rolled_back_at_once(url: str, holder: Any) -> None:
     proc.wait()
     with percolator.connect(url, lock_wait=3600) as cluster:
         txn = Transaction(cluster)
-        assert txn.get("t", b"b", "c:q") == b"old"  # no wait for the hour-long ttl
+        assert txn.get("t", b"r2", "c:v") == b"old"  # no wait for the hour-long ttl
         assert cluster.stats["locks_resolved"] >= 1
 
 
@@ -70,19 +72,19 @@ def test_live_owner_blocks_readers_until_its_ttl(url: str, holder: Any) -> None:
     with percolator.connect(url, lock_wait=0.2) as cluster:
         # Within the ttl the owner's lock is left alone: readers give up waiting...
         with pytest.raises(percolator.LockedError, match="still alive") as info:
-            Transaction(cluster).get("t", b"a", "c:q")
-        assert info.value.row == b"a"
+            Transaction(cluster).get("t", b"r1", "c:v")
+        assert info.value.row == b"r1"
         # ...and writers conflict rather than roll it back.
         writer = Transaction(cluster)
-        writer.set("t", b"b", "c:q", b"mine")
+        writer.set("t", b"r2", "c:v", b"mine")
         with pytest.raises(percolator.ConflictError, match="live transaction"):
             writer.commit()
     assert proc.poll() is None
     # ...and once the ttl has passed, it is rolled back although the owner lives.
     time.sleep(max(0.0, locked_at + ttl + 0.2 - time.time()))
     with percolator.connect(url, lock_wait=0.2) as cluster:
-        assert Transaction(cluster).get("t", b"a", "c:q") == b"old"
-        assert Transaction(cluster).get("t", b"b", "c:q") == b"old"
+        assert Transaction(cluster).get("t", b"r1", "c:v") == b"old"
+        assert Transaction(cluster).get("t", b"r2", "c:v") == b"old"
     assert proc.poll() is None
 
 
