@@ -24,6 +24,7 @@ from percolator._encoding import (
 )
 from percolator._errors import InvalidArgument, LockedError, TransactionClosedError
 from percolator._lock_resolver import resolve_lock
+from percolator._retry import Attempts
 from percolator._store import Read, RowCells
 
 if TYPE_CHECKING:
@@ -117,10 +118,10 @@ class Snapshot:
         return found
 
     def _wait_for_locks(
-        self, table: str, row: bytes, blocked: list[tuple[str, bytes]], attempts: object
-    ) -> object:
-        from percolator._retry import Attempts
-
+        self, table: str, row: bytes, blocked: list[tuple[str, bytes]], attempts: Attempts | None
+    ) -> Attempts | None:
+        """Resolve what can be resolved; when nothing moved, wait (per the cluster's
+        lock wait policy) for the live holders, or raise LockedError past its deadline."""
         progressed = False
         for column, raw in blocked:
             if resolve_lock(self.cluster, table, row, column, raw):
@@ -129,7 +130,6 @@ class Snapshot:
             return attempts
         if attempts is None:
             attempts = self.cluster.lock_wait_policy.attempts()
-        assert isinstance(attempts, Attempts)
         if not attempts.wait():
             column, raw = blocked[0]
             lock = decode_lock(raw)
@@ -143,7 +143,7 @@ class Snapshot:
         return attempts
 
     def _read_row(self, table: str, row: bytes, columns: Sequence[str] | None) -> dict[str, bytes]:
-        attempts: object = None
+        attempts: Attempts | None = None
         store = self.cluster.store
         while True:
             cells = store.read_rows(table, [row], self._reads(columns)).get(row, {})
