@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -36,12 +37,24 @@ def temporary_cluster(**options: object) -> Iterator[Cluster]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+class _Client(Cluster):
+    """A second identity on another cluster's store and timestamps (see client_of)."""
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.coordination.close()
+
+
 def client_of(cluster: Cluster) -> Cluster:
     """Another client of the same repository with an identity of its own, so that
     it can "die" (:func:`crash_commit`) while *cluster* lives on. Shares the
     store and timestamps of *cluster*; closing it does not close them."""
-    client = Cluster.__new__(Cluster)
+    client = _Client.__new__(_Client)
     client.__dict__.update(cluster.__dict__)
+    client._lock = threading.Lock()
     client.coordination = LocalCoordination()
     client.stats = dict.fromkeys(cluster.stats, 0)
     return client
