@@ -52,20 +52,13 @@ class CountingStore:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
-        if name in ("read_rows", "mutate_rows", "check_and_set"):
+        if name in ("read_rows", "mutate_rows", "check_and_set", "scan"):
 
             def counted(*args: Any, **kwargs: Any) -> Any:
                 self.calls[name] += 1
                 return attr(*args, **kwargs)
 
             return counted
-        if name == "scan":
-
-            def scan(*args: Any, **kwargs: Any) -> Any:
-                self.calls["scan"] += 1
-                return attr(*args, **kwargs)
-
-            return scan
         return attr
 
 
