@@ -7,8 +7,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING
 
+from percolator._cluster import Cluster
 from percolator._encoding import (
     DATA,
     LOCK,
@@ -26,9 +26,6 @@ from percolator._errors import InvalidArgument, LockedError, TransactionClosedEr
 from percolator._lock_resolver import resolve_lock
 from percolator._retry import Attempts
 from percolator._store import Read, RowCells
-
-if TYPE_CHECKING:
-    from percolator._cluster import Cluster
 
 __all__ = ["Snapshot", "Transaction", "TransactionBase"]
 
@@ -62,8 +59,6 @@ class Snapshot:
     _internal_columns = False
 
     def __init__(self, cluster: Cluster, *, start_ts: int | None = None) -> None:
-        from percolator._cluster import Cluster
-
         if not isinstance(cluster, Cluster):
             raise InvalidArgument(
                 f"a transaction needs a percolator.Cluster, got {type(cluster).__name__}"
