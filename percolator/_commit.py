@@ -34,6 +34,7 @@ from percolator._encoding import (
     decode_lock,
     decode_write,
     encode_lock,
+    encode_write,
 )
 from percolator._errors import CommitUnknownError, ConflictError, PercolatorError
 from percolator._lock_resolver import release, resolve_lock, write_cells
@@ -47,6 +48,7 @@ __all__ = ["CrashPoint", "commit_transaction"]
 log = logging.getLogger(__name__)
 
 NOTIFY_WEAK = b"w"
+_ROLLBACK_TAG = encode_write(WriteKind.ROLLBACK, 0)[:1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +124,9 @@ class _Committer:
         )
 
     def _read_for_prewrite(self, cells: list[_Cell]) -> dict[int, tuple[bytes | None, list[Cell]]]:
-        """One batched read per table: each cell's lock and its write records >= start_ts."""
+        """One batched read per table: each cell's lock and its newest write record at or
+        above start_ts. Only when that record is a rollback, which may hide an older
+        commit after our start, are all of the cell's records >= start_ts read."""
         by_table: dict[str, list[_Cell]] = {}
         for cell in cells:
             by_table.setdefault(cell.table, []).append(cell)
@@ -131,15 +135,18 @@ class _Committer:
             rows = list(dict.fromkeys(c.row for c in group))
             columns = tuple(dict.fromkeys(c.column for c in group))
             result = self.store.read_rows(
-                table, rows,
-                [Read(LOCK, columns), Read(WRITE, columns, min_ts=self.start_ts, versions=None)],
+                table, rows, [Read(LOCK, columns), Read(WRITE, columns, min_ts=self.start_ts)]
             )
             for cell in group:
                 row_cells = result.get(cell.row, {})
                 lock = row_cells.get(f"{LOCK}:{cell.column}")
-                found[id(cell)] = (
-                    lock[0][1] if lock else None, row_cells.get(f"{WRITE}:{cell.column}", [])
-                )
+                writes = row_cells.get(f"{WRITE}:{cell.column}", [])
+                if writes and writes[0][0] > self.start_ts and writes[0][1][:1] == _ROLLBACK_TAG:
+                    writes = self.store.read_rows(
+                        table, [cell.row],
+                        [Read(WRITE, (cell.column,), min_ts=self.start_ts, versions=None)],
+                    ).get(cell.row, {}).get(f"{WRITE}:{cell.column}", [])
+                found[id(cell)] = (lock[0][1] if lock else None, writes)
         return found
 
     def _check_writes(self, cell: _Cell, writes: list[Cell]) -> None:

@@ -14,6 +14,7 @@ from percolator._encoding import (
     LOCK,
     WRITE,
     Committed,
+    Free,
     Lock,
     WriteKind,
     check_column,
@@ -21,6 +22,8 @@ from percolator._encoding import (
     check_value,
     decode_lock,
     decode_write,
+    encode_lock,
+    encode_write,
 )
 from percolator._errors import InvalidArgument, LockedError, TransactionClosedError
 from percolator._lock_resolver import resolve_lock
@@ -30,6 +33,10 @@ from percolator._store import Read, RowCells
 __all__ = ["Snapshot", "Transaction", "TransactionBase"]
 
 WriteKey = tuple[str, bytes, str]
+
+_LOCK_PREFIX, _WRITE_PREFIX, _DATA_PREFIX = f"{LOCK}:", f"{WRITE}:", f"{DATA}:"
+_FREE_TAG = encode_lock(Free(0, False))[:1]
+_PUT_TAG = encode_write(WriteKind.PUT, 0)[:1]
 
 
 def _check_bound(name: str, value: object) -> bytes | None:
@@ -103,7 +110,7 @@ class Snapshot:
         """Lock cells that hide a change at or below start_ts."""
         found = []
         for name, versions in cells.items():
-            if not name.startswith("l:"):
+            if name[:2] != _LOCK_PREFIX or versions[0][1][:1] == _FREE_TAG:
                 continue
             state = decode_lock(versions[0][1])
             if (isinstance(state, Lock) and state.start_ts <= self.start_ts) or (
@@ -140,8 +147,11 @@ class Snapshot:
     def _read_row(self, table: str, row: bytes, columns: Sequence[str] | None) -> dict[str, bytes]:
         attempts: Attempts | None = None
         store = self.cluster.store
+        reads = self._reads(columns)
         while True:
-            cells = store.read_rows(table, [row], self._reads(columns)).get(row, {})
+            cells = store.read_rows(table, [row], reads).get(row)
+            if not cells:
+                return {}
             blocked = self._blocking(cells)
             if not blocked:
                 return self._values(table, row, cells)
@@ -151,20 +161,24 @@ class Snapshot:
         """Decode the visible values from a row read (lock-free at start_ts)."""
         values: dict[str, bytes] = {}
         for name, writes in cells.items():
-            if not name.startswith("w:"):
+            if name[:2] != _WRITE_PREFIX:
                 continue
             column = name[2:]
-            if not self._internal_columns and column.startswith("_"):
+            if not self._internal_columns and column[:1] == "_":
                 continue
-            kind, data_ts = decode_write(writes[0][1])
-            if kind is WriteKind.ROLLBACK:
-                found = self._newest_write(table, row, column)
-                if found is None:
+            record = writes[0][1]
+            if record[:1] == _PUT_TAG:  # the common case, without building a WriteKind
+                data_ts = int.from_bytes(record[1:9])
+            else:
+                kind, data_ts = decode_write(record)
+                if kind is WriteKind.ROLLBACK:
+                    found = self._newest_write(table, row, column)
+                    if found is None:
+                        continue
+                    kind, data_ts = found
+                if kind is WriteKind.DELETE:
                     continue
-                kind, data_ts = found
-            if kind is WriteKind.DELETE:
-                continue
-            data = cells.get(f"{DATA}:{column}")
+            data = cells.get(_DATA_PREFIX + column)
             if data and data[0][0] == data_ts:
                 values[column] = data[0][1]
             else:
@@ -202,7 +216,7 @@ class Snapshot:
         own, value = self._own((table, row, column))
         if own:
             return value
-        return self._read_row(table, row, [column]).get(column)
+        return self._read_row(table, row, (column,)).get(column)
 
     def get_row(self, table: str, row: bytes, columns: Sequence[str]) -> dict[str, bytes]:
         """The present values among *columns* of one row, in one store read."""

@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 _CATALOG = "_percolator_catalog"
 _MAX_TS = (1 << 63) - 1
+_FORMAT = 2
+"""File format (``PRAGMA user_version``). 2: families of one version are keyed
+``(row, qual)``, so a put is one upsert."""
 
 
 _fork_generation = 0
@@ -70,6 +73,20 @@ def open_sqlite_store(url: str, **options: Any) -> SqliteStore:
     return SqliteStore(parts.path, busy_timeout=busy)
 
 
+def _collect_puts(
+    by_family: dict[str, list[tuple[bytes, str, int, bytes]]],
+    row: bytes,
+    puts: Sequence[tuple[str, int, bytes]],
+) -> None:
+    for column, ts, value in puts:
+        if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
+            raise InvalidArgument(
+                f"timestamps must be integers >= 0, got {ts!r} for column {column!r}"
+            )
+        family, _, qual = column.partition(":")
+        by_family.setdefault(family, []).append((row, qual, ts, value))
+
+
 def _sql_name(table: str, family: str) -> str:
     return '"' + f"{table}#{family}".replace('"', '""') + '"'
 
@@ -98,10 +115,20 @@ class SqliteStore:
                 f"cannot open sqlite store {self.url}: directory {directory!r} does not exist"
             )
         with self._write() as db:
-            db.execute(
-                f"CREATE TABLE IF NOT EXISTS {_CATALOG} "
-                "(name TEXT PRIMARY KEY, families TEXT NOT NULL)"
-            )
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            has_catalog = db.execute(
+                "SELECT 1 FROM sqlite_master WHERE name = ?", (_CATALOG,)
+            ).fetchone()
+            if has_catalog and version != _FORMAT:
+                raise StoreUnavailable(
+                    f"sqlite store {self.url} was written by an older percolator (file format "
+                    f"{version}, this version reads {_FORMAT}); reload it into a new file"
+                )
+            if not has_catalog:
+                db.execute(
+                    f"CREATE TABLE {_CATALOG} (name TEXT PRIMARY KEY, families TEXT NOT NULL)"
+                )
+                db.execute(f"PRAGMA user_version = {_FORMAT}")
 
     # --- connections ------------------------------------------------------------
 
@@ -203,14 +230,16 @@ class SqliteStore:
                         f"table {table!r} exists with families {existing[0]!r}, not {spec!r}"
                     )
                 return
-            for family in families:
+            for family, versions in families.items():
+                key = "row, qual" if versions == 1 else "row, qual, ts DESC"
                 db.execute(
                     f"CREATE TABLE IF NOT EXISTS {_sql_name(table, family)} "
                     "(row BLOB NOT NULL, qual TEXT NOT NULL, ts INTEGER NOT NULL, "
-                    "value BLOB NOT NULL, PRIMARY KEY (row, qual, ts DESC)) WITHOUT ROWID"
+                    f"value BLOB NOT NULL, PRIMARY KEY ({key})) WITHOUT ROWID"
                 )
             db.execute(f"INSERT INTO {_CATALOG} VALUES (?, ?)", (table, spec))
         self._families.pop(table, None)
+        self._sql_cache.clear()
 
     def drop_table(self, table: str) -> None:
         with self._write() as db:
@@ -223,6 +252,7 @@ class SqliteStore:
                 db.execute(f"DROP TABLE IF EXISTS {_sql_name(table, item.partition('=')[0])}")
             db.execute(f"DELETE FROM {_CATALOG} WHERE name = ?", (table,))
         self._families.pop(table, None)
+        self._sql_cache.clear()
 
     def list_tables(self) -> list[str]:
         rows = self._db().execute(f"SELECT name FROM {_CATALOG} ORDER BY name").fetchall()
@@ -271,6 +301,8 @@ class SqliteStore:
         if not rows or not reads:
             return result
         rows = list(dict.fromkeys(rows))  # a row named twice is read once
+        if len(rows) == 1 and all(r.versions == 1 and r.qualifiers for r in reads):
+            return self._read_newest(table, rows[0], reads)
         try:
             terms = len(rows) * sum(len(r.qualifiers or "_") for r in reads)
             if terms <= 100:
@@ -302,6 +334,43 @@ class SqliteStore:
                 if len(versions) > 1:
                     versions.sort(key=lambda cell: -cell[0])
         return result
+
+    def _read_newest(self, table: str, row: bytes, reads: Sequence[Read]) -> dict[bytes, RowCells]:
+        """The common read of one row, the newest version of named cells: one statement
+        of scalar subqueries, two per cell (its timestamp and value), one result row."""
+        shape = ("newest", table, *[(r.family, len(r.qualifiers or ())) for r in reads])
+        params: list[Any] = [row]
+        for read in reads:
+            lo, hi = read.min_ts, _MAX_TS if read.max_ts is None else read.max_ts
+            for qual in read.qualifiers or ():
+                params += (qual, lo, hi)
+        try:
+            sql = self._sql_cache.get(shape)
+            if sql is None:
+                terms: list[str] = []
+                for read in reads:
+                    name = self._family(table, read.family)
+                    for _ in read.qualifiers or ():
+                        n = len(terms) // 2 * 3 + 2
+                        where = (f"FROM {name} WHERE row = ?1 AND qual = ?{n} "
+                                 f"AND ts BETWEEN ?{n + 1} AND ?{n + 2} ORDER BY ts DESC LIMIT 1")
+                        terms += (f"(SELECT ts {where})", f"(SELECT value {where})")
+                sql = "SELECT " + ", ".join(terms)
+                if len(self._sql_cache) > 1000:
+                    self._sql_cache.clear()
+                self._sql_cache[shape] = sql
+            found = self._db().execute(sql, params).fetchone()
+        except sqlite3.Error as e:
+            raise self._error(table, e) from e
+        cells: RowCells = {}
+        i = 0
+        for read in reads:
+            for qual in read.qualifiers or ():
+                ts = found[i]
+                if ts is not None:
+                    cells[f"{read.family}:{qual}"] = [(ts, found[i + 1])]
+                i += 2
+        return {row: cells} if cells else {}
 
     def _read_many(
         self, table: str, rows: Sequence[bytes], reads: Sequence[Read]
@@ -422,41 +491,63 @@ class SqliteStore:
 
     # --- writes -----------------------------------------------------------------
 
-    def _apply(self, db: sqlite3.Connection, table: str, mutation: Mutation) -> None:
-        for column, max_ts in mutation.deletes:
-            family, _, qual = column.partition(":")
-            db.execute(
-                f"DELETE FROM {self._family(table, family)} WHERE row = ? AND qual = ? AND ts <= ?",
-                (mutation.row, qual, max_ts),
-            )
-        self._put(db, table, mutation.row, mutation.puts)
+    def _put_sql(self, table: str, family: str) -> str:
+        """The statement of one put; a family of one version keeps the newest, like HBase."""
+        key = ("put", table, family)
+        sql = self._sql_cache.get(key)
+        if sql is None:
+            name = self._family(table, family)
+            if self._table_families(table)[family] == 1:
+                sql = (
+                    f"INSERT INTO {name} VALUES (?, ?, ?, ?) ON CONFLICT (row, qual) DO UPDATE "
+                    "SET ts = excluded.ts, value = excluded.value WHERE excluded.ts >= ts"
+                )
+            else:
+                sql = f"INSERT OR REPLACE INTO {name} VALUES (?, ?, ?, ?)"
+            self._sql_cache[key] = sql
+        return sql
 
     def _put(
         self, db: sqlite3.Connection, table: str, row: bytes, puts: Sequence[tuple[str, int, bytes]]
     ) -> None:
-        families = self._table_families(table)
-        for column, ts, value in puts:
-            if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
-                raise InvalidArgument(
-                    f"timestamps must be integers >= 0, got {ts!r} for column {column!r}"
-                )
-            family, _, qual = column.partition(":")
-            name = self._family(table, family)
-            if families[family] == 1:  # keep the newest version only, like HBase
-                if db.execute(
-                    f"SELECT 1 FROM {name} WHERE row = ? AND qual = ? AND ts > ?", (row, qual, ts)
-                ).fetchone():
-                    continue
-                db.execute(f"DELETE FROM {name} WHERE row = ? AND qual = ?", (row, qual))
-            db.execute(f"INSERT OR REPLACE INTO {name} VALUES (?, ?, ?, ?)", (row, qual, ts, value))
+        by_family: dict[str, list[tuple[bytes, str, int, bytes]]] = {}
+        _collect_puts(by_family, row, puts)
+        self._flush_puts(db, table, by_family)
+
+    def _flush_puts(
+        self,
+        db: sqlite3.Connection,
+        table: str,
+        by_family: dict[str, list[tuple[bytes, str, int, bytes]]],
+    ) -> None:
+        for family, cells in by_family.items():
+            sql = self._put_sql(table, family)
+            if len(cells) == 1:
+                db.execute(sql, cells[0])
+            else:
+                db.executemany(sql, cells)
+        by_family.clear()
 
     def mutate_rows(self, table: str, mutations: Sequence[Mutation]) -> None:
         if not mutations:
             return
         try:
             with self._write() as db:
+                # Puts are batched per family; a delete first applies the puts before it,
+                # so the mutations keep their order.
+                pending: dict[str, list[tuple[bytes, str, int, bytes]]] = {}
                 for mutation in mutations:
-                    self._apply(db, table, mutation)
+                    if mutation.deletes:
+                        self._flush_puts(db, table, pending)
+                        for column, max_ts in mutation.deletes:
+                            family, _, qual = column.partition(":")
+                            db.execute(
+                                f"DELETE FROM {self._family(table, family)} "
+                                "WHERE row = ? AND qual = ? AND ts <= ?",
+                                (mutation.row, qual, max_ts),
+                            )
+                    _collect_puts(pending, mutation.row, mutation.puts)
+                self._flush_puts(db, table, pending)
         except sqlite3.Error as e:
             raise self._error(table, e) from e
 

@@ -6,6 +6,7 @@ import pytest
 
 import percolator
 from percolator import Cluster, Transaction
+from percolator.testing import CrashPoint, client_of, crash_commit
 
 
 @pytest.fixture
@@ -163,3 +164,27 @@ def test_tables(cluster: Cluster) -> None:
     assert cluster.tables() == ["t1", "t2"]
     cluster.drop_table("t2")
     assert cluster.tables() == ["t1"]
+
+
+@pytest.mark.parametrize("one_phase", [True, False], ids=["one-phase", "two-phase"])
+def test_a_rollback_record_does_not_hide_a_conflicting_commit(
+    accounts: Cluster, one_phase: bool
+) -> None:
+    # The prewrite's conflict check reads only the newest write record at or above
+    # start_ts; a rollback record there (at a later transaction's start_ts) must not
+    # hide a commit made after our start underneath it.
+    accounts.one_phase_commit = one_phase
+    mine = Transaction(accounts)
+    with Transaction(accounts) as winner:
+        winner.set("accounts", b"alice", "bal:amount", b"winner")
+    dying_client = client_of(accounts)
+    dying = Transaction(dying_client)
+    assert dying.start_ts > winner.commit_ts  # type: ignore[operator]
+    dying.set("accounts", b"alice", "bal:amount", b"never")
+    assert crash_commit(dying, CrashPoint("prewrite", 0)) is False
+    assert Transaction(accounts).get("accounts", b"alice", "bal:amount") == b"winner"
+    # a rollback record now sits at dying.start_ts, above the winner's write record
+    mine.set("accounts", b"alice", "bal:amount", b"lost update")
+    with pytest.raises(percolator.ConflictError, match="after our start"):
+        mine.commit()
+    assert Transaction(accounts).get("accounts", b"alice", "bal:amount") == b"winner"
