@@ -4,8 +4,10 @@
     python bench/overhead.py --backend bigtable   # starts the cbtemulator itself
     python bench/overhead.py --backend hbase      # starts the HBase Thrift test server
 
-Measured in one run, in alternating rounds so that the machine's noise hits both
-sides alike; the ratio reported is the median of the per-round ratios:
+Measured in one run: each transactional operation is paired with its raw
+counterpart and the two run in alternating chunks of 50 operations, so that the
+shared machine's noise hits both alike; a ratio is the median over rounds of the
+pair's rate ratio:
 
 * reads: raw latest-version read of one cell vs ``txn.get`` (a transaction reads
   many cells, as in the paper; one start timestamp per 100 reads), and vs a fresh
@@ -37,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import percolator
 from bench._common import cpu_model
 from percolator._store import Mutation, Read
+from percolator._timestamps import StoreTimestamps
 
 TABLE = "bench"
 COLUMN = "c:value"
@@ -52,7 +55,8 @@ class CountingStore:
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
-        if name in ("read_rows", "mutate_rows", "check_and_set", "scan"):
+        if name in ("read_rows", "mutate_rows", "check_and_set", "scan", "increment",
+                    "set_unless"):
 
             def counted(*args: Any, **kwargs: Any) -> Any:
                 self.calls[name] += 1
@@ -129,11 +133,19 @@ def open_backend(backend: str) -> Iterator[str]:
         raise SystemExit(f"unknown backend {backend!r}")
 
 
-def rate(op: Callable[[int], None], n: int) -> float:
-    start = time.perf_counter()
-    for i in range(n):
-        op(i)
-    return n / (time.perf_counter() - start)
+def paired_rates(
+    op: Callable[[int], None], base: Callable[[int], None], n: int, chunk: int = 50
+) -> tuple[float, float]:
+    """Rates of *op* and *base* over *n* operations each, run in alternating chunks so
+    that the shared machine's noise falls on both alike."""
+    spent = [0.0, 0.0]
+    for first in range(0, n, chunk):
+        for side, fn in enumerate((op, base)):
+            start = time.perf_counter()
+            for i in range(first, min(first + chunk, n)):
+                fn(i)
+            spent[side] += time.perf_counter() - start
+    return n / spent[0], n / spent[1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,7 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     with open_backend(args.backend) as url, percolator.connect(url) as cluster:
         store = CountingStore(cluster.store)
         cluster.store = store  # type: ignore[assignment]
-        cluster.timestamps = CountingTimestamps(cluster.timestamps, store.calls)
+        timestamps = cluster.timestamps
+        # Timestamps drawn from the store (no oracle) go through the counting proxy
+        # too, so that their round trips (increment, or read + check_and_set) are
+        # counted; "timestamp" counts the draws themselves.
+        counted_source: Any = (
+            StoreTimestamps(store) if isinstance(timestamps, StoreTimestamps) else timestamps  # type: ignore[arg-type]
+        )
+        cluster.timestamps = CountingTimestamps(counted_source, store.calls)
         cluster.create_table(TABLE)
         # the raw side goes through the same counting proxy as the transactions, so
         # that its round trips are counted too and both sides pay the proxy alike
@@ -203,14 +222,29 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(100):
                 op(i)
             trips[name] = ", ".join(f"{k} {v / 100:g}" for k, v in sorted(store.calls.items()))
+        # Timed without the counting proxies: their cost, the same on both sides, would
+        # pull every ratio towards 1.
+        cluster.store, cluster.timestamps = store._store, timestamps
+        raw = cluster.store
+        pairs = {
+            "txn read": "raw read",
+            "txn read, own txn": "raw read",
+            "txn write": "raw write",
+            "transfer txn": "raw write",
+        }
         rates: dict[str, list[float]] = {name: [] for name in ops}
+        ratios: dict[str, list[float]] = {name: [] for name in pairs}
         for _ in range(args.rounds):
-            for name, op in ops.items():
+            for name, base in pairs.items():
                 n = args.ops if "transfer" not in name else args.ops // 2
-                rates[name].append(rate(op, n))
+                op_rate, base_rate = paired_rates(ops[name], ops[base], n)
+                rates[name].append(op_rate)
+                rates[base].append(base_rate)
+                ratios[name].append(op_rate / base_rate)
 
     def ratio(a: str, b: str) -> float:
-        return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
+        assert pairs[a] == b
+        return statistics.median(ratios[a])
 
     print(f"## Transaction overhead, {args.backend} (bench/overhead.py)\n")
     print(

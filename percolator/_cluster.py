@@ -47,11 +47,11 @@ def connect(
     every process of the host, no server), ``"hbase://host:9090"`` or
     ``"bigtable://project/instance"``. *oracle* (``"grpc://host:port"`` or
     ``"zk://host:port/chroot"``) selects the timestamp oracle; without it the
-    embedded store uses its in-file allocator and remote stores a compare-and-set
-    counter in the store. *zookeeper* (``"host:port/chroot"``) selects ZooKeeper
-    coordination: every client registers an ephemeral liveness node there, locks of
-    dead owners are rolled back at once, scanners take advisory locks there and the
-    registry of observed columns lives there (watched by every client).
+    embedded store uses its in-file allocator and remote stores an atomic counter in
+    the store (one round trip per timestamp). *zookeeper* (``"host:port/chroot"``)
+    selects ZooKeeper coordination: every client registers an ephemeral liveness node
+    there, locks of dead owners are rolled back at once, scanners take advisory locks
+    there and the registry of observed columns lives there (watched by every client).
     *zookeeper_auth* (``"user:password"``) protects that namespace with digest ACLs;
     *zookeeper_session_timeout* (seconds) is how soon a dead client is noticed.
 

@@ -4,11 +4,15 @@ Two-phase commit (every store), store round trips for a transaction writing N ce
 
 * prewrite: one batched read of lock + newer write records per table, then one
   compare-and-set per cell (carrying its data where the store is atomic per row);
+  where the store offers ``set_unless`` (Bigtable), one conditional mutation per cell
+  instead, whose guards are the conflict conditions themselves, and no read (a cell
+  whose guards match is then read to learn why);
 * commit: one timestamp, the commit point (one CAS of the primary, carrying its
   write record on atomic stores), then one CAS per secondary (non-atomic stores:
   one batched write of all write records first).
 
-A single-cell transaction on Bigtable: 1 read + 2 CAS + 2 timestamps.
+A single-cell transaction on Bigtable: 2 conditional mutations + 2 timestamps (one
+``increment`` each without an oracle).
 
 One-phase commit (the embedded store, see :func:`_commit_one_phase`): one read and
 one write inside one SQLite write transaction, plus the two timestamps, for any N.
@@ -38,7 +42,7 @@ from percolator._encoding import (
 )
 from percolator._errors import CommitUnknownError, ConflictError, PercolatorError
 from percolator._lock_resolver import release, resolve_lock, write_cells
-from percolator._store import Cell, Mutation, Read
+from percolator._store import Cell, Guard, GuardedSet, Mutation, Read
 
 if TYPE_CHECKING:
     from percolator._transaction import TransactionBase
@@ -48,6 +52,8 @@ __all__ = ["CrashPoint", "commit_transaction"]
 log = logging.getLogger(__name__)
 
 NOTIFY_WEAK = b"w"
+_FREE_TAG = encode_lock(Free(0, False))[:1]
+"""First byte of every FREE lock value (the other lock states start otherwise)."""
 _ROLLBACK_TAG = encode_write(WriteKind.ROLLBACK, 0)[:1]
 
 
@@ -160,6 +166,37 @@ class _Committer:
             if ts > self.start_ts:
                 raise self._conflict(cell, f"committed at {ts} after our start", ts)
 
+    def _data_puts(self, cell: _Cell) -> list[tuple[str, int, bytes]]:
+        return [] if cell.value is None else [(f"{DATA}:{cell.column}", self.start_ts,
+                                               cell.value)]
+
+    def _guards(self, cell: _Cell) -> list[Guard]:
+        """The conflict conditions of :meth:`_prewrite` as cells of the row: a lock that
+        is not FREE, and what :meth:`_check_writes` refuses (a PUT/DELETE record after
+        start_ts, a ROLLBACK record at it). Write records carry their kind in their
+        first byte, lock values their state."""
+        lock, write = f"{LOCK}:{cell.column}", f"{WRITE}:{cell.column}"
+        return [
+            *_not_starting_with(_FREE_TAG, lock, latest=True),
+            *_not_starting_with(_ROLLBACK_TAG, write, min_ts=self.start_ts + 1),
+            Guard(write, min_ts=self.start_ts, max_ts=self.start_ts, value_from=_ROLLBACK_TAG,
+                  value_to=_successor(_ROLLBACK_TAG)),
+        ]
+
+    def _prewrite_guarded(self, store: GuardedSet, cell: _Cell) -> bool:
+        """Lock *cell* in one conditional mutation that the store applies only if no
+        conflict condition holds at that moment (``set_unless``): checked and locked in
+        one atomic step, no read. False: some condition held; nothing was written."""
+        held = encode_lock(self._lock_for(cell))
+        if not store.set_unless(
+            cell.table, cell.row, f"{LOCK}:{cell.column}", held, self._guards(cell),
+            self._data_puts(cell),
+        ):
+            return False
+        cell.held = held
+        self.locked.append(cell)
+        return True
+
     def _prewrite(self, cell: _Cell, lock_raw: bytes | None, writes: list[Cell]) -> None:
         for attempt in range(20):
             self._check_writes(cell, writes)
@@ -173,12 +210,10 @@ class _Committer:
                         getattr(state, "start_ts", None),
                     )
             else:
-                lock = self._lock_for(cell)
-                held = encode_lock(lock)
-                puts = [] if cell.value is None else [(f"{DATA}:{cell.column}", self.start_ts,
-                                                       cell.value)]
+                held = encode_lock(self._lock_for(cell))
                 if self.store.check_and_set(
-                    cell.table, cell.row, f"{LOCK}:{cell.column}", lock_raw, held, puts
+                    cell.table, cell.row, f"{LOCK}:{cell.column}", lock_raw, held,
+                    self._data_puts(cell),
                 ):
                     cell.held = held
                     self.locked.append(cell)
@@ -200,16 +235,20 @@ class _Committer:
         self.refreshed_at = time.monotonic()
 
     def prewrite(self) -> None:
-        first = self._read_for_prewrite([self.primary])[id(self.primary)]
-        self._prewrite(self.primary, *first)
-        self._maybe_crash("prewrite", 0)
-        secondaries = self.cells[1:]
-        if secondaries:
-            found = self._read_for_prewrite(secondaries)
-            for index, cell in enumerate(secondaries, start=1):
+        """Lock the primary, then the secondaries (one batched read for all of them),
+        or, where the store can test the conflict conditions itself, one conditional
+        mutation per cell, reading only a cell whose conditions held."""
+        guarded = self.store if isinstance(self.store, GuardedSet) else None
+        found: dict[int, tuple[bytes | None, list[Cell]]] = {}
+        for index, cell in enumerate(self.cells):
+            if index:
                 self._refresh_primary()
+            if guarded is None or not self._prewrite_guarded(guarded, cell):
+                if id(cell) not in found:
+                    batch = [cell] if guarded is not None or index == 0 else self.cells[1:]
+                    found.update(self._read_for_prewrite(batch))
                 self._prewrite(cell, *found[id(cell)])
-                self._maybe_crash("prewrite", index)
+            self._maybe_crash("prewrite", index)
 
     def abort(self) -> None:
         """Release our locks (secondaries first); the data left at start_ts is never
@@ -257,7 +296,8 @@ class _Committer:
 
     def commit_secondaries(self, commit_ts: int) -> None:
         secondaries = self.locked[1:]
-        if not self.store.atomic_row_cas:
+        recorded = not self.store.atomic_row_cas
+        if recorded:  # all write records in one batch; each release then only frees
             by_table: dict[str, list[Mutation]] = {}
             for cell in secondaries:
                 by_table.setdefault(cell.table, []).append(Mutation(
@@ -268,8 +308,21 @@ class _Committer:
         for index, cell in enumerate(secondaries):
             self._maybe_crash("commit", index)
             release(self.cluster, cell.table, cell.row, cell.column, cell.held, self.start_ts,
-                    (commit_ts, cell.value is None, cell.notify))
+                    (commit_ts, cell.value is None, cell.notify), recorded=recorded)
         self._maybe_crash("commit", len(secondaries))
+
+
+def _successor(tag: bytes) -> bytes:
+    """The smallest value above every value starting with the one-byte *tag*."""
+    return bytes([tag[0] + 1])
+
+
+def _not_starting_with(
+    tag: bytes, column: str, *, min_ts: int = 0, latest: bool = False
+) -> list[Guard]:
+    """Guards matching a value of *column* whose first byte is not the one-byte *tag*."""
+    return [Guard(column, min_ts=min_ts, latest=latest, value_to=tag),
+            Guard(column, min_ts=min_ts, latest=latest, value_from=_successor(tag))]
 
 
 def _write_weak_notifications(txn: TransactionBase, commit_ts: int) -> None:

@@ -76,18 +76,23 @@ def release(
     held: bytes,
     start_ts: int,
     commit: tuple[int, bool, bool] | None,
+    *,
+    recorded: bool = False,
 ) -> bool:
     """Move a lock cell from *held* to FREE, first making the outcome durable.
 
     *commit* is ``(commit_ts, delete, notify)`` for a committed transaction (its write
     record and notify cell are written, atomically with the release where the
-    store can) or None for a rolled-back one. Returns whether the CAS won.
+    store can) or None for a rolled-back one. *recorded*: on a store without atomic
+    row CAS the caller already wrote them (in a batch), so only the lock is freed.
+    Returns whether the CAS won.
     """
     store = cluster.store
     free = encode_lock(Free(start_ts, commit is not None))
     puts = write_cells(column, start_ts, *commit) if commit is not None else []
     if puts and not store.atomic_row_cas:
-        store.mutate_rows(table, [Mutation(row, puts)])
+        if not recorded:
+            store.mutate_rows(table, [Mutation(row, puts)])
         puts = []
     return store.check_and_set(table, row, f"{LOCK}:{column}", held, free, puts)
 

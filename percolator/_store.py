@@ -28,6 +28,22 @@ step is safe on its own (data before its write record, write record before the l
 is freed), and it only ever deletes notify versions at or below a notification already
 processed and records at or below a timestamp drawn after them, writing anew only
 at fresh, larger timestamps.
+
+Optional capabilities. A backend may offer more than the contract where its store does
+the same work in fewer round trips; callers check for it (``getattr``, or ``isinstance``
+with its protocol class) and fall back to the contract methods without it, so the
+protocol never depends on one:
+
+* ``increment(table, row, column, amount) -> int`` (:class:`Incrementing`): an atomic
+  counter, one round trip (Bigtable ``ReadModifyWriteRow``, HBase ``atomicIncrement``).
+  :class:`~percolator._timestamps.StoreTimestamps` draws each timestamp with it.
+* ``set_unless(table, row, column, new, guards, puts) -> bool`` (:class:`GuardedSet`):
+  a conditional mutation whose condition is "no cell of the row matches any
+  :class:`Guard`", one round trip (Bigtable ``CheckAndMutateRow`` with a filter
+  predicate; HBase Thrift1's ``checkAndPut`` can only compare one value). The two-phase
+  prewrite folds its conflict check into it (``percolator/_commit.py``).
+* ``check_and_set_many(table, items)``: many compare-and-sets in one round trip, for
+  bulk writers (``percolator/_bulk.py``).
 """
 
 from __future__ import annotations
@@ -143,4 +159,62 @@ class Store(Protocol):
 
     def close(self) -> None:
         """Release connections. The store is unusable afterwards."""
+        ...
+
+
+# ---- optional capabilities (see the module docstring) -------------------------------
+
+
+@runtime_checkable
+class Incrementing(Protocol):
+    """A store with an atomic counter (optional capability)."""
+
+    def increment(self, table: str, row: bytes, column: str, amount: int) -> int:
+        """Add *amount* to the counter ``(row, column)`` and return the new value, atomically.
+
+        The counter is the latest version of the cell, read as a 64-bit big-endian
+        signed integer (an absent cell counts as 0); the sum is written the same way
+        as the cell's new latest value, at a timestamp of the backend's choosing (its
+        clock), so only the value is portable. Mixes with :meth:`Store.check_and_set`
+        on the same cell: each sees the other's writes. A cell that does not hold
+        exactly 8 bytes raises :class:`~percolator.InvalidArgument`; *amount* must
+        keep the counter within a signed 64-bit integer.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """A test on the versions of one column of a row, for :meth:`GuardedSet.set_unless`.
+
+    It matches when a version of *column* with a timestamp in ``[min_ts, max_ts]``
+    (both inclusive; ``max_ts=None``: unbounded) has a value in ``[value_from,
+    value_to)`` (``value_to=None``: unbounded; bytes compare lexicographically). With
+    ``latest`` only the newest version inside the timestamp range is tested.
+    """
+
+    column: str
+    min_ts: int = 0
+    max_ts: int | None = None
+    latest: bool = False
+    value_from: bytes = b""
+    value_to: bytes | None = None
+
+
+@runtime_checkable
+class GuardedSet(Protocol):
+    """A store with a multi-cell condition on a row mutation (optional capability)."""
+
+    def set_unless(
+        self,
+        table: str,
+        row: bytes,
+        column: str,
+        new: bytes,
+        guards: Sequence[Guard],
+        puts: Sequence[tuple[str, int, bytes]] = (),
+    ) -> bool:
+        """Unless some cell of *row* matches one of *guards*, set ``(row, column)``
+        to *new* as :meth:`Store.check_and_set` does and apply *puts*, all in one atomic
+        step, and return True; otherwise change nothing and return False."""
         ...

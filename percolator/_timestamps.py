@@ -9,8 +9,10 @@ larger. Three sources satisfy :class:`TimestampSource`:
   end of the current block is persisted in the store (compare-and-set on a meta
   cell) *before* any timestamp in the block is handed out, so a restart, a
   ``kill -9`` or a reboot resumes above it and never reissues.
-* :class:`StoreTimestamps`: one compare-and-set on the store per call; correct
-  across hosts without any server, slow; for remote stores without an oracle.
+* :class:`StoreTimestamps`: a counter cell in the store, one atomic ``increment`` per
+  call where the store offers it (Bigtable, HBase), else a read and a compare-and-set;
+  correct across hosts without any server, one or two round trips per call; for
+  remote stores without an oracle.
 * ``oracle.OracleClient``: the batched gRPC oracle (distributed mode).
 """
 
@@ -94,11 +96,17 @@ class _Ceiling:
 
 
 class StoreTimestamps:
-    """Each timestamp is one compare-and-set of the persisted counter: linearizable
-    across hosts, but two store round trips per call."""
+    """Each call advances the persisted counter (the ceiling cell: the next timestamp to
+    hand out, 8-byte big-endian) by the number of timestamps taken: linearizable across
+    hosts. With the store's atomic ``increment`` (:class:`~percolator._store.Incrementing`)
+    that is one round trip; otherwise a read and a compare-and-set, two. Both ways work
+    on the same cell, so clients of either kind can share a store."""
 
     def __init__(self, store: Store) -> None:
         self._ceiling = _Ceiling(store)
+        self._increment: Callable[[str, bytes, str, int], int] | None = getattr(
+            store, "increment", None
+        )
 
     def get_timestamp(self) -> int:
         return self.get_timestamps(1)[0]
@@ -106,6 +114,11 @@ class StoreTimestamps:
     def get_timestamps(self, n: int) -> range:
         n = _check_count(n)
         while True:
+            if self._increment is not None:
+                end = self._increment(META_TABLE, _ROW, _CEILING, n)
+                if end - n >= 1:  # an absent counter counts from 0; timestamps start at 1
+                    return range(end - n, end)
+                continue
             current, raw = self._ceiling.read()
             if self._ceiling.advance(raw, current + n):
                 return range(current, current + n)

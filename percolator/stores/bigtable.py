@@ -30,6 +30,11 @@ How the contract maps onto Bigtable
   ``min_ts=0``, the default). The caller's ``puts`` go into
   the same branch of the same request, so they are applied atomically with the set and
   only when it succeeds: :attr:`BigtableStore.atomic_row_cas` is True.
+* **Optional capabilities** (:mod:`percolator._store`): :meth:`BigtableStore.set_unless`
+  is the same ``CheckAndMutateRow`` with the interleave of the guards' filter chains
+  (*exact column -> timestamp range -> latest version -> value range*) as predicate and
+  the mutations in the false branch; :meth:`BigtableStore.increment` is one
+  ``ReadModifyWriteRow`` with an ``increment_amount`` rule.
 * **Writes.** :meth:`BigtableStore.mutate_rows` is one ``MutateRows`` request (split
   only beyond 100,000 mutations); mutations of the same row are merged into one entry
   in order. A delete ``(column, max_ts)`` is ``DeleteFromColumn`` over
@@ -63,7 +68,8 @@ from percolator._errors import (
     UnknownTableError,
     ValueTooLargeError,
 )
-from percolator._store import Mutation, Read, RowCells
+from percolator._store import Guard, Mutation, Read, RowCells
+from percolator.stores._memo import memo_by_reads
 
 __all__ = ["BigtableStore", "open_bigtable_store"]
 
@@ -251,11 +257,49 @@ def _read_filter(read: Read) -> Any:
 
 
 def _reads_filter(reads: Sequence[Read]) -> Any:
+    """The filter of a request reading *reads* (built once per distinct tuple of Reads:
+    the message is only ever copied into requests, never changed)."""
     if isinstance(reads, Read):
         reads = (reads,)
+    return _memo_reads_filter(reads)
+
+
+def _build_reads_filter(reads: tuple[Read, ...]) -> Any:
     if not reads:
         raise InvalidArgument("reads must name at least one family (a Read)")
     return _interleave([_read_filter(r) for r in reads])
+
+
+_memo_reads_filter = memo_by_reads(_build_reads_filter)
+
+
+def _guard_filter(guard: Guard) -> Any:
+    """The filter chain that outputs the cells *guard* matches."""
+    if not isinstance(guard, Guard):
+        raise InvalidArgument(f"guards must be percolator Guard objects, got {guard!r}")
+    family, qualifier = _split_column(guard.column)
+    min_ts = _check_ts(guard.min_ts, "min_ts")
+    max_ts = None if guard.max_ts is None else _check_ts(guard.max_ts, "max_ts")
+    if max_ts is not None and max_ts < min_ts:
+        return _block_all()
+    steps = [_column_range(family, qualifier)]
+    if min_ts > 0 or max_ts is not None:
+        pb = data_types.RowFilter.pb()()
+        pb.timestamp_range_filter.start_timestamp_micros = min_ts * _TS_SCALE
+        if max_ts is not None:
+            pb.timestamp_range_filter.end_timestamp_micros = (max_ts + 1) * _TS_SCALE
+        steps.append(pb)
+    if guard.latest:
+        pb = data_types.RowFilter.pb()()
+        pb.cells_per_column_limit_filter = 1
+        steps.append(pb)
+    if guard.value_from or guard.value_to is not None:
+        pb = data_types.RowFilter.pb()()
+        pb.value_range_filter.start_value_closed = _check_value(guard.value_from, guard.column)
+        if guard.value_to is not None:
+            pb.value_range_filter.end_value_open = _check_value(guard.value_to, guard.column)
+        steps.append(pb)
+    return _chain(steps)
 
 
 def _set_cell(family: str, qualifier: bytes, micros: int, value: bytes) -> Any:
@@ -798,16 +842,9 @@ class BigtableStore:
             not have been applied.
         """
         self._check_open()
-        _check_row(row)
         family, qualifier = _split_column(column)
         if expected is not None:
             _check_value(expected, column)
-        _check_value(new, column)
-        mutations = [
-            _delete_column(family, qualifier, None),
-            _set_cell(family, qualifier, 0, new),
-            *_put_mutations(puts),
-        ]
         limit = data_types.RowFilter.pb()()
         limit.cells_per_column_limit_filter = 1
         steps = [_column_range(family, qualifier), limit]
@@ -816,16 +853,63 @@ class BigtableStore:
             match.value_range_filter.start_value_closed = expected
             match.value_range_filter.end_value_closed = expected
             steps.append(match)
+        return self._set_if(table, row, column, new, puts, _chain(steps), expected is not None)
+
+    def set_unless(
+        self,
+        table: str,
+        row: bytes,
+        column: str,
+        new: bytes,
+        guards: Sequence[Guard],
+        puts: Sequence[tuple[str, int, bytes]] = (),
+    ) -> bool:
+        """Unless a cell of *row* matches one of *guards*, set ``(row, column)`` to *new*
+        (every version replaced, at timestamp 0) and apply *puts*, in one
+        ``CheckAndMutateRow`` request whose predicate is the interleave of the guards'
+        filter chains (column, timestamp range, newest version, value range); return
+        whether it did (:class:`percolator._store.GuardedSet`).
+
+        :raises UnknownTableError: *table* does not exist.
+        :raises StoreUnavailable: Bigtable could not be reached; the mutation may or
+            may not have been applied.
+        """
+        self._check_open()
+        if isinstance(guards, Guard):
+            guards = (guards,)
+        predicate = _interleave([_guard_filter(g) for g in guards]) if guards else _block_all()
+        return self._set_if(table, row, column, new, puts, predicate, False)
+
+    def _set_if(
+        self,
+        table: str,
+        row: bytes,
+        column: str,
+        new: bytes,
+        puts: Sequence[tuple[str, int, bytes]],
+        predicate: Any,
+        when_matched: bool,
+    ) -> bool:
+        """Set *column* to *new* and apply *puts* if *predicate* outputs cells of *row*
+        (*when_matched*) or outputs none (not *when_matched*): one ``CheckAndMutateRow``."""
+        _check_row(row)
+        family, qualifier = _split_column(column)
+        _check_value(new, column)
+        mutations = [
+            _delete_column(family, qualifier, None),
+            _set_cell(family, qualifier, 0, new),
+            *_put_mutations(puts),
+        ]
         request = bt_types.CheckAndMutateRowRequest.pb()(
             table_name=self._table_path(table),
             app_profile_id=self.app_profile_id,
             row_key=row,
-            predicate_filter=_chain(steps),
+            predicate_filter=predicate,
         )
-        if expected is None:
-            request.false_mutations.extend(mutations)
-        else:
+        if when_matched:
             request.true_mutations.extend(mutations)
+        else:
+            request.false_mutations.extend(mutations)
         try:
             response = self._data.check_and_mutate_row(
                 request=bt_types.CheckAndMutateRowRequest.wrap(request),
@@ -834,8 +918,57 @@ class BigtableStore:
             )
         except gexc.GoogleAPICallError as e:
             self._fail(e, f"CheckAndMutateRow on {table!r} row {row!r} {column!r}", table)
-        matched = bool(response.predicate_matched)
-        return matched if expected is not None else not matched
+        return bool(response.predicate_matched) == when_matched
+
+    def increment(self, table: str, row: bytes, column: str, amount: int) -> int:
+        """Add *amount* to the 64-bit big-endian counter ``(row, column)`` (absent: 0) and
+        return the new value, with one ``ReadModifyWriteRow`` request
+        (:class:`percolator._store.Incrementing`). Bigtable writes the sum at its own
+        clock's timestamp.
+
+        :raises InvalidArgument: the cell does not hold 8 bytes, or *amount* is not a
+            64-bit integer.
+        :raises UnknownTableError: *table* does not exist.
+        :raises StoreUnavailable: Bigtable could not be reached; the increment may or
+            may not have been applied.
+        """
+        self._check_open()
+        _check_row(row)
+        family, qualifier = _split_column(column)
+        if isinstance(amount, bool) or not isinstance(amount, int) or not (
+            -(2**63) <= amount < 2**63
+        ):
+            raise InvalidArgument(f"'amount' must be a 64-bit integer, got {amount!r}")
+        request = bt_types.ReadModifyWriteRowRequest.pb()(
+            table_name=self._table_path(table),
+            app_profile_id=self.app_profile_id,
+            row_key=row,
+        )
+        rule = request.rules.add()
+        rule.family_name = family
+        rule.column_qualifier = qualifier
+        rule.increment_amount = amount
+        try:
+            response = self._data.read_modify_write_row(
+                request=bt_types.ReadModifyWriteRowRequest.wrap(request),
+                retry=None,
+                timeout=self.timeout,
+            )
+        except gexc.GoogleAPICallError as e:
+            if "64-bit" in (getattr(e, "message", None) or str(e)):  # the emulator's Unknown
+                raise InvalidArgument(
+                    f"Bigtable store {self.url}: {column!r} of row {row!r} in {table!r} is "
+                    f"not a 64-bit counter: {e}"
+                ) from e
+            self._fail(e, f"ReadModifyWriteRow on {table!r} row {row!r} {column!r}", table)
+        for fam in type(response).pb(response).row.families:
+            for col in fam.columns:
+                if fam.name == family and col.qualifier == qualifier and col.cells:
+                    return int.from_bytes(col.cells[0].value, "big", signed=True)
+        raise StoreUnavailable(
+            f"Bigtable store {self.url}: ReadModifyWriteRow on {table!r} row {row!r} "
+            f"{column!r} returned no cell"
+        )
 
     def close(self) -> None:
         """Close the gRPC channels. The store is unusable afterwards."""

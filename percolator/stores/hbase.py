@@ -41,6 +41,9 @@ What Thrift1 can express, and therefore how many Thrift calls each method makes:
   (``max(now_ms, timestamp of the checked cell)``), so lock cells carry wall-clock
   timestamps, and HBase treats an empty expected value as "absent or empty": empty
   values are refused for *expected* and *new*.
+* :meth:`~HBaseStore.increment` (optional capability, :mod:`percolator._store`):
+  ``atomicIncrement`` (1 call); HBase writes the sum at ``max(now_ms, timestamp of the
+  previous cell + 1)``. There is no ``set_unless``: ``checkAndPut`` compares one value.
 * :meth:`~HBaseStore.scan`: ``scannerOpenWithScan`` + one ``scannerGetList`` per
   *batch_size* rows (+1 at the end) + ``scannerClose``. The scanner reads the newest
   version of each selected column at or below the largest ``max_ts`` and plays the
@@ -68,6 +71,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from percolator._errors import InvalidArgument, StoreUnavailable, UnknownTableError
 from percolator._store import Cell, Mutation, Read, RowCells, Store
+from percolator.stores._memo import memo_by_reads
 
 try:
     import happybase
@@ -150,6 +154,33 @@ def _parse_row_results(results: Sequence[Any]) -> _Latest:
         for tcol in result.sortedColumns or ():
             cells[_dec(tcol.columnName)] = (tcol.cell.timestamp, tcol.cell.value)
     return out
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a read or scan derives from its Reads (memoised per tuple of Reads)."""
+
+    reads: tuple[Read, ...]
+    columns: list[bytes]
+    """The wide call's column list (see :func:`_wide_columns`)."""
+    wide_max: int | None
+    """The wide call's inclusive upper bound: the largest ``max_ts`` (None: any Read
+    without one)."""
+    by_family: dict[str, list[tuple[Read, frozenset[str] | None]]]
+    """family -> the Reads of it, each with its qualifiers (None: all)."""
+
+
+def _build_plan(reads: tuple[Read, ...]) -> _Plan:
+    bounds = [r.max_ts for r in reads]
+    wide_max = None if any(b is None for b in bounds) else max(b for b in bounds if b is not None)
+    by_family: dict[str, list[tuple[Read, frozenset[str] | None]]] = {}
+    for read in reads:
+        qualifiers = None if read.qualifiers is None else frozenset(read.qualifiers)
+        by_family.setdefault(read.family, []).append((read, qualifiers))
+    return _Plan(reads, _wide_columns(reads), wide_max, by_family)
+
+
+_plan = memo_by_reads(_build_plan)
 
 
 @dataclass
@@ -257,6 +288,10 @@ class HBaseStore:
                 "TableNotFoundException" in message or "table does not exist" in message
             ):
                 raise UnknownTableError(table) from None
+            if "Field is not a long" in message:  # increment of a cell that is no counter
+                raise InvalidArgument(
+                    f"table {table!r}: {message.splitlines()[0]}"
+                ) from None
             if "NoSuchColumnFamilyException" in message:
                 raise InvalidArgument(
                     f"table {table!r}: {message.splitlines()[0] if message else e}"
@@ -334,41 +369,35 @@ class HBaseStore:
         order = list(dict.fromkeys(rows))
         if not order or not reads:
             return {}
-        wide_max = self._wide_max(reads)
+        plan = _plan(reads)
         with self._client(table) as client:
-            columns = _wide_columns(reads)
-            if wide_max is None:
-                results = client.getRowsWithColumns(name, order, columns, {})
+            if plan.wide_max is None:
+                results = client.getRowsWithColumns(name, order, plan.columns, {})
             else:
-                results = client.getRowsWithColumnsTs(name, order, columns, _upper(wide_max), {})
+                results = client.getRowsWithColumnsTs(
+                    name, order, plan.columns, _upper(plan.wide_max), {}
+                )
             answer = _Answer()
-            self._resolve(client, name, reads, _parse_row_results(results), wide_max, answer)
+            self._resolve(client, name, plan, _parse_row_results(results), answer)
         return answer.result(order)
 
-    @staticmethod
-    def _wide_max(reads: Sequence[Read]) -> int | None:
-        bounds = [r.max_ts for r in reads]
-        return None if any(b is None for b in bounds) else max(b for b in bounds if b is not None)
-
     def _resolve(
-        self,
-        client: Any,
-        name: bytes,
-        reads: Sequence[Read],
-        latest: _Latest,
-        wide_max: int | None,
-        answer: _Answer,
+        self, client: Any, name: bytes, plan: _Plan, latest: _Latest, answer: _Answer
     ) -> None:
-        """Answer *reads* from *latest* (newest cells at or below *wide_max*), then fetch
-        what it cannot tell: older single versions, and multi-version histories."""
+        """Answer the plan's reads from *latest* (newest cells at or below its wide
+        bound), then fetch what it cannot tell: older single versions, and
+        multi-version histories."""
         # (max_ts -> rows, columns) for single-version reads that saw a newer cell
         again: dict[int, set[tuple[bytes, str]]] = defaultdict(set)
         pending: list[tuple[Read, bytes, str]] = []
-        for read in reads:
-            for row, cells in latest.items():
-                for column, (ts, value) in cells.items():
-                    if not _selects(read, column) or ts < read.min_ts:
-                        continue  # nothing of this column in range
+        for row, cells in latest.items():
+            for column, (ts, value) in cells.items():
+                family, _, qualifier = column.partition(":")
+                for read, qualifiers in plan.by_family.get(family, ()):
+                    if (qualifiers is not None and qualifier not in qualifiers) or (
+                        ts < read.min_ts
+                    ):
+                        continue  # not selected, or nothing of this column in range
                     if read.max_ts is not None and ts > read.max_ts:
                         if read.versions == 1:
                             again[read.max_ts].add((row, column))
@@ -385,7 +414,7 @@ class HBaseStore:
                 name, rows_, [_enc(c) for c in cols], _upper(max_ts), {}
             )
             older = _parse_row_results(results)
-            for read in reads:
+            for read in plan.reads:
                 if read.versions != 1 or read.max_ts != max_ts:
                     continue
                 for row, cells in older.items():
@@ -486,6 +515,24 @@ class HBaseStore:
                 )
             )
 
+    def increment(self, table: str, row: bytes, column: str, amount: int) -> int:
+        """Add *amount* to the 64-bit big-endian counter ``(row, column)`` (absent: 0) and
+        return the new value: one Thrift1 ``atomicIncrement``
+        (:class:`percolator._store.Incrementing`).
+
+        :raises InvalidArgument: the cell does not hold 8 bytes, or *amount* is not a
+            64-bit integer.
+        """
+        name = self._name(table)
+        if not isinstance(column, str) or ":" not in column:
+            raise InvalidArgument(f"column {column!r} must be 'family:qualifier'")
+        if isinstance(amount, bool) or not isinstance(amount, int) or not (
+            -(2**63) <= amount < 2**63
+        ):
+            raise InvalidArgument(f"'amount' must be a 64-bit integer, got {amount!r}")
+        with self._client(table) as client:
+            return int(client.atomicIncrement(name, row, _enc(column), amount))
+
     # ---- scans ------------------------------------------------------------------
 
     def scan(
@@ -518,13 +565,13 @@ class HBaseStore:
         reads: Sequence[Read],
         batch_size: int,
     ) -> Iterator[tuple[bytes, RowCells]]:
-        wide_max = self._wide_max(reads)
+        plan = _plan(reads)
         tscan = _hb.TScan(
             startRow=start or None,
             stopRow=stop or None,
-            columns=_wide_columns(reads),
+            columns=plan.columns,
             caching=batch_size,
-            timestamp=None if wide_max is None else _upper(wide_max),
+            timestamp=None if plan.wide_max is None else _upper(plan.wide_max),
         )
         with self._client(table) as client:
             scanner_id = client.scannerOpenWithScan(name, tscan, {})
@@ -536,7 +583,7 @@ class HBaseStore:
                         return
                     latest = _parse_row_results(results)
                     answer = _Answer()
-                    self._resolve(client, name, reads, latest, wide_max, answer)
+                    self._resolve(client, name, plan, latest, answer)
                 yield from answer.result(list(latest)).items()
         finally:
             try:

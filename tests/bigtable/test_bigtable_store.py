@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from percolator._errors import InvalidArgument, StoreUnavailable, UnknownTableError
-from percolator._store import Mutation, Read, Store
+from percolator._store import Guard, Mutation, Read, Store
 from percolator.stores import open_store
 from tests._bigtable import bigtable_store_url
 from tests._services import free_port
@@ -476,6 +476,35 @@ def test_rpcs_per_contract_method(open_bt: Callable[..., Any]) -> None:
     assert rpcs(lambda: list(s.scan(T, None, None, [Read("d")], batch_size=20))) == {"ReadRows": 3}
     assert rpcs(lambda: s.create_table(T, FAMILIES)) == {"CreateTable": 1, "GetTable": 1}
     assert rpcs(s.list_tables) == {"ListTables": 1}
+
+
+def test_rpcs_of_the_optional_capabilities(open_bt: Callable[..., Any]) -> None:
+    counter = _interceptor()
+    s = open_bt(interceptors=[counter])
+    s.create_table(T, FAMILIES)
+    counter.calls.clear()
+    assert s.increment(T, b"r", "l:n", 3) == 3
+    assert dict(counter.calls) == {"ReadModifyWriteRow": 1}
+    counter.calls.clear()
+    guards = [Guard("l:c", latest=True, value_from=b"G"), Guard("w:c", min_ts=5, max_ts=9)]
+    assert s.set_unless(T, b"r", "l:c", b"L", guards, [("d:c", 4, b"v")])
+    assert not s.set_unless(T, b"r", "l:c", b"M", guards)
+    assert dict(counter.calls) == {"CheckAndMutateRow": 2}
+
+
+def test_read_filters_are_built_once_per_distinct_reads(store: Any) -> None:
+    from percolator.stores.bigtable import _reads_filter
+
+    get = [Read("l", ("c",)), Read("w", ("c",), max_ts=10), Read("d", ("c",), max_ts=10)]
+    assert _reads_filter(get) is _reads_filter(list(get))
+    assert _reads_filter(get) is not _reads_filter(get[:2])
+    # a list of qualifiers is not hashable: built every time, still right
+    listed = Read("d", ["c"])  # type: ignore[arg-type]
+    assert _reads_filter([listed]) == _reads_filter([Read("d", ("c",))])
+    store.mutate_rows(T, [Mutation(b"r", puts=[("d:c", 3, b"v3"), ("d:c", 12, b"v12")])])
+    for _ in range(2):
+        assert store.read_rows(T, [b"r"], get) == {b"r": {"d:c": [(3, b"v3")]}}
+        assert store.read_rows(T, [b"r"], [listed]) == {b"r": {"d:c": [(12, b"v12")]}}
 
 
 def test_cloud_without_credentials_is_store_unavailable(

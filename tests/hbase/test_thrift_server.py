@@ -10,6 +10,7 @@ or the Thrift1 handler (``ThriftHBaseServiceHandler``, ``ThriftServerRunner`` in
 
 from __future__ import annotations
 
+import struct
 import sys
 import time
 from collections.abc import Iterator
@@ -266,6 +267,51 @@ def test_check_and_put_writes_at_server_time_never_below_the_checked_cell(
     put(conn, name, b"r", b"g:lock", b"future", future)
     assert check_and_put(conn, name, b"future", b"after")
     assert cells(conn, name, b"r", b"g:lock") == [(future, b"after")]
+
+
+# ---- atomicIncrement ---------------------------------------------------------------
+
+
+def test_atomic_increment_counts_from_absent_in_an_8_byte_long(conn: Any, name: bytes) -> None:
+    """Hbase.thrift ``atomicIncrement`` is ``Table.incrementColumnValue`` (happybase
+    ``counter_inc``): an absent cell counts as 0, the sum is returned and stored as
+    ``Bytes.toBytes(long)``, 8 bytes big-endian."""
+    table = conn.table(name)
+    assert table.counter_inc(b"r", b"g:n") == 1
+    assert table.counter_inc(b"r", b"g:n", 41) == 42
+    assert table.counter_dec(b"r", b"g:n", 50) == -8
+    assert conn.client.atomicIncrement(name, b"r", b"g:n", 0) == -8
+    assert [v for _, v in cells(conn, name, b"r", b"g:n")] == [struct.pack(">q", -8)]
+    assert table.counter_get(b"r", b"g:n") == -8
+    assert table.counter_inc(b"other", b"g:n") == 1
+
+
+def test_atomic_increment_of_a_cell_that_is_no_long_is_an_io_error(
+    conn: Any, name: bytes
+) -> None:
+    """HRegion.getLongValue: ``DoNotRetryIOException("Field is not a long, it's " + len
+    + " bytes wide")``, which the handler returns as an ``IOError``; nothing is written."""
+    put(conn, name, b"r", b"f:s", b"abc", 5)
+    with pytest.raises(hb.IOError, match="Field is not a long, it's 3 bytes wide"):
+        conn.client.atomicIncrement(name, b"r", b"f:s", 1)
+    assert cells(conn, name, b"r", b"f:s") == [(5, b"abc")]
+
+
+def test_atomic_increment_writes_after_the_previous_cell(conn: Any, name: bytes) -> None:
+    """HRegion.reckonDelta: the sum is written at ``max(timestamp of the current cell + 1,
+    now)``, so it never lands at or below the cell it read; a new counter at ``now``."""
+    before = int(time.time() * 1000)
+    assert conn.client.atomicIncrement(name, b"r", b"f:n", 1) == 1
+    [(first, _)] = cells(conn, name, b"r", b"f:n")
+    assert before <= first <= int(time.time() * 1000)
+    future = int(time.time() * 1000) + 10**9
+    put(conn, name, b"r", b"f:n", struct.pack(">q", 7), future)
+    assert conn.client.atomicIncrement(name, b"r", b"f:n", 1) == 8
+    assert cells(conn, name, b"r", b"f:n") == [
+        (future + 1, struct.pack(">q", 8)),
+        (future, struct.pack(">q", 7)),
+        (first, struct.pack(">q", 1)),
+    ]
 
 
 # ---- tables ------------------------------------------------------------------------

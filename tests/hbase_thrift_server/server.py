@@ -25,6 +25,9 @@ resulting ``Get``/``Put``/``Delete``/``Scan``:
   puts then all deletes (as the handler does); a put with the same timestamp as an
   existing version replaces its value;
 * puts and deletes without a timestamp use the server's clock in milliseconds;
+* ``atomicIncrement`` adds to the newest version read as an 8-byte big-endian long
+  (absent: 0; any other width is a ``DoNotRetryIOException``) and writes the sum at
+  ``max(timestamp of that version + 1, now)`` (``HRegion.reckonDelta``);
 * ``checkAndPut`` compares with the newest version; an absent or empty expected value
   matches a missing cell or a cell whose value is empty (``HRegion.checkAndMutate``);
   the put is written at ``max(now, timestamp of the checked cell)``;
@@ -623,13 +626,15 @@ class HBaseHandler:
             self._family(table, family)
             r = table.rows.get(row)
             current = self._versions(r, col, LATEST_TIMESTAMP) if r else []
-            if current and len(current[0][1]) != 8:
+            if current and len(current[0][1]) != 8:  # HRegion.getLongValue
                 raise io_error(
                     "org.apache.hadoop.hbase.DoNotRetryIOException: "
-                    "Field is not a long, it's 8 bytes wide"
+                    f"Field is not a long, it's {len(current[0][1])} bytes wide"
                 )
             total = (struct.unpack(">q", current[0][1])[0] if current else 0) + value
-            ts = max(_now_ms(), current[0][0] if current else 0)
+            total = (total + 2**63) % 2**64 - 2**63  # Java long arithmetic wraps
+            # HRegion.reckonDelta: max(timestamp of the current cell + 1, now)
+            ts = max(_now_ms(), current[0][0] + 1) if current else _now_ms()
             self._put(table, row, col, ts, struct.pack(">q", total))
             return total
 

@@ -15,12 +15,22 @@ server time there), so these tests compare only their values.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from percolator import InvalidArgument, PercolatorError, UnknownTableError
-from percolator._store import Cell, Mutation, Read, RowCells, Store
+from percolator._store import (
+    Cell,
+    Guard,
+    GuardedSet,
+    Incrementing,
+    Mutation,
+    Read,
+    RowCells,
+    Store,
+)
 from percolator.stores import open_store
 
 T = "t"
@@ -496,6 +506,151 @@ def test_check_and_set_chain_under_contention_loses_no_update(store: Store) -> N
         thread.join()
     assert errors == []
     assert values(cells(store, b"ctr", Read("l"))) == {"l:n": [b"%d" % (4 * increments)]}
+
+
+# ---- optional capabilities (percolator/_store.py): increment, set_unless ------------
+
+
+def capability(store: Store, name: str) -> Callable[..., Any]:
+    """The optional method *name* of *store*; the test is skipped for a backend
+    without it (callers fall back to the contract methods there)."""
+    method = getattr(store, name, None)
+    if method is None:
+        pytest.skip(f"{type(store).__name__} does not offer the optional {name}()")
+    return method  # type: ignore[no-any-return]
+
+
+def long_(n: int) -> bytes:
+    return n.to_bytes(8, "big", signed=True)
+
+
+def test_increment_counts_from_absent_and_returns_the_new_value(store: Store) -> None:
+    increment = capability(store, "increment")
+    assert isinstance(store, Incrementing)
+    assert increment(T, b"r", "l:n", 5) == 5
+    assert increment(T, b"r", "l:n", 1) == 6
+    assert increment(T, b"r", "l:n", -10) == -4
+    assert increment(T, b"r", "l:n", 0) == -4
+    assert values(cells(store, b"r", Read("l"))) == {"l:n": [long_(-4)]}
+    assert increment(T, b"r2", "l:n", 1) == 1  # another row: another counter
+    assert increment(T, b"r", "d:n", 7) == 7  # a family keeping every version
+    assert increment(T, b"r", "d:n", 7) == 14
+    assert cells(store, b"r", Read("d"))["d:n"][0][1] == long_(14)
+
+
+def test_increment_and_check_and_set_share_the_counter(store: Store) -> None:
+    """What StoreTimestamps relies on: clients drawing timestamps with either method
+    advance the same counter."""
+    increment = capability(store, "increment")
+    assert store.check_and_set(T, b"r", "l:n", None, long_(100))
+    assert increment(T, b"r", "l:n", 2) == 102
+    assert not store.check_and_set(T, b"r", "l:n", long_(100), long_(300))
+    assert store.check_and_set(T, b"r", "l:n", long_(102), long_(200))
+    assert increment(T, b"r", "l:n", 1) == 201
+    assert values(cells(store, b"r", Read("l"))) == {"l:n": [long_(201)]}
+
+
+def test_increment_of_a_cell_that_is_not_8_bytes_is_invalid(store: Store) -> None:
+    increment = capability(store, "increment")
+    put(store, b"r", "d:c", [1])  # b"v1"
+    with pytest.raises(InvalidArgument):
+        increment(T, b"r", "d:c", 1)
+    assert versions(store, b"r", "d:c", versions=None) == [(1, b"v1")]
+    with pytest.raises(UnknownTableError):
+        increment("missing", b"r", "l:n", 1)
+
+
+def test_concurrent_increments_lose_nothing(store: Store) -> None:
+    increment = capability(store, "increment")
+    got: list[int] = []
+    errors: list[BaseException] = []
+
+    def bump() -> None:
+        try:
+            for _ in range(25):
+                got.append(increment(T, b"ctr", "l:n", 1))
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=bump) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert sorted(got) == list(range(1, 101))
+
+
+def test_set_unless_applies_only_when_no_guard_matches(store: Store) -> None:
+    set_unless = capability(store, "set_unless")
+    assert isinstance(store, GuardedSet)
+    put(store, b"r", "w:c", [5, 9])  # values b"v5", b"v9"
+
+    def applies(*guards: Guard) -> bool:
+        return bool(set_unless(T, b"r", "l:c", b"L", list(guards)))
+
+    assert applies()  # no guard
+    # timestamps: [min_ts, max_ts], both inclusive
+    assert applies(Guard("w:c", min_ts=10))
+    assert not applies(Guard("w:c", min_ts=9))
+    assert not applies(Guard("w:c", min_ts=6, max_ts=9))
+    assert applies(Guard("w:c", min_ts=6, max_ts=8))
+    assert not applies(Guard("w:c", min_ts=5, max_ts=5))
+    assert applies(Guard("w:c", max_ts=4))
+    # values: [value_from, value_to)
+    assert not applies(Guard("w:c", value_from=b"v5", value_to=b"v6"))
+    assert applies(Guard("w:c", value_from=b"v6", value_to=b"v9"))
+    assert not applies(Guard("w:c", value_from=b"v9"))
+    assert applies(Guard("w:c", value_to=b"v5"))
+    assert applies(Guard("w:c", min_ts=9, value_to=b"v9"))
+    # latest: only the newest version inside the timestamp range is tested
+    assert applies(Guard("w:c", latest=True, value_to=b"v9"))
+    assert not applies(Guard("w:c", value_to=b"v9"))
+    assert not applies(Guard("w:c", latest=True, max_ts=8, value_to=b"v9"))
+    # one matching guard is enough; guards on other columns or rows see nothing
+    assert not applies(Guard("w:other"), Guard("w:c", min_ts=9))
+    assert applies(Guard("w:other"), Guard("d:c"), Guard("w:c", min_ts=10))
+    put(store, b"elsewhere", "w:c", [20])
+    assert applies(Guard("w:c", min_ts=10))
+    # a guard on the cell being set sees its current value
+    assert not applies(Guard("l:c", value_from=b"L", value_to=b"M"))
+    assert set_unless(T, b"r", "l:c", b"F1", [Guard("l:c", value_from=b"M")])
+    assert not set_unless(T, b"r", "l:c", b"F2", [Guard("l:c", value_to=b"G")])
+    assert values(cells(store, b"r", Read("l", versions=None))) == {"l:c": [b"F1"]}
+
+
+def test_set_unless_applies_its_puts_only_with_the_set(store: Store) -> None:
+    set_unless = capability(store, "set_unless")
+    put(store, b"r", "w:c", [9])
+    assert not set_unless(T, b"r", "l:c", b"L1", [Guard("w:c")], [("d:c", 3, b"refused")])
+    assert store.read_rows(T, [b"r"], [Read("l"), Read("d")]) == {}
+    assert set_unless(T, b"r", "l:c", b"L2", [Guard("w:c", min_ts=10)], [("d:c", 4, b"ok")])
+    got = cells(store, b"r", Read("l"), Read("d", versions=None))
+    assert values({"l:c": got.pop("l:c")}) == {"l:c": [b"L2"]}
+    assert got == {"d:c": [(4, b"ok")]}
+
+
+def test_concurrent_set_unless_has_exactly_one_winner(store: Store) -> None:
+    set_unless = capability(store, "set_unless")
+    contenders = 8
+    results: dict[int, bool] = {}
+    barrier = threading.Barrier(contenders)
+
+    def contend(i: int) -> None:
+        barrier.wait()
+        results[i] = set_unless(
+            T, b"hot", "l:c", b"owner%d" % i, [Guard("l:c")], [("d:c", i, b"x%d" % i)]
+        )
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(contenders)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    [winner] = [i for i, won in results.items() if won]
+    assert len(results) == contenders
+    assert values(cells(store, b"hot", Read("l"))) == {"l:c": [b"owner%d" % winner]}
+    assert versions(store, b"hot", "d:c", versions=None) == [(winner, b"x%d" % winner)]
 
 
 # ---- scan --------------------------------------------------------------------------

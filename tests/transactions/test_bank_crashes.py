@@ -47,6 +47,10 @@ def _total(cluster: percolator.Cluster) -> int:
     return sum(int(v["bal:v"]) for _, v in Transaction(cluster).scan("accounts"))
 
 
+def _acknowledged(log: Path) -> bool:
+    return log.exists() and log.stat().st_size > 0
+
+
 def test_bank_survives_kill_9(store_url: str, tmp_path: Path) -> None:
     rng = random.Random()
     cluster = percolator.connect(store_url)
@@ -64,7 +68,8 @@ def test_bank_survives_kill_9(store_url: str, tmp_path: Path) -> None:
         # Kill a random worker at a random moment, but only once it has had a random
         # 0.3-1.5 s of life (starting a client takes a while on the remote backends).
         deadline = time.monotonic() + 40
-        while (kills < 12 or not log.exists()) and time.monotonic() < deadline:
+        # (A worker creates the log when it starts: wait for an acknowledged transfer.)
+        while (kills < 12 or not _acknowledged(log)) and time.monotonic() < deadline:
             time.sleep(rng.uniform(0.02, 0.2))
             victim = rng.randrange(WORKERS)
             if workers[victim].poll() is not None:

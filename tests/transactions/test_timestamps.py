@@ -9,12 +9,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import percolator
 from percolator._timestamps import HostTimestamps, StoreTimestamps
+from percolator.stores import open_store
 from percolator.stores.sqlite import SqliteStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,3 +160,84 @@ def test_bad_counts(tmp_path: Path, count: object) -> None:
         source.get_timestamps(count)  # type: ignore[arg-type]
     source.close()
     store.close()
+
+
+class _Counted:
+    """A real store seen through a proxy that counts its calls, with or without its
+    optional ``increment`` (as an older client, or a store without one, would use it)."""
+
+    def __init__(self, store: Any, *, increment: bool = True) -> None:
+        self._store = store
+        self._increment = increment
+        self.calls: Counter[str] = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "increment" and not self._increment:
+            raise AttributeError(name)
+        attr = getattr(self._store, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+def test_store_timestamps_are_linearizable_on_every_backend(store_url: str) -> None:
+    store = open_store(store_url)
+    source = StoreTimestamps(store)
+    calls: list[tuple[str, int, int, int]] = []
+    lock = threading.Lock()
+
+    def draw(name: str) -> None:
+        for _ in range(40):
+            t0 = time.monotonic_ns()
+            ts = source.get_timestamp()
+            t1 = time.monotonic_ns()
+            with lock:
+                calls.append((name, t0, t1, ts))
+
+    threads = [threading.Thread(target=draw, args=(f"t{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 160 and min(c[3] for c in calls) >= 1
+    check_linearizable(calls)
+    block = source.get_timestamps(5)
+    assert len(block) == 5 and block[0] > max(c[3] for c in calls)
+    store.close()
+
+
+def test_store_timestamps_take_one_increment_where_the_store_has_one(store_url: str) -> None:
+    store = open_store(store_url)
+    counted = _Counted(store)
+    source = StoreTimestamps(counted)  # type: ignore[arg-type]
+    source.get_timestamp()  # the first draw may find no counter yet
+    counted.calls.clear()
+    source.get_timestamp()
+    source.get_timestamps(10)
+    if hasattr(store, "increment"):  # hbase, bigtable: one round trip per call
+        assert counted.calls == {"increment": 2}
+    else:
+        assert counted.calls == {"read_rows": 2, "check_and_set": 2}
+    store.close()
+
+
+def test_store_timestamps_with_and_without_increment_share_the_counter(store_url: str) -> None:
+    store = open_store(store_url)
+    if not hasattr(store, "increment"):
+        store.close()
+        pytest.skip(f"{type(store).__name__} has no increment()")
+    new = StoreTimestamps(store)
+    old = StoreTimestamps(_Counted(store, increment=False))  # type: ignore[arg-type]
+    drawn = []
+    for i in range(30):
+        source = (new, old)[i % 3 == 0]
+        drawn.extend(source.get_timestamps(1 + i % 4))
+    assert drawn == sorted(drawn) and len(set(drawn)) == len(drawn)
+    assert drawn[0] >= 1
+    store.close()
+
