@@ -341,7 +341,8 @@ def _commit_one_phase(committer: _Committer) -> int | None:
     On the embedded store, one SQLite write transaction checks every cell for
     conflicts, then writes the data, the write records at a commit timestamp drawn
     inside it, and a fresh FREE token in every lock cell (so that a two-phase
-    prewriter of another process that read the old token fails its compare-and-set).
+    prewriter of another process that read the old token fails its compare-and-set),
+    and the weak notifications.
     The host's timestamp lock is held throughout, so no transaction can take a
     later start timestamp before the commit is visible. Returns None, having written
     nothing, when a cell is locked by another transaction (the two-phase path
@@ -371,6 +372,8 @@ def _commit_one_phase(committer: _Committer) -> int | None:
             by_table.setdefault(cell.table, []).append(Mutation(cell.row, puts))
         for table, mutations in by_table.items():
             cluster.store.mutate_rows(table, mutations)
+        if committer.txn._weak:
+            _write_weak_notifications(committer.txn, commit_ts)
     return commit_ts
 
 
@@ -397,8 +400,6 @@ def commit_transaction(txn: TransactionBase, crash: CrashPoint | None = None) ->
         if one_phase is not None:
             txn.commit_ts = one_phase
             cluster.stats["commits"] += 1
-            if txn._weak:
-                _write_weak_notifications(txn, one_phase)
             return one_phase
     try:
         committer.prewrite()
@@ -413,6 +414,11 @@ def commit_transaction(txn: TransactionBase, crash: CrashPoint | None = None) ->
         raise
     try:
         commit_ts = cluster.timestamps.get_timestamp()
+        # Weak notifications go before the commit point, so a committer that dies after
+        # it cannot lose them (nothing else would write them); one that fails at the
+        # commit point leaves a spurious one, which only runs an observer for nothing.
+        if txn._weak:
+            _write_weak_notifications(txn, commit_ts)
     except BaseException:
         committer.abort()
         raise
@@ -426,8 +432,6 @@ def commit_transaction(txn: TransactionBase, crash: CrashPoint | None = None) ->
     # roll forward.
     try:
         committer.commit_secondaries(commit_ts)
-        if txn._weak:
-            _write_weak_notifications(txn, commit_ts)
     except SimulatedCrash:
         raise
     except PercolatorError:

@@ -24,6 +24,7 @@ from percolator import Snapshot, Transaction
 from percolator.__main__ import main as percolator_main
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._notifications import pending_notifications, quarantined
+from percolator.testing import client_of, crash_commit
 from tests.observers import _app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -211,6 +212,24 @@ def test_weak_notification_runs_observer_without_a_change(cluster: percolator.Cl
     assert log_rows(cluster, "ping") == [(b"w1", b"x"), (b"w1", b"x")]
     # the weak notification wrote only the notify cell: no data, no write record
     assert Snapshot(cluster).get("docs", b"w1", "ping:p") is None
+
+
+@pytest.mark.parametrize("point", [CrashPoint("commit_point"), CrashPoint("commit", 0)],
+                         ids=["after-commit-point", "after-secondaries"])
+def test_weak_notification_survives_a_committer_dying_after_its_commit_point(
+    cluster: percolator.Cluster, point: CrashPoint
+) -> None:
+    Worker(cluster, _app.OBSERVERS).register()
+    client = client_of(cluster)
+    txn = Transaction(client)
+    txn.set("docs", b"w2", "raw:v", b"y")
+    txn.notify("docs", b"w2", "ping:p")
+    assert crash_commit(txn, point) is True
+    weak = [p for p in pending_notifications(cluster, ["docs"]) if p.column == "ping:p"]
+    assert [(p.row, p.weak) for p in weak] == [(b"w2", True)]
+    with Worker(cluster, _app.OBSERVERS, threads=2):
+        wait_for_observers(cluster, timeout=60)
+    assert log_rows(cluster, "ping") == [(b"w2", b"y")]
 
 
 def test_chain_runs_the_next_stage(cluster: percolator.Cluster) -> None:
