@@ -12,8 +12,12 @@ package for the failover part, as the tests do) and kills them all at the end.
    2 million/s from one machine.
 2. **End to end**: ``--procs`` processes x ``--threads`` threads, each calling
    ``get_timestamp()`` one at a time: the batching :class:`oracle.OracleClient` against a
-   naive client (one RPC per timestamp, the same channel for all threads of a process),
-   on the same server in the same run. Target: batching at least 50x naive.
+   naive client (one RPC per timestamp, the same stub and channel options as the batching
+   client, one channel for all threads of a process), on the same server in the same run.
+   Also reported: timestamps per RPC (at most ``--threads``: one RPC in flight per
+   process) and the CPU time per timestamp of the client processes and of the server,
+   which is what the two clients trade against each other on a machine whose cores they
+   share. Target: batching at least 50x naive.
 3. **Failover**: three replicas on ZooKeeper; a client draws timestamps continuously;
    the leader is killed with SIGKILL; time from the kill to the first timestamp served by
    the new leader. Target under 3 s.
@@ -59,11 +63,13 @@ def worker(args: argparse.Namespace) -> int:
     import grpc
 
     from oracle import OracleClient
+    from oracle._client import _CHANNEL_OPTIONS
     from oracle._proto import timestamp_oracle_pb2 as pb
     from oracle._proto import timestamp_oracle_pb2_grpc as pb_grpc
 
     counts = [0] * args.threads
     end = args.start_at + args.duration
+    cpu_start = [0.0]
     if args.mode == "batching":
         client = OracleClient(args.target)
 
@@ -72,7 +78,10 @@ def worker(args: argparse.Namespace) -> int:
 
         draw()  # connect before the clock starts
     else:
-        channel = grpc.insecure_channel(args.target.removeprefix("grpc://"))
+        # The batching client's stub and channel options; one RPC per timestamp.
+        channel = grpc.insecure_channel(
+            args.target.removeprefix("grpc://"), options=_CHANNEL_OPTIONS
+        )
         stub = pb_grpc.TimestampOracleStub(channel)
         request = pb.GetTimestampsRequest(count=args.block)
 
@@ -83,6 +92,8 @@ def worker(args: argparse.Namespace) -> int:
 
     def run(i: int) -> None:
         time.sleep(max(0.0, args.start_at - time.time()))
+        if i == 0:
+            cpu_start[0] = time.process_time()
         n = 0
         last = 0
         while time.time() < end:
@@ -97,25 +108,41 @@ def worker(args: argparse.Namespace) -> int:
         t.start()
     for t in threads:
         t.join()
-    print(json.dumps({"calls": sum(counts)}))
+    print(json.dumps({"calls": sum(counts), "cpu": time.process_time() - cpu_start[0]}))
     return 0
 
 
 def run_workers(
-    mode: str, target: str, procs: int, threads: int, duration: float, block: int = 1
-) -> int:
+    mode: str,
+    target: str,
+    procs: int,
+    threads: int,
+    duration: float,
+    block: int = 1,
+    server: Server | None = None,
+) -> tuple[int, float, float]:
+    """Calls made, CPU seconds of the worker processes and of *server* during the run."""
     start_at = time.time() + 3.0  # leave time for the workers to import and connect
     cmd = [sys.executable, os.path.abspath(__file__), "_worker", mode, target]
     cmd += ["--threads", str(threads), "--duration", str(duration)]
     cmd += ["--block", str(block), "--start-at", repr(start_at)]
     ps = [subprocess.Popen(cmd, stdout=subprocess.PIPE, cwd=ROOT) for _ in range(procs)]
+    server_cpu = 0.0
+    if server is not None:
+        time.sleep(max(0.0, start_at - time.time()))
+        before = server.cpu_seconds()
+        time.sleep(duration)
+        server_cpu = server.cpu_seconds() - before
     total = 0
+    cpu = 0.0
     for p in ps:
         out, _ = p.communicate(timeout=duration + 120)
         if p.returncode != 0:
             raise RuntimeError(f"{mode} worker failed with status {p.returncode}")
-        total += json.loads(out)["calls"]
-    return total
+        result = json.loads(out)
+        total += result["calls"]
+        cpu += result["cpu"]
+    return total, cpu, server_cpu
 
 
 # -- servers ---------------------------------------------------------------------------
@@ -141,6 +168,15 @@ class Server:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
+
+    def cpu_seconds(self) -> float:
+        """User and system CPU time of the server process so far (0 where /proc is missing)."""
+        try:
+            with open(f"/proc/{self.process.pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def status(self) -> Any:
         from oracle import OracleClient
@@ -175,7 +211,7 @@ def bench_capacity(args: argparse.Namespace, server: Server) -> list[dict[str, f
     rows = []
     for block in args.blocks:
         before = server.status().served
-        calls = run_workers(
+        calls, _, _ = run_workers(
             "naive",
             f"grpc://{server.address}",
             args.capacity_procs,
@@ -199,22 +235,37 @@ def bench_end_to_end(args: argparse.Namespace, server: Server) -> dict[str, floa
     result: dict[str, float] = {}
     for mode in ("naive", "batching"):
         st0 = server.status()
-        calls = run_workers(mode, target, args.procs, args.threads, args.duration)
+        calls, client_cpu, server_cpu = run_workers(
+            mode, target, args.procs, args.threads, args.duration, server=server
+        )
         st1 = server.status()
         rpcs = st1.requests - st0.requests
         allocs = st1.allocations - st0.allocations
         rate = calls / args.duration
+        calls = max(1, calls)
         result[f"{mode}_per_s"] = rate
+        result[f"{mode}_rpcs_per_s"] = rpcs / args.duration
         result[f"{mode}_ts_per_rpc"] = calls / max(1, rpcs)
         result[f"{mode}_rpcs_per_alloc"] = rpcs / max(1, allocs)
+        result[f"{mode}_client_cpu_us_per_ts"] = client_cpu / calls * 1e6
+        result[f"{mode}_server_cpu_us_per_ts"] = server_cpu / calls * 1e6
         print(
             f"end-to-end {mode:<8} {args.procs}x{args.threads}: {rate:>10,.0f} timestamps/s  "
-            f"({calls / max(1, rpcs):.1f} timestamps per RPC, "
-            f"{rpcs / max(1, allocs):.2f} RPCs per allocation)",
+            f"{rpcs / args.duration:>6,.0f} RPC/s  "
+            f"({calls / max(1, rpcs):.1f} timestamps per RPC of at most {args.threads}, "
+            f"{rpcs / max(1, allocs):.2f} RPCs per allocation)  CPU per timestamp: clients "
+            f"{client_cpu / calls * 1e6:,.0f} us, server {server_cpu / calls * 1e6:,.0f} us",
             flush=True,
         )
     result["ratio"] = result["batching_per_s"] / result["naive_per_s"]
-    print(f"end-to-end batching / naive = {result['ratio']:.1f}x (target >= 50x)", flush=True)
+    naive_cpu = result["naive_client_cpu_us_per_ts"] + result["naive_server_cpu_us_per_ts"]
+    batching_cpu = result["batching_client_cpu_us_per_ts"] + result["batching_server_cpu_us_per_ts"]
+    result["cpu_ratio"] = naive_cpu / max(1e-9, batching_cpu)
+    print(
+        f"end-to-end batching / naive = {result['ratio']:.1f}x (target >= 50x); "
+        f"CPU per timestamp, naive / batching = {result['cpu_ratio']:.1f}x",
+        flush=True,
+    )
     return result
 
 

@@ -1,17 +1,25 @@
 """The batching, linearizable timestamp oracle client.
 
 At most one RPC is in flight per client. A caller that finds none in flight sends one
-for itself; callers that arrive while it is out queue up, and when it returns the first
-of them sends the *next* RPC for all of them (each gets its own range of the block).
-So batching grows with load, and a caller never receives a timestamp from an RPC sent
-before it arrived: if ``get_timestamp()`` returned ``t`` (in any thread or process)
-before another call began, that call returns more than ``t``. Spare timestamps are
-discarded, never cached.
+for itself; callers that arrive while it is out queue up, and the *next* RPC is sent for
+all of them (each gets its own range of the block). So batching grows with load, and a
+caller never receives a timestamp from an RPC sent before it arrived: if
+``get_timestamp()`` returned ``t`` (in any thread or process) before another call began,
+that call returns more than ``t``. Spare timestamps are discarded, never cached.
+
+An RPC counts as out until its block has been handed to all of its callers. The hand-out
+is a chain: the caller that sent the RPC wakes the second caller of its batch, which
+wakes the third, and so on; the last one wakes the first queued caller, which sends the
+next RPC for everybody queued by then. So each sleeping thread is woken exactly once and
+by one thread (no herd fighting for the GIL), and a caller that was just served and
+calls again at once joins the next RPC instead of being sent alone ahead of the callers
+still being woken: with T threads calling in a loop, RPCs carry T callers, not T/2.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -61,14 +69,17 @@ class OracleStatus:
 
 
 class _Waiter:
-    __slots__ = ("count", "drive", "error", "first", "wake")
+    """One call of get_timestamps: what it asked for, what it got, the lock it sleeps on."""
+
+    __slots__ = ("count", "drive", "error", "first", "next", "wake")
 
     def __init__(self, count: int) -> None:
         self.count = count
         self.first = -1
         self.error: BaseException | None = None
-        self.drive = False
-        self.wake = threading.Lock()
+        self.drive = False  # woken to send the next RPC rather than with a result
+        self.next: _Waiter | None = None  # the caller of the same RPC to wake after this one
+        self.wake = threading.Lock()  # held until this caller is woken
         self.wake.acquire()
 
 
@@ -97,9 +108,10 @@ class OracleClient:
             )
         self.target = target
         self.deadline = float(deadline)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _pending, _busy, _closed
         self._pending: deque[_Waiter] = deque()
-        self._in_flight = False
+        # An RPC is out, or its block is still being handed out: callers queue in _pending.
+        self._busy = False
         self._closed = False
         # Connection state, touched only by the thread driving the current RPC (or status()).
         self._conn_lock = threading.Lock()
@@ -135,16 +147,17 @@ class OracleClient:
             if self._closed:
                 raise OracleUnavailable(f"the oracle client for {self.target!r} is closed")
             self._pending.append(w)
-            if self._in_flight:
-                drive = False
-            else:
-                self._in_flight = True
-                drive = True
+            drive = not self._busy
+            self._busy = True
+        interrupted: BaseException | None = None
         if not drive:
-            w.wake.acquire()
-            if not w.drive:
-                return self._result(w)
-        self._drive()
+            interrupted = self._sleep(w)
+            drive = w.drive
+        if drive:
+            self._drive()  # w is first in the queue, so first in the batch it sends
+        self._hand_on(w)
+        if interrupted is not None:
+            raise interrupted
         return self._result(w)
 
     def status(self) -> OracleStatus:
@@ -196,8 +209,26 @@ class OracleClient:
             raise w.error
         return range(w.first, w.first + w.count)
 
+    @staticmethod
+    def _sleep(w: _Waiter) -> BaseException | None:
+        """Wait until *w* is woken; returns an exception that interrupted the wait, if any.
+
+        Other callers depend on this one to pass the block or the next RPC on, so an
+        interruption (KeyboardInterrupt in the main thread) is raised only after that.
+        """
+        interrupted: BaseException | None = None
+        while True:
+            try:
+                w.wake.acquire()
+                return interrupted
+            except BaseException as e:  # rare: keep waiting, raise it afterwards
+                interrupted = interrupted or e
+
     def _drive(self) -> None:
-        """Send one RPC for the callers queued now, hand out results, pass the baton on."""
+        """Send one RPC for the callers queued now and give each its range (or the error).
+
+        The first of them is the calling thread; :meth:`_hand_on` then wakes the others.
+        """
         batch: list[_Waiter] = []
         total = 0
         with self._lock:
@@ -214,20 +245,30 @@ class OracleClient:
             for w in batch:
                 w.first = first
                 first += w.count
-        except BaseException as e:
+        except Exception as e:
             for w in batch:
                 w.error = e
-        finally:
-            with self._lock:
-                if self._pending:
-                    nxt = self._pending[0]
-                    nxt.drive = True
-                    nxt.wake.release()
-                else:
-                    self._in_flight = False
-        # The caller driving this RPC is batch[0]; wake the others.
-        for w in batch[1:]:
-            w.wake.release()
+        except BaseException as e:  # KeyboardInterrupt in the sending thread: its own
+            batch[0].error = e
+            for w in batch[1:]:
+                w.error = OracleUnavailable(f"the timestamp request was interrupted: {e!r}")
+        for a, b in itertools.pairwise(batch):
+            a.next = b
+
+    def _hand_on(self, w: _Waiter) -> None:
+        """*w* has its result: wake the next caller of its batch, or after the last one, the
+        first queued caller to send the next RPC (or mark the client idle)."""
+        nxt = w.next
+        if nxt is not None:
+            nxt.wake.release()
+            return
+        with self._lock:
+            if self._pending:
+                d = self._pending[0]
+                d.drive = True
+                d.wake.release()
+            else:
+                self._busy = False
 
     # -- transport --------------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 How a timestamp is served (DESIGN.md section 6):
 
-* a gRPC handler checks the count and enqueues a request, then waits for it;
+* a gRPC handler checks the count and enqueues a request, then waits for it (on a lock
+  of its own that the allocator releases: one wake-up, no condition variable);
 * the one allocator thread takes *everything* queued, and serves it in one allocation:
   if the block would pass the persisted ceiling it first records a new ceiling durably
   (a fsynced file, or a versioned ``set`` in ZooKeeper), then hands each request its own
@@ -56,14 +57,24 @@ class _Fenced(Exception):
 
 
 class _Request:
-    __slots__ = ("code", "count", "done", "error", "first")
+    """One queued GetTimestamps call; ``done`` is held until the request is answered."""
+
+    __slots__ = ("answered", "code", "count", "done", "error", "first")
 
     def __init__(self, count: int) -> None:
         self.count = count
         self.first = 0
         self.code: grpc.StatusCode | None = None
         self.error = ""
-        self.done = threading.Event()
+        self.answered = False
+        self.done = threading.Lock()
+        self.done.acquire()
+
+    def answer(self) -> None:
+        """Wake the handler waiting for this request (once; later calls do nothing)."""
+        if not self.answered:
+            self.answered = True
+            self.done.release()
 
 
 @dataclass
@@ -84,9 +95,14 @@ class _Allocator:
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self._cond = threading.Condition(threading.Lock())
+        self._qlock = threading.Lock()  # guards _queue, _sleeping, _stopped
         self._queue: list[_Request] = []
         self._stopped = False
+        # The allocator thread sleeps on _wake (held) when the queue is empty; the first
+        # request queued after that releases it: one wake-up per batch, none while it works.
+        self._sleeping = False
+        self._wake = threading.Lock()
+        self._wake.acquire()
         self._state = threading.Lock()  # guards active/next/ceiling and the hand-out
         self._active = False
         self._next = 0
@@ -102,9 +118,9 @@ class _Allocator:
         self._thread.start()
 
     def stop(self) -> None:
-        with self._cond:
+        with self._qlock:
             self._stopped = True
-            self._cond.notify_all()
+            self._rouse()
         self._thread.join(timeout=5)
         self._fail(self._take_all(), grpc.StatusCode.UNAVAILABLE, "oracle server is stopping")
 
@@ -149,35 +165,43 @@ class _Allocator:
 
     def submit(self, count: int) -> _Request:
         req = _Request(count)
-        with self._cond:
+        with self._qlock:
             if self._stopped:
                 req.code, req.error = grpc.StatusCode.UNAVAILABLE, "oracle server is stopping"
-                req.done.set()
+                req.answer()
                 return req
             self._queue.append(req)
-            if len(self._queue) == 1:
-                self._cond.notify()
+            self._rouse()
         return req
 
+    def _rouse(self) -> None:
+        """Wake the allocator thread if it sleeps (called with _qlock held)."""
+        if self._sleeping:
+            self._sleeping = False
+            self._wake.release()
+
     def _take_all(self) -> list[_Request]:
-        with self._cond:
+        with self._qlock:
             batch, self._queue = self._queue, []
         return batch
 
     @staticmethod
     def _fail(batch: list[_Request], code: grpc.StatusCode, message: str) -> None:
         for req in batch:
-            req.code, req.error = code, message
-            req.done.set()
+            if not req.answered:
+                req.code, req.error = code, message
+                req.answer()
 
     def _run(self) -> None:
         while True:
-            with self._cond:
-                while not self._queue and not self._stopped:
-                    self._cond.wait()
+            with self._qlock:
                 if self._stopped:
                     return
                 batch, self._queue = self._queue, []
+                self._sleeping = not batch
+            if not batch:
+                self._wake.acquire()
+                continue
             try:
                 self._serve(batch)
             except Exception:  # never let the allocator die silently
@@ -222,7 +246,7 @@ class _Allocator:
             c.requests += len(batch)
             c.allocations += 1
         for req in batch:
-            req.done.set()
+            req.answer()
 
 
 # -- durable ceilings ---------------------------------------------------------------------
@@ -450,7 +474,7 @@ class _Servicer(pb_grpc.TimestampOracleServicer):  # type: ignore[misc]
                 f"count must be between 1 and {MAX_COUNT:,}, got {count}",
             )
         req = self._server._allocator.submit(count)
-        if not req.done.wait(_HANDLER_WAIT):
+        if not req.done.acquire(timeout=_HANDLER_WAIT):
             context.abort(grpc.StatusCode.UNAVAILABLE, "the allocator did not answer in time")
         if req.code is not None:
             context.abort(req.code, req.error)

@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import grpc
 import pytest
 
 import oracle
-from oracle import MAX_COUNT, OracleClient
+from oracle import MAX_COUNT, OracleClient, OracleStatus
 from oracle._proto import timestamp_oracle_pb2 as pb
 from oracle._proto import timestamp_oracle_pb2_grpc as pb_grpc
 from percolator._errors import InvalidArgument, OracleUnavailable
@@ -86,6 +87,56 @@ def test_restart_and_kill9_during_load_reissue_nothing(oracles: Oracles, tmp_pat
     check_history(calls)
     # Load went on across the restarts: timestamps from at least three server lives.
     assert max(c[3] for c in calls) > ceiling_at_crash
+
+
+def test_concurrent_callers_share_rpcs(oracles: Oracles, tmp_path: object) -> None:
+    """16 threads calling get_timestamp() in a loop: each RPC carries (nearly) all of them.
+
+    Counted by the server (timestamps served against GetTimestamps calls), not timed. One
+    RPC is out at a time, and it counts as out until its block has been handed to all its
+    callers, so a caller served by one RPC that calls again joins the next one. (When the
+    caller that had sent an RPC went on to send the next one for itself while the others
+    were still being woken, RPCs alternated between 16 callers and 1: 8.5 per RPC.)
+
+    Thread 0 reads the counters at its 30th and 70th call, so that threads released late
+    by the start barrier, and the last calls of those, do not count.
+    """
+    server = oracles.start("--state-file", os.path.join(str(tmp_path), "ceiling"))
+    server.wait_serving()
+    threads, calls = 16, 100
+    stamps: list[list[int]] = [[] for _ in range(threads)]
+    errors: list[BaseException] = []
+    marks: list[OracleStatus] = []
+    with OracleClient(f"grpc://{server.address}") as client, server.status_client() as status:
+        client.get_timestamp()  # connect first
+        before = status.status()
+        start = threading.Barrier(threads)
+
+        def run(i: int) -> None:
+            start.wait()
+            try:
+                for k in range(calls):
+                    if i == 0 and k in (30, 70):
+                        marks.append(status.status())
+                    stamps[i].append(client.get_timestamp())
+            except BaseException as e:
+                errors.append(e)
+
+        workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        after = status.status()
+    assert not errors
+    drawn = [ts for mine in stamps for ts in mine]
+    assert len(set(drawn)) == len(drawn) == threads * calls
+    for mine in stamps:
+        assert mine == sorted(mine)
+    assert after.served - before.served == threads * calls
+    served = marks[1].served - marks[0].served
+    rpcs = marks[1].requests - marks[0].requests
+    assert served / rpcs >= 12, f"{served} timestamps in {rpcs} RPCs"
 
 
 def test_get_timestamps_returns_a_consecutive_fresh_block(
