@@ -17,7 +17,8 @@ notify versions at or below the newest one seen are deleted afterwards, so a
 notification written meanwhile survives.
 
 A failing observer is retried with exponential backoff (per worker process); after
-``max_failures`` failures in one process the notification is quarantined (see
+``max_failures`` failures, counted in the store across all workers, the notification
+is quarantined (see
 :mod:`percolator._notifications`): ``percolator status`` shows it and
 ``percolator retry`` puts it back.
 """
@@ -54,8 +55,10 @@ from percolator._notifications import (
     NOTIFY_WEAK,
     Quarantined,
     ack_column,
+    clear_failures,
     format_row,
     quarantine,
+    record_failure,
     wait_until_idle,
 )
 from percolator._store import Mutation, Read, RowCells
@@ -106,9 +109,10 @@ class Worker:
     or instances. At :meth:`start` the worker creates their tables if needed and
     registers their columns as observed, so that commits to them set notify cells.
 
-    *max_failures* bounds how often (in this process) a failing notification is
-    retried, waiting *retry_delay* seconds after the first failure and twice as long
-    after each next one (at most *max_retry_delay*), before it is quarantined.
+    *max_failures* bounds how often a failing notification is tried, counted across
+    every worker of the cluster (in the store), before it is quarantined; this worker
+    waits *retry_delay* seconds after its first failure of it and twice as long after
+    each next one (at most *max_retry_delay*).
     *idle_max* caps the back-off of a scanner that finds nothing to do. *on_commit*,
     if given, is called after each committed observer transaction with
     ``(observer, table, row, column, change_ts, commit_ts)`` (from the scanner
@@ -371,7 +375,9 @@ class Worker:
             if done:
                 if self._failures:
                     with self._failures_lock:
-                        self._failures.pop(key, None)
+                        failed_here = self._failures.pop(key, None)
+                    if failed_here is not None:
+                        clear_failures(self.cluster, table, row, column)
                 self.cluster.store.mutate_rows(
                     table, [Mutation(row, deletes=[(f"{NOTIFY}:{column}", newest)])]
                 )
@@ -450,13 +456,13 @@ class Worker:
     ) -> None:
         self._count("failures")
         key = (table, row, column)
+        count = record_failure(self.cluster, table, row, column, newest)  # cluster-wide
         with self._failures_lock:
             failure = self._failures.get(key) or _Failures(0, 0.0)
-            failure.count += 1
+            failure.count += 1  # this process's back-off
             delay = min(self.retry_delay * 2 ** (failure.count - 1), self.max_retry_delay)
             failure.next_try = time.monotonic() + delay * random.uniform(0.8, 1.2)
             self._failures[key] = failure
-            count = failure.count
         where = f"{table}/{format_row(row)}/{column}"
         if count < self.max_failures:
             log.warning("observer %s failed on %s (%d/%d), retrying in %.2fs: %s",
@@ -470,6 +476,7 @@ class Worker:
         )
         with self._failures_lock:
             self._failures.pop(key, None)
+        clear_failures(self.cluster, table, row, column)
         self._count("quarantined")
         log.error("observer %s failed %d times on %s: notification quarantined "
                   "(see `percolator status`, `percolator retry`): %s",

@@ -19,6 +19,7 @@ Layout (DESIGN.md §5, §7):
 from __future__ import annotations
 
 import json
+import struct
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
@@ -41,12 +42,14 @@ __all__ = [
     "Quarantined",
     "WaitTimeout",
     "ack_column",
+    "clear_failures",
     "format_row",
     "held_locks",
     "parse_row",
     "pending_notifications",
     "quarantine",
     "quarantined",
+    "record_failure",
     "retry_quarantined",
     "wait_until_idle",
 ]
@@ -55,6 +58,9 @@ ACK_FAMILY = "_ack"
 NOTIFY_STRONG = b"1"
 NOTIFY_WEAK = b"w"
 _QUARANTINE = b"quarantine/"
+_FAILURES = b"failures/"
+_FAILURE = struct.Struct(">QI")  # notify timestamp of the notification, failures of it
+_NO_FAILURES = _FAILURE.pack(0, 0)
 
 
 def ack_column(observer: str, column: str) -> str:
@@ -157,6 +163,43 @@ class Quarantined:
 
 def _record_key(table: str, row: bytes) -> bytes:
     return _QUARANTINE + table.encode() + b"/" + row
+
+
+def _failures_key(table: str, row: bytes) -> bytes:
+    return _FAILURES + table.encode() + b"/" + row
+
+
+def _read_failures(cluster: Cluster, key: bytes, column: str) -> bytes | None:
+    versions = cluster.store.read_rows(META_TABLE, [key], [Read("m", (column,))]).get(
+        key, {}
+    ).get(f"m:{column}")
+    return versions[0][1] if versions else None
+
+
+def record_failure(cluster: Cluster, table: str, row: bytes, column: str, notify_ts: int) -> int:
+    """Count one more failure of the notification whose newest notify version is
+    *notify_ts*, for the whole cluster (every worker process shares the count; a newer
+    notification of the cell starts again from zero). Returns the new count."""
+    key = _failures_key(table, row)
+    while True:
+        raw = _read_failures(cluster, key, column)
+        seen_ts, count = _FAILURE.unpack(raw) if raw is not None else (0, 0)
+        count = count + 1 if seen_ts == notify_ts else 1
+        if cluster.store.check_and_set(
+            META_TABLE, key, f"m:{column}", raw, _FAILURE.pack(notify_ts, count)
+        ):
+            return count
+
+
+def clear_failures(cluster: Cluster, table: str, row: bytes, column: str) -> None:
+    """Reset the cell's failure count (its notification succeeded or was quarantined).
+    A compare-and-set, not a delete: the counter is only ever compare-and-set, which
+    HBase writes at server time, so a delete at one of our timestamps could miss it.
+    Losing a race to a newer failure leaves that failure counted, as it should."""
+    key = _failures_key(table, row)
+    raw = _read_failures(cluster, key, column)
+    if raw is not None and raw != _NO_FAILURES:
+        cluster.store.check_and_set(META_TABLE, key, f"m:{column}", raw, _NO_FAILURES)
 
 
 def quarantine(cluster: Cluster, record: Quarantined, notify_ts: int) -> None:

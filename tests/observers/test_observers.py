@@ -291,6 +291,35 @@ def test_failing_observer_is_quarantined_and_retried_from_the_cli(
     assert log_rows(cluster, "flaky") == [(b"r1", b"payload")]
 
 
+def test_failures_are_counted_across_workers(cluster: percolator.Cluster) -> None:
+    # max_failures bounds the tries of a notification by the whole cluster: a worker
+    # that takes over after another failed twice quarantines it at the third failure.
+    with Transaction(cluster) as txn:
+        txn.set("flaky", b"config", "cfg:fail", b"1")
+    first = Worker(cluster, [_app.Flaky], threads=1, max_failures=3, retry_delay=0.5)
+    with first:
+        with Transaction(cluster) as txn:
+            txn.set("flaky", b"r1", "in:x", b"payload")
+        deadline = time.monotonic() + 60
+        while first.stats["failures"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.002)
+    assert first.stats["failures"] == 2 and quarantined(cluster) == []
+    second = Worker(cluster, [_app.Flaky], threads=1, max_failures=3, retry_delay=0.01)
+    with second:
+        wait_for_observers(cluster, timeout=60)
+    assert second.stats["failures"] == 1 and second.stats["quarantined"] == 1
+    [record] = quarantined(cluster)
+    assert record.failures == 3
+    # a new change of the cell is processed afresh
+    with Transaction(cluster) as txn:
+        txn.set("flaky", b"config", "cfg:fail", b"0")
+        txn.set("flaky", b"r1", "in:x", b"again")
+    with Worker(cluster, [_app.Flaky], threads=1, max_failures=1) as third:
+        wait_for_observers(cluster, timeout=60)
+    assert third.stats["failures"] == 0
+    assert log_rows(cluster, "flaky") == [(b"r1", b"again")]
+
+
 # --- waiting ----------------------------------------------------------------------------
 
 

@@ -9,9 +9,11 @@ import time
 import percolator
 from percolator._notifications import (
     Quarantined,
+    clear_failures,
     pending_notifications,
     quarantine,
     quarantined,
+    record_failure,
     retry_quarantined,
 )
 
@@ -32,3 +34,18 @@ def test_quarantine_retry_quarantine_again(cluster: percolator.Cluster) -> None:
         assert quarantined(cluster) == []
         assert [p.row for p in pending_notifications(cluster)] == [b"d1"]
     assert pending.row == b"d1"
+
+
+def test_failure_counts_are_shared_reset_by_a_new_notification_and_cleared(
+    cluster: percolator.Cluster,
+) -> None:
+    cluster.create_table("docs")
+    count = [record_failure(cluster, "docs", b"d1", "in:v", 100) for _ in range(3)]
+    assert count == [1, 2, 3]
+    assert record_failure(cluster, "docs", b"d2", "in:v", 100) == 1  # per cell
+    assert record_failure(cluster, "docs", b"d1", "in:w", 100) == 1
+    assert record_failure(cluster, "docs", b"d1", "in:v", 200) == 1  # a newer notification
+    assert record_failure(cluster, "docs", b"d1", "in:v", 200) == 2
+    clear_failures(cluster, "docs", b"d1", "in:v")
+    assert record_failure(cluster, "docs", b"d1", "in:v", 200) == 1
+    clear_failures(cluster, "docs", b"d9", "in:v")  # nothing counted: nothing to clear
