@@ -42,8 +42,12 @@ protocol never depends on one:
   :class:`Guard`", one round trip (Bigtable ``CheckAndMutateRow`` with a filter
   predicate; HBase Thrift1's ``checkAndPut`` can only compare one value). The two-phase
   prewrite folds its conflict check into it (``percolator/_commit.py``).
-* ``check_and_set_many(table, items)``: many compare-and-sets in one round trip, for
-  bulk writers (``percolator/_bulk.py``).
+* ``check_and_set_many(table, items) -> list[bool]`` (:class:`BatchedCas`): many
+  compare-and-sets in fewer round trips than one each, for bulk writers
+  (``percolator/_bulk.py``): SQLite decides a batch in one write transaction; Bigtable
+  sends one ``CheckAndMutateRow`` per row (its cells compared and set together, see
+  ``percolator/stores/_cas_rows.py``), several rows at a time. HBase Thrift1 cannot:
+  ``checkAndPut`` compares and sets one cell per call and has no batch form.
 """
 
 from __future__ import annotations
@@ -217,4 +221,23 @@ class GuardedSet(Protocol):
         """Unless some cell of *row* matches one of *guards*, set ``(row, column)``
         to *new* as :meth:`Store.check_and_set` does and apply *puts*, all in one atomic
         step, and return True; otherwise change nothing and return False."""
+        ...
+
+
+CasItem = tuple[bytes, str, bytes | None, bytes, Sequence[tuple[str, int, bytes]]]
+"""One compare-and-set of a :meth:`BatchedCas.check_and_set_many` batch:
+``(row, column, expected, new, puts)``, the arguments of :meth:`Store.check_and_set`."""
+
+
+@runtime_checkable
+class BatchedCas(Protocol):
+    """A store that decides many compare-and-sets in fewer round trips than one each
+    (optional capability, for bulk writers: ``percolator/_bulk.py``)."""
+
+    def check_and_set_many(self, table: str, items: Sequence[CasItem]) -> list[bool]:
+        """Decide *items* as :meth:`Store.check_and_set` would one after another, in
+        order, and return one bool per item. The puts of an item are applied only when
+        its compare-and-set succeeds, atomically with it, and must not name a cell
+        that the batch compares. A failure may leave some items applied and others
+        not, as the same calls one by one would."""
         ...

@@ -56,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
                                      "(default: derived from the input files and mapping)")
     p.add_argument("--partitions", type=int, default=None,
                    help="Spark partitions (default: the default parallelism)")
-    p.add_argument("--batch-cells", type=int, default=2000, help="cells per store batch")
+    p.add_argument("--batch-cells", type=int, default=5000,
+                   help="cells per store batch (default 5000)")
     p.add_argument("--master", help="Spark master (default: spark-submit's, or local[*])")
     p.add_argument("--oracle", help="timestamp oracle (grpc://host:port or zk://...)")
     p.add_argument("--zookeeper", help="ZooKeeper coordination host:port/chroot")

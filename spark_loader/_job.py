@@ -16,6 +16,8 @@ Stages (one Percolator transaction, see :mod:`percolator._bulk`):
 from __future__ import annotations
 
 import atexit
+import contextlib
+import gc
 import hashlib
 import json
 import logging
@@ -152,9 +154,10 @@ def _prewrite_partition(
     pause = (lambda: time.sleep(options.batch_delay)) if options.batch_delay else None
     try:
         cluster = _cluster(options)
-        for row, columns in prewrite_rows(cluster, txn, rows(), batch_cells=options.batch_cells,
-                                          after_batch=pause):
-            yield "L", (row, columns)
+        with _collector_paused():
+            for row, columns in prewrite_rows(cluster, txn, rows(),
+                                              batch_cells=options.batch_cells, after_batch=pause):
+                yield "L", (row, columns)
     except PercolatorError as e:
         stats["error"] = f"{type(e).__name__}: {e}"
     stats["rejects"] = len(rejects)
@@ -167,7 +170,23 @@ def _release_partition(
 ) -> None:
     cluster = _cluster(options)
     rows = (value for kind, value in items if kind == "L")
-    finish_rows(cluster, txn, rows, commit_ts, batch_cells=options.batch_cells)
+    with _collector_paused():
+        finish_rows(cluster, txn, rows, commit_ts, batch_cells=options.batch_cells)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while a partition is written (in a Spark
+    worker, one task at a time). The partition's objects (tuples, dicts, bytes) form no
+    cycles, reference counting frees them, and the collector would otherwise walk the
+    newly allocated ones every 700 allocations: about 6% of the time of the writes."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 # --- the driver ------------------------------------------------------------------------------
@@ -263,6 +282,8 @@ def _run(
         try:
             spark.sparkContext.setJobDescription(f"percolator load {load_id[:12]}: prewrite")
             stats = locked.filter(lambda kv: kv[0] == "S").map(lambda kv: kv[1]).collect()
+            log.debug("load %s: parse, shuffle and prewrite took %.2fs", load_id[:12],
+                      time.monotonic() - began)
             errors = [s["error"] for s in stats if s["error"]]
             result.rows = sum(s["rows"] for s in stats)
             result.cells = sum(s["cells"] for s in stats)
@@ -296,9 +317,11 @@ def _run(
             if failure is not None:
                 load.abort()
             spark.sparkContext.setJobDescription(f"percolator load {load_id[:12]}: release")
+            released = time.monotonic()
             locked.foreachPartition(
                 lambda items: _release_partition(options, txn, committed, items)
             )
+            log.debug("load %s: release took %.2fs", load_id[:12], time.monotonic() - released)
             if committed is not None:
                 load.mark_finished(committed)
             if failure is not None:
@@ -330,7 +353,7 @@ def load_dataframe(
     max_rejects: int | None = None,
     rejects_path: str | None = None,
     partitions: int | None = None,
-    batch_cells: int = 2000,
+    batch_cells: int = 5000,
     connect_options: Mapping[str, Any] | None = None,
 ) -> LoadResult:
     """Load the rows of *df* into *table* of the cluster at *url* as one transaction.
@@ -388,7 +411,7 @@ def load_files(
     max_rejects: int | None = None,
     rejects_path: str | None = None,
     partitions: int | None = None,
-    batch_cells: int = 2000,
+    batch_cells: int = 5000,
     connect_options: Mapping[str, Any] | None = None,
     test_hooks: Mapping[str, Any] | None = None,
 ) -> LoadResult:

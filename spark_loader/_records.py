@@ -67,6 +67,8 @@ class ColumnMap:
 
 
 def to_bytes(value: Any) -> bytes | None:
+    if type(value) is str:  # the common case first
+        return value.encode()
     if value is None:
         return None
     if isinstance(value, bytes | bytearray | memoryview):
@@ -91,26 +93,39 @@ def to_cells(record: Mapping[str, Any], mapping: ColumnMap, line: str) -> Parsed
     key = record.get(mapping.row_key)
     if key is None:
         return Reject(f"missing row key field {mapping.row_key!r}", line)
-    row = to_bytes(key)
+    try:
+        row = to_bytes(key)
+    except UnicodeEncodeError as e:
+        return Reject(f"row key field {mapping.row_key!r} is not valid text: {e.reason}", line)
     if not row:
         return Reject(f"empty row key field {mapping.row_key!r}", line)
-    shown = row.decode(errors="replace")[:200]
     if len(row) > MAX_ROW_BYTES:
         return Reject(f"row key of {len(row)} bytes is over the limit of {MAX_ROW_BYTES} bytes",
-                      line, shown)
+                      line, _shown(row))
     cells: dict[str, bytes] = {}
     for field, column in mapping.columns:
-        value = to_bytes(record.get(field))
+        value = record.get(field)
         if value is None:
             continue
-        if len(value) > MAX_VALUE_BYTES:
-            return Reject(f"value of field {field!r} ({len(value)} bytes) is over the limit "
-                          f"of {MAX_VALUE_BYTES} bytes", line, shown)
-        cells[column] = value
+        try:
+            data = value.encode() if type(value) is str else to_bytes(value)
+        except UnicodeEncodeError as e:
+            return Reject(f"value of field {field!r} is not valid text: {e.reason}", line,
+                          _shown(row))
+        assert data is not None
+        if len(data) > MAX_VALUE_BYTES:
+            return Reject(f"value of field {field!r} ({len(data)} bytes) is over the limit "
+                          f"of {MAX_VALUE_BYTES} bytes", line, _shown(row))
+        cells[column] = data
     if not cells:
         return Reject("no mapped field has a value (fields "
-                      f"{', '.join(repr(f) for f, _ in mapping.columns)})", line, shown)
+                      f"{', '.join(repr(f) for f, _ in mapping.columns)})", line, _shown(row))
     return row, (cells, line)
+
+
+def _shown(row: bytes) -> str:
+    """A row key as reject records show it."""
+    return row.decode(errors="replace")[:200]
 
 
 def parse_json(lines: Iterable[str], mapping: ColumnMap) -> Iterator[Parsed]:
@@ -162,7 +177,7 @@ def dedupe(
         if all(cells == first for cells, _ in group[1:]):
             yield current, first
             return
-        shown = current.decode(errors="replace")[:200]
+        shown = _shown(current)
         for _, line in group:
             rejects.append(Reject(f"duplicate row key {shown!r} with different values "
                                   f"({len(group)} records)", line, shown))

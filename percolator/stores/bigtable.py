@@ -68,7 +68,8 @@ from percolator._errors import (
     UnknownTableError,
     ValueTooLargeError,
 )
-from percolator._store import Guard, Mutation, Read, RowCells
+from percolator._store import CasItem, Guard, Mutation, Read, RowCells
+from percolator.stores._cas_rows import check_and_set_by_row
 from percolator.stores._memo import memo_by_reads
 
 __all__ = ["BigtableStore", "open_bigtable_store"]
@@ -988,6 +989,81 @@ class BigtableStore:
 
     def __repr__(self) -> str:
         return f"BigtableStore({self.url!r})"
+
+    def check_and_set_many(self, table: str, items: Sequence[CasItem]) -> list[bool]:
+        """Many :meth:`check_and_set` calls (:class:`percolator._store.BatchedCas`): the
+        items of one row go in one ``CheckAndMutateRow`` (:meth:`_check_and_set_row`),
+        eight rows at a time; a row whose request fails (some cell differed) or that
+        names a cell twice is decided item by item. The result is that of the items
+        one after another, in order (``percolator/stores/_cas_rows.py``).
+
+        :raises UnknownTableError: *table* does not exist.
+        :raises StoreUnavailable: Bigtable could not be reached; some items may have
+            been applied.
+        """
+        self._check_open()
+        return check_and_set_by_row(
+            items,
+            lambda group: self._check_and_set_row(table, group),
+            lambda item: self.check_and_set(table, *item),
+        )
+
+    def _check_and_set_row(self, table: str, items: Sequence[CasItem]) -> bool:
+        """Compare-and-set several cells of one row in one ``CheckAndMutateRow``: if
+        every cell holds its expected value (all expected None: every cell absent), set
+        each as :meth:`check_and_set` does and apply every item's puts, atomically, and
+        return True; otherwise change nothing and return False.
+
+        The predicate of values is the interleave of one chain per cell (*exact column
+        -> latest version -> value in [expected, expected]*), each yielding at most one
+        cell, then ``CellsPerRowOffset(n - 1)``: it outputs a cell only if all *n*
+        matched. For absent cells it is the interleave of the columns, and the
+        mutations go in the false branch, as in :meth:`check_and_set`.
+        """
+        row = items[0][0]
+        absent = items[0][2] is None
+        branches: list[Any] = []
+        mutations: list[Any] = []
+        for _, column, expected, new, puts in items:
+            family, qualifier = _split_column(column)
+            _check_value(new, column)
+            steps = [_column_range(family, qualifier)]
+            if expected is not None:
+                _check_value(expected, column)
+                limit = data_types.RowFilter.pb()()
+                limit.cells_per_column_limit_filter = 1
+                match = data_types.RowFilter.pb()()
+                match.value_range_filter.start_value_closed = expected
+                match.value_range_filter.end_value_closed = expected
+                steps += [limit, match]
+            branches.append(_chain(steps))
+            mutations += [
+                _delete_column(family, qualifier, None),
+                _set_cell(family, qualifier, 0, new),
+                *_put_mutations(puts),
+            ]
+        predicate = _interleave(branches)
+        if not absent and len(items) > 1:
+            offset = data_types.RowFilter.pb()()
+            offset.cells_per_row_offset_filter = len(items) - 1
+            predicate = _chain([predicate, offset])
+        request = bt_types.CheckAndMutateRowRequest.pb()(
+            table_name=self._table_path(table),
+            app_profile_id=self.app_profile_id,
+            row_key=_check_row(row),
+            predicate_filter=predicate,
+        )
+        (request.false_mutations if absent else request.true_mutations).extend(mutations)
+        try:
+            response = self._data.check_and_mutate_row(
+                request=bt_types.CheckAndMutateRowRequest.wrap(request),
+                retry=None,
+                timeout=self.timeout,
+            )
+        except gexc.GoogleAPICallError as e:
+            self._fail(e, f"CheckAndMutateRow on {table!r} row {row!r} ({len(items)} cells)",
+                       table)
+        return bool(response.predicate_matched) != absent
 
 
 def _is_family_error(message: str) -> bool:

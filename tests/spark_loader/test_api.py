@@ -35,6 +35,10 @@ def test_parse_and_dedupe() -> None:
     csv_out = list(parse_csv(["k,v,n", "a,x,1", "b,y", 'c,"q,r",2'], m, ["k", "v", "n"], "k,v,n"))
     assert isinstance(csv_out[1], Reject) and "2 fields" in csv_out[1].reason
     assert csv_out[2] == (b"c", ({"f:v": b"q,r", "f:n": b"2"}, 'c,"q,r",2'))
+    # a lone surrogate (valid JSON, not valid UTF-8) is a reject, not a failed load
+    bad = list(parse_json(['{"k": "a", "v": "\\udc80"}', '{"k": "\\ud800", "v": "x"}'], m))
+    assert [isinstance(r, Reject) and "is not valid text" in r.reason for r in bad] == [True] * 2
+    assert isinstance(bad[0], Reject) and bad[0].row == "a"
     rejects: list[Reject] = []
     rows = list(dedupe([(b"a", ({"f:v": b"1"}, "l1")), (b"a", ({"f:v": b"1"}, "l2")),
                         (b"b", ({"f:v": b"1"}, "l3")), (b"b", ({"f:v": b"2"}, "l4"))], rejects))

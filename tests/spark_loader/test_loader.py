@@ -369,3 +369,26 @@ def test_load_into_bigtable_emulator(spark: Any, tmp_path: Path, bigtable_emulat
     with percolator.connect(remote) as c:
         assert visible(c) == expected(recs)
         assert_clean(c)
+
+
+@pytest.mark.hbase
+def test_load_into_hbase(spark: Any, tmp_path: Path, hbase_thrift: str) -> None:
+    """HBase has no batched compare-and-set: the loader takes one ``checkAndPut`` per
+    cell (its puts batched before), with the same outcome."""
+    from tests._hbase import hbase_store_url
+
+    remote = hbase_store_url(hbase_thrift, "spark_loader")
+    recs = records(150)
+    path = write_jsonl(tmp_path / "in.jsonl", recs, ("{bad",))
+    result = load_files(spark, path, "jsonl", remote, "docs", "url", COLUMNS,
+                        observe=["meta:lang"])
+    assert (result.rows, result.rejects) == (150, 1)
+    again = load_files(spark, path, "jsonl", remote, "docs", "url", COLUMNS)
+    assert again.already_loaded and again.commit_ts == result.commit_ts
+    with percolator.connect(remote) as c:
+        assert visible(c) == expected(recs)
+        assert_clean(c)
+        notified = {row for row, _ in c.store.scan("docs", None, None, [Read("n")])}
+        assert notified == set(expected(recs))
+        for table in c.store.list_tables():
+            c.store.drop_table(table)
