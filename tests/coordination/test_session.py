@@ -62,8 +62,10 @@ def test_zookeeper_restart_loses_nothing_and_rolls_back_no_live_lock(
 ) -> None:
     chroot = live_zookeeper.create_chroot()
     clusters = [
-        # Sessions must outlive the restart (a JVM start on a loaded machine: seconds).
-        percolator.connect(store_url, zookeeper=chroot, zookeeper_session_timeout=20.0)
+        # Sessions must outlive the restart: a JVM start on a loaded machine takes
+        # seconds, and a fresh server may answer its first reads slowly (a run with 20 s
+        # lost a session while other jobs loaded both cores). Only a failure waits it out.
+        percolator.connect(store_url, zookeeper=chroot, zookeeper_session_timeout=40.0)
         for _ in range(3)
     ]
     stop = threading.Event()
