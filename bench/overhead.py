@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -153,100 +153,129 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=["sqlite", "bigtable", "hbase"], default="sqlite")
     parser.add_argument("--ops", type=int, default=2000, help="operations per side per round")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--oracle", action="store_true",
+        help="draw timestamps from a standalone gRPC oracle process (the production "
+             "choice on remote stores) instead of the store's own source",
+    )
     args = parser.parse_args(argv)
 
-    with open_backend(args.backend) as url, percolator.connect(url) as cluster:
-        store = CountingStore(cluster.store)
-        cluster.store = store  # type: ignore[assignment]
-        timestamps = cluster.timestamps
-        # Timestamps drawn from the store (no oracle) go through the counting proxy
-        # too, so that their round trips (increment, or read + check_and_set) are
-        # counted; "timestamp" counts the draws themselves.
-        counted_source: Any = (
-            StoreTimestamps(store) if isinstance(timestamps, StoreTimestamps) else timestamps  # type: ignore[arg-type]
+    with ExitStack() as stack:
+        url = stack.enter_context(open_backend(args.backend))
+        options: dict[str, Any] = {}
+        if args.oracle:
+            options["oracle"] = stack.enter_context(standalone_oracle())
+        cluster = stack.enter_context(percolator.connect(url, **options))
+        return measure(args, cluster)
+
+
+@contextmanager
+def standalone_oracle() -> Iterator[str]:
+    """A ``python -m oracle`` process with its state in a temporary file."""
+    from bench.oracle import Server
+
+    with tempfile.TemporaryDirectory(prefix="percolator-bench-oracle-") as tmp:
+        server = Server(["--state-file", os.path.join(tmp, "oracle.state")], tmp)
+        try:
+            server.wait()
+            yield f"grpc://{server.address}"
+        finally:
+            server.kill()
+
+
+def measure(args: argparse.Namespace, cluster: percolator.Cluster) -> int:
+    store = CountingStore(cluster.store)
+    cluster.store = store  # type: ignore[assignment]
+    timestamps = cluster.timestamps
+    # Timestamps drawn from the store (no oracle) go through the counting proxy
+    # too, so that their round trips (increment, or read + check_and_set) are
+    # counted; "timestamp" counts the draws themselves.
+    counted_source: Any = (
+        StoreTimestamps(store) if isinstance(timestamps, StoreTimestamps) else timestamps  # type: ignore[arg-type]
+    )
+    cluster.timestamps = CountingTimestamps(counted_source, store.calls)
+    cluster.create_table(TABLE)
+    # the raw side goes through the same counting proxy as the transactions, so that
+    # its round trips are counted too (the timing below runs without the proxies)
+    raw = store
+    raw.create_table("raw", {"d": 0})
+    rows = [b"row%06d" % i for i in range(ROWS)]
+    with percolator.Transaction(cluster) as txn:
+        for row in rows:
+            txn.set(TABLE, row, COLUMN, b"x" * 100)
+    raw.mutate_rows("raw", [Mutation(row, [("d:" + COLUMN, 1, b"x" * 100)]) for row in rows])
+
+    reader: list[percolator.Transaction] = [percolator.Transaction(cluster)]
+    ts = iter(range(10, 10**12))
+
+    def raw_read(i: int) -> None:
+        raw.read_rows("raw", [rows[i % ROWS]], [Read("d", (COLUMN,))])
+
+    def txn_read(i: int) -> None:
+        if i % 100 == 0:
+            reader[0] = percolator.Transaction(cluster)
+        reader[0].get(TABLE, rows[i % ROWS], COLUMN)
+
+    def txn_read_fresh(i: int) -> None:
+        percolator.Transaction(cluster).get(TABLE, rows[i % ROWS], COLUMN)
+
+    def raw_write(i: int) -> None:
+        raw.mutate_rows(
+            "raw", [Mutation(rows[i % ROWS], [("d:" + COLUMN, next(ts), b"y" * 100)])]
         )
-        cluster.timestamps = CountingTimestamps(counted_source, store.calls)
-        cluster.create_table(TABLE)
-        # the raw side goes through the same counting proxy as the transactions, so
-        # that its round trips are counted too and both sides pay the proxy alike
-        raw = store
-        raw.create_table("raw", {"d": 0})
-        rows = [b"row%06d" % i for i in range(ROWS)]
+
+    def txn_write(i: int) -> None:
         with percolator.Transaction(cluster) as txn:
-            for row in rows:
-                txn.set(TABLE, row, COLUMN, b"x" * 100)
-        raw.mutate_rows("raw", [Mutation(row, [("d:" + COLUMN, 1, b"x" * 100)]) for row in rows])
+            txn.set(TABLE, rows[i % ROWS], COLUMN, b"y" * 100)
 
-        reader: list[percolator.Transaction] = [percolator.Transaction(cluster)]
-        ts = iter(range(10, 10**12))
+    def transfer(i: int) -> None:
+        a, b = rows[(2 * i) % ROWS], rows[(2 * i + 1) % ROWS]
+        with percolator.Transaction(cluster) as txn:
+            va = txn.get(TABLE, a, COLUMN) or b""
+            vb = txn.get(TABLE, b, COLUMN) or b""
+            txn.set(TABLE, a, COLUMN, vb)
+            txn.set(TABLE, b, COLUMN, va)
 
-        def raw_read(i: int) -> None:
-            raw.read_rows("raw", [rows[i % ROWS]], [Read("d", (COLUMN,))])
-
-        def txn_read(i: int) -> None:
-            if i % 100 == 0:
-                reader[0] = percolator.Transaction(cluster)
-            reader[0].get(TABLE, rows[i % ROWS], COLUMN)
-
-        def txn_read_fresh(i: int) -> None:
-            percolator.Transaction(cluster).get(TABLE, rows[i % ROWS], COLUMN)
-
-        def raw_write(i: int) -> None:
-            raw.mutate_rows(
-                "raw", [Mutation(rows[i % ROWS], [("d:" + COLUMN, next(ts), b"y" * 100)])]
-            )
-
-        def txn_write(i: int) -> None:
-            with percolator.Transaction(cluster) as txn:
-                txn.set(TABLE, rows[i % ROWS], COLUMN, b"y" * 100)
-
-        def transfer(i: int) -> None:
-            a, b = rows[(2 * i) % ROWS], rows[(2 * i + 1) % ROWS]
-            with percolator.Transaction(cluster) as txn:
-                va = txn.get(TABLE, a, COLUMN) or b""
-                vb = txn.get(TABLE, b, COLUMN) or b""
-                txn.set(TABLE, a, COLUMN, vb)
-                txn.set(TABLE, b, COLUMN, va)
-
-        ops = {
-            "raw read": raw_read,
-            "txn read": txn_read,
-            "txn read, own txn": txn_read_fresh,
-            "raw write": raw_write,
-            "txn write": txn_write,
-            "transfer txn": transfer,
-        }
-        trips: dict[str, str] = {}
-        for name, op in ops.items():
-            store.calls.clear()
-            for i in range(100):
-                op(i)
-            trips[name] = ", ".join(f"{k} {v / 100:g}" for k, v in sorted(store.calls.items()))
-        # Timed without the counting proxies: their cost, the same on both sides, would
-        # pull every ratio towards 1.
-        cluster.store, cluster.timestamps = store._store, timestamps
-        raw = cluster.store
-        pairs = {
-            "txn read": "raw read",
-            "txn read, own txn": "raw read",
-            "txn write": "raw write",
-            "transfer txn": "raw write",
-        }
-        rates: dict[str, list[float]] = {name: [] for name in ops}
-        ratios: dict[str, list[float]] = {name: [] for name in pairs}
-        for _ in range(args.rounds):
-            for name, base in pairs.items():
-                n = args.ops if "transfer" not in name else args.ops // 2
-                op_rate, base_rate = paired_rates(ops[name], ops[base], n)
-                rates[name].append(op_rate)
-                rates[base].append(base_rate)
-                ratios[name].append(op_rate / base_rate)
+    ops = {
+        "raw read": raw_read,
+        "txn read": txn_read,
+        "txn read, own txn": txn_read_fresh,
+        "raw write": raw_write,
+        "txn write": txn_write,
+        "transfer txn": transfer,
+    }
+    trips: dict[str, str] = {}
+    for name, op in ops.items():
+        store.calls.clear()
+        for i in range(100):
+            op(i)
+        trips[name] = ", ".join(f"{k} {v / 100:g}" for k, v in sorted(store.calls.items()))
+    # Timed without the counting proxies: their cost, the same on both sides, would
+    # pull every ratio towards 1.
+    cluster.store, cluster.timestamps = store._store, timestamps
+    raw = cluster.store
+    pairs = {
+        "txn read": "raw read",
+        "txn read, own txn": "raw read",
+        "txn write": "raw write",
+        "transfer txn": "raw write",
+    }
+    rates: dict[str, list[float]] = {name: [] for name in ops}
+    ratios: dict[str, list[float]] = {name: [] for name in pairs}
+    for _ in range(args.rounds):
+        for name, base in pairs.items():
+            n = args.ops if "transfer" not in name else args.ops // 2
+            op_rate, base_rate = paired_rates(ops[name], ops[base], n)
+            rates[name].append(op_rate)
+            rates[base].append(base_rate)
+            ratios[name].append(op_rate / base_rate)
 
     def ratio(a: str, b: str) -> float:
         assert pairs[a] == b
         return statistics.median(ratios[a])
 
-    print(f"## Transaction overhead, {args.backend} (bench/overhead.py)\n")
+    source = ", timestamps from a gRPC oracle" if args.oracle else ""
+    print(f"## Transaction overhead, {args.backend}{source} (bench/overhead.py)\n")
     print(
         f"- machine: {os.cpu_count()} cores, {cpu_model()}, {platform.python_implementation()} "
         f"{platform.python_version()}"
@@ -254,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
     print(
         f"- command: `python bench/overhead.py --backend {args.backend} --ops {args.ops} "
-        f"--rounds {args.rounds}`\n"
+        f"--rounds {args.rounds}{' --oracle' if args.oracle else ''}`\n"
     )
     print("| operation | ops/s (median of rounds) | store calls per op |")
     print("|---|---:|---|")

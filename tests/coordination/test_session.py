@@ -60,12 +60,15 @@ def test_expired_session_drops_the_identity_and_registers_a_new_one(
 def test_zookeeper_restart_loses_nothing_and_rolls_back_no_live_lock(
     store_url: str, live_zookeeper: ZooKeeperServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    chroot = live_zookeeper.create_chroot()
+    hosts, _, path = live_zookeeper.create_chroot().partition("/")
+    # kazoo waits up to session_timeout / len(hosts) for a connect handshake, so a
+    # reconnect that reaches the port while the restarting server is not yet serving
+    # can hang for the whole session timeout and then find its session expired (seen
+    # in CI). Naming the one server four times gives it a 4-server ensemble's connect
+    # timeout; the 40 s sessions outlive a JVM restart on a loaded machine.
+    target = ",".join([hosts] * 4) + "/" + path
     clusters = [
-        # Sessions must outlive the restart: a JVM start on a loaded machine takes
-        # seconds, and a fresh server may answer its first reads slowly (a run with 20 s
-        # lost a session while other jobs loaded both cores). Only a failure waits it out.
-        percolator.connect(store_url, zookeeper=chroot, zookeeper_session_timeout=40.0)
+        percolator.connect(store_url, zookeeper=target, zookeeper_session_timeout=40.0)
         for _ in range(3)
     ]
     stop = threading.Event()
