@@ -33,6 +33,7 @@ from oracle._proto import timestamp_oracle_pb2 as pb
 from oracle._proto import timestamp_oracle_pb2_grpc as pb_grpc
 from oracle._target import MAX_COUNT, GrpcTarget, Target, check_count, parse_target, zk_paths
 from percolator._errors import InvalidArgument, OracleUnavailable
+from percolator._zookeeper import bounded_stop_handler
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
@@ -338,7 +339,9 @@ class OracleClient:
         assert not isinstance(self._target, GrpcTarget)
         _, leader_path, _ = zk_paths(self._target.chroot)
         if self._zk is None:
-            zk = KazooClient(hosts=self._target.hosts, timeout=10.0)
+            zk = KazooClient(
+                hosts=self._target.hosts, timeout=10.0, handler=bounded_stop_handler()
+            )
             try:
                 zk.start(timeout=max(0.1, min(remaining, 5.0)))
             except Exception as e:

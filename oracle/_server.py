@@ -37,6 +37,7 @@ from oracle._proto import timestamp_oracle_pb2 as pb
 from oracle._proto import timestamp_oracle_pb2_grpc as pb_grpc
 from oracle._target import MAX_COUNT, parse_host_port, parse_zookeeper, zk_paths
 from percolator._errors import InvalidArgument
+from percolator._zookeeper import bounded_stop_handler
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
@@ -323,7 +324,9 @@ class _ZooKeeperLeadership:
         self.advertise = advertise
         self.allocator = allocator
         self.session_timeout = session_timeout
-        self.client: KazooClient = KazooClient(hosts=target.hosts, timeout=session_timeout)
+        self.client: KazooClient = KazooClient(
+            hosts=target.hosts, timeout=session_timeout, handler=bounded_stop_handler()
+        )
         self.client.add_listener(self._on_state)
         self._stop = threading.Event()
         self._lost = threading.Event()

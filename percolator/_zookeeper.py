@@ -98,6 +98,51 @@ def _parse_auth(auth: str | None) -> tuple[str, str] | None:
     return user, password
 
 
+_STOP_GRACE = 2.0
+"""Seconds a stopping client gives its callback threads before leaving them."""
+
+
+def bounded_stop_handler() -> Any:
+    """A kazoo threading handler whose ``stop()`` cannot hang.
+
+    kazoo's handler joins its callback threads with no timeout, before the connection
+    is stopped. A callback waiting for a reply from a server that is gone (kazoo's own
+    ``DataWatch`` re-reads its node after a reconnect) then never returns, and
+    ``KazooClient.stop()``, or kazoo's ``atexit`` hook at interpreter exit, waits for
+    ever. These threads are daemons: this handler gives them :data:`_STOP_GRACE`
+    seconds, then leaves them, so the connection is stopped and the process can end.
+    Every ``KazooClient`` of percolator and the oracle uses it.
+    """
+    import atexit
+
+    from kazoo.handlers import threading as kazoo_threading
+
+    if not hasattr(kazoo_threading, "_STOP"):  # another kazoo layout: its own handler
+        return kazoo_threading.SequentialThreadingHandler()
+
+    class BoundedStopHandler(kazoo_threading.SequentialThreadingHandler):  # type: ignore[misc]
+        def stop(self) -> None:
+            h: Any = self  # kazoo's handler is untyped
+            with h._state_change:
+                if not h._running:
+                    return
+                h._running = False
+                for work_queue in (h.completion_queue, h.callback_queue):
+                    work_queue.put(kazoo_threading._STOP)
+                deadline = time.monotonic() + _STOP_GRACE
+                for worker in reversed(h._workers):
+                    worker.join(max(0.0, deadline - time.monotonic()))
+                    if worker.is_alive():
+                        log.warning("a ZooKeeper callback is still running after %gs; "
+                                    "leaving it", _STOP_GRACE)
+                h._workers = []
+                h.callback_queue = h.queue_impl()
+                h.completion_queue = h.queue_impl()
+                atexit.unregister(h.stop)
+
+    return BoundedStopHandler()
+
+
 def _client(hosts: str, session_timeout: float, auth: tuple[str, str] | None) -> Any:
     kc = _kazoo()
     from kazoo.retry import KazooRetry
@@ -118,6 +163,7 @@ def _client(hosts: str, session_timeout: float, auth: tuple[str, str] | None) ->
         timeout=session_timeout,
         connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0),
         command_retry=KazooRetry(max_tries=3, delay=0.1, max_delay=1.0),
+        handler=bounded_stop_handler(),
         **options,
     )
 
