@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from percolator._encoding import (
     DATA,
+    FREE_TAG,
     LOCK,
     NOTIFY,
     WRITE,
@@ -38,7 +39,6 @@ from percolator._encoding import (
     decode_lock,
     decode_write,
     encode_lock,
-    encode_write,
 )
 from percolator._errors import CommitUnknownError, ConflictError, PercolatorError
 from percolator._lock_resolver import release, resolve_lock, write_cells
@@ -52,9 +52,8 @@ __all__ = ["CrashPoint", "commit_transaction"]
 log = logging.getLogger(__name__)
 
 NOTIFY_WEAK = b"w"
-_FREE_TAG = encode_lock(Free(0, False))[:1]
-"""First byte of every FREE lock value (the other lock states start otherwise)."""
-_ROLLBACK_TAG = encode_write(WriteKind.ROLLBACK, 0)[:1]
+_ROLLBACK_TAG = WriteKind.ROLLBACK.value
+"""First byte of every rollback write record."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +176,7 @@ class _Committer:
         first byte, lock values their state."""
         lock, write = f"{LOCK}:{cell.column}", f"{WRITE}:{cell.column}"
         return [
-            *_not_starting_with(_FREE_TAG, lock, latest=True),
+            *_not_starting_with(FREE_TAG, lock, latest=True),
             *_not_starting_with(_ROLLBACK_TAG, write, min_ts=self.start_ts + 1),
             Guard(write, min_ts=self.start_ts, max_ts=self.start_ts, value_from=_ROLLBACK_TAG,
                   value_to=_successor(_ROLLBACK_TAG)),

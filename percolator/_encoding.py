@@ -129,9 +129,12 @@ def encode_write(kind: WriteKind, start_ts: int) -> bytes:
     return _WRITE.pack(kind.value, start_ts)
 
 
+_WRITE_KINDS = {kind.value: kind for kind in WriteKind}  # a dict lookup: cheaper than WriteKind()
+
+
 def decode_write(value: bytes) -> tuple[WriteKind, int]:
     kind, start_ts = _WRITE.unpack(value)
-    return WriteKind(kind), start_ts
+    return _WRITE_KINDS[kind], start_ts
 
 
 # --- lock cell --------------------------------------------------------------------
@@ -188,6 +191,9 @@ _LEN = struct.Struct(">I")
 _TWO = struct.Struct(">cQQB")
 _ONE = struct.Struct(">cQ")
 _FREE = struct.Struct(">cQ?")
+FREE_TAG = b"F"
+"""First byte of every FREE lock value (the other states start with another byte), so a
+reader can skip a free lock, and a store predicate can match one, without decoding it."""
 
 
 def encode_lock(state: LockState) -> bytes:
@@ -208,7 +214,7 @@ def encode_lock(state: LockState) -> bytes:
         return _TWO.pack(b"C", state.start_ts, state.commit_ts, flags)
     if isinstance(state, RolledBack):
         return _ONE.pack(b"R", state.start_ts)
-    return _FREE.pack(b"F", state.start_ts, state.committed)
+    return _FREE.pack(FREE_TAG, state.start_ts, state.committed)
 
 
 def decode_lock(value: bytes) -> LockState:
@@ -239,7 +245,7 @@ def decode_lock(value: bytes) -> LockState:
     if tag == b"R":
         _, start_ts = _ONE.unpack(value)
         return RolledBack(start_ts)
-    if tag == b"F":
+    if tag == FREE_TAG:
         _, start_ts, committed = _FREE.unpack(value)
         return Free(start_ts, committed)
     raise ValueError(f"corrupt lock cell value {value!r:.80}")

@@ -11,10 +11,10 @@ from types import TracebackType
 from percolator._cluster import Cluster
 from percolator._encoding import (
     DATA,
+    FREE_TAG,
     LOCK,
     WRITE,
     Committed,
-    Free,
     Lock,
     WriteKind,
     check_column,
@@ -22,8 +22,6 @@ from percolator._encoding import (
     check_value,
     decode_lock,
     decode_write,
-    encode_lock,
-    encode_write,
 )
 from percolator._errors import InvalidArgument, LockedError, TransactionClosedError
 from percolator._lock_resolver import resolve_lock
@@ -35,8 +33,6 @@ __all__ = ["Snapshot", "Transaction", "TransactionBase"]
 WriteKey = tuple[str, bytes, str]
 
 _LOCK_PREFIX, _WRITE_PREFIX, _DATA_PREFIX = f"{LOCK}:", f"{WRITE}:", f"{DATA}:"
-_FREE_TAG = encode_lock(Free(0, False))[:1]
-_PUT_TAG = encode_write(WriteKind.PUT, 0)[:1]
 
 
 def _check_bound(name: str, value: object) -> bytes | None:
@@ -110,7 +106,7 @@ class Snapshot:
         """Lock cells that hide a change at or below start_ts."""
         found = []
         for name, versions in cells.items():
-            if name[:2] != _LOCK_PREFIX or versions[0][1][:1] == _FREE_TAG:
+            if name[:2] != _LOCK_PREFIX or versions[0][1][:1] == FREE_TAG:
                 continue
             state = decode_lock(versions[0][1])
             if (isinstance(state, Lock) and state.start_ts <= self.start_ts) or (
@@ -166,18 +162,14 @@ class Snapshot:
             column = name[2:]
             if not self._internal_columns and column[:1] == "_":
                 continue
-            record = writes[0][1]
-            if record[:1] == _PUT_TAG:  # the common case, without building a WriteKind
-                data_ts = int.from_bytes(record[1:9])
-            else:
-                kind, data_ts = decode_write(record)
-                if kind is WriteKind.ROLLBACK:
-                    found = self._newest_write(table, row, column)
-                    if found is None:
-                        continue
-                    kind, data_ts = found
-                if kind is WriteKind.DELETE:
+            kind, data_ts = decode_write(writes[0][1])
+            if kind is WriteKind.ROLLBACK:
+                found = self._newest_write(table, row, column)
+                if found is None:
                     continue
+                kind, data_ts = found
+            if kind is WriteKind.DELETE:
+                continue
             data = cells.get(_DATA_PREFIX + column)
             if data and data[0][0] == data_ts:
                 values[column] = data[0][1]
