@@ -337,6 +337,32 @@ def _put_mutations(puts: Iterable[tuple[str, int, bytes]]) -> list[Any]:
     return out
 
 
+def _replace_mutations(
+    family: str, qualifier: bytes, new: bytes, puts: Iterable[tuple[str, int, bytes]]
+) -> list[Any]:
+    """A compare-and-set's writes: every version of the cell replaced by *new* at
+    timestamp 0, then *puts*."""
+    return [
+        _delete_column(family, qualifier, None),
+        _set_cell(family, qualifier, 0, new),
+        *_put_mutations(puts),
+    ]
+
+
+def _latest_value_is(family: str, qualifier: bytes, expected: bytes | None) -> Any:
+    """A filter passing the latest version of the cell, only if its value is *expected*
+    (any value when None: then it passes a cell exactly when the cell exists)."""
+    limit = data_types.RowFilter.pb()()
+    limit.cells_per_column_limit_filter = 1
+    steps = [_column_range(family, qualifier), limit]
+    if expected is not None:
+        match = data_types.RowFilter.pb()()
+        match.value_range_filter.start_value_closed = expected
+        match.value_range_filter.end_value_closed = expected
+        steps.append(match)
+    return _chain(steps)
+
+
 def _row_mutations(mutation: Mutation) -> list[Any]:
     out = []
     for delete in mutation.deletes:
@@ -846,15 +872,10 @@ class BigtableStore:
         family, qualifier = _split_column(column)
         if expected is not None:
             _check_value(expected, column)
-        limit = data_types.RowFilter.pb()()
-        limit.cells_per_column_limit_filter = 1
-        steps = [_column_range(family, qualifier), limit]
-        if expected is not None:
-            match = data_types.RowFilter.pb()()
-            match.value_range_filter.start_value_closed = expected
-            match.value_range_filter.end_value_closed = expected
-            steps.append(match)
-        return self._set_if(table, row, column, new, puts, _chain(steps), expected is not None)
+        return self._set_if(
+            table, row, column, new, puts, _latest_value_is(family, qualifier, expected),
+            expected is not None,
+        )
 
     def set_unless(
         self,
@@ -896,11 +917,23 @@ class BigtableStore:
         _check_row(row)
         family, qualifier = _split_column(column)
         _check_value(new, column)
-        mutations = [
-            _delete_column(family, qualifier, None),
-            _set_cell(family, qualifier, 0, new),
-            *_put_mutations(puts),
-        ]
+        return self._check_and_mutate(
+            table, row, predicate, _replace_mutations(family, qualifier, new, puts),
+            when_matched, f"{column!r}",
+        )
+
+    def _check_and_mutate(
+        self,
+        table: str,
+        row: bytes,
+        predicate: Any,
+        mutations: list[Any],
+        when_matched: bool,
+        what: str,
+    ) -> bool:
+        """Apply *mutations* to *row* if *predicate* outputs cells of it (*when_matched*)
+        or outputs none (not *when_matched*), in one ``CheckAndMutateRow``; returns
+        whether they were applied. *what* names the cells for an error message."""
         request = bt_types.CheckAndMutateRowRequest.pb()(
             table_name=self._table_path(table),
             app_profile_id=self.app_profile_id,
@@ -918,7 +951,7 @@ class BigtableStore:
                 timeout=self.timeout,
             )
         except gexc.GoogleAPICallError as e:
-            self._fail(e, f"CheckAndMutateRow on {table!r} row {row!r} {column!r}", table)
+            self._fail(e, f"CheckAndMutateRow on {table!r} row {row!r} {what}", table)
         return bool(response.predicate_matched) == when_matched
 
     def increment(self, table: str, row: bytes, column: str, amount: int) -> int:
@@ -1027,43 +1060,18 @@ class BigtableStore:
         for _, column, expected, new, puts in items:
             family, qualifier = _split_column(column)
             _check_value(new, column)
-            steps = [_column_range(family, qualifier)]
             if expected is not None:
                 _check_value(expected, column)
-                limit = data_types.RowFilter.pb()()
-                limit.cells_per_column_limit_filter = 1
-                match = data_types.RowFilter.pb()()
-                match.value_range_filter.start_value_closed = expected
-                match.value_range_filter.end_value_closed = expected
-                steps += [limit, match]
-            branches.append(_chain(steps))
-            mutations += [
-                _delete_column(family, qualifier, None),
-                _set_cell(family, qualifier, 0, new),
-                *_put_mutations(puts),
-            ]
+            branches.append(_latest_value_is(family, qualifier, expected))
+            mutations += _replace_mutations(family, qualifier, new, puts)
         predicate = _interleave(branches)
         if not absent and len(items) > 1:
             offset = data_types.RowFilter.pb()()
             offset.cells_per_row_offset_filter = len(items) - 1
             predicate = _chain([predicate, offset])
-        request = bt_types.CheckAndMutateRowRequest.pb()(
-            table_name=self._table_path(table),
-            app_profile_id=self.app_profile_id,
-            row_key=_check_row(row),
-            predicate_filter=predicate,
+        return self._check_and_mutate(
+            table, _check_row(row), predicate, mutations, not absent, f"({len(items)} cells)"
         )
-        (request.false_mutations if absent else request.true_mutations).extend(mutations)
-        try:
-            response = self._data.check_and_mutate_row(
-                request=bt_types.CheckAndMutateRowRequest.wrap(request),
-                retry=None,
-                timeout=self.timeout,
-            )
-        except gexc.GoogleAPICallError as e:
-            self._fail(e, f"CheckAndMutateRow on {table!r} row {row!r} ({len(items)} cells)",
-                       table)
-        return bool(response.predicate_matched) != absent
 
 
 def _is_family_error(message: str) -> bool:
