@@ -56,6 +56,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from percolator._errors import InvalidArgument
+
 Cell = tuple[int, bytes]
 """One version of a cell: ``(timestamp, value)``."""
 
@@ -185,6 +187,15 @@ class Incrementing(Protocol):
         keep the counter within a signed 64-bit integer.
         """
         ...
+
+
+def check_increment_amount(amount: object) -> int:
+    """Validate the *amount* of :meth:`Incrementing.increment` (what backends share)."""
+    if isinstance(amount, bool) or not isinstance(amount, int) or not (
+        -(2**63) <= amount < 2**63
+    ):
+        raise InvalidArgument(f"'amount' must be a 64-bit integer, got {amount!r}")
+    return amount
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,7 +68,7 @@ from percolator._errors import (
     UnknownTableError,
     ValueTooLargeError,
 )
-from percolator._store import CasItem, Guard, Mutation, Read, RowCells
+from percolator._store import CasItem, Guard, Mutation, Read, RowCells, check_increment_amount
 from percolator.stores._cas_rows import check_and_set_by_row
 from percolator.stores._memo import memo_by_reads
 
@@ -969,10 +969,7 @@ class BigtableStore:
         self._check_open()
         _check_row(row)
         family, qualifier = _split_column(column)
-        if isinstance(amount, bool) or not isinstance(amount, int) or not (
-            -(2**63) <= amount < 2**63
-        ):
-            raise InvalidArgument(f"'amount' must be a 64-bit integer, got {amount!r}")
+        check_increment_amount(amount)
         request = bt_types.ReadModifyWriteRowRequest.pb()(
             table_name=self._table_path(table),
             app_profile_id=self.app_profile_id,

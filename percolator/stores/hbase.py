@@ -70,7 +70,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from percolator._errors import InvalidArgument, StoreUnavailable, UnknownTableError
-from percolator._store import Cell, Mutation, Read, RowCells, Store
+from percolator._store import Cell, Mutation, Read, RowCells, Store, check_increment_amount
 from percolator.stores._memo import memo_by_reads
 
 try:
@@ -526,10 +526,7 @@ class HBaseStore:
         name = self._name(table)
         if not isinstance(column, str) or ":" not in column:
             raise InvalidArgument(f"column {column!r} must be 'family:qualifier'")
-        if isinstance(amount, bool) or not isinstance(amount, int) or not (
-            -(2**63) <= amount < 2**63
-        ):
-            raise InvalidArgument(f"'amount' must be a 64-bit integer, got {amount!r}")
+        check_increment_amount(amount)
         with self._client(table) as client:
             return int(client.atomicIncrement(name, row, _enc(column), amount))
 
