@@ -560,6 +560,17 @@ def test_increment_of_a_cell_that_is_not_8_bytes_is_invalid(store: Store) -> Non
         increment("missing", b"r", "l:n", 1)
 
 
+@pytest.mark.parametrize("amount", [2**63, -(2**63) - 1, True, 1.0, "1"])
+def test_increment_by_an_amount_that_is_no_64_bit_integer_is_invalid(
+    store: Store, amount: object
+) -> None:
+    increment = capability(store, "increment")
+    assert increment(T, b"r", "l:n", 5) == 5
+    with pytest.raises(InvalidArgument, match="64-bit integer"):
+        increment(T, b"r", "l:n", amount)
+    assert increment(T, b"r", "l:n", 0) == 5  # nothing was added
+
+
 def test_concurrent_increments_lose_nothing(store: Store) -> None:
     increment = capability(store, "increment")
     got: list[int] = []
