@@ -109,23 +109,17 @@ def open_backend(backend: str) -> Iterator[str]:
             yield f"sqlite:///{directory}/bench.db"
         finally:
             shutil.rmtree(directory, ignore_errors=True)
-    elif backend == "bigtable":
+    elif backend in ("bigtable", "hbase"):
         sys.path.insert(0, root)
-        from tests._bigtable import bigtable_store_url, start_emulator
-
-        proc, hostport = start_emulator()
+        if backend == "bigtable":
+            from tests._bigtable import bigtable_store_url as store_url
+            from tests._bigtable import start_emulator as start
+        else:
+            from tests._hbase import hbase_store_url as store_url
+            from tests._hbase import start_test_server as start
+        proc, hostport = start()
         try:
-            yield bigtable_store_url(hostport, "overhead")
-        finally:
-            proc.kill()
-            proc.wait()
-    elif backend == "hbase":
-        sys.path.insert(0, root)
-        from tests._hbase import hbase_store_url, start_test_server
-
-        proc, hostport = start_test_server()
-        try:
-            yield hbase_store_url(hostport, "overhead")
+            yield store_url(hostport, "overhead")
         finally:
             proc.kill()
             proc.wait()
