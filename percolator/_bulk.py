@@ -194,6 +194,31 @@ def _read_chunks(cells: list[tuple[bytes, str]]) -> Iterator[list[tuple[bytes, s
         yield chunk
 
 
+def _check_writes(txn: LoadTxn, row: bytes, column: str, writes: list[tuple[int, bytes]]) -> bool:
+    """Refuse a change committed after the load's start (or the load's own rollback);
+    return whether the load itself already committed this cell."""
+    ours_committed = False
+    for ts, value in writes:
+        kind, data_ts = decode_write(value)
+        if data_ts == txn.start_ts:
+            if kind is WriteKind.ROLLBACK:
+                raise _conflict(txn, row, column, "this load was rolled back", ts)
+            ours_committed = True
+        elif kind is not WriteKind.ROLLBACK and ts > txn.start_ts:
+            raise _conflict(txn, row, column, f"committed at {ts} after the load started", ts)
+    return ours_committed
+
+
+def _recheck_writes(store: Store, txn: LoadTxn, cells: list[tuple[bytes, str]]) -> None:
+    for chunk in _read_chunks(cells):
+        rows = list(dict.fromkeys(r for r, _ in chunk))
+        columns = tuple(dict.fromkeys(c for _, c in chunk))
+        found = store.read_rows(txn.table, rows, [
+            Read(WRITE, columns, min_ts=txn.start_ts, versions=None)])
+        for row, column in chunk:
+            _check_writes(txn, row, column, found.get(row, {}).get(f"{WRITE}:{column}", []))
+
+
 def _slow_prewrite(
     cluster: Cluster, txn: LoadTxn, cells: dict[tuple[bytes, str], bytes]
 ) -> set[tuple[bytes, str]]:
@@ -218,16 +243,8 @@ def _slow_prewrite(
                 row_cells = found.get(row, {})
                 lock_cell = row_cells.get(f"{LOCK}:{column}")
                 raw = lock_cell[0][1] if lock_cell else None
-                ours_committed = False
-                for ts, value in row_cells.get(f"{WRITE}:{column}", []):
-                    kind, data_ts = decode_write(value)
-                    if data_ts == txn.start_ts:
-                        if kind is WriteKind.ROLLBACK:
-                            raise _conflict(txn, row, column, "this load was rolled back", ts)
-                        ours_committed = True
-                    elif kind is not WriteKind.ROLLBACK and ts > txn.start_ts:
-                        raise _conflict(txn, row, column, f"committed at {ts} after the "
-                                        "load started", ts)
+                ours_committed = _check_writes(txn, row, column,
+                                               row_cells.get(f"{WRITE}:{column}", []))
                 state = decode_lock(raw) if raw is not None else None
                 if ours_committed or (isinstance(state, Free) and state.start_ts == txn.start_ts
                                       and state.committed):
@@ -251,10 +268,17 @@ def _slow_prewrite(
                     elif isinstance(state, Lock):
                         waiting.append((row, column, state))
         if items:
+            locked = []
             for item, won in zip(items, check_and_set_many(store, txn.table, items), strict=True):
                 if won:
-                    del pending[(item[0], item[1][len(LOCK) + 1 :])]
+                    locked.append((item[0], item[1][len(LOCK) + 1 :]))
+                    del pending[locked[-1]]
                     progressed = True
+            if getattr(store, "atomically", None) is not None:
+                # A one-phase commit leaves a FREE lock as it was, so the compare-and-set
+                # from FREE does not prove that nothing committed since the read; now
+                # that the cells are locked nothing can, so check them once more.
+                _recheck_writes(store, txn, locked)
         if pending and not progressed and not attempts.wait():
             row, column, lock = waiting[0] if waiting else (*next(iter(pending)), None)
             raise LockedError(

@@ -16,6 +16,9 @@ A single-cell transaction on Bigtable: 2 conditional mutations + 2 timestamps (o
 
 One-phase commit (the embedded store, see :func:`_commit_one_phase`): one read and
 one write inside one SQLite write transaction, plus the two timestamps, for any N.
+
+Write records of a put carry the value (up to ``INLINE_MAX_BYTES`` in a two-phase
+commit, always in a one-phase one), so a read needs the lock and the record only.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING
 from percolator._encoding import (
     DATA,
     FREE_TAG,
+    INLINE_MAX_BYTES,
     LOCK,
     NOTIFY,
     WRITE,
@@ -82,6 +86,12 @@ class _Cell:
     notify: bool
     held: bytes = b""
 
+    @property
+    def inline(self) -> bytes | None:
+        """The value a two-phase commit copies into the write record (a small put)."""
+        value = self.value
+        return value if value is not None and len(value) <= INLINE_MAX_BYTES else None
+
 
 class _Committer:
     def __init__(self, txn: TransactionBase, crash: CrashPoint | None) -> None:
@@ -99,6 +109,10 @@ class _Committer:
         self.ttl_ms = int(self.cluster.lock_ttl * 1000)
         self.locked: list[_Cell] = []
         self.refreshed_at = time.monotonic()
+        # A one-phase commit leaves an existing FREE lock as it was, so on such a
+        # store a compare-and-set from FREE does not prove that nothing committed
+        # since the read: a cell is checked again once locked (nothing commits past it).
+        self.recheck_after_lock = getattr(self.store, "atomically", None) is not None
 
     def _maybe_crash(self, phase: str, index: int) -> None:
         if self.crash is not None and self.crash == CrashPoint(phase, index):
@@ -216,6 +230,8 @@ class _Committer:
                 ):
                     cell.held = held
                     self.locked.append(cell)
+                    if self.recheck_after_lock:
+                        self._check_writes(cell, self._read_for_prewrite([cell])[id(cell)][1])
                     return
                 if attempt > 2:
                     raise self._conflict(cell, "the lock cell changed while we locked it", None)
@@ -271,7 +287,7 @@ class _Committer:
             if self.store.atomic_row_cas:
                 won = self.store.check_and_set(
                     p.table, p.row, column, p.held, encode_lock(Free(self.start_ts, True)),
-                    write_cells(p.column, self.start_ts, commit_ts, delete, notify),
+                    write_cells(p.column, self.start_ts, commit_ts, delete, notify, p.inline),
                 )
             else:
                 decided = encode_lock(Committed(self.start_ts, commit_ts, delete, notify))
@@ -289,7 +305,7 @@ class _Committer:
         if not self.store.atomic_row_cas:
             try:
                 release(self.cluster, p.table, p.row, p.column, decided, self.start_ts,
-                        (commit_ts, delete, notify))
+                        (commit_ts, delete, notify), inline=p.inline)
             except PercolatorError:
                 log.warning("committed %d but could not release its primary", self.start_ts)
 
@@ -301,13 +317,14 @@ class _Committer:
             for cell in secondaries:
                 by_table.setdefault(cell.table, []).append(Mutation(
                     cell.row, write_cells(cell.column, self.start_ts, commit_ts,
-                                          cell.value is None, cell.notify)))
+                                          cell.value is None, cell.notify, cell.inline)))
             for table, mutations in by_table.items():
                 self.store.mutate_rows(table, mutations)
         for index, cell in enumerate(secondaries):
             self._maybe_crash("commit", index)
             release(self.cluster, cell.table, cell.row, cell.column, cell.held, self.start_ts,
-                    (commit_ts, cell.value is None, cell.notify), recorded=recorded)
+                    (commit_ts, cell.value is None, cell.notify), recorded=recorded,
+                    inline=cell.inline)
         self._maybe_crash("commit", len(secondaries))
 
 
@@ -338,10 +355,11 @@ def _commit_one_phase(committer: _Committer) -> int | None:
     """Commit in one atomic store step, where the store and the timestamp source allow.
 
     On the embedded store, one SQLite write transaction checks every cell for
-    conflicts, then writes the data, the write records at a commit timestamp drawn
-    inside it, and a fresh FREE token in every lock cell (so that a two-phase
-    prewriter of another process that read the old token fails its compare-and-set),
-    and the weak notifications.
+    conflicts, then writes the write records, each carrying its value (no data cell),
+    at a commit timestamp drawn inside it, a FREE lock where a cell had no lock cell
+    yet (so a lock cell exists wherever a write record does), and the weak
+    notifications. An existing FREE lock is left as it was: a two-phase prewriter that
+    read it before this commit checks the cell again once it has locked it.
     The host's timestamp lock is held throughout, so no transaction can take a
     later start timestamp before the commit is visible. Returns None, having written
     nothing, when a cell is locked by another transaction (the two-phase path
@@ -364,10 +382,10 @@ def _commit_one_phase(committer: _Committer) -> int | None:
         free = encode_lock(Free(start_ts, True))
         by_table: dict[str, list[Mutation]] = {}
         for cell in committer.cells:
-            puts = [(f"{LOCK}:{cell.column}", 0, free)]
-            if cell.value is not None:
-                puts.append((f"{DATA}:{cell.column}", start_ts, cell.value))
-            puts += write_cells(cell.column, start_ts, commit_ts, cell.value is None, cell.notify)
+            puts = write_cells(cell.column, start_ts, commit_ts, cell.value is None, cell.notify,
+                               cell.value)
+            if found[id(cell)][0] is None:
+                puts.append((f"{LOCK}:{cell.column}", 0, free))
             by_table.setdefault(cell.table, []).append(Mutation(cell.row, puts))
         for table, mutations in by_table.items():
             cluster.store.mutate_rows(table, mutations)

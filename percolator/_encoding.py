@@ -6,7 +6,8 @@ A user column ``c`` of a row is stored in physical families, with ``c`` as quali
 family     content
 =========  ===============================================================
 ``d``      data: the value, at the writer's start_ts
-``w``      write records: at commit_ts, ``kind + start_ts`` of the data
+``w``      write records: at commit_ts, ``kind + start_ts`` of the data, and for a
+           put the value itself when the committer inlined it (below)
 ``l``      the lock cell, one current value (a state machine, below)
 ``n``      notify: a hint that an observer may need to run (own family)
 =========  ===============================================================
@@ -123,18 +124,36 @@ class WriteKind(Enum):
 
 
 _WRITE = struct.Struct(">cQ")
+INLINE_TAG = b"V"
+"""First byte of a PUT record that carries its value after ``kind + start_ts`` (TiKV's
+"short value"): a read needs no data cell, and a one-phase commit writes none. A
+``P`` record points at the data cell at its start_ts instead."""
+
+INLINE_MAX_BYTES = 1024
+"""Largest value a two-phase commit copies into its write records: its data cell
+exists anyway (lock resolution rolls forward from it), so the copy is only for reads."""
 
 
-def encode_write(kind: WriteKind, start_ts: int) -> bytes:
-    return _WRITE.pack(kind.value, start_ts)
+def encode_write(kind: WriteKind, start_ts: int, value: bytes | None = None) -> bytes:
+    """A write record; *value* (PUT only) is inlined after the header."""
+    if value is None:
+        return _WRITE.pack(kind.value, start_ts)
+    assert kind is WriteKind.PUT
+    return _WRITE.pack(INLINE_TAG, start_ts) + value
 
 
 _WRITE_KINDS = {kind.value: kind for kind in WriteKind}  # a dict lookup: cheaper than WriteKind()
+_WRITE_KINDS[INLINE_TAG] = WriteKind.PUT
 
 
 def decode_write(value: bytes) -> tuple[WriteKind, int]:
-    kind, start_ts = _WRITE.unpack(value)
+    kind, start_ts = _WRITE.unpack_from(value)
     return _WRITE_KINDS[kind], start_ts
+
+
+def inline_value(record: bytes) -> bytes | None:
+    """The value carried by a PUT record, or None when it points at a data cell."""
+    return record[_WRITE.size :] if record[:1] == INLINE_TAG else None
 
 
 # --- lock cell --------------------------------------------------------------------

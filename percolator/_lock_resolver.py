@@ -58,11 +58,13 @@ class TxnStatus:
 
 
 def write_cells(
-    column: str, start_ts: int, commit_ts: int, delete: bool, notify: bool
+    column: str, start_ts: int, commit_ts: int, delete: bool, notify: bool,
+    value: bytes | None = None,
 ) -> list[tuple[str, int, bytes]]:
-    """The write record (and notify cell) that make a locked cell's change visible."""
+    """The write record (and notify cell) that make a locked cell's change visible;
+    a put's *value*, when given, is inlined in the record."""
     kind = WriteKind.DELETE if delete else WriteKind.PUT
-    cells = [(f"{WRITE}:{column}", commit_ts, encode_write(kind, start_ts))]
+    cells = [(f"{WRITE}:{column}", commit_ts, encode_write(kind, start_ts, value))]
     if notify:
         cells.append((f"{NOTIFY}:{column}", commit_ts, NOTIFY_STRONG))
     return cells
@@ -78,6 +80,7 @@ def release(
     commit: tuple[int, bool, bool] | None,
     *,
     recorded: bool = False,
+    inline: bytes | None = None,
 ) -> bool:
     """Move a lock cell from *held* to FREE, first making the outcome durable.
 
@@ -85,11 +88,11 @@ def release(
     record and notify cell are written, atomically with the release where the
     store can) or None for a rolled-back one. *recorded*: on a store without atomic
     row CAS the caller already wrote them (in a batch), so only the lock is freed.
-    Returns whether the CAS won.
+    *inline*: the put's value, carried in its write record. Returns whether the CAS won.
     """
     store = cluster.store
     free = encode_lock(Free(start_ts, commit is not None))
-    puts = write_cells(column, start_ts, *commit) if commit is not None else []
+    puts = write_cells(column, start_ts, *commit, inline) if commit is not None else []
     if puts and not store.atomic_row_cas:
         if not recorded:
             store.mutate_rows(table, [Mutation(row, puts)])

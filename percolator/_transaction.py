@@ -22,6 +22,7 @@ from percolator._encoding import (
     check_value,
     decode_lock,
     decode_write,
+    inline_value,
 )
 from percolator._errors import InvalidArgument, LockedError, TransactionClosedError
 from percolator._lock_resolver import resolve_lock
@@ -33,6 +34,7 @@ __all__ = ["Snapshot", "Transaction", "TransactionBase"]
 WriteKey = tuple[str, bytes, str]
 
 _LOCK_PREFIX, _WRITE_PREFIX, _DATA_PREFIX = f"{LOCK}:", f"{WRITE}:", f"{DATA}:"
+_ROLLBACK_TAG = WriteKind.ROLLBACK.value
 
 
 def _check_bound(name: str, value: object) -> bytes | None:
@@ -93,11 +95,9 @@ class Snapshot:
         qualifiers = None if columns is None else tuple(columns)
         reads = self._read_cache.get(qualifiers)
         if reads is None:
-            reads = [
-                Read(LOCK, qualifiers),
-                Read(WRITE, qualifiers, max_ts=self.start_ts),
-                Read(DATA, qualifiers, max_ts=self.start_ts),
-            ]
+            # no data cells: a write record carries its value, except one written by
+            # lock resolution or for a large value, whose data :meth:`_values` reads
+            reads = [Read(LOCK, qualifiers), Read(WRITE, qualifiers, max_ts=self.start_ts)]
             if len(self._read_cache) < 64:
                 self._read_cache[qualifiers] = reads
         return reads
@@ -156,41 +156,44 @@ class Snapshot:
     def _values(self, table: str, row: bytes, cells: RowCells) -> dict[str, bytes]:
         """Decode the visible values from a row read (lock-free at start_ts)."""
         values: dict[str, bytes] = {}
+        pointers: list[Read] = []
         for name, writes in cells.items():
             if name[:2] != _WRITE_PREFIX:
                 continue
             column = name[2:]
             if not self._internal_columns and column[:1] == "_":
                 continue
-            kind, data_ts = decode_write(writes[0][1])
-            if kind is WriteKind.ROLLBACK:
+            record = writes[0][1]
+            if record[:1] == _ROLLBACK_TAG:
                 found = self._newest_write(table, row, column)
                 if found is None:
                     continue
-                kind, data_ts = found
-            if kind is WriteKind.DELETE:
+                record = found
+            value = inline_value(record)
+            if value is not None:
+                values[column] = value
                 continue
-            data = cells.get(_DATA_PREFIX + column)
-            if data and data[0][0] == data_ts:
-                values[column] = data[0][1]
-            else:
-                exact = self.cluster.store.read_rows(
-                    table, [row], [Read(DATA, (column,), min_ts=data_ts, max_ts=data_ts)]
-                )
-                versions = exact.get(row, {}).get(f"{DATA}:{column}")
+            kind, data_ts = decode_write(record)
+            if kind is WriteKind.PUT:
+                pointers.append(Read(DATA, (column,), min_ts=data_ts, max_ts=data_ts))
+        if pointers:
+            data = self.cluster.store.read_rows(table, [row], pointers).get(row, {})
+            for read in pointers:
+                assert read.qualifiers is not None
+                column = read.qualifiers[0]
+                versions = data.get(_DATA_PREFIX + column)
                 if versions:
                     values[column] = versions[0][1]
         return values
 
-    def _newest_write(self, table: str, row: bytes, column: str) -> tuple[WriteKind, int] | None:
+    def _newest_write(self, table: str, row: bytes, column: str) -> bytes | None:
         """The newest PUT/DELETE record at or below start_ts, skipping ROLLBACK records."""
         cells = self.cluster.store.read_rows(
             table, [row], [Read(WRITE, (column,), max_ts=self.start_ts, versions=None)]
         )
-        for _, value in cells.get(row, {}).get(f"{WRITE}:{column}", []):
-            kind, data_ts = decode_write(value)
-            if kind is not WriteKind.ROLLBACK:
-                return kind, data_ts
+        for _, record in cells.get(row, {}).get(f"{WRITE}:{column}", []):
+            if record[:1] != _ROLLBACK_TAG:
+                return record
         return None
 
     # --- public reads ---------------------------------------------------------------

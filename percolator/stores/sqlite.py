@@ -105,6 +105,7 @@ class SqliteStore:
         self._local = threading.local()
         self._families: dict[str, dict[str, int]] = {}
         self._sql_cache: dict[tuple[Any, ...], str] = {}
+        self._newest_plans: dict[tuple[Any, ...], tuple[str, list[str]]] = {}
         self._closed = False
         self._all_connections: list[sqlite3.Connection] = []
         self._conn_lock = threading.Lock()
@@ -242,6 +243,7 @@ class SqliteStore:
             db.execute(f"INSERT INTO {_CATALOG} VALUES (?, ?)", (table, spec))
         self._families.pop(table, None)
         self._sql_cache.clear()
+        self._newest_plans.clear()
 
     def drop_table(self, table: str) -> None:
         with self._write() as db:
@@ -255,6 +257,7 @@ class SqliteStore:
             db.execute(f"DELETE FROM {_CATALOG} WHERE name = ?", (table,))
         self._families.pop(table, None)
         self._sql_cache.clear()
+        self._newest_plans.clear()
 
     def list_tables(self) -> list[str]:
         rows = self._db().execute(f"SELECT name FROM {_CATALOG} ORDER BY name").fetchall()
@@ -302,9 +305,14 @@ class SqliteStore:
         result: dict[bytes, RowCells] = {}
         if not rows or not reads:
             return result
-        rows = list(dict.fromkeys(rows))  # a row named twice is read once
-        if len(rows) == 1 and all(r.versions == 1 and r.qualifiers for r in reads):
-            return self._read_newest(table, rows[0], reads)
+        if len(rows) == 1:
+            for read in reads:
+                if read.versions != 1 or not read.qualifiers:
+                    break
+            else:
+                return self._read_newest(table, rows[0], reads)
+        else:
+            rows = list(dict.fromkeys(rows))  # a row named twice is read once
         try:
             terms = len(rows) * sum(len(r.qualifiers or "_") for r in reads)
             if terms <= 100:
@@ -340,39 +348,48 @@ class SqliteStore:
     def _read_newest(self, table: str, row: bytes, reads: Sequence[Read]) -> dict[bytes, RowCells]:
         """The common read of one row, the newest version of named cells: one statement
         of scalar subqueries, two per cell (its timestamp and value), one result row."""
-        shape = ("newest", table, *[(r.family, len(r.qualifiers or ())) for r in reads])
+        key = (table, *[(r.family, r.qualifiers) for r in reads])
         params: list[Any] = [row]
         for read in reads:
-            lo, hi = read.min_ts, _MAX_TS if read.max_ts is None else read.max_ts
-            for qual in read.qualifiers or ():
-                params += (qual, lo, hi)
+            params.append(read.min_ts)
+            params.append(_MAX_TS if read.max_ts is None else read.max_ts)
+        for read in reads:
+            params.extend(read.qualifiers or ())
         try:
-            sql = self._sql_cache.get(shape)
-            if sql is None:
-                terms: list[str] = []
-                for read in reads:
-                    name = self._family(table, read.family)
-                    for _ in read.qualifiers or ():
-                        n = len(terms) // 2 * 3 + 2
-                        where = (f"FROM {name} WHERE row = ?1 AND qual = ?{n} "
-                                 f"AND ts BETWEEN ?{n + 1} AND ?{n + 2} ORDER BY ts DESC LIMIT 1")
-                        terms += (f"(SELECT ts {where})", f"(SELECT value {where})")
-                sql = "SELECT " + ", ".join(terms)
-                if len(self._sql_cache) > 1000:
-                    self._sql_cache.clear()
-                self._sql_cache[shape] = sql
+            plan = self._newest_plans.get(key)
+            if plan is None:
+                plan = self._plan_newest(table, reads)
+                if len(self._newest_plans) > 1000:
+                    self._newest_plans.clear()
+                self._newest_plans[key] = plan
+            sql, names = plan
             found = self._db().execute(sql, params).fetchone()
         except sqlite3.Error as e:
             raise self._error(table, e) from e
         cells: RowCells = {}
         i = 0
-        for read in reads:
-            for qual in read.qualifiers or ():
-                ts = found[i]
-                if ts is not None:
-                    cells[f"{read.family}:{qual}"] = [(ts, found[i + 1])]
-                i += 2
+        for name in names:
+            ts = found[i]
+            if ts is not None:
+                cells[name] = [(ts, found[i + 1])]
+            i += 2
         return {row: cells} if cells else {}
+
+    def _plan_newest(self, table: str, reads: Sequence[Read]) -> tuple[str, list[str]]:
+        """:meth:`_read_newest`'s statement for these families and qualifiers, and the
+        cell names of its result pairs. Parameters: the row, each read's bounds, then
+        every qualifier."""
+        terms: list[str] = []
+        names: list[str] = []
+        for n, read in enumerate(reads):
+            name = self._family(table, read.family)
+            for qual in read.qualifiers or ():
+                q = 2 + 2 * len(reads) + len(names)
+                where = (f"FROM {name} WHERE row = ?1 AND qual = ?{q} "
+                         f"AND ts BETWEEN ?{2 * n + 2} AND ?{2 * n + 3} ORDER BY ts DESC LIMIT 1")
+                terms += (f"(SELECT ts {where})", f"(SELECT value {where})")
+                names.append(f"{read.family}:{qual}")
+        return "SELECT " + ", ".join(terms), names
 
     def _read_many(
         self, table: str, rows: Sequence[bytes], reads: Sequence[Read]
