@@ -12,7 +12,8 @@ transaction whose cells are written by many workers at once (DESIGN.md §5):
 3. the driver takes ``commit_ts`` and commits the primary with one compare-and-set
    (:meth:`BulkLoad.commit`): the commit point of the whole load;
 4. workers write the write records (and notify cells of observed columns) and free
-   their locks in batches (:func:`finish_rows`).
+   their locks in batches (:func:`finish_rows`); a record carries its value when it
+   is small (``INLINE_MAX_BYTES``), so reading it needs no data cell.
 
 Readers meeting a lock of the load resolve it through the primary like any other
 lock: they wait while the driver is alive (it refreshes the primary's wall time),
@@ -46,13 +47,14 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from percolator._encoding import (
     DATA,
     FAMILIES,
+    INLINE_MAX_BYTES,
     LOCK,
     WRITE,
     Committed,
@@ -63,6 +65,7 @@ from percolator._encoding import (
     decode_lock,
     decode_write,
     encode_lock,
+    encode_write,
 )
 from percolator._errors import ConflictError, LockedError, PercolatorError
 from percolator._lock_resolver import (
@@ -299,10 +302,11 @@ def prewrite_rows(
     *,
     batch_cells: int = 5000,
     after_batch: Any = None,
-) -> Iterator[tuple[bytes, tuple[str, ...]]]:
+) -> Iterator[tuple[bytes, dict[str, bytes]]]:
     """Prewrite every cell of *rows* (``(row, {column: value})``, already validated)
     for the load *txn*, in batches of about *batch_cells* cells, and yield
-    ``(row, columns)`` for the cells left locked (to pass to :func:`finish_rows`).
+    ``(row, {column: value})`` for the cells left locked (to pass to
+    :func:`finish_rows`, which inlines small values in the write records).
 
     Each batch first tries one compare-and-set per cell from "absent" (a cell never
     written has no lock cell and, by Invariant A, no write record); cells where that
@@ -318,7 +322,7 @@ def prewrite_rows(
     size = 0
     shapes: dict[str, tuple[str, bytes, str]] = {}  # column -> lock column, lock, data column
 
-    def flush() -> Iterator[tuple[bytes, tuple[str, ...]]]:
+    def flush() -> Iterator[tuple[bytes, dict[str, bytes]]]:
         items: list[CasItem] = []
         append = items.append
         for row, values in batch:
@@ -330,16 +334,15 @@ def prewrite_rows(
                 append((row, shape[0], None, shape[1], ((shape[2], start_ts, value),)))
         won = check_and_set_many(store, txn.table, items)
         if all(won):
-            for row, values in batch:
-                yield row, tuple(values)
+            yield from batch
         else:
             failed = {(item[0], item[1][len(LOCK) + 1 :]): item[4][0][2]
                       for item, ok in zip(items, won, strict=True) if not ok}
             done = _slow_prewrite(cluster, txn, failed)
             for row, values in batch:
-                columns = tuple(c for c in values if (row, c) not in done)
-                if columns:
-                    yield row, columns
+                left = {c: v for c, v in values.items() if (row, c) not in done}
+                if left:
+                    yield row, left
         if after_batch is not None:
             after_batch()
 
@@ -358,13 +361,14 @@ def prewrite_rows(
 def finish_rows(
     cluster: Cluster,
     txn: LoadTxn,
-    rows: Iterable[tuple[bytes, Sequence[str]]],
+    rows: Iterable[tuple[bytes, Mapping[str, bytes | None]]],
     commit_ts: int | None,
     *,
     batch_cells: int = 5000,
 ) -> int:
-    """Release the load's locks on *rows* (``(row, columns)`` from :func:`prewrite_rows`):
-    rolled forward with write records (and notify cells of observed columns) at
+    """Release the load's locks on *rows* (``(row, {column: value})`` from
+    :func:`prewrite_rows`; a value None when unknown): rolled forward with write records
+    (carrying values up to ``INLINE_MAX_BYTES``) and notify cells of observed columns at
     *commit_ts*, or rolled back when *commit_ts* is None. Cells already cleaned by a
     reader are skipped. Returns how many cells this call released."""
     store = cluster.store
@@ -372,7 +376,7 @@ def finish_rows(
     released = 0
     items: list[CasItem] = []
     append = items.append
-    # column -> (lock column, lock, write record and notify cell): the same for every row
+    # column -> (lock column, lock, pointer write record and notify cell)
     shapes: dict[str, tuple[str, bytes, tuple[tuple[str, int, bytes], ...]]] = {}
 
     def flush() -> int:
@@ -386,15 +390,19 @@ def finish_rows(
         items.clear()
         return n
 
-    for row, columns in rows:
-        for column in columns:
+    for row, cells in rows:
+        for column, value in cells.items():
             shape = shapes.get(column)
             if shape is None:
                 puts = () if commit_ts is None else tuple(
                     write_cells(column, txn.start_ts, commit_ts, False, column in txn.observed)
                 )
                 shape = shapes[column] = (f"{LOCK}:{column}", txn.held(column), puts)
-            append((row, shape[0], shape[1], free, shape[2]))
+            puts = shape[2]
+            if puts and value is not None and len(value) <= INLINE_MAX_BYTES:
+                record = encode_write(WriteKind.PUT, txn.start_ts, value)
+                puts = ((puts[0][0], puts[0][1], record), *puts[1:])
+            append((row, shape[0], shape[1], free, puts))
         if len(items) >= batch_cells:
             released += flush()
     if items:

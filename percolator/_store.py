@@ -71,7 +71,10 @@ class Read:
 
     ``qualifiers=None`` reads every qualifier of the family. ``max_ts`` and
     ``min_ts`` are both inclusive; ``versions`` is how many versions per column to
-    return, newest first (``None``: all in the range).
+    return, newest first (``None``: all in the range). ``skip_tag`` (one byte) leaves
+    out the selected versions whose value starts with it; an older version does not
+    take a skipped one's place (a remote store filters on the server: a reader of
+    lock cells is not sent the FREE ones).
     """
 
     family: str
@@ -79,6 +82,33 @@ class Read:
     max_ts: int | None = None
     min_ts: int = 0
     versions: int | None = 1
+    skip_tag: bytes | None = None
+
+
+def check_skip_tag(read: Read) -> bytes | None:
+    """*read*'s ``skip_tag``, validated: None or a single byte."""
+    tag = read.skip_tag
+    if tag is not None and (not isinstance(tag, bytes) or len(tag) != 1):
+        raise InvalidArgument(f"'skip_tag' must be one byte or None, got {tag!r} in {read!r}")
+    return tag
+
+
+def drop_skipped(cells: RowCells, reads: Sequence[Read]) -> None:
+    """Apply the reads' ``skip_tag`` to one row's *cells* read for them, in place (for
+    stores that cannot filter values where they select versions)."""
+    for read in reads:
+        tag = check_skip_tag(read)
+        if tag is None:
+            continue
+        prefix = read.family + ":"
+        for name in [n for n in cells if n.startswith(prefix)]:
+            if read.qualifiers is not None and name[len(prefix):] not in read.qualifiers:
+                continue
+            kept = [cell for cell in cells[name] if cell[1][:1] != tag]
+            if kept:
+                cells[name] = kept
+            else:
+                del cells[name]
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,7 +97,9 @@ class Snapshot:
         if reads is None:
             # no data cells: a write record carries its value, except one written by
             # lock resolution or for a large value, whose data :meth:`_values` reads
-            reads = [Read(LOCK, qualifiers), Read(WRITE, qualifiers, max_ts=self.start_ts)]
+            # (and no FREE locks: nothing to wait for)
+            reads = [Read(LOCK, qualifiers, skip_tag=FREE_TAG),
+                     Read(WRITE, qualifiers, max_ts=self.start_ts)]
             if len(self._read_cache) < 64:
                 self._read_cache[qualifiers] = reads
         return reads

@@ -134,7 +134,7 @@ def _cluster(options: _Options) -> percolator.Cluster:
 def _prewrite_partition(
     options: _Options, txn: LoadTxn, items: Iterable[tuple[bytes, Any]]
 ) -> Iterator[tuple[str, Any]]:
-    """Yield ``("L", (row, columns))`` per locked row, then one ``("S", stats)``."""
+    """Yield ``("L", (row, {column: value}))`` per locked row, then one ``("S", stats)``."""
     rejects: list[Reject] = []
     stats: dict[str, Any] = {"rows": 0, "cells": 0, "rejects": 0, "error": None}
 
@@ -155,9 +155,9 @@ def _prewrite_partition(
     try:
         cluster = _cluster(options)
         with _collector_paused():
-            for row, columns in prewrite_rows(cluster, txn, rows(),
+            for row, cells in prewrite_rows(cluster, txn, rows(),
                                               batch_cells=options.batch_cells, after_batch=pause):
-                yield "L", (row, columns)
+                yield "L", (row, cells)
     except PercolatorError as e:
         stats["error"] = f"{type(e).__name__}: {e}"
     stats["rejects"] = len(rejects)

@@ -68,7 +68,15 @@ from percolator._errors import (
     UnknownTableError,
     ValueTooLargeError,
 )
-from percolator._store import CasItem, Guard, Mutation, Read, RowCells, check_increment_amount
+from percolator._store import (
+    CasItem,
+    Guard,
+    Mutation,
+    Read,
+    RowCells,
+    check_increment_amount,
+    check_skip_tag,
+)
 from percolator.stores._cas_rows import check_and_set_by_row
 from percolator.stores._memo import memo_by_reads
 
@@ -254,6 +262,16 @@ def _read_filter(read: Read) -> Any:
         pb = data_types.RowFilter.pb()()
         pb.cells_per_column_limit_filter = read.versions
         steps.append(pb)
+    tag = check_skip_tag(read)
+    if tag is not None:  # after the version limit: a skipped version is not replaced
+        below = data_types.RowFilter.pb()()
+        below.value_range_filter.end_value_open = tag
+        ranges = [below]
+        if tag != b"\xff":
+            above = data_types.RowFilter.pb()()
+            above.value_range_filter.start_value_closed = bytes([tag[0] + 1])
+            ranges.append(above)
+        steps.append(_interleave(ranges))
     return _chain(steps)
 
 

@@ -70,7 +70,16 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from percolator._errors import InvalidArgument, StoreUnavailable, UnknownTableError
-from percolator._store import Cell, Mutation, Read, RowCells, Store, check_increment_amount
+from percolator._store import (
+    Cell,
+    Mutation,
+    Read,
+    RowCells,
+    Store,
+    check_increment_amount,
+    check_skip_tag,
+    drop_skipped,
+)
 from percolator.stores._memo import memo_by_reads
 
 try:
@@ -197,12 +206,19 @@ class _Answer:
             for ts, value in cells:
                 per_ts[ts] = value
 
-    def result(self, order: Sequence[bytes]) -> dict[bytes, RowCells]:
+    def result(self, order: Sequence[bytes], reads: Sequence[Read]) -> dict[bytes, RowCells]:
+        """The rows in *order*, each Read's ``skip_tag`` applied (Thrift1 gets and
+        scans cannot filter values on the server)."""
+        skipping = any(check_skip_tag(read) for read in reads)
         out: dict[bytes, RowCells] = {}
         for row in order:
             columns = self.rows.get(row)
             if columns:
-                out[row] = {c: sorted(v.items(), reverse=True) for c, v in sorted(columns.items())}
+                cells = {c: sorted(v.items(), reverse=True) for c, v in sorted(columns.items())}
+                if skipping:
+                    drop_skipped(cells, reads)
+                if cells:
+                    out[row] = cells
         return out
 
 
@@ -379,7 +395,7 @@ class HBaseStore:
                 )
             answer = _Answer()
             self._resolve(client, name, plan, _parse_row_results(results), answer)
-        return answer.result(order)
+        return answer.result(order, plan.reads)
 
     def _resolve(
         self, client: Any, name: bytes, plan: _Plan, latest: _Latest, answer: _Answer
@@ -581,7 +597,7 @@ class HBaseStore:
                     latest = _parse_row_results(results)
                     answer = _Answer()
                     self._resolve(client, name, plan, latest, answer)
-                yield from answer.result(list(latest)).items()
+                yield from answer.result(list(latest), plan.reads).items()
         finally:
             try:
                 with self._client(table) as client:

@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from percolator._errors import InvalidArgument, StoreUnavailable, UnknownTableError
-from percolator._store import Mutation, Read, RowCells
+from percolator._store import Mutation, Read, RowCells, check_skip_tag, drop_skipped
 
 __all__ = ["SqliteStore", "open_sqlite_store"]
 
@@ -343,12 +343,16 @@ class SqliteStore:
             for versions in cells.values():
                 if len(versions) > 1:
                     versions.sort(key=lambda cell: -cell[0])
+        if any(check_skip_tag(read) for read in reads):
+            for cells in result.values():
+                drop_skipped(cells, reads)
+            return {row: cells for row, cells in result.items() if cells}
         return result
 
     def _read_newest(self, table: str, row: bytes, reads: Sequence[Read]) -> dict[bytes, RowCells]:
         """The common read of one row, the newest version of named cells: one statement
         of scalar subqueries, two per cell (its timestamp and value), one result row."""
-        key = (table, *[(r.family, r.qualifiers) for r in reads])
+        key = (table, *[(r.family, r.qualifiers, r.skip_tag) for r in reads])
         params: list[Any] = [row]
         for read in reads:
             params.append(read.min_ts)
@@ -383,11 +387,17 @@ class SqliteStore:
         names: list[str] = []
         for n, read in enumerate(reads):
             name = self._family(table, read.family)
+            tag = check_skip_tag(read)
             for qual in read.qualifiers or ():
                 q = 2 + 2 * len(reads) + len(names)
                 where = (f"FROM {name} WHERE row = ?1 AND qual = ?{q} "
                          f"AND ts BETWEEN ?{2 * n + 2} AND ?{2 * n + 3} ORDER BY ts DESC LIMIT 1")
-                terms += (f"(SELECT ts {where})", f"(SELECT value {where})")
+                if tag is None:
+                    terms += (f"(SELECT ts {where})", f"(SELECT value {where})")
+                else:  # the newest version, or NULL when it carries the tag
+                    skip = f"CASE WHEN substr(value, 1, 1) = x'{tag.hex()}' THEN NULL ELSE"
+                    terms += (f"(SELECT {skip} ts END {where})",
+                              f"(SELECT {skip} value END {where})")
                 names.append(f"{read.family}:{qual}")
         return "SELECT " + ", ".join(terms), names
 
@@ -439,6 +449,7 @@ class SqliteStore:
         if not reads:
             return
         names = [self._family(table, read.family) for read in reads]
+        skips = [check_skip_tag(read) for read in reads]
         lo: bytes = start or b""
         inclusive = True
         while True:
@@ -501,6 +512,8 @@ class SqliteStore:
                 if limit is not None and seen >= limit:
                     continue
                 counts[column] = seen + 1
+                if skips[r] is not None and value[:1] == skips[r]:
+                    continue
                 row_cells.setdefault(column, []).append((ts, value))
             if current is not None and row_cells:
                 yield current, row_cells

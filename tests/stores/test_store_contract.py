@@ -249,6 +249,41 @@ def test_several_reads_with_their_own_bounds_in_one_call(store: Store) -> None:
     assert newer == {b"r": {"w:c": [(22, b"v22")]}}
 
 
+def test_skip_tag_leaves_out_selected_versions_starting_with_it(store: Store) -> None:
+    """How a transactional read leaves out FREE locks (on the server, where it can)."""
+    store.mutate_rows(T, [
+        Mutation(b"r", puts=[("l:free", 0, b"F-token"), ("l:held", 0, b"L-lock"),
+                             ("l:empty", 0, b""), ("l:ff", 0, b"\xff")]),
+        Mutation(b"r", puts=[("w:c", 1, b"Vold"), ("w:c", 2, b"Fnew"), ("w:c", 3, b"Gnewer")]),
+        Mutation(b"s", puts=[("l:free", 0, b"F-only")]),
+    ])
+    got = cells(store, b"r", Read("l", ("free", "held", "empty", "ff", "none"), skip_tag=b"F"))
+    assert got == {"l:held": [(0, b"L-lock")], "l:empty": [(0, b"")], "l:ff": [(0, b"\xff")]}
+    assert cells(store, b"r", Read("l", None, skip_tag=b"\xff")) == {
+        "l:free": [(0, b"F-token")], "l:held": [(0, b"L-lock")], "l:empty": [(0, b"")],
+    }
+    # the version limit comes first: a skipped newest version is not replaced by an older one
+    assert cells(store, b"r", Read("w", ("c",), max_ts=2, skip_tag=b"F")) == {}
+    assert cells(store, b"r", Read("w", ("c",), max_ts=2, versions=None, skip_tag=b"F")) == {
+        "w:c": [(1, b"Vold")]
+    }
+    assert cells(store, b"r", Read("w", ("c",), skip_tag=b"F")) == {"w:c": [(3, b"Gnewer")]}
+    # other reads of the same call are not filtered; a row left with nothing is omitted
+    reads = [Read("l", ("free",), skip_tag=b"F"), Read("w", ("c",), max_ts=2)]
+    assert store.read_rows(T, [b"r", b"s"], reads) == {b"r": {"w:c": [(2, b"Fnew")]}}
+    assert dict(store.scan(T, None, None, reads)) == {b"r": {"w:c": [(2, b"Fnew")]}}
+    assert dict(store.scan(T, None, None, [Read("l", None, skip_tag=b"L")])) == {
+        b"r": {"l:free": [(0, b"F-token")], "l:empty": [(0, b"")], "l:ff": [(0, b"\xff")]},
+        b"s": {"l:free": [(0, b"F-only")]},
+    }
+
+
+@pytest.mark.parametrize("tag", [b"", b"FF", "F"])
+def test_skip_tag_of_other_than_one_byte_is_invalid(store: Store, tag: object) -> None:
+    with pytest.raises(InvalidArgument, match="skip_tag"):
+        store.read_rows(T, [b"r"], [Read("l", ("c",), skip_tag=tag)])  # type: ignore[arg-type]
+
+
 def test_several_rows_in_one_call_and_rows_without_cells_omitted(store: Store) -> None:
     store.mutate_rows(
         T,

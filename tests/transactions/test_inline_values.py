@@ -173,3 +173,21 @@ def test_a_one_phase_commit_between_a_loads_read_and_lock_fails_the_load(
         list(prewrite_rows(embedded, txn, [(b"alice", {C: b"loaded"})]))
     load.abort()
     assert Transaction(embedded).get(T, b"alice", C) == b"theirs"
+
+
+def test_a_bulk_load_inlines_small_values(cluster: Cluster) -> None:
+    from percolator._bulk import finish_rows
+
+    cluster.create_table(T)
+    big = b"z" * (INLINE_MAX_BYTES + 1)
+    load = BulkLoad(cluster, T, "inline")
+    txn = load.begin({})
+    assert isinstance(txn, LoadTxn)
+    locked = list(prewrite_rows(cluster, txn, [(b"alice", {C: b"small"}), (b"bob", {C: big})]))
+    commit_ts = load.commit({})
+    assert finish_rows(cluster, txn, locked, commit_ts) == 2
+    small, large = _newest(cluster, b"alice", WRITE), _newest(cluster, b"bob", WRITE)
+    assert small is not None and inline_value(small[1]) == b"small"
+    assert large is not None and inline_value(large[1]) is None
+    reader = Transaction(cluster)
+    assert reader.get(T, b"alice", C) == b"small" and reader.get(T, b"bob", C) == big
