@@ -316,6 +316,17 @@ def prewrite_rows(
     :raises ConflictError: a cell has a write record newer than the load's start.
     :raises LockedError: a live transaction kept a cell locked beyond the lock wait.
     """
+    with cluster.taking_locks():
+        yield from _prewrite_batches(cluster, txn, rows, batch_cells, after_batch)
+
+
+def _prewrite_batches(
+    cluster: Cluster,
+    txn: LoadTxn,
+    rows: Iterable[tuple[bytes, dict[str, bytes]]],
+    batch_cells: int,
+    after_batch: Any,
+) -> Iterator[tuple[bytes, dict[str, bytes]]]:
     store = cluster.store
     start_ts = txn.start_ts
     batch: list[tuple[bytes, dict[str, bytes]]] = []
@@ -488,13 +499,18 @@ class BulkLoad:
             )
             held = encode_lock(txn.lock(LOAD_COLUMN))
             body = json.dumps(info, sort_keys=True).encode()
-            if cluster.store.check_and_set(
-                LOADS_TABLE, self.row, f"{LOCK}:{LOAD_COLUMN}", raw, held,
-                [(f"{DATA}:{LOAD_COLUMN}", start_ts, body)],
-            ):
+            if self._lock_primary(raw, held, [(f"{DATA}:{LOAD_COLUMN}", start_ts, body)]):
                 self._txn, self._held = txn, held
                 self._start_refresher()
                 return txn
+
+    def _lock_primary(
+        self, raw: bytes | None, held: bytes, puts: list[tuple[str, int, bytes]]
+    ) -> bool:
+        with self.cluster.taking_locks():
+            return self.cluster.store.check_and_set(
+                LOADS_TABLE, self.row, f"{LOCK}:{LOAD_COLUMN}", raw, held, puts
+            )
 
     # --- keeping the primary alive ------------------------------------------------------
 

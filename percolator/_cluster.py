@@ -5,16 +5,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from percolator._coordination import Coordination, LocalCoordination
-from percolator._encoding import FAMILIES, META_FAMILIES, META_TABLE, check_column, check_table
+from percolator._encoding import (
+    FAMILIES,
+    FREE_TAG,
+    LOCK,
+    META_FAMILIES,
+    META_TABLE,
+    check_column,
+    check_table,
+)
 from percolator._errors import (
     CoordinationError,
     InvalidArgument,
     PercolatorError,
     UnknownTableError,
 )
+from percolator._lock_census import LockCensus
 from percolator._retry import LOCK_WAIT, RetryPolicy
 from percolator._store import Mutation, Read, Store
 from percolator._timestamps import HostTimestamps, StoreTimestamps, TimestampSource
@@ -116,12 +126,17 @@ def connect(
             timestamps = HostTimestamps(store, f"{store.path}-ts")  # type: ignore[attr-defined]
         else:
             timestamps = StoreTimestamps(store)
+        census = None
+        if getattr(store, "path", None) and hasattr(store, "any_untagged"):
+            census = LockCensus(f"{store.path}-census")  # type: ignore[attr-defined]
+            closers.append(census)
         return Cluster(
             store,
             timestamps,
             coordination,
             lock_ttl=lock_ttl,
             lock_wait=2 * lock_ttl if lock_wait is None else lock_wait,
+            lock_census=census,
         )
     except BaseException:
         for closer in reversed(closers):
@@ -145,10 +160,14 @@ class Cluster:
         lock_ttl: float = 30.0,
         lock_wait: float = 60.0,
         config_refresh: float = 0.5,
+        lock_census: LockCensus | None = None,
     ) -> None:
         self.store = store
         self.timestamps = timestamps
         self.coordination = coordination
+        self.lock_census = lock_census
+        """Embedded store only: whether any lock may be held (reads skip the lock
+        family when none can be; see :mod:`percolator._lock_census`)."""
         self.lock_ttl = lock_ttl
         self.one_phase_commit = True
         """Commit in one atomic store step where the store and timestamps allow it."""
@@ -262,11 +281,33 @@ class Cluster:
             if self._closed:
                 return
             self._closed = True
-        for part in (self.timestamps, self.coordination, self.store):
+        for part in (self.timestamps, self.coordination, self.lock_census, self.store):
+            if part is None:
+                continue
             try:
                 part.close()
             except Exception:  # closing must go on whatever one part says
                 log.exception("closing %r failed", part)
+
+    def taking_locks(self) -> AbstractContextManager[None]:
+        """Around writing new lock cells (two-phase prewrites, bulk loads): tells the
+        lock census, if any, that a lock may be held."""
+        census = self.lock_census
+        return census.taking() if census is not None else nullcontext()
+
+    def sweep_locks(self, *, force: bool = False) -> None:
+        """Embedded store: clear the lock census if no lock is held any more (rate
+        limited, see :meth:`LockCensus.sweep`). Called after two-phase commits, lock
+        resolution and bulk loads."""
+        census = self.lock_census
+        if census is None or census.clean():
+            return
+        store = self.store
+        try:
+            census.sweep(lambda: not store.any_untagged(LOCK, FREE_TAG),  # type: ignore[attr-defined]
+                         force=force)
+        except PercolatorError:
+            log.warning("lock census sweep failed; reads keep checking locks", exc_info=True)
 
     def __enter__(self) -> Cluster:
         return self

@@ -253,6 +253,10 @@ class _Committer:
         """Lock the primary, then the secondaries (one batched read for all of them),
         or, where the store can test the conflict conditions itself, one conditional
         mutation per cell, reading only a cell whose conditions held."""
+        with self.cluster.taking_locks():
+            self._prewrite_all()
+
+    def _prewrite_all(self) -> None:
         guarded = self.store if isinstance(self.store, GuardedSet) else None
         found: dict[int, tuple[bytes | None, list[Cell]]] = {}
         for index, cell in enumerate(self.cells):
@@ -418,6 +422,19 @@ def commit_transaction(txn: TransactionBase, crash: CrashPoint | None = None) ->
             txn.commit_ts = one_phase
             cluster.stats["commits"] += 1
             return one_phase
+    try:
+        commit_ts = _commit_two_phase(committer)
+    except SimulatedCrash:
+        raise  # a dead committer sweeps nothing
+    except BaseException:
+        cluster.sweep_locks()
+        raise
+    cluster.sweep_locks()
+    return commit_ts
+
+
+def _commit_two_phase(committer: _Committer) -> int:
+    txn, cluster = committer.txn, committer.cluster
     try:
         committer.prewrite()
     except ConflictError:

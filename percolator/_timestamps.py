@@ -127,7 +127,8 @@ class StoreTimestamps:
         """Nothing to release: the store belongs to the cluster."""
 
 
-def _boot_id() -> bytes:
+def boot_id() -> bytes:
+    """This boot's id: a page cache written before another boot may have lost writes."""
     try:
         with open("/proc/sys/kernel/random/boot_id", "rb") as f:
             return uuid.UUID(f.read().strip().decode()).bytes
@@ -150,7 +151,7 @@ class HostTimestamps:
     def __init__(self, store: Store, sidecar_path: str) -> None:
         self._ceiling = _Ceiling(store)
         self._identity = self._ceiling.identity()
-        self._boot = _boot_id()
+        self._boot = boot_id()
         self._lock = threading.Lock()
         self._known_ceiling = 0
         try:

@@ -12,6 +12,7 @@ from percolator._cluster import Cluster
 from percolator._encoding import (
     DATA,
     FREE_TAG,
+    INLINE_TAG,
     LOCK,
     WRITE,
     Committed,
@@ -22,6 +23,7 @@ from percolator._encoding import (
     check_value,
     decode_lock,
     decode_write,
+    encode_write,
     inline_value,
 )
 from percolator._errors import InvalidArgument, LockedError, TransactionClosedError
@@ -35,6 +37,7 @@ WriteKey = tuple[str, bytes, str]
 
 _LOCK_PREFIX, _WRITE_PREFIX, _DATA_PREFIX = f"{LOCK}:", f"{WRITE}:", f"{DATA}:"
 _ROLLBACK_TAG = WriteKind.ROLLBACK.value
+_WRITE_HEADER = len(encode_write(WriteKind.PUT, 0))
 
 
 def _check_bound(name: str, value: object) -> bytes | None:
@@ -72,7 +75,7 @@ class Snapshot:
         self.cluster = cluster
         self.start_ts: int = cluster.timestamps.get_timestamp() if start_ts is None else start_ts
         self._closed = False
-        self._read_cache: dict[tuple[str, ...] | None, list[Read]] = {}
+        self._read_cache: dict[tuple[tuple[str, ...] | None, bool], list[Read]] = {}
 
     # --- validation ---------------------------------------------------------------
 
@@ -93,15 +96,22 @@ class Snapshot:
 
     def _reads(self, columns: Sequence[str] | None) -> list[Read]:
         qualifiers = None if columns is None else tuple(columns)
-        reads = self._read_cache.get(qualifiers)
+        census = self.cluster.lock_census
+        # Asked after start_ts was drawn, as the census requires.
+        no_locks = census is not None and census.clean()
+        if census is not None and not no_locks:
+            self.cluster.sweep_locks()  # rate limited
+        reads = self._read_cache.get((qualifiers, no_locks))
         if reads is None:
-            # no data cells: a write record carries its value, except one written by
-            # lock resolution or for a large value, whose data :meth:`_values` reads
-            # (and no FREE locks: nothing to wait for)
-            reads = [Read(LOCK, qualifiers, skip_tag=FREE_TAG),
-                     Read(WRITE, qualifiers, max_ts=self.start_ts)]
+            # No data cells: a write record carries its value, except one written by
+            # lock resolution or for a large value, whose data :meth:`_values` reads.
+            # No FREE locks (nothing to wait for), and no lock family at all when
+            # the lock census says that no lock can be held.
+            reads = [Read(WRITE, qualifiers, max_ts=self.start_ts)]
+            if not no_locks:
+                reads.insert(0, Read(LOCK, qualifiers, skip_tag=FREE_TAG))
             if len(self._read_cache) < 64:
-                self._read_cache[qualifiers] = reads
+                self._read_cache[(qualifiers, no_locks)] = reads
         return reads
 
     def _blocking(self, cells: RowCells) -> list[tuple[str, bytes]]:
@@ -150,7 +160,7 @@ class Snapshot:
             cells = store.read_rows(table, [row], reads).get(row)
             if not cells:
                 return {}
-            blocked = self._blocking(cells)
+            blocked = self._blocking(cells) if len(reads) > 1 else None  # else no locks read
             if not blocked:
                 return self._values(table, row, cells)
             attempts = self._wait_for_locks(table, row, blocked, attempts)
@@ -166,7 +176,11 @@ class Snapshot:
             if not self._internal_columns and column[:1] == "_":
                 continue
             record = writes[0][1]
-            if record[:1] == _ROLLBACK_TAG:
+            tag = record[:1]
+            if tag == INLINE_TAG:
+                values[column] = record[_WRITE_HEADER:]
+                continue
+            if tag == _ROLLBACK_TAG:
                 found = self._newest_write(table, row, column)
                 if found is None:
                     continue

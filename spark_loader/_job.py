@@ -324,6 +324,7 @@ def _run(
             log.debug("load %s: release took %.2fs", load_id[:12], time.monotonic() - released)
             if committed is not None:
                 load.mark_finished(committed)
+            cluster.sweep_locks(force=True)  # the load's locks are gone: reads skip locks again
             if failure is not None:
                 result.seconds = time.monotonic() - began
                 raise LoadError(f"load {load_id[:16]} into {table!r} failed, nothing of it "

@@ -521,6 +521,34 @@ class SqliteStore:
                 return
             lo, inclusive = last[0], False
 
+    def any_untagged(self, family: str, tag: bytes) -> bool:
+        """Whether a cell of *family*, in any table that has it, holds a value that
+        does not start with the one-byte *tag* (one scan per table, in SQLite: the
+        lock census asks it of the lock family, whose FREE values start with a tag)."""
+        try:
+            db = self._db()
+            names = [n for (n,) in db.execute(f"SELECT name FROM {_CATALOG}").fetchall()]
+        except sqlite3.Error as e:
+            raise self._error(_CATALOG, e) from e
+        for name in names:
+            try:
+                if family not in self._table_families(name):
+                    continue
+                found = db.execute(
+                    f"SELECT 1 FROM {_sql_name(name, family)} "
+                    "WHERE substr(value, 1, 1) <> ? LIMIT 1", (tag,),
+                ).fetchone()
+            except UnknownTableError:
+                continue  # dropped meanwhile
+            except sqlite3.Error as e:
+                error = self._error(name, e)
+                if isinstance(error, UnknownTableError):
+                    continue
+                raise error from e
+            if found is not None:
+                return True
+        return False
+
     # --- writes -----------------------------------------------------------------
 
     def _put_sql(self, table: str, family: str) -> str:

@@ -1,0 +1,189 @@
+"""The embedded store's lock census: reads skip the lock family only while no lock can
+be held; a sweep clears the census only when no taker is writing locks (across
+processes, and a killed taker's flock is released by the kernel) and no lock is left."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from typing import Any
+
+from percolator import Cluster, Transaction
+from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
+from percolator._lock_census import LockCensus
+from percolator.testing import CrashPoint, client_of, crash_commit
+
+T, C = "accounts", "bal:amount"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class _FamiliesRead:
+    """Records the families of every read_rows call."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.families: list[tuple[str, ...]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def read_rows(self, table: str, rows: Any, reads: Any) -> Any:
+        self.families.append(tuple(r.family for r in reads))
+        return self._store.read_rows(table, rows, reads)
+
+
+def _families_of_a_get(cluster: Cluster, row: bytes) -> tuple[bytes | None, tuple[str, ...]]:
+    proxy = _FamiliesRead(cluster.store)
+    cluster.store = proxy  # type: ignore[assignment]
+    try:
+        value = Transaction(cluster).get(T, row, C)
+    finally:
+        cluster.store = proxy._store
+    return value, proxy.families[0]
+
+
+def test_reads_skip_locks_only_while_none_can_be_held(sqlite_cluster: Cluster) -> None:
+    cluster = sqlite_cluster
+    census = cluster.lock_census
+    assert census is not None
+    cluster.create_table(T)
+    with Transaction(cluster) as txn:  # one phase: no lock
+        txn.set(T, b"alice", C, b"1")
+    cluster.sweep_locks(force=True)
+    assert census.clean()
+    assert _families_of_a_get(cluster, b"alice") == (b"1", ("w",))
+
+    dying = Transaction(client_of(cluster))
+    dying.set(T, b"bob", C, b"primary")
+    dying.set(T, b"alice", C, b"2")  # a secondary, left locked by the crash
+    assert crash_commit(dying, CrashPoint("commit_point")) is True
+    assert not census.clean()
+    cluster.sweep_locks(force=True)  # a lock is left: the census stays set
+    assert not census.clean()
+    # the read looks at the lock and rolls the committed secondary forward
+    assert _families_of_a_get(cluster, b"alice") == (b"2", ("l", "w"))
+    cluster.sweep_locks(force=True)
+    assert census.clean()
+    assert _families_of_a_get(cluster, b"alice") == (b"2", ("w",))
+
+
+def test_a_load_keeps_the_census_set_until_its_locks_are_released(
+    sqlite_cluster: Cluster,
+) -> None:
+    cluster = sqlite_cluster
+    census = cluster.lock_census
+    assert census is not None
+    cluster.create_table(T)
+    load = BulkLoad(cluster, T, "census")
+    txn = load.begin({})
+    assert isinstance(txn, LoadTxn)
+    locked = list(prewrite_rows(cluster, txn, [(b"alice", {C: b"loaded"})]))
+    cluster.sweep_locks(force=True)
+    assert not census.clean()
+    commit_ts = load.commit({})
+    cluster.sweep_locks(force=True)
+    assert not census.clean()  # the cell is still locked (committed, not released)
+    assert Transaction(cluster).get(T, b"alice", C) == b"loaded"  # rolls it forward
+    finish_rows(cluster, txn, locked, commit_ts)
+    cluster.sweep_locks(force=True)
+    assert census.clean()
+    assert Transaction(cluster).get(T, b"alice", C) == b"loaded"
+
+
+def test_takers_of_one_process_hold_the_census_until_the_last_one_leaves(
+    tmp_path: Path,
+) -> None:
+    census = LockCensus(str(tmp_path / "census"))
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    release_second = threading.Event()
+
+    def first() -> None:
+        with census.taking():
+            first_in.set()
+            second_in.wait(10)
+        first_out.set()
+
+    def second() -> None:
+        first_in.wait(10)
+        with census.taking():
+            second_in.set()
+            release_second.wait(10)
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    assert first_out.wait(10)
+    assert census.sweep(lambda: True, force=True) is False  # the second still takes
+    assert not census.clean()
+    release_second.set()
+    for t in threads:
+        t.join(10)
+    assert census.sweep(lambda: True, force=True) is True
+    assert census.clean()
+    with census.taking():
+        assert not census.clean()
+    assert census.sweep(lambda: False, force=True) is False  # a lock is left
+
+
+def test_a_taker_in_another_process_blocks_sweeps_until_it_is_killed(tmp_path: Path) -> None:
+    path = str(tmp_path / "census")
+    census = LockCensus(path)
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys, time
+            sys.path.insert(0, {str(ROOT)!r})
+            from percolator._lock_census import LockCensus
+            with LockCensus({path!r}).taking():
+                print("taking", flush=True)
+                time.sleep(60)
+        """)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "taking"
+        assert census.sweep(lambda: True, force=True) is False
+        assert not census.clean()
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+        assert census.sweep(lambda: True, force=True) is True
+        assert census.clean()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_census_written_before_a_reboot_starts_set(tmp_path: Path) -> None:
+    path = str(tmp_path / "census")
+    census = LockCensus(path)
+    assert not census.clean()  # a new file
+    assert census.sweep(lambda: True, force=True) and census.clean()
+    census.close()
+    assert LockCensus(path).clean()  # same boot: kept
+    with open(path, "r+b") as f:  # as if written during another boot
+        f.seek(16)
+        f.write(b"\x00" * 16)
+    assert not LockCensus(path).clean()
+
+
+def test_remote_stores_have_no_census(cluster: Cluster, backend: str) -> None:
+    assert (cluster.lock_census is not None) == (backend == "sqlite")
+
+
+def test_sweeps_are_rate_limited_unless_forced(tmp_path: Path) -> None:
+    census = LockCensus(str(tmp_path / "census"), min_sweep_interval=3600)
+    calls: list[int] = []
+
+    def no_locks() -> bool:
+        calls.append(1)
+        return False
+
+    for _ in range(3):
+        assert census.sweep(no_locks) is False
+    assert len(calls) == 1
+    census.sweep(no_locks, force=True)
+    assert len(calls) == 2
