@@ -59,9 +59,13 @@ _BOOT = slice(16, 32)
 class LockCensus:
     """The flag shared by the host's processes (see the module docstring)."""
 
-    def __init__(self, path: str, *, min_sweep_interval: float = 1.0) -> None:
+    def __init__(
+        self, path: str, *, min_sweep_interval: float = 1.0, max_sweep_interval: float = 60.0
+    ) -> None:
         self.path = path
         self.min_sweep_interval = min_sweep_interval
+        self.max_sweep_interval = max_sweep_interval
+        self._interval = min_sweep_interval
         self._takers = 0
         self._takers_lock = threading.Lock()
         self._sweep_lock = threading.Lock()
@@ -104,11 +108,14 @@ class LockCensus:
     def sweep(self, no_locks: Callable[[], bool], *, force: bool = False) -> bool:
         """Clear the flag if no taker is writing locks and *no_locks()* says no lock
         cell is held. At most once per ``min_sweep_interval`` per process (a sweep
-        scans every lock family) unless *force*. Returns whether the flag is clear."""
+        scans every lock family) unless *force*; the interval doubles, up to
+        ``max_sweep_interval``, while sweeps find locks left (a dead transaction's lock
+        that nobody reads stays until a reader or a worker meets it). Returns whether
+        the flag is clear."""
         if self.clean():
             return True
         now = time.monotonic()
-        if not force and now - self._last_sweep < self.min_sweep_interval:
+        if not force and now - self._last_sweep < self._interval:
             return False
         with self._sweep_lock:
             self._last_sweep = now
@@ -120,7 +127,9 @@ class LockCensus:
                 except BlockingIOError:
                     return False  # a taker is writing locks
                 if not no_locks():
+                    self._interval = min(self._interval * 2, self.max_sweep_interval)
                     return False
+                self._interval = self.min_sweep_interval
                 self._map[0] = 0
                 log.debug("lock census: no lock held in %s", self.path)
                 return True

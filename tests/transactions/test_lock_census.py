@@ -4,12 +4,14 @@ processes, and a killed taker's flock is released by the kernel) and no lock is 
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -174,16 +176,30 @@ def test_remote_stores_have_no_census(cluster: Cluster, backend: str) -> None:
     assert (cluster.lock_census is not None) == (backend == "sqlite")
 
 
-def test_sweeps_are_rate_limited_unless_forced(tmp_path: Path) -> None:
-    census = LockCensus(str(tmp_path / "census"), min_sweep_interval=3600)
-    calls: list[int] = []
+def test_sweeps_are_rate_limited_unless_forced_and_back_off_while_locks_are_left(
+    tmp_path: Path,
+) -> None:
+    census = LockCensus(str(tmp_path / "census"), min_sweep_interval=0.05,
+                        max_sweep_interval=0.2)
+    calls: list[float] = []
 
-    def no_locks() -> bool:
-        calls.append(1)
+    def locks_left() -> bool:
+        calls.append(time.monotonic())
         return False
 
-    for _ in range(3):
-        assert census.sweep(no_locks) is False
-    assert len(calls) == 1
-    census.sweep(no_locks, force=True)
-    assert len(calls) == 2
+    attempts = 0
+    deadline = time.monotonic() + 60
+    while len(calls) < 5 and time.monotonic() < deadline:
+        assert census.sweep(locks_left) is False
+        attempts += 1
+        time.sleep(0.005)
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
+    # scans at least 0.05, 0.1, then 0.2 (the cap) apart, however many sweeps are asked
+    assert len(calls) == 5 and attempts > len(calls), (attempts, gaps)
+    assert gaps[0] >= 0.05 and gaps[1] >= 0.1 and min(gaps[2:]) >= 0.2, gaps
+    assert census._interval == census.max_sweep_interval  # doubled up to the cap, no further
+    n = len(calls)
+    census.sweep(locks_left, force=True)
+    assert len(calls) == n + 1
+    assert census.sweep(lambda: True, force=True) is True  # and a clean sweep resets it
+    assert census._interval == census.min_sweep_interval
