@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 
 from percolator._cluster import Cluster
+from percolator._commit import commit_transaction
 from percolator._encoding import (
     DATA,
     FREE_TAG,
@@ -386,8 +387,6 @@ class Transaction(TransactionBase):
             nothing of this transaction remains.
         :raises CommitUnknownError: the store failed at the commit point itself.
         """
-        from percolator._commit import commit_transaction
-
         self._check_open()
         return commit_transaction(self)
 
