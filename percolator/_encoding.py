@@ -5,7 +5,8 @@ A user column ``c`` of a row is stored in physical families, with ``c`` as quali
 =========  ===============================================================
 family     content
 =========  ===============================================================
-``d``      data: the value, at the writer's start_ts
+``d``      data: the value, at the writer's start_ts (two-phase commits, loads;
+           a one-phase commit keeps the value in its write record only)
 ``w``      write records: at commit_ts, ``kind + start_ts`` of the data, and for a
            put the value itself when the committer inlined it (below)
 ``l``      the lock cell, one current value (a state machine, below)

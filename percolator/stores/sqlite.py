@@ -6,7 +6,7 @@ touches only its cells. Every contract call is one SQLite statement or one
 ``BEGIN IMMEDIATE`` transaction (a "round trip" in the benchmarks):
 
 =================  ====================================================
-``read_rows``       one SELECT (a UNION ALL of the requested reads)
+``read_rows``       one SELECT (one row: scalar subqueries; several: a UNION ALL)
 ``mutate_rows``     one write transaction
 ``check_and_set``   one write transaction (puts applied atomically)
 ``scan``            one SELECT per batch of rows
