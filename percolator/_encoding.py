@@ -13,8 +13,10 @@ family     content
 ``n``      notify: a hint that an observer may need to run (own family)
 =========  ===============================================================
 
-Lock cell states (first byte): ``F`` free (with a token never used before),
-``L`` locked, ``C`` committed and ``R`` rolled back (short-lived states of a primary).
+Lock cell states (first byte): ``F`` free (with a token never used before; the
+embedded store's one-phase commit leaves an existing one as it was, see
+``percolator._commit``), ``L`` locked, ``C`` committed and ``R`` rolled back
+(short-lived states of a primary).
 Values are fixed binary encodings, never pickle.
 
 User families starting with ``_`` are reserved (observer acknowledgements use
