@@ -6,8 +6,9 @@ transaction whose cells are written by many workers at once (DESIGN.md §5):
 1. the driver takes ``start_ts`` and prewrites the **primary**: a marker cell of
    the load in the internal table ``__percolator_loads``, row = the load id (derived
    from the input, so a rerun finds it), column ``load:marker``;
-2. workers prewrite their cells in batches (:func:`prewrite_rows`): data at
-   ``start_ts`` and a ``LOCKED`` lock pointing at the primary, taken with a batched
+2. workers prewrite their cells in batches (:func:`prewrite_rows`): a ``LOCKED``
+   lock pointing at the primary and carrying the value (a value over
+   ``INLINE_MAX_BYTES`` goes to a data cell at ``start_ts`` instead), taken with a batched
    compare-and-set so no other transaction's lock is overwritten (Invariant A/B);
 3. the driver takes ``commit_ts`` and commits the primary with one compare-and-set
    (:meth:`BulkLoad.commit`): the commit point of the whole load;
@@ -34,8 +35,9 @@ form, so there (and on any store without the capability) :func:`check_and_set_ma
 writes the batch's puts in one ``mutate_rows`` and then makes one ``check_and_set``
 per cell.
 
-Cost per loaded cell on SQLite: four row writes (data and lock at prewrite; write
-record and lock again at release), against one for a plain write of the same cell;
+Cost per loaded cell on SQLite: three row writes (the lock with the value at prewrite;
+write record and lock again at release; a large value adds a data cell), against one
+for a plain write of the same cell;
 the batch is written without reading when every compare-and-set wins (the usual
 case: nothing else touches the new cells), and read first only when one does not.
 """
@@ -66,6 +68,7 @@ from percolator._encoding import (
     decode_write,
     encode_lock,
     encode_write,
+    with_value,
 )
 from percolator._errors import ConflictError, LockedError, PercolatorError
 from percolator._lock_resolver import (
@@ -149,9 +152,18 @@ class LoadTxn:
         )
 
     def held(self, column: str) -> bytes:
-        """The lock value of every secondary cell of *column* (the same for all rows:
-        only the primary's wall time matters to cleaners)."""
+        """The lock value of every secondary cell of *column* that carries no value
+        (the same for all rows: only the primary's wall time matters to cleaners)."""
         return _held(self, column)
+
+    def prewrite_cell(
+        self, column: str, value: bytes
+    ) -> tuple[bytes, tuple[tuple[str, int, bytes], ...]]:
+        """The lock value and the puts that prewrite one cell: a small value rides in
+        the lock (no data cell), a large one in a data cell at start_ts."""
+        if len(value) <= INLINE_MAX_BYTES:
+            return with_value(_held(self, column), value), ()
+        return _held(self, column), ((f"{DATA}:{column}", self.start_ts, value),)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -260,8 +272,8 @@ def _slow_prewrite(
                 elif isinstance(state, Free) and state.start_ts == txn.start_ts:
                     raise _conflict(txn, row, column, "this load was rolled back", None)
                 elif state is None or isinstance(state, Free):
-                    items.append((row, f"{LOCK}:{column}", raw, txn.held(column),
-                                  [(f"{DATA}:{column}", txn.start_ts, pending[(row, column)])]))
+                    held, puts = txn.prewrite_cell(column, pending[(row, column)])
+                    items.append((row, f"{LOCK}:{column}", raw, held, puts))
                 elif isinstance(state, Committed | RolledBack) or (
                     isinstance(state, Lock) and state.start_ts != txn.start_ts
                 ):
@@ -328,27 +340,29 @@ def _prewrite_batches(
     after_batch: Any,
 ) -> Iterator[tuple[bytes, dict[str, bytes]]]:
     store = cluster.store
-    start_ts = txn.start_ts
     batch: list[tuple[bytes, dict[str, bytes]]] = []
     size = 0
-    shapes: dict[str, tuple[str, bytes, str]] = {}  # column -> lock column, lock, data column
+    lock_columns: dict[str, str] = {}
+    prewrite_cell = txn.prewrite_cell
 
     def flush() -> Iterator[tuple[bytes, dict[str, bytes]]]:
         items: list[CasItem] = []
         append = items.append
         for row, values in batch:
             for column, value in values.items():
-                shape = shapes.get(column)
-                if shape is None:
-                    shape = shapes[column] = (f"{LOCK}:{column}", txn.held(column),
-                                              f"{DATA}:{column}")
-                append((row, shape[0], None, shape[1], ((shape[2], start_ts, value),)))
+                lock_column = lock_columns.get(column)
+                if lock_column is None:
+                    lock_column = lock_columns[column] = f"{LOCK}:{column}"
+                held, puts = prewrite_cell(column, value)
+                append((row, lock_column, None, held, puts))
         won = check_and_set_many(store, txn.table, items)
         if all(won):
             yield from batch
         else:
-            failed = {(item[0], item[1][len(LOCK) + 1 :]): item[4][0][2]
-                      for item, ok in zip(items, won, strict=True) if not ok}
+            lost = {(item[0], item[1][len(LOCK) + 1 :])
+                    for item, ok in zip(items, won, strict=True) if not ok}
+            failed = {(row, c): v for row, values in batch for c, v in values.items()
+                      if (row, c) in lost}
             done = _slow_prewrite(cluster, txn, failed)
             for row, values in batch:
                 left = {c: v for c, v in values.items() if (row, c) not in done}
@@ -372,14 +386,14 @@ def _prewrite_batches(
 def finish_rows(
     cluster: Cluster,
     txn: LoadTxn,
-    rows: Iterable[tuple[bytes, Mapping[str, bytes | None]]],
+    rows: Iterable[tuple[bytes, Mapping[str, bytes]]],
     commit_ts: int | None,
     *,
     batch_cells: int = 5000,
 ) -> int:
     """Release the load's locks on *rows* (``(row, {column: value})`` from
-    :func:`prewrite_rows`; a value None when unknown): rolled forward with write records
-    (carrying values up to ``INLINE_MAX_BYTES``) and notify cells of observed columns at
+    :func:`prewrite_rows`): rolled forward with write records (carrying values up to
+    ``INLINE_MAX_BYTES``, as their locks do) and notify cells of observed columns at
     *commit_ts*, or rolled back when *commit_ts* is None. Cells already cleaned by a
     reader are skipped. Returns how many cells this call released."""
     store = cluster.store
@@ -409,11 +423,13 @@ def finish_rows(
                     write_cells(column, txn.start_ts, commit_ts, False, column in txn.observed)
                 )
                 shape = shapes[column] = (f"{LOCK}:{column}", txn.held(column), puts)
-            puts = shape[2]
-            if puts and value is not None and len(value) <= INLINE_MAX_BYTES:
-                record = encode_write(WriteKind.PUT, txn.start_ts, value)
-                puts = ((puts[0][0], puts[0][1], record), *puts[1:])
-            append((row, shape[0], shape[1], free, puts))
+            held, puts = shape[1], shape[2]
+            if len(value) <= INLINE_MAX_BYTES:
+                held = with_value(held, value)
+                if puts:
+                    record = encode_write(WriteKind.PUT, txn.start_ts, value)
+                    puts = ((puts[0][0], puts[0][1], record), *puts[1:])
+            append((row, shape[0], held, free, puts))
         if len(items) >= batch_cells:
             released += flush()
     if items:
@@ -637,7 +653,7 @@ class BulkLoad:
             state = decode_lock(raw)
             assert isinstance(state, Lock)
             if release(self.cluster, txn.table, row, column, raw, loaded.start_ts,
-                       (loaded.commit_ts, False, state.notify)):
+                       (loaded.commit_ts, False, state.notify), inline=state.value):
                 done += 1
         self.mark_finished(loaded.commit_ts)
         return done

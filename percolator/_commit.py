@@ -88,7 +88,8 @@ class _Cell:
 
     @property
     def inline(self) -> bytes | None:
-        """The value a two-phase commit copies into the write record (a small put)."""
+        """A small put's value: carried by the lock, then by the write record, with no
+        data cell."""
         value = self.value
         return value if value is not None and len(value) <= INLINE_MAX_BYTES else None
 
@@ -130,6 +131,7 @@ class _Committer:
             ttl_ms=self.ttl_ms,
             delete=cell.value is None,
             notify=cell.notify,
+            value=cell.inline,
         )
 
     # --- prewrite ---------------------------------------------------------------------
@@ -180,8 +182,10 @@ class _Committer:
                 raise self._conflict(cell, f"committed at {ts} after our start", ts)
 
     def _data_puts(self, cell: _Cell) -> list[tuple[str, int, bytes]]:
-        return [] if cell.value is None else [(f"{DATA}:{cell.column}", self.start_ts,
-                                               cell.value)]
+        """A large put's data cell; a small one travels in its lock (no data cell)."""
+        if cell.value is None or cell.inline is not None:
+            return []
+        return [(f"{DATA}:{cell.column}", self.start_ts, cell.value)]
 
     def _guards(self, cell: _Cell) -> list[Guard]:
         """The conflict conditions of :meth:`_prewrite` as cells of the row: a lock that
@@ -294,7 +298,7 @@ class _Committer:
                     write_cells(p.column, self.start_ts, commit_ts, delete, notify, p.inline),
                 )
             else:
-                decided = encode_lock(Committed(self.start_ts, commit_ts, delete, notify))
+                decided = encode_lock(Committed(self.start_ts, commit_ts, delete, notify, p.inline))
                 won = self.store.check_and_set(p.table, p.row, column, p.held, decided)
         except PercolatorError as e:
             raise CommitUnknownError(

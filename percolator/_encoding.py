@@ -133,8 +133,9 @@ INLINE_TAG = b"V"
 ``P`` record points at the data cell at its start_ts instead."""
 
 INLINE_MAX_BYTES = 1024
-"""Largest value a two-phase commit copies into its write records: its data cell
-exists anyway (lock resolution rolls forward from it), so the copy is only for reads."""
+"""Largest put a two-phase commit or a bulk load carries in its lock and then its write
+record, writing no data cell; a larger one gets a data cell and a ``P`` record. (A
+one-phase commit has no lock to carry it and inlines every put.)"""
 
 
 def encode_write(kind: WriteKind, start_ts: int, value: bytes | None = None) -> bytes:
@@ -175,6 +176,9 @@ class Lock:
     ttl_ms: int
     delete: bool = False
     notify: bool = False
+    value: bytes | None = None
+    """A small put's value, carried by the lock instead of a data cell (TiKV's short
+    value): whoever rolls the cell forward copies it into the write record."""
 
     def is_primary(self, table: str, row: bytes, column: str) -> bool:
         return (table, row, column) == (self.primary_table, self.primary_row, self.primary_column)
@@ -188,6 +192,8 @@ class Committed:
     commit_ts: int
     delete: bool = False
     notify: bool = False
+    value: bytes | None = None
+    """As :attr:`Lock.value`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,9 +219,24 @@ _LEN = struct.Struct(">I")
 _TWO = struct.Struct(">cQQB")
 _ONE = struct.Struct(">cQ")
 _FREE = struct.Struct(">cQ?")
+_VALUE_MARK = b"\x01"
 FREE_TAG = b"F"
 """First byte of every FREE lock value (the other states start with another byte), so a
 reader can skip a free lock, and a store predicate can match one, without decoding it."""
+
+
+def with_value(lock: bytes, value: bytes | None) -> bytes:
+    """A LOCKED or COMMITTED value *lock* (encoded without a value) carrying *value*:
+    an appended suffix, so that a writer of many cells encodes its lock once."""
+    return lock if value is None else lock + _VALUE_MARK + value
+
+
+def _value_after(raw: bytes, offset: int) -> bytes | None:
+    if offset == len(raw):
+        return None
+    if raw[offset : offset + 1] != _VALUE_MARK:
+        raise ValueError(f"corrupt lock cell value {raw!r:.80}")
+    return raw[offset + 1 :]
 
 
 def encode_lock(state: LockState) -> bytes:
@@ -230,10 +251,10 @@ def encode_lock(state: LockState) -> bytes:
         ):
             parts.append(_LEN.pack(len(field)))
             parts.append(field)
-        return b"".join(parts)
+        return with_value(b"".join(parts), state.value)
     if isinstance(state, Committed):
         flags = (1 if state.delete else 0) | (2 if state.notify else 0)
-        return _TWO.pack(b"C", state.start_ts, state.commit_ts, flags)
+        return with_value(_TWO.pack(b"C", state.start_ts, state.commit_ts, flags), state.value)
     if isinstance(state, RolledBack):
         return _ONE.pack(b"R", state.start_ts)
     return _FREE.pack(FREE_TAG, state.start_ts, state.committed)
@@ -260,10 +281,12 @@ def decode_lock(value: bytes) -> LockState:
             ttl_ms=ttl_ms,
             delete=bool(flags & 1),
             notify=bool(flags & 2),
+            value=_value_after(value, offset),
         )
     if tag == b"C":
-        _, start_ts, commit_ts, flags = _TWO.unpack(value)
-        return Committed(start_ts, commit_ts, bool(flags & 1), bool(flags & 2))
+        _, start_ts, commit_ts, flags = _TWO.unpack_from(value)
+        return Committed(start_ts, commit_ts, bool(flags & 1), bool(flags & 2),
+                         _value_after(value, _TWO.size))
     if tag == b"R":
         _, start_ts = _ONE.unpack(value)
         return RolledBack(start_ts)

@@ -119,7 +119,7 @@ def check_txn_status(cluster: Cluster, lock: Lock) -> TxnStatus:
     if isinstance(state, Committed) and state.start_ts == start_ts:
         assert raw is not None
         release(cluster, table, row, column, raw, start_ts,
-                (state.commit_ts, state.delete, state.notify))
+                (state.commit_ts, state.delete, state.notify), inline=state.value)
         return TxnStatus(start_ts, commit_ts=state.commit_ts)
     if isinstance(state, RolledBack) and state.start_ts == start_ts:
         assert raw is not None
@@ -172,7 +172,7 @@ def resolve_lock(
         return True
     if isinstance(state, Committed):
         release(cluster, table, row, column, raw, state.start_ts,
-                (state.commit_ts, state.delete, state.notify))
+                (state.commit_ts, state.delete, state.notify), inline=state.value)
         return True
     if isinstance(state, RolledBack):
         release(cluster, table, row, column, raw, state.start_ts, None)
@@ -191,7 +191,7 @@ def resolve_lock(
         return True  # check_txn_status or roll_back_primary already cleaned it
     if status.commit_ts is not None:
         release(cluster, table, row, column, raw, state.start_ts,
-                (status.commit_ts, state.delete, state.notify))
+                (status.commit_ts, state.delete, state.notify), inline=state.value)
     else:
         release(cluster, table, row, column, raw, state.start_ts, None)
     cluster.stats["locks_resolved"] += 1

@@ -17,7 +17,7 @@ import percolator
 from percolator import Cluster, Transaction
 from percolator._bulk import BulkLoad, LoadTxn, prewrite_rows
 from percolator._encoding import DATA, INLINE_MAX_BYTES, LOCK, WRITE, inline_value
-from percolator._store import Mutation, Read
+from percolator._store import Read
 from percolator.testing import CrashPoint, client_of, crash_commit
 
 T, C = "accounts", "bal:amount"
@@ -29,10 +29,6 @@ def _newest(cluster: Cluster, row: bytes, family: str) -> tuple[int, bytes] | No
     return versions[0] if versions else None
 
 
-def _forget_data(cluster: Cluster, row: bytes) -> None:
-    cluster.store.mutate_rows(T, [Mutation(row, deletes=[(f"{DATA}:{C}", 2**50)])])
-
-
 @pytest.fixture
 def two_phase(cluster: Cluster) -> Cluster:
     cluster.one_phase_commit = False
@@ -40,14 +36,16 @@ def two_phase(cluster: Cluster) -> Cluster:
     return cluster
 
 
-def test_a_small_put_is_read_from_its_write_record_alone(two_phase: Cluster) -> None:
+def test_a_small_put_travels_in_its_lock_and_record_with_no_data_cell(
+    two_phase: Cluster,
+) -> None:
     with Transaction(two_phase) as txn:
         txn.set(T, b"alice", C, b"10")
         txn.set(T, b"bob", C, b"x" * INLINE_MAX_BYTES)
     for row, value in ((b"alice", b"10"), (b"bob", b"x" * INLINE_MAX_BYTES)):
         record = _newest(two_phase, row, WRITE)
         assert record is not None and inline_value(record[1]) == value
-        _forget_data(two_phase, row)  # the read must not need it
+        assert _newest(two_phase, row, DATA) is None
         assert Transaction(two_phase).get(T, row, C) == value
         assert dict(Transaction(two_phase).scan(T, columns=[C]))[row] == {C: value}
 
@@ -59,20 +57,34 @@ def test_a_large_put_points_at_its_data_cell(two_phase: Cluster) -> None:
         txn.set(T, b"bob", C, b"small")
     record = _newest(two_phase, b"alice", WRITE)
     assert record is not None and inline_value(record[1]) is None
+    assert _newest(two_phase, b"alice", DATA) is not None
     reader = Transaction(two_phase)
     assert reader.get_row(T, b"alice", [C]) == {C: big}
     assert dict(reader.scan(T, columns=[C])) == {b"alice": {C: big}, b"bob": {C: b"small"}}
 
 
-def test_a_rolled_forward_secondary_points_at_its_data(two_phase: Cluster) -> None:
+@pytest.mark.parametrize("point", [CrashPoint("commit_point"), CrashPoint("commit", 0)])
+def test_lock_resolution_rolls_a_small_put_forward_from_its_lock(
+    two_phase: Cluster, point: CrashPoint,
+) -> None:
+    big = b"z" * (INLINE_MAX_BYTES + 1)
     dying = Transaction(client_of(two_phase))
     dying.set(T, b"alice", C, b"primary")
     dying.set(T, b"bob", C, b"secondary")
-    assert crash_commit(dying, CrashPoint("commit_point")) is True
-    assert Transaction(two_phase).get(T, b"bob", C) == b"secondary"  # rolls it forward
-    record = _newest(two_phase, b"bob", WRITE)
-    assert record is not None and inline_value(record[1]) is None
-    assert Transaction(two_phase).get(T, b"bob", C) == b"secondary"
+    dying.set(T, b"carol", C, big)
+    assert crash_commit(dying, point) is True
+    reader = Transaction(two_phase)
+    assert reader.get(T, b"bob", C) == b"secondary"  # rolls it forward
+    assert reader.get(T, b"carol", C) == big
+    small, large = _newest(two_phase, b"bob", WRITE), _newest(two_phase, b"carol", WRITE)
+    assert small is not None and inline_value(small[1]) == b"secondary"
+    assert _newest(two_phase, b"bob", DATA) is None
+    assert large is not None and inline_value(large[1]) is None  # points at its data cell
+    assert Transaction(two_phase).get_row(T, b"bob", [C]) == {C: b"secondary"}
+    # the primary too (on HBase it was left COMMITTED, carrying its value)
+    assert Transaction(two_phase).get(T, b"alice", C) == b"primary"
+    primary = _newest(two_phase, b"alice", WRITE)
+    assert primary is not None and inline_value(primary[1]) == b"primary"
 
 
 def test_a_delete_after_an_inlined_put_hides_it(two_phase: Cluster) -> None:
