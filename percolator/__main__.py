@@ -56,6 +56,11 @@ def _status(cluster: Cluster) -> int:
               f"by transaction {getattr(state, 'start_ts', '?')}{age}")
     if len(locks) > 20:
         print(f"  ... and {len(locks) - 20} more")
+    if cluster.lock_census is not None:
+        if not locks:
+            cluster.sweep_locks(force=True)
+        print("lock census: " + ("clear (reads skip the lock family)" if cluster.lock_census.clean()
+                                 else "set (reads check locks until a sweep finds none held)"))
     records = quarantined(cluster)
     print(f"quarantined notifications: {len(records)}")
     for q in records:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import percolator
 from percolator import Cluster, Transaction
 from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
 from percolator._lock_census import LockCensus
@@ -203,3 +204,25 @@ def test_sweeps_are_rate_limited_unless_forced_and_back_off_while_locks_are_left
     assert len(calls) == n + 1
     assert census.sweep(lambda: True, force=True) is True  # and a clean sweep resets it
     assert census._interval == census.min_sweep_interval
+
+
+def test_status_shows_the_census_and_sweeps_when_no_lock_is_held(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/repo.db"
+
+    def status() -> str:
+        return subprocess.run(
+            [sys.executable, "-m", "percolator", "status", "--cluster", url],
+            capture_output=True, text=True, check=True, cwd=ROOT,
+        ).stdout
+
+    with percolator.connect(url) as cluster:
+        cluster.create_table(T)
+        dying = Transaction(client_of(cluster))
+        dying.set(T, b"alice", C, b"1")
+        assert crash_commit(dying, CrashPoint("prewrite", 0)) is False
+        shown = status()
+        assert "locks held: 1" in shown and "lock census: set" in shown
+        assert Transaction(cluster).get(T, b"alice", C) is None  # rolls the lock back
+        shown = status()
+        assert "locks held: 0" in shown and "lock census: clear" in shown
+        assert cluster.lock_census is not None and cluster.lock_census.clean()
