@@ -55,6 +55,16 @@ log = logging.getLogger(__name__)
 _SIZE = 32  # flag byte, 15 reserved, 16-byte boot id
 _BOOT = slice(16, 32)
 
+_fork_generation = 0
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 class LockCensus:
     """The flag shared by the host's processes (see the module docstring)."""
@@ -70,6 +80,7 @@ class LockCensus:
         self._takers_lock = threading.Lock()
         self._sweep_lock = threading.Lock()
         self._last_sweep = float("-inf")
+        self._generation = _fork_generation
         try:
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             if os.fstat(self._fd).st_size < _SIZE:
@@ -89,9 +100,22 @@ class LockCensus:
         before asking may skip the lock family."""
         return self._map[0] == 0
 
+    def _after_fork(self) -> None:
+        """In a forked child: the inherited descriptor shares the parent's flock (and
+        its takers count), so take a descriptor of our own."""
+        fd = os.open(self.path, os.O_RDWR)
+        os.close(self._fd)  # the parent's flock stays: its descriptor is still open
+        self._fd = fd
+        self._takers = 0
+        self._takers_lock = threading.Lock()
+        self._sweep_lock = threading.Lock()
+        self._generation = _fork_generation
+
     @contextmanager
     def taking(self) -> Iterator[None]:
         """Around writing new locks: hold the shared ``flock`` and set the flag."""
+        if self._generation != _fork_generation:
+            self._after_fork()
         with self._takers_lock:
             if self._takers == 0:
                 fcntl.flock(self._fd, fcntl.LOCK_SH)  # per open file: one for all threads

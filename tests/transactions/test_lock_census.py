@@ -226,3 +226,36 @@ def test_status_shows_the_census_and_sweeps_when_no_lock_is_held(tmp_path: Path)
         shown = status()
         assert "locks held: 0" in shown and "lock census: clear" in shown
         assert cluster.lock_census is not None and cluster.lock_census.clean()
+
+
+def test_a_child_forked_while_its_parent_takes_holds_the_census_itself(
+    tmp_path: Path,
+) -> None:
+    census = LockCensus(str(tmp_path / "census"))
+    go_read, go_write = os.pipe()
+    in_read, in_write = os.pipe()
+    with census.taking():
+        pid = os.fork()
+        if pid == 0:  # the child: takes once the parent has stopped taking
+            code = 1
+            try:
+                os.read(go_read, 1)
+                with census.taking():
+                    os.write(in_write, b"i")
+                    os.read(go_read, 1)
+                code = 0
+            finally:
+                os._exit(code)
+    try:
+        os.write(go_write, b"g")  # the parent has left taking()
+        assert os.read(in_read, 1) == b"i"
+        assert census.sweep(lambda: True, force=True) is False  # the child takes
+        os.write(go_write, b"g")
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert census.sweep(lambda: True, force=True) is True
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
