@@ -126,17 +126,12 @@ def connect(
             timestamps = HostTimestamps(store, f"{store.path}-ts")  # type: ignore[attr-defined]
         else:
             timestamps = StoreTimestamps(store)
-        census = None
-        if getattr(store, "path", None) and hasattr(store, "any_untagged"):
-            census = LockCensus(f"{store.path}-census")  # type: ignore[attr-defined]
-            closers.append(census)
         return Cluster(
             store,
             timestamps,
             coordination,
             lock_ttl=lock_ttl,
             lock_wait=2 * lock_ttl if lock_wait is None else lock_wait,
-            lock_census=census,
         )
     except BaseException:
         for closer in reversed(closers):
@@ -160,14 +155,10 @@ class Cluster:
         lock_ttl: float = 30.0,
         lock_wait: float = 60.0,
         config_refresh: float = 0.5,
-        lock_census: LockCensus | None = None,
     ) -> None:
         self.store = store
         self.timestamps = timestamps
         self.coordination = coordination
-        self.lock_census = lock_census
-        """Embedded store only: whether any lock may be held (reads skip the lock
-        family when none can be; see :mod:`percolator._lock_census`)."""
         self.lock_ttl = lock_ttl
         self.one_phase_commit = True
         """Commit in one atomic store step where the store and timestamps allow it."""
@@ -187,6 +178,13 @@ class Cluster:
             "commits": 0, "conflicts": 0, "rollbacks": 0, "locks_resolved": 0,
         }
         store.create_table(META_TABLE, META_FAMILIES)
+        # Every client of an embedded store must keep the census, however it was built.
+        path = getattr(store, "path", None)
+        self.lock_census: LockCensus | None = (
+            LockCensus(f"{path}-census") if path and hasattr(store, "any_untagged") else None
+        )
+        """Embedded store only: whether any lock may be held (reads skip the lock
+        family when none can be; see :mod:`percolator._lock_census`)."""
 
     # --- tables -----------------------------------------------------------------
 

@@ -259,3 +259,13 @@ def test_a_child_forked_while_its_parent_takes_holds_the_census_itself(
         if pid:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+
+
+def test_a_cluster_built_by_hand_on_the_embedded_store_keeps_the_census(
+    sqlite_cluster: Cluster,
+) -> None:
+    by_hand = Cluster(sqlite_cluster.store, sqlite_cluster.timestamps,
+                      sqlite_cluster.coordination)
+    assert by_hand.lock_census is not None
+    assert by_hand.lock_census.path == f"{sqlite_cluster.store.path}-census"  # type: ignore[attr-defined]
+    by_hand.lock_census.close()
