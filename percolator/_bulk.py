@@ -56,7 +56,6 @@ from typing import TYPE_CHECKING, Any
 from percolator._encoding import (
     DATA,
     FAMILIES,
-    INLINE_MAX_BYTES,
     LOCK,
     WRITE,
     Committed,
@@ -67,7 +66,7 @@ from percolator._encoding import (
     decode_lock,
     decode_write,
     encode_lock,
-    encode_write,
+    inlined,
     with_value,
 )
 from percolator._errors import ConflictError, LockedError, PercolatorError
@@ -161,8 +160,9 @@ class LoadTxn:
     ) -> tuple[bytes, tuple[tuple[str, int, bytes], ...]]:
         """The lock value and the puts that prewrite one cell: a small value rides in
         the lock (no data cell), a large one in a data cell at start_ts."""
-        if len(value) <= INLINE_MAX_BYTES:
-            return with_value(_held(self, column), value), ()
+        inline = inlined(value)
+        if inline is not None:
+            return with_value(_held(self, column), inline), ()
         return _held(self, column), ((f"{DATA}:{column}", self.start_ts, value),)
 
 
@@ -401,8 +401,7 @@ def finish_rows(
     released = 0
     items: list[CasItem] = []
     append = items.append
-    # column -> (lock column, lock, pointer write record and notify cell)
-    shapes: dict[str, tuple[str, bytes, tuple[tuple[str, int, bytes], ...]]] = {}
+    lock_columns: dict[str, str] = {}
 
     def flush() -> int:
         won = check_and_set_many(store, txn.table, items)
@@ -417,19 +416,14 @@ def finish_rows(
 
     for row, cells in rows:
         for column, value in cells.items():
-            shape = shapes.get(column)
-            if shape is None:
-                puts = () if commit_ts is None else tuple(
-                    write_cells(column, txn.start_ts, commit_ts, False, column in txn.observed)
-                )
-                shape = shapes[column] = (f"{LOCK}:{column}", txn.held(column), puts)
-            held, puts = shape[1], shape[2]
-            if len(value) <= INLINE_MAX_BYTES:
-                held = with_value(held, value)
-                if puts:
-                    record = encode_write(WriteKind.PUT, txn.start_ts, value)
-                    puts = ((puts[0][0], puts[0][1], record), *puts[1:])
-            append((row, shape[0], held, free, puts))
+            lock_column = lock_columns.get(column)
+            if lock_column is None:
+                lock_column = lock_columns[column] = f"{LOCK}:{column}"
+            inline = inlined(value)
+            puts = () if commit_ts is None else write_cells(
+                column, txn.start_ts, commit_ts, False, column in txn.observed, inline
+            )
+            append((row, lock_column, with_value(txn.held(column), inline), free, puts))
         if len(items) >= batch_cells:
             released += flush()
     if items:

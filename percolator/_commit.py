@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 from percolator._encoding import (
     DATA,
     FREE_TAG,
-    INLINE_MAX_BYTES,
     LOCK,
     NOTIFY,
     WRITE,
@@ -43,6 +42,7 @@ from percolator._encoding import (
     decode_lock,
     decode_write,
     encode_lock,
+    inlined,
 )
 from percolator._errors import CommitUnknownError, ConflictError, PercolatorError
 from percolator._lock_resolver import release, resolve_lock, write_cells
@@ -90,8 +90,7 @@ class _Cell:
     def inline(self) -> bytes | None:
         """A small put's value: carried by the lock, then by the write record, with no
         data cell."""
-        value = self.value
-        return value if value is not None and len(value) <= INLINE_MAX_BYTES else None
+        return inlined(self.value)
 
 
 class _Committer:

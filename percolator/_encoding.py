@@ -138,6 +138,12 @@ record, writing no data cell; a larger one gets a data cell and a ``P`` record. 
 one-phase commit has no lock to carry it and inlines every put.)"""
 
 
+def inlined(value: bytes | None) -> bytes | None:
+    """*value* if it is a put that its lock and write record carry (at most
+    ``INLINE_MAX_BYTES``), else None (a delete, or a put that needs a data cell)."""
+    return value if value is not None and len(value) <= INLINE_MAX_BYTES else None
+
+
 def encode_write(kind: WriteKind, start_ts: int, value: bytes | None = None) -> bytes:
     """A write record; *value* (PUT only) is inlined after the header."""
     if value is None:
