@@ -53,6 +53,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from percolator._commit import free_locks_may_stay
 from percolator._encoding import (
     DATA,
     FAMILIES,
@@ -289,10 +290,7 @@ def _slow_prewrite(
                     locked.append((item[0], item[1][len(LOCK) + 1 :]))
                     del pending[locked[-1]]
                     progressed = True
-            if getattr(store, "atomically", None) is not None:
-                # A one-phase commit leaves a FREE lock as it was, so the compare-and-set
-                # from FREE does not prove that nothing committed since the read; now
-                # that the cells are locked nothing can, so check them once more.
+            if free_locks_may_stay(store):
                 _recheck_writes(store, txn, locked)
         if pending and not progressed and not attempts.wait():
             row, column, lock = waiting[0] if waiting else (*next(iter(pending)), None)

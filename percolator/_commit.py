@@ -51,7 +51,7 @@ from percolator._store import Cell, Guard, GuardedSet, Mutation, Read
 if TYPE_CHECKING:
     from percolator._transaction import TransactionBase
 
-__all__ = ["CrashPoint", "commit_transaction"]
+__all__ = ["CrashPoint", "commit_transaction", "free_locks_may_stay"]
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +109,7 @@ class _Committer:
         self.ttl_ms = int(self.cluster.lock_ttl * 1000)
         self.locked: list[_Cell] = []
         self.refreshed_at = time.monotonic()
-        # A one-phase commit leaves an existing FREE lock as it was, so on such a
-        # store a compare-and-set from FREE does not prove that nothing committed
-        # since the read: a cell is checked again once locked (nothing commits past it).
-        self.recheck_after_lock = getattr(self.store, "atomically", None) is not None
+        self.recheck_after_lock = free_locks_may_stay(self.store)
 
     def _maybe_crash(self, phase: str, index: int) -> None:
         if self.crash is not None and self.crash == CrashPoint(phase, index):
@@ -333,6 +330,15 @@ class _Committer:
                     (commit_ts, cell.value is None, cell.notify), recorded=recorded,
                     inline=cell.inline)
         self._maybe_crash("commit", len(secondaries))
+
+
+def free_locks_may_stay(store: object) -> bool:
+    """Whether a commit on *store* may leave an existing FREE lock as it was (the
+    one-phase commit of a store that can write ``atomically``). There, a
+    compare-and-set from FREE does not prove that nothing committed since the lock was
+    read: who locks a cell that way must check its write records again once locked
+    (nothing can commit past the lock)."""
+    return getattr(store, "atomically", None) is not None
 
 
 def _successor(tag: bytes) -> bytes:
