@@ -13,7 +13,6 @@ from percolator._commit import commit_transaction
 from percolator._encoding import (
     DATA,
     FREE_TAG,
-    INLINE_TAG,
     LOCK,
     WRITE,
     Committed,
@@ -24,7 +23,6 @@ from percolator._encoding import (
     check_value,
     decode_lock,
     decode_write,
-    encode_write,
     inline_value,
 )
 from percolator._errors import InvalidArgument, LockedError, TransactionClosedError
@@ -38,7 +36,6 @@ WriteKey = tuple[str, bytes, str]
 
 _LOCK_PREFIX, _WRITE_PREFIX, _DATA_PREFIX = f"{LOCK}:", f"{WRITE}:", f"{DATA}:"
 _ROLLBACK_TAG = WriteKind.ROLLBACK.value
-_WRITE_HEADER = len(encode_write(WriteKind.PUT, 0))
 
 
 def _check_bound(name: str, value: object) -> bytes | None:
@@ -177,11 +174,7 @@ class Snapshot:
             if not self._internal_columns and column[:1] == "_":
                 continue
             record = writes[0][1]
-            tag = record[:1]
-            if tag == INLINE_TAG:
-                values[column] = record[_WRITE_HEADER:]
-                continue
-            if tag == _ROLLBACK_TAG:
+            if record[:1] == _ROLLBACK_TAG:
                 found = self._newest_write(table, row, column)
                 if found is None:
                     continue
