@@ -177,6 +177,8 @@ class _Plan:
     without one)."""
     by_family: dict[str, list[tuple[Read, frozenset[str] | None]]]
     """family -> the Reads of it, each with its qualifiers (None: all)."""
+    skipping: bool
+    """Some Read has a ``skip_tag`` (validated), applied to the answer on the client."""
 
 
 def _build_plan(reads: tuple[Read, ...]) -> _Plan:
@@ -186,7 +188,8 @@ def _build_plan(reads: tuple[Read, ...]) -> _Plan:
     for read in reads:
         qualifiers = None if read.qualifiers is None else frozenset(read.qualifiers)
         by_family.setdefault(read.family, []).append((read, qualifiers))
-    return _Plan(reads, _wide_columns(reads), wide_max, by_family)
+    skipping = any([check_skip_tag(read) is not None for read in reads])
+    return _Plan(reads, _wide_columns(reads), wide_max, by_family, skipping)
 
 
 _plan = memo_by_reads(_build_plan)
@@ -206,17 +209,16 @@ class _Answer:
             for ts, value in cells:
                 per_ts[ts] = value
 
-    def result(self, order: Sequence[bytes], reads: Sequence[Read]) -> dict[bytes, RowCells]:
-        """The rows in *order*, each Read's ``skip_tag`` applied (Thrift1 gets and
-        scans cannot filter values on the server)."""
-        skipping = any(check_skip_tag(read) for read in reads)
+    def result(self, order: Sequence[bytes], plan: _Plan) -> dict[bytes, RowCells]:
+        """The rows in *order*, each of the plan's Reads' ``skip_tag`` applied (Thrift1
+        gets and scans cannot filter values on the server)."""
         out: dict[bytes, RowCells] = {}
         for row in order:
             columns = self.rows.get(row)
             if columns:
                 cells = {c: sorted(v.items(), reverse=True) for c, v in sorted(columns.items())}
-                if skipping:
-                    drop_skipped(cells, reads)
+                if plan.skipping:
+                    drop_skipped(cells, plan.reads)
                 if cells:
                     out[row] = cells
         return out
@@ -395,7 +397,7 @@ class HBaseStore:
                 )
             answer = _Answer()
             self._resolve(client, name, plan, _parse_row_results(results), answer)
-        return answer.result(order, plan.reads)
+        return answer.result(order, plan)
 
     def _resolve(
         self, client: Any, name: bytes, plan: _Plan, latest: _Latest, answer: _Answer
@@ -597,7 +599,7 @@ class HBaseStore:
                     latest = _parse_row_results(results)
                     answer = _Answer()
                     self._resolve(client, name, plan, latest, answer)
-                yield from answer.result(list(latest), plan.reads).items()
+                yield from answer.result(list(latest), plan).items()
         finally:
             try:
                 with self._client(table) as client:
