@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from percolator import _forks
 from percolator._errors import StoreUnavailable
 from percolator._timestamps import boot_id
 
@@ -54,16 +55,6 @@ log = logging.getLogger(__name__)
 
 _SIZE = 32  # flag byte, 15 reserved, 16-byte boot id
 _BOOT = slice(16, 32)
-
-_fork_generation = 0
-
-
-def _after_fork_in_child() -> None:
-    global _fork_generation
-    _fork_generation += 1
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class LockCensus:
@@ -80,7 +71,7 @@ class LockCensus:
         self._takers_lock = threading.Lock()
         self._sweep_lock = threading.Lock()
         self._last_sweep = float("-inf")
-        self._generation = _fork_generation
+        self._generation = _forks.generation
         try:
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             if os.fstat(self._fd).st_size < _SIZE:
@@ -109,12 +100,12 @@ class LockCensus:
         self._takers = 0
         self._takers_lock = threading.Lock()
         self._sweep_lock = threading.Lock()
-        self._generation = _fork_generation
+        self._generation = _forks.generation
 
     @contextmanager
     def taking(self) -> Iterator[None]:
         """Around writing new locks: hold the shared ``flock`` and set the flag."""
-        if self._generation != _fork_generation:
+        if self._generation != _forks.generation:
             self._after_fork()
         with self._takers_lock:
             if self._takers == 0:

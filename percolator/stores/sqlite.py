@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from percolator import _forks
 from percolator._errors import InvalidArgument, StoreUnavailable, UnknownTableError
 from percolator._store import Mutation, Read, RowCells, check_skip_tag, drop_skipped
 
@@ -43,17 +44,6 @@ _FORMAT = 2
 """File format (``PRAGMA user_version``). 2: families of one version are keyed
 ``(row, qual)``, so a put is one upsert."""
 
-
-_fork_generation = 0
-
-
-def _after_fork_in_child() -> None:
-    # SQLite connections must not cross fork(): a child opens its own.
-    global _fork_generation
-    _fork_generation += 1
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def open_sqlite_store(url: str, **options: Any) -> SqliteStore:
@@ -137,7 +127,8 @@ class SqliteStore:
 
     def _db(self) -> sqlite3.Connection:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
-        if db is not None and self._local.generation == _fork_generation:
+        # SQLite connections must not cross fork(): a child opens its own.
+        if db is not None and self._local.generation == _forks.generation:
             return db
         if self._closed:
             raise StoreUnavailable(f"sqlite store {self.url} is closed")
@@ -154,7 +145,7 @@ class SqliteStore:
         except sqlite3.Error as e:
             raise StoreUnavailable(f"cannot open sqlite store {self.url}: {e}") from e
         self._local.db = db
-        self._local.generation = _fork_generation
+        self._local.generation = _forks.generation
         with self._conn_lock:
             self._all_connections.append(db)
         return db
