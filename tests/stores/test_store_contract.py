@@ -75,6 +75,27 @@ def versions(store: Store, row: bytes, column: str, **kw: object) -> list[Cell]:
     return cells(store, row, Read(family, (qualifier,), **kw)).get(column, [])  # type: ignore[arg-type]
 
 
+def run_concurrently(target: Callable[[int], None], threads: int) -> None:
+    """Call ``target(i)`` for i in ``range(threads)``, each in its own thread, all
+    released at once; fail with the first error any of them raised."""
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(threads)
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait()
+            target(i)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    started = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for thread in started:
+        thread.start()
+    for thread in started:
+        thread.join()
+    assert errors == []
+
+
 def values(row_cells: RowCells) -> dict[str, list[bytes]]:
     """*row_cells* without timestamps (for cells a ``check_and_set`` wrote)."""
     return {column: [v for _, v in got] for column, got in row_cells.items()}
@@ -491,24 +512,13 @@ def test_check_and_set_puts_on_failure_follow_atomic_row_cas(store: Store) -> No
 def test_concurrent_check_and_set_has_exactly_one_winner(store: Store) -> None:
     contenders = 8
     results: dict[int, bool] = {}
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(contenders)
 
     def contend(i: int) -> None:
-        try:
-            barrier.wait()
-            results[i] = store.check_and_set(
-                T, b"hot", "l:c", None, b"owner%d" % i, puts=[("d:c", i, b"x%d" % i)]
-            )
-        except BaseException as e:  # pragma: no cover - reported below
-            errors.append(e)
+        results[i] = store.check_and_set(
+            T, b"hot", "l:c", None, b"owner%d" % i, puts=[("d:c", i, b"x%d" % i)]
+        )
 
-    threads = [threading.Thread(target=contend, args=(i,)) for i in range(contenders)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
+    run_concurrently(contend, contenders)
     winners = [i for i, won in results.items() if won]
     assert len(results) == contenders and len(winners) == 1
     [winner] = winners
@@ -522,24 +532,15 @@ def test_check_and_set_chain_under_contention_loses_no_update(store: Store) -> N
     successful increment exactly once."""
     assert store.check_and_set(T, b"ctr", "l:n", None, b"0")
     increments = 15
-    errors: list[BaseException] = []
 
-    def bump() -> None:
-        try:
-            done = 0
-            while done < increments:
-                [(_, current)] = cells(store, b"ctr", Read("l"))["l:n"]
-                if store.check_and_set(T, b"ctr", "l:n", current, b"%d" % (int(current) + 1)):
-                    done += 1
-        except BaseException as e:  # pragma: no cover - reported below
-            errors.append(e)
+    def bump(_: int) -> None:
+        done = 0
+        while done < increments:
+            [(_, current)] = cells(store, b"ctr", Read("l"))["l:n"]
+            if store.check_and_set(T, b"ctr", "l:n", current, b"%d" % (int(current) + 1)):
+                done += 1
 
-    threads = [threading.Thread(target=bump) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
+    run_concurrently(bump, 4)
     assert values(cells(store, b"ctr", Read("l"))) == {"l:n": [b"%d" % (4 * increments)]}
 
 
@@ -609,21 +610,12 @@ def test_increment_by_an_amount_that_is_no_64_bit_integer_is_invalid(
 def test_concurrent_increments_lose_nothing(store: Store) -> None:
     increment = capability(store, "increment")
     got: list[int] = []
-    errors: list[BaseException] = []
 
-    def bump() -> None:
-        try:
-            for _ in range(25):
-                got.append(increment(T, b"ctr", "l:n", 1))
-        except BaseException as e:  # pragma: no cover - reported below
-            errors.append(e)
+    def bump(_: int) -> None:
+        for _ in range(25):
+            got.append(increment(T, b"ctr", "l:n", 1))
 
-    threads = [threading.Thread(target=bump) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
+    run_concurrently(bump, 4)
     assert sorted(got) == list(range(1, 101))
 
 
@@ -680,19 +672,13 @@ def test_concurrent_set_unless_has_exactly_one_winner(store: Store) -> None:
     set_unless = capability(store, "set_unless")
     contenders = 8
     results: dict[int, bool] = {}
-    barrier = threading.Barrier(contenders)
 
     def contend(i: int) -> None:
-        barrier.wait()
         results[i] = set_unless(
             T, b"hot", "l:c", b"owner%d" % i, [Guard("l:c")], [("d:c", i, b"x%d" % i)]
         )
 
-    threads = [threading.Thread(target=contend, args=(i,)) for i in range(contenders)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_concurrently(contend, contenders)
     [winner] = [i for i, won in results.items() if won]
     assert len(results) == contenders
     assert values(cells(store, b"hot", Read("l"))) == {"l:c": [b"owner%d" % winner]}
