@@ -17,6 +17,8 @@ import uuid
 import zlib
 from typing import Protocol
 
+from percolator._timestamps import boot_id
+
 __all__ = ["Coordination", "LocalCoordination"]
 
 
@@ -96,7 +98,7 @@ class LocalCoordination:
 
     def __init__(self, lock_file: str | None = None) -> None:
         self._host = socket.gethostname()
-        self._boot = _boot_id()
+        self._boot = str(uuid.UUID(bytes=boot_id()))
         self._pid = os.getpid()
         self._owner = "/".join(
             ("local", self._host, self._boot, str(self._pid),

@@ -37,3 +37,18 @@ def test_embedded_mode_imports_no_kazoo(store_url: str) -> None:
         "assert 'kazoo' not in sys.modules, 'kazoo imported in embedded mode'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_local_owner_of_another_boot_or_reused_pid_is_dead(store_url: str) -> None:
+    """A reboot kills every owner of the previous boot even where pids repeat, and a pid
+    now held by another process (another start time) is not its former owner."""
+    with percolator.connect(store_url) as cluster:
+        owner = cluster.coordination.current_owner()
+        kind, host, boot, pid, started, nonce = owner.split("/")
+        assert cluster.coordination.is_alive(owner) is True
+        other_boot = "00000000-0000-4000-8000-" + boot[-12:][::-1]
+        assert other_boot != boot
+        assert cluster.coordination.is_alive(
+            "/".join((kind, host, other_boot, pid, started, nonce))) is False
+        assert cluster.coordination.is_alive(
+            "/".join((kind, host, boot, pid, str(int(started) + 1), nonce))) is False
