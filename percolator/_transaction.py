@@ -5,8 +5,8 @@ they read and write; the framework commits and retries for them."""
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator, Sequence
-from types import TracebackType
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from types import MappingProxyType, TracebackType
 
 from percolator._cluster import Cluster
 from percolator._commit import commit_transaction
@@ -208,8 +208,8 @@ class Snapshot:
 
     # --- public reads ---------------------------------------------------------------
 
-    def _own(self, key: WriteKey) -> tuple[bool, bytes | None]:
-        return False, None
+    _writes: Mapping[WriteKey, bytes | None] = MappingProxyType({})
+    """The transaction's own buffered writes, which its reads see (none in a snapshot)."""
 
     def get(self, table: str, row: bytes, column: str) -> bytes | None:
         """The value of (*table*, *row*, *column*) in this snapshot, or None.
@@ -218,9 +218,9 @@ class Snapshot:
         :raises LockedError: when that lock outlives the cluster's lock wait.
         """
         self._check_cell(table, row, column)
-        own, value = self._own((table, row, column))
-        if own:
-            return value
+        key = (table, row, column)
+        if key in self._writes:
+            return self._writes[key]
         return self._read_row(table, row, (column,)).get(column)
 
     def get_row(self, table: str, row: bytes, columns: Sequence[str]) -> dict[str, bytes]:
@@ -231,11 +231,12 @@ class Snapshot:
         wanted = _check_columns(columns, internal=self._internal_columns)
         result: dict[str, bytes] = {}
         missing = []
+        writes = self._writes
         for column in wanted:
-            own, value = self._own((table, row, column))
-            if not own:
+            key = (table, row, column)
+            if key not in writes:
                 missing.append(column)
-            elif value is not None:
+            elif (value := writes[key]) is not None:
                 result[column] = value
         if missing:
             result.update(self._read_row(table, row, missing))
@@ -288,14 +289,9 @@ class TransactionBase(Snapshot):
 
     def __init__(self, cluster: Cluster, *, start_ts: int | None = None) -> None:
         super().__init__(cluster, start_ts=start_ts)
-        self._writes: dict[WriteKey, bytes | None] = {}
+        self._writes: dict[WriteKey, bytes | None] = {}  # type: ignore[misc]
         self._weak: dict[WriteKey, None] = {}
         self.commit_ts: int | None = None
-
-    def _own(self, key: WriteKey) -> tuple[bool, bytes | None]:
-        if key in self._writes:
-            return True, self._writes[key]
-        return False, None
 
     def set(self, table: str, row: bytes, column: str, value: bytes) -> None:
         """Write *value* to the cell at commit (buffered until then)."""
