@@ -17,8 +17,9 @@ every process of the host (the embedded store serves one host):
 * a **sweep** (:meth:`LockCensus.sweep`) takes the ``flock`` *exclusively*, without
   waiting: it gets it only when no taker is between setting the flag and having
   written its locks (the kernel drops the ``flock`` of a killed process). Holding
-  it, the sweep looks for non-FREE lock cells in the store and clears the flag only
-  if there are none;
+  it, the sweep looks for non-FREE lock cells in the store (a partial index of
+  them: the question costs the held locks, not the table) and clears the flag
+  only if there are none;
 * a **reader** that finds the flag clear after drawing its start timestamp skips
   the lock family.
 
@@ -123,7 +124,7 @@ class LockCensus:
     def sweep(self, no_locks: Callable[[], bool], *, force: bool = False) -> bool:
         """Clear the flag if no taker is writing locks and *no_locks()* says no lock
         cell is held. At most once per ``min_sweep_interval`` per process (a sweep
-        scans every lock family) unless *force*; the interval doubles, up to
+        asks every lock family) unless *force*; the interval doubles, up to
         ``max_sweep_interval``, while sweeps find locks left (a dead transaction's lock
         that nobody reads stays until a reader or a worker meets it). Returns whether
         the flag is clear."""

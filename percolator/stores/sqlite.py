@@ -2,7 +2,9 @@
 
 Each (table, family) pair is its own SQLite table, keyed ``(row, qual, ts)`` without
 rowid: a family is its own locality group, so a scan of the sparse notify family
-touches only its cells. Every contract call is one SQLite statement or one
+touches only its cells. A lock family also gets, when first asked
+(:meth:`SqliteStore.any_untagged`), a partial index of its cells that are not FREE.
+Every contract call is one SQLite statement or one
 ``BEGIN IMMEDIATE`` transaction (a "round trip" in the benchmarks):
 
 =================  ====================================================
@@ -96,6 +98,7 @@ class SqliteStore:
         self._families: dict[str, dict[str, int]] = {}
         self._sql_cache: dict[tuple[Any, ...], str] = {}
         self._newest_plans: dict[tuple[Any, ...], tuple[str, list[str]]] = {}
+        self._untagged_indexed: set[tuple[str, str, bytes]] = set()
         self._closed = False
         self._all_connections: list[sqlite3.Connection] = []
         self._conn_lock = threading.Lock()
@@ -232,9 +235,7 @@ class SqliteStore:
                     f"value BLOB NOT NULL, PRIMARY KEY ({key})) WITHOUT ROWID"
                 )
             db.execute(f"INSERT INTO {_CATALOG} VALUES (?, ?)", (table, spec))
-        self._families.pop(table, None)
-        self._sql_cache.clear()
-        self._newest_plans.clear()
+        self._forget(table)
 
     def drop_table(self, table: str) -> None:
         with self._write() as db:
@@ -246,9 +247,14 @@ class SqliteStore:
             for item in row[0].split(","):
                 db.execute(f"DROP TABLE IF EXISTS {_sql_name(table, item.partition('=')[0])}")
             db.execute(f"DELETE FROM {_CATALOG} WHERE name = ?", (table,))
+        self._forget(table)
+
+    def _forget(self, table: str) -> None:
+        """Drop what this object cached about *table* (created or dropped)."""
         self._families.pop(table, None)
         self._sql_cache.clear()
         self._newest_plans.clear()
+        self._untagged_indexed = {k for k in self._untagged_indexed if k[0] != table}
 
     def list_tables(self) -> list[str]:
         rows = self._db().execute(f"SELECT name FROM {_CATALOG} ORDER BY name").fetchall()
@@ -514,8 +520,13 @@ class SqliteStore:
 
     def any_untagged(self, family: str, tag: bytes) -> bool:
         """Whether a cell of *family*, in any table that has it, holds a value that
-        does not start with the one-byte *tag* (one scan per table, in SQLite: the
-        lock census asks it of the lock family, whose FREE values start with a tag)."""
+        does not start with the one-byte *tag* (the lock census asks it of the lock
+        family, whose FREE values start with a tag). One look into a partial index of
+        those cells per table, built the first time a table is asked."""
+        if not isinstance(tag, bytes) or len(tag) != 1:
+            raise InvalidArgument(f"tag must be one byte, got {tag!r}")
+        # A literal, not a parameter: only then can the planner use the partial index.
+        untagged = f"substr(value, 1, 1) <> x'{tag.hex()}'"
         try:
             db = self._db()
             names = [n for (n,) in db.execute(f"SELECT name FROM {_CATALOG}").fetchall()]
@@ -525,9 +536,9 @@ class SqliteStore:
             try:
                 if family not in self._table_families(name):
                     continue
+                self._index_untagged(name, family, tag, untagged)
                 found = db.execute(
-                    f"SELECT 1 FROM {_sql_name(name, family)} "
-                    "WHERE substr(value, 1, 1) <> ? LIMIT 1", (tag,),
+                    f"SELECT 1 FROM {_sql_name(name, family)} WHERE {untagged} LIMIT 1"
                 ).fetchone()
             except UnknownTableError:
                 continue  # dropped meanwhile
@@ -539,6 +550,19 @@ class SqliteStore:
             if found is not None:
                 return True
         return False
+
+    def _index_untagged(self, table: str, family: str, tag: bytes, untagged: str) -> None:
+        """Index the cells of *family* whose value does not start with *tag* (once per
+        table, for every process): the question then costs in proportion to those
+        cells (held locks) instead of to the table."""
+        key = (table, family, tag)
+        if key in self._untagged_indexed:
+            return
+        index = _sql_name(table, f"{family}#untagged-{tag.hex()}")
+        with self._write() as db:
+            db.execute(f"CREATE INDEX IF NOT EXISTS {index} "
+                       f"ON {_sql_name(table, family)} (row) WHERE {untagged}")
+        self._untagged_indexed.add(key)
 
     # --- writes -----------------------------------------------------------------
 

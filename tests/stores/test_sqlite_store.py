@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import percolator
+from percolator._store import Mutation
 from percolator.stores import open_store
 
 
@@ -30,3 +33,57 @@ def test_a_new_file_gets_the_current_format(tmp_path: Path) -> None:
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == 2
     db.close()
+
+
+def _vm_steps(store: Any, question: Callable[[], object]) -> tuple[object, int]:
+    """*question()*'s answer and the work SQLite did for it (virtual machine steps, in
+    units of 50): a count, not a time, so the same on a loaded machine."""
+    steps = [0]
+
+    def tick() -> int:
+        steps[0] += 1
+        return 0
+
+    db = store._db()
+    db.set_progress_handler(tick, 50)
+    try:
+        answer = question()
+    finally:
+        db.set_progress_handler(None, 0)
+    return answer, steps[0]
+
+
+def test_asking_whether_any_lock_is_held_costs_the_held_locks_not_the_table(
+    tmp_path: Path,
+) -> None:
+    """The lock census's sweep asks whether any lock cell is not FREE. It must not read
+    every lock cell of the table (a sweep holds back every lock taker of the host):
+    a partial index holds only the cells that are not FREE."""
+    free, held = b"F" + bytes(9), b"L" + bytes(9)
+    stores = {}
+    for name, cells in (("small", 100), ("big", 20_000)):
+        store = stores[name] = open_store(f"sqlite://{tmp_path / name}.db")
+        store.create_table("t", {"l": 1, "d": 0})
+        for start in range(0, cells, 5000):
+            store.mutate_rows("t", [Mutation(b"r%06d" % i, [("l:c", 0, free)])
+                                    for i in range(start, min(cells, start + 5000))])
+    for store in stores.values():
+        assert store.any_untagged("l", b"F") is False  # (the first question builds the index)
+    big = stores["big"]
+    costs = {name: _vm_steps(s, lambda s=s: s.any_untagged("l", b"F")) for name, s in
+             stores.items()}
+    assert costs["small"][0] is False and costs["big"][0] is False
+    assert costs["big"][1] <= 2 * costs["small"][1] + 10, costs  # 200x the cells
+
+    big.mutate_rows("t", [Mutation(b"r012345", [("l:c", 0, held)])])  # a lock is taken
+    assert _vm_steps(big, lambda: big.any_untagged("l", b"F"))[0] is True
+    big.mutate_rows("t", [Mutation(b"r012345", [("l:c", 0, free)])])  # and released
+    assert _vm_steps(big, lambda: big.any_untagged("l", b"F")) == (False, costs["big"][1])
+
+    big.drop_table("t")  # a table created again gets the index again
+    big.create_table("t", {"l": 1})
+    big.mutate_rows("t", [Mutation(b"r%06d" % i, [("l:c", 0, free)]) for i in range(20_000)])
+    big.any_untagged("l", b"F")
+    assert _vm_steps(big, lambda: big.any_untagged("l", b"F"))[1] <= costs["big"][1] + 10
+    for store in stores.values():
+        store.close()
