@@ -25,7 +25,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from percolator._encoding import LOCK, META_TABLE, NOTIFY, Free, LockState, decode_lock
+from percolator._encoding import (
+    FREE_TAG,
+    LOCK,
+    META_TABLE,
+    NOTIFY,
+    Free,
+    LockState,
+    decode_lock,
+)
 from percolator._errors import InvalidArgument, PercolatorError
 from percolator._lock_resolver import resolve_lock
 from percolator._store import Mutation, Read
@@ -136,7 +144,8 @@ def pending_notifications(
 def held_locks(cluster: Cluster, tables: Iterable[str] | None = None) -> Iterator[HeldLock]:
     """Every lock cell of *tables* that is not FREE."""
     for table in _tables(cluster, tables):
-        for row, cells in cluster.store.scan(table, None, None, [Read(LOCK)]):
+        for row, cells in cluster.store.scan(table, None, None,
+                                             [Read(LOCK, skip_tag=FREE_TAG)]):
             for name, versions in cells.items():
                 state = decode_lock(versions[0][1])
                 if not isinstance(state, Free):

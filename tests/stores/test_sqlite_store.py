@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import percolator
-from percolator._store import Mutation
+from percolator._store import Mutation, Read
 from percolator.stores import open_store
 
 
@@ -56,8 +56,9 @@ def _vm_steps(store: Any, question: Callable[[], object]) -> tuple[object, int]:
 def test_asking_whether_any_lock_is_held_costs_the_held_locks_not_the_table(
     tmp_path: Path,
 ) -> None:
-    """The lock census's sweep asks whether any lock cell is not FREE. It must not read
-    every lock cell of the table (a sweep holds back every lock taker of the host):
+    """The lock census's sweep asks whether any lock cell is not FREE, and
+    ``percolator wait`` lists the held locks. Neither may read every lock cell of the
+    table (a sweep holds back every lock taker of the host; a wait asks every 50 ms):
     a partial index holds only the cells that are not FREE."""
     free, held = b"F" + bytes(9), b"L" + bytes(9)
     stores = {}
@@ -79,6 +80,11 @@ def test_asking_whether_any_lock_is_held_costs_the_held_locks_not_the_table(
     assert _vm_steps(big, lambda: big.any_untagged("l", b"F"))[0] is True
     big.mutate_rows("t", [Mutation(b"r012345", [("l:c", 0, free)])])  # and released
     assert _vm_steps(big, lambda: big.any_untagged("l", b"F")) == (False, costs["big"][1])
+
+    scans = {name: _vm_steps(s, lambda s=s: list(s.scan("t", None, None, [
+        Read("l", skip_tag=b"F")]))) for name, s in stores.items()}  # held_locks' scan
+    assert scans["small"][0] == [] and scans["big"][0] == []
+    assert scans["big"][1] <= 2 * scans["small"][1] + 10, scans
 
     big.drop_table("t")  # a table created again gets the index again
     big.create_table("t", {"l": 1})

@@ -299,6 +299,26 @@ def test_skip_tag_leaves_out_selected_versions_starting_with_it(store: Store) ->
     }
 
 
+def test_a_scan_skipping_tagged_versions_pages_over_the_rows_left(store: Store) -> None:
+    """Rows whose every cell is skipped take no room in a page; rows that another
+    Read of the scan selects still come, with the skipped cells left out."""
+    def cells_of(i: int) -> list[tuple[str, int, bytes]]:
+        lock = [("l:c", 1, b"L-held" if i % 7 == 3 else b"F-free")]
+        return lock + ([("d:c", 2, b"v%d" % i)] if i % 5 == 0 else [])
+
+    store.mutate_rows(T, [Mutation(b"r%03d" % i, cells_of(i)) for i in range(60)])
+    held = list(store.scan(T, None, None, [Read("l", skip_tag=b"F")], batch_size=4))
+    assert held == [(b"r%03d" % i, {"l:c": [(1, b"L-held")]}) for i in range(60) if i % 7 == 3]
+    mixed = dict(store.scan(T, b"r010", b"r050", [Read("l", skip_tag=b"F"), Read("d")],
+                            batch_size=3))
+    expected: dict[bytes, RowCells] = {}
+    for i in range(10, 50):
+        row = {c: [(ts, v)] for c, ts, v in cells_of(i) if not v.startswith(b"F")}
+        if row:
+            expected[b"r%03d" % i] = row
+    assert mixed == expected
+
+
 @pytest.mark.parametrize("tag", [b"", b"FF", "F"])
 def test_skip_tag_of_other_than_one_byte_is_invalid(store: Store, tag: object) -> None:
     with pytest.raises(InvalidArgument, match="skip_tag"):
