@@ -57,6 +57,7 @@ from percolator._commit import free_locks_may_stay
 from percolator._encoding import (
     DATA,
     FAMILIES,
+    FREE_TAG,
     LOCK,
     WRITE,
     Committed,
@@ -632,10 +633,12 @@ class BulkLoad:
     def finish_leftovers(self, loaded: AlreadyLoaded) -> int:
         """Roll forward every lock a committed earlier run of this load left behind
         (its driver died after the commit point): one scan of the table's lock
-        family. Returns how many cells were released."""
+        family (of its held cells only, where the store can). Returns how many cells
+        were released."""
         txn = LoadTxn(self.table, self.load_id, loaded.start_ts, "", 0, 0, frozenset())
         left: list[tuple[bytes, str, bytes]] = []
-        for row, cells in self.cluster.store.scan(self.table, None, None, [Read(LOCK)]):
+        held = [Read(LOCK, skip_tag=FREE_TAG)]
+        for row, cells in self.cluster.store.scan(self.table, None, None, held):
             for name, versions in cells.items():
                 state = decode_lock(versions[0][1])
                 if isinstance(state, Lock) and state.start_ts == loaded.start_ts:
