@@ -193,6 +193,10 @@ class Cluster:
         self._check_open()
         self.store.create_table(check_table(name), FAMILIES)
         self._tables.add(name)
+        if self.lock_census is not None:
+            # Asked once now, while the table is empty, so that the store indexes the
+            # lock cells that sweeps look for before the first lock is written.
+            self.store.any_untagged(LOCK, FREE_TAG)  # type: ignore[attr-defined]
 
     def drop_table(self, name: str) -> None:
         """Delete table *name* and everything in it."""

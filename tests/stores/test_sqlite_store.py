@@ -93,3 +93,18 @@ def test_asking_whether_any_lock_is_held_costs_the_held_locks_not_the_table(
     assert _vm_steps(big, lambda: big.any_untagged("l", b"F"))[1] <= costs["big"][1] + 10
     for store in stores.values():
         store.close()
+
+
+def test_a_table_created_through_a_cluster_indexes_its_held_locks_at_once(
+    tmp_path: Path,
+) -> None:
+    """Every lock written to the table, from the first, is in the index (the same cost
+    for every load and commit), not only those written after a first sweep."""
+    with percolator.connect(f"sqlite://{tmp_path}/c.db") as cluster:
+        cluster.create_table("docs")
+    db = sqlite3.connect(tmp_path / "c.db")
+    indexes = db.execute(
+        "SELECT sql FROM sqlite_master WHERE type = 'index' AND tbl_name = 'docs#l'"
+    ).fetchall()
+    db.close()
+    assert len(indexes) == 1 and "WHERE substr(value, 1, 1) IS NOT x'46'" in indexes[0][0]
