@@ -103,7 +103,9 @@ def wait_for_observers(cluster: Cluster, timeout: float | None = 60.0) -> None:
 
 
 class Worker:
-    """Runs *observers* on *cluster* with *threads* scanner threads.
+    """Runs *observers* on *cluster* with *threads* scanner threads. (On the embedded
+    store commits are serial: observers that only use the store run fastest with one
+    thread; threads help those that wait on something else, and remote stores.)
 
     *observers* are :class:`Observer` subclasses (instantiated with no arguments)
     or instances. At :meth:`start` the worker creates their tables if needed and
