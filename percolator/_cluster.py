@@ -44,6 +44,7 @@ def connect(
     url: str,
     *,
     oracle: str | None = None,
+    oracle_deadline: float = 10.0,
     zookeeper: str | None = None,
     zookeeper_auth: str | None = None,
     zookeeper_session_timeout: float = 10.0,
@@ -58,7 +59,9 @@ def connect(
     ``"bigtable://project/instance"``. *oracle* (``"grpc://host:port"`` or
     ``"zk://host:port/chroot"``) selects the timestamp oracle; without it the
     embedded store uses its in-file allocator and remote stores an atomic counter in
-    the store (one round trip per timestamp). *zookeeper* (``"host:port/chroot"``)
+    the store (one round trip per timestamp). *oracle_deadline* (seconds) is how long
+    a timestamp request keeps trying (following leadership changes) before raising
+    :class:`OracleUnavailable`. *zookeeper* (``"host:port/chroot"``)
     selects ZooKeeper coordination: every client registers an ephemeral liveness node
     there, locks of dead owners are rolled back at once, scanners take advisory locks
     there and the registry of observed columns lives there (watched by every client).
@@ -121,7 +124,7 @@ def connect(
         if oracle is not None:
             from oracle import OracleClient
 
-            timestamps = OracleClient(oracle)
+            timestamps = OracleClient(oracle, deadline=oracle_deadline)
         elif getattr(store, "path", None):
             timestamps = HostTimestamps(store, f"{store.path}-ts")  # type: ignore[attr-defined]
         else:

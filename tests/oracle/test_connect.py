@@ -33,8 +33,9 @@ def test_transactions_take_their_timestamps_from_the_oracle(
 
 
 def test_connect_with_an_unreachable_oracle_fails_clearly(tmp_path: Path) -> None:
-    with pytest.raises(percolator.OracleUnavailable, match=r"127\.0\.0\.1:9"):
-        cluster = percolator.connect(f"sqlite:///{tmp_path}/repo.db", oracle="grpc://127.0.0.1:9")
+    with pytest.raises(percolator.OracleUnavailable, match=r"127\.0\.0\.1:9.* 0\.5s"):
+        cluster = percolator.connect(f"sqlite:///{tmp_path}/repo.db", oracle="grpc://127.0.0.1:9",
+                                     oracle_deadline=0.5)
         try:
             Transaction(cluster)
         finally:
@@ -44,3 +45,10 @@ def test_connect_with_an_unreachable_oracle_fails_clearly(tmp_path: Path) -> Non
 def test_connect_with_a_malformed_oracle_target(tmp_path: Path) -> None:
     with pytest.raises(percolator.InvalidArgument, match="oracle"):
         percolator.connect(f"sqlite:///{tmp_path}/repo.db", oracle="http://nowhere")
+
+
+@pytest.mark.parametrize("deadline", [0, -1.0, "5", True])
+def test_connect_with_a_bad_oracle_deadline(tmp_path: Path, deadline: object) -> None:
+    with pytest.raises(percolator.InvalidArgument, match="deadline"):
+        percolator.connect(f"sqlite:///{tmp_path}/repo.db", oracle="grpc://127.0.0.1:9",
+                           oracle_deadline=deadline)  # type: ignore[arg-type]
