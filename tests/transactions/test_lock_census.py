@@ -11,12 +11,15 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 import percolator
 from percolator import Cluster, Transaction
+from percolator import _lock_census as lock_census_module
 from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
 from percolator._lock_census import LockCensus
 from percolator.testing import CrashPoint, client_of, crash_commit
@@ -178,26 +181,29 @@ def test_remote_stores_have_no_census(cluster: Cluster, backend: str) -> None:
 
 
 def test_sweeps_are_rate_limited_unless_forced_and_back_off_while_locks_are_left(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    census = LockCensus(str(tmp_path / "census"), min_sweep_interval=0.05,
-                        max_sweep_interval=0.2)
+    # Powers of two: the census's clock, moved by the test, adds up exactly.
+    census = LockCensus(str(tmp_path / "census"), min_sweep_interval=1 / 16,
+                        max_sweep_interval=1 / 4)
+    clock = [1024.0]  # moved by the test only: the same on a loaded machine
+    monkeypatch.setattr(lock_census_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     calls: list[float] = []
 
     def locks_left() -> bool:
-        calls.append(time.monotonic())
+        calls.append(clock[0])
         return False
 
     attempts = 0
-    deadline = time.monotonic() + 60
-    while len(calls) < 5 and time.monotonic() < deadline:
+    while len(calls) < 5 and attempts < 1000:
         assert census.sweep(locks_left) is False
         attempts += 1
-        time.sleep(0.005)
+        clock[0] += 1 / 64
     gaps = [b - a for a, b in itertools.pairwise(calls)]
-    # scans at least 0.05, 0.1, then 0.2 (the cap) apart, however many sweeps are asked
-    assert len(calls) == 5 and attempts > len(calls), (attempts, gaps)
-    assert gaps[0] >= 0.05 and gaps[1] >= 0.1 and min(gaps[2:]) >= 0.2, gaps
+    # each sweep that finds locks doubles the interval, up to the cap, however many
+    # sweeps are asked in between
+    assert len(calls) == 5 and attempts > len(calls), attempts
+    assert gaps == [1 / 8, 1 / 4, 1 / 4, 1 / 4], gaps
     assert census._interval == census.max_sweep_interval  # doubled up to the cap, no further
     n = len(calls)
     census.sweep(locks_left, force=True)
