@@ -44,13 +44,12 @@ case: nothing else touches the new cells), and read first only when one does not
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from percolator._commit import free_locks_may_stay
@@ -135,6 +134,9 @@ class LoadTxn:
     ttl_ms: int
     observed: frozenset[str]
     """Columns of :attr:`table` that are observed: their locks carry ``notify``."""
+    _helds: dict[str, bytes] = field(default_factory=dict, compare=False, repr=False)
+    """:meth:`held` per column, encoded once (a dict, not a cache keyed on the whole
+    transaction: hashing it for every cell cost a microsecond)."""
 
     @property
     def primary_row(self) -> bytes:
@@ -155,7 +157,10 @@ class LoadTxn:
     def held(self, column: str) -> bytes:
         """The lock value of every secondary cell of *column* that carries no value
         (the same for all rows: only the primary's wall time matters to cleaners)."""
-        return _held(self, column)
+        held = self._helds.get(column)
+        if held is None:
+            held = self._helds[column] = encode_lock(self.lock(column))
+        return held
 
     def prewrite_cell(
         self, column: str, value: bytes
@@ -164,13 +169,8 @@ class LoadTxn:
         the lock (no data cell), a large one in a data cell at start_ts."""
         inline = inlined(value)
         if inline is not None:
-            return with_value(_held(self, column), inline), ()
-        return _held(self, column), ((f"{DATA}:{column}", self.start_ts, value),)
-
-
-@functools.lru_cache(maxsize=1024)
-def _held(txn: LoadTxn, column: str) -> bytes:
-    return encode_lock(txn.lock(column))
+            return with_value(self.held(column), inline), ()
+        return self.held(column), ((f"{DATA}:{column}", self.start_ts, value),)
 
 
 @dataclass(frozen=True, slots=True)
