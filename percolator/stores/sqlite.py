@@ -453,9 +453,7 @@ class SqliteStore:
         where_untagged = [""] * len(reads)
         for i, (read, skip) in enumerate(zip(reads, skips, strict=True)):
             if skip is not None and self._table_families(table)[read.family] == 1:
-                untagged = f"substr(value, 1, 1) IS NOT x'{skip.hex()}'"
-                self._index_untagged(table, read.family, skip, untagged)
-                where_untagged[i] = f" AND {untagged}"
+                where_untagged[i] = f" AND {self._untagged(table, read.family, skip)}"
         by_name: dict[str, set[str]] = {}
         for name, where in zip(names, where_untagged, strict=True):
             by_name.setdefault(name, set()).add(where)
@@ -539,8 +537,6 @@ class SqliteStore:
         those cells per table, built the first time a table is asked."""
         if not isinstance(tag, bytes) or len(tag) != 1:
             raise InvalidArgument(f"tag must be one byte, got {tag!r}")
-        # A literal, not a parameter: only then can the planner use the partial index.
-        untagged = f"substr(value, 1, 1) IS NOT x'{tag.hex()}'"
         try:
             db = self._db()
             names = [n for (n,) in db.execute(f"SELECT name FROM {_CATALOG}").fetchall()]
@@ -550,7 +546,7 @@ class SqliteStore:
             try:
                 if family not in self._table_families(name):
                     continue
-                self._index_untagged(name, family, tag, untagged)
+                untagged = self._untagged(name, family, tag)
                 found = db.execute(
                     f"SELECT 1 FROM {_sql_name(name, family)} WHERE {untagged} LIMIT 1"
                 ).fetchone()
@@ -565,18 +561,23 @@ class SqliteStore:
                 return True
         return False
 
-    def _index_untagged(self, table: str, family: str, tag: bytes, untagged: str) -> None:
-        """Index the cells of *family* whose value does not start with *tag* (once per
-        table, for every process): the question then costs in proportion to those
-        cells (held locks) instead of to the table."""
+    def _untagged(self, table: str, family: str, tag: bytes) -> str:
+        """The WHERE term "value does not start with *tag*", with a partial index of
+        the cells of *family* it selects (created once per table, for every process):
+        a question in those terms costs those cells (held locks), not the table. The
+        tag is a literal, not a parameter: only then can the planner use the index."""
+        untagged = f"substr(value, 1, 1) IS NOT x'{tag.hex()}'"
         key = (table, family, tag)
-        if key in self._untagged_indexed:
-            return
-        index = _sql_name(table, f"{family}#untagged-{tag.hex()}")
-        with self._write() as db:
-            db.execute(f"CREATE INDEX IF NOT EXISTS {index} "
-                       f"ON {_sql_name(table, family)} (row) WHERE {untagged}")
-        self._untagged_indexed.add(key)
+        if key not in self._untagged_indexed:
+            index = _sql_name(table, f"{family}#untagged-{tag.hex()}")
+            try:
+                with self._write() as db:
+                    db.execute(f"CREATE INDEX IF NOT EXISTS {index} "
+                               f"ON {_sql_name(table, family)} (row) WHERE {untagged}")
+            except sqlite3.Error as e:
+                raise self._error(table, e) from e
+            self._untagged_indexed.add(key)
+        return untagged
 
     # --- writes -----------------------------------------------------------------
 
