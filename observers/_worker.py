@@ -408,6 +408,8 @@ class Worker:
                 time.sleep(0.1)
                 return _Outcome.TRANSIENT, None
             except PercolatorError as e:
+                if self._stop.is_set():  # a lock wait cut short: the next pass retries
+                    return _Outcome.TRANSIENT, None
                 if not is_retryable(e):
                     return _Outcome.FAILED, e
                 self._count("conflicts")
@@ -420,6 +422,7 @@ class Worker:
         self, observer: Observer, table: str, row: bytes, column: str, weak: bool
     ) -> str:
         txn = ObserverTransaction(self.cluster)
+        txn._stop_waiting = self._stop
         ack = ack_column(observer.name, column)
         txn._internal_columns = True
         values = txn.get_row(table, row, [column, ack])

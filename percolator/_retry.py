@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -46,24 +47,27 @@ class RetryPolicy:
     def with_(self, **changes: Any) -> RetryPolicy:
         return replace(self, **changes)
 
-    def attempts(self) -> Attempts:
-        """A fresh counter for one operation (policies are shared, counters are not)."""
-        return Attempts(self)
+    def attempts(self, stop: threading.Event | None = None) -> Attempts:
+        """A fresh counter for one operation (policies are shared, counters are not);
+        its waits end early, and the attempts with them, once *stop* is set."""
+        return Attempts(self, stop)
 
 
 class Attempts:
     """The state of one retried operation."""
 
-    def __init__(self, policy: RetryPolicy) -> None:
+    def __init__(self, policy: RetryPolicy, stop: threading.Event | None = None) -> None:
         self.policy = policy
         self.tries = 1
         self._start = time.monotonic()
+        self._stop = stop
 
     def elapsed(self) -> float:
         return time.monotonic() - self._start
 
     def wait(self) -> bool:
-        """Sleep before the next try; False (without sleeping) when the policy is spent."""
+        """Sleep before the next try; False when the policy is spent (without sleeping)
+        or when the stop event is set (at once)."""
         p = self.policy
         if p.max_tries is not None and self.tries >= p.max_tries:
             return False
@@ -71,7 +75,10 @@ class Attempts:
         pause += random.uniform(0, pause * p.max_jitter)
         if p.deadline is not None and self.elapsed() + pause > p.deadline:
             return False
-        time.sleep(pause)
+        if self._stop is None:
+            time.sleep(pause)
+        elif self._stop.wait(pause):
+            return False
         self.tries += 1
         return True
 

@@ -5,6 +5,7 @@ they read and write; the framework commits and retries for them."""
 from __future__ import annotations
 
 import heapq
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType, TracebackType
 
@@ -63,6 +64,9 @@ class Snapshot:
     """
 
     _internal_columns = False
+    _stop_waiting: threading.Event | None = None
+    """Set by whoever runs the transaction (a worker) to cut lock waits short when it
+    stops: the read then raises :class:`LockedError` at once."""
 
     def __init__(self, cluster: Cluster, *, start_ts: int | None = None) -> None:
         if not isinstance(cluster, Cluster):
@@ -137,7 +141,7 @@ class Snapshot:
         if progressed:
             return attempts
         if attempts is None:
-            attempts = self.cluster.lock_wait_policy.attempts()
+            attempts = self.cluster.lock_wait_policy.attempts(self._stop_waiting)
         if not attempts.wait():
             column, raw = blocked[0]
             lock = decode_lock(raw)

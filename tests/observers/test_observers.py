@@ -10,6 +10,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -145,6 +146,32 @@ def test_workers_killed_mid_transaction_process_every_change_once(
     for i in range(2):  # the last incarnations stopped cleanly and wrote their counters
         json.loads((tmp_path / f"w{i}.json").read_text())
         assert "Traceback" not in (tmp_path / f"w{i}.log").read_text()
+
+
+def test_stop_does_not_wait_out_a_live_lock(tmp_path: Path) -> None:
+    """A scanner waiting on a live transaction's lock gives up when the worker is asked
+    to stop, instead of waiting out the lock wait (here 20 min) and retrying."""
+    url = f"sqlite:///{tmp_path}/db.sqlite"
+    with percolator.connect(url, lock_ttl=600) as cluster, \
+            percolator.connect(url, lock_ttl=600) as holder:
+        worker = Worker(cluster, _app.OBSERVERS, threads=1)
+        worker.register()
+        write(cluster, b"doc", b"committed")
+        txn = Transaction(holder)  # alive (this process, not closed), never finishing
+        txn.set("docs", b"doc", "raw:v", b"pending")
+        txn.set("docs", b"doc2", "raw:v", b"pending")
+        with pytest.raises(SimulatedCrash):
+            commit_transaction(txn, CrashPoint("prewrite", 1))
+        worker.start()
+        time.sleep(1.0)  # the scanner meets the notification at once, and the lock
+        assert worker.stats["committed"] == 0 and worker.stats["passes"] == 0  # waiting
+        stopper = threading.Thread(target=worker.stop)
+        stopper.start()
+        stopper.join(60)
+        assert not stopper.is_alive(), "stop() waits out the lock"
+        # given up, not counted as a conflict or a failure of the observer
+        assert worker.stats["committed"] == worker.stats["conflicts"] == 0
+        assert worker.stats["failures"] == 0
 
 
 # --- crashed writers and uncommitted data -------------------------------------------------
