@@ -1,5 +1,6 @@
 """``python -m observers --cluster URL --observers package.module:OBSERVERS``: a worker
-process (also installed as ``percolator-worker``). Stops cleanly on SIGTERM/SIGINT."""
+process (also installed as ``percolator-worker``). Stops cleanly on SIGTERM/SIGINT; a
+second one exits at once."""
 
 from __future__ import annotations
 

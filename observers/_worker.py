@@ -26,6 +26,7 @@ is quarantined (see
 from __future__ import annotations
 
 import logging
+import os
 import random
 import signal
 import threading
@@ -224,14 +225,21 @@ class Worker:
 
     def run(self) -> None:
         """:meth:`start`, then block until SIGTERM or SIGINT (when called from the main
-        thread) or :meth:`stop` from another thread, then stop cleanly.
+        thread) or :meth:`stop` from another thread, then stop cleanly: each scanner
+        finishes its current observer transaction. A second signal exits the process
+        at once (status 128 + the signal), for an observer that hangs: its transaction
+        is abandoned as a crashed client's would be, and its notification stays.
 
         .. warning:: blocks.
         """
         previous: dict[int, Any] = {}
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
-            log.info("signal %d: stopping", signum)
+            if self._stop.is_set():
+                log.warning("signal %d again: exiting without waiting for the scanners",
+                            signum)
+                os._exit(128 + signum)
+            log.info("signal %d: stopping (send it again to exit at once)", signum)
             self._stop.set()
 
         if threading.current_thread() is threading.main_thread():

@@ -64,5 +64,19 @@ class Flaky(Observer):
         log(txn, "flaky", row, txn.get(self.table, row, column) or b"-")
 
 
+class Hangs(Observer):
+    """Never returns, as an observer stuck on a dead service would; touches the file
+    named by OBSERVERS_TEST_HANG_MARK first, so that a test knows it is stuck."""
+
+    table, column = "docs", "hang:x"
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        txn.set(self.table, row, "out:hung", b"never committed")
+        with open(os.environ["OBSERVERS_TEST_HANG_MARK"], "w"):
+            pass
+        time.sleep(3600)
+
+
 OBSERVERS = [Indexer, Stage2, Pinger]
+HANGING = [Hangs]
 ALL = [Indexer, Stage2, Pinger, Flaky]

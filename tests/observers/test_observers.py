@@ -24,7 +24,7 @@ from observers import Observer, WaitTimeout, Worker, wait_for_observers
 from percolator import Snapshot, Transaction
 from percolator.__main__ import main as percolator_main
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
-from percolator._notifications import pending_notifications, quarantined
+from percolator._notifications import held_locks, pending_notifications, quarantined
 from percolator.testing import client_of, crash_commit
 from tests.observers import _app
 
@@ -172,6 +172,41 @@ def test_stop_does_not_wait_out_a_live_lock(tmp_path: Path) -> None:
         # given up, not counted as a conflict or a failure of the observer
         assert worker.stats["committed"] == worker.stats["conflicts"] == 0
         assert worker.stats["failures"] == 0
+
+
+def test_a_second_signal_stops_a_worker_whose_observer_hangs(
+    cluster: percolator.Cluster, url: str, tmp_path: Path
+) -> None:
+    """The first SIGTERM waits for the observer's transaction; a second one exits at
+    once, and the abandoned run leaves its notification and no lock."""
+    mark = tmp_path / "hanging"
+    Worker(cluster, _app.HANGING).register()
+    write(cluster, b"doc", b"v", column="hang:x")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OBSERVERS_TEST_HANG_MARK=str(mark))
+    with open(tmp_path / "w.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "observers", "--cluster", url, "--observers",
+             "tests.observers._app:HANGING", "--threads", "1", "--log-level", "INFO"],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not mark.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "observer never ran"
+            time.sleep(0.05)
+        wait_until_catching_sigterm(proc)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)
+        assert proc.poll() is None  # a clean stop waits for the hung observer
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "exiting without waiting" in (tmp_path / "w.log").read_text()
+    assert [(n.row, n.column) for n in pending_notifications(cluster)] == [(b"doc", "hang:x")]
+    assert Snapshot(cluster).get("docs", b"doc", "out:hung") is None
+    assert not list(held_locks(cluster))
 
 
 # --- crashed writers and uncommitted data -------------------------------------------------
