@@ -202,10 +202,14 @@ class Worker:
 
     def start(self) -> None:
         """Register the observers and start the scanner threads; returns at once."""
+        self._stop.clear()
+        self._start()
+
+    def _start(self) -> None:
+        # Leaves the stop event alone: run() may be asked to stop while registering.
         if self._threads:
             raise InvalidArgument("this worker is already started")
         self.register()
-        self._stop.clear()
         for i in range(self.threads):
             thread = threading.Thread(target=self._scanner, name=f"observers-scanner-{i}",
                                       daemon=True)
@@ -242,11 +246,12 @@ class Worker:
             log.info("signal %d: stopping (send it again to exit at once)", signum)
             self._stop.set()
 
+        self._stop.clear()  # before the handlers: a signal from now on is kept
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[int(sig)] = signal.signal(sig, on_signal)
         try:
-            self.start()
+            self._start()
             while not self._stop.wait(0.5):
                 pass
         finally:

@@ -174,6 +174,35 @@ def test_stop_does_not_wait_out_a_live_lock(tmp_path: Path) -> None:
         assert worker.stats["failures"] == 0
 
 
+def test_a_signal_while_the_worker_registers_is_not_lost(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run() installs its handlers, then registers the observers (store writes, slow on
+    a loaded machine): a SIGTERM in between must still stop it. (It used to be cleared
+    when the scanners started, and the worker ran on.)"""
+    worker = Worker(cluster, _app.OBSERVERS, threads=1)
+    register = worker.register
+
+    def register_meeting_a_signal() -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # handled by run()'s handler, in this thread
+        register()
+
+    monkeypatch.setattr(worker, "register", register_meeting_a_signal)
+    rescued: list[bool] = []
+
+    def rescue() -> None:  # only if the signal was lost, so that the test ends
+        rescued.append(True)
+        worker.stop()
+
+    timer = threading.Timer(30, rescue)
+    timer.start()
+    try:
+        worker.run()
+    finally:
+        timer.cancel()
+    assert rescued == [], "the SIGTERM during register() was lost"
+
+
 def test_a_second_signal_stops_a_worker_whose_observer_hangs(
     cluster: percolator.Cluster, url: str, tmp_path: Path
 ) -> None:
