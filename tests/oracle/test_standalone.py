@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import grpc
@@ -16,6 +15,7 @@ from oracle import MAX_COUNT, OracleClient, OracleStatus
 from oracle._proto import timestamp_oracle_pb2 as pb
 from oracle._proto import timestamp_oracle_pb2_grpc as pb_grpc
 from percolator._errors import InvalidArgument, OracleUnavailable
+from tests._concurrency import run_concurrently
 from tests._services import free_port
 from tests.oracle.conftest import ROOT, Oracles, check_history, read_history
 
@@ -105,30 +105,19 @@ def test_concurrent_callers_share_rpcs(oracles: Oracles, tmp_path: object) -> No
     server.wait_serving()
     threads, calls = 16, 100
     stamps: list[list[int]] = [[] for _ in range(threads)]
-    errors: list[BaseException] = []
     marks: list[OracleStatus] = []
     with OracleClient(f"grpc://{server.address}") as client, server.status_client() as status:
         client.get_timestamp()  # connect first
         before = status.status()
-        start = threading.Barrier(threads)
 
         def run(i: int) -> None:
-            start.wait()
-            try:
-                for k in range(calls):
-                    if i == 0 and k in (30, 70):
-                        marks.append(status.status())
-                    stamps[i].append(client.get_timestamp())
-            except BaseException as e:
-                errors.append(e)
+            for k in range(calls):
+                if i == 0 and k in (30, 70):
+                    marks.append(status.status())
+                stamps[i].append(client.get_timestamp())
 
-        workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
-        for t in workers:
-            t.start()
-        for t in workers:
-            t.join()
+        run_concurrently(run, threads)  # fails if any thread raised
         after = status.status()
-    assert not errors
     drawn = [ts for mine in stamps for ts in mine]
     assert len(set(drawn)) == len(drawn) == threads * calls
     for mine in stamps:

@@ -32,6 +32,7 @@ from percolator._store import (
     Store,
 )
 from percolator.stores import open_store
+from tests._concurrency import run_concurrently
 
 T = "t"
 FAMILIES = {"d": 0, "w": 0, "l": 1, "n": 0}
@@ -73,27 +74,6 @@ def cells(store: Store, row: bytes, *reads: Read) -> RowCells:
 def versions(store: Store, row: bytes, column: str, **kw: object) -> list[Cell]:
     family, _, qualifier = column.partition(":")
     return cells(store, row, Read(family, (qualifier,), **kw)).get(column, [])  # type: ignore[arg-type]
-
-
-def run_concurrently(target: Callable[[int], None], threads: int) -> None:
-    """Call ``target(i)`` for i in ``range(threads)``, each in its own thread, all
-    released at once; fail with the first error any of them raised."""
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(threads)
-
-    def run(i: int) -> None:
-        try:
-            barrier.wait()
-            target(i)
-        except BaseException as e:  # pragma: no cover - reported below
-            errors.append(e)
-
-    started = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
-    for thread in started:
-        thread.start()
-    for thread in started:
-        thread.join()
-    assert errors == []
 
 
 def values(row_cells: RowCells) -> dict[str, list[bytes]]:
