@@ -341,7 +341,6 @@ def _prewrite_batches(
     store = cluster.store
     batch: list[tuple[bytes, dict[str, bytes]]] = []
     size = 0
-    lock_columns: dict[str, str] = {}
     prewrite_cell = txn.prewrite_cell
 
     def flush() -> Iterator[tuple[bytes, dict[str, bytes]]]:
@@ -349,11 +348,8 @@ def _prewrite_batches(
         append = items.append
         for row, values in batch:
             for column, value in values.items():
-                lock_column = lock_columns.get(column)
-                if lock_column is None:
-                    lock_column = lock_columns[column] = f"{LOCK}:{column}"
                 held, puts = prewrite_cell(column, value)
-                append((row, lock_column, None, held, puts))
+                append((row, f"{LOCK}:{column}", None, held, puts))
         won = check_and_set_many(store, txn.table, items)
         if all(won):
             yield from batch
@@ -400,7 +396,6 @@ def finish_rows(
     released = 0
     items: list[CasItem] = []
     append = items.append
-    lock_columns: dict[str, str] = {}
 
     def flush() -> int:
         won = check_and_set_many(store, txn.table, items)
@@ -415,14 +410,11 @@ def finish_rows(
 
     for row, cells in rows:
         for column, value in cells.items():
-            lock_column = lock_columns.get(column)
-            if lock_column is None:
-                lock_column = lock_columns[column] = f"{LOCK}:{column}"
             inline = inlined(value)
             puts = () if commit_ts is None else write_cells(
                 column, txn.start_ts, commit_ts, False, column in txn.observed, inline
             )
-            append((row, lock_column, with_value(txn.held(column), inline), free, puts))
+            append((row, f"{LOCK}:{column}", with_value(txn.held(column), inline), free, puts))
         if len(items) >= batch_cells:
             released += flush()
     if items:

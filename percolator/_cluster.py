@@ -199,7 +199,7 @@ class Cluster:
         if self.lock_census is not None:
             # Asked once now, while the table is empty, so that the store indexes the
             # lock cells that sweeps look for before the first lock is written.
-            self.store.any_untagged(LOCK, FREE_TAG)  # type: ignore[attr-defined]
+            self._any_lock_held()
 
     def drop_table(self, name: str) -> None:
         """Delete table *name* and everything in it."""
@@ -307,12 +307,16 @@ class Cluster:
         census = self.lock_census
         if census is None or census.clean():
             return
-        store = self.store
         try:
-            census.sweep(lambda: not store.any_untagged(LOCK, FREE_TAG),  # type: ignore[attr-defined]
-                         force=force)
+            census.sweep(lambda: not self._any_lock_held(), force=force)
         except PercolatorError:
             log.warning("lock census sweep failed; reads keep checking locks", exc_info=True)
+
+    def _any_lock_held(self) -> bool:
+        """Embedded store: whether any lock cell of any table is not FREE (the census's
+        question, answered from an index of the held locks)."""
+        held: bool = self.store.any_untagged(LOCK, FREE_TAG)  # type: ignore[attr-defined]
+        return held
 
     def __enter__(self) -> Cluster:
         return self
