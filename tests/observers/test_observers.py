@@ -61,10 +61,12 @@ def write(cluster: percolator.Cluster, row: bytes, value: bytes, column: str = "
     return txn.commit_ts
 
 
-def start_worker(url: str, tmp_path: Path, name: str, threads: int = 4) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, OBSERVERS_TEST_SLEEP="0.01", PYTHONPATH=str(ROOT))
+def start_worker(
+    url: str, tmp_path: Path, name: str, threads: int = 4, app: str = APP, **env: str
+) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, OBSERVERS_TEST_SLEEP="0.01", PYTHONPATH=str(ROOT), **env)
     return subprocess.Popen(
-        [sys.executable, "-m", "observers", "--cluster", url, "--observers", APP,
+        [sys.executable, "-m", "observers", "--cluster", url, "--observers", app,
          "--threads", str(threads), "--lock-ttl", "5", "--log-level", "WARNING",
          "--stats-file", str(tmp_path / f"{name}.json")],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"{name}.log", "ab"),
@@ -211,13 +213,8 @@ def test_a_second_signal_stops_a_worker_whose_observer_hangs(
     mark = tmp_path / "hanging"
     Worker(cluster, _app.HANGING).register()
     write(cluster, b"doc", b"v", column="hang:x")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OBSERVERS_TEST_HANG_MARK=str(mark))
-    with open(tmp_path / "w.log", "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "observers", "--cluster", url, "--observers",
-             "tests.observers._app:HANGING", "--threads", "1", "--log-level", "INFO"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log,
-        )
+    proc = start_worker(url, tmp_path, "w", threads=1, app="tests.observers._app:HANGING",
+                        OBSERVERS_TEST_HANG_MARK=str(mark))
     try:
         deadline = time.monotonic() + 60
         while not mark.exists():
