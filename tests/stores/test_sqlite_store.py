@@ -108,3 +108,16 @@ def test_a_table_created_through_a_cluster_indexes_its_held_locks_at_once(
     ).fetchall()
     db.close()
     assert len(indexes) == 1 and "WHERE substr(value, 1, 1) IS NOT x'46'" in indexes[0][0]
+
+
+@pytest.mark.parametrize("tag", [b"", b"FF", "F", None])
+def test_asking_about_a_tag_of_other_than_one_byte_is_invalid(tmp_path: Path, tag: object) -> None:
+    store = open_store(f"sqlite://{tmp_path / 's.db'}")
+    store.create_table("t", {"l": 1})
+    with pytest.raises(percolator.InvalidArgument, match="one byte"):
+        store.any_untagged("l", tag)  # type: ignore[attr-defined]
+    db = sqlite3.connect(tmp_path / "s.db")
+    made = db.execute("SELECT name FROM sqlite_master WHERE name LIKE '%untagged%'").fetchall()
+    assert made == []  # nothing written for a refused question
+    db.close()
+    store.close()
