@@ -1,4 +1,6 @@
-"""A public test harness: embedded clusters and simulated committer crashes.
+"""A public test harness: embedded clusters, simulated committer crashes, and
+deterministic interleavings of actors (transactions, lock resolvers, workers) at
+their store calls, plus named pause points in components' own threads.
 
 ::
 
@@ -8,6 +10,12 @@
         txn = percolator.Transaction(client)
         ...
         crash_commit(txn, CrashPoint("commit_point"))  # dies right after its commit point
+
+    with Interleaving(cluster) as world:               # one store call at a time
+        t1 = world.actor("T1", txn.commit, clients=[client])
+        t1.run_until(lambda step: step.matches("timestamp"))
+        ...                                            # others run while T1 is parked
+        t1.finish()
 """
 
 from __future__ import annotations
@@ -21,9 +29,22 @@ from contextlib import contextmanager
 from percolator._cluster import Cluster, connect
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._coordination import LocalCoordination
+from percolator._interleaving import Actor, Interleaving, InterleavingError, Step
+from percolator._pause import PausePoint
 from percolator._transaction import TransactionBase
 
-__all__ = ["CrashPoint", "SimulatedCrash", "client_of", "crash_commit", "temporary_cluster"]
+__all__ = [
+    "Actor",
+    "CrashPoint",
+    "Interleaving",
+    "InterleavingError",
+    "PausePoint",
+    "SimulatedCrash",
+    "Step",
+    "client_of",
+    "crash_commit",
+    "temporary_cluster",
+]
 
 
 @contextmanager

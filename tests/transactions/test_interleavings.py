@@ -1,0 +1,219 @@
+"""The races of the commit protocol, each played out step by step on every backend.
+
+Each test puts actors in one exact order (``percolator.testing.Interleaving`` parks
+them before each store call) or kills committers at exact points (``crash_commit``),
+and checks what a reader sees against what must hold. Each names the line it guards:
+with that line broken as described, the test fails (checked by hand, one mutation
+at a time, on every backend where the line runs).
+
+Accounts ``alice`` (the primary of every transfer) and ``bob`` start at 100 and 0;
+a transfer of 60 ends 40 / 60, all of it or none of it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import percolator
+from percolator import Cluster, ConflictError, Snapshot, Transaction
+from percolator.testing import CrashPoint, Interleaving, Step, client_of, crash_commit
+
+T, COL = "bank", "bal:v"
+ALICE, BOB = b"alice", b"bob"
+
+
+@pytest.fixture
+def bank(cluster: Cluster) -> Cluster:
+    cluster.create_table(T)
+    with Transaction(cluster) as txn:
+        txn.set(T, ALICE, COL, b"100")
+        txn.set(T, BOB, COL, b"0")
+    return cluster
+
+
+def committer(cluster: Cluster) -> Cluster:
+    """Another client, committing in two phases (one store call per step)."""
+    client = client_of(cluster)
+    client.one_phase_commit = False
+    return client
+
+
+def transfer(client: Cluster, alice: bytes = b"40", bob: bytes = b"60") -> Transaction:
+    txn = Transaction(client)
+    txn.set(T, ALICE, COL, alice)  # first written: the primary
+    txn.set(T, BOB, COL, bob)
+    return txn
+
+
+def balances(cluster: Cluster) -> tuple[bytes | None, bytes | None]:
+    """Both balances; bob first, so that his lock, if any, is resolved through the
+    primary's status as it stands (reading alice first would clean the primary)."""
+    snap = Snapshot(cluster)
+    bob = snap.get(T, BOB, COL)
+    return snap.get(T, ALICE, COL), bob
+
+
+def is_timestamp(step: Step) -> bool:
+    return step.matches("timestamp")
+
+
+def test_a_commit_point_lost_to_a_cleaner_leaves_nothing_visible(bank: Cluster) -> None:
+    """T1 is paused between its prewrite and its commit point, long enough for its
+    session to expire; a reader rolls it back; T1 wakes and tries its commit point.
+
+    Guards ``if not won:`` in ``_Committer.commit_point`` (carrying on after the lost
+    CAS frees bob with T1's write record: bob 60, alice 100) and, on the embedded
+    store, ``check_and_set`` applying its puts only when the compare succeeds
+    (else alice's write record lands while T1 gets ConflictError)."""
+    with Interleaving(bank) as world:
+        client = committer(bank)
+        t1 = world.actor("T1", transfer(client).commit, clients=[client])
+        t1.run_until(is_timestamp)  # both cells locked; its commit timestamp is next
+        client.coordination.close()  # its session expires while it is paused
+        assert balances(bank) == (b"100", b"0")  # the reader rolled it back
+        with pytest.raises(ConflictError):
+            t1.finish()
+    assert balances(bank) == (b"100", b"0")
+
+
+def test_status_of_a_primary_overwritten_after_its_commit_finds_the_older_record(
+    bank: Cluster,
+) -> None:
+    """T1 dies right after its commit point; T2 then overwrites T1's primary cell
+    and commits; a reader meets T1's secondary.
+
+    Guards ``versions=None`` in ``check_txn_status``'s read of the primary's write
+    records: with only the newest (T2's), T1 looks rolled back and bob is erased."""
+    assert crash_commit(transfer(committer(bank)), CrashPoint("commit_point"))
+    with Transaction(bank) as t2:
+        t2.set(T, ALICE, COL, b"77")
+    assert balances(bank) == (b"77", b"60")
+
+
+def test_a_read_past_a_rollback_record_stays_in_its_snapshot(bank: Cluster) -> None:
+    """Bob: 0 committed; T0 locks bob and dies; reader R starts; T1 rolls T0 back
+    (a ROLLBACK record at T0's start, below R's) and commits 5 after R's start.
+
+    Guards ``max_ts=self.start_ts`` in ``Snapshot._newest_write``: the search below
+    a rollback record must not go past the reader's start (R would read 5)."""
+    t0 = Transaction(committer(bank))
+    t0.set(T, BOB, COL, b"dead")
+    assert not crash_commit(t0, CrashPoint("prewrite", 0))
+    reader = Transaction(bank)
+    with Transaction(bank) as t1:
+        t1.set(T, BOB, COL, b"5")
+    assert reader.get(T, BOB, COL) == b"0"
+    assert balances(bank) == (b"100", b"5")
+
+
+def test_a_prewrite_rolls_a_committed_primary_forward_before_locking_it(
+    bank: Cluster,
+) -> None:
+    """T1 dies right after its commit point (on HBase its primary lock is left
+    COMMITTED, its write record not yet written); T2 then writes T1's primary cell.
+
+    Guards ``not isinstance(state, Free)`` in ``_Committer._prewrite``: a prewrite
+    that takes only LOCKED as held replaces T1's COMMITTED lock with its own, T1's
+    write record is never written, and a reader then rolls bob back."""
+    assert crash_commit(transfer(committer(bank)), CrashPoint("commit_point"))
+    with Transaction(bank) as t2:
+        t2.set(T, ALICE, COL, b"41")
+    assert balances(bank) == (b"41", b"60")
+    history = Snapshot(bank, start_ts=bank.timestamps.get_timestamp())
+    assert history.get(T, BOB, COL) == b"60"
+
+
+def test_status_ignores_another_transactions_committed_primary_lock(bank: Cluster) -> None:
+    """T1 locks both cells and dies; T2 rolls T1 back while writing alice and dies
+    right after its own commit point (on HBase: alice's lock COMMITTED by T2); a
+    reader meets T1's lock on bob.
+
+    Guards ``state.start_ts == start_ts`` in ``check_txn_status``'s COMMITTED branch:
+    taking T2's decision for T1's would roll bob forward to a value never committed."""
+    assert not crash_commit(transfer(committer(bank)), CrashPoint("prewrite", 1))
+    t2 = Transaction(committer(bank))
+    t2.set(T, ALICE, COL, b"55")
+    assert crash_commit(t2, CrashPoint("commit_point"))
+    assert balances(bank) == (b"55", b"0")
+
+
+def test_a_cleaner_that_loses_its_rollback_cas_leaves_the_commit_whole(
+    bank: Cluster,
+) -> None:
+    """A reader finds T1's primary LOCKED by a dead owner and is about to roll it back
+    (CAS LOCKED -> ROLLED_BACK); T1, only paused, wakes and passes its commit point
+    first, then dies before releasing bob; the reader's CAS loses.
+
+    Guards ``if not ...check_and_set(...): return False`` in ``roll_back_primary``
+    (the race its docstring names): ignoring the lost CAS frees bob as rolled back,
+    so T1's committed transfer loses its credit to bob."""
+    with Interleaving(bank) as world:
+        client = committer(bank)
+        t1_txn = transfer(client)
+        t1 = world.actor("T1", t1_txn.commit, clients=[client])
+        t1.run_until(is_timestamp)
+        client.coordination.close()  # its session expires; it does not know yet
+        reader = Transaction(bank)
+        r = world.actor("reader", lambda: reader.get(T, BOB, COL))
+        r.run_until(lambda s: s.matches("check_and_set", row=ALICE))  # the rollback CAS
+        t1.step()  # draws its commit timestamp
+        t1.run_until(lambda s: ALICE not in s.rows)  # past the commit point, at bob
+        assert r.finish() == b"0"  # T1 committed after the reader started
+        t1.kill()
+    commit_ts = t1_txn.commit_ts
+    assert commit_ts is not None
+    assert balances(bank) == (b"40", b"60")
+    assert Snapshot(bank, start_ts=commit_ts - 1).get(T, BOB, COL) == b"0"
+
+
+def test_status_ignores_another_transactions_lock_on_the_primary(bank: Cluster) -> None:
+    """T1 dies right after its commit point; T2 locks the same primary cell and dies;
+    a reader meets T1's lock on bob.
+
+    Guards ``state.start_ts == start_ts`` in ``check_txn_status``'s LOCKED branch:
+    taking T2's lock for T1's, the reader rolls back T2's lock as if it were T1's and
+    erases T1's committed credit to bob."""
+    assert crash_commit(transfer(committer(bank)), CrashPoint("commit_point"))
+    t2 = Transaction(committer(bank))
+    t2.set(T, ALICE, COL, b"1")
+    assert not crash_commit(t2, CrashPoint("prewrite", 0))
+    assert balances(bank) == (b"40", b"60")
+
+
+def test_a_secondary_rolled_forward_under_a_paused_committer_is_not_written_twice(
+    bank: Cluster,
+) -> None:
+    """T1 passes its commit point and pauses before releasing bob; a reader rolls bob
+    forward; T1 wakes and releases bob: its compare-and-set must fail harmlessly.
+
+    Guards the release of a secondary being a compare-and-set from T1's own lock
+    (``release``): an unconditional write would put T1's FREE over a later lock."""
+    with Interleaving(bank) as world:
+        client = committer(bank)
+        t1 = world.actor("T1", transfer(client).commit, clients=[client])
+        t1.run_until(is_timestamp)
+        t1.step()
+        t1.run_until(lambda s: ALICE not in s.rows)  # committed, bob still locked
+        client.coordination.close()
+        t2 = Transaction(committer(bank))
+        assert t2.get(T, BOB, COL) == b"60"  # rolled forward by the reader
+        t2.set(T, BOB, COL, b"61")
+        t3 = world.actor("T2", lambda: t2.commit())
+        t3.run_until(lambda s: s.matches("timestamp"))  # bob locked by T2 now
+        t1.finish()
+        t3.finish()
+    assert balances(bank) == (b"40", b"61")
+
+
+def test_a_killed_actor_makes_no_further_call(bank: Cluster) -> None:
+    """The harness itself: a committer killed before its commit point leaves locks
+    that are rolled back (its owner declared dead), and nothing it did after."""
+    with Interleaving(bank) as world:
+        client = committer(bank)
+        t1 = world.actor("T1", transfer(client).commit, clients=[client])
+        t1.run_until(is_timestamp)
+        taken = len(t1.steps)
+        t1.kill()
+        assert isinstance(t1.error, percolator.testing.SimulatedCrash)
+        assert len(t1.steps) == taken
+    assert balances(bank) == (b"100", b"0")
