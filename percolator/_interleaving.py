@@ -61,8 +61,9 @@ class Step:
     """The call an actor is parked before.
 
     ``op`` is ``"start"`` (before the actor's body runs), ``"timestamp"`` (a draw from
-    the timestamp source), ``"atomic"`` (entering an atomic section) or the name of the store method (``"read_rows"``,
-    ``"check_and_set"``, ``"mutate_rows"``, ``"scan"`` for each row a scan yields...).
+    the timestamp source), ``"atomic"`` (entering an atomic section) or the name of
+    the store method (``"read_rows"``, ``"check_and_set"``, ``"mutate_rows"``,
+    ``"scan"`` for each row a scan yields...).
     ``columns`` names the cells the call touches, the compared cell of a
     compare-and-set first; ``args`` are the call's arguments as given.
     """

@@ -61,6 +61,9 @@ class Attempts:
         self.tries = 1
         self._start = time.monotonic()
         self._stop = stop
+        # Grown by multiplication and capped, never as backoff ** tries: that power
+        # overflows a float (OverflowError) after ~1,500 tries of a long lock wait.
+        self._pause = min(policy.delay, policy.max_delay)
 
     def elapsed(self) -> float:
         return time.monotonic() - self._start
@@ -71,7 +74,8 @@ class Attempts:
         p = self.policy
         if p.max_tries is not None and self.tries >= p.max_tries:
             return False
-        pause = min(p.delay * p.backoff ** (self.tries - 1), p.max_delay)
+        pause = self._pause
+        self._pause = min(pause * p.backoff, p.max_delay)
         pause += random.uniform(0, pause * p.max_jitter)
         if p.deadline is not None and self.elapsed() + pause > p.deadline:
             return False
