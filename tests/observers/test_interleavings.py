@@ -1,0 +1,65 @@
+"""Races between a worker and committers, played out step by step on every backend
+(``percolator.testing.Interleaving``)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import percolator
+from observers import Observer, Worker
+from percolator import Cluster, Transaction
+from percolator.testing import Interleaving, client_of
+
+T, COL = "docs", "raw:v"
+PRIMARY, ROW = b"p", b"s"
+
+
+class Recorder(Observer):
+    table, column = T, COL
+    seen: ClassVar[list[bytes | None]] = []
+
+    def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+        if row == ROW:
+            self.seen.append(txn.get(T, row, column))
+
+
+def test_a_change_rolled_forward_during_a_weak_run_is_still_observed(cluster: Cluster) -> None:
+    """T1 writes p and s (observed) and pauses before drawing its commit timestamp; a
+    weak notification of s commits; a worker picks s up and starts its observer
+    transaction; T1 then commits and dies before releasing s; the worker's read rolls
+    s forward (T1's change is newer than its snapshot, so the run sees the old value)
+    and, done, deletes s's notify versions up to the weak one it processed.
+
+    Guards the notify cell of a rolled-forward change at the *commit* timestamp
+    (``write_cells``, used by ``release`` in lock resolution): at T1's start
+    timestamp, below the weak notification, that deletion takes it, and T1's change
+    is never observed."""
+    Recorder.seen = []
+    worker = Worker(cluster, [Recorder()], threads=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, COL, b"old")
+    worker._process_row(T, ROW)
+    assert Recorder.seen == [b"old"]
+
+    with Interleaving(cluster) as world:
+        client = client_of(cluster)
+        client.one_phase_commit = False
+        t1_txn = Transaction(client)
+        t1_txn.set(T, PRIMARY, COL, b"primary")
+        t1_txn.set(T, ROW, COL, b"new")
+        weak = Transaction(cluster)
+        weak.notify(T, ROW, COL)
+        weak.commit()
+        t1 = world.actor("T1", t1_txn.commit, clients=[client])
+        t1.run_until(lambda s: s.matches("timestamp"))  # prewritten; commit ts next
+        run = world.actor("worker", lambda: worker._process_row(T, ROW))
+        run.run_until(lambda s: s.matches("timestamp"))  # read the weak notification
+        run.step()  # drew its start timestamp: below T1's commit timestamp
+        t1.step()
+        t1.run_until(lambda s: ROW in s.rows)  # committed; s not yet released
+        t1.kill()
+        assert run.finish()
+    assert Recorder.seen == [b"old", b"old"]
+    worker._process_row(T, ROW)
+    assert Recorder.seen[-1] == b"new"
