@@ -37,6 +37,7 @@ from oracle._proto import timestamp_oracle_pb2 as pb
 from oracle._proto import timestamp_oracle_pb2_grpc as pb_grpc
 from oracle._target import MAX_COUNT, parse_host_port, parse_zookeeper, zk_paths
 from percolator._errors import InvalidArgument
+from percolator._pause import pause_point
 from percolator._zookeeper import bounded_stop_handler
 
 if TYPE_CHECKING:
@@ -334,6 +335,7 @@ class _ZooKeeperLeadership:
         self._leading = False
         self._lease_until = 0.0
         self._version = -1
+        self._election: Any = None
         self._thread = threading.Thread(target=self._loop, name="oracle-election", daemon=True)
 
     # kazoo calls this from its connection thread: never block here.
@@ -356,6 +358,10 @@ class _ZooKeeperLeadership:
         self._stop.set()
         self._lost.set()
         self.allocator.deactivate()
+        election = self._election
+        if election is not None:  # a standby waits in the election's lock: stop waiting
+            with contextlib.suppress(Exception):
+                election.cancel()
         with contextlib.suppress(Exception):
             self._thread.join(timeout=self.session_timeout + 2)
         with contextlib.suppress(Exception):
@@ -385,6 +391,9 @@ class _ZooKeeperLeadership:
             try:
                 self._lost.clear()
                 election = self.client.Election(self.election_path, identifier=self.advertise)
+                self._election = election
+                if self._stop.is_set():
+                    break
                 log.info("standing for election at %s%s", self.target, self.election_path)
                 election.run(self._lead)
             except CancelledError:
@@ -411,6 +420,7 @@ class _ZooKeeperLeadership:
     def _persist(self, ceiling: int) -> None:
         from kazoo.exceptions import BadVersionError, NoNodeError
 
+        pause_point("oracle.persist")  # tests park a deposed leader here
         try:
             stat = self.client.set(
                 self.ceiling_path, str(ceiling).encode("ascii"), version=self._version
