@@ -27,6 +27,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -85,6 +86,10 @@ def _sql_name(table: str, family: str) -> str:
     return '"' + f"{table}#{family}".replace('"', '""') + '"'
 
 
+class _Connection(sqlite3.Connection):
+    """A connection that can be held weakly (``sqlite3.Connection`` itself cannot)."""
+
+
 class SqliteStore:
     """The store contract on one SQLite file (see the module docstring)."""
 
@@ -100,7 +105,10 @@ class SqliteStore:
         self._newest_plans: dict[tuple[Any, ...], tuple[str, list[str]]] = {}
         self._untagged_indexed: set[tuple[str, str, bytes]] = set()
         self._closed = False
-        self._all_connections: list[sqlite3.Connection] = []
+        # Weakly held: a thread's connection lives in its thread-local slot and closes
+        # when the thread ends; close() closes those of threads still running. (A list
+        # kept every connection of every thread that ever read, with its descriptors.)
+        self._all_connections: weakref.WeakSet[_Connection] = weakref.WeakSet()
         self._conn_lock = threading.Lock()
         # SQLite takes one writer at a time anyway; queueing this process's writers here
         # keeps them out of SQLite's busy handler, which sleeps in millisecond steps.
@@ -142,6 +150,7 @@ class SqliteStore:
                 isolation_level=None,
                 check_same_thread=False,
                 cached_statements=512,
+                factory=_Connection,
             )
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
@@ -150,7 +159,7 @@ class SqliteStore:
         self._local.db = db
         self._local.generation = _forks.generation
         with self._conn_lock:
-            self._all_connections.append(db)
+            self._all_connections.add(db)
         return db
 
     @contextmanager
@@ -915,7 +924,8 @@ class SqliteStore:
     def close(self) -> None:
         self._closed = True
         with self._conn_lock:
-            connections, self._all_connections = self._all_connections, []
+            connections = list(self._all_connections)
+            self._all_connections = weakref.WeakSet()
         for db in connections:
             try:
                 db.close()

@@ -121,3 +121,44 @@ def test_asking_about_a_tag_of_other_than_one_byte_is_invalid(tmp_path: Path, ta
     assert made == []  # nothing written for a refused question
     db.close()
     store.close()
+
+
+def test_a_thread_that_ends_leaves_no_connection_open(tmp_path: Path) -> None:
+    """Each thread reads through a connection of its own; when the thread ends, the
+    connection and its file descriptors go with it. (Kept in a list until the store
+    closed, 300 short-lived threads held some 900 descriptors: a worker pool that
+    recycles threads, or a server with a thread per request, ran out of them.)"""
+    import gc
+    import os
+    import threading
+
+    store = open_store(f"sqlite:///{tmp_path}/repo.db")
+    try:
+        store.create_table("t", {"c": 1})
+        store.mutate_rows("t", [Mutation(b"r", [("c:q", 1, b"v")])])
+
+        def read() -> None:
+            assert store.read_rows("t", [b"r"], [Read("c")])
+
+        def open_descriptors() -> int:
+            gc.collect()
+            return len(os.listdir("/proc/self/fd"))
+
+        def read_in_threads(n: int) -> None:
+            for _ in range(n):
+                thread = threading.Thread(target=read)
+                thread.start()
+                thread.join()
+
+        read_in_threads(100)  # SQLite keeps a few spare descriptors of its own
+        before = open_descriptors()
+        read_in_threads(300)
+        assert open_descriptors() - before < 30
+        live = threading.Thread(target=lambda: (read(), ready.set(), done.wait()))
+        ready, done = threading.Event(), threading.Event()
+        live.start()
+        ready.wait()
+    finally:
+        store.close()  # closes the live thread's connection too
+    done.set()
+    live.join()
