@@ -13,6 +13,11 @@ call, and its owner is declared dead.
 
 Calls from threads that are not actors (the test's own thread, threads an actor
 starts) pass straight through, so a test may read and write while actors are parked.
+So do calls on the meta table (registered tables and observed columns): clients
+re-read it on a timer, and a step that comes and goes with the clock would make the
+same schedule replay differently. For the same reason the embedded store's lock
+census (a host-wide hint that no lock is held, cleared by sweeps on a timer) is off
+while an interleaving runs: every read reads the lock family.
 
 What a step cannot split: an atomic section (the embedded store's one-phase commit,
 which holds the host's timestamp lock and one SQLite write transaction) is one step,
@@ -32,6 +37,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from percolator._commit import SimulatedCrash
+from percolator._encoding import META_TABLE
 from percolator._errors import InvalidArgument, PercolatorError
 
 if TYPE_CHECKING:
@@ -263,6 +269,8 @@ class _GatedStore:
 
         def gated(*args: Any, **kwargs: Any) -> Any:
             actor = world._current()
+            if actor is not None and args and args[0] == META_TABLE:
+                actor = None
             if actor is not None:
                 actor._gate(_describe(actor.name, name, args))
             result = value(*args, **kwargs)
@@ -324,11 +332,12 @@ class Interleaving:
         """Every step taken, by every actor, in order."""
         self._by_thread: dict[int, Actor[Any]] = {}
         self._changed = threading.Condition()
-        self._saved: list[tuple[Cluster, Any, Any]] = []
+        self._saved: list[tuple[Cluster, Any, Any, Any]] = []
 
     def __enter__(self) -> Interleaving:
         for cluster in self._clusters:
-            self._saved.append((cluster, cluster.store, cluster.timestamps))
+            self._saved.append((cluster, cluster.store, cluster.timestamps, cluster.lock_census))
+            cluster.lock_census = None
             cluster.store = _GatedStore(cluster.store, self)  # type: ignore[assignment]
             cluster.timestamps = _GatedTimestamps(cluster.timestamps, self)  # type: ignore[assignment]
         return self
@@ -347,9 +356,13 @@ class Interleaving:
                     except InterleavingError:
                         pass  # blocked outside a step: its daemon thread is abandoned
         finally:
-            for cluster, store, timestamps in self._saved:
+            for cluster, store, timestamps, census in self._saved:
                 cluster.store = store
                 cluster.timestamps = timestamps
+                cluster.lock_census = census
+                if census is not None:
+                    with census.taking():  # locks were taken unannounced: sweep anew
+                        pass
             self._saved.clear()
 
     # --- actors ------------------------------------------------------------------------
