@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from percolator._cas import lock_cas
 from percolator._encoding import (
     DATA,
     FREE_TAG,
@@ -45,7 +46,7 @@ from percolator._encoding import (
     inlined,
 )
 from percolator._errors import CommitUnknownError, ConflictError, PercolatorError
-from percolator._lock_resolver import release, resolve_lock, write_cells
+from percolator._lock_resolver import check_txn_status, release, resolve_lock, write_cells
 from percolator._store import Cell, Guard, GuardedSet, Mutation, Read
 
 if TYPE_CHECKING:
@@ -224,8 +225,8 @@ class _Committer:
                     )
             else:
                 held = encode_lock(self._lock_for(cell))
-                if self.store.check_and_set(
-                    cell.table, cell.row, f"{LOCK}:{cell.column}", lock_raw, held,
+                if lock_cas(
+                    self.store, cell.table, cell.row, f"{LOCK}:{cell.column}", lock_raw, held,
                     self._data_puts(cell),
                 ):
                     cell.held = held
@@ -244,7 +245,7 @@ class _Committer:
             return
         p = self.primary
         fresh = encode_lock(self._lock_for(p))
-        if not self.store.check_and_set(p.table, p.row, f"{LOCK}:{p.column}", p.held, fresh):
+        if not lock_cas(self.store, p.table, p.row, f"{LOCK}:{p.column}", p.held, fresh):
             raise self._conflict(p, "rolled back by a cleaner while committing", None)
         p.held = fresh
         self.refreshed_at = time.monotonic()
@@ -289,19 +290,20 @@ class _Committer:
         delete, notify = p.value is None, p.notify
         try:
             if self.store.atomic_row_cas:
-                won = self.store.check_and_set(
-                    p.table, p.row, column, p.held, encode_lock(Free(self.start_ts, True)),
+                won = lock_cas(
+                    self.store, p.table, p.row, column, p.held,
+                    encode_lock(Free(self.start_ts, True)),
                     write_cells(p.column, self.start_ts, commit_ts, delete, notify, p.inline),
                 )
             else:
                 decided = encode_lock(Committed(self.start_ts, commit_ts, delete, notify, p.inline))
-                won = self.store.check_and_set(p.table, p.row, column, p.held, decided)
+                won = lock_cas(self.store, p.table, p.row, column, p.held, decided)
         except PercolatorError as e:
             raise CommitUnknownError(
                 f"the store failed at the commit point of transaction {self.start_ts}: {e}; "
                 "it may or may not have committed"
             ) from e
-        if not won:
+        if not won and not self._committed_anyway(commit_ts):
             raise self._conflict(p, "rolled back by a cleaner before the commit point", None)
         self.txn.commit_ts = commit_ts
         self.cluster.stats["commits"] += 1
@@ -312,6 +314,19 @@ class _Committer:
                         (commit_ts, delete, notify), inline=p.inline)
             except PercolatorError:
                 log.warning("committed %d but could not release its primary", self.start_ts)
+
+    def _committed_anyway(self, commit_ts: int) -> bool:
+        """Whether the commit applied although its compare-and-set said no: an attempt
+        that applied may have been rolled forward by a cleaner before a replay of it
+        answered (``percolator/_cas.py``). The primary's lock and records tell."""
+        try:
+            status = check_txn_status(self.cluster, self._lock_for(self.primary))
+        except PercolatorError as e:
+            raise CommitUnknownError(
+                f"the commit point of transaction {self.start_ts} answered no and its primary "
+                f"could not be read again: {e}; it may or may not have committed"
+            ) from e
+        return status.commit_ts == commit_ts
 
     def commit_secondaries(self, commit_ts: int) -> None:
         secondaries = self.locked[1:]

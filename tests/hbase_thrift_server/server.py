@@ -149,10 +149,11 @@ class DropConnection(TTransportException):  # type: ignore[misc]
 
 @dataclass
 class Rule:
-    """When a fault fires: on calls whose value starts with *prefix*, the first *times*
-    of them (0: no limit), or every *every*-th one."""
+    """When a fault fires: on calls whose value starts with *prefix*, after the first
+    *skip* of them, the next *times* (0: no limit), or every *every*-th one."""
 
     prefix: bytes = b""
+    skip: int = 0
     times: int = 0
     every: int = 0
     apply: bool = True
@@ -166,7 +167,7 @@ class Rule:
             key, _, value = option.partition("=")
             if key == "prefix":
                 rule.prefix = bytes.fromhex(value)
-            elif key in ("times", "every"):
+            elif key in ("skip", "times", "every"):
                 setattr(rule, key, int(value))
             elif key == "apply":
                 rule.apply = value not in ("0", "false", "no")
@@ -178,6 +179,8 @@ class Rule:
         if not value.startswith(self.prefix):
             return False
         self.seen += 1
+        if self.seen <= self.skip:
+            return False
         if self.every:
             hit = self.seen % self.every == 0
         else:
@@ -199,7 +202,8 @@ class Faults:
     @classmethod
     def parse(cls, specs: Iterable[str]) -> Faults:
         """Faults from ``NAME[:key=value...]`` strings: ``cas-replay``, ``cas-drop``
-        (options ``prefix=HEX``, ``times=N``, ``every=N``, ``apply=0``), ``create-race``."""
+        (options ``prefix=HEX``, ``skip=N``, ``times=N``, ``every=N``, ``apply=0``),
+        ``create-race``."""
         faults = cls()
         for spec in specs:
             name, *options = spec.split(":")
@@ -1041,7 +1045,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="binary")
     parser.add_argument(
         "--fault", action="append", default=[],
-        help="cas-replay|cas-drop[:prefix=HEX][:times=N|:every=N][:apply=0], create-race",
+        help="cas-replay|cas-drop[:prefix=HEX][:skip=N][:times=N|:every=N][:apply=0], "
+        "create-race",
     )
     parser.add_argument("--idle-timeout", type=float, help="close connections idle S seconds")
     parser.add_argument("--scanner-expiry", type=float, help="forget scanners unused S seconds")
