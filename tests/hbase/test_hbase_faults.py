@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +12,9 @@ import pytest
 import percolator
 from percolator import Transaction
 from percolator._errors import CommitUnknownError
+from percolator._store import Mutation, Read
+from percolator.stores import open_store
+from tests._concurrency import run_concurrently
 from tests._hbase import faulty_server, require_hbase_client
 
 pytestmark = pytest.mark.hbase
@@ -83,3 +87,32 @@ def test_commit_point_whose_outcome_cannot_be_told_is_commit_unknown() -> None:
     fault = f"cas-drop:prefix={COMMITTED}:skip=1:times=1:apply=0"
     with _bank("--fault", fault) as cluster, pytest.raises(CommitUnknownError):
         _transfer(cluster, 60)
+
+
+# ---- several Thrift servers behind a load balancer ----------------------------------
+
+
+def test_scans_behind_a_round_robin_balancer_return_exactly_their_rows() -> None:
+    # Two Thrift servers of the same tables behind a round-robin TCP proxy: scanner ids
+    # belong to one server, and both servers hand out the same ids. A client with
+    # connections to both scans two tables in small batches from several threads.
+    rows = {name: [b"%s%03d" % (name.encode(), i) for i in range(24)] for name in ("a", "b")}
+    with faulty_server("--servers", "2", "--latency", "0.001") as hostport:
+        store = open_store(f"hbase://{hostport}?pool_size=2")
+        try:
+            for name in rows:
+                store.create_table(name, {"d": 1})
+                store.mutate_rows(name, [Mutation(r, [("d:q", 1, r)]) for r in rows[name]])
+
+            def scan(i: int) -> None:
+                name = "ab"[i % 2]
+                for _ in range(3):
+                    got = []
+                    for row, _ in store.scan(name, None, None, [Read("d")], batch_size=2):
+                        got.append(row)
+                        time.sleep(0.001)  # the caller's work on a row: others go on meanwhile
+                    assert got == rows[name]
+
+            run_concurrently(scan, 8)
+        finally:
+            store.close()

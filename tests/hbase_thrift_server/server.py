@@ -62,6 +62,10 @@ cluster does that a single in-memory process never would:
   (``hbase.thrift.server.socket.read.timeout``, 60 s by default);
 * ``--scanner-expiry S``: a scanner not used for S seconds is forgotten (HBase 2.4+: twice
   ``hbase.client.scanner.timeout.period``, 120 s), and then is "invalid";
+* ``--latency S``: every call takes S seconds more (a network and a region server),
+  so concurrent callers overlap as they do on a real cluster;
+* ``--servers N``: N Thrift servers of the same tables (each with its own scanners, whose
+  ids collide) behind a round-robin TCP proxy, as behind a load balancer;
 * ``--max-request-bytes N``: a mutation request over N bytes closes the connection
   without an answer (libthrift 0.14+ ``TConfiguration.maxMessageSize``, 100 MB);
 * ``--transport framed``, ``--protocol compact``: the other Thrift1 server modes.
@@ -198,6 +202,7 @@ class Faults:
     create_race: bool = False
     scanner_expiry: float | None = None
     max_request_bytes: int | None = None
+    latency: float = 0.0
 
     @classmethod
     def parse(cls, specs: Iterable[str]) -> Faults:
@@ -283,6 +288,9 @@ def _declared(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        latency = args[0].faults.latency
+        if latency:
+            time.sleep(latency)  # outside the lock, as a network round trip is
         try:
             return func(*args, **kwargs)
         except (hb.IOError, hb.IllegalArgument, hb.AlreadyExists, TApplicationException,
@@ -1051,6 +1059,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--idle-timeout", type=float, help="close connections idle S seconds")
     parser.add_argument("--scanner-expiry", type=float, help="forget scanners unused S seconds")
     parser.add_argument("--max-request-bytes", type=int, help="drop bigger mutation requests")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds added to each call")
     parser.add_argument(
         "--servers", type=int, default=1,
         help="N > 1: N Thrift servers of the same tables behind a round-robin TCP proxy",
@@ -1060,6 +1069,7 @@ def main(argv: list[str] | None = None) -> None:
     faults = Faults.parse(args.fault)
     faults.scanner_expiry = args.scanner_expiry
     faults.max_request_bytes = args.max_request_bytes
+    faults.latency = args.latency
     options: dict[str, Any] = dict(
         faults=faults, idle_timeout=args.idle_timeout, transport=args.transport,
         protocol=args.protocol,
