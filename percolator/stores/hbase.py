@@ -273,6 +273,12 @@ class _Answer:
         return out
 
 
+def _message(error: Exception) -> str:
+    """The message of a Thrift exception (bytes: responses are not decoded)."""
+    message = getattr(error, "message", None) or ""
+    return _dec(message) if isinstance(message, bytes) else str(message)
+
+
 def _peer_closed(connection: Any) -> bool:
     """Whether the server closed *connection* (it is readable with nothing to read):
     a connection it dropped while idle is replaced before a call is sent on it."""
@@ -435,8 +441,8 @@ class HBaseStore:
     def _answered(self, e: Exception, table: str | None) -> PercolatorError:
         """Our error for an error the server answered with (the connection is fine)."""
         if isinstance(e, _hb.IllegalArgument):
-            return InvalidArgument(f"{self._where} refused the request: {e.message}")
-        message = str(getattr(e, "message", None) or "")
+            return InvalidArgument(f"{self._where} refused the request: {_message(e)}")
+        message = _message(e)
         first = message.splitlines()[0] if message else repr(e)
         if table is not None and (
             "TableNotFoundException" in message or "table does not exist" in message
@@ -526,7 +532,7 @@ class HBaseStore:
             except _hb.IOError as e:
                 # Created by another client between the Thrift server's own check and
                 # its createTable.
-                if "TableExistsException" not in str(e.message or ""):
+                if "TableExistsException" not in _message(e):
                     raise
             return dict(client.getColumnDescriptors(name))
 
@@ -851,7 +857,7 @@ class HBaseStore:
                     answer = _Answer()
                     self._resolve(connection.client, name, plan, latest, answer)
                 except _DECLARED as e:
-                    message = str(getattr(e, "message", None) or "")
+                    message = _message(e)
                     if scanner_id is None or not any(s in message for s in _SCANNER_GONE):
                         raise self._answered(e, table) from None
                     restarts = self._restart(restarts, f"scanner lost ({message[:80]})")

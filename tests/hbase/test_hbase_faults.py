@@ -11,7 +11,7 @@ import pytest
 
 import percolator
 from percolator import Transaction
-from percolator._errors import CommitUnknownError
+from percolator._errors import CommitUnknownError, InvalidArgument
 from percolator._store import Mutation, Read
 from percolator.stores import open_store
 from tests._concurrency import run_concurrently
@@ -114,5 +114,23 @@ def test_scans_behind_a_round_robin_balancer_return_exactly_their_rows() -> None
                     assert got == rows[name]
 
             run_concurrently(scan, 8)
+        finally:
+            store.close()
+
+
+# ---- tables -------------------------------------------------------------------------
+
+
+def test_a_racing_create_table_is_an_existing_table() -> None:
+    # Another client created the table between the Thrift server's tableExists check and
+    # its createTable: IOError(TableExistsException), not AlreadyExists.
+    with faulty_server("--fault", "create-race") as hostport:
+        store = open_store(f"hbase://{hostport}")
+        try:
+            store.create_table("t", {"d": 0, "l": 1})
+            store.create_table("t", {"d": 0, "l": 1})
+            with pytest.raises(InvalidArgument, match="without families"):
+                store.create_table("t", {"x": 0})
+            assert store.list_tables() == ["t"]
         finally:
             store.close()
