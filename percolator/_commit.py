@@ -370,6 +370,8 @@ def _not_starting_with(
 
 
 def _write_weak_notifications(txn: TransactionBase, commit_ts: int) -> None:
+    # At commit_ts, drawn before this write: it may land under a worker's deletion of a
+    # newer notification of the cell, whose run served it (percolator/_store.py).
     by_table: dict[str, list[Mutation]] = {}
     for table, row, column in txn._weak:
         by_table.setdefault(table, []).append(
