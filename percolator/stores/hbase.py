@@ -465,7 +465,8 @@ class HBaseStore:
         timestamps), *work* runs once more on a new one; otherwise the caller learns
         :class:`StoreUnavailable` (the call may or may not have been applied)."""
         for attempt in (1, 2):
-            connection = self._take()
+            # The second attempt on a new connection: other pooled ones may be as stale.
+            connection = self._take() if attempt == 1 else self._connect()
             try:
                 result = work(connection.client)
             except _DECLARED as e:
@@ -844,7 +845,7 @@ class HBaseStore:
             while True:
                 try:
                     if connection is None:
-                        connection = self._take()
+                        connection = self._take() if not restarts else self._connect()
                     if scanner_id is None:
                         scanner_id = self._open_scanner(
                             connection.client, name, start if last is None else last + b"\0",

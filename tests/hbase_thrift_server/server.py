@@ -53,8 +53,8 @@ cluster does that a single in-memory process never would:
 * ``cas-replay``: ``checkAndPut`` applies, then answers False: what the Thrift server's
   own HBase client returns when its first attempt applied, the response was lost (a
   slow region server, a region move) and it retried without a nonce;
-* ``cas-drop``: ``checkAndPut`` applies (or not, ``apply=0``), then the connection is
-  closed without an answer;
+* ``cas-drop``: a ``checkAndPut`` that applies (or any, not applying it, ``apply=0``),
+  then the connection is closed without an answer;
 * ``create-race``: ``createTable`` of an existing table raises
   ``IOError(TableExistsException)``, as when another client created it between the
   handler's ``tableExists`` check and its ``createTable``;
@@ -153,10 +153,11 @@ class DropConnection(TTransportException):  # type: ignore[misc]
 
 @dataclass
 class Rule:
-    """When a fault fires: on calls whose value starts with *prefix*, after the first
-    *skip* of them, the next *times* (0: no limit), or every *every*-th one."""
+    """When a fault fires: on calls whose value starts with one of *prefixes* (none:
+    any value), after the first *skip* of them, the next *times* (0: no limit), or
+    every *every*-th one."""
 
-    prefix: bytes = b""
+    prefixes: tuple[bytes, ...] = ()
     skip: int = 0
     times: int = 0
     every: int = 0
@@ -170,7 +171,7 @@ class Rule:
         for option in options:
             key, _, value = option.partition("=")
             if key == "prefix":
-                rule.prefix = bytes.fromhex(value)
+                rule.prefixes = tuple(bytes.fromhex(p) for p in value.split(","))
             elif key in ("skip", "times", "every"):
                 setattr(rule, key, int(value))
             elif key == "apply":
@@ -180,7 +181,7 @@ class Rule:
         return rule
 
     def fires(self, value: bytes) -> bool:
-        if not value.startswith(self.prefix):
+        if self.prefixes and not value.startswith(self.prefixes):
             return False
         self.seen += 1
         if self.seen <= self.skip:
@@ -850,7 +851,8 @@ class HBaseHandler:
                 matches, cell_ts = current[0][1] == value, current[0][0]
             new = mput.value if mput.value is not None else b""
             drop = self.faults.cas_drop
-            dropping = drop is not None and drop.fires(new)
+            # (apply=1 drops only calls that apply: what a client can tell apart)
+            dropping = drop is not None and (matches or not drop.apply) and drop.fires(new)
             if matches and not (dropping and drop is not None and not drop.apply):
                 ts = max(_now_ms(), cell_ts)  # "ensure write is not eclipsed"
                 self._put(table, row, (put_family, put_qualifier), ts, new)
@@ -1053,7 +1055,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="binary")
     parser.add_argument(
         "--fault", action="append", default=[],
-        help="cas-replay|cas-drop[:prefix=HEX][:skip=N][:times=N|:every=N][:apply=0], "
+        help="cas-replay|cas-drop[:prefix=HEX[,HEX...]][:skip=N][:times=N|:every=N][:apply=0], "
         "create-race",
     )
     parser.add_argument("--idle-timeout", type=float, help="close connections idle S seconds")
