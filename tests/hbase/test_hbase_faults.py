@@ -11,9 +11,15 @@ import pytest
 
 import percolator
 from percolator import Transaction
-from percolator._errors import CommitUnknownError, InvalidArgument
+from percolator._errors import (
+    CommitUnknownError,
+    InvalidArgument,
+    StoreUnavailable,
+    ValueTooLargeError,
+)
 from percolator._store import Mutation, Read
 from percolator.stores import open_store
+from percolator.stores.hbase import _peer_closed
 from tests._concurrency import run_concurrently
 from tests._hbase import faulty_server, require_hbase_client
 
@@ -134,3 +140,97 @@ def test_a_racing_create_table_is_an_existing_table() -> None:
             assert store.list_tables() == ["t"]
         finally:
             store.close()
+
+
+# ---- connections, scanners, request sizes, transports -------------------------------
+
+
+def _wait_until_dropped(store: object) -> None:
+    """Wait for the server to close every idle pooled connection of *store*."""
+    idle = [c for _, c in store._pool._idle]  # type: ignore[attr-defined]
+    assert idle
+    while not all(_peer_closed(c) for c in idle):
+        time.sleep(0.05)
+
+
+def test_connections_the_server_dropped_while_idle_are_replaced() -> None:
+    # hbase.thrift.server.socket.read.timeout: the server closes idle connections.
+    with faulty_server("--idle-timeout", "0.3") as hostport:
+        store = open_store(f"hbase://{hostport}")
+        try:
+            store.create_table("t", {"d": 0, "l": 1})
+            store.mutate_rows("t", [Mutation(b"r", [("d:q", 5, b"v")])])
+            _wait_until_dropped(store)
+            # A compare-and-set is not safe to send twice: it must not meet a dead one.
+            assert store.check_and_set("t", b"r", "l:q", None, b"x")
+            _wait_until_dropped(store)
+            assert store.read_rows("t", [b"r"], [Read("d")]) == {b"r": {"d:q": [(5, b"v")]}}
+        finally:
+            store.close()
+
+
+def test_a_scan_whose_scanner_expired_goes_on_after_its_last_row() -> None:
+    # HBase 2.4+ forgets a scanner unused for 120 s (here 0.2 s): "scanner ID is invalid".
+    rows = [b"r%02d" % i for i in range(7)]
+    with faulty_server("--scanner-expiry", "0.2") as hostport:
+        store = open_store(f"hbase://{hostport}")
+        try:
+            store.create_table("t", {"d": 0})
+            store.mutate_rows("t", [Mutation(r, [("d:q", 1, r)]) for r in rows])
+            got = []
+            for row, cells in store.scan("t", None, None, [Read("d")], batch_size=2):
+                got.append((row, cells["d:q"][0][1]))
+                if len(got) in (2, 5):
+                    time.sleep(0.3)  # the caller is slow: the server forgets the scanner
+            assert got == [(r, r) for r in rows]
+        finally:
+            store.close()
+
+
+def test_mutations_over_the_request_cap_are_split() -> None:
+    # libthrift 0.14+ drops a request over maxMessageSize (100 MB) with its connection.
+    rows = [b"r%02d" % i for i in range(20)]
+    value = b"x" * 300
+    with faulty_server("--max-request-bytes", "3000") as hostport:
+        store = open_store(f"hbase://{hostport}?max_request_bytes=2000")
+        try:
+            store.create_table("t", {"d": 0})
+            store.mutate_rows("t", [Mutation(r, [("d:q", 1, value)]) for r in rows])
+            got = store.read_rows("t", rows, [Read("d")])
+            assert got == {r: {"d:q": [(1, value)]} for r in rows}
+            with pytest.raises(ValueTooLargeError, match="max_request_bytes=2000"):
+                store.mutate_rows("t", [Mutation(b"big", [("d:q", 1, b"x" * 2500)])])
+        finally:
+            store.close()
+
+
+def test_framed_transport_and_compact_protocol_are_url_options() -> None:
+    with faulty_server(transport="framed", protocol="compact") as hostport:
+        store = open_store(f"hbase://{hostport}?transport=framed&protocol=compact")
+        try:
+            store.create_table("t", {"d": 0, "l": 1})
+            store.mutate_rows("t", [Mutation(b"r", [("d:q", 5, b"v")])])
+            assert store.check_and_set("t", b"r", "l:q", None, b"x")
+            assert [row for row, _ in store.scan("t", None, None, [Read("d")])] == [b"r"]
+        finally:
+            store.close()
+        # happybase's defaults (buffered, binary) cannot talk to that server
+        with pytest.raises(StoreUnavailable):
+            open_store(f"hbase://{hostport}?timeout=5000").list_tables()
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("transport=http", "transport='http'.*not supported.*socket mode"),
+        ("transport=kerberos", "transport='kerberos'.*Kerberos.*not supported"),
+        ("transport=zmq", "transport='zmq'.*must be one of"),
+        ("protocol=json", "protocol='json'.*must be one of"),
+        ("compression=brotli2", "compression='BROTLI2'"),
+        ("idle_timeout=0", "idle_timeout"),
+        ("max_request_bytes=x", "max_request_bytes"),
+    ],
+)
+def test_bad_connection_options_are_refused(query: str, message: str) -> None:
+    with pytest.raises(InvalidArgument, match=message):
+        open_store(f"hbase://127.0.0.1:1?{query}")

@@ -1036,7 +1036,9 @@ def make_server(
     return TThreadedServer(
         processor,
         socket,
-        iprot_factory=PROTOCOLS[protocol](decode_response=False),
+        # thriftpy2's compact protocol reads method names as bytes unless it decodes
+        # strings; the handler takes either (``_text``), table and row names are binary.
+        iprot_factory=PROTOCOLS[protocol](decode_response=protocol == "compact"),
         itrans_factory=TRANSPORTS[transport](),
         daemon=True,
     )
