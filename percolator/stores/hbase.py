@@ -282,11 +282,15 @@ def _message(error: Exception) -> str:
 def _peer_closed(connection: Any) -> bool:
     """Whether the server closed *connection* (it is readable with nothing to read):
     a connection it dropped while idle is replaced before a call is sent on it."""
+    # thriftpy2's Cython transports expose the socket, the pure-Python ones a TSocket.
+    sock = getattr(connection.transport, "sock", None)
+    sock = getattr(sock, "sock", sock)
+    if not isinstance(sock, socket.socket):
+        return False  # cannot tell: a safe call is retried if it breaks
     try:
-        sock = connection.transport.sock.sock
         readable, _, _ = select.select([sock], [], [], 0)
         return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
-    except (AttributeError, OSError, ValueError):
+    except (OSError, ValueError):
         return True
 
 

@@ -160,6 +160,10 @@ def test_connections_the_server_dropped_while_idle_are_replaced() -> None:
         try:
             store.create_table("t", {"d": 0, "l": 1})
             store.mutate_rows("t", [Mutation(b"r", [("d:q", 5, b"v")])])
+            pooled = [c for _, c in store._pool._idle]  # type: ignore[attr-defined]
+            assert not any(_peer_closed(c) for c in pooled)
+            store.list_tables()
+            assert [c for _, c in store._pool._idle] == pooled  # reused, not replaced
             _wait_until_dropped(store)
             # A compare-and-set is not safe to send twice: it must not meet a dead one.
             assert store.check_and_set("t", b"r", "l:q", None, b"x")
