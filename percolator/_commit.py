@@ -299,11 +299,10 @@ class _Committer:
                 decided = encode_lock(Committed(self.start_ts, commit_ts, delete, notify, p.inline))
                 won = lock_cas(self.store, p.table, p.row, column, p.held, decided)
         except PercolatorError as e:
-            raise CommitUnknownError(
-                f"the store failed at the commit point of transaction {self.start_ts}: {e}; "
-                "it may or may not have committed"
-            ) from e
-        if not won and not self._committed_anyway(commit_ts):
+            won = self._committed_anyway(commit_ts, e)
+        else:
+            won = won or self._committed_anyway(commit_ts, None)
+        if not won:
             raise self._conflict(p, "rolled back by a cleaner before the commit point", None)
         self.txn.commit_ts = commit_ts
         self.cluster.stats["commits"] += 1
@@ -315,18 +314,30 @@ class _Committer:
             except PercolatorError:
                 log.warning("committed %d but could not release its primary", self.start_ts)
 
-    def _committed_anyway(self, commit_ts: int) -> bool:
-        """Whether the commit applied although its compare-and-set said no: an attempt
-        that applied may have been rolled forward by a cleaner before a replay of it
-        answered (``percolator/_cas.py``). The primary's lock and records tell."""
+    def _committed_anyway(self, commit_ts: int, error: PercolatorError | None) -> bool:
+        """Whether the commit applied although its compare-and-set said no (*error*
+        None) or failed with *error*: an attempt that applied may have been rolled
+        forward by a cleaner before its answer (a replay, or none) came back
+        (``percolator/_cas.py``). The primary's lock and records tell; a primary still
+        locked by us after an error may yet be committed by the call in flight.
+
+        :raises CommitUnknownError: the outcome cannot be told.
+        """
+        unknown = (f"the store failed at the commit point of transaction {self.start_ts}: "
+                   f"{error}; it may or may not have committed")
         try:
             status = check_txn_status(self.cluster, self._lock_for(self.primary))
         except PercolatorError as e:
             raise CommitUnknownError(
+                unknown if error is not None else
                 f"the commit point of transaction {self.start_ts} answered no and its primary "
                 f"could not be read again: {e}; it may or may not have committed"
-            ) from e
-        return status.commit_ts == commit_ts
+            ) from (error or e)
+        if status.commit_ts == commit_ts:
+            return True
+        if error is not None and status.pending is not None:
+            raise CommitUnknownError(unknown) from error
+        return False
 
     def commit_secondaries(self, commit_ts: int) -> None:
         secondaries = self.locked[1:]
