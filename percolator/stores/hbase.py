@@ -1,14 +1,41 @@
 """The HBase backend: the store contract over HBase's Thrift1 server, through happybase.
 
-``open_hbase_store("hbase://host:9090?namespace=NS&table_prefix=P&pool_size=8&timeout=30000")``
-(every query option may also be passed as a keyword argument):
+``open_hbase_store("hbase://host:9090?namespace=NS&table_prefix=P&transport=framed")``
+(every query option may also be passed as a keyword argument; docs/hbase.md says how
+to set them for a cluster):
 
 * ``namespace``: tables are named ``NS:table``. The namespace must already exist
   (``create_namespace 'NS'`` in the HBase shell); Thrift1 cannot create it.
 * ``table_prefix``: tables are named ``P_table`` (tests use it for isolation).
-* ``pool_size``: connections in the ``happybase.ConnectionPool`` shared by all threads
-  (default 8); ``timeout``: socket timeout in milliseconds, also for connecting
-  (default 30000).
+* ``transport`` (``buffered``, the default, or ``framed``) and ``protocol`` (``binary``,
+  the default, or ``compact``): those of the Thrift server (``hbase thrift start
+  -f -c``). HTTP and SASL/Kerberos Thrift servers are refused with InvalidArgument:
+  happybase cannot speak them.
+* ``timeout``: socket timeout in milliseconds, also for connecting (default 120000,
+  above what the Thrift server's own client spends retrying through a region move).
+* ``pool_size``: idle connections kept (default 8); ``idle_timeout``: milliseconds an
+  idle one is kept (default 50000, below the server's 60 s
+  ``hbase.thrift.server.socket.read.timeout``). A caller who finds none idle opens one.
+* ``max_request_bytes``: mutation calls are split to stay under it (default 64 MiB,
+  below libthrift's 100 MB ``maxMessageSize``).
+* ``compression``: of new families (``NONE``, the default, ``SNAPPY``, ``ZSTD``,
+  ``LZ4``, ``GZ``...; the codec must be installed on every region server).
+
+Failures a real cluster shows and how they are met:
+
+* a connection the server closed while idle is replaced before use; a call safe to
+  send twice (reads, writes at explicit timestamps) that meets a broken connection is
+  sent once more on a new one; ``checkAndPut`` and ``atomicIncrement`` are not (their
+  failure is :class:`~percolator.StoreUnavailable`: the call may have applied);
+* ``checkAndPut`` is retried inside the Thrift server without a nonce, so False may
+  answer a replay of an attempt that applied: :attr:`HBaseStore.cas_answer_may_be_replayed`
+  tells the protocol to read the cell again (``percolator/_cas.py``);
+* scanner ids belong to one Thrift server: a scan holds one connection for its
+  scanner's life (behind a load balancer another connection may reach another
+  server); a scanner the server forgot (HBase 2.4+: unused for 120 s) or lost with its
+  connection is opened again after the last row returned;
+* ``createTable`` racing another client's answers ``IOError(TableExistsException)``:
+  the table exists, and its families are checked as for ``AlreadyExists``.
 
 Tables get one HBase family per physical family with ``VERSIONS`` set from
 :meth:`HBaseStore.create_table` (0, "keep all", becomes ``2**31 - 1``). Logical
@@ -50,7 +77,7 @@ What Thrift1 can express, and therefore how many Thrift calls each method makes:
   part of the wide call above for each batch; Reads it cannot answer cost the same
   extra calls as in :meth:`~HBaseStore.read_rows`.
 * :meth:`~HBaseStore.create_table`: ``createTable`` (plus ``getColumnDescriptors`` if
-  it already exists); :meth:`~HBaseStore.drop_table`: ``isTableEnabled``,
+  it already exists, whose families must keep enough versions and no TTL); :meth:`~HBaseStore.drop_table`: ``isTableEnabled``,
   ``disableTable``, ``deleteTable``; :meth:`~HBaseStore.list_tables`: ``getTableNames``.
 
 Deletes are HBase tombstones: until a major compaction they also hide versions put
@@ -816,8 +843,8 @@ class HBaseStore:
     ) -> Iterator[tuple[bytes, RowCells]]:
         """Rows in ``[start, stop)`` with the cells *reads* select, *batch_size* rows per call.
 
-        The scanner is closed when the iterator is exhausted or closed; no connection is
-        held between batches.
+        The scanner is closed when the iterator is exhausted or closed; one connection
+        is held for its life (scanner ids belong to one Thrift server).
         """
         name = self._name(table)
         if not isinstance(batch_size, int) or batch_size <= 0:
