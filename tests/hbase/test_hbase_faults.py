@@ -238,3 +238,16 @@ def test_framed_transport_and_compact_protocol_are_url_options() -> None:
 def test_bad_connection_options_are_refused(query: str, message: str) -> None:
     with pytest.raises(InvalidArgument, match=message):
         open_store(f"hbase://127.0.0.1:1?{query}")
+
+
+def test_the_client_timeout_is_a_url_option() -> None:
+    # A slow cluster (each call 1 s here, a region move on a real one): a timeout below
+    # it fails, the default (120 s, above the Thrift server's own retries) waits.
+    with faulty_server("--latency", "1") as hostport:
+        with pytest.raises(StoreUnavailable, match="timed out"):
+            open_store(f"hbase://{hostport}?timeout=200").list_tables()
+        store = open_store(f"hbase://{hostport}")
+        try:
+            assert store.list_tables() == []
+        finally:
+            store.close()
