@@ -39,9 +39,10 @@ def make_store_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path)
 
         return hbase_store_url(request.getfixturevalue("hbase_thrift"), name)
     if backend == "hbase-faults":
-        from tests._hbase import hbase_store_url
+        from tests._hbase import FAULTY_OPTIONS, hbase_store_url
 
-        return hbase_store_url(request.getfixturevalue("hbase_faulty_thrift"), name)
+        hostport = request.getfixturevalue("hbase_faulty_thrift")
+        return hbase_store_url(hostport, name) + FAULTY_OPTIONS
     if backend == "bigtable":
         from tests._bigtable import bigtable_store_url
 

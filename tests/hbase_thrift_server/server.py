@@ -1032,7 +1032,9 @@ def make_server(
     a connection may stay idle before the server closes it (None: never). *cluster*:
     serve the tables of that handler (see :class:`HBaseHandler`)."""
     processor = TProcessor(hb.Hbase, HBaseHandler(namespaces, faults, cluster))
-    socket = TServerSocket(host=host, port=port, client_timeout=idle_timeout)
+    socket = TServerSocket(  # client_timeout is in milliseconds
+        host=host, port=port, client_timeout=None if idle_timeout is None else idle_timeout * 1000
+    )
     return TThreadedServer(
         processor,
         socket,
