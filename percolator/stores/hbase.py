@@ -78,7 +78,8 @@ What Thrift1 can express, and therefore how many Thrift calls each method makes:
   extra calls as in :meth:`~HBaseStore.read_rows`.
 * :meth:`~HBaseStore.create_table`: ``createTable`` (plus ``getColumnDescriptors`` if
   it already exists, whose families must keep enough versions and no TTL);
-  :meth:`~HBaseStore.drop_table`: ``isTableEnabled``, ``disableTable``, ``deleteTable``; :meth:`~HBaseStore.list_tables`: ``getTableNames``.
+  :meth:`~HBaseStore.drop_table`: ``isTableEnabled``, ``disableTable``, ``deleteTable``;
+  :meth:`~HBaseStore.list_tables`: ``getTableNames``.
 
 Deletes are HBase tombstones: until a major compaction they also hide versions put
 *later* at or below their timestamp ("Deletes mask Puts" in the HBase reference guide).
