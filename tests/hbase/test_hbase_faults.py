@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 import percolator
 from percolator import Transaction
+from percolator._encoding import LOCK
 from percolator._errors import (
     CommitUnknownError,
     InvalidArgument,
@@ -251,3 +253,37 @@ def test_the_client_timeout_is_a_url_option() -> None:
             assert store.list_tables() == []
         finally:
             store.close()
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        f"cas-replay:prefix={COMMITTED}:skip=1:times=1",
+        f"cas-drop:prefix={COMMITTED}:skip=1:times=1",
+    ],
+)
+def test_a_lost_commit_answer_after_a_cleaner_rolled_the_commit_forward_is_a_commit(
+    fault: str,
+) -> None:
+    # The commit CAS applied; before its committer reads the primary again, a reader
+    # meets the secondary's lock, finds the primary COMMITTED and rolls both forward
+    # (the primary becomes FREE): the cell no longer holds the committer's value, and
+    # only the primary's write record tells that the commit happened.
+    with _bank("--fault", fault) as cluster:
+        cleaner = percolator.connect(cluster.store.url)
+        store = cluster.store
+        read_rows = store.read_rows
+        cleaned = []
+
+        def read_then_clean(table: str, rows: Any, reads: Any) -> Any:
+            if not cleaned and len(reads) == 1 and reads[0].family == LOCK:  # lock_cas
+                cleaned.append(Transaction(cleaner).get("bank", b"bob", "bal:v"))
+            return read_rows(table, rows, reads)
+
+        store.read_rows = read_then_clean  # type: ignore[method-assign]
+        try:
+            assert _transfer(cluster, 60) == 1
+        finally:
+            cleaner.close()
+        assert cleaned == [b"60"]  # the reader saw the commit (it rolled it forward)
+        assert _balances(cluster) == {b"alice": 40, b"bob": 60}
