@@ -50,9 +50,10 @@ from percolator._lock_resolver import check_txn_status, release, resolve_lock, w
 from percolator._store import Cell, Guard, GuardedSet, Mutation, Read
 
 if TYPE_CHECKING:
+    from percolator._cluster import Cluster
     from percolator._transaction import TransactionBase
 
-__all__ = ["CrashPoint", "commit_transaction", "free_locks_may_stay"]
+__all__ = ["CrashPoint", "commit_transaction", "committed_anyway", "free_locks_may_stay"]
 
 log = logging.getLogger(__name__)
 
@@ -315,29 +316,8 @@ class _Committer:
                 log.warning("committed %d but could not release its primary", self.start_ts)
 
     def _committed_anyway(self, commit_ts: int, error: PercolatorError | None) -> bool:
-        """Whether the commit applied although its compare-and-set said no (*error*
-        None) or failed with *error*: an attempt that applied may have been rolled
-        forward by a cleaner before its answer (a replay, or none) came back
-        (``percolator/_cas.py``). The primary's lock and records tell; a primary still
-        locked by us after an error may yet be committed by the call in flight.
-
-        :raises CommitUnknownError: the outcome cannot be told.
-        """
-        unknown = (f"the store failed at the commit point of transaction {self.start_ts}: "
-                   f"{error}; it may or may not have committed")
-        try:
-            status = check_txn_status(self.cluster, self._lock_for(self.primary))
-        except PercolatorError as e:
-            raise CommitUnknownError(
-                unknown if error is not None else
-                f"the commit point of transaction {self.start_ts} answered no and its primary "
-                f"could not be read again: {e}; it may or may not have committed"
-            ) from (error or e)
-        if status.commit_ts == commit_ts:
-            return True
-        if error is not None and status.pending is not None:
-            raise CommitUnknownError(unknown) from error
-        return False
+        """:func:`committed_anyway` for this transaction's primary."""
+        return committed_anyway(self.cluster, self._lock_for(self.primary), commit_ts, error)
 
     def commit_secondaries(self, commit_ts: int) -> None:
         secondaries = self.locked[1:]
@@ -356,6 +336,35 @@ class _Committer:
                     (commit_ts, cell.value is None, cell.notify), recorded=recorded,
                     inline=cell.inline)
         self._maybe_crash("commit", len(secondaries))
+
+
+def committed_anyway(
+    cluster: Cluster, lock: Lock, commit_ts: int, error: PercolatorError | None
+) -> bool:
+    """Whether the commit at *commit_ts* of the transaction of *lock* (whose primary
+    it names) applied although the commit point's compare-and-set said no (*error*
+    None) or failed with *error*: an attempt that applied may have been rolled forward
+    by a cleaner before its answer (a replay, or none) came back
+    (``percolator/_cas.py``). The primary's lock and records tell; a primary still
+    locked after an error may yet be committed by the call in flight.
+
+    :raises CommitUnknownError: the outcome cannot be told.
+    """
+    unknown = (f"the store failed at the commit point of transaction {lock.start_ts}: "
+               f"{error}; it may or may not have committed")
+    try:
+        status = check_txn_status(cluster, lock)
+    except PercolatorError as e:
+        raise CommitUnknownError(
+            unknown if error is not None else
+            f"the commit point of transaction {lock.start_ts} answered no and its primary "
+            f"could not be read again: {e}; it may or may not have committed"
+        ) from (error or e)
+    if status.commit_ts == commit_ts:
+        return True
+    if error is not None and status.pending is not None:
+        raise CommitUnknownError(unknown) from error
+    return False
 
 
 def free_locks_may_stay(store: object) -> bool:

@@ -12,6 +12,7 @@ import pytest
 
 import percolator
 from percolator import Transaction
+from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
 from percolator._encoding import LOCK
 from percolator._errors import (
     CommitUnknownError,
@@ -287,3 +288,29 @@ def test_a_lost_commit_answer_after_a_cleaner_rolled_the_commit_forward_is_a_com
             cleaner.close()
         assert cleaned == [b"60"]  # the reader saw the commit (it rolled it forward)
         assert _balances(cluster) == {b"alice": 40, b"bob": 60}
+
+
+# ---- the bulk loader's commit point --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [f"cas-replay:prefix={COMMITTED}:times=1", f"cas-drop:prefix={COMMITTED}:times=1"],
+)
+def test_a_bulk_loads_commit_point_whose_answer_is_lost_commits(fault: str) -> None:
+    # Before, a replayed False there was "rolled back by a cleaner; nothing is visible",
+    # and the loader then rolled back every cell of a load whose primary had committed.
+    rows = [(b"r%d" % i, {"raw:html": b"page %d" % i}) for i in range(5)]
+    with faulty_server("--fault", fault) as hostport, \
+            percolator.connect(f"hbase://{hostport}") as cluster:
+        cluster.create_table("docs")
+        load = BulkLoad(cluster, "docs", "lost-answer")
+        txn = load.begin({})
+        assert isinstance(txn, LoadTxn)
+        locked = list(prewrite_rows(cluster, txn, rows))
+        commit_ts = load.commit({})
+        finish_rows(cluster, txn, locked, commit_ts)
+        snapshot = Transaction(cluster)
+        assert {r: snapshot.get("docs", r, "raw:html") for r, _ in rows} == {
+            r: cells["raw:html"] for r, cells in rows
+        }
