@@ -295,11 +295,18 @@ def test_a_lost_commit_answer_after_a_cleaner_rolled_the_commit_forward_is_a_com
 
 @pytest.mark.parametrize(
     "fault",
-    [f"cas-replay:prefix={COMMITTED}:times=1", f"cas-drop:prefix={COMMITTED}:times=1"],
+    [
+        # Before, a replayed False at the commit point was "rolled back by a cleaner;
+        # nothing is visible", and the loader then rolled back every cell of a load
+        # whose primary had committed.
+        f"cas-replay:prefix={COMMITTED}:times=1",
+        f"cas-drop:prefix={COMMITTED}:times=1",
+        # a cell's prewrite (skip=1: the load's primary), and its release
+        f"cas-replay:prefix={LOCKED}:skip=1:times=1",
+        "cas-replay:prefix=46:skip=1:times=1",
+    ],
 )
-def test_a_bulk_loads_commit_point_whose_answer_is_lost_commits(fault: str) -> None:
-    # Before, a replayed False there was "rolled back by a cleaner; nothing is visible",
-    # and the loader then rolled back every cell of a load whose primary had committed.
+def test_a_bulk_load_whose_answers_are_lost_commits(fault: str) -> None:
     rows = [(b"r%d" % i, {"raw:html": b"page %d" % i}) for i in range(5)]
     with faulty_server("--fault", fault) as hostport, \
             percolator.connect(f"hbase://{hostport}") as cluster:
