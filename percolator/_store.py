@@ -41,6 +41,10 @@ the same work in fewer round trips; callers check for it (``getattr``, or ``isin
 with its protocol class) and fall back to the contract methods without it, so the
 protocol never depends on one:
 
+* ``cas_answer_may_be_replayed = True``: a False from :meth:`Store.check_and_set` may
+  answer a retry, below us, of an attempt that applied (HBase's Thrift server retries
+  ``checkAndMutate`` without a nonce); lock-cell compare-and-sets then read the cell
+  again (``percolator/_cas.py``).
 * ``increment(table, row, column, amount) -> int`` (:class:`Incrementing`): an atomic
   counter, one round trip (Bigtable ``ReadModifyWriteRow``, HBase ``atomicIncrement``).
   :class:`~percolator._timestamps.StoreTimestamps` draws each timestamp with it.
