@@ -52,7 +52,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from percolator._commit import free_locks_may_stay
+from percolator._cas import lock_cas
+from percolator._commit import committed_anyway, free_locks_may_stay
 from percolator._encoding import (
     DATA,
     FAMILIES,
@@ -509,8 +510,9 @@ class BulkLoad:
         self, raw: bytes | None, held: bytes, puts: list[tuple[str, int, bytes]]
     ) -> bool:
         with self.cluster.taking_locks():
-            return self.cluster.store.check_and_set(
-                LOADS_TABLE, self.row, f"{LOCK}:{LOAD_COLUMN}", raw, held, puts
+            return lock_cas(
+                self.cluster.store, LOADS_TABLE, self.row, f"{LOCK}:{LOAD_COLUMN}", raw, held,
+                puts,
             )
 
     # --- keeping the primary alive ------------------------------------------------------
@@ -538,8 +540,9 @@ class BulkLoad:
             if self._held is None:
                 return
             fresh = encode_lock(self.txn.lock(LOAD_COLUMN, int(time.time() * 1000)))
-            if not self.cluster.store.check_and_set(
-                LOADS_TABLE, self.row, f"{LOCK}:{LOAD_COLUMN}", self._held, fresh
+            if not lock_cas(
+                self.cluster.store, LOADS_TABLE, self.row, f"{LOCK}:{LOAD_COLUMN}", self._held,
+                fresh,
             ):
                 raise ConflictError(
                     f"bulk load {self.load_id!r} was rolled back by a cleaner (was the "
@@ -574,16 +577,21 @@ class BulkLoad:
         column = f"{LOCK}:{LOAD_COLUMN}"
         body = [(f"{DATA}:{LOAD_COLUMN}", txn.start_ts, json.dumps(info, sort_keys=True).encode())]
         record = write_cells(LOAD_COLUMN, txn.start_ts, commit_ts, False, False)
-        if store.atomic_row_cas:
-            won = store.check_and_set(LOADS_TABLE, self.row, column, held,
-                                      encode_lock(Free(txn.start_ts, True)), body + record)
+        decided = encode_lock(Committed(txn.start_ts, commit_ts))
+        try:
+            if store.atomic_row_cas:
+                won = lock_cas(store, LOADS_TABLE, self.row, column, held,
+                               encode_lock(Free(txn.start_ts, True)), body + record)
+            else:
+                store.mutate_rows(LOADS_TABLE, [Mutation(self.row, body)])
+                won = lock_cas(store, LOADS_TABLE, self.row, column, held, decided)
+        except PercolatorError as e:  # as a transaction's commit point (percolator/_cas.py)
+            won = committed_anyway(self.cluster, txn.lock(LOAD_COLUMN), commit_ts, e)
         else:
-            store.mutate_rows(LOADS_TABLE, [Mutation(self.row, body)])
-            decided = encode_lock(Committed(txn.start_ts, commit_ts))
-            won = store.check_and_set(LOADS_TABLE, self.row, column, held, decided)
-            if won:
-                release(self.cluster, LOADS_TABLE, self.row, LOAD_COLUMN, decided,
-                        txn.start_ts, (commit_ts, False, False))
+            won = won or committed_anyway(self.cluster, txn.lock(LOAD_COLUMN), commit_ts, None)
+        if won and not store.atomic_row_cas:
+            release(self.cluster, LOADS_TABLE, self.row, LOAD_COLUMN, decided,
+                    txn.start_ts, (commit_ts, False, False))
         if not won:
             raise ConflictError(
                 f"bulk load {self.load_id!r} was rolled back by a cleaner before its commit "

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from percolator._cas import lock_cas
 from percolator._encoding import (
     DATA,
     FREE_TAG,
@@ -45,13 +46,14 @@ from percolator._encoding import (
     inlined,
 )
 from percolator._errors import CommitUnknownError, ConflictError, PercolatorError
-from percolator._lock_resolver import release, resolve_lock, write_cells
+from percolator._lock_resolver import check_txn_status, release, resolve_lock, write_cells
 from percolator._store import Cell, Guard, GuardedSet, Mutation, Read
 
 if TYPE_CHECKING:
+    from percolator._cluster import Cluster
     from percolator._transaction import TransactionBase
 
-__all__ = ["CrashPoint", "commit_transaction", "free_locks_may_stay"]
+__all__ = ["CrashPoint", "commit_transaction", "committed_anyway", "free_locks_may_stay"]
 
 log = logging.getLogger(__name__)
 
@@ -224,8 +226,8 @@ class _Committer:
                     )
             else:
                 held = encode_lock(self._lock_for(cell))
-                if self.store.check_and_set(
-                    cell.table, cell.row, f"{LOCK}:{cell.column}", lock_raw, held,
+                if lock_cas(
+                    self.store, cell.table, cell.row, f"{LOCK}:{cell.column}", lock_raw, held,
                     self._data_puts(cell),
                 ):
                     cell.held = held
@@ -244,7 +246,7 @@ class _Committer:
             return
         p = self.primary
         fresh = encode_lock(self._lock_for(p))
-        if not self.store.check_and_set(p.table, p.row, f"{LOCK}:{p.column}", p.held, fresh):
+        if not lock_cas(self.store, p.table, p.row, f"{LOCK}:{p.column}", p.held, fresh):
             raise self._conflict(p, "rolled back by a cleaner while committing", None)
         p.held = fresh
         self.refreshed_at = time.monotonic()
@@ -289,18 +291,18 @@ class _Committer:
         delete, notify = p.value is None, p.notify
         try:
             if self.store.atomic_row_cas:
-                won = self.store.check_and_set(
-                    p.table, p.row, column, p.held, encode_lock(Free(self.start_ts, True)),
+                won = lock_cas(
+                    self.store, p.table, p.row, column, p.held,
+                    encode_lock(Free(self.start_ts, True)),
                     write_cells(p.column, self.start_ts, commit_ts, delete, notify, p.inline),
                 )
             else:
                 decided = encode_lock(Committed(self.start_ts, commit_ts, delete, notify, p.inline))
-                won = self.store.check_and_set(p.table, p.row, column, p.held, decided)
+                won = lock_cas(self.store, p.table, p.row, column, p.held, decided)
         except PercolatorError as e:
-            raise CommitUnknownError(
-                f"the store failed at the commit point of transaction {self.start_ts}: {e}; "
-                "it may or may not have committed"
-            ) from e
+            won = self._committed_anyway(commit_ts, e)
+        else:
+            won = won or self._committed_anyway(commit_ts, None)
         if not won:
             raise self._conflict(p, "rolled back by a cleaner before the commit point", None)
         self.txn.commit_ts = commit_ts
@@ -312,6 +314,10 @@ class _Committer:
                         (commit_ts, delete, notify), inline=p.inline)
             except PercolatorError:
                 log.warning("committed %d but could not release its primary", self.start_ts)
+
+    def _committed_anyway(self, commit_ts: int, error: PercolatorError | None) -> bool:
+        """:func:`committed_anyway` for this transaction's primary."""
+        return committed_anyway(self.cluster, self._lock_for(self.primary), commit_ts, error)
 
     def commit_secondaries(self, commit_ts: int) -> None:
         secondaries = self.locked[1:]
@@ -330,6 +336,35 @@ class _Committer:
                     (commit_ts, cell.value is None, cell.notify), recorded=recorded,
                     inline=cell.inline)
         self._maybe_crash("commit", len(secondaries))
+
+
+def committed_anyway(
+    cluster: Cluster, lock: Lock, commit_ts: int, error: PercolatorError | None
+) -> bool:
+    """Whether the commit at *commit_ts* of the transaction of *lock* (whose primary
+    it names) applied although the commit point's compare-and-set said no (*error*
+    None) or failed with *error*: an attempt that applied may have been rolled forward
+    by a cleaner before its answer (a replay, or none) came back
+    (``percolator/_cas.py``). The primary's lock and records tell; a primary still
+    locked after an error may yet be committed by the call in flight.
+
+    :raises CommitUnknownError: the outcome cannot be told.
+    """
+    unknown = (f"the store failed at the commit point of transaction {lock.start_ts}: "
+               f"{error}; it may or may not have committed")
+    try:
+        status = check_txn_status(cluster, lock)
+    except PercolatorError as e:
+        raise CommitUnknownError(
+            unknown if error is not None else
+            f"the commit point of transaction {lock.start_ts} answered no and its primary "
+            f"could not be read again: {e}; it may or may not have committed"
+        ) from (error or e)
+    if status.commit_ts == commit_ts:
+        return True
+    if error is not None and status.pending is not None:
+        raise CommitUnknownError(unknown) from error
+    return False
 
 
 def free_locks_may_stay(store: object) -> bool:
@@ -355,6 +390,8 @@ def _not_starting_with(
 
 
 def _write_weak_notifications(txn: TransactionBase, commit_ts: int) -> None:
+    # At commit_ts, drawn before this write: it may land under a worker's deletion of a
+    # newer notification of the cell, whose run served it (percolator/_store.py).
     by_table: dict[str, list[Mutation]] = {}
     for table, row, column in txn._weak:
         by_table.setdefault(table, []).append(

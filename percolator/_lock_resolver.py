@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from percolator._cas import lock_cas
 from percolator._encoding import (
     LOCK,
     NOTIFY,
@@ -97,7 +98,7 @@ def release(
         if not recorded:
             store.mutate_rows(table, [Mutation(row, puts)])
         puts = []
-    return store.check_and_set(table, row, f"{LOCK}:{column}", held, free, puts)
+    return lock_cas(store, table, row, f"{LOCK}:{column}", held, free, puts)
 
 
 def check_txn_status(cluster: Cluster, lock: Lock) -> TxnStatus:
@@ -147,7 +148,7 @@ def roll_back_primary(cluster: Cluster, status: TxnStatus) -> bool:
     assert lock is not None and raw is not None
     table, row, column = lock.primary_table, lock.primary_row, lock.primary_column
     decided = encode_lock(RolledBack(lock.start_ts))
-    if not cluster.store.check_and_set(table, row, f"{LOCK}:{column}", raw, decided):
+    if not lock_cas(cluster.store, table, row, f"{LOCK}:{column}", raw, decided):
         return False
     cluster.store.mutate_rows(
         table,

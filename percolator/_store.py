@@ -23,17 +23,28 @@ suite documents both with strict expected failures on HBase):
 * a put at or below the timestamp of an earlier delete of the same cell may stay
   hidden (HBase delete markers mask older versions until a major compaction).
 
-The protocol never needs either: its multi-timestamp writes are ordered so that each
-step is safe on its own (data before its write record, write record before the lock
-is freed), and it only ever deletes notify versions at or below a notification already
-processed and records at or below a timestamp drawn after them, writing anew only
-at fresh, larger timestamps.
+The protocol never needs the first: its multi-timestamp writes are ordered so that
+each step is safe on its own (data before its write record, write record before the
+lock is freed). It tolerates the second: it deletes notify versions only at or below
+one already processed, and records at or below a timestamp drawn after them, and
+writes anew at fresh, larger timestamps, with one exception. A weak notification is
+written at its transaction's commit timestamp, drawn before the write, so it may land
+below a worker's deletion of a newer notification of its cell (hidden on HBase, kept
+elsewhere). That worker's run started after the newer notification, hence after the
+weak one's timestamp, and its reads of the notifying transaction's cells waited for
+that transaction (whose locks predate its commit timestamp): the run the weak
+notification asked for has happened; other stores merely run the observer once more
+(``tests/observers/test_weak_notifications.py``).
 
 Optional capabilities. A backend may offer more than the contract where its store does
 the same work in fewer round trips; callers check for it (``getattr``, or ``isinstance``
 with its protocol class) and fall back to the contract methods without it, so the
 protocol never depends on one:
 
+* ``cas_answer_may_be_replayed = True``: a False from :meth:`Store.check_and_set` may
+  answer a retry, below us, of an attempt that applied (HBase's Thrift server retries
+  ``checkAndMutate`` without a nonce); lock-cell compare-and-sets then read the cell
+  again (``percolator/_cas.py``).
 * ``increment(table, row, column, amount) -> int`` (:class:`Incrementing`): an atomic
   counter, one round trip (Bigtable ``ReadModifyWriteRow``, HBase ``atomicIncrement``).
   :class:`~percolator._timestamps.StoreTimestamps` draws each timestamp with it.

@@ -21,6 +21,13 @@ BACKENDS = [
     pytest.param("hbase", id="hbase", marks=pytest.mark.hbase),
     pytest.param("bigtable", id="bigtable", marks=pytest.mark.bigtable),
 ]
+WITH_FAULTS = [
+    *BACKENDS,
+    pytest.param("hbase-faults", id="hbase-faults", marks=pytest.mark.hbase),
+]
+"""Every backend, and HBase misbehaving as a real cluster does (``tests/_hbase.py``
+``FAULTS``): for the workloads that must survive it (a module's own ``backend``
+fixture takes these params)."""
 
 
 def make_store_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
@@ -31,6 +38,11 @@ def make_store_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path)
         from tests._hbase import hbase_store_url
 
         return hbase_store_url(request.getfixturevalue("hbase_thrift"), name)
+    if backend == "hbase-faults":
+        from tests._hbase import FAULTY_OPTIONS, hbase_store_url
+
+        hostport = request.getfixturevalue("hbase_faulty_thrift")
+        return hbase_store_url(hostport, name) + FAULTY_OPTIONS
     if backend == "bigtable":
         from tests._bigtable import bigtable_store_url
 

@@ -12,6 +12,7 @@ Missing happybase/thriftpy2 fails in CI and skips elsewhere.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import re
 import subprocess
@@ -19,7 +20,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 
@@ -41,12 +42,15 @@ def require_hbase_client() -> None:
         )
 
 
-def _answers(hostport: str) -> bool:
+def _answers(hostport: str, transport: str = "buffered", protocol: str = "binary") -> bool:
     """Whether a Thrift1 server at *hostport* answers ``getTableNames``."""
     import happybase
 
     host, _, port = hostport.rpartition(":")
-    connection = happybase.Connection(host, int(port), timeout=2000, autoconnect=False)
+    connection = happybase.Connection(
+        host, int(port), timeout=2000, autoconnect=False, transport=transport,
+        protocol=protocol,
+    )
     try:
         connection.open()
         connection.tables()
@@ -59,8 +63,13 @@ def _answers(hostport: str) -> bool:
 
 
 
-def start_test_server(*namespaces: str) -> tuple[subprocess.Popen[bytes], str]:
-    """Start ``python -m tests.hbase_thrift_server`` on a free port with *namespaces*.
+def start_test_server(
+    *namespaces: str, options: Sequence[str] = (), transport: str = "buffered",
+    protocol: str = "binary",
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``python -m tests.hbase_thrift_server`` on a free port with *namespaces*
+    and its command-line *options* (faults: see ``tests/hbase_thrift_server/server.py``),
+    speaking *transport* and *protocol*.
 
     Returns the process and ``host:port``; the caller kills the process (an atexit
     hook does so as a last resort).
@@ -68,9 +77,10 @@ def start_test_server(*namespaces: str) -> tuple[subprocess.Popen[bytes], str]:
     require_hbase_client()
     port = free_port()
     args = [sys.executable, "-m", "tests.hbase_thrift_server", "--host", "127.0.0.1"]
-    args += ["--port", str(port)]
+    args += ["--port", str(port), "--transport", transport, "--protocol", protocol]
     for ns in namespaces:
         args += ["--namespace", ns]
+    args += list(options)
     hostport = f"127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:  # the server's output, quoted if it dies
         proc = subprocess.Popen(
@@ -78,7 +88,7 @@ def start_test_server(*namespaces: str) -> tuple[subprocess.Popen[bytes], str]:
         )
         atexit.register(stop_process, proc)
         deadline = time.monotonic() + STARTUP_SECONDS
-        while not _answers(hostport):
+        while not _answers(hostport, transport, protocol):
             if proc.poll() is not None:
                 log.seek(0)
                 output = log.read().decode(errors="replace")
@@ -107,6 +117,29 @@ def hbase_thrift() -> Iterator[str]:
         stop_process(proc)
 
 
+FAULTS = (
+    # Lock-cell compare-and-sets (LOCKED, COMMITTED, FREE, ROLLED_BACK values): one in
+    # five applied and answered False, one in seven applied and its connection dropped.
+    "--fault", "cas-replay:prefix=4c,43,46,52:every=5",
+    "--fault", "cas-drop:prefix=4c,43,46,52:every=7",
+    # Two servers behind a round-robin proxy; connections idle for 2 s closed (the
+    # store keeps them 1 s at most: FAULTY_OPTIONS); scanners forgotten after 1 s unused.
+    "--servers", "2", "--idle-timeout", "2", "--scanner-expiry", "1",
+)
+"""The faults of the ``hbase-faults`` backend (``tests/_backends.py``)."""
+FAULTY_OPTIONS = "&idle_timeout=1000"
+
+
+@pytest.fixture(scope="session")
+def hbase_faulty_thrift() -> Iterator[str]:
+    """``host:port`` of a test server playing :data:`FAULTS`, for the whole session."""
+    proc, hostport = start_test_server(options=FAULTS)
+    try:
+        yield hostport
+    finally:
+        stop_process(proc)
+
+
 def is_real_hbase() -> bool:
     """Whether the suite runs against a real HBase (``PERCOLATOR_HBASE_THRIFT``)."""
     return bool(os.environ.get(ENV))
@@ -122,3 +155,16 @@ def hbase_store_url(hostport: str, unique_name_: str) -> str:
     """An ``hbase://`` URL on *hostport* whose tables no other test sees: the table
     prefix is derived from *unique_name_* plus a random suffix."""
     return f"hbase://{hostport}?table_prefix={unique_name(unique_name_)}&pool_size=4"
+
+
+@contextlib.contextmanager
+def faulty_server(
+    *options: str, transport: str = "buffered", protocol: str = "binary"
+) -> Iterator[str]:
+    """A test server of its own started with the command-line *options* (its faults),
+    for the duration of the ``with``; yields ``host:port``."""
+    proc, hostport = start_test_server(options=options, transport=transport, protocol=protocol)
+    try:
+        yield hostport
+    finally:
+        stop_process(proc)

@@ -1,14 +1,41 @@
 """The HBase backend: the store contract over HBase's Thrift1 server, through happybase.
 
-``open_hbase_store("hbase://host:9090?namespace=NS&table_prefix=P&pool_size=8&timeout=30000")``
-(every query option may also be passed as a keyword argument):
+``open_hbase_store("hbase://host:9090?namespace=NS&table_prefix=P&transport=framed")``
+(every query option may also be passed as a keyword argument; docs/hbase.md says how
+to set them for a cluster):
 
 * ``namespace``: tables are named ``NS:table``. The namespace must already exist
   (``create_namespace 'NS'`` in the HBase shell); Thrift1 cannot create it.
 * ``table_prefix``: tables are named ``P_table`` (tests use it for isolation).
-* ``pool_size``: connections in the ``happybase.ConnectionPool`` shared by all threads
-  (default 8); ``timeout``: socket timeout in milliseconds, also for connecting
-  (default 30000).
+* ``transport`` (``buffered``, the default, or ``framed``) and ``protocol`` (``binary``,
+  the default, or ``compact``): those of the Thrift server (``hbase thrift start
+  -f -c``). HTTP and SASL/Kerberos Thrift servers are refused with InvalidArgument:
+  happybase cannot speak them.
+* ``timeout``: socket timeout in milliseconds, also for connecting (default 120000,
+  above what the Thrift server's own client spends retrying through a region move).
+* ``pool_size``: idle connections kept (default 8); ``idle_timeout``: milliseconds an
+  idle one is kept (default 50000, below the server's 60 s
+  ``hbase.thrift.server.socket.read.timeout``). A caller who finds none idle opens one.
+* ``max_request_bytes``: mutation calls are split to stay under it (default 64 MiB,
+  below libthrift's 100 MB ``maxMessageSize``).
+* ``compression``: of new families (``NONE``, the default, ``SNAPPY``, ``ZSTD``,
+  ``LZ4``, ``GZ``...; the codec must be installed on every region server).
+
+Failures a real cluster shows and how they are met:
+
+* a connection the server closed while idle is replaced before use; a call safe to
+  send twice (reads, writes at explicit timestamps) that meets a broken connection is
+  sent once more on a new one; ``checkAndPut`` and ``atomicIncrement`` are not (their
+  failure is :class:`~percolator.StoreUnavailable`: the call may have applied);
+* ``checkAndPut`` is retried inside the Thrift server without a nonce, so False may
+  answer a replay of an attempt that applied: :attr:`HBaseStore.cas_answer_may_be_replayed`
+  tells the protocol to read the cell again (``percolator/_cas.py``);
+* scanner ids belong to one Thrift server: a scan holds one connection for its
+  scanner's life (behind a load balancer another connection may reach another
+  server); a scanner the server forgot (HBase 2.4+: unused for 120 s) or lost with its
+  connection is opened again after the last row returned;
+* ``createTable`` racing another client's answers ``IOError(TableExistsException)``:
+  the table exists, and its families are checked as for ``AlreadyExists``.
 
 Tables get one HBase family per physical family with ``VERSIONS`` set from
 :meth:`HBaseStore.create_table` (0, "keep all", becomes ``2**31 - 1``). Logical
@@ -50,8 +77,9 @@ What Thrift1 can express, and therefore how many Thrift calls each method makes:
   part of the wide call above for each batch; Reads it cannot answer cost the same
   extra calls as in :meth:`~HBaseStore.read_rows`.
 * :meth:`~HBaseStore.create_table`: ``createTable`` (plus ``getColumnDescriptors`` if
-  it already exists); :meth:`~HBaseStore.drop_table`: ``isTableEnabled``,
-  ``disableTable``, ``deleteTable``; :meth:`~HBaseStore.list_tables`: ``getTableNames``.
+  it already exists, whose families must keep enough versions and no TTL);
+  :meth:`~HBaseStore.drop_table`: ``isTableEnabled``, ``disableTable``, ``deleteTable``;
+  :meth:`~HBaseStore.list_tables`: ``getTableNames``.
 
 Deletes are HBase tombstones: until a major compaction they also hide versions put
 *later* at or below their timestamp ("Deletes mask Puts" in the HBase reference guide).
@@ -62,14 +90,25 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import select
+import socket
 import sys
+import threading
+import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
-from percolator._errors import InvalidArgument, StoreUnavailable, UnknownTableError
+from percolator._encoding import LOCK, NOTIFY
+from percolator._errors import (
+    InvalidArgument,
+    PercolatorError,
+    StoreUnavailable,
+    UnknownTableError,
+    ValueTooLargeError,
+)
 from percolator._store import (
     Cell,
     Mutation,
@@ -96,10 +135,48 @@ _hb: Any = sys.modules["Hbase_thrift"]  # loaded by happybase from its Hbase.thr
 
 DEFAULT_PORT = 9090
 DEFAULT_POOL_SIZE = 8
-DEFAULT_TIMEOUT_MS = 30_000
+DEFAULT_TIMEOUT_MS = 120_000
+"""Above what the Thrift server's own HBase client may spend retrying one call through
+a region move (``hbase.rpc.timeout`` 60 s, and its retries), so that its answer
+arrives instead of our timeout: a timeout at the commit point leaves the outcome
+unknown."""
+DEFAULT_IDLE_TIMEOUT_MS = 50_000
+"""Below the Thrift server's ``hbase.thrift.server.socket.read.timeout`` (60 s), after
+which it closes an idle connection."""
+DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
+"""Below libthrift's (0.14+) ``maxMessageSize`` of 100 MB, over which the server drops
+the request and the connection."""
 MAX_VERSIONS = 2**31 - 1
+FOREVER = 2**31 - 1  # HConstants.FOREVER: a family's time to live when it has none
 _LATEST = 2**63 - 1  # HConstants.LATEST_TIMESTAMP
-_OPTIONS = ("namespace", "table_prefix", "pool_size", "timeout")
+_OPTIONS = (
+    "namespace", "table_prefix", "pool_size", "timeout", "idle_timeout", "transport",
+    "protocol", "max_request_bytes", "compression",
+)
+_TRANSPORTS = ("buffered", "framed")
+_PROTOCOLS = ("binary", "compact")
+_UNSUPPORTED_TRANSPORTS = {
+    "http": "Thrift over HTTP (hbase.regionserver.thrift.http=true)",
+    "https": "Thrift over HTTPS",
+    "sasl": "SASL/Kerberos Thrift (hbase.thrift.security.qop)",
+    "kerberos": "SASL/Kerberos Thrift (hbase.thrift.security.qop)",
+}
+_COMPRESSIONS = ("NONE", "GZ", "LZO", "SNAPPY", "LZ4", "BZIP2", "ZSTD")
+_IN_MEMORY = frozenset({LOCK, NOTIFY})
+"""Families HBase should keep in its in-memory block cache tier (Percolator §2.2:
+"special in-memory columns"): read on every get, prewrite and notification scan."""
+_MUTATION_OVERHEAD = 32
+"""Bytes on the wire per Thrift ``Mutation`` besides its column and value, rounded up."""
+_DECLARED = (_hb.IOError, _hb.IllegalArgument, _hb.AlreadyExists)
+"""Errors the server answered with: the connection is still good."""
+_BROKEN = (TException, OSError, EOFError)
+"""Errors of the connection itself: it is dropped (it may be half-way through a call)."""
+_SCANNER_GONE = ("scanner ID is invalid", "UnknownScannerException", "ScannerTimeoutException")
+"""How a server says a scanner it no longer has (HBase 2.4+ forgets one unused for
+twice ``hbase.client.scanner.timeout.period``, 120 s; older region servers lose its
+lease after 60 s)."""
+_SCAN_RESTARTS = 3
+T = TypeVar("T")
 _TABLE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_]+$")
 
@@ -224,15 +301,98 @@ class _Answer:
         return out
 
 
+def _message(error: Exception) -> str:
+    """The message of a Thrift exception (bytes: responses are not decoded)."""
+    message = getattr(error, "message", None) or ""
+    return _dec(message) if isinstance(message, bytes) else str(message)
+
+
+def _peer_closed(connection: Any) -> bool:
+    """Whether the server closed *connection* (it is readable with nothing to read):
+    a connection it dropped while idle is replaced before a call is sent on it."""
+    # thriftpy2's Cython transports expose the socket, the pure-Python ones a TSocket.
+    sock = getattr(connection.transport, "sock", None)
+    sock = getattr(sock, "sock", sock)
+    if not isinstance(sock, socket.socket):
+        return False  # cannot tell: a safe call is retried if it breaks
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
+
+
+def _close_quietly(connection: Any) -> None:
+    with contextlib.suppress(Exception):
+        connection.close()
+
+
+class _Pool:
+    """Thrift connections to one address, each used by one caller at a time.
+
+    Up to *size* idle connections are kept, each for at most *idle_s* seconds (the
+    server drops idle ones); a caller who finds none idle opens a new one, so a thread
+    that holds one for a scan never waits for another.
+    """
+
+    def __init__(self, open_: Callable[[], Any], size: int, idle_s: float) -> None:
+        self._open = open_
+        self._size = size
+        self._idle_s = idle_s
+        self._idle: list[tuple[float, Any]] = []  # (returned at, connection), newest last
+        self._mutex = threading.Lock()
+        self._closed = False
+
+    def take(self) -> Any:
+        now = time.monotonic()
+        stale: list[Any] = []
+        connection = None
+        with self._mutex:
+            while self._idle:
+                since, candidate = self._idle.pop()
+                if now - since >= self._idle_s:
+                    stale.extend(c for _, c in self._idle)  # older still
+                    stale.append(candidate)
+                    self._idle.clear()
+                elif _peer_closed(candidate):
+                    stale.append(candidate)
+                else:
+                    connection = candidate
+                    break
+        for old in stale:
+            _close_quietly(old)
+        return connection if connection is not None else self._open()
+
+    def give(self, connection: Any) -> None:
+        with self._mutex:
+            if not self._closed and len(self._idle) < self._size:
+                self._idle.append((time.monotonic(), connection))
+                return
+        _close_quietly(connection)
+
+    def close(self) -> None:
+        with self._mutex:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for _, connection in idle:
+            _close_quietly(connection)
+
+
 class HBaseStore:
     """The store contract (:class:`percolator._store.Store`) over an HBase Thrift1 server.
 
     Build it with :func:`open_hbase_store`. *host* and *port* name the Thrift server,
-    *namespace* and *table_prefix* place the tables, *pool_size* connections are
-    shared by all threads, *timeout_ms* bounds every socket operation.
+    *namespace* and *table_prefix* place the tables; up to *pool_size* idle connections
+    are kept, each at most *idle_timeout_ms*; *timeout_ms* bounds every socket
+    operation; *transport* and *protocol* are the Thrift server's (``buffered`` or
+    ``framed``; ``binary`` or ``compact``); a mutation call carries at most
+    *max_request_bytes*; new families get *compression*.
     """
 
     atomic_row_cas = False
+    cas_answer_may_be_replayed = True
+    """The Thrift server's HBase client retries ``checkAndMutate`` without a nonce, so
+    a False may answer a retry of an attempt that applied (``percolator/_cas.py``)."""
 
     def __init__(
         self,
@@ -243,29 +403,43 @@ class HBaseStore:
         table_prefix: str | None = None,
         pool_size: int = DEFAULT_POOL_SIZE,
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS,
+        transport: str = "buffered",
+        protocol: str = "binary",
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        compression: str = "NONE",
     ) -> None:
         self.host = host
         self.port = port
         self.namespace = namespace
         self.table_prefix = table_prefix
+        self.timeout_ms = timeout_ms
+        self.transport = transport
+        self.protocol = protocol
+        self.max_request_bytes = max_request_bytes
+        self.compression = compression
         query = "&".join(
             f"{k}={v}"
             for k, v in (("namespace", namespace), ("table_prefix", table_prefix))
             if v is not None
         )
         self.url = f"hbase://{host}:{port}" + (f"?{query}" if query else "")
+        self._where = f"HBase Thrift server at {host}:{port}"
         self._closed = False
-        try:
-            self._pool = happybase.ConnectionPool(
-                pool_size, host=host, port=port, timeout=timeout_ms
-            )
-        except (TException, OSError) as e:
-            raise StoreUnavailable(
-                f"cannot reach the HBase Thrift server at {host}:{port}: {e}"
-            ) from e
-        logger.debug("opened %s with %d pooled connections", self.url, pool_size)
+        self._pool = _Pool(self._connect, pool_size, idle_timeout_ms / 1000)
+        self._pool.give(self._connect())  # fail now if the server cannot be reached
+        logger.debug("opened %s (%s transport, %s protocol)", self.url, transport, protocol)
 
     # ---- plumbing ---------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        try:
+            return happybase.Connection(
+                self.host, self.port, timeout=self.timeout_ms,
+                transport=self.transport, protocol=self.protocol,
+            )
+        except (TException, OSError) as e:
+            raise StoreUnavailable(f"cannot reach the {self._where}: {e}") from e
 
     def _name(self, table: str) -> bytes:
         if not isinstance(table, str) or not _TABLE.match(table):
@@ -291,47 +465,85 @@ class HBaseStore:
             name = name[len(self.table_prefix) + 1 :]
         return name
 
-    @contextlib.contextmanager
-    def _client(self, table: str | None = None) -> Iterator[Any]:
-        """A pooled Thrift client; maps Thrift failures to our errors for *table*."""
+    def _take(self) -> Any:
         if self._closed:
             raise StoreUnavailable(f"the store {self.url} is closed")
-        where = f"HBase Thrift server at {self.host}:{self.port}"
-        try:
-            with self._pool.connection() as connection:
-                yield connection.client
-        except _hb.IOError as e:
-            message = str(e.message or "")
-            if table is not None and (
-                "TableNotFoundException" in message or "table does not exist" in message
-            ):
-                raise UnknownTableError(table) from None
-            if "Field is not a long" in message:  # increment of a cell that is no counter
-                raise InvalidArgument(
-                    f"table {table!r}: {message.splitlines()[0]}"
-                ) from None
-            if "NoSuchColumnFamilyException" in message:
-                raise InvalidArgument(
-                    f"table {table!r}: {message.splitlines()[0] if message else e}"
-                ) from None
-            if "NamespaceNotFoundException" in message:
-                raise InvalidArgument(
-                    f"HBase namespace {self.namespace!r} does not exist on the {where}; "
-                    f"create it first (HBase shell: create_namespace '{self.namespace}')"
-                ) from None
-            first = message.splitlines()[0] if message else repr(e)
-            raise StoreUnavailable(f"{where} failed: {first}") from e
-        except _hb.IllegalArgument as e:
-            raise InvalidArgument(f"{where} refused the request: {e.message}") from None
-        except (TException, OSError, EOFError, happybase.NoConnectionsAvailable) as e:
-            raise StoreUnavailable(f"{where} is unreachable or failed: {e!r}") from e
+        return self._pool.take()
+
+    def _answered(self, e: Exception, table: str | None) -> PercolatorError:
+        """Our error for an error the server answered with (the connection is fine)."""
+        if isinstance(e, _hb.IllegalArgument):
+            return InvalidArgument(f"{self._where} refused the request: {_message(e)}")
+        message = _message(e)
+        first = message.splitlines()[0] if message else repr(e)
+        if table is not None and (
+            "TableNotFoundException" in message or "table does not exist" in message
+        ):
+            return UnknownTableError(table)
+        if "Field is not a long" in message:  # increment of a cell that is no counter
+            return InvalidArgument(f"table {table!r}: {first}")
+        if "NoSuchColumnFamilyException" in message:
+            return InvalidArgument(f"table {table!r}: {first}")
+        if "NamespaceNotFoundException" in message:
+            return InvalidArgument(
+                f"HBase namespace {self.namespace!r} does not exist on the {self._where}; "
+                f"create it first (HBase shell: create_namespace '{self.namespace}')"
+            )
+        return StoreUnavailable(f"{self._where} failed: {first}")
+
+    def _call(self, table: str | None, work: Callable[[Any], T], *, safe: bool = True) -> T:
+        """``work(client)`` on a pooled connection. A broken connection is dropped and,
+        when *safe* (the calls of *work* may be sent twice: reads, writes at explicit
+        timestamps), *work* runs once more on a new one; otherwise the caller learns
+        :class:`StoreUnavailable` (the call may or may not have been applied)."""
+        for attempt in (1, 2):
+            # The second attempt on a new connection: other pooled ones may be as stale.
+            connection = self._take() if attempt == 1 else self._connect()
+            try:
+                result = work(connection.client)
+            except _DECLARED as e:
+                self._pool.give(connection)
+                raise self._answered(e, table) from None
+            except _BROKEN as e:
+                _close_quietly(connection)
+                if safe and attempt == 1:
+                    logger.info("%s: connection broke (%r); trying again on a new one",
+                                self._where, e)
+                    continue
+                raise StoreUnavailable(f"{self._where} is unreachable or failed: {e!r}") from e
+            except BaseException:
+                _close_quietly(connection)
+                raise
+            self._pool.give(connection)
+            return result
+        raise AssertionError("unreachable")
 
     # ---- tables -----------------------------------------------------------------
+
+    def _descriptor(self, family: str, versions: int) -> Any:
+        """What a family is created with: *versions* kept, no time to live, HBase's own
+        defaults for the block cache and a row bloom filter (Thrift1's IDL defaults
+        turn both off), the lock and notify families in memory (docs/hbase.md)."""
+        return _hb.ColumnDescriptor(
+            name=_enc(family + ":"),
+            maxVersions=versions or MAX_VERSIONS,
+            compression=self.compression,
+            inMemory=family in _IN_MEMORY,
+            bloomFilterType="ROW",
+            blockCacheEnabled=True,
+            timeToLive=FOREVER,
+        )
 
     def create_table(self, table: str, families: Mapping[str, int]) -> None:
         """Create *table* with *families* (name -> versions kept, 0 = all); idempotent.
 
-        :raises InvalidArgument: a bad name, or the table exists without some family.
+        A table that already exists (made by another client, or in the HBase shell)
+        must have every family, keeping at least as many versions and no time to live:
+        HBase drops what exceeds either at flush or compaction, and snapshot reads
+        would then find committed data gone.
+
+        :raises InvalidArgument: a bad name, or an existing table without some family
+            or with settings that would lose data (the message says how to alter it).
         """
         name = self._name(table)
         if not families:
@@ -342,39 +554,78 @@ class HBaseStore:
                 raise InvalidArgument(f"family name {family!r} must be a non-empty str without ':'")
             if not isinstance(versions, int) or versions < 0:
                 raise InvalidArgument(f"versions of family {family!r} must be >= 0: {versions!r}")
-            descriptors.append(
-                _hb.ColumnDescriptor(name=_enc(family + ":"), maxVersions=versions or MAX_VERSIONS)
-            )
-        with self._client(table) as client:
+            descriptors.append(self._descriptor(family, versions))
+
+        def create(client: Any) -> dict[bytes, Any] | None:
             try:
                 client.createTable(name, descriptors)
-                logger.info("created HBase table %s", _dec(name))
-                return
+                return None
             except _hb.AlreadyExists:
-                existing = {_dec(f).rstrip(":") for f in client.getColumnDescriptors(name)}
-        missing = sorted(set(families) - existing)
+                pass
+            except _hb.IOError as e:
+                # Created by another client between the Thrift server's own check and
+                # its createTable.
+                if "TableExistsException" not in _message(e):
+                    raise
+            return dict(client.getColumnDescriptors(name))
+
+        existing = self._call(table, create)
+        if existing is None:
+            logger.info("created HBase table %s", _dec(name))
+            return
+        self._check_families(table, families, existing)
+
+    def _check_families(
+        self, table: str, families: Mapping[str, int], existing: Mapping[bytes, Any]
+    ) -> None:
+        found = {_dec(f).rstrip(":"): d for f, d in existing.items()}
+        missing = sorted(set(families) - set(found))
         if missing:
             raise InvalidArgument(
                 f"table {table!r} already exists without families {missing} "
-                f"(it has {sorted(existing)})"
+                f"(it has {sorted(found)})"
+            )
+        wrong: list[str] = []
+        fixes: list[str] = []
+        for family, versions in families.items():
+            have = found[family]
+            need = versions or MAX_VERSIONS
+            ttl = have.timeToLive
+            problems = []
+            if have.maxVersions is not None and have.maxVersions < need:
+                problems.append(f"VERSIONS => {have.maxVersions} (needs {need})")
+            if ttl is not None and 0 < ttl < FOREVER:
+                problems.append(f"TTL => {ttl} (needs FOREVER)")
+            if problems:
+                wrong.append(f"family {family!r}: " + ", ".join(problems))
+                fixes.append(f"{{NAME => '{family}', VERSIONS => {need}, TTL => 'FOREVER'}}")
+        if wrong:
+            raise InvalidArgument(
+                f"table {table!r} ({_dec(self._name(table))}) already exists with settings "
+                "under which HBase drops committed versions at flush or compaction: "
+                + "; ".join(wrong)
+                + f". Alter it in the HBase shell: alter '{_dec(self._name(table))}', "
+                + ", ".join(fixes)
             )
 
     def drop_table(self, table: str) -> None:
         """Disable and delete *table*; a missing table is not an error."""
         name = self._name(table)
+
+        def drop(client: Any) -> None:
+            if client.isTableEnabled(name):
+                client.disableTable(name)
+            client.deleteTable(name)
+
         try:
-            with self._client(table) as client:
-                if client.isTableEnabled(name):
-                    client.disableTable(name)
-                client.deleteTable(name)
-                logger.info("dropped HBase table %s", _dec(name))
+            self._call(table, drop)
+            logger.info("dropped HBase table %s", _dec(name))
         except UnknownTableError:
             return
 
     def list_tables(self) -> list[str]:
         """Names of this store's tables (inside its namespace and prefix), sorted."""
-        with self._client() as client:
-            names = client.getTableNames()
+        names = self._call(None, lambda client: client.getTableNames())
         return sorted(n for n in map(self._logical, names) if n is not None)
 
     # ---- reads ------------------------------------------------------------------
@@ -388,7 +639,8 @@ class HBaseStore:
         if not order or not reads:
             return {}
         plan = _plan(reads)
-        with self._client(table) as client:
+
+        def read(client: Any) -> _Answer:
             if plan.wide_max is None:
                 results = client.getRowsWithColumns(name, order, plan.columns, {})
             else:
@@ -397,7 +649,9 @@ class HBaseStore:
                 )
             answer = _Answer()
             self._resolve(client, name, plan, _parse_row_results(results), answer)
-        return answer.result(order, plan)
+            return answer
+
+        return self._call(table, read).result(order, plan)
 
     def _resolve(
         self, client: Any, name: bytes, plan: _Plan, latest: _Latest, answer: _Answer
@@ -480,15 +734,37 @@ class HBaseStore:
                 )
         if not deletes and not puts:
             return
-        with self._client(table) as client:
-            for batches in (deletes, puts):
-                for ts, by_row in sorted(batches.items()):
-                    client.mutateRowsTs(
-                        name,
-                        [_hb.BatchMutation(row=r, mutations=ms) for r, ms in by_row.items()],
-                        ts,
-                        {},
-                    )
+        for batches in (deletes, puts):
+            for ts, by_row in sorted(batches.items()):
+                for chunk in self._chunks(table, by_row):
+                    self._mutate_rows_ts(table, name, chunk, ts)
+
+    def _mutate_rows_ts(self, table: str, name: bytes, batch: list[Any], ts: int) -> None:
+        # Writes at an explicit timestamp: sending one twice changes nothing.
+        self._call(table, lambda client: client.mutateRowsTs(name, batch, ts, {}))
+
+    def _chunks(self, table: str, by_row: Mapping[bytes, list[Any]]) -> Iterator[list[Any]]:
+        """*by_row* as ``BatchMutation`` lists of at most ``max_request_bytes`` each
+        (the Thrift server drops a bigger request, and the connection with it)."""
+        chunk: list[Any] = []
+        size = 0
+        for row, mutations in by_row.items():
+            weight = len(row) + sum(
+                _MUTATION_OVERHEAD + len(m.column) + len(m.value or b"") for m in mutations
+            )
+            if weight > self.max_request_bytes:
+                raise ValueTooLargeError(
+                    f"the mutation of row {row[:80]!r} in table {table!r} takes {weight} "
+                    f"bytes, over max_request_bytes={self.max_request_bytes} (the Thrift "
+                    "server drops requests over its maxMessageSize, 100 MB by default)"
+                )
+            if chunk and size + weight > self.max_request_bytes:
+                yield chunk
+                chunk, size = [], 0
+            chunk.append(_hb.BatchMutation(row=row, mutations=mutations))
+            size += weight
+        if chunk:
+            yield chunk
 
     @staticmethod
     def _check_ts(ts: int) -> None:
@@ -525,13 +801,15 @@ class HBaseStore:
             raise InvalidArgument(f"column {column!r} must be 'family:qualifier'")
         if puts:
             self.mutate_rows(table, [Mutation(row=row, puts=puts)])
-        with self._client(table) as client:
-            mput = _hb.Mutation(isDelete=False, column=_enc(column), value=bytes(new))
-            return bool(
-                client.checkAndPut(
-                    name, row, _enc(column), None if expected is None else bytes(expected), mput, {}
-                )
+        mput = _hb.Mutation(isDelete=False, column=_enc(column), value=bytes(new))
+        old = None if expected is None else bytes(expected)
+        return bool(
+            self._call(
+                table,
+                lambda client: client.checkAndPut(name, row, _enc(column), old, mput, {}),
+                safe=False,
             )
+        )
 
     def increment(self, table: str, row: bytes, column: str, amount: int) -> int:
         """Add *amount* to the 64-bit big-endian counter ``(row, column)`` (absent: 0) and
@@ -545,8 +823,13 @@ class HBaseStore:
         if not isinstance(column, str) or ":" not in column:
             raise InvalidArgument(f"column {column!r} must be 'family:qualifier'")
         check_increment_amount(amount)
-        with self._client(table) as client:
-            return int(client.atomicIncrement(name, row, _enc(column), amount))
+        return int(
+            self._call(
+                table,
+                lambda client: client.atomicIncrement(name, row, _enc(column), amount),
+                safe=False,
+            )
+        )
 
     # ---- scans ------------------------------------------------------------------
 
@@ -561,8 +844,8 @@ class HBaseStore:
     ) -> Iterator[tuple[bytes, RowCells]]:
         """Rows in ``[start, stop)`` with the cells *reads* select, *batch_size* rows per call.
 
-        The scanner is closed when the iterator is exhausted or closed; no connection is
-        held between batches.
+        The scanner is closed when the iterator is exhausted or closed; one connection
+        is held for its life (scanner ids belong to one Thrift server).
         """
         name = self._name(table)
         if not isinstance(batch_size, int) or batch_size <= 0:
@@ -580,7 +863,56 @@ class HBaseStore:
         reads: Sequence[Read],
         batch_size: int,
     ) -> Iterator[tuple[bytes, RowCells]]:
+        """One connection holds the scanner for its whole life: scanner ids belong to
+        one Thrift server, and behind a load balancer another connection may reach
+        another server (whose scanner of that id is someone else's). A scanner the
+        server forgot (unused too long) or lost with its connection is opened again
+        after the last row returned."""
         plan = _plan(reads)
+        last: bytes | None = None
+        connection = None
+        scanner_id: int | None = None
+        restarts = 0
+        try:
+            while True:
+                try:
+                    if connection is None:
+                        connection = self._take() if not restarts else self._connect()
+                    if scanner_id is None:
+                        scanner_id = self._open_scanner(
+                            connection.client, name, start if last is None else last + b"\0",
+                            stop, plan, batch_size,
+                        )
+                    results = connection.client.scannerGetList(scanner_id, batch_size)
+                    if not results:
+                        return
+                    latest = _parse_row_results(results)
+                    answer = _Answer()
+                    self._resolve(connection.client, name, plan, latest, answer)
+                except _DECLARED as e:
+                    message = _message(e)
+                    if scanner_id is None or not any(s in message for s in _SCANNER_GONE):
+                        raise self._answered(e, table) from None
+                    restarts = self._restart(restarts, f"scanner lost ({message[:80]})")
+                    scanner_id = None
+                    continue
+                except _BROKEN as e:
+                    if connection is not None:
+                        _close_quietly(connection)
+                    connection = scanner_id = None
+                    restarts = self._restart(restarts, f"connection broke ({e!r})")
+                    continue
+                restarts = 0
+                last = results[-1].row
+                yield from answer.result(list(latest), plan).items()
+        finally:
+            if connection is not None:
+                self._close_scanner(connection, scanner_id)
+
+    def _open_scanner(
+        self, client: Any, name: bytes, start: bytes | None, stop: bytes | None, plan: _Plan,
+        batch_size: int,
+    ) -> int:
         tscan = _hb.TScan(
             startRow=start or None,
             stopRow=stop or None,
@@ -588,45 +920,44 @@ class HBaseStore:
             caching=batch_size,
             timestamp=None if plan.wide_max is None else _upper(plan.wide_max),
         )
-        with self._client(table) as client:
-            scanner_id = client.scannerOpenWithScan(name, tscan, {})
+        return int(client.scannerOpenWithScan(name, tscan, {}))
+
+    def _restart(self, restarts: int, why: str) -> int:
+        if restarts >= _SCAN_RESTARTS:
+            raise StoreUnavailable(
+                f"{self._where}: a scan failed {restarts + 1} times in a row: {why}"
+            )
+        logger.info("%s: %s; the scan goes on from its last row", self._where, why)
+        return restarts + 1
+
+    def _close_scanner(self, connection: Any, scanner_id: int | None) -> None:
         try:
-            while True:
-                with self._client(table) as client:
-                    results = client.scannerGetList(scanner_id, batch_size)
-                    if not results:
-                        return
-                    latest = _parse_row_results(results)
-                    answer = _Answer()
-                    self._resolve(client, name, plan, latest, answer)
-                yield from answer.result(list(latest), plan).items()
-        finally:
-            try:
-                with self._client(table) as client:
-                    client.scannerClose(scanner_id)
-            except (StoreUnavailable, InvalidArgument) as e:
-                logger.info("could not close scanner %d on %s: %s", scanner_id, self.url, e)
+            if scanner_id is not None:
+                connection.client.scannerClose(scanner_id)
+        except _DECLARED as e:
+            logger.info("could not close scanner %d on %s: %s", scanner_id, self.url, e)
+        except _BROKEN as e:
+            logger.info("could not close scanner %d on %s: %r", scanner_id, self.url, e)
+            _close_quietly(connection)
+            return
+        self._pool.give(connection)
 
     def close(self) -> None:
         """Close the pooled connections; the store is unusable afterwards."""
         self._closed = True
-        queue = self._pool._queue
-        while True:
-            try:
-                connection = queue.get_nowait()
-            except Exception:
-                break
-            with contextlib.suppress(Exception):
-                connection.close()
+        self._pool.close()
 
 
 def open_hbase_store(url: str, **options: Any) -> Store:
-    """Open the HBase store at *url* (``hbase://host:port?namespace=NS&table_prefix=P``).
+    """Open the HBase store at *url*
+    (``hbase://host:port?namespace=NS&table_prefix=P&transport=framed&protocol=compact``).
 
-    *options* may give ``namespace``, ``table_prefix``, ``pool_size`` and ``timeout``
-    (milliseconds) instead of, or over, the URL's query.
+    *options* may give any query option (``namespace``, ``table_prefix``, ``pool_size``,
+    ``timeout`` and ``idle_timeout`` in milliseconds, ``transport``, ``protocol``,
+    ``max_request_bytes``, ``compression``) instead of, or over, the URL's query.
 
-    :raises InvalidArgument: a malformed URL or option.
+    :raises InvalidArgument: a malformed URL or option, or a Thrift transport that
+        happybase cannot speak (HTTP, SASL/Kerberos).
     :raises StoreUnavailable: the Thrift server cannot be reached.
     """
     parts = urlsplit(url)
@@ -656,8 +987,35 @@ def open_hbase_store(url: str, **options: Any) -> Store:
     prefix = query.get("table_prefix") or None
     if prefix is not None and not _TABLE.match(prefix):
         raise InvalidArgument(f"bad table_prefix {prefix!r} in {url!r}")
+    transport = query.get("transport", "buffered").lower()
+    if transport in _UNSUPPORTED_TRANSPORTS:
+        raise InvalidArgument(
+            f"option transport={transport!r} in {url!r}: {_UNSUPPORTED_TRANSPORTS[transport]} "
+            "is not supported (happybase speaks Thrift1 over plain sockets only); run the "
+            "HBase Thrift server in socket mode (transport=buffered or transport=framed)"
+        )
+    if transport not in _TRANSPORTS:
+        raise InvalidArgument(
+            f"option transport={transport!r} in {url!r} must be one of {list(_TRANSPORTS)}"
+        )
+    protocol = query.get("protocol", "binary").lower()
+    if protocol not in _PROTOCOLS:
+        raise InvalidArgument(
+            f"option protocol={protocol!r} in {url!r} must be one of {list(_PROTOCOLS)}"
+        )
+    compression = query.get("compression", "NONE").upper()
+    if compression not in _COMPRESSIONS:
+        raise InvalidArgument(
+            f"option compression={compression!r} in {url!r} must be one of "
+            f"{list(_COMPRESSIONS)} (and available on the region servers)"
+        )
     numbers: dict[str, int] = {}
-    for key, default in (("pool_size", DEFAULT_POOL_SIZE), ("timeout", DEFAULT_TIMEOUT_MS)):
+    for key, default in (
+        ("pool_size", DEFAULT_POOL_SIZE),
+        ("timeout", DEFAULT_TIMEOUT_MS),
+        ("idle_timeout", DEFAULT_IDLE_TIMEOUT_MS),
+        ("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES),
+    ):
         raw = query.get(key)
         try:
             numbers[key] = default if raw is None else int(raw)
@@ -672,4 +1030,9 @@ def open_hbase_store(url: str, **options: Any) -> Store:
         table_prefix=prefix,
         pool_size=numbers["pool_size"],
         timeout_ms=numbers["timeout"],
+        idle_timeout_ms=numbers["idle_timeout"],
+        transport=transport,
+        protocol=protocol,
+        max_request_bytes=numbers["max_request_bytes"],
+        compression=compression,
     )

@@ -75,6 +75,52 @@ def test_existing_table_without_a_family_is_refused(store: Store) -> None:
         store.create_table("t", {"d": 0, "x": 0})
 
 
+def test_families_are_created_with_settings_that_pay(store: Store, hbase_thrift: str) -> None:
+    import happybase
+
+    host, _, port = hbase_thrift.rpartition(":")
+    raw = happybase.Connection(host, int(port))
+    try:
+        got = raw.client.getColumnDescriptors(store._name("t"))  # type: ignore[attr-defined]
+    finally:
+        raw.close()
+    settings = {
+        name.decode().rstrip(":"): (d.maxVersions, d.inMemory, d.bloomFilterType,
+                                     d.blockCacheEnabled, d.timeToLive)
+        for name, d in got.items()
+    }
+    forever = 2**31 - 1
+    assert settings == {
+        "d": (forever, False, b"ROW", True, forever),
+        "w": (forever, False, b"ROW", True, forever),
+        "l": (1, True, b"ROW", True, forever),
+        "n": (forever, True, b"ROW", True, forever),
+    }
+
+
+@pytest.mark.parametrize(
+    ("family", "problem"),
+    [({"max_versions": 1}, "VERSIONS => 1"), ({"time_to_live": 86400}, "TTL => 86400")],
+)
+def test_existing_table_whose_settings_lose_versions_is_refused(
+    store: Store, hbase_thrift: str, family: dict[str, int], problem: str
+) -> None:
+    # As made in the HBase shell: create 'T', {NAME => 'w', VERSIONS => 1}
+    import happybase
+
+    host, _, port = hbase_thrift.rpartition(":")
+    raw = happybase.Connection(host, int(port))
+    name = store._name("shell").decode()  # type: ignore[attr-defined]
+    try:
+        raw.create_table(name, {"d": {"max_versions": 2**31 - 1}, "w": family})
+        with pytest.raises(InvalidArgument, match=f"{problem}.*alter '{name}'"):
+            store.create_table("shell", {"d": 0, "w": 0})
+        store.create_table("shell", {"d": 0})  # what it has suffices for this
+    finally:
+        raw.delete_table(name, disable=True)
+        raw.close()
+
+
 def test_bad_table_and_family_names_are_refused(store: Store) -> None:
     with pytest.raises(InvalidArgument, match="table name"):
         store.create_table("no/slash", {"d": 0})

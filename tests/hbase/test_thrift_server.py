@@ -333,6 +333,53 @@ def test_column_descriptors_carry_max_versions(conn: Any, name: bytes) -> None:
     }
 
 
+def test_family_settings_are_kept_as_sent(conn: Any, request: pytest.FixtureRequest) -> None:
+    """``ThriftUtilities.colDescFromThrift``/``colDescFromHbase``: compression, in-memory,
+    bloom filter, block cache and time to live round-trip (a TTL <= 0 is FOREVER)."""
+    table = unique_name(request.node.name).encode()
+    conn.client.createTable(table, [
+        hb.ColumnDescriptor(name=b"f:", maxVersions=5, compression="GZ", inMemory=True,
+                            bloomFilterType="ROW", blockCacheEnabled=True, timeToLive=-1),
+        hb.ColumnDescriptor(name=b"g:", maxVersions=1, timeToLive=60),
+    ])
+    try:
+        got = conn.client.getColumnDescriptors(table)
+        f, g = got[b"f:"], got[b"g:"]
+        assert (f.maxVersions, f.compression, f.inMemory, f.bloomFilterType,
+                f.blockCacheEnabled, f.timeToLive) == (5, b"GZ", True, b"ROW", True, 2**31 - 1)
+        assert (g.maxVersions, g.timeToLive, g.bloomFilterType) == (1, 60, b"NONE")
+    finally:
+        conn.delete_table(table, disable=True)
+
+
+def test_unknown_compression_or_bloom_type_is_refused(
+    conn: Any, request: pytest.FixtureRequest
+) -> None:
+    """``Compression.getCompressionAlgorithmByName`` and ``BloomType.valueOf`` throw
+    IllegalArgumentException, which ``createTable`` answers as IllegalArgument."""
+    table = unique_name(request.node.name).encode()
+    for bad in (hb.ColumnDescriptor(name=b"f:", compression="NOSUCH"),
+                hb.ColumnDescriptor(name=b"f:", bloomFilterType="NOSUCH")):
+        with pytest.raises(hb.IllegalArgument):
+            conn.client.createTable(table, [bad])
+    assert table not in conn.client.getTableNames()
+
+
+def test_cells_older_than_the_ttl_are_gone(conn: Any, request: pytest.FixtureRequest) -> None:
+    """Reference Guide, "Time To Live (TTL)": a cell whose timestamp (milliseconds) is
+    older than the family's TTL is not returned, so small logical timestamps are."""
+    table = unique_name(request.node.name).encode()
+    conn.client.createTable(table, [hb.ColumnDescriptor(name=b"f:", timeToLive=3600)])
+    try:
+        now_ms = int(time.time() * 1000)
+        put(conn, table, b"r", b"f:old", b"v", 5)
+        put(conn, table, b"r", b"f:new", b"v", now_ms)
+        assert cells(conn, table, b"r", b"f:old") == []
+        assert cells(conn, table, b"r", b"f:new") == [(now_ms, b"v")]
+    finally:
+        conn.delete_table(table, disable=True)
+
+
 def test_delete_table_requires_disable(conn: Any, request: pytest.FixtureRequest) -> None:
     """Reference Guide, HBase shell "drop": "the table must be disabled first"
     (Admin.deleteTable throws TableNotDisabledException)."""

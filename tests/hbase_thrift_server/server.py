@@ -40,17 +40,50 @@ resulting ``Get``/``Put``/``Delete``/``Scan``:
 * tables in namespaces (``ns:table``) need the namespace to exist; only ``default`` and
   ``hbase`` exist unless the server is started with ``--namespace NS``.
 
+* a family's ``timeToLive`` (seconds; ``<= 0`` means forever, as
+  ``ThriftUtilities.colDescFromThrift`` maps it) hides cells whose timestamp, read as
+  milliseconds, is older than that; ``compression`` and ``bloomFilterType`` must name an
+  algorithm HBase knows (``Compression.getCompressionAlgorithmByName``,
+  ``BloomType.valueOf``), else an ``IllegalArgument``; the descriptor is kept as sent and
+  returned by ``getColumnDescriptors`` (tests assert on what a client sent).
+
+Faults (:class:`Faults`, ``--fault`` on the command line), each something a real
+cluster does that a single in-memory process never would:
+
+* ``cas-replay``: ``checkAndPut`` applies, then answers False: what the Thrift server's
+  own HBase client returns when its first attempt applied, the response was lost (a
+  slow region server, a region move) and it retried without a nonce;
+* ``cas-drop``: a ``checkAndPut`` that applies (or any, not applying it, ``apply=0``),
+  then the connection is closed without an answer;
+* ``create-race``: ``createTable`` of an existing table raises
+  ``IOError(TableExistsException)``, as when another client created it between the
+  handler's ``tableExists`` check and its ``createTable``;
+* ``--idle-timeout S``: connections idle for S seconds are closed by the server
+  (``hbase.thrift.server.socket.read.timeout``, 60 s by default);
+* ``--scanner-expiry S``: a scanner not used for S seconds is forgotten (HBase 2.4+: twice
+  ``hbase.client.scanner.timeout.period``, 120 s), and then is "invalid";
+* ``--latency S``: every call takes S seconds more (a network and a region server),
+  so concurrent callers overlap as they do on a real cluster;
+* ``--servers N``: N Thrift servers of the same tables (each with its own scanners, whose
+  ids collide) behind a round-robin TCP proxy, as behind a load balancer;
+* ``--max-request-bytes N``: a mutation request over N bytes closes the connection
+  without an answer (libthrift 0.14+ ``TConfiguration.maxMessageSize``, 100 MB);
+* ``--transport framed``, ``--protocol compact``: the other Thrift1 server modes.
+
 Not reproduced: filter strings (``TScan.filterString`` raises an ``IOError`` saying so),
-TTL, regions, security.
+regions, security.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import itertools
 import logging
 import os
 import re
+import socket
 import struct
 import sys
 import threading
@@ -61,10 +94,15 @@ from typing import Any, TypeVar
 
 import happybase
 import thriftpy2
-from thriftpy2.protocol import TBinaryProtocolFactory
+from thriftpy2.protocol import TBinaryProtocolFactory, TCompactProtocolFactory
 from thriftpy2.server import TThreadedServer
 from thriftpy2.thrift import TApplicationException, TProcessor
-from thriftpy2.transport import TBufferedTransportFactory, TServerSocket
+from thriftpy2.transport import (
+    TBufferedTransportFactory,
+    TFramedTransportFactory,
+    TServerSocket,
+    TTransportException,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +116,11 @@ hb: Any = sys.modules.get("Hbase_thrift") or thriftpy2.load(
 LATEST_TIMESTAMP = 2**63 - 1
 """``HConstants.LATEST_TIMESTAMP``: a put or delete at it gets the server time."""
 
+FOREVER = 2**31 - 1
+"""``HConstants.FOREVER``: a family's time to live when it has none."""
+COMPRESSIONS = {"none", "gz", "lzo", "snappy", "lz4", "bzip2", "zstd", "brotli"}
+BLOOM_TYPES = {"NONE", "ROW", "ROWCOL", "ROWPREFIX_FIXED_LENGTH"}
+
 _TABLE_QUALIFIER = re.compile(rb"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _NAMESPACE = re.compile(rb"^[A-Za-z0-9_]+$")
 
@@ -87,6 +130,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _text(value: str | bytes) -> str:
+    """A Thrift string field (bytes: the server does not decode them)."""
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def parse_column(column: bytes) -> tuple[bytes, bytes | None]:
@@ -99,11 +147,89 @@ def io_error(message: str) -> Any:
     return hb.IOError(message=message)
 
 
+class DropConnection(TTransportException):  # type: ignore[misc]
+    """Raised by a handler method: the server closes the connection without answering."""
+
+
+@dataclass
+class Rule:
+    """When a fault fires: on calls whose value starts with one of *prefixes* (none:
+    any value), after the first *skip* of them, the next *times* (0: no limit), or
+    every *every*-th one."""
+
+    prefixes: tuple[bytes, ...] = ()
+    skip: int = 0
+    times: int = 0
+    every: int = 0
+    apply: bool = True
+    seen: int = 0
+    fired: int = 0
+
+    @classmethod
+    def parse(cls, options: Iterable[str]) -> Rule:
+        rule = cls()
+        for option in options:
+            key, _, value = option.partition("=")
+            if key == "prefix":
+                rule.prefixes = tuple(bytes.fromhex(p) for p in value.split(","))
+            elif key in ("skip", "times", "every"):
+                setattr(rule, key, int(value))
+            elif key == "apply":
+                rule.apply = value not in ("0", "false", "no")
+            else:
+                raise ValueError(f"unknown fault option {option!r}")
+        return rule
+
+    def fires(self, value: bytes) -> bool:
+        if self.prefixes and not value.startswith(self.prefixes):
+            return False
+        self.seen += 1
+        if self.seen <= self.skip:
+            return False
+        if self.every:
+            hit = self.seen % self.every == 0
+        else:
+            hit = not self.times or self.fired < self.times
+        self.fired += hit
+        return hit
+
+
+@dataclass
+class Faults:
+    """The faults a handler plays (see the module docstring); none by default."""
+
+    cas_replay: Rule | None = None
+    cas_drop: Rule | None = None
+    create_race: bool = False
+    scanner_expiry: float | None = None
+    max_request_bytes: int | None = None
+    latency: float = 0.0
+
+    @classmethod
+    def parse(cls, specs: Iterable[str]) -> Faults:
+        """Faults from ``NAME[:key=value...]`` strings: ``cas-replay``, ``cas-drop``
+        (options ``prefix=HEX``, ``skip=N``, ``times=N``, ``every=N``, ``apply=0``),
+        ``create-race``."""
+        faults = cls()
+        for spec in specs:
+            name, *options = spec.split(":")
+            if name == "cas-replay":
+                faults.cas_replay = Rule.parse(options)
+            elif name == "cas-drop":
+                faults.cas_drop = Rule.parse(options)
+            elif name == "create-race" and not options:
+                faults.create_race = True
+            else:
+                raise ValueError(f"unknown fault {spec!r}")
+        return faults
+
+
 @dataclass
 class Family:
     name: bytes
     max_versions: int
     descriptor: Any
+    ttl_ms: int | None = None
 
 
 @dataclass
@@ -163,9 +289,13 @@ def _declared(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        latency = args[0].faults.latency
+        if latency:
+            time.sleep(latency)  # outside the lock, as a network round trip is
         try:
             return func(*args, **kwargs)
-        except (hb.IOError, hb.IllegalArgument, hb.AlreadyExists, TApplicationException):
+        except (hb.IOError, hb.IllegalArgument, hb.AlreadyExists, TApplicationException,
+                DropConnection):
             raise
         except Exception as e:
             logger.exception("internal error in %s", func.__name__)
@@ -177,12 +307,27 @@ def _declared(func: F) -> F:
 class HBaseHandler:
     """The Thrift1 ``Hbase`` service over in-memory tables (one lock for all state)."""
 
-    def __init__(self, namespaces: Iterable[str] = ()) -> None:
-        self._lock = threading.RLock()
-        self._tables: dict[bytes, Table] = {}
+    def __init__(
+        self,
+        namespaces: Iterable[str] = (),
+        faults: Faults | None = None,
+        cluster: HBaseHandler | None = None,
+    ) -> None:
+        """*cluster*: another handler whose tables this one serves too (a second Thrift
+        server of the same HBase: same tables, its own scanners)."""
+        self._lock: threading.RLock = threading.RLock() if cluster is None else cluster._lock
+        self._tables: dict[bytes, Table] = {} if cluster is None else cluster._tables
         self._namespaces = {b"default", b"hbase", *(ns.encode() for ns in namespaces)}
         self._scanners: dict[int, list[Any]] = {}
+        self._scanner_used: dict[int, float] = {}
         self._next_scanner = 1
+        self.faults = faults or Faults()
+
+    def _check_request_size(self, size: int) -> None:
+        cap = self.faults.max_request_bytes
+        if cap is not None and size > cap:
+            logger.warning("request of %d bytes over the cap of %d: connection closed", size, cap)
+            raise DropConnection(message=f"MaxMessageSize reached: {size} > {cap}")
 
     # ---- helpers --------------------------------------------------------------
 
@@ -216,9 +361,14 @@ class HBaseHandler:
             self._family(table, family)
 
     @staticmethod
-    def _versions(row: Row, col: Col, time_max: int) -> list[tuple[int, bytes]]:
-        """Visible versions of *col* with timestamp < *time_max*, newest first."""
+    def _versions(
+        row: Row, col: Col, time_max: int, ttl_ms: int | None = None
+    ) -> list[tuple[int, bytes]]:
+        """Visible versions of *col* with timestamp < *time_max*, newest first (and,
+        with a *ttl_ms*, not older than that many milliseconds before now)."""
         stone = row.tombstone(col)
+        if ttl_ms is not None:
+            stone = max(stone, _now_ms() - ttl_ms - 1)
         return sorted(
             ((ts, v) for ts, v in row.cells.get(col, {}).items() if stone < ts < time_max),
             reverse=True,
@@ -237,8 +387,9 @@ class HBaseHandler:
                 quals = sel.families[col[0]]
                 if quals is not None and col[1] not in quals:
                     continue
-            limit = min(sel.max_versions, table.families[col[0]].max_versions)
-            for ts, value in self._versions(row, col, sel.time_max)[:limit]:
+            family = table.families[col[0]]
+            limit = min(sel.max_versions, family.max_versions)
+            for ts, value in self._versions(row, col, sel.time_max, family.ttl_ms)[:limit]:
                 out.append((col, ts, value))
         return out
 
@@ -314,9 +465,25 @@ class HBaseHandler:
                     "org.apache.hadoop.hbase.NamespaceNotFoundException: " + namespace.decode()
                 )
             if name in self._tables:
+                if self.faults.create_race:  # created between tableExists and createTable
+                    raise io_error(
+                        f"org.apache.hadoop.hbase.TableExistsException: {name.decode()}"
+                    )
                 raise hb.AlreadyExists(message="table name already in use")
             families: dict[bytes, Family] = {}
             for desc in columnFamilies or ():
+                compression = _text(desc.compression or "NONE").lower()
+                bloom = _text(desc.bloomFilterType or "NONE")
+                if compression not in COMPRESSIONS:
+                    raise hb.IllegalArgument(
+                        message="java.lang.IllegalArgumentException: "
+                        f"Unsupported compression algorithm name: {compression}"
+                    )
+                if bloom not in BLOOM_TYPES:
+                    raise hb.IllegalArgument(
+                        message="java.lang.IllegalArgumentException: No enum constant "
+                        f"org.apache.hadoop.hbase.regionserver.BloomType.{bloom}"
+                    )
                 if not desc.name:
                     raise hb.IllegalArgument(message="column name is empty")
                 family = parse_column(desc.name)[0]
@@ -325,18 +492,21 @@ class HBaseHandler:
                         message="java.lang.IllegalArgumentException: "
                         "Maximum versions must be positive"
                     )
+                ttl = desc.timeToLive if desc.timeToLive and desc.timeToLive > 0 else FOREVER
                 stored = hb.ColumnDescriptor(
                     name=family + b":",
                     maxVersions=desc.maxVersions,
-                    compression=desc.compression,
-                    inMemory=desc.inMemory,
-                    bloomFilterType=desc.bloomFilterType,
+                    compression=compression.upper(),
+                    inMemory=bool(desc.inMemory),
+                    bloomFilterType=bloom,
                     bloomFilterVectorSize=0,
                     bloomFilterNbHashes=0,
-                    blockCacheEnabled=desc.blockCacheEnabled,
-                    timeToLive=desc.timeToLive,
+                    blockCacheEnabled=bool(desc.blockCacheEnabled),
+                    timeToLive=ttl,
                 )
-                families[family] = Family(family, desc.maxVersions, stored)
+                families[family] = Family(
+                    family, desc.maxVersions, stored, None if ttl >= FOREVER else ttl * 1000
+                )
             if not families:
                 raise io_error(
                     "org.apache.hadoop.hbase.DoNotRetryIOException: "
@@ -525,6 +695,13 @@ class HBaseHandler:
 
     # ---- writes ---------------------------------------------------------------
 
+    @staticmethod
+    def _size(row: bytes, mutations: list[Any] | None) -> int:
+        """About how many bytes a row's mutations take on the wire."""
+        return len(row) + sum(
+            16 + len(m.column or b"") + len(m.value or b"") for m in mutations or ()
+        )
+
     def _split_mutations(
         self, table: Table, mutations: list[Any], *, batch: bool
     ) -> tuple[list[tuple[Col, bytes]], list[bytes]]:
@@ -562,6 +739,7 @@ class HBaseHandler:
         timestamp: int,
         attributes: Any = None,
     ) -> None:
+        self._check_request_size(self._size(row, mutations))
         with self._lock:
             table = self._table(tableName)
             puts, deletes = self._split_mutations(table, mutations, batch=False)
@@ -579,6 +757,7 @@ class HBaseHandler:
     def mutateRowsTs(
         self, tableName: bytes, rowBatches: list[Any], timestamp: int, attributes: Any = None
     ) -> None:
+        self._check_request_size(sum(self._size(b.row, b.mutations) for b in rowBatches or ()))
         with self._lock:
             table = self._table(tableName)
             split = [
@@ -623,9 +802,9 @@ class HBaseHandler:
             table = self._table(tableName)
             family, qualifier = parse_column(column)
             col = (family, qualifier or b"")
-            self._family(table, family)
+            fam = self._family(table, family)
             r = table.rows.get(row)
-            current = self._versions(r, col, LATEST_TIMESTAMP) if r else []
+            current = self._versions(r, col, LATEST_TIMESTAMP, fam.ttl_ms) if r else []
             if current and len(current[0][1]) != 8:  # HRegion.getLongValue
                 raise io_error(
                     "org.apache.hadoop.hbase.DoNotRetryIOException: "
@@ -648,10 +827,11 @@ class HBaseHandler:
         mput: Any,
         attributes: Any = None,
     ) -> bool:
+        self._check_request_size(self._size(row, [mput]))
         with self._lock:
             table = self._table(tableName)
             family, qualifier = parse_column(column)
-            self._family(table, family)
+            fam = self._family(table, family)
             put_family, put_qualifier = parse_column(mput.column or b"")
             if put_qualifier is None:
                 raise hb.IllegalArgument(
@@ -660,7 +840,8 @@ class HBaseHandler:
                 )
             self._family(table, put_family)
             r = table.rows.get(row)
-            current = self._versions(r, (family, qualifier or b""), LATEST_TIMESTAMP) if r else []
+            col = (family, qualifier or b"")
+            current = self._versions(r, col, LATEST_TIMESTAMP, fam.ttl_ms) if r else []
             value_is_null = not value
             if not current:
                 matches, cell_ts = value_is_null, 0
@@ -668,10 +849,20 @@ class HBaseHandler:
                 matches, cell_ts = len(current[0][1]) == 0, current[0][0]
             else:
                 matches, cell_ts = current[0][1] == value, current[0][0]
-            if matches:
+            new = mput.value if mput.value is not None else b""
+            drop = self.faults.cas_drop
+            # (apply=1 drops only calls that apply: what a client can tell apart)
+            dropping = drop is not None and (matches or not drop.apply) and drop.fires(new)
+            if matches and not (dropping and drop is not None and not drop.apply):
                 ts = max(_now_ms(), cell_ts)  # "ensure write is not eclipsed"
-                new = mput.value if mput.value is not None else b""
                 self._put(table, row, (put_family, put_qualifier), ts, new)
+            if dropping:
+                logger.warning("fault: checkAndPut on %r answered by closing the connection", row)
+                raise DropConnection(message="fault: connection closed after checkAndPut")
+            replay = self.faults.cas_replay
+            if matches and replay is not None and replay.fires(new):
+                logger.warning("fault: checkAndPut on %r applied, answered False", row)
+                return False
             return matches
 
     # ---- scanners -------------------------------------------------------------
@@ -719,7 +910,24 @@ class HBaseHandler:
             scanner_id = self._next_scanner
             self._next_scanner += 1
             self._scanners[scanner_id] = results
+            self._scanner_used[scanner_id] = time.monotonic()
             return scanner_id
+
+    def _scanner(self, id: int) -> list[Any]:
+        """The results left of scanner *id*; one unused for longer than the expiry is
+        gone (HBase 2.4+ keeps scanners in a cache that expires after access)."""
+        expiry = self.faults.scanner_expiry
+        now = time.monotonic()
+        if expiry is not None:
+            for sid in [s for s, used in self._scanner_used.items() if now - used > expiry]:
+                logger.warning("fault: scanner %d expired", sid)
+                self._scanners.pop(sid, None)
+                self._scanner_used.pop(sid, None)
+        results = self._scanners.get(id)
+        if results is None:
+            raise hb.IllegalArgument(message="scanner ID is invalid")
+        self._scanner_used[id] = now
+        return results
 
     @_declared
     def scannerOpenWithScan(self, tableName: bytes, scan: Any, attributes: Any = None) -> int:
@@ -787,9 +995,7 @@ class HBaseHandler:
     @_declared
     def scannerGetList(self, id: int, nbRows: int) -> list[Any]:
         with self._lock:
-            results = self._scanners.get(id)
-            if results is None:
-                raise hb.IllegalArgument(message="scanner ID is invalid")
+            results = self._scanner(id)
             n = max(nbRows, 0)
             batch, results[:n] = results[:n], []
             return batch
@@ -801,20 +1007,41 @@ class HBaseHandler:
     @_declared
     def scannerClose(self, id: int) -> None:
         with self._lock:
-            if self._scanners.pop(id, None) is None:
-                raise hb.IllegalArgument(message="scanner ID is invalid")
+            self._scanner(id)
+            del self._scanners[id]
+            del self._scanner_used[id]
 
 
-def make_server(host: str, port: int, namespaces: Iterable[str] = ()) -> TThreadedServer:
-    """A threaded Thrift1 server on *host*:*port* (buffered transport, binary protocol)."""
-    processor = TProcessor(hb.Hbase, HBaseHandler(namespaces))
-    # client_timeout=None: pooled client connections may stay idle for long.
-    socket = TServerSocket(host=host, port=port, client_timeout=None)
+TRANSPORTS = {"buffered": TBufferedTransportFactory, "framed": TFramedTransportFactory}
+PROTOCOLS = {"binary": TBinaryProtocolFactory, "compact": TCompactProtocolFactory}
+
+
+def make_server(
+    host: str,
+    port: int,
+    namespaces: Iterable[str] = (),
+    *,
+    faults: Faults | None = None,
+    idle_timeout: float | None = None,
+    transport: str = "buffered",
+    protocol: str = "binary",
+    cluster: HBaseHandler | None = None,
+) -> TThreadedServer:
+    """A threaded Thrift1 server on *host*:*port* with *transport* and *protocol*
+    (happybase's defaults: buffered, binary), playing *faults*. *idle_timeout*: seconds
+    a connection may stay idle before the server closes it (None: never). *cluster*:
+    serve the tables of that handler (see :class:`HBaseHandler`)."""
+    processor = TProcessor(hb.Hbase, HBaseHandler(namespaces, faults, cluster))
+    socket = TServerSocket(  # client_timeout is in milliseconds
+        host=host, port=port, client_timeout=None if idle_timeout is None else idle_timeout * 1000
+    )
     return TThreadedServer(
         processor,
         socket,
-        iprot_factory=TBinaryProtocolFactory(decode_response=False),
-        itrans_factory=TBufferedTransportFactory(),
+        # thriftpy2's compact protocol reads method names as bytes unless it decodes
+        # strings; the handler takes either (``_text``), table and row names are binary.
+        iprot_factory=PROTOCOLS[protocol](decode_response=protocol == "compact"),
+        itrans_factory=TRANSPORTS[transport](),
         daemon=True,
     )
 
@@ -828,11 +1055,89 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--namespace", action="append", default=[], help="a namespace that exists (repeatable)"
     )
+    parser.add_argument("--transport", choices=sorted(TRANSPORTS), default="buffered")
+    parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="binary")
+    parser.add_argument(
+        "--fault", action="append", default=[],
+        help="cas-replay|cas-drop[:prefix=HEX[,HEX...]][:skip=N][:times=N|:every=N][:apply=0], "
+        "create-race",
+    )
+    parser.add_argument("--idle-timeout", type=float, help="close connections idle S seconds")
+    parser.add_argument("--scanner-expiry", type=float, help="forget scanners unused S seconds")
+    parser.add_argument("--max-request-bytes", type=int, help="drop bigger mutation requests")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds added to each call")
+    parser.add_argument(
+        "--servers", type=int, default=1,
+        help="N > 1: N Thrift servers of the same tables behind a round-robin TCP proxy",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    server = make_server(args.host, args.port, args.namespace)
+    faults = Faults.parse(args.fault)
+    faults.scanner_expiry = args.scanner_expiry
+    faults.max_request_bytes = args.max_request_bytes
+    faults.latency = args.latency
+    options: dict[str, Any] = dict(
+        faults=faults, idle_timeout=args.idle_timeout, transport=args.transport,
+        protocol=args.protocol,
+    )
+    if args.servers > 1:
+        backends = []
+        first: HBaseHandler | None = None
+        for _ in range(args.servers):
+            behind = make_server(args.host, 0, args.namespace, cluster=first, **options)
+            behind.trans.listen()
+            if first is None:
+                first = behind.processor._handler
+            backends.append(behind.trans.sock.getsockname()[:2])
+            threading.Thread(target=_serve_listening, args=(behind,), daemon=True).start()
+        logger.warning("%d HBase Thrift1 test servers behind a round-robin proxy on %s:%d",
+                       args.servers, args.host, args.port)
+        try:
+            round_robin_proxy(args.host, args.port, backends)
+        except KeyboardInterrupt:
+            pass
+        return
+    server = make_server(args.host, args.port, args.namespace, **options)
     logger.warning("HBase Thrift1 test server on %s:%d", args.host, args.port)
     try:
         server.serve()
     except KeyboardInterrupt:
         pass
+
+
+def _serve_listening(server: TThreadedServer) -> None:
+    """``TThreadedServer.serve`` for a server whose socket already listens."""
+    while not server.closed:
+        try:
+            client = server.trans.accept()
+        except OSError:
+            return
+        threading.Thread(target=server.handle, args=(client,), daemon=True).start()
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def round_robin_proxy(host: str, port: int, backends: list[tuple[str, int]]) -> None:
+    """Forward each connection accepted on *host*:*port* to the next of *backends* in
+    turn, as a TCP load balancer in front of several Thrift servers does. Blocks."""
+    listener = socket.create_server((host, port))
+    turn = itertools.cycle(backends)
+    while True:
+        client, _ = listener.accept()
+        try:
+            backend = socket.create_connection(next(turn))
+        except OSError:
+            client.close()
+            continue
+        for a, b in ((client, backend), (backend, client)):
+            threading.Thread(target=_pump, args=(a, b), daemon=True).start()

@@ -17,14 +17,23 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 import percolator
 from percolator import Transaction
 from percolator._store import Read
+from tests._backends import WITH_FAULTS
 
 ACCOUNTS = 8
 INITIAL = 1000
 WORKERS = 3
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(params=WITH_FAULTS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """Every backend, and HBase with faults (``tests/_backends.py``)."""
+    return str(request.param)
 
 
 def _start(url: str, seed: int, log: Path) -> subprocess.Popen[bytes]:

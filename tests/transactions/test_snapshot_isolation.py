@@ -23,6 +23,7 @@ import collections
 import itertools
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
@@ -30,6 +31,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_s
 import percolator
 from percolator import Transaction
 from percolator.testing import CrashPoint, client_of, crash_commit
+from tests._backends import WITH_FAULTS
 from tests._services import in_ci
 
 TABLES = ("ta", "tb")
@@ -55,6 +57,12 @@ exercised: collections.Counter[str] = collections.Counter()
 class Open:
     txn: Transaction
     writes: dict[Key, bytes | None] = field(default_factory=dict)
+
+
+@pytest.fixture(params=WITH_FAULTS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """Every backend, and HBase with faults (``tests/_backends.py``)."""
+    return str(request.param)
 
 
 def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:

@@ -1,0 +1,79 @@
+"""``lock_cas`` (``percolator/_cas.py``): a lock-cell compare-and-set whose answer was
+a replay or was lost, settled by reading the cell again, on every backend.
+
+Each backend's real store is used; only the answer of one ``check_and_set`` call is
+changed, as a store that retries below us (a replayed False) or a lost connection (an
+error after, or before, the call applied) would change it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from percolator._cas import lock_cas
+from percolator._errors import StoreUnavailable
+from percolator._store import Read, Store
+from percolator.stores import open_store
+
+CELL = ("t", b"r", "l:c")
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    s = open_store(store_url)
+    s.create_table("t", {"l": 1})
+    yield s
+    for table in s.list_tables():
+        s.drop_table(table)
+    s.close()
+
+
+def _value(store: Store) -> bytes | None:
+    cells = store.read_rows("t", [b"r"], [Read("l", ("c",))]).get(b"r", {}).get("l:c")
+    return cells[0][1] if cells else None
+
+
+def _answer(store: Store, answer: str) -> None:
+    """Make *store*'s next check_and_set apply (or not) and answer as *answer* says."""
+    real = store.check_and_set
+
+    def check_and_set(*args: object, **kwargs: object) -> bool:
+        store.check_and_set = real  # type: ignore[method-assign]
+        if answer == "lost before applying":
+            raise StoreUnavailable("connection lost before the call was sent")
+        applied = real(*args, **kwargs)  # type: ignore[arg-type]
+        if answer == "lost after applying":
+            raise StoreUnavailable("connection lost before the answer came back")
+        assert answer == "replayed" and applied
+        return False  # the retry of an applied attempt sees the new value
+
+    store.check_and_set = check_and_set  # type: ignore[method-assign]
+
+
+def test_an_answer_lost_after_the_call_applied_is_a_success(store: Store) -> None:
+    _answer(store, "lost after applying")
+    assert lock_cas(store, *CELL, None, b"mine")
+    assert _value(store) == b"mine"
+
+
+def test_an_answer_lost_before_the_call_applied_is_still_an_error(store: Store) -> None:
+    _answer(store, "lost before applying")
+    with pytest.raises(StoreUnavailable, match="before the call was sent"):
+        lock_cas(store, *CELL, None, b"mine")
+    assert _value(store) is None
+
+
+def test_a_replayed_false_is_a_success_where_the_store_may_replay(store: Store) -> None:
+    _answer(store, "replayed")
+    assert lock_cas(store, *CELL, None, b"mine") is getattr(
+        store, "cas_answer_may_be_replayed", False
+    )
+    assert _value(store) == b"mine"
+
+
+def test_a_genuine_false_stays_false(store: Store) -> None:
+    assert lock_cas(store, *CELL, None, b"theirs")
+    assert not lock_cas(store, *CELL, None, b"mine")
+    assert _value(store) == b"theirs"
