@@ -385,6 +385,7 @@ class OracleClient:
             peer=f"the oracle at {address}",
             timeout=max(0.1, min(remaining, 2.0)),
             hello=HTTP2_PREFACE,
+            answers_hello=True,  # a gRPC server answers the preface with its SETTINGS
             alpn=["h2"],
         )
         if problem is not None:

@@ -223,14 +223,16 @@ def diagnose(
     peer: str,
     timeout: float = 2.0,
     hello: bytes = b"",
+    answers_hello: bool = False,
     alpn: list[str] | None = None,
 ) -> str | None:
     """Why a connection to *address* with *tls* (None: plaintext) cannot work, or None.
 
     With *tls*, one verifying handshake with its files, then *hello* is sent and one
     byte awaited (a server that refuses our certificate after a TLS 1.3 handshake says
-    so then). Without, one handshake that verifies nothing, to learn whether the peer
-    speaks TLS at all. *peer* names the server in the message ("the oracle at h:p").
+    so then, or, if it always *answers_hello*, by closing without a word, as gRPC does).
+    Without, one handshake that verifies nothing, to learn whether the peer speaks TLS.
+    *peer* names the server in the message ("the oracle at h:p").
     None means nothing wrong was seen: unreachable, slow, or fine.
     """
     host, port = address
@@ -263,10 +265,7 @@ def diagnose(
         except (OSError, ssl.SSLError) as e:
             return f"this client cannot load its TLS files {tls!r}: {e}"
         try:
-            with ctx.wrap_socket(raw, server_hostname=host) as s:
-                if hello:
-                    s.sendall(hello)
-                    s.recv(1)
+            conn = ctx.wrap_socket(raw, server_hostname=host)
         except ssl.SSLCertVerificationError as e:
             return (
                 f"this client does not trust the certificate of {peer}: "
@@ -276,10 +275,7 @@ def diagnose(
         except ssl.SSLError as e:
             meaning = _alert(e)
             if meaning is not None:
-                return (
-                    f"{peer} refused this client's TLS handshake: {meaning} [{e.reason}]"
-                    f"{_own_certificate_problem(tls)}"
-                )
+                return _refused(peer, f"{meaning} [{e.reason}]", tls)
             if _not_tls(e):
                 return (
                     f"{peer} does not speak TLS (it answers in plaintext) but this client "
@@ -293,7 +289,33 @@ def diagnose(
             )
         except OSError:
             return None  # timeout: slow, not a clear refusal
+        with conn:
+            # In TLS 1.3 the server checks our certificate after the client's side of
+            # the handshake is done: its verdict comes with the answer to *hello*.
+            if not hello:
+                return None
+            try:
+                conn.sendall(hello)
+                data = conn.recv(1)
+            except ssl.SSLError as e:
+                meaning = _alert(e)
+                if meaning is not None:
+                    return _refused(peer, f"{meaning} [{e.reason}]", tls)
+                data = b""
+            except (ConnectionResetError, BrokenPipeError):
+                data = b""
+            except OSError:
+                return None  # timeout: slow, not a clear refusal
+            if not data and answers_hello:
+                return _refused(
+                    peer, "it closed the connection right after the handshake, without "
+                    "answering (it does not accept this client's certificate)", tls
+                )
     return None
+
+
+def _refused(peer: str, why: str, tls: TlsConfig) -> str:
+    return f"{peer} refused this client's TLS handshake: {why}{_own_certificate_problem(tls)}"
 
 
 def add_zookeeper_tls_arguments(parser: Any, prefix: str = "zookeeper") -> None:
