@@ -235,6 +235,25 @@ def diagnose(
     *peer* names the server in the message ("the oracle at h:p").
     None means nothing wrong was seen: unreachable, slow, or fine.
     """
+    first = _probe(address, tls, peer, timeout, hello, answers_hello, alpn)
+    if first is None:
+        return None
+    # A server that is going away may reset a connection in the middle of a handshake,
+    # just like one that refuses it: only a verdict seen twice is reported.
+    time.sleep(0.1)
+    again = _probe(address, tls, peer, timeout, hello, answers_hello, alpn)
+    return first if again == first else None
+
+
+def _probe(
+    address: tuple[str, int],
+    tls: TlsConfig | None,
+    peer: str,
+    timeout: float,
+    hello: bytes,
+    answers_hello: bool,
+    alpn: list[str] | None,
+) -> str | None:
     host, port = address
     try:
         raw = socket.create_connection((host, port), timeout=timeout)
