@@ -9,6 +9,7 @@ behaviour before the handshake probe) fails the test by timing out.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -84,9 +85,11 @@ def tls_server(ca: TestCA, tmp_path: object) -> Iterator[OracleServer]:
 
 
 def draw_fails(target: str, tls: TlsConfig | None) -> str:
-    with OracleClient(target, deadline=LONG_DEADLINE, tls=tls) as c:
-        with pytest.raises(TlsError) as info:
-            c.get_timestamp()
+    with (
+        OracleClient(target, deadline=LONG_DEADLINE, tls=tls) as c,
+        pytest.raises(TlsError) as info,
+    ):
+        c.get_timestamp()
     return str(info.value)
 
 
@@ -170,7 +173,7 @@ def test_tls_client_against_plaintext_server(ca: TestCA, tmp_path: object) -> No
 
 
 def test_tls_settings_with_a_plaintext_target_are_refused(ca: TestCA) -> None:
-    with pytest.raises(InvalidArgument, match="use 'grpcs://127.0.0.1:7070'"):
+    with pytest.raises(InvalidArgument, match=re.escape("use 'grpcs://127.0.0.1:7070'")):
         OracleClient("grpc://127.0.0.1:7070", tls=ca.client_tls())
 
 
@@ -288,9 +291,11 @@ def test_tls_client_refuses_a_plaintext_leader(
 ) -> None:
     procs = [oracles.start("--zookeeper", zk_chroot, "--session-timeout", "1.5")]
     wait_leader(procs)
-    with OracleClient(f"zk://{zk_chroot}", deadline=LONG_DEADLINE, tls=ca.client_tls()) as c:
-        with pytest.raises(TlsError, match="is plaintext .* but this client requires TLS"):
-            c.get_timestamp()
+    with (
+        OracleClient(f"zk://{zk_chroot}", deadline=LONG_DEADLINE, tls=ca.client_tls()) as c,
+        pytest.raises(TlsError, match=r"is plaintext .* but this client requires TLS"),
+    ):
+        c.get_timestamp()
 
 
 def test_published_leader_formats() -> None:
