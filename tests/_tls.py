@@ -32,6 +32,13 @@ def _require_cryptography() -> None:
         pytest.skip("the TLS tests need 'cryptography': pip install -e '.[test]'")
 
 
+def _san(host: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
 @dataclass(frozen=True)
 class Issued:
     """PEM files of one issued certificate: its chain and its key."""
@@ -45,7 +52,9 @@ class TestCA:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, directory: str, name: str = "percolator test CA") -> None:
+    def __init__(
+        self, directory: str, name: str = "percolator test CA", *, days: int = 2
+    ) -> None:
         _require_cryptography()
         os.makedirs(directory, exist_ok=True)
         self.directory = directory
@@ -60,7 +69,7 @@ class TestCA:
             .public_key(self._key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=2))
+            .not_valid_after(now + datetime.timedelta(days=days))
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .add_extension(
                 x509.KeyUsage(
@@ -79,16 +88,25 @@ class TestCA:
         with open(self.ca, "wb") as f:
             f.write(self._cert.public_bytes(serialization.Encoding.PEM))
 
-    def issue(self, name: str, *, client: bool = False, expired: bool = False) -> Issued:
-        """A certificate for *name* (server: for 127.0.0.1 and localhost; *client*: client
-        auth), written as ``<name>.pem`` and ``<name>.key`` (0600)."""
+    def issue(
+        self,
+        name: str,
+        *,
+        client: bool = False,
+        expired: bool = False,
+        hosts: tuple[str, ...] = ("localhost", "127.0.0.1"),
+        days: int = 1,
+    ) -> Issued:
+        """A certificate for *name* naming *hosts* (DNS names or IP addresses), for server
+        auth or, with *client*, client auth, valid for *days*; written as ``<name>.pem``
+        and ``<name>.key`` (0600)."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         day = datetime.timedelta(days=1)
         if expired:
             not_before, not_after = now - 3 * day, now - 2 * day
         else:
-            not_before, not_after = now - day / 24, now + day
+            not_before, not_after = now - day / 24, now + days * day
         usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
         builder = (
             x509.CertificateBuilder()
@@ -101,10 +119,7 @@ class TestCA:
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
             .add_extension(
-                x509.SubjectAlternativeName([
-                    x509.DNSName("localhost"),
-                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                ]),
+                x509.SubjectAlternativeName([_san(h) for h in hosts]),
                 critical=False,
             )
             .add_extension(
