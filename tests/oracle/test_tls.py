@@ -235,7 +235,7 @@ def zk_tls_args(tls_zookeeper: TlsZooKeeper) -> list[str]:
             "--zookeeper-tls-key", tls.key]
 
 
-def wait_leader(procs: list[OracleProcess], timeout: float = 30.0) -> OracleProcess:
+def wait_leader(procs: list[OracleProcess], timeout: float = 60.0) -> OracleProcess:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         leaders = [p for p in procs if p.process.poll() is None and p.is_leader()]
