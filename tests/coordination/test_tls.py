@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +27,8 @@ from tests._tls import TestCA
 from tests._zookeeper import TlsZooKeeper
 
 pytestmark = pytest.mark.zk
+
+ROOT = Path(__file__).resolve().parents[2]
 
 LONG = 60.0
 
@@ -133,3 +138,46 @@ def test_tls_client_against_a_plaintext_zookeeper(
 ) -> None:
     with pytest.raises(TlsError, match="does not speak TLS"):
         ZooKeeperCoordination(zk_chroot, connect_timeout=LONG, tls=tls_zookeeper.tls)
+
+
+def test_worker_over_tls_zookeeper_and_tls_oracle(
+    tmp_path: Path, tls_zookeeper: TlsZooKeeper, tls_oracle: tuple[OracleServer, TlsConfig]
+) -> None:
+    """``python -m observers`` with ``--zookeeper-tls-*`` learns the store and the TLS oracle
+    from the TLS ZooKeeper and processes a change (its flags reach connect). The oracle of
+    the published configuration is its only timestamp source, so its commits went through
+    mutual TLS to it too."""
+    from observers import Worker, wait_for_observers
+    from tests.observers import _app
+
+    server, oracle_tls = tls_oracle
+    chroot = tls_zookeeper.chroot()
+    zk_tls = tls_zookeeper.tls
+    url = f"sqlite:///{tmp_path}/worker.db"
+    publish_config(
+        chroot, store=url, oracle=f"grpcs://127.0.0.1:{server.port}",
+        oracle_tls=oracle_tls, zookeeper_tls=zk_tls,
+    )
+    assert zk_tls.ca and zk_tls.cert and zk_tls.key
+    with percolator.connect("zk://" + chroot, zookeeper_tls=zk_tls) as cluster:
+        for table in ("docs", "log", "flaky"):
+            cluster.create_table(table)
+        Worker(cluster, _app.OBSERVERS).register()
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "observers", "--cluster", "zk://" + chroot,
+             "--observers", "tests.observers._app:OBSERVERS", "--threads", "2",
+             "--zookeeper-tls-ca", zk_tls.ca, "--zookeeper-tls-cert", zk_tls.cert,
+             "--zookeeper-tls-key", zk_tls.key, "--log-level", "WARNING"],
+            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=open(tmp_path / "worker.log", "ab"),  # noqa: SIM115
+        )
+        try:
+            with percolator.Transaction(cluster) as txn:
+                txn.set("docs", b"d1", "raw:v", b"hello")
+            wait_for_observers(cluster, timeout=60)
+            with percolator.Transaction(cluster) as txn:
+                assert txn.get("docs", b"d1", "out:final") == b"hello"
+            assert worker.poll() is None, (tmp_path / "worker.log").read_text()
+        finally:
+            worker.terminate()
+            worker.wait(30)
