@@ -44,7 +44,7 @@ from oracle._target import (
 )
 from percolator._errors import InvalidArgument
 from percolator._pause import pause_point
-from percolator._tls import TlsConfig, check_tls, describe_server
+from percolator._tls import TlsConfig, check_tls, describe_server, validity_problem
 from percolator._zookeeper import make_client, start_client
 
 if TYPE_CHECKING:
@@ -620,6 +620,11 @@ class OracleServer:
 
         :raises InvalidArgument: if the state file is unreadable.
         """
+        if self.tls is not None and self.tls.cert is not None:
+            problem = validity_problem(self.tls.cert)
+            if problem is not None:  # clients will refuse it: say so where operators look
+                log.error("the server certificate %s %s: clients will refuse it; renew it",
+                          self.tls.cert, problem)
         self._allocator.start()
         if self._file is not None:
             ceiling = self._file.load()

@@ -194,26 +194,31 @@ _NOT_TLS_REASONS = frozenset({
 })
 
 
-def _own_certificate_problem(tls: TlsConfig) -> str:
-    """'; this client's certificate ... expired ...' when it is out of its validity period,
-    else ''. (Read with the ssl module's certificate decoder: no extra dependency.)"""
-    if tls.cert is None:
-        return "; this client sent no certificate (give cert= and key=)"
+def validity_problem(cert: str) -> str | None:
+    """"expired at ..." or "is not valid before ..." for the first certificate of the PEM
+    file *cert*, or None (valid now, or not decodable: the handshake reports that).
+    Read with the ssl module's certificate decoder: no extra dependency."""
     try:
-        decoded = ssl._ssl._test_decode_cert(tls.cert)  # type: ignore[attr-defined]
+        decoded = ssl._ssl._test_decode_cert(cert)  # type: ignore[attr-defined]
         not_before = ssl.cert_time_to_seconds(decoded["notBefore"])
         not_after = ssl.cert_time_to_seconds(decoded["notAfter"])
-    except Exception:  # an undecodable file is the handshake's problem, reported above
-        return ""
+    except Exception:
+        return None
     now = time.time()
     if now > not_after:
-        return f"; this client's certificate {tls.cert!r} expired at {decoded['notAfter']}"
+        return f"expired at {decoded['notAfter']}"
     if now < not_before:
-        return (
-            f"; this client's certificate {tls.cert!r} is not valid before "
-            f"{decoded['notBefore']}"
-        )
-    return ""
+        return f"is not valid before {decoded['notBefore']}"
+    return None
+
+
+def _own_certificate_problem(tls: TlsConfig) -> str:
+    """'; this client's certificate ... expired ...' when it is out of its validity period,
+    '; this client sent no certificate' without one, else ''."""
+    if tls.cert is None:
+        return "; this client sent no certificate (give cert= and key=)"
+    problem = validity_problem(tls.cert)
+    return "" if problem is None else f"; this client's certificate {tls.cert!r} {problem}"
 
 
 def diagnose(

@@ -106,7 +106,9 @@ def test_client_trusting_another_ca_says_it_does_not_trust_the_server(
 
 
 @pytest.mark.timeout(30)
-def test_expired_server_certificate_is_named(ca: TestCA, tmp_path: object) -> None:
+def test_expired_server_certificate_is_named(
+    ca: TestCA, tmp_path: object, caplog: pytest.LogCaptureFixture
+) -> None:
     expired = ca.issue("old-oracle", expired=True)
     server = OracleServer(
         "127.0.0.1:0",
@@ -120,6 +122,8 @@ def test_expired_server_certificate_is_named(ca: TestCA, tmp_path: object) -> No
         server.stop()
     assert "does not trust the certificate of the oracle" in message
     assert "certificate has expired" in message
+    # ... and the server said so in its own log when it started.
+    assert f"the server certificate {expired.cert} expired at" in caplog.text
 
 
 @pytest.mark.timeout(30)
