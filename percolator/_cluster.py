@@ -73,7 +73,8 @@ def connect(
     *oracle_tls* and *zookeeper_tls* (:class:`TlsConfig`: CA, client certificate and key
     paths) make those connections over TLS (mutual TLS when a certificate is given); a
     ``grpcs://`` oracle target uses TLS with the system's roots when *oracle_tls* is not
-    given. See docs/tls.md.
+    given; *zookeeper_tls* also serves a ``zk://`` oracle target's leader discovery.
+    See docs/tls.md.
 
     With *url* ``"zk://host:port[,...]/chroot"`` everything else is learnt from
     ZooKeeper: the store url, the oracle target and the oracle's TLS file paths published

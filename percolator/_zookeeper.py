@@ -30,6 +30,11 @@ Layout under the cluster's namespace ``<chroot>/percolator``::
 * **ACLs.** With ``auth="user:password"`` every node the library creates gets a
   digest ACL (all rights for that user, read for everyone), so nobody else can write
   the namespace of a shared ZooKeeper.
+* **TLS.** Every ``KazooClient`` of percolator and the oracle is made by
+  :func:`make_client` and started by :func:`start_client`: with a
+  :class:`~percolator._tls.TlsConfig` it connects to ZooKeeper's ``secureClientPort``
+  (hostname checked), and a handshake that cannot succeed raises ``TlsError`` within
+  about a second instead of retrying until the connect timeout (docs/tls.md).
 """
 
 from __future__ import annotations
