@@ -181,3 +181,21 @@ def test_worker_over_tls_zookeeper_and_tls_oracle(
         finally:
             worker.terminate()
             worker.wait(30)
+
+
+def test_status_command_over_tls_zookeeper(
+    store_url: str, tls_zookeeper: TlsZooKeeper, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from percolator.__main__ import main as percolator_main
+
+    chroot = tls_zookeeper.chroot()
+    zk_tls = tls_zookeeper.tls
+    assert zk_tls.ca and zk_tls.cert and zk_tls.key
+    publish_config(chroot, store=store_url, zookeeper_tls=zk_tls)
+    flags = ["--zookeeper-tls-ca", zk_tls.ca, "--zookeeper-tls-cert", zk_tls.cert,
+             "--zookeeper-tls-key", zk_tls.key]
+    assert percolator_main(["status", "--cluster", "zk://" + chroot, *flags]) == 0
+    assert "tables (1): t\n" in capsys.readouterr().out
+    # Without the flags: a plaintext client against the TLS port, told so at once.
+    assert percolator_main(["status", "--cluster", "zk://" + chroot]) == 2
+    assert "speaks TLS but this client connects in plaintext" in capsys.readouterr().err
