@@ -14,8 +14,6 @@ import ipaddress
 import os
 from dataclasses import dataclass
 
-import pytest
-
 try:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -25,11 +23,12 @@ except ImportError:  # pragma: no cover - the test extra installs it
     x509 = None  # type: ignore[assignment]
 
 from percolator import TlsConfig
+from tests._services import service_missing
 
 
 def _require_cryptography() -> None:
     if x509 is None:
-        pytest.skip("the TLS tests need 'cryptography': pip install -e '.[test]'")
+        service_missing("the TLS tests need 'cryptography': pip install -e '.[test]'")
 
 
 def _san(host: str) -> x509.GeneralName:

@@ -370,7 +370,6 @@ def tls_zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsZooKe
     missing = java_available()
     if missing is not None:
         service_missing(missing)
-    pytest.importorskip("cryptography", reason="pip install -e '.[test]'")
     zk = TlsZooKeeper(str(tmp_path_factory.mktemp("tls-zookeeper")))
     try:
         zk.server.start()

@@ -19,8 +19,6 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 import percolator
 from tests._services import service_missing
 
@@ -188,7 +186,9 @@ def test_tls_override_is_valid() -> None:
 
 
 def test_tls_override_names_the_files_the_certificate_script_writes(tmp_path: Path) -> None:
-    pytest.importorskip("cryptography")
+    from tests._tls import _require_cryptography
+
+    _require_cryptography()
     script = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "tls_certs.py"), str(tmp_path)],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
