@@ -2,6 +2,7 @@
 
     python bench/oracle.py                 # defaults, about a minute
     python bench/oracle.py --duration 10 --failovers 5
+    python bench/oracle.py --tls --failovers 0 --blocks 1   # TLS against plaintext
 
 Starts its own oracle server processes (and a ZooKeeper from Debian's ``zookeeper``
 package for the failover part, as the tests do) and kills them all at the end.
@@ -18,6 +19,9 @@ package for the failover part, as the tests do) and kills them all at the end.
    process) and the CPU time per timestamp of the client processes and of the server,
    which is what the two clients trade against each other on a machine whose cores they
    share. Target: batching at least 50x naive.
+4. **TLS** (``--tls``): the end-to-end measurement again against a mutual-TLS server
+   (certificates from a throwaway CA, ``tests/_tls.py``; needs ``cryptography``), in the
+   same run, and the ratio TLS / plaintext for both clients.
 3. **Failover**: three replicas on ZooKeeper; a client draws timestamps continuously;
    the leader is killed with SIGKILL; time from the kill to the first timestamp served by
    the new leader. Target under 3 s.
@@ -70,8 +74,13 @@ def worker(args: argparse.Namespace) -> int:
     counts = [0] * args.threads
     end = args.start_at + args.duration
     cpu_start = [0.0]
+    tls = None
+    if args.ca:
+        from percolator import TlsConfig
+
+        tls = TlsConfig(ca=args.ca, cert=args.cert, key=args.key)
     if args.mode == "batching":
-        client = OracleClient(args.target)
+        client = OracleClient(args.target, tls=tls)
 
         def draw() -> int:
             return int(client.get_timestamp())
@@ -79,9 +88,13 @@ def worker(args: argparse.Namespace) -> int:
         draw()  # connect before the clock starts
     else:
         # The batching client's stub and channel options; one RPC per timestamp.
-        channel = grpc.insecure_channel(
-            args.target.removeprefix("grpc://"), options=_CHANNEL_OPTIONS
-        )
+        address = args.target.partition("://")[2]
+        if tls is None:
+            channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        else:
+            ca, cert, key = tls.read()
+            creds = grpc.ssl_channel_credentials(ca, key, cert)
+            channel = grpc.secure_channel(address, creds, options=_CHANNEL_OPTIONS)
         stub = pb_grpc.TimestampOracleStub(channel)
         request = pb.GetTimestampsRequest(count=args.block)
 
@@ -120,12 +133,13 @@ def run_workers(
     duration: float,
     block: int = 1,
     server: Server | None = None,
+    tls_args: list[str] | None = None,
 ) -> tuple[int, float, float]:
     """Calls made, CPU seconds of the worker processes and of *server* during the run."""
     start_at = time.time() + 3.0  # leave time for the workers to import and connect
     cmd = [sys.executable, os.path.abspath(__file__), "_worker", mode, target]
     cmd += ["--threads", str(threads), "--duration", str(duration)]
-    cmd += ["--block", str(block), "--start-at", repr(start_at)]
+    cmd += ["--block", str(block), "--start-at", repr(start_at), *(tls_args or [])]
     ps = [subprocess.Popen(cmd, stdout=subprocess.PIPE, cwd=ROOT) for _ in range(procs)]
     server_cpu = 0.0
     if server is not None:
@@ -149,7 +163,9 @@ def run_workers(
 
 
 class Server:
-    def __init__(self, args: list[str], log_dir: str) -> None:
+    def __init__(self, args: list[str], log_dir: str, tls: Any = None) -> None:
+        self.tls = tls  # the TlsConfig its clients use, or None
+        self.scheme = "grpc" if tls is None else "grpcs"
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.log = open(os.path.join(log_dir, f"oracle-{self.port}.log"), "ab")  # noqa: SIM115
@@ -181,7 +197,7 @@ class Server:
     def status(self) -> Any:
         from oracle import OracleClient
 
-        with OracleClient(f"grpc://{self.address}", deadline=1.0) as c:
+        with OracleClient(f"{self.scheme}://{self.address}", deadline=1.0, tls=self.tls) as c:
             return c.status()
 
     def wait(self, leader: bool = True, timeout: float = 30.0) -> None:
@@ -231,12 +247,18 @@ def bench_capacity(args: argparse.Namespace, server: Server) -> list[dict[str, f
 
 
 def bench_end_to_end(args: argparse.Namespace, server: Server) -> dict[str, float]:
-    target = f"grpc://{server.address}"
+    target = f"{server.scheme}://{server.address}"
+    tls_args = []
+    if server.tls is not None:
+        t = server.tls
+        tls_args = ["--ca", t.ca, "--cert", t.cert, "--key", t.key]
+    label = "TLS " if server.tls is not None else ""
     result: dict[str, float] = {}
     for mode in ("naive", "batching"):
         st0 = server.status()
         calls, client_cpu, server_cpu = run_workers(
-            mode, target, args.procs, args.threads, args.duration, server=server
+            mode, target, args.procs, args.threads, args.duration, server=server,
+            tls_args=tls_args,
         )
         st1 = server.status()
         rpcs = st1.requests - st0.requests
@@ -250,7 +272,8 @@ def bench_end_to_end(args: argparse.Namespace, server: Server) -> dict[str, floa
         result[f"{mode}_client_cpu_us_per_ts"] = client_cpu / calls * 1e6
         result[f"{mode}_server_cpu_us_per_ts"] = server_cpu / calls * 1e6
         print(
-            f"end-to-end {mode:<8} {args.procs}x{args.threads}: {rate:>10,.0f} timestamps/s  "
+            f"{label}end-to-end {mode:<8} {args.procs}x{args.threads}: "
+            f"{rate:>10,.0f} timestamps/s  "
             f"{rpcs / args.duration:>6,.0f} RPC/s  "
             f"({calls / max(1, rpcs):.1f} timestamps per RPC of at most {args.threads}, "
             f"{rpcs / max(1, allocs):.2f} RPCs per allocation)  CPU per timestamp: clients "
@@ -262,18 +285,47 @@ def bench_end_to_end(args: argparse.Namespace, server: Server) -> dict[str, floa
     batching_cpu = result["batching_client_cpu_us_per_ts"] + result["batching_server_cpu_us_per_ts"]
     result["cpu_ratio"] = naive_cpu / max(1e-9, batching_cpu)
     print(
-        f"end-to-end batching / naive = {result['ratio']:.1f}x (target >= 50x); "
+        f"{label}end-to-end batching / naive = {result['ratio']:.1f}x (target >= 50x); "
         f"CPU per timestamp, naive / batching = {result['cpu_ratio']:.1f}x",
         flush=True,
     )
     return result
 
 
-def bench_failover(args: argparse.Namespace, tmp: str) -> list[float]:
-    from kazoo.client import KazooClient
+def bench_tls(args: argparse.Namespace, tmp: str, plain: dict[str, float]) -> dict[str, float]:
+    from percolator import TlsConfig
+    from tests._tls import TestCA
 
+    ca = TestCA(os.path.join(tmp, "tls"))
+    server_cert, client_cert = ca.issue("oracle"), ca.issue("client", client=True)
+    server = Server(
+        ["--state-file", os.path.join(tmp, "tls-ceiling"), "--tls-cert", server_cert.cert,
+         "--tls-key", server_cert.key, "--tls-client-ca", ca.ca],
+        tmp,
+        tls=TlsConfig(ca=ca.ca, cert=client_cert.cert, key=client_cert.key),
+    )
+    try:
+        server.wait()
+        tls = bench_end_to_end(args, server)
+    finally:
+        server.kill()
+    for mode in ("naive", "batching"):
+        tls[f"{mode}_tls_over_plain"] = tls[f"{mode}_per_s"] / plain[f"{mode}_per_s"]
+        print(
+            f"TLS / plaintext, {mode}: {tls[f'{mode}_tls_over_plain']:.2f}x throughput; "
+            f"CPU per timestamp: clients {plain[f'{mode}_client_cpu_us_per_ts']:,.0f} -> "
+            f"{tls[f'{mode}_client_cpu_us_per_ts']:,.0f} us, server "
+            f"{plain[f'{mode}_server_cpu_us_per_ts']:,.0f} -> "
+            f"{tls[f'{mode}_server_cpu_us_per_ts']:,.0f} us",
+            flush=True,
+        )
+    return tls
+
+
+def bench_failover(args: argparse.Namespace, tmp: str) -> list[float]:
     from oracle import OracleClient
     from oracle._target import zk_paths
+    from percolator._zookeeper import make_client, start_client
     from tests._zookeeper import ZooKeeperServer, java_available
 
     missing = java_available()
@@ -284,8 +336,8 @@ def bench_failover(args: argparse.Namespace, tmp: str) -> list[float]:
     with ZooKeeperServer() as zk_server:
         chroot = zk_server.create_chroot("bench-oracle")
         _, _, ceiling_path = zk_paths("/bench-oracle")
-        zk = KazooClient(hosts=zk_server.hosts)
-        zk.start(timeout=30)
+        zk = make_client(zk_server.hosts, session_timeout=10.0)
+        start_client(zk, zk_server.hosts, 30.0, None)
         servers: list[Server] = []
 
         def spawn() -> Server:
@@ -357,6 +409,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--duration", type=float, required=True)
         p.add_argument("--block", type=int, default=1)
         p.add_argument("--start-at", type=float, required=True)
+        p.add_argument("--ca")
+        p.add_argument("--cert")
+        p.add_argument("--key")
         return worker(p.parse_args(argv[1:]))
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--duration", type=float, default=4.0, help="seconds per measurement")
@@ -370,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--failovers", type=int, default=3, help="leader kills (0 to skip)")
     p.add_argument("--session-timeout", type=float, default=2.0)
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument(
+        "--tls", action="store_true", help="also run end to end against a mutual-TLS server"
+    )
     args = p.parse_args(argv)
 
     print(
@@ -386,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         results["end_to_end"] = bench_end_to_end(args, server)
     finally:
         server.kill()
+    if args.tls:
+        results["tls"] = bench_tls(args, tmp, results["end_to_end"])
     if args.failovers:
         results["failover_s"] = bench_failover(args, tmp)
     shutil.rmtree(tmp, ignore_errors=True)

@@ -12,6 +12,7 @@ import sys
 
 import percolator
 from observers._worker import Worker, load_observers
+from percolator._tls import add_zookeeper_tls_arguments, zookeeper_tls_from_arguments
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the application lists its observers, "
                              "e.g. myapp.observers:OBSERVERS")
     parser.add_argument("--threads", type=int, default=4, help="scanner threads (default 4)")
-    parser.add_argument("--oracle", help="timestamp oracle, grpc://host:port or zk://...")
+    parser.add_argument("--oracle",
+                        help="timestamp oracle, grpc://host:port, grpcs://host:port or zk://...")
     parser.add_argument("--zookeeper", help="ZooKeeper for coordination, host:port/chroot")
     parser.add_argument("--max-failures", type=int, default=5,
                         help="failures of one notification before it is quarantined")
@@ -34,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lock-ttl", type=float, default=30.0,
                         help="seconds a silent client's locks are honoured")
     parser.add_argument("--stats-file", help="write the worker's counters here as JSON on exit")
+    add_zookeeper_tls_arguments(parser, "oracle")
+    add_zookeeper_tls_arguments(parser, "zookeeper")
     parser.add_argument("--log-level", default=os.environ.get("PERCOLATOR_LOG", "INFO"))
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -43,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         observers = load_observers(args.observers)
         cluster = percolator.connect(args.cluster, oracle=args.oracle,
-                                     zookeeper=args.zookeeper, lock_ttl=args.lock_ttl)
+                                     oracle_tls=zookeeper_tls_from_arguments(args, "oracle"),
+                                     zookeeper=args.zookeeper,
+                                     zookeeper_tls=zookeeper_tls_from_arguments(args),
+                                     lock_ttl=args.lock_ttl)
     except percolator.PercolatorError as e:
         print(f"percolator-worker: {e}", file=sys.stderr)
         return 2

@@ -11,7 +11,9 @@ section 2.3, DESIGN.md section 6). The pieces:
 * :class:`OracleClient`: a thread-safe client that keeps at most one RPC in flight and
   serves every caller waiting for it from the next block, so batching grows with load.
 
-Targets are ``"grpc://host:port"`` or ``"zk://host:port[,host:port...]/chroot"``.
+Targets are ``"grpc://host:port"``, ``"grpcs://host:port"`` (TLS) or
+``"zk://host:port[,host:port...]/chroot"``; TLS settings are :class:`percolator.TlsConfig`
+(docs/tls.md).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ import threading
 from types import FrameType
 
 from oracle._server import DEFAULT_BLOCK_SIZE, DEFAULT_SESSION_TIMEOUT, OracleServer
-from percolator._errors import InvalidArgument
+from percolator._errors import InvalidArgument, TlsError
+from percolator._tls import TlsConfig, add_zookeeper_tls_arguments, zookeeper_tls_from_arguments
 
 log = logging.getLogger("oracle")
 
@@ -76,6 +77,21 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="gRPC handler threads (default 32)",
     )
+    tls = p.add_argument_group(
+        "TLS", "without --tls-cert/--tls-key the server is plaintext (and logs a warning)"
+    )
+    tls.add_argument("--tls-cert", metavar="FILE", help="PEM certificate chain of this server")
+    tls.add_argument(
+        "--tls-key",
+        metavar="FILE",
+        help="PEM private key of --tls-cert (mode 0600 or 0640; refused if others may read it)",
+    )
+    tls.add_argument(
+        "--tls-client-ca",
+        metavar="FILE",
+        help="require client certificates signed by this CA bundle (mutual TLS)",
+    )
+    add_zookeeper_tls_arguments(p)
     p.add_argument(
         "--log-level",
         default="INFO",
@@ -96,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
         log.error("--max-workers must be at least 1, got %d", args.max_workers)
         return 2
     try:
+        if args.tls_client_ca and not (args.tls_cert and args.tls_key):
+            raise InvalidArgument("--tls-client-ca needs --tls-cert and --tls-key")
+        tls = (
+            TlsConfig(ca=args.tls_client_ca, cert=args.tls_cert, key=args.tls_key)
+            if args.tls_cert or args.tls_key
+            else None
+        )
         server = OracleServer(
             args.listen,
             state_file=args.state_file,
@@ -104,9 +127,11 @@ def main(argv: list[str] | None = None) -> int:
             block_size=args.block_size,
             session_timeout=args.session_timeout,
             max_workers=args.max_workers,
+            tls=tls,
+            zookeeper_tls=zookeeper_tls_from_arguments(args),
         )
         server.start()
-    except InvalidArgument as e:
+    except (InvalidArgument, TlsError) as e:
         log.error("%s", e)
         return 2
     except Exception as e:  # e.g. ZooKeeper unreachable

@@ -31,9 +31,19 @@ import grpc
 
 from oracle._proto import timestamp_oracle_pb2 as pb
 from oracle._proto import timestamp_oracle_pb2_grpc as pb_grpc
-from oracle._target import MAX_COUNT, GrpcTarget, Target, check_count, parse_target, zk_paths
-from percolator._errors import InvalidArgument, OracleUnavailable
-from percolator._zookeeper import bounded_stop_handler
+from oracle._target import (
+    MAX_COUNT,
+    GrpcTarget,
+    Target,
+    check_count,
+    parse_host_port,
+    parse_published,
+    parse_target,
+    zk_paths,
+)
+from percolator._errors import InvalidArgument, OracleUnavailable, TlsError
+from percolator._tls import HTTP2_PREFACE, TlsConfig, check_tls, diagnose
+from percolator._zookeeper import make_client, start_client
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
@@ -91,18 +101,44 @@ class _Retry(Exception):
 class OracleClient:
     """Client of the timestamp oracle; thread-safe, one RPC in flight at a time.
 
-    :param target: ``"grpc://host:port"`` (one server) or ``"zk://host:port[,...]/chroot"``
-        (servers elected through ZooKeeper; the client follows the published leader).
+    :param target: ``"grpc://host:port"`` (one server), ``"grpcs://host:port"`` (one
+        server over TLS) or ``"zk://host:port[,...]/chroot"`` (servers elected through
+        ZooKeeper; the client follows the published leader, over TLS if it publishes a
+        ``grpcs://`` address).
     :param deadline: seconds a call keeps retrying (following leadership changes) before
         it raises :class:`~percolator._errors.OracleUnavailable`.
-    :raises InvalidArgument: for a malformed *target* or a non-positive *deadline*.
+    :param tls: the CA that signs the oracle's certificate and this client's certificate
+        and key for mutual TLS. With it the client speaks only TLS: a plaintext leader
+        published in ZooKeeper is refused (no downgrade). Without it a ``grpcs://``
+        server is verified against the system's roots.
+    :param zookeeper_tls: TLS for the ZooKeeper connection of a ``zk://`` target.
+    :raises InvalidArgument: for a malformed *target* or a non-positive *deadline*, or
+        *tls* with a plaintext ``grpc://`` target.
+
+    A TLS handshake that cannot succeed (certificate not trusted or expired, a client
+    certificate required and missing or refused, TLS on one side only) raises
+    :class:`~percolator._errors.TlsError` at once, saying which side refused and why.
 
     Usable as a context manager; :meth:`close` releases the channel (and ZooKeeper session).
     Do not share a client across ``fork()``: create one per process.
     """
 
-    def __init__(self, target: str, *, deadline: float = 10.0) -> None:
+    def __init__(
+        self,
+        target: str,
+        *,
+        deadline: float = 10.0,
+        tls: TlsConfig | None = None,
+        zookeeper_tls: TlsConfig | None = None,
+    ) -> None:
         self._target: Target = parse_target(target)
+        self._tls = check_tls(tls, "oracle tls")
+        self._zookeeper_tls = check_tls(zookeeper_tls, "zookeeper_tls")
+        if tls is not None and isinstance(self._target, GrpcTarget) and not self._target.tls:
+            raise InvalidArgument(
+                f"oracle target {target!r} is plaintext but TLS settings were given; "
+                f"use 'grpcs://{self._target.address}'"
+            )
         if not isinstance(deadline, int | float) or isinstance(deadline, bool) or not deadline > 0:
             raise InvalidArgument(
                 f"deadline must be a positive number of seconds, got {deadline!r}"
@@ -120,7 +156,7 @@ class OracleClient:
         self._channel: grpc.Channel | None = None
         self._stub: Any = None
         self._zk: KazooClient | None = None
-        self._zk_leader: str | None = None
+        self._zk_leader: GrpcTarget | str | None = None  # str: why it is unusable
         self._zk_watch_set = False
 
     # -- public API -----------------------------------------------------------------------
@@ -294,6 +330,8 @@ class OracleClient:
                 if code == grpc.StatusCode.INVALID_ARGUMENT:
                     raise InvalidArgument(f"oracle at {self.target!r}: {e.details()}") from None
                 last = f"{code.name}: {e.details()}"
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    self._diagnose(remaining)
                 if code in _RETRY_CODES_REFIND:
                     with self._conn_lock:
                         self._forget_leader()
@@ -309,16 +347,49 @@ class OracleClient:
         if self._closed:
             raise OracleUnavailable(f"the oracle client for {self.target!r} is closed")
         target = self._target
-        if isinstance(target, GrpcTarget):
-            address = target.address
-        else:
-            address = self._zk_leader_address(remaining)
+        server = target if isinstance(target, GrpcTarget) else self._zk_leader_address(remaining)
+        if self._tls is not None and not server.tls:
+            raise TlsError(
+                f"the oracle leader published at {self.target!r} is plaintext "
+                f"({server.address}) but this client requires TLS (tls={self._tls!r}): "
+                "start the oracles with --tls-cert/--tls-key, or connect without TLS"
+            )
+        address = str(server)
         if self._stub is None or address != self._address:
             self._drop_channel()
-            self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            if server.tls:
+                ca, cert, key = (self._tls or TlsConfig()).read()
+                creds = grpc.ssl_channel_credentials(
+                    root_certificates=ca, private_key=key, certificate_chain=cert
+                )
+                self._channel = grpc.secure_channel(server.address, creds, options=_CHANNEL_OPTIONS)
+            else:
+                self._channel = grpc.insecure_channel(server.address, options=_CHANNEL_OPTIONS)
             self._stub = pb_grpc.TimestampOracleStub(self._channel)
             self._address = address
         return self._stub
+
+    def _diagnose(self, remaining: float) -> None:
+        """After UNAVAILABLE: raise TlsError if a handshake of our own shows why TLS (or
+        plaintext) cannot work with the current server; otherwise return (it is down, or
+        busy, and the call retries)."""
+        address = self._address
+        if address is None:
+            return
+        server = parse_published(address)
+        host, port = parse_host_port(server.address)
+        tls = (self._tls or TlsConfig()) if server.tls else None
+        problem = diagnose(
+            (host.strip("[]"), port),
+            tls,
+            peer=f"the oracle at {address}",
+            timeout=max(0.1, min(remaining, 2.0)),
+            hello=HTTP2_PREFACE,
+            answers_hello=True,  # a gRPC server answers the preface with its SETTINGS
+            alpn=["h2"],
+        )
+        if problem is not None:
+            raise TlsError(problem)
 
     def _drop_channel(self) -> None:
         if self._channel is not None:
@@ -333,27 +404,30 @@ class OracleClient:
         # ZooKeeper the watch keeps the leader address current, so the channel follows it.
         self._drop_channel()
 
-    def _zk_leader_address(self, remaining: float) -> str:
-        from kazoo.client import KazooClient
-
+    def _zk_leader_address(self, remaining: float) -> GrpcTarget:
         assert not isinstance(self._target, GrpcTarget)
         _, leader_path, _ = zk_paths(self._target.chroot)
         if self._zk is None:
-            zk = KazooClient(
-                hosts=self._target.hosts, timeout=10.0, handler=bounded_stop_handler()
-            )
+            hosts = self._target.hosts
+            zk = make_client(hosts, session_timeout=10.0, tls=self._zookeeper_tls)
             try:
-                zk.start(timeout=max(0.1, min(remaining, 5.0)))
+                start_client(zk, hosts, max(0.1, min(remaining, 5.0)), self._zookeeper_tls)
+            except TlsError:
+                raise
             except Exception as e:
-                with contextlib.suppress(Exception):
-                    zk.close()
-                raise _Retry(f"cannot connect to ZooKeeper {self._target.hosts}: {e!r}") from None
+                raise _Retry(f"cannot connect to ZooKeeper {hosts}: {e}") from None
             self._zk = zk
             self._zk_watch_set = False
         if not self._zk_watch_set:
 
             def watch(data: bytes | None, stat: Any) -> None:
-                self._zk_leader = data.decode() if data else None
+                if not data:
+                    self._zk_leader = None
+                    return
+                try:
+                    self._zk_leader = parse_published(data.decode())
+                except (InvalidArgument, UnicodeDecodeError) as e:
+                    self._zk_leader = f"malformed leader address at {leader_path}: {e}"
 
             try:
                 self._zk.DataWatch(leader_path, watch)
@@ -361,6 +435,8 @@ class OracleClient:
                 raise _Retry(f"cannot read {leader_path} in ZooKeeper: {e!r}") from None
             self._zk_watch_set = True
         leader = self._zk_leader
-        if not leader:
+        if leader is None:
             raise _Retry(f"no oracle leader published at {leader_path}")
+        if isinstance(leader, str):
+            raise _Retry(leader)
         return leader

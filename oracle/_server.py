@@ -35,10 +35,17 @@ import grpc
 
 from oracle._proto import timestamp_oracle_pb2 as pb
 from oracle._proto import timestamp_oracle_pb2_grpc as pb_grpc
-from oracle._target import MAX_COUNT, parse_host_port, parse_zookeeper, zk_paths
+from oracle._target import (
+    MAX_COUNT,
+    parse_host_port,
+    parse_zookeeper,
+    published_address,
+    zk_paths,
+)
 from percolator._errors import InvalidArgument
 from percolator._pause import pause_point
-from percolator._zookeeper import bounded_stop_handler
+from percolator._tls import TlsConfig, check_tls, describe_server, validity_problem
+from percolator._zookeeper import make_client, start_client
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
@@ -316,17 +323,17 @@ class _ZooKeeperLeadership:
         advertise: str,
         allocator: _Allocator,
         session_timeout: float,
+        tls: TlsConfig | None = None,
     ) -> None:
-        from kazoo.client import KazooClient
-
         target = parse_zookeeper(zookeeper, what="--zookeeper")
         self.target = target
         self.election_path, self.leader_path, self.ceiling_path = zk_paths(target.chroot)
         self.advertise = advertise
         self.allocator = allocator
         self.session_timeout = session_timeout
-        self.client: KazooClient = KazooClient(
-            hosts=target.hosts, timeout=session_timeout, handler=bounded_stop_handler()
+        self.tls = tls
+        self.client: KazooClient = make_client(
+            target.hosts, session_timeout=session_timeout, tls=tls
         )
         self.client.add_listener(self._on_state)
         self._stop = threading.Event()
@@ -349,7 +356,9 @@ class _ZooKeeperLeadership:
             self._lost.set()
 
     def start(self) -> None:
-        self.client.start(timeout=max(10.0, self.session_timeout * 3))
+        start_client(
+            self.client, self.target.hosts, max(10.0, self.session_timeout * 3), self.tls
+        )
         self._connected = True
         self.client.ensure_path(self.election_path)
         self._thread.start()
@@ -524,7 +533,13 @@ class OracleServer:
         half of it after its last successful ZooKeeper round trip. ZooKeeper must grant it
         (it lies within the server's minSessionTimeout..maxSessionTimeout).
     :param max_workers: gRPC handler threads.
-    :raises InvalidArgument: for a malformed argument or a state file in use.
+    :param tls: serve over TLS: ``cert`` and ``key`` are the server's certificate chain
+        and private key; with ``ca`` too, clients must present a certificate signed by
+        it (mutual TLS). Without *tls* the server is plaintext and says so in its log.
+        A TLS leader publishes ``grpcs://host:port`` in ZooKeeper.
+    :param zookeeper_tls: TLS for the ZooKeeper connection.
+    :raises InvalidArgument: for a malformed argument, a state file in use, or *tls*
+        without a certificate and key.
     """
 
     def __init__(
@@ -537,8 +552,16 @@ class OracleServer:
         block_size: int = DEFAULT_BLOCK_SIZE,
         session_timeout: float = DEFAULT_SESSION_TIMEOUT,
         max_workers: int = 32,
+        tls: TlsConfig | None = None,
+        zookeeper_tls: TlsConfig | None = None,
     ) -> None:
         host, _port = parse_host_port(listen, what="listen address")
+        self.tls = check_tls(tls, "tls")
+        check_tls(zookeeper_tls, "zookeeper_tls")
+        if tls is not None and tls.cert is None:
+            raise InvalidArgument(
+                "a TLS oracle server needs a certificate and key (--tls-cert, --tls-key)"
+            )
         if (state_file is None) == (zookeeper is None):
             raise InvalidArgument(
                 "give exactly one of state_file and zookeeper, got "
@@ -562,7 +585,15 @@ class OracleServer:
         )
         pb_grpc.add_TimestampOracleServicer_to_server(_Servicer(self), self._grpc)
         try:
-            bound = self._grpc.add_insecure_port(listen)
+            if tls is None:
+                bound = self._grpc.add_insecure_port(listen)
+            else:
+                ca, cert, key = tls.read()
+                assert cert is not None and key is not None
+                creds = grpc.ssl_server_credentials(
+                    [(key, cert)], root_certificates=ca, require_client_auth=ca is not None
+                )
+                bound = self._grpc.add_secure_port(listen, creds)
         except RuntimeError as e:
             raise InvalidArgument(f"cannot listen on {listen!r}: {e}") from None
         if not bound:
@@ -576,7 +607,11 @@ class OracleServer:
         else:
             assert zookeeper is not None
             self._zk = _ZooKeeperLeadership(
-                zookeeper, self.address, self._allocator, session_timeout
+                zookeeper,
+                published_address(self.address, tls is not None),
+                self._allocator,
+                session_timeout,
+                zookeeper_tls,
             )
         self._stopped = threading.Event()
 
@@ -585,6 +620,11 @@ class OracleServer:
 
         :raises InvalidArgument: if the state file is unreadable.
         """
+        if self.tls is not None and self.tls.cert is not None:
+            problem = validity_problem(self.tls.cert)
+            if problem is not None:  # clients will refuse it: say so where operators look
+                log.error("the server certificate %s %s: clients will refuse it; renew it",
+                          self.tls.cert, problem)
         self._allocator.start()
         if self._file is not None:
             ceiling = self._file.load()
@@ -592,7 +632,13 @@ class OracleServer:
         self._grpc.start()
         if self._zk is not None:
             self._zk.start()
-        log.info("oracle listening on %s (%s mode)", self.address, self.mode)
+        log.log(
+            logging.INFO if self.tls is not None else logging.WARNING,
+            "oracle listening on %s (%s mode, %s)",
+            self.address,
+            self.mode,
+            describe_server(self.tls),
+        )
 
     def stop(self, grace: float = 1.0) -> None:
         """Stop serving, leave the election, close the state file."""

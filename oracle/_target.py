@@ -16,12 +16,13 @@ _CHROOT = re.compile(r"^(/[A-Za-z0-9_.\-]+)*$")
 
 @dataclass(frozen=True)
 class GrpcTarget:
-    """A single oracle server at ``address`` (``"host:port"``)."""
+    """A single oracle server at ``address`` (``"host:port"``), over TLS if ``tls``."""
 
     address: str
+    tls: bool = False
 
     def __str__(self) -> str:
-        return f"grpc://{self.address}"
+        return f"{'grpcs' if self.tls else 'grpc'}://{self.address}"
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,8 @@ def parse_zookeeper(value: str, *, what: str = "ZooKeeper address") -> ZooKeeper
 
 
 def parse_target(target: str) -> Target:
-    """Parse an oracle target: ``"grpc://host:port"`` or ``"zk://host:port[,...]/chroot"``.
+    """Parse an oracle target: ``"grpc://host:port"`` (plaintext), ``"grpcs://host:port"``
+    (TLS) or ``"zk://host:port[,...]/chroot"``.
 
     :param target: the target string.
     :raises InvalidArgument: if *target* is not a string of one of those forms.
@@ -87,16 +89,40 @@ def parse_target(target: str) -> Target:
     if not isinstance(target, str):
         raise InvalidArgument(f"oracle target must be a string, got {target!r}")
     scheme, sep, rest = target.partition("://")
-    if not sep or scheme not in ("grpc", "zk"):
+    if not sep or scheme not in ("grpc", "grpcs", "zk"):
         raise InvalidArgument(
-            f"oracle target {target!r} must look like 'grpc://host:port' or 'zk://host:port/chroot'"
+            f"oracle target {target!r} must look like 'grpc://host:port', "
+            "'grpcs://host:port' (TLS) or 'zk://host:port/chroot'"
         )
-    if scheme == "grpc":
+    if scheme in ("grpc", "grpcs"):
         _host, port = parse_host_port(rest, what=f"oracle target {target!r}: address")
         if port == 0:
             raise InvalidArgument(f"oracle target {target!r} has port 0")
-        return GrpcTarget(address=rest)
+        return GrpcTarget(address=rest, tls=scheme == "grpcs")
     return parse_zookeeper(rest, what=f"oracle target {target!r}")
+
+
+def published_address(address: str, tls: bool) -> str:
+    """What a leader writes at the leader node: plaintext servers keep the bare
+    ``"host:port"`` of earlier versions (their clients read it unchanged); TLS servers
+    write ``"grpcs://host:port"``, which an old client cannot mistake for a plaintext
+    address it could use."""
+    return f"grpcs://{address}" if tls else address
+
+
+def parse_published(value: str) -> GrpcTarget:
+    """Read a leader node: ``"host:port"`` (plaintext, any version), ``"grpc://host:port"``
+    or ``"grpcs://host:port"`` (TLS).
+
+    :raises InvalidArgument: if *value* is none of these.
+    """
+    if "://" in value:
+        target = parse_target(value)
+        if not isinstance(target, GrpcTarget):
+            raise InvalidArgument(f"published oracle leader {value!r} is not a gRPC address")
+        return target
+    parse_host_port(value, what="published oracle leader")
+    return GrpcTarget(address=value)
 
 
 def check_count(count: object) -> int:

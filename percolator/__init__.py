@@ -23,12 +23,14 @@ from percolator._errors import (
     OracleUnavailable,
     PercolatorError,
     StoreUnavailable,
+    TlsError,
     TransactionClosedError,
     UnknownTableError,
     ValueTooLargeError,
     is_retryable,
 )
 from percolator._retry import RetryPolicy, transactional
+from percolator._tls import TlsConfig
 from percolator._transaction import Snapshot, Transaction, TransactionBase
 from percolator._zookeeper import publish_config
 
@@ -49,6 +51,8 @@ __all__ = [
     "RetryPolicy",
     "Snapshot",
     "StoreUnavailable",
+    "TlsConfig",
+    "TlsError",
     "Transaction",
     "TransactionBase",
     "TransactionClosedError",

@@ -28,6 +28,7 @@ from percolator._notifications import (
     retry_quarantined,
     wait_until_idle,
 )
+from percolator._tls import add_zookeeper_tls_arguments, zookeeper_tls_from_arguments
 
 
 def _status(cluster: Cluster) -> int:
@@ -85,11 +86,20 @@ def main(argv: list[str] | None = None) -> int:
     retry.add_argument("column", nargs="?")
     for p in (status, wait, retry):
         p.add_argument("--cluster", required=True, help="store url, e.g. sqlite:///path.db")
-        p.add_argument("--oracle", help="timestamp oracle, grpc://host:port or zk://...")
+        p.add_argument("--oracle",
+                       help="timestamp oracle, grpc://host:port, grpcs://host:port or zk://...")
         p.add_argument("--zookeeper", help="ZooKeeper for coordination, host:port/chroot")
+        add_zookeeper_tls_arguments(p, "oracle")
+        add_zookeeper_tls_arguments(p, "zookeeper")
     args = parser.parse_args(argv)
     try:
-        cluster = connect(args.cluster, oracle=args.oracle, zookeeper=args.zookeeper)
+        cluster = connect(
+            args.cluster,
+            oracle=args.oracle,
+            oracle_tls=zookeeper_tls_from_arguments(args, "oracle"),
+            zookeeper=args.zookeeper,
+            zookeeper_tls=zookeeper_tls_from_arguments(args),
+        )
     except PercolatorError as e:
         print(f"percolator: {e}", file=sys.stderr)
         return 2

@@ -28,6 +28,7 @@ from percolator._lock_census import LockCensus
 from percolator._retry import LOCK_WAIT, RetryPolicy
 from percolator._store import Mutation, Read, Store
 from percolator._timestamps import HostTimestamps, StoreTimestamps, TimestampSource
+from percolator._tls import TlsConfig, check_tls
 from percolator.stores import open_store
 
 if TYPE_CHECKING:
@@ -45,8 +46,10 @@ def connect(
     *,
     oracle: str | None = None,
     oracle_deadline: float = 10.0,
+    oracle_tls: TlsConfig | None = None,
     zookeeper: str | None = None,
     zookeeper_auth: str | None = None,
+    zookeeper_tls: TlsConfig | None = None,
     zookeeper_session_timeout: float = 10.0,
     lock_ttl: float = 30.0,
     lock_wait: float | None = None,
@@ -67,10 +70,16 @@ def connect(
     there and the registry of observed columns lives there (watched by every client).
     *zookeeper_auth* (``"user:password"``) protects that namespace with digest ACLs;
     *zookeeper_session_timeout* (seconds) is how soon a dead client is noticed.
+    *oracle_tls* and *zookeeper_tls* (:class:`TlsConfig`: CA, client certificate and key
+    paths) make those connections over TLS (mutual TLS when a certificate is given); a
+    ``grpcs://`` oracle target uses TLS with the system's roots when *oracle_tls* is not
+    given; *zookeeper_tls* also serves a ``zk://`` oracle target's leader discovery.
+    See docs/tls.md.
 
     With *url* ``"zk://host:port[,...]/chroot"`` everything else is learnt from
-    ZooKeeper: the store url and the oracle target published there with
-    ``publish_config`` (an explicit *oracle* still wins); ZooKeeper coordination is
+    ZooKeeper: the store url, the oracle target and the oracle's TLS file paths published
+    there with ``publish_config`` (explicit *oracle* and *oracle_tls* still win);
+    ZooKeeper coordination is
     then implied. *lock_ttl* (seconds) is how long a lock of a live but silent
     client is honoured; *lock_wait* how long a read waits for a live lock before
     raising :class:`LockedError` (default: twice the ttl).
@@ -81,7 +90,10 @@ def connect(
     :raises StoreUnavailable: when the store cannot be reached.
     :raises CoordinationError: when ZooKeeper cannot be reached, kazoo is missing, or
         ``zk://`` names a namespace where no configuration was published.
+    :raises TlsError: when a TLS handshake with ZooKeeper cannot succeed (says why).
     """
+    oracle_tls = check_tls(oracle_tls, "oracle_tls")
+    zookeeper_tls = check_tls(zookeeper_tls, "zookeeper_tls")
     if not isinstance(lock_ttl, int | float) or lock_ttl <= 0:
         raise InvalidArgument(f"lock_ttl must be a positive number of seconds, got {lock_ttl!r}")
     closers: list[Any] = []
@@ -98,7 +110,10 @@ def connect(
             from percolator._zookeeper import ZooKeeperCoordination
 
             zk = ZooKeeperCoordination(
-                zookeeper, session_timeout=zookeeper_session_timeout, auth=zookeeper_auth
+                zookeeper,
+                session_timeout=zookeeper_session_timeout,
+                auth=zookeeper_auth,
+                tls=zookeeper_tls,
             )
             closers.append(zk)
             coordination = zk
@@ -112,6 +127,10 @@ def connect(
                 url = str(config["store"])
                 if oracle is None and config.get("oracle"):
                     oracle = str(config["oracle"])
+                    if oracle_tls is None and config.get("oracle_tls"):
+                        oracle_tls = TlsConfig.from_json(
+                            config["oracle_tls"], what=f"oracle_tls published at {url!r}"
+                        )
             store = open_store(url, **store_options)
             closers.insert(0, store)
         else:
@@ -124,7 +143,9 @@ def connect(
         if oracle is not None:
             from oracle import OracleClient
 
-            timestamps = OracleClient(oracle, deadline=oracle_deadline)
+            timestamps = OracleClient(
+                oracle, deadline=oracle_deadline, tls=oracle_tls, zookeeper_tls=zookeeper_tls
+            )
         elif getattr(store, "path", None):
             timestamps = HostTimestamps(store, f"{store.path}-ts")  # type: ignore[attr-defined]
         else:

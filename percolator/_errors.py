@@ -13,6 +13,7 @@
     ├── StoreUnavailable         the store cannot be reached (names the store)
     ├── OracleUnavailable        no timestamp oracle answered within the deadline
     ├── CoordinationError        ZooKeeper (or the local coordinator) failed us
+    ├── TlsError                 a TLS handshake cannot succeed: says which side refused, why
     └── ObserverError            an observer failed (carries the row and the cause)
 
 ``is_retryable(e)`` says whether running the whole transaction again may succeed.
@@ -100,6 +101,13 @@ class OracleUnavailable(PercolatorError):
 
 class CoordinationError(PercolatorError):
     """The coordination service (ZooKeeper) failed or our session there was lost."""
+
+
+class TlsError(PercolatorError):
+    """A TLS connection (oracle or ZooKeeper) cannot be made: the certificate of one side is
+    not trusted (wrong CA, expired, wrong host name), a required client certificate is
+    missing, or one side speaks TLS and the other plaintext. The message says which side
+    refused and why. Raised at once rather than retried: a retry cannot fix it."""
 
 
 class ObserverError(PercolatorError):

@@ -30,6 +30,11 @@ Layout under the cluster's namespace ``<chroot>/percolator``::
 * **ACLs.** With ``auth="user:password"`` every node the library creates gets a
   digest ACL (all rights for that user, read for everyone), so nobody else can write
   the namespace of a shared ZooKeeper.
+* **TLS.** Every ``KazooClient`` of percolator and the oracle is made by
+  :func:`make_client` and started by :func:`start_client`: with a
+  :class:`~percolator._tls.TlsConfig` it connects to ZooKeeper's ``secureClientPort``
+  (hostname checked), and a handshake that cannot succeed raises ``TlsError`` within
+  about a second instead of retrying until the connect timeout (docs/tls.md).
 """
 
 from __future__ import annotations
@@ -48,7 +53,8 @@ from collections import OrderedDict
 from typing import Any
 from urllib.parse import quote, unquote
 
-from percolator._errors import CoordinationError, InvalidArgument
+from percolator._errors import CoordinationError, InvalidArgument, TlsError
+from percolator._tls import ZOOKEEPER_HELLO, TlsConfig, check_tls, diagnose
 
 __all__ = ["ZooKeeperCoordination", "parse_zookeeper_address", "publish_config"]
 
@@ -143,42 +149,106 @@ def bounded_stop_handler() -> Any:
     return BoundedStopHandler()
 
 
-def _client(hosts: str, session_timeout: float, auth: tuple[str, str] | None) -> Any:
-    kc = _kazoo()
-    from kazoo.retry import KazooRetry
-    from kazoo.security import OPEN_ACL_UNSAFE, make_acl, make_digest_acl
+def make_client(
+    hosts: str,
+    *,
+    session_timeout: float,
+    tls: TlsConfig | None = None,
+    auth: tuple[str, str] | None = None,
+    **options: Any,
+) -> Any:
+    """The one place a ``KazooClient`` of percolator or the oracle is made.
 
-    options: dict[str, Any] = {}
+    *hosts* is ``"host:port[,...]"`` (no chroot); *tls* connects over TLS with its files
+    (hostname checked, TLS 1.2+); *auth* (user, password) adds digest credentials and
+    makes nodes it creates writable only by that user. The handler's ``stop()`` cannot
+    hang (:func:`bounded_stop_handler`). Other *options* go to ``KazooClient``.
+    """
+    kc = _kazoo()
     if auth is not None:
+        from kazoo.security import make_acl, make_digest_acl
+
         user, password = auth
         options["auth_data"] = [("digest", f"{user}:{password}")]
         options["default_acl"] = [
             make_digest_acl(user, password, all=True),
             make_acl("world", "anyone", read=True),
         ]
-    else:
-        options["default_acl"] = OPEN_ACL_UNSAFE
+    if tls is not None:
+        options.update(
+            use_ssl=True,
+            ca=tls.ca,
+            certfile=tls.cert,
+            keyfile=tls.key,
+            verify_certs=True,
+            check_hostname=True,
+        )
     return kc.KazooClient(
-        hosts=hosts,
-        timeout=session_timeout,
-        connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0),
-        command_retry=KazooRetry(max_tries=3, delay=0.1, max_delay=1.0),
-        handler=bounded_stop_handler(),
-        **options,
+        hosts=hosts, timeout=session_timeout, handler=bounded_stop_handler(), **options
     )
 
 
-def _start(client: Any, address: str, timeout: float) -> None:
-    try:
-        client.start(timeout=timeout)
-    except Exception as e:
-        with contextlib.suppress(Exception):
-            client.stop()
-            client.close()
+#: How long a connection attempt runs before a handshake of our own looks for a TLS
+#: mismatch (kazoo itself only retries until the timeout).
+_DIAGNOSE_AFTER = 1.0
+
+
+def start_client(client: Any, hosts: str, timeout: float, tls: TlsConfig | None) -> None:
+    """Start *client* (made by :func:`make_client` for *hosts*) within *timeout* seconds.
+
+    If it is not connected after a second, a TLS probe of each host looks for a reason
+    that retrying cannot fix (untrusted certificate, plaintext against TLS...).
+
+    :raises TlsError: for such a reason, at once.
+    :raises CoordinationError: when no server answered within *timeout*.
+    """
+    event = client.start_async()
+    deadline = time.monotonic() + timeout
+    event.wait(min(timeout, _DIAGNOSE_AFTER))
+    if not client.connected:
+        for hp in hosts.split(","):
+            host, _, port = hp.rpartition(":")
+            problem = diagnose(
+                (host.strip("[]"), int(port)),
+                tls,
+                peer=f"ZooKeeper at {hp}",
+                hello=ZOOKEEPER_HELLO,
+                timeout=min(2.0, max(0.1, deadline - time.monotonic())),
+            )
+            if problem is not None:
+                _stop_quietly(client)
+                raise TlsError(problem)
+        event.wait(max(0.0, deadline - time.monotonic()))
+    if not client.connected:
+        _stop_quietly(client)
         raise CoordinationError(
-            f"cannot reach ZooKeeper at {address!r} within {timeout:g}s ({e}); "
-            "check the address and that the ensemble is up"
-        ) from e
+            f"cannot reach ZooKeeper at {hosts!r} within {timeout:g}s "
+            f"({'TLS' if tls else 'plaintext'}); check the address and that the ensemble is up"
+        )
+
+
+def _stop_quietly(client: Any) -> None:
+    with contextlib.suppress(Exception):
+        client.stop()
+    with contextlib.suppress(Exception):
+        client.close()
+
+
+def _client(
+    hosts: str, session_timeout: float, auth: tuple[str, str] | None, tls: TlsConfig | None
+) -> Any:
+    from kazoo.retry import KazooRetry
+    from kazoo.security import OPEN_ACL_UNSAFE
+
+    return make_client(
+        hosts,
+        session_timeout=session_timeout,
+        tls=tls,
+        auth=auth,
+        connection_retry=KazooRetry(max_tries=-1, delay=0.1, max_delay=1.0),
+        command_retry=KazooRetry(max_tries=3, delay=0.1, max_delay=1.0),
+        **({} if auth is not None else {"default_acl": OPEN_ACL_UNSAFE}),
+    )
 
 
 def publish_config(
@@ -186,14 +256,18 @@ def publish_config(
     *,
     store: str,
     oracle: str | None = None,
+    oracle_tls: TlsConfig | None = None,
     zookeeper_auth: str | None = None,
+    zookeeper_tls: TlsConfig | None = None,
     timeout: float = 15.0,
 ) -> None:
     """Publish the shared configuration of the cluster at *zookeeper*
     (``"host:port[,...]/chroot"``): the store url *store* and the oracle target *oracle*
     (None: the store's own timestamps). Afterwards ``percolator.connect("zk://" +
-    zookeeper)`` learns both from ZooKeeper alone. *zookeeper_auth* (``"user:password"``)
-    protects the namespace with digest ACLs.
+    zookeeper)`` learns both from ZooKeeper alone. *oracle_tls* publishes the TLS files
+    clients use for the oracle: their *paths* only (the same on every client host), never
+    their content. *zookeeper_auth* (``"user:password"``) protects the namespace with
+    digest ACLs; *zookeeper_tls* connects to ZooKeeper over TLS for this call.
 
     .. warning:: Blocks for up to *timeout* seconds while connecting.
 
@@ -206,15 +280,20 @@ def publish_config(
         )
     if oracle is not None and (not isinstance(oracle, str) or "://" not in oracle):
         raise InvalidArgument(f"oracle must be 'grpc://host:port' or 'zk://...', got {oracle!r}")
+    oracle_tls = check_tls(oracle_tls, "oracle_tls")
+    zookeeper_tls = check_tls(zookeeper_tls, "zookeeper_tls")
     hosts, chroot = parse_zookeeper_address(zookeeper)
-    client = _client(hosts, 10.0, _parse_auth(zookeeper_auth))
-    _start(client, zookeeper, timeout)
+    client = _client(hosts, 10.0, _parse_auth(zookeeper_auth), zookeeper_tls)
+    start_client(client, hosts, timeout, zookeeper_tls)
     try:
         from kazoo.exceptions import NodeExistsError
 
         base = f"{chroot}/{NAMESPACE}"
         client.ensure_path(base)
-        data = json.dumps({"store": store, "oracle": oracle}, sort_keys=True).encode()
+        config: dict[str, Any] = {"store": store, "oracle": oracle}
+        if oracle_tls is not None:
+            config["oracle_tls"] = oracle_tls.to_json()
+        data = json.dumps(config, sort_keys=True).encode()
         try:
             client.create(f"{base}/config", data)
         except NodeExistsError:
@@ -246,12 +325,14 @@ class ZooKeeperCoordination:
     enables digest ACLs. *advisory_buckets* is the number of hash buckets advisory-lock
     keys fall into and *lease_idle* how long (seconds) an unused bucket lease is kept
     before it is given back. *suspend_wait* (default: the session timeout) is how long
-    :meth:`current_owner` waits for a suspended connection to come back.
+    :meth:`current_owner` waits for a suspended connection to come back. *tls* connects
+    over TLS with its files (ZooKeeper's ``secureClientPort``).
 
     .. warning:: The constructor blocks for up to *connect_timeout* seconds while it
         connects and registers this client.
 
     :raises CoordinationError: when ZooKeeper cannot be reached (or kazoo is missing).
+    :raises TlsError: when a TLS handshake with ZooKeeper cannot succeed (says why).
     :raises InvalidArgument: for a malformed argument.
     """
 
@@ -265,7 +346,9 @@ class ZooKeeperCoordination:
         advisory_buckets: int = 1024,
         lease_idle: float = 2.0,
         suspend_wait: float | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
+        tls = check_tls(tls, "zookeeper_tls")
         if not isinstance(session_timeout, int | float) or session_timeout <= 0:
             raise InvalidArgument(
                 f"session_timeout must be positive seconds, got {session_timeout!r}"
@@ -314,8 +397,8 @@ class ZooKeeperCoordination:
             "lease_released": 0,
         }
 
-        self._zk = _client(zk_hosts, self.session_timeout, _parse_auth(auth))
-        _start(self._zk, hosts, connect_timeout)
+        self._zk = _client(zk_hosts, self.session_timeout, _parse_auth(auth), tls)
+        start_client(self._zk, zk_hosts, connect_timeout, tls)
         try:
             self._zk.add_listener(self._listener)
             self._setup()

@@ -17,6 +17,9 @@ Fixtures (registered through ``pytest_plugins`` in ``tests/conftest.py``):
 * ``zk_chroot`` (function scope): a fresh chroot that exists, as a connection string
   ``"127.0.0.1:PORT/test-<hex>"``; pass it to kazoo (``KazooClient(hosts=zk_chroot)``) or
   build ``"zk://" + zk_chroot`` for the oracle client.
+* ``tls_zookeeper`` (session scope, started only by the tests that ask for it): a second
+  server with a ``secureClientPort`` (Netty, PEM key and trust stores from a throwaway CA,
+  client certificates required) besides its plaintext port; a :class:`TlsZooKeeper`.
 
 No orphans: the java process gets ``PR_SET_PDEATHSIG=SIGKILL`` (it dies with the process
 that started it, even after a ``kill -9`` of pytest), and every server still running at
@@ -48,6 +51,13 @@ from tests._services import free_port, service_missing
 
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 ZOOKEEPER_CONF_DIR = "/etc/zookeeper/conf"
+#: Debian's zookeeper.jar lists only part of Netty in its manifest; its Netty connection
+#: factory (needed for TLS) also needs these, and slf4j-simple makes it log.
+NETTY_JARS = [
+    f"/usr/share/java/{name}.jar"
+    for name in ("netty-codec", "netty-resolver", "netty-transport-native-unix-common",
+                 "slf4j-simple")
+]
 MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 INSTALL_HINT = "install Java and ZooKeeper: apt-get install -y default-jre-headless zookeeper"
 
@@ -102,9 +112,17 @@ class ZooKeeperServer:
     """
 
     def __init__(
-        self, port: int | None = None, *, tick_time: int = 500, min_session_timeout: int = 1000
+        self,
+        port: int | None = None,
+        *,
+        tick_time: int = 500,
+        min_session_timeout: int = 1000,
+        secure: tuple[str, str] | None = None,
     ) -> None:
         self.port = port or free_port()
+        # (PEM key store: server key and certificate; PEM trust store: the CA of clients)
+        self.secure = secure
+        self.secure_port = free_port() if secure else None
         self.tick_time = tick_time
         self.min_session_timeout = min_session_timeout
         self.workdir = tempfile.mkdtemp(prefix="percolator-zk-")
@@ -120,6 +138,12 @@ class ZooKeeperServer:
     def hosts(self) -> str:
         """The connection string ``"127.0.0.1:PORT"``."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def secure_hosts(self) -> str:
+        """The TLS connection string ``"127.0.0.1:SECURE_PORT"``."""
+        assert self.secure_port is not None, "not started with secure=..."
+        return f"127.0.0.1:{self.secure_port}"
 
     @property
     def running(self) -> bool:
@@ -139,6 +163,19 @@ class ZooKeeperServer:
                 "maxClientCnxns=0\n"
                 "autopurge.purgeInterval=0\n"
             )
+            if self.secure is not None:
+                keystore, truststore = self.secure
+                f.write(
+                    f"secureClientPort={self.secure_port}\n"
+                    "secureClientPortAddress=127.0.0.1\n"
+                    "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n"
+                    f"ssl.keyStore.location={keystore}\n"
+                    "ssl.keyStore.type=PEM\n"
+                    f"ssl.trustStore.location={truststore}\n"
+                    "ssl.trustStore.type=PEM\n"
+                    "ssl.clientAuth=need\n"
+                    "ssl.enabledProtocols=TLSv1.3,TLSv1.2\n"
+                )
 
     def start(self, timeout: float = 60.0) -> None:
         """Start the server and wait until ``srvr`` answers ``Mode: standalone``.
@@ -160,7 +197,7 @@ class ZooKeeperServer:
                 "-Dzookeeper.root.logger=INFO,CONSOLE",
                 "-Dzookeeper.jmx.log4j.disable=true",
                 "-cp",
-                f"{ZOOKEEPER_JAR}:{ZOOKEEPER_CONF_DIR}",
+                ":".join([ZOOKEEPER_JAR, ZOOKEEPER_CONF_DIR, *(NETTY_JARS if self.secure else [])]),
                 MAIN_CLASS,
                 self.config_path,
             ]
@@ -299,3 +336,43 @@ def zk_chroot(zookeeper: ZooKeeperServer) -> str:
     if not zookeeper.running:
         zookeeper.start()
     return zookeeper.create_chroot()
+
+
+class TlsZooKeeper:
+    """A :class:`ZooKeeperServer` with a TLS port, its CA and a client certificate."""
+
+    def __init__(self, directory: str) -> None:
+        from tests._tls import TestCA
+
+        self.ca = TestCA(os.path.join(directory, "ca"), "zookeeper test CA")
+        server = self.ca.issue("zookeeper-server")
+        self.client_cert = self.ca.issue("zookeeper-client", client=True)
+        self.server = ZooKeeperServer(secure=(self.ca.combined(server), self.ca.ca))
+
+    @property
+    def hosts(self) -> str:
+        """The TLS connection string."""
+        return self.server.secure_hosts
+
+    @property
+    def tls(self) -> Any:
+        """A client TlsConfig that ZooKeeper accepts (mutual TLS)."""
+        return self.ca.client_tls(self.client_cert)
+
+    def chroot(self) -> str:
+        """A fresh chroot on the TLS port: ``"127.0.0.1:SECURE_PORT/test-<hex>"``."""
+        return self.server.create_chroot().replace(self.server.hosts, self.hosts, 1)
+
+
+@pytest.fixture(scope="session")
+def tls_zookeeper(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsZooKeeper]:
+    """A ZooKeeper with a secureClientPort and a throwaway CA (see the module docstring)."""
+    missing = java_available()
+    if missing is not None:
+        service_missing(missing)
+    zk = TlsZooKeeper(str(tmp_path_factory.mktemp("tls-zookeeper")))
+    try:
+        zk.server.start()
+        yield zk
+    finally:
+        zk.server.cleanup()

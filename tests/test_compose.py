@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 import re
 import shutil
 import subprocess
@@ -23,15 +24,17 @@ from tests._services import service_missing
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
+COMPOSE_TLS = ROOT / "docker-compose.tls.yml"
 PROJECT_SERVICES = ("oracle1", "oracle2", "configure", "worker")
 
 
-def docker_compose(*args: str) -> subprocess.CompletedProcess[str]:
+def docker_compose(*args: str, tls: bool = False) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("docker-compose")
     if exe is None:
         service_missing("docker-compose is not installed: apt-get install docker-compose")
+    files = ["--file", str(COMPOSE)] + (["--file", str(COMPOSE_TLS)] if tls else [])
     return subprocess.run(
-        [exe, "--file", str(COMPOSE), "--project-directory", str(ROOT), *args],
+        [exe, *files, "--project-directory", str(ROOT), *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -40,26 +43,27 @@ def docker_compose(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @cache
-def _resolved_text() -> str:
-    result = docker_compose("config")
+def _resolved_text(tls: bool = False) -> str:
+    result = docker_compose("config", tls=tls)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
 
-def resolved() -> dict[str, Any]:
-    """The compose file as ``docker-compose config`` resolves it."""
+def resolved(tls: bool = False) -> dict[str, Any]:
+    """The compose file (with the TLS override if *tls*) as ``docker-compose config``
+    resolves it."""
     try:
         import yaml  # type: ignore[import-untyped]
     except ImportError:
         service_missing("PyYAML is not installed: pip install pyyaml")
-    text = _resolved_text()
+    text = _resolved_text(tls)
     data = yaml.safe_load(text)
     assert isinstance(data, dict)
     return data
 
 
-def services() -> dict[str, Any]:
-    found = resolved()["services"]
+def services(tls: bool = False) -> dict[str, Any]:
+    found = resolved(tls)["services"]
     assert isinstance(found, dict)
     return found
 
@@ -168,3 +172,69 @@ def test_configure_publishes_what_the_others_use() -> None:
 def test_dockerignore_keeps_the_image_small() -> None:
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", "tests", "bench"} <= set(ignored)
+
+
+# -- the opt-in TLS override (docker-compose.tls.yml, docs/tls.md) ------------------------
+
+TLS_FILES = {"/tls/ca.pem", "/tls/oracle.pem", "/tls/oracle.key", "/tls/client.pem",
+             "/tls/client.key"}
+
+
+def test_tls_override_is_valid() -> None:
+    result = docker_compose("config", "-q", tls=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_tls_override_names_the_files_the_certificate_script_writes(tmp_path: Path) -> None:
+    from tests._tls import _require_cryptography
+
+    _require_cryptography()
+    script = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "tls_certs.py"), str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert script.returncode == 0, script.stderr
+    written = {f"/tls/{name}" for name in os.listdir(tmp_path)}
+    text = (ROOT / "docker-compose.tls.yml").read_text()
+    named = set(re.findall(r"/tls/[-a-z.]+", text))
+    assert named and named <= written
+    assert named >= TLS_FILES
+
+
+def test_tls_oracles_and_worker_use_tls_everywhere() -> None:
+    tls_services = services(tls=True)
+    oracle_options = set(re.findall(r"--[a-z][-a-z]*", option_help("oracle")))
+    worker_options = set(re.findall(r"--[a-z][-a-z]*", option_help("observers")))
+    for name in ("oracle1", "oracle2"):
+        command = tls_services[name]["command"]
+        assert set(options_of(command)) <= oracle_options, name
+        assert value_of(command, "--zookeeper") == "zookeeper:2281/percolator"
+        assert value_of(command, "--tls-client-ca") == "/tls/ca.pem"  # mutual TLS
+        for option in ("--tls-cert", "--tls-key", "--zookeeper-tls-ca", "--zookeeper-tls-cert",
+                       "--zookeeper-tls-key"):
+            assert value_of(command, option).startswith("/tls/"), (name, option)
+    worker = tls_services["worker"]["command"]
+    assert set(options_of(worker)) <= worker_options
+    assert value_of(worker, "--cluster") == "zk://zookeeper:2281/percolator"
+    assert value_of(worker, "--zookeeper-tls-cert") == "/tls/client.pem"
+    extra = tls_services["zookeeper"]["environment"]["ZOO_CFG_EXTRA"].split()
+    assert "secureClientPort=2281" in extra and "ssl.clientAuth=need" in extra
+    for name in ("oracle1", "oracle2", "configure", "worker", "zookeeper"):
+        assert any(v.endswith(":/tls:ro") for v in map(str, tls_services[name]["volumes"]))
+
+
+def test_tls_configure_publishes_the_oracle_tls_paths() -> None:
+    script = services(tls=True)["configure"]["command"][2]
+    tree = ast.parse(script)
+    keywords = {
+        kw.arg
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        for kw in node.keywords
+    }
+    assert {"oracle_tls", "zookeeper_tls"} <= keywords
+    assert {"oracle_tls", "zookeeper_tls"} <= set(
+        inspect.signature(percolator.publish_config).parameters
+    )
+    assert "zookeeper_tls" in inspect.signature(percolator.connect).parameters
+    assert '"zookeeper:2281/percolator"' in script

@@ -16,6 +16,7 @@ import threading
 import time
 
 from oracle import OracleClient
+from percolator._tls import add_zookeeper_tls_arguments, zookeeper_tls_from_arguments
 
 
 def main() -> int:
@@ -26,8 +27,15 @@ def main() -> int:
     p.add_argument("--count", type=int, default=0, help="calls per thread (0: until --stop)")
     p.add_argument("--stop", default="", help="stop when this file exists")
     p.add_argument("--deadline", type=float, default=20.0)
+    add_zookeeper_tls_arguments(p, "oracle")
+    add_zookeeper_tls_arguments(p, "zookeeper")
     args = p.parse_args()
-    client = OracleClient(args.target, deadline=args.deadline)
+    client = OracleClient(
+        args.target,
+        deadline=args.deadline,
+        tls=zookeeper_tls_from_arguments(args, "oracle"),
+        zookeeper_tls=zookeeper_tls_from_arguments(args),
+    )
     results: list[list[tuple[int, int, int]]] = [[] for _ in range(args.threads)]
     errors: list[str] = []
     go = threading.Event()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from oracle import OracleClient
+from percolator import TlsConfig
 from percolator._errors import OracleUnavailable
 from tests._services import free_port
 from tests._zookeeper import DIE_WITH_PARENT
@@ -23,10 +24,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 class OracleProcess:
-    """``python -m oracle ...`` in a child process, logging to *log_path*."""
+    """``python -m oracle ...`` in a child process, logging to *log_path*; *tls* is what
+    its own status client uses to reach it (None: plaintext)."""
 
-    def __init__(self, args: list[str], log_path: str, port: int) -> None:
+    def __init__(
+        self, args: list[str], log_path: str, port: int, tls: TlsConfig | None = None
+    ) -> None:
         self.args = args
+        self.tls = tls
         self.port = port
         self.address = f"127.0.0.1:{port}"
         self.log_path = log_path
@@ -44,7 +49,8 @@ class OracleProcess:
         return self.process.pid
 
     def status_client(self, deadline: float = 2.0) -> OracleClient:
-        return OracleClient(f"grpc://{self.address}", deadline=deadline)
+        scheme = "grpc" if self.tls is None else "grpcs"
+        return OracleClient(f"{scheme}://{self.address}", deadline=deadline, tls=self.tls)
 
     def wait_serving(self, timeout: float = 30.0, leader: bool = True) -> None:
         """Wait until it answers Status (with ``leader`` as given)."""
@@ -93,17 +99,27 @@ class Oracles:
     procs: list[OracleProcess] = field(default_factory=list)
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def start(self, *args: str, port: int | None = None) -> OracleProcess:
+    def start(
+        self, *args: str, port: int | None = None, tls: TlsConfig | None = None
+    ) -> OracleProcess:
         port = port or free_port()
-        p = OracleProcess(list(args), os.path.join(self.tmp, f"oracle-{len(self.procs)}.log"), port)
+        log = os.path.join(self.tmp, f"oracle-{len(self.procs)}.log")
+        p = OracleProcess(list(args), log, port, tls)
         self.procs.append(p)
         return p
 
     def worker(
-        self, target: str, out: str, *, threads: int, count: int = 0, stop: str = ""
+        self,
+        target: str,
+        out: str,
+        *,
+        threads: int,
+        count: int = 0,
+        stop: str = "",
+        extra: tuple[str, ...] = (),
     ) -> subprocess.Popen[bytes]:
         cmd = [sys.executable, "-m", "tests.oracle._load_worker", target, out]
-        cmd += ["--threads", str(threads), "--count", str(count), "--stop", stop]
+        cmd += ["--threads", str(threads), "--count", str(count), "--stop", stop, *extra]
         w = subprocess.Popen([*DIE_WITH_PARENT, *cmd], cwd=ROOT, stdin=subprocess.DEVNULL)
         self.workers.append(w)
         return w
