@@ -165,6 +165,8 @@ class Run:
 
 
 EXPECTED = (ConflictError, LockedError)
+MAX_STEPS = 2000
+"""A run takes some 20-60 steps: one still going after this many is a livelock."""
 
 
 def play(cluster: Cluster, choose: Callable[[list, int], int], dead: bool,  # type: ignore[type-arg]
@@ -180,6 +182,9 @@ def play(cluster: Cluster, choose: Callable[[list, int], int], dead: bool,  # ty
             ready = world.runnable()
             if not ready:
                 break
+            if n == MAX_STEPS:
+                tail = "\n".join(str(s) for s in world.trace[-30:])
+                raise AssertionError(f"livelock: not done after {n} steps; last ones:\n{tail}")
             if kill is not None and kill[1] == n and not actors[kill[0]].done:
                 actors[kill[0]].kill()
                 continue
