@@ -423,6 +423,9 @@ def commit_transaction(txn: TransactionBase, crash: CrashPoint | None = None) ->
             commit_ts = txn.start_ts
         txn.commit_ts = commit_ts
         return commit_ts
+    # Before anything (an overtaken transaction is told so, not sent into conflicts
+    # with what GC left), and again where it counts, after the prewrite.
+    cluster.safe_point.check(txn.start_ts)
     committer = _Committer(txn, crash)
     if crash is None:
         try:

@@ -110,8 +110,8 @@ class GcSummary:
     """The bound actually used: the safe point, or lower while a live transaction
     that started below it holds locks."""
     held_back_by: str
-    """What set the safe point: ``"retention"``, ``"client <owner>"``, ``"this
-    process"``, or ``"unchanged"``."""
+    """What set the safe point: ``"retention"``, ``"client <owner>"`` or ``"this
+    process"``; ``"unchanged (...)"`` when that is not above the previous one."""
     rows_scanned: int
     versions_removed: int
     """Write records, data versions and lock cells removed."""
@@ -139,7 +139,10 @@ def _safe_point_bound(
     if candidate is None:
         return None, "retention (no timestamp logged that long ago yet)"
     now = time.time()
+    me = cluster.coordination.current_owner()
     for holder in sp.holders(prune=prune):
+        if holder.owner == me:
+            continue  # its publication lags; this process's own count is below
         if now - holder.began > max_txn_age:
             log.warning("transaction %d of %s is older than max_txn_age (%.0fs): no longer "
                         "holding the safe point back", holder.start_ts, holder.owner, max_txn_age)
@@ -301,7 +304,7 @@ def collect(
     candidate, why = _safe_point_bound(cluster, retention, max_txn_age, now_ts, not dry_run)
     if candidate is None or candidate <= previous:
         safe_point = previous
-        why = "unchanged" if candidate is not None else why
+        why = f"unchanged ({why})" if candidate is not None else why
     elif dry_run:
         safe_point = candidate
     else:
