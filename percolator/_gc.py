@@ -24,7 +24,8 @@ A pass (:func:`collect`, ``Cluster.gc``, ``percolator gc``):
    ``P'`` the cell goes entirely: its records and data first, then its FREE lock
    cell, with a conditional delete that only succeeds if the lock still holds the
    value read (stores with :class:`percolator._store.ConditionalDelete`; HBase
-   keeps it).
+   keeps it). Rollback records and rolled-back data *newer* than *k* stay until a
+   newer version is kept: the store contract deletes by timestamp range.
 
 Why each removal is safe for everyone who can still read or commit (the safe point
 rules out the rest, see :mod:`percolator._safe_point`):
@@ -277,13 +278,16 @@ def collect(
     progress: Callable[[int], None] | None = None,
     rows_per_second: float | None = None,
     before_step: Callable[[], None] | None = None,
+    tables: Sequence[str] | None = None,
 ) -> GcSummary:
     """One garbage-collection pass over every user table (see the module docstring).
 
     *progress* is called with the number of rows just scanned (for a progress bar);
     *rows_per_second* limits the pace so that foreground work is not starved;
     *before_step* is called before every change the pass makes to the store (test
-    harnesses raise from it to abandon the pass there).
+    harnesses raise from it to abandon the pass there). *tables* restricts the pass to
+    some user tables (default: all); only for tables that no transaction spans with
+    others, since a lock's primary may lie in another table (test harnesses).
     """
     if not isinstance(retention, int | float) or retention < 0:
         raise InvalidArgument(f"retention must be a number of seconds >= 0, got {retention!r}")
@@ -314,7 +318,7 @@ def collect(
         # Whoever persisted the safe point (we or another pass), every client's cache
         # holds it, or will fetch it before trusting a read, once this has passed.
         time.sleep(2 * sp.refresh)
-    tables = cluster.tables()
+    tables = cluster.tables() if tables is None else list(tables)
     resolved = left = 0
     below = safe_point
     if safe_point:

@@ -21,6 +21,7 @@ import pytest
 import percolator
 from percolator._gc import collect
 from percolator._store import ConditionalDelete, Read
+from percolator.testing import CrashPoint, client_of, crash_commit
 from tests._backends import make_store_url
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -360,3 +361,24 @@ def test_a_long_running_reader_in_another_process_keeps_its_snapshot(
         child.wait()
     # Gone with its process: the next pass removes what it held.
     assert c.gc(retention=0).versions_removed == 3
+
+
+def test_a_pass_leaves_the_cells_of_a_held_lock_alone(gc_cluster: percolator.Cluster) -> None:
+    """A committed transaction whose committer died after its commit point leaves a
+    lock on a secondary whose only older record is a DELETE: the pass must neither
+    remove that lock (the cell looks deletable) nor anything its roll-forward needs."""
+    c = gc_cluster
+    put(c, b"s", b"old")
+    put(c, b"s", None)
+    older = percolator.Transaction(c)  # holds the safe point below the dead commit
+    dead = percolator.Transaction(client_of(c))
+    dead.set(T, b"p", "c:x", b"primary")
+    dead.set(T, b"s", "c:x", b"secondary")
+    assert crash_commit(dead, CrashPoint("commit", 0))  # committed, secondary locked
+    summary = c.gc(retention=0)
+    assert summary.safe_point == older.start_ts < dead.start_ts
+    assert raw(c, b"s")["l:c:x"][0][1][:1] == b"L", "the held lock stays"
+    older.rollback()
+    assert percolator.Snapshot(c).get(T, b"s", "c:x") == b"secondary"
+    c.gc(retention=0)
+    assert percolator.Snapshot(c).get(T, b"s", "c:x") == b"secondary"
