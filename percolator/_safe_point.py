@@ -59,6 +59,7 @@ import struct
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -115,6 +116,10 @@ class SafePoint:
     def _reset(self) -> None:
         self._generation = _forks.generation
         self._lock = threading.Lock()
+        self._drawn = threading.Condition(self._lock)
+        self._drawing = 0
+        """Transactions of this process between asking for a start timestamp and
+        being registered with it: :meth:`oldest_running` waits for them."""
         self._running: weakref.WeakSet[Snapshot] = weakref.WeakSet()
         self._published: tuple[int, int] | None = None
         self._publisher: threading.Thread | None = None
@@ -208,10 +213,28 @@ class SafePoint:
 
     # --- publication of the oldest running transaction ---------------------------------
 
+    def begin(self, txn: Snapshot, draw: Callable[[], int]) -> int:
+        """Draw *txn*'s start timestamp with *draw* and count *txn* as running (until
+        it is closed or forgotten), so that no pass of this process can take a safe
+        point above a timestamp drawn but not yet registered."""
+        if self._generation != _forks.generation:
+            self._reset()  # a forked child: no publisher thread, maybe a held lock
+        with self._lock:
+            self._drawing += 1
+        try:
+            txn.start_ts = draw()
+        finally:
+            with self._lock:
+                self._drawing -= 1
+                if not self._drawing:
+                    self._drawn.notify_all()
+        self.register(txn)
+        return txn.start_ts
+
     def register(self, txn: Snapshot) -> None:
         """Count *txn* as running until it is closed or forgotten."""
         if self._generation != _forks.generation:
-            self._reset()  # a forked child: no publisher thread, maybe a held lock
+            self._reset()
         with self._lock:
             self._running.add(txn)
             if self._publisher is None and not self._closed:
@@ -221,8 +244,12 @@ class SafePoint:
                 self._publisher.start()
 
     def oldest_running(self) -> tuple[int, float] | None:
-        """``(start_ts, began)`` of this process's oldest open transaction, or None."""
+        """``(start_ts, began)`` of this process's oldest open transaction, or None.
+        Call it after drawing the timestamp it is compared with: it waits for the
+        transactions drawing theirs (which may be smaller) to register."""
         with self._lock:
+            while self._drawing:
+                self._drawn.wait()
             live = [(t.start_ts, t._began) for t in self._running if not t._closed]
         return min(live) if live else None
 

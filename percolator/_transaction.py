@@ -78,13 +78,14 @@ class Snapshot:
         self.cluster = cluster
         self._closed = False
         self._began = time.time()
-        if start_ts is None:
-            self.start_ts: int = cluster.timestamps.get_timestamp()
-        else:
-            cluster.safe_point.check(start_ts)
-            self.start_ts = start_ts
         self._safe_point = cluster.safe_point
-        self._safe_point.register(self)
+        self.start_ts: int
+        if start_ts is None:
+            self._safe_point.begin(self, cluster.timestamps.get_timestamp)
+        else:
+            self._safe_point.check(start_ts)
+            self.start_ts = start_ts
+            self._safe_point.register(self)
         self._read_cache: dict[tuple[tuple[str, ...] | None, bool], list[Read]] = {}
 
     # --- validation ---------------------------------------------------------------
