@@ -382,3 +382,55 @@ def test_a_pass_leaves_the_cells_of_a_held_lock_alone(gc_cluster: percolator.Clu
     assert percolator.Snapshot(c).get(T, b"s", "c:x") == b"secondary"
     c.gc(retention=0)
     assert percolator.Snapshot(c).get(T, b"s", "c:x") == b"secondary"
+
+
+class DrawParking:
+    """The cluster's real timestamp source; the chosen thread stops right after it drew
+    a timestamp, before its caller has it."""
+
+    def __init__(self, source: Any) -> None:
+        self._source = source
+        self.thread: threading.Thread | None = None
+        self.parked = threading.Event()
+        self.go = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._source, name)
+
+    def get_timestamp(self) -> int:
+        ts: int = self._source.get_timestamp()
+        if threading.current_thread() is self.thread:
+            self.parked.set()
+            assert self.go.wait(60)
+        return ts
+
+
+def test_a_pass_waits_for_a_transaction_of_its_process_drawing_its_start(url: str) -> None:
+    """A transaction that drew its start timestamp but is not registered yet: a pass in
+    the same process, even with retention 0, must not take a safe point above it."""
+    with percolator.connect(url, safe_point_refresh=REFRESH) as c:
+        c.create_table(T)
+        put(c, b"r", b"1")
+        parking = DrawParking(c.timestamps)
+        c.timestamps = parking
+        started: list[percolator.Snapshot] = []
+        passes: list[object] = []
+        begin = threading.Thread(target=lambda: started.append(percolator.Snapshot(c)))
+        parking.thread = begin
+        begin.start()
+        assert parking.parked.wait(60)
+        gc = threading.Thread(target=lambda: passes.append(c.gc(retention=0)))
+        gc.start()
+        gc.join(1.0)  # (without the wait, the pass is over by now)
+        parking.go.set()
+        begin.join(60)
+        gc.join(60)
+        c.timestamps = parking._source
+        (snapshot,) = started
+        (summary,) = passes
+        assert isinstance(summary, percolator._gc.GcSummary)
+        assert summary.safe_point <= snapshot.start_ts
+        put(c, b"r", b"2")
+        c.gc(retention=0)
+        assert snapshot.get(T, b"r", "c:x") == b"1"
+        c.drop_table(T)
