@@ -118,6 +118,7 @@ class SafePoint:
         self._lock = threading.Lock()
         self._drawn = threading.Condition(self._lock)
         self._drawing = 0
+        self._waiting = 0
         """Transactions of this process between asking for a start timestamp and
         being registered with it: :meth:`oldest_running` waits for them."""
         self._running: weakref.WeakSet[Snapshot] = weakref.WeakSet()
@@ -226,9 +227,11 @@ class SafePoint:
         finally:
             with self._lock:
                 self._drawing -= 1
-                if not self._drawing:
+                self._running.add(txn)
+                if self._waiting and not self._drawing:
                     self._drawn.notify_all()
-        self.register(txn)
+                if self._publisher is None and not self._closed:
+                    self._start_publisher()
         return txn.start_ts
 
     def register(self, txn: Snapshot) -> None:
@@ -238,10 +241,13 @@ class SafePoint:
         with self._lock:
             self._running.add(txn)
             if self._publisher is None and not self._closed:
-                self._publisher = threading.Thread(
-                    target=self._publish_loop, name="percolator-safe-point", daemon=True
-                )
-                self._publisher.start()
+                self._start_publisher()
+
+    def _start_publisher(self) -> None:
+        self._publisher = threading.Thread(
+            target=self._publish_loop, name="percolator-safe-point", daemon=True
+        )
+        self._publisher.start()
 
     def oldest_running(self) -> tuple[int, float] | None:
         """``(start_ts, began)`` of this process's oldest open transaction, or None.
@@ -249,7 +255,11 @@ class SafePoint:
         transactions drawing theirs (which may be smaller) to register."""
         with self._lock:
             while self._drawing:
-                self._drawn.wait()
+                self._waiting += 1
+                try:
+                    self._drawn.wait()
+                finally:
+                    self._waiting -= 1
             live = [(t.start_ts, t._began) for t in self._running if not t._closed]
         return min(live) if live else None
 
