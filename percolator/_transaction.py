@@ -36,6 +36,8 @@ __all__ = ["Snapshot", "Transaction", "TransactionBase"]
 
 WriteKey = tuple[str, bytes, str]
 
+_monotonic = time.monotonic
+
 _LOCK_PREFIX, _WRITE_PREFIX, _DATA_PREFIX = f"{LOCK}:", f"{WRITE}:", f"{DATA}:"
 _ROLLBACK_TAG = WriteKind.ROLLBACK.value
 
@@ -93,8 +95,10 @@ class Snapshot:
     def _check_safe_point(self) -> None:
         """After every store read (never before it: see :mod:`percolator._safe_point`),
         make sure that garbage collection cannot have removed what the read needed."""
-        if self.start_ts < self._safe_point.current():
-            self._safe_point.check(self.start_ts)
+        sp = self._safe_point
+        # SafePoint.check inlined for the fast path: fresh cache, start_ts not below.
+        if _monotonic() - sp._fetched > sp.refresh or self.start_ts < sp._value:
+            sp.check(self.start_ts)
 
     def _check_open(self) -> None:
         if self._closed:
