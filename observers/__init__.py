@@ -13,16 +13,20 @@
     Worker(cluster, [DocumentProcessor], threads=4).run()
 
 or run workers as processes: ``python -m observers --cluster URL --observers
-package.module:OBSERVERS [--threads N]`` (also ``percolator-worker``).
+package.module:OBSERVERS [--threads N] [--gc-interval SECONDS]`` (also
+``percolator-worker``), which also collect garbage every ten minutes, one worker of
+the cluster at a time (:class:`Periodic`).
 """
 
 from observers._observer import Observer
+from observers._periodic import Periodic
 from observers._worker import CommitHook, Worker, load_observers, wait_for_observers
 from percolator._notifications import Quarantined, WaitTimeout, ack_column
 
 __all__ = [
     "CommitHook",
     "Observer",
+    "Periodic",
     "Quarantined",
     "WaitTimeout",
     "Worker",

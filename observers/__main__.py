@@ -1,6 +1,7 @@
 """``python -m observers --cluster URL --observers package.module:OBSERVERS``: a worker
 process (also installed as ``percolator-worker``). Stops cleanly on SIGTERM/SIGINT; a
-second one exits at once."""
+second one exits at once. Runs a garbage-collection pass every ``--gc-interval`` seconds
+(one worker of the cluster at a time)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,17 @@ import os
 import sys
 
 import percolator
+from observers._periodic import Periodic
 from observers._worker import Worker, load_observers
 from percolator._tls import add_zookeeper_tls_arguments, zookeeper_tls_from_arguments
+
+
+def _collect(cluster: percolator.Cluster, retention: float, rate: float) -> None:
+    summary = cluster.gc(retention=retention, rows_per_second=rate)
+    logging.getLogger("observers.gc").info(
+        "gc: safe point %d (%s), %d rows scanned, %d versions removed, %d locks resolved "
+        "in %.1fs", summary.safe_point, summary.held_back_by, summary.rows_scanned,
+        summary.versions_removed, summary.locks_resolved, summary.seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,6 +45,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds before the first retry of a failed notification")
     parser.add_argument("--lock-ttl", type=float, default=30.0,
                         help="seconds a silent client's locks are honoured")
+    parser.add_argument("--gc-interval", type=float, default=600.0,
+                        help="seconds between garbage-collection passes, run by one "
+                             "worker of the cluster at a time (default 600; 0: never)")
+    parser.add_argument("--gc-retention", type=float, default=600.0,
+                        help="seconds of history garbage collection keeps (default 600)")
+    parser.add_argument("--gc-rate", type=float, default=5000.0,
+                        help="rows per second a pass scans at most, so that observers "
+                             "are not starved (default 5000)")
     parser.add_argument("--stats-file", help="write the worker's counters here as JSON on exit")
     add_zookeeper_tls_arguments(parser, "oracle")
     add_zookeeper_tls_arguments(parser, "zookeeper")
@@ -55,8 +73,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"percolator-worker: {e}", file=sys.stderr)
         return 2
     try:
+        tasks = []
+        if args.gc_interval > 0:
+            retention, rate = args.gc_retention, args.gc_rate
+            tasks.append(Periodic(
+                cluster, "gc", lambda: _collect(cluster, retention, rate),
+                interval=args.gc_interval,
+            ))
         worker = Worker(cluster, observers, threads=args.threads,
-                        max_failures=args.max_failures, retry_delay=args.retry_delay)
+                        max_failures=args.max_failures, retry_delay=args.retry_delay,
+                        tasks=tasks)
         worker.run()
         if args.stats_file:
             with open(args.stats_file, "w") as f:

@@ -39,6 +39,7 @@ from types import FrameType
 from typing import Any
 
 from observers._observer import Observer, ObserverTransaction
+from observers._periodic import Periodic
 from percolator._cluster import Cluster
 from percolator._commit import commit_transaction
 from percolator._encoding import NOTIFY
@@ -119,7 +120,8 @@ class Worker:
     *idle_max* caps the back-off of a scanner that finds nothing to do. *on_commit*,
     if given, is called after each committed observer transaction with
     ``(observer, table, row, column, change_ts, commit_ts)`` (from the scanner
-    thread; keep it quick).
+    thread; keep it quick). *tasks* are :class:`Periodic` tasks that run while the
+    worker runs (``python -m observers`` adds garbage collection).
 
     :attr:`stats` counts ``committed`` runs, ``skipped`` notifications (already
     acknowledged: duplicate work the acks rejected), ``conflicts``, ``failures``,
@@ -143,6 +145,7 @@ class Worker:
         max_retry_delay: float = 60.0,
         idle_max: float = 0.1,
         on_commit: CommitHook | None = None,
+        tasks: Iterable[Periodic] = (),
     ) -> None:
         if not isinstance(cluster, Cluster):
             raise InvalidArgument(f"Worker needs a percolator.Cluster, got {cluster!r:.80}")
@@ -191,6 +194,10 @@ class Worker:
         self._sample: dict[str, list[bytes]] = {t: [] for t in self._columns}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.tasks = list(tasks)
+        for task in self.tasks:
+            if not isinstance(task, Periodic):
+                raise InvalidArgument(f"tasks must be observers.Periodic, got {task!r:.80}")
 
     # --- life cycle -----------------------------------------------------------------
 
@@ -215,6 +222,8 @@ class Worker:
                                       daemon=True)
             thread.start()
             self._threads.append(thread)
+        for task in self.tasks:
+            task.start()
         log.info("worker started: %d scanner thread(s), observers %s", self.threads,
                  ", ".join(f"{o.name} ({o.table}/{o.column})" for o in self.observers))
 
@@ -222,6 +231,8 @@ class Worker:
         """Ask the scanners to stop after their current transaction and wait for them
         (at most *timeout* seconds each)."""
         self._stop.set()
+        for task in self.tasks:
+            task.stop(timeout)
         for thread in self._threads:
             thread.join(timeout)
         self._threads = []

@@ -1,10 +1,11 @@
-"""The ``percolator`` command: ``status``, ``wait`` and ``retry``.
+"""The ``percolator`` command: ``status``, ``wait``, ``retry`` and ``gc``.
 
 ::
 
     percolator status --cluster sqlite:///var/lib/app/repo.db
     percolator wait   --cluster URL --timeout 60
     percolator retry  --cluster URL [TABLE [ROW [COLUMN]]]
+    percolator gc     --cluster URL [--retention SECONDS] [--dry-run] [--vacuum]
 
 Rows are written as UTF-8 text, or ``hex:...`` for other bytes (as ``status`` shows them).
 """
@@ -15,9 +16,11 @@ import argparse
 import sys
 import time
 from collections import Counter
+from typing import Any
 
 from percolator._cluster import Cluster, connect
 from percolator._errors import PercolatorError
+from percolator._gc import DEFAULT_MAX_TXN_AGE, DEFAULT_RETENTION, GcSummary
 from percolator._notifications import (
     WaitTimeout,
     format_row,
@@ -62,6 +65,7 @@ def _status(cluster: Cluster) -> int:
             cluster.sweep_locks(force=True)
         print("lock census: " + ("clear (reads skip the lock family)" if cluster.lock_census.clean()
                                  else "set (reads check locks until a sweep finds none held)"))
+    _safe_point_status(cluster)
     records = quarantined(cluster)
     print(f"quarantined notifications: {len(records)}")
     for q in records:
@@ -74,6 +78,85 @@ def _status(cluster: Cluster) -> int:
     return 0
 
 
+def _safe_point_status(cluster: Cluster) -> None:
+    sp = cluster.safe_point
+    record = sp.read_record()
+    if record is None:
+        print("gc safe point: none (no garbage collection has run)")
+    else:
+        ts, wall_ms = record
+        age = time.time() - wall_ms / 1000
+        print(f"gc safe point: {ts}, set {_duration(age)} ago")
+    holders = [h for h in sp.holders() if h.owner != cluster.coordination.current_owner()]
+    if not holders:
+        print("  held back by: no running transaction (only the retention limits it)")
+    for h in holders[:5]:
+        alive = {True: "alive", False: "dead", None: "liveness unknown"}[h.alive]
+        print(f"  held back by: transaction {h.start_ts} of {h.owner} ({alive}), "
+              f"running for {_duration(time.time() - h.began)}")
+    if len(holders) > 5:
+        print(f"  ... and {len(holders) - 5} more clients")
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(seconds, 0.0)
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}min"
+    return f"{seconds / 3600:.1f}h"
+
+
+class _Progress:
+    """A progress bar of rows scanned: tqdm (the ``progress`` extra) when installed,
+    else a line on stderr every few seconds."""
+
+    def __init__(self) -> None:
+        self.rows, self._last = 0, time.monotonic()
+        try:
+            from tqdm import tqdm
+
+            self._bar: Any = tqdm(desc="gc", unit=" rows", file=sys.stderr)
+        except ImportError:
+            self._bar = None
+
+    def __call__(self, rows: int) -> None:
+        self.rows += rows
+        if self._bar is not None:
+            self._bar.update(rows)
+        elif time.monotonic() - self._last > 5:
+            print(f"gc: {self.rows} rows scanned", file=sys.stderr, flush=True)
+            self._last = time.monotonic()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _gc(cluster: Cluster, args: argparse.Namespace) -> int:
+    progress = _Progress()
+    try:
+        summary = cluster.gc(retention=args.retention, max_txn_age=args.max_txn_age,
+                             dry_run=args.dry_run, vacuum=args.vacuum, progress=progress)
+    finally:
+        progress.close()
+    _print_summary(summary)
+    return 0
+
+
+def _print_summary(s: GcSummary) -> None:
+    verb = "would remove" if s.dry_run else "removed"
+    print(f"safe point: {s.safe_point} (was {s.previous_safe_point}; {s.held_back_by})"
+          + ("" if s.collected_below == s.safe_point else
+             f"; collected below {s.collected_below} only: {s.locks_left} live lock(s) older"))
+    print(f"rows scanned: {s.rows_scanned}")
+    print(f"{verb}: {s.versions_removed} versions ({s.bytes_removed} bytes), "
+          f"{s.cells_removed} deleted cells entirely; locks resolved: {s.locks_resolved}")
+    if s.bytes_freed is not None:
+        print(f"vacuum returned {s.bytes_freed} bytes to the file system")
+    print(f"took {s.seconds:.1f}s" + (" (dry run: nothing changed)" if s.dry_run else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="percolator", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -84,7 +167,16 @@ def main(argv: list[str] | None = None) -> int:
     retry.add_argument("table", nargs="?")
     retry.add_argument("row", nargs="?", help="row key (text, or hex:...)")
     retry.add_argument("column", nargs="?")
-    for p in (status, wait, retry):
+    gc = sub.add_parser("gc", help="one garbage-collection pass: remove old versions")
+    gc.add_argument("--retention", type=float, default=DEFAULT_RETENTION,
+                    help=f"seconds of history to keep (default {DEFAULT_RETENTION:.0f})")
+    gc.add_argument("--max-txn-age", type=float, default=DEFAULT_MAX_TXN_AGE,
+                    help="seconds after which a running transaction stops holding "
+                         f"garbage collection back (default {DEFAULT_MAX_TXN_AGE:.0f})")
+    gc.add_argument("--dry-run", action="store_true", help="count, change nothing")
+    gc.add_argument("--vacuum", action="store_true",
+                    help="then return free space to the file system (embedded store)")
+    for p in (status, wait, retry, gc):
         p.add_argument("--cluster", required=True, help="store url, e.g. sqlite:///path.db")
         p.add_argument("--oracle",
                        help="timestamp oracle, grpc://host:port, grpcs://host:port or zk://...")
@@ -106,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "status":
             return _status(cluster)
+        if args.command == "gc":
+            return _gc(cluster, args)
         if args.command == "wait":
             try:
                 wait_until_idle(cluster, args.timeout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +25,10 @@ from percolator._errors import (
     PercolatorError,
     UnknownTableError,
 )
+from percolator._gc import DEFAULT_MAX_TXN_AGE, DEFAULT_RETENTION, GcSummary, collect
 from percolator._lock_census import LockCensus
 from percolator._retry import LOCK_WAIT, RetryPolicy
+from percolator._safe_point import SafePoint
 from percolator._store import Mutation, Read, Store
 from percolator._timestamps import HostTimestamps, StoreTimestamps, TimestampSource
 from percolator._tls import TlsConfig, check_tls
@@ -53,6 +56,7 @@ def connect(
     zookeeper_session_timeout: float = 10.0,
     lock_ttl: float = 30.0,
     lock_wait: float | None = None,
+    safe_point_refresh: float = 1.0,
     **store_options: Any,
 ) -> Cluster:
     """Connect to the repository at *url*.
@@ -82,7 +86,11 @@ def connect(
     ZooKeeper coordination is
     then implied. *lock_ttl* (seconds) is how long a lock of a live but silent
     client is honoured; *lock_wait* how long a read waits for a live lock before
-    raising :class:`LockedError` (default: twice the ttl).
+    raising :class:`LockedError` (default: twice the ttl). *safe_point_refresh*
+    (seconds) is how long a client trusts its cached garbage-collection safe point;
+    a GC pass waits twice that before it removes anything, so every client of a
+    repository must use the same value or a smaller one than the process running GC
+    (see :mod:`percolator._safe_point`).
 
     .. warning:: With ZooKeeper this blocks while connecting (up to 15 s).
 
@@ -96,6 +104,10 @@ def connect(
     zookeeper_tls = check_tls(zookeeper_tls, "zookeeper_tls")
     if not isinstance(lock_ttl, int | float) or lock_ttl <= 0:
         raise InvalidArgument(f"lock_ttl must be a positive number of seconds, got {lock_ttl!r}")
+    if not isinstance(safe_point_refresh, int | float) or safe_point_refresh <= 0:
+        raise InvalidArgument(
+            f"safe_point_refresh must be a positive number of seconds, got {safe_point_refresh!r}"
+        )
     closers: list[Any] = []
     try:
         coordination: Coordination
@@ -156,6 +168,7 @@ def connect(
             coordination,
             lock_ttl=lock_ttl,
             lock_wait=2 * lock_ttl if lock_wait is None else lock_wait,
+            safe_point_refresh=safe_point_refresh,
         )
     except BaseException:
         for closer in reversed(closers):
@@ -179,6 +192,7 @@ class Cluster:
         lock_ttl: float = 30.0,
         lock_wait: float = 60.0,
         config_refresh: float = 0.5,
+        safe_point_refresh: float = 1.0,
     ) -> None:
         self.store = store
         self.timestamps = timestamps
@@ -202,6 +216,9 @@ class Cluster:
             "commits": 0, "conflicts": 0, "rollbacks": 0, "locks_resolved": 0,
         }
         store.create_table(META_TABLE, META_FAMILIES)
+        self.safe_point = SafePoint(store, coordination, refresh=safe_point_refresh)
+        """The garbage-collection safe point and this client's publication of its oldest
+        running transaction (:mod:`percolator._safe_point`)."""
         # Every client of an embedded store must keep the census, however it was built.
         path = getattr(store, "path", None)
         self.lock_census: LockCensus | None = (
@@ -285,6 +302,41 @@ class Cluster:
     def is_observed(self, table: str, column: str) -> bool:
         return (table, column) in self.observed_columns()
 
+    # --- garbage collection -----------------------------------------------------------
+
+    def gc(
+        self,
+        *,
+        retention: float = DEFAULT_RETENTION,
+        max_txn_age: float = DEFAULT_MAX_TXN_AGE,
+        dry_run: bool = False,
+        vacuum: bool = False,
+        progress: Callable[[int], None] | None = None,
+        rows_per_second: float | None = None,
+    ) -> GcSummary:
+        """One garbage-collection pass: remove the versions that no transaction can
+        read any more (docs/garbage-collection.md).
+
+        The safe point moves up to the timestamp that was current *retention* seconds
+        ago (0: now), but never past the oldest transaction still running in any live
+        client, unless that transaction is older than *max_txn_age* seconds; a
+        transaction left below the safe point gets :class:`SnapshotTooOldError`.
+        Every user table keeps, per cell, the newest version below the safe point and
+        everything newer; deleted cells go entirely. *dry_run* counts what would go
+        and changes nothing; *vacuum* then returns free space to the file system
+        (embedded store; elsewhere the store's compactions do). *progress* is called
+        with the number of rows scanned, batch by batch; *rows_per_second* limits the
+        pace.
+
+        .. warning:: blocks for the whole pass, at least twice the safe-point refresh
+           (see ``connect(safe_point_refresh=...)``) plus a scan of every table.
+
+        :raises InvalidArgument: for a negative retention or a non-positive max_txn_age.
+        """
+        self._check_open()
+        return collect(self, retention=retention, max_txn_age=max_txn_age, dry_run=dry_run,
+                       vacuum=vacuum, progress=progress, rows_per_second=rows_per_second)
+
     # --- life cycle -----------------------------------------------------------------
 
     def transaction(self) -> Transaction:
@@ -307,7 +359,8 @@ class Cluster:
             if self._closed:
                 return
             self._closed = True
-        for part in (self.timestamps, self.coordination, self.lock_census, self.store):
+        for part in (self.safe_point, self.timestamps, self.coordination, self.lock_census,
+                     self.store):
             if part is None:
                 continue
             try:

@@ -423,6 +423,9 @@ def _commit_one_phase(committer: _Committer) -> int | None:
     start_ts = committer.start_ts
     with exclusive() as draw, atomically():
         found = committer._read_for_prewrite(committer.cells)
+        # Inside the atomic step, after its reads: no GC deletion can fall between
+        # this check and the writes (see percolator._safe_point).
+        cluster.safe_point.check(start_ts)
         for cell in committer.cells:
             lock_raw, writes = found[id(cell)]
             committer._check_writes(cell, writes)
@@ -457,6 +460,9 @@ def commit_transaction(txn: TransactionBase, crash: CrashPoint | None = None) ->
             commit_ts = txn.start_ts
         txn.commit_ts = commit_ts
         return commit_ts
+    # Before anything (an overtaken transaction is told so, not sent into conflicts
+    # with what GC left), and again where it counts, after the prewrite.
+    cluster.safe_point.check(txn.start_ts)
     committer = _Committer(txn, crash)
     if crash is None:
         try:
@@ -483,6 +489,9 @@ def _commit_two_phase(committer: _Committer) -> int:
     txn, cluster = committer.txn, committer.cluster
     try:
         committer.prewrite()
+        # After the prewrite, before the commit point: a transaction overtaken by the
+        # GC safe point never commits (see percolator._safe_point).
+        cluster.safe_point.check(txn.start_ts)
     except ConflictError:
         cluster.stats["conflicts"] += 1
         committer.abort()

@@ -10,6 +10,7 @@
     ├── ConflictError            retryable: another transaction won the race
     ├── LockedError              retryable: a live transaction holds a lock we need
     ├── CommitUnknownError       the outcome is undetermined: never retried blindly
+    ├── SnapshotTooOldError      the start timestamp is below the GC safe point
     ├── StoreUnavailable         the store cannot be reached (names the store)
     ├── OracleUnavailable        no timestamp oracle answered within the deadline
     ├── CoordinationError        ZooKeeper (or the local coordinator) failed us
@@ -89,6 +90,26 @@ class CommitUnknownError(PercolatorError):
 
     The transaction may or may not have committed; retrying blindly could apply it twice.
     """
+
+
+class SnapshotTooOldError(PercolatorError):
+    """The transaction's start timestamp is below the garbage-collection safe point:
+    versions it may need can have been removed, so it reads and commits nothing more.
+
+    Not retryable as it stands (the same start timestamp stays too old); a new
+    transaction gets a fresh start timestamp. ``start_ts`` is the transaction's,
+    ``safe_point`` the safe point that overtook it.
+    """
+
+    def __init__(self, start_ts: int, safe_point: int) -> None:
+        super().__init__(
+            f"transaction {start_ts} is too old: the garbage-collection safe point is "
+            f"{safe_point}, and versions older than it may be gone; start a new "
+            "transaction (keep transactions shorter than the GC retention and "
+            "max_txn_age, or raise them)"
+        )
+        self.start_ts = start_ts
+        self.safe_point = safe_point
 
 
 class StoreUnavailable(PercolatorError):

@@ -59,6 +59,12 @@ protocol never depends on one:
   sends one ``CheckAndMutateRow`` per row (its cells compared and set together, see
   ``percolator/stores/_cas_rows.py``), several rows at a time. HBase Thrift1 cannot:
   ``checkAndPut`` compares and sets one cell per call and has no batch form.
+* ``delete_if(table, row, column, expected) -> bool`` (:class:`ConditionalDelete`):
+  remove a single-version cell if its value is *expected*, one round trip (SQLite, a
+  conditional ``DELETE``; Bigtable ``CheckAndMutateRow`` with a ``DeleteFromColumn``).
+  Garbage collection removes the FREE lock cell of a deleted cell with it
+  (``percolator/_gc.py``); HBase Thrift1's ``checkAndPut`` can only put, so there that
+  lock cell stays (a few bytes).
 """
 
 from __future__ import annotations
@@ -292,4 +298,15 @@ class BatchedCas(Protocol):
         its compare-and-set succeeds, atomically with it, and must not name a cell
         that the batch compares. A failure may leave some items applied and others
         not, as the same calls one by one would."""
+        ...
+
+
+@runtime_checkable
+class ConditionalDelete(Protocol):
+    """A store that removes a cell only if it holds a given value (optional capability)."""
+
+    def delete_if(self, table: str, row: bytes, column: str, expected: bytes) -> bool:
+        """If the latest value of ``(row, column)``, a cell whose family keeps a single
+        version, equals *expected*, remove the cell and return True; otherwise change
+        nothing and return False."""
         ...

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import heapq
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType, TracebackType
 
@@ -34,6 +35,8 @@ from percolator._store import Read, RowCells
 __all__ = ["Snapshot", "Transaction", "TransactionBase"]
 
 WriteKey = tuple[str, bytes, str]
+
+_monotonic = time.monotonic
 
 _LOCK_PREFIX, _WRITE_PREFIX, _DATA_PREFIX = f"{LOCK}:", f"{WRITE}:", f"{DATA}:"
 _ROLLBACK_TAG = WriteKind.ROLLBACK.value
@@ -75,11 +78,27 @@ class Snapshot:
             )
         cluster._check_open()
         self.cluster = cluster
-        self.start_ts: int = cluster.timestamps.get_timestamp() if start_ts is None else start_ts
         self._closed = False
+        self._began = time.time()
+        self._safe_point = cluster.safe_point
+        self.start_ts: int
+        if start_ts is None:
+            self._safe_point.begin(self, cluster.timestamps.get_timestamp)
+        else:
+            self._safe_point.check(start_ts)
+            self.start_ts = start_ts
+            self._safe_point.register(self)
         self._read_cache: dict[tuple[tuple[str, ...] | None, bool], list[Read]] = {}
 
     # --- validation ---------------------------------------------------------------
+
+    def _check_safe_point(self) -> None:
+        """After every store read (never before it: see :mod:`percolator._safe_point`),
+        make sure that garbage collection cannot have removed what the read needed."""
+        sp = self._safe_point
+        # SafePoint.check inlined for the fast path: fresh cache, start_ts not below.
+        if _monotonic() - sp._fetched > sp.refresh or self.start_ts < sp._value:
+            sp.check(self.start_ts)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -161,10 +180,13 @@ class Snapshot:
         while True:
             cells = store.read_rows(table, [row], reads).get(row)
             if not cells:
+                self._check_safe_point()
                 return {}
             blocked = self._blocking(cells) if len(reads) > 1 else None  # else no locks read
             if not blocked:
-                return self._values(table, row, cells)
+                values = self._values(table, row, cells)
+                self._check_safe_point()
+                return values
             attempts = self._wait_for_locks(table, row, blocked, attempts)
 
     def _values(self, table: str, row: bytes, cells: RowCells) -> dict[str, bytes]:
@@ -273,8 +295,10 @@ class Snapshot:
                 values = self._read_row(table, row, columns)
             else:
                 values = self._values(table, row, cells)
+                self._check_safe_point()
             if values:
                 yield row, values
+        self._check_safe_point()  # rows that GC may have removed are simply not there
 
     # --- life cycle -------------------------------------------------------------------
 

@@ -895,6 +895,23 @@ class BigtableStore:
             expected is not None,
         )
 
+    def delete_if(self, table: str, row: bytes, column: str, expected: bytes) -> bool:
+        """Remove every version of ``(row, column)`` if its latest value is *expected*,
+        in one ``CheckAndMutateRow`` request (:class:`percolator._store.ConditionalDelete`).
+
+        :raises UnknownTableError: *table* does not exist.
+        :raises StoreUnavailable: Bigtable could not be reached; the delete may or may
+            not have been applied.
+        """
+        self._check_open()
+        _check_row(row)
+        family, qualifier = _split_column(column)
+        _check_value(expected, column)
+        return self._check_and_mutate(
+            table, row, _latest_value_is(family, qualifier, expected),
+            [_delete_column(family, qualifier, None)], True, f"{column!r}",
+        )
+
     def set_unless(
         self,
         table: str,

@@ -681,6 +681,32 @@ class SqliteStore:
         except sqlite3.Error as e:
             raise self._error(table, e) from e
 
+    def vacuum(self) -> None:
+        """Rebuild the file without its free pages (SQLite ``VACUUM``) and truncate the
+        write-ahead log: returns space to the file system. Blocks every writer while
+        it runs; without it, freed pages are reused by later writes."""
+        try:
+            with self._write_lock:
+                db = self._db()
+                db.execute("VACUUM")
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as e:
+            raise StoreUnavailable(f"sqlite store {self.url}: VACUUM failed: {e}") from e
+
+    def delete_if(self, table: str, row: bytes, column: str, expected: bytes) -> bool:
+        """Remove the single-version cell ``(row, column)`` if its value is *expected*
+        (:class:`percolator._store.ConditionalDelete`): one conditional statement."""
+        family, _, qual = column.partition(":")
+        try:
+            name = self._family(table, family)
+            with self._write() as db:
+                return bool(db.execute(
+                    f"DELETE FROM {name} WHERE row = ? AND qual = ? AND value = ?",
+                    (row, qual, expected),
+                ).rowcount == 1)
+        except sqlite3.Error as e:
+            raise self._error(table, e) from e
+
     def check_and_set_many(
         self,
         table: str,

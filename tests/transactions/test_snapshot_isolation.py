@@ -14,6 +14,15 @@ The model is the list of committed write sets with their commit timestamps:
 * a commit fails with ConflictError exactly when a transaction that committed after
   our start wrote one of our cells (first committer wins).
 
+Garbage-collection passes run at arbitrary moments, some abandoned at a random step
+(as if killed there), some overtaking every open transaction (``max_txn_age``):
+
+* a pass never overtakes an open transaction unless told to;
+* a transaction below the safe point gets SnapshotTooOldError from every read that
+  goes to the store and from its commit, never a stale or missing value;
+* the others read exactly the model, whatever passes removed or left half done;
+* at the end, after a full pass, every cell keeps at most its one visible version.
+
 The same machine runs on every backend (``backend`` fixture).
 """
 
@@ -21,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -29,7 +39,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
 import percolator
-from percolator import Transaction
+from percolator import SnapshotTooOldError, Transaction
+from percolator._gc import GcSummary, collect
 from percolator.testing import CrashPoint, client_of, crash_commit
 from tests._backends import WITH_FAULTS
 from tests._services import in_ci
@@ -51,6 +62,10 @@ CRASH_POINTS = [
 
 _names = itertools.count()
 exercised: collections.Counter[str] = collections.Counter()
+
+
+class GcCrash(Exception):
+    """Abandons a garbage-collection pass at a step, as if its process died there."""
 
 
 @dataclass
@@ -75,6 +90,7 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
                 cluster.create_table(name)
             self.history: list[tuple[int, dict[Key, bytes | None]]] = []
             self.open: list[Open] = []
+            self.safe_point = cluster.safe_point.fetch()
 
         # --- the model ------------------------------------------------------------
 
@@ -95,6 +111,9 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
         def pick(self, i: int) -> Open:
             return self.open[i % len(self.open)]
 
+        def too_old(self, handle: Open) -> bool:
+            return handle.txn.start_ts < self.safe_point
+
         # --- rules ------------------------------------------------------------------
 
         @precondition(lambda self: len(self.open) < 4)
@@ -107,6 +126,11 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
         def get(self, i: int, key: Key) -> None:
             h = self.pick(i)
             table, row, column = key
+            if self.too_old(h) and key not in h.writes:
+                with pytest.raises(SnapshotTooOldError):
+                    h.txn.get(self.names[table], row, column)
+                exercised["too old"] += 1
+                return
             assert h.txn.get(self.names[table], row, column) == self.snapshot(h).get(key)
 
         @precondition(lambda self: self.open)
@@ -114,6 +138,11 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
         def get_row(self, i: int, table: str, row: bytes) -> None:
             h = self.pick(i)
             expected = {c: v for (t, r, c), v in self.snapshot(h).items() if (t, r) == (table, row)}
+            if self.too_old(h) and any((table, row, c) not in h.writes for c in COLUMNS):
+                with pytest.raises(SnapshotTooOldError):
+                    h.txn.get_row(self.names[table], row, list(COLUMNS))
+                exercised["too old"] += 1
+                return
             assert h.txn.get_row(self.names[table], row, list(COLUMNS)) == expected
 
         @precondition(lambda self: self.open)
@@ -129,6 +158,11 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
             for (t, r, c), v in sorted(self.snapshot(h).items()):
                 if t == table and (start is None or r >= start) and (stop is None or r < stop):
                     expected.setdefault(r, {})[c] = v
+            if self.too_old(h):
+                with pytest.raises(SnapshotTooOldError):
+                    list(h.txn.scan(self.names[table], start, stop))
+                exercised["too old"] += 1
+                return
             got = list(h.txn.scan(self.names[table], start, stop))
             assert got == sorted(expected.items())
 
@@ -161,6 +195,11 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
         def commit(self, i: int) -> None:
             h = self.pick(i)
             self.open.remove(h)
+            if self.too_old(h) and h.writes:
+                with pytest.raises(SnapshotTooOldError):
+                    h.txn.commit()
+                exercised["too old commit"] += 1
+                return
             expect_conflict = self.conflicts(h)
             try:
                 commit_ts = h.txn.commit()
@@ -186,6 +225,11 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
         def crash(self, i: int, point: CrashPoint) -> None:
             h = self.pick(i)
             self.open.remove(h)
+            if self.too_old(h) and h.writes:
+                with pytest.raises(SnapshotTooOldError):
+                    crash_commit(h.txn, point)
+                exercised["too old commit"] += 1
+                return
             expect_conflict = self.conflicts(h)
             try:
                 reached = crash_commit(h.txn, point)
@@ -200,9 +244,43 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
                 assert h.txn.commit_ts is not None
                 self.history.append((h.txn.commit_ts, dict(h.writes)))
 
+        @precondition(lambda self: self.open)  # else it would be every other step
+        @rule(crash_at=st.none() | st.integers(0, 5), overtake=st.booleans())
+        def gc(self, crash_at: int | None, overtake: bool) -> None:
+            steps = itertools.count()
+
+            def before_step() -> None:
+                if next(steps) == crash_at:
+                    raise GcCrash
+
+            tables = list(self.names.values())
+            try:
+                summary = collect(cluster, retention=0, max_txn_age=1e-9 if overtake else 1e6,
+                                  tables=tables, before_step=before_step)
+            except GcCrash:
+                exercised["gc abandoned"] += 1
+            else:
+                exercised["gc"] += 1
+                if not overtake:
+                    assert all(summary.safe_point <= h.txn.start_ts
+                               for h in self.open if not self.too_old(h))
+            self.safe_point = cluster.safe_point.fetch()
+
         def teardown(self) -> None:
+            for h in self.open:
+                h.txn.rollback()
+            self.open.clear()
             # Once every lock is resolved, the store holds exactly the model's state.
+            summary = collect(cluster, retention=0, tables=list(self.names.values()))
             final = Transaction(cluster)
+            try:
+                self.check_final(final, summary)
+            finally:
+                # Closed even when a check fails and its traceback lives on: an open
+                # transaction would hold the safe point back in every later example.
+                final.rollback()
+
+        def check_final(self, final: Transaction, summary: GcSummary) -> None:
             snapshot = self.snapshot(Open(final))
             for table in TABLES:
                 got = {
@@ -218,12 +296,39 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
                 for _, cells in locks:
                     for versions in cells.values():
                         assert versions[0][1][:1] == b"F", "a lock was left unresolved"
+            # After a full pass, a cell keeps only its visible version (small values
+            # are inlined in write records: no data cells), a deleted one nothing;
+            # rollback records newer than the kept version stay (the store deletes by
+            # timestamp range: they go once a newer version is kept).
+            for table in TABLES:
+                name = self.names[table]
+                for row, cells in cluster.store.scan(
+                    name, None, None, [percolator._store.Read("w", versions=None),
+                                       percolator._store.Read("d", versions=None)]
+                ):
+                    for column, versions in cells.items():
+                        key = (table, row, column[2:])
+                        assert column.startswith("w:"), (key, versions)
+                        kept = [(ts, v) for ts, v in versions if v[:1] != b"R"]
+                        assert len(kept) == 1 and kept[0][1][:1] == b"V", (
+                            key, versions, summary.safe_point, summary.held_back_by)
+                        assert key in snapshot
+                        assert all(ts > kept[0][0] for ts, v in versions if v[:1] == b"R")
 
     return SnapshotIsolation
 
 
-def test_snapshot_isolation_state_machine(cluster: percolator.Cluster, backend: str) -> None:
-    machine = make_machine(cluster)
+@pytest.fixture
+def gc_cluster(store_url: str) -> Iterator[percolator.Cluster]:
+    """A short safe-point refresh: every pass waits twice it."""
+    with percolator.connect(store_url, safe_point_refresh=0.002) as c:
+        yield c
+        for table in c.tables():
+            c.drop_table(table)
+
+
+def test_snapshot_isolation_state_machine(gc_cluster: percolator.Cluster, backend: str) -> None:
+    machine = make_machine(gc_cluster)
     examples = 150 if backend == "sqlite" else 60
     exercised.clear()
     # CI replays one fixed, known-good exploration; elsewhere every run explores anew,
@@ -238,10 +343,14 @@ def test_snapshot_isolation_state_machine(cluster: percolator.Cluster, backend: 
                 derandomize=in_ci(),
             ),
         )
-        if exercised["conflict"]:
+        if exercised["conflict"] and exercised["gc abandoned"] and (
+            exercised["too old"] + exercised["too old commit"]
+        ):
             break
     # The run must have met what it claims to check.
     assert exercised["conflict"] > 0, exercised
     assert exercised["crash commit reached=True"] + exercised["crash commit_point reached=True"] > 0
+    assert exercised["gc"] > 0 and exercised["gc abandoned"] > 0, exercised
+    assert exercised["too old"] + exercised["too old commit"] > 0, exercised
     if backend == "sqlite":  # enough examples to be sure to meet every case
         assert exercised["crash prewrite reached=False"] > 0, exercised

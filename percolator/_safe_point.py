@@ -1,0 +1,321 @@
+"""The garbage-collection safe point: below it, old versions may be gone.
+
+Garbage collection (:mod:`percolator._gc`) keeps, for every cell, the newest version
+at or below the **safe point** and removes what is older. A transaction whose start
+timestamp is below the safe point could need a removed version, so it must read and
+commit nothing more: it raises :class:`~percolator.SnapshotTooOldError`.
+
+Where it lives. One cell of the meta table, ``(b"gc", "m:safe_point")``: the
+timestamp and the wall time when it was persisted. It only moves forward (a
+compare-and-set that refuses to go back). Every client caches it and reads it again
+when its copy is older than :attr:`SafePoint.refresh` seconds (one store read per
+interval per process, never one per transaction read).
+
+What holds it back. Every client publishes the start timestamp (and start time) of
+its oldest running transaction in the same row, ``m:client/<owner id>``, refreshed by
+a background thread every ``refresh / 2`` seconds while it changes. Garbage
+collection takes the minimum of those whose owner is alive (the coordinator's
+liveness: a pid check on the embedded store, the ZooKeeper session in a cluster;
+entries of dead owners are removed) and whose transaction is younger than
+``max_txn_age``, and of the timestamp that was current ``retention`` seconds ago
+(from a small log of ``(wall time, timestamp)`` pairs that each pass appends to).
+
+Why a reader never returns a removed version (the race "reader checks, GC advances
+and deletes, reader reads"). Correctness does not rest on the publications, which
+lag: it rests on two rules.
+
+1. **Readers check after they read.** Every store read of a transaction is followed
+   by a check of its start timestamp against the cached safe point; writers check
+   after their prewrite and before their commit point (the embedded store's
+   one-phase commit checks inside its atomic step).
+2. **GC waits a grace period.** A pass persists its safe point *P* (done at instant
+   *W*), then waits ``G = 2 * refresh`` before it reads or deletes anything below
+   *P*.
+
+Say a read at start timestamp *S < P* returned a state from which the pass removed
+something; the removal happened after ``W + G``, so the read ended after ``W + G``
+and the check after it runs at some instant ``C > W + G``. The cached value was
+fetched by a read that started at instant *F*. If ``F > W`` the fetch saw *P* (or
+more) and the check raises. If ``F < W`` then ``C - F > G > refresh``: the cache is
+stale at *C*, the check fetches again, sees *P* and raises. The clocks compared are
+each process's monotonic clock over intervals, so hosts' wall clocks never enter.
+
+The same argument covers writers. A transaction *X* with ``S < P`` whose prewrite
+ended after ``W + G`` fails its check before its commit point, so it never commits;
+one whose check came earlier had its conflict checks and reads before the pass looked
+at anything, and its locks are in place when the pass reads the cells, so the pass
+leaves those cells alone (see :mod:`percolator._gc`). A pass therefore removes only
+versions that no transaction that can still commit or return a read will need.
+
+:attr:`SafePoint.refresh` must be the same (or smaller) in every client of a
+repository than in the process that runs the pass: ``connect(safe_point_refresh=...)``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from percolator import _forks
+from percolator._encoding import META_TABLE
+from percolator._errors import PercolatorError, SnapshotTooOldError
+from percolator._store import Mutation, Read, Store
+
+if TYPE_CHECKING:
+    from percolator._coordination import Coordination
+    from percolator._transaction import Snapshot
+
+__all__ = ["Holder", "SafePoint"]
+
+log = logging.getLogger(__name__)
+
+ROW = b"gc"
+SAFE_POINT = "m:safe_point"
+TS_LOG = "m:ts_log"
+CLIENT_PREFIX = "m:client/"
+_RECORD = struct.Struct(">QQ")
+"""``(timestamp, wall time in ms)``: the safe point, or a client's oldest transaction."""
+_IDLE = b"idle"
+"""A client's publication while it runs no transaction."""
+TS_LOG_ENTRIES = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """A client's published oldest running transaction."""
+
+    owner: str
+    start_ts: int
+    began: float
+    """Wall time (seconds) when that transaction began."""
+    alive: bool | None
+    """The coordinator's word on the owner (None: unknown, e.g. another host)."""
+
+
+class SafePoint:
+    """One client's view of the safe point, and its publication of its oldest running
+    transaction (see the module docstring)."""
+
+    def __init__(self, store: Store, coordination: Coordination, *, refresh: float = 1.0) -> None:
+        self.store = store
+        self.coordination = coordination
+        self.refresh = refresh
+        """Seconds a cached safe point is trusted; a pass waits twice this."""
+        self._value = 0
+        self._fetched = float("-inf")
+        self._reset()
+        self._closed = False
+
+    def _reset(self) -> None:
+        self._generation = _forks.generation
+        self._lock = threading.Lock()
+        self._drawn = threading.Condition(self._lock)
+        self._drawing = 0
+        self._waiting = 0
+        """Transactions of this process between asking for a start timestamp and
+        being registered with it: :meth:`oldest_running` waits for them."""
+        self._running: weakref.WeakSet[Snapshot] = weakref.WeakSet()
+        self._published: tuple[int, int] | None = None
+        self._publisher: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # --- the persisted safe point ---------------------------------------------------
+
+    def current(self) -> int:
+        """The safe point, from the cache while it is younger than :attr:`refresh`."""
+        if time.monotonic() - self._fetched > self.refresh:
+            self.fetch()
+        return self._value
+
+    def check(self, start_ts: int) -> None:
+        """Raise :class:`SnapshotTooOldError` if *start_ts* is below the safe point."""
+        if start_ts < self.current():
+            raise SnapshotTooOldError(start_ts, self._value)
+
+    def fetch(self) -> int:
+        """Read the persisted safe point now (one store read) and cache it."""
+        started = time.monotonic()  # before the read: see the module docstring
+        record = self.read_record()
+        value = record[0] if record is not None else 0
+        with self._lock:
+            self._value = max(self._value, value)
+            self._fetched = max(self._fetched, started)
+        return self._value
+
+    def read_record(self) -> tuple[int, int] | None:
+        """The persisted ``(safe point, wall time in ms when persisted)``, or None."""
+        cells = self.store.read_rows(META_TABLE, [ROW], [Read("m", ("safe_point",))])
+        versions = cells.get(ROW, {}).get(SAFE_POINT)
+        if not versions:
+            return None
+        ts, wall_ms = _RECORD.unpack(versions[0][1])
+        return ts, wall_ms
+
+    def advance(self, ts: int) -> int:
+        """Persist *ts* as the safe point unless it is not above the current one;
+        return the safe point now persisted."""
+        for _ in range(100):
+            cells = self.store.read_rows(META_TABLE, [ROW], [Read("m", ("safe_point",))])
+            versions = cells.get(ROW, {}).get(SAFE_POINT)
+            raw = versions[0][1] if versions else None
+            old = _RECORD.unpack(raw)[0] if raw is not None else 0
+            if ts <= old:
+                ts = old
+                break
+            new = _RECORD.pack(ts, int(time.time() * 1000))
+            if self.store.check_and_set(META_TABLE, ROW, SAFE_POINT, raw, new):
+                break
+        else:
+            raise PercolatorError("could not persist the safe point: it kept changing")
+        with self._lock:
+            self._value = max(self._value, ts)
+        return ts
+
+    # --- the (wall time, timestamp) log -------------------------------------------------
+
+    def _log(self) -> tuple[bytes | None, list[tuple[float, int]]]:
+        cells = self.store.read_rows(META_TABLE, [ROW], [Read("m", ("ts_log",))])
+        versions = cells.get(ROW, {}).get(TS_LOG)
+        if not versions:
+            return None, []
+        return versions[0][1], [(float(w), int(t)) for w, t in json.loads(versions[0][1])]
+
+    def note_time(self, ts: int) -> None:
+        """Append ``(now, ts)`` to the log; *ts* must have been drawn before now."""
+        now = time.time()
+        for _ in range(10):
+            raw, entries = self._log()
+            entries.append((now, ts))
+            entries.sort()
+            while len(entries) > TS_LOG_ENTRIES:
+                # Thin out the oldest half, keeping the very first: the log covers long
+                # retentions coarsely and recent ones finely.
+                del entries[1 : len(entries) // 2 : 2]
+            new = json.dumps(entries).encode()
+            if self.store.check_and_set(META_TABLE, ROW, TS_LOG, raw, new):
+                return
+
+    def timestamp_before(self, seconds_ago: float) -> int | None:
+        """The newest logged timestamp noted at least *seconds_ago* ago: every
+        transaction that began later has a larger start timestamp. None if none is."""
+        limit = time.time() - seconds_ago
+        found = None
+        for wall, ts in self._log()[1]:
+            if wall <= limit:
+                found = ts if found is None else max(found, ts)
+        return found
+
+    # --- publication of the oldest running transaction ---------------------------------
+
+    def begin(self, txn: Snapshot, draw: Callable[[], int]) -> int:
+        """Draw *txn*'s start timestamp with *draw* and count *txn* as running (until
+        it is closed or forgotten), so that no pass of this process can take a safe
+        point above a timestamp drawn but not yet registered."""
+        if self._generation != _forks.generation:
+            self._reset()  # a forked child: no publisher thread, maybe a held lock
+        with self._lock:
+            self._drawing += 1
+        try:
+            txn.start_ts = draw()
+        finally:
+            with self._lock:
+                self._drawing -= 1
+                self._running.add(txn)
+                if self._waiting and not self._drawing:
+                    self._drawn.notify_all()
+                if self._publisher is None and not self._closed:
+                    self._start_publisher()
+        return txn.start_ts
+
+    def register(self, txn: Snapshot) -> None:
+        """Count *txn* as running until it is closed or forgotten."""
+        if self._generation != _forks.generation:
+            self._reset()
+        with self._lock:
+            self._running.add(txn)
+            if self._publisher is None and not self._closed:
+                self._start_publisher()
+
+    def _start_publisher(self) -> None:
+        self._publisher = threading.Thread(
+            target=self._publish_loop, name="percolator-safe-point", daemon=True
+        )
+        self._publisher.start()
+
+    def oldest_running(self) -> tuple[int, float] | None:
+        """``(start_ts, began)`` of this process's oldest open transaction, or None.
+        Call it after drawing the timestamp it is compared with: it waits for the
+        transactions drawing theirs (which may be smaller) to register."""
+        with self._lock:
+            while self._drawing:
+                self._waiting += 1
+                try:
+                    self._drawn.wait()
+                finally:
+                    self._waiting -= 1
+            live = [(t.start_ts, t._began) for t in self._running if not t._closed]
+        return min(live) if live else None
+
+    def publish(self) -> None:
+        """Publish this client's oldest running transaction if it changed."""
+        oldest = self.oldest_running()
+        value = None if oldest is None else (oldest[0], int(oldest[1] * 1000))
+        if value == self._published:
+            return
+        owner = self.coordination.current_owner()
+        raw = _IDLE if value is None else _RECORD.pack(*value)
+        self.store.mutate_rows(META_TABLE, [Mutation(ROW, [(CLIENT_PREFIX + owner, 0, raw)])])
+        self._published = value
+
+    def _publish_loop(self) -> None:
+        stop = self._stop
+        while not stop.wait(self.refresh / 2):
+            try:
+                self.publish()
+            except Exception:  # the next round tries again; a pass only sees it later
+                log.debug("could not publish the oldest running transaction", exc_info=True)
+
+    def holders(self, *, prune: bool = False) -> list[Holder]:
+        """Every client's published oldest running transaction (idle ones left out);
+        with *prune*, the entries of owners known to be dead are removed."""
+        cells = self.store.read_rows(META_TABLE, [ROW], [Read("m")]).get(ROW, {})
+        found = []
+        dead = []
+        for column, versions in cells.items():
+            if not column.startswith(CLIENT_PREFIX) or not versions:
+                continue
+            owner = column[len(CLIENT_PREFIX):]
+            alive = self.coordination.is_alive(owner)
+            if alive is False:
+                dead.append(column)
+                continue
+            raw = versions[0][1]
+            if raw == _IDLE:
+                continue
+            ts, wall_ms = _RECORD.unpack(raw)
+            found.append(Holder(owner, ts, wall_ms / 1000, alive))
+        if prune and dead:
+            self.store.mutate_rows(
+                META_TABLE, [Mutation(ROW, deletes=[(column, 0) for column in dead])]
+            )
+        return sorted(found, key=lambda h: h.start_ts)
+
+    def close(self) -> None:
+        """Stop publishing and withdraw this client's publication (best effort)."""
+        self._closed = True
+        self._stop.set()
+        if self._published is not None:
+            try:
+                owner = self.coordination.current_owner()
+                self.store.mutate_rows(
+                    META_TABLE, [Mutation(ROW, deletes=[(CLIENT_PREFIX + owner, 0)])]
+                )
+            except Exception:  # its owner's death removes it anyway
+                log.debug("could not withdraw the safe point publication", exc_info=True)

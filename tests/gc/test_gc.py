@@ -1,0 +1,436 @@
+"""Garbage collection below the safe point, on every backend.
+
+What a pass removes and keeps (read back from the raw store), that a transaction left
+below the safe point gets SnapshotTooOldError instead of a missing or stale value
+(reads, commits, ``Snapshot(start_ts=...)``), the race between a reader and a pass
+(a reader parked at the exact step), and a long-running reader in another process
+that keeps its snapshot through passes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import percolator
+from percolator._gc import collect
+from percolator._store import ConditionalDelete, Read
+from percolator.testing import CrashPoint, client_of, crash_commit
+from tests._backends import make_store_url
+
+ROOT = Path(__file__).resolve().parents[2]
+T = "t"
+ALL = [Read("l"), Read("w", versions=None), Read("d", versions=None)]
+REFRESH = 0.02
+"""A short safe-point refresh: every pass waits twice it."""
+
+
+@pytest.fixture
+def url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return make_store_url(backend, request, tmp_path)
+
+
+@pytest.fixture
+def gc_cluster(url: str) -> Iterator[percolator.Cluster]:
+    with percolator.connect(url, safe_point_refresh=REFRESH) as c:
+        c.create_table(T)
+        yield c
+        for table in c.tables():
+            c.drop_table(table)
+
+
+def raw(cluster: percolator.Cluster, row: bytes) -> dict[str, list[tuple[int, bytes]]]:
+    return cluster.store.read_rows(T, [row], ALL).get(row, {})
+
+
+def put(cluster: percolator.Cluster, row: bytes, value: bytes | None, column: str = "c:x") -> int:
+    with percolator.Transaction(cluster) as txn:
+        if value is None:
+            txn.delete(T, row, column)
+        else:
+            txn.set(T, row, column, value)
+    assert txn.commit_ts is not None
+    return txn.commit_ts
+
+
+def test_a_pass_keeps_the_newest_version_below_the_safe_point_and_removes_the_rest(
+    gc_cluster: percolator.Cluster, backend: str,
+) -> None:
+    c = gc_cluster
+    c.one_phase_commit = False  # which inlines every value: no data cells
+    big = b"B" * 2000  # a data cell and a pointer record, not an inlined value
+    for i in range(5):
+        put(c, b"small", b"v%d" % i)
+        put(c, b"large", big + b"%d" % i)
+    put(c, b"gone", b"x")
+    put(c, b"gone", None)
+    put(c, b"back", b"old")
+    put(c, b"back", None)
+    put(c, b"back", b"new")
+    summary = c.gc(retention=0)
+    assert summary.safe_point > 0 and summary.collected_below == summary.safe_point
+    assert summary.rows_scanned == 4
+    small, large, back = raw(c, b"small"), raw(c, b"large"), raw(c, b"back")
+    assert len(small["w:c:x"]) == 1 and small["w:c:x"][0][1].endswith(b"v4")
+    assert len(large["w:c:x"]) == 1 and [v for _, v in large["d:c:x"]] == [big + b"4"]
+    assert len(back["w:c:x"]) == 1
+    gone = raw(c, b"gone")
+    if isinstance(c.store, ConditionalDelete):
+        assert gone == {}, "a deleted cell with nothing newer goes entirely, lock included"
+    else:
+        assert list(gone) == ["l:c:x"]  # HBase Thrift1 cannot delete conditionally
+    # 4 older small records, 4 older large records + 4 data, 2 records of "gone"
+    # (+ its lock where it can go), 2 older records of "back".
+    expected = 4 + 8 + 2 + 2 + (1 if isinstance(c.store, ConditionalDelete) else 0)
+    assert summary.versions_removed == expected
+    assert summary.cells_removed == 1
+    with percolator.Transaction(c) as txn:
+        assert txn.get(T, b"small", "c:x") == b"v4"
+        assert txn.get(T, b"large", "c:x") == big + b"4"
+        assert txn.get(T, b"gone", "c:x") is None
+        assert txn.get(T, b"back", "c:x") == b"new"
+    # A cell removed entirely can be written again, and conflicts as before.
+    put(c, b"gone", b"again")
+    assert percolator.Snapshot(c).get(T, b"gone", "c:x") == b"again"
+    again = c.gc(retention=0)
+    assert again.versions_removed == 0
+
+
+def test_dry_run_counts_and_changes_nothing(gc_cluster: percolator.Cluster) -> None:
+    c = gc_cluster
+    for i in range(3):
+        put(c, b"r", b"%d" % i)
+    before = raw(c, b"r")
+    dry = c.gc(retention=0, dry_run=True)
+    assert dry.dry_run and dry.versions_removed == 2
+    assert raw(c, b"r") == before
+    assert c.safe_point.fetch() == 0, "a dry run persists no safe point"
+    assert c.gc(retention=0).versions_removed == 2
+
+
+def test_a_running_transaction_holds_the_safe_point_back(gc_cluster: percolator.Cluster) -> None:
+    c = gc_cluster
+    put(c, b"r", b"1")
+    reader = percolator.Snapshot(c)
+    put(c, b"r", b"2")
+    put(c, b"r", b"3")
+    summary = c.gc(retention=0)
+    assert summary.safe_point == reader.start_ts
+    assert "this process" in summary.held_back_by
+    assert reader.get(T, b"r", "c:x") == b"1"
+    assert len(raw(c, b"r")["w:c:x"]) == 3  # 1 is what the reader sees: kept
+    del reader
+    assert c.gc(retention=0).versions_removed == 2
+
+
+def test_a_snapshot_below_the_safe_point_raises_instead_of_reading(
+    gc_cluster: percolator.Cluster,
+) -> None:
+    c = gc_cluster
+    put(c, b"r", b"old")
+    put(c, b"gone", b"x")
+    old = percolator.Transaction(c)
+    assert old.get(T, b"r", "c:x") == b"old"
+    put(c, b"r", b"new")
+    put(c, b"gone", None)
+    # max_txn_age: `old` (running, this process) stops holding the safe point back.
+    summary = c.gc(retention=0, max_txn_age=1e-9)
+    assert summary.safe_point > old.start_ts
+    assert raw(c, b"gone") == {} or list(raw(c, b"gone")) == ["l:c:x"]
+    for read in (
+        lambda: old.get(T, b"r", "c:x"),
+        lambda: old.get(T, b"gone", "c:x"),  # removed entirely: must not read as absent
+        lambda: old.get_row(T, b"r", ["c:x"]),
+        lambda: list(old.scan(T)),
+    ):
+        with pytest.raises(percolator.SnapshotTooOldError) as info:
+            read()
+        assert str(old.start_ts) in str(info.value) and str(summary.safe_point) in str(info.value)
+        assert info.value.start_ts == old.start_ts
+        assert info.value.safe_point == summary.safe_point
+        assert not percolator.is_retryable(info.value)
+    with pytest.raises(percolator.SnapshotTooOldError):
+        percolator.Snapshot(c, start_ts=old.start_ts)
+    # Its own buffered writes need no store read; its commit is refused.
+    old.set(T, b"r", "c:x", b"lost update")
+    with pytest.raises(percolator.SnapshotTooOldError):
+        old.commit()
+    assert percolator.Snapshot(c).get(T, b"r", "c:x") == b"new"
+
+
+@pytest.mark.parametrize("one_phase", [True, False], ids=["one-phase", "two-phase"])
+def test_a_writer_overtaken_by_the_safe_point_never_commits(
+    gc_cluster: percolator.Cluster, one_phase: bool,
+) -> None:
+    """The conflict that GC removed (a DELETE committed after our start, the whole cell
+    gone) must not let an old writer commit: it is refused before its commit point."""
+    c = gc_cluster
+    c.one_phase_commit = one_phase
+    put(c, b"r", b"1")
+    writer = percolator.Transaction(c)
+    writer.set(T, b"r", "c:x", b"stale write")
+    put(c, b"r", None)  # commits after the writer's start: a write-write conflict
+    c.gc(retention=0, max_txn_age=1e-9)
+    with pytest.raises(percolator.SnapshotTooOldError):
+        writer.commit()
+    assert percolator.Snapshot(c).get(T, b"r", "c:x") is None
+    assert all(v[0][1][:1] == b"F" for n, v in raw(c, b"r").items() if n.startswith("l:"))
+
+
+class ParkingStore:
+    """The cluster's real store, with a parking place: the chosen thread stops just
+    before its next read of the user table until the test lets it go."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.thread: threading.Thread | None = None
+        self.parked = threading.Event()
+        self.go = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)  # AttributeError where the store lacks it
+        if name not in ("read_rows", "set_unless"):  # Bigtable's prewrite reads nothing
+            return attr
+
+        def parking(table: str, *args: Any) -> Any:
+            if threading.current_thread() is self.thread and table == T:
+                self.thread = None
+                self.parked.set()
+                assert self.go.wait(60)
+            return attr(table, *args)
+
+        return parking
+
+
+def test_a_reader_parked_before_its_read_while_a_pass_removes_its_version(
+    url: str,
+) -> None:
+    """The race "reader passed its checks, a pass advances the safe point and removes
+    the version, reader reads": the reader's cached safe point was fresh when it
+    parked, and its read finds the version gone (the row's other column is there). It
+    must raise, not return the row without it."""
+    refresh = 0.5  # long enough that the reader's cache is fresh when it parks
+    with percolator.connect(url, safe_point_refresh=refresh) as c, \
+            percolator.connect(url, safe_point_refresh=refresh) as collector:
+        c.create_table(T)
+        put(c, b"r", b"seen")
+        put(c, b"r", b"kept", column="c:y")
+        reader = percolator.Snapshot(c)
+        put(c, b"r", b"newer")
+        parking = ParkingStore(c.store)
+        c.store = parking
+        outcome: list[object] = []
+
+        def read() -> None:
+            c.safe_point.fetch()  # fresh when it parks
+            parking.thread = threading.current_thread()
+            try:
+                outcome.append(reader.get_row(T, b"r", ["c:x", "c:y"]))
+            except percolator.SnapshotTooOldError as e:
+                outcome.append(e)
+
+        thread = threading.Thread(target=read)
+        thread.start()
+        assert parking.parked.wait(60)
+        # Another client (its own cache) runs the pass.
+        summary = collect(collector, retention=0, max_txn_age=1e-9)
+        assert summary.safe_point > reader.start_ts and summary.versions_removed == 1
+        parking.go.set()
+        thread.join(60)
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], percolator.SnapshotTooOldError), outcome
+        c.store = parking._store
+        c.drop_table(T)
+
+
+class ParkingTimestamps:
+    """The cluster's real timestamp source; the chosen thread stops before it enters
+    ``exclusive()`` (where the embedded store's one-phase commit begins its atomic step)."""
+
+    def __init__(self, source: Any) -> None:
+        self._source = source
+        self.thread: threading.Thread | None = None
+        self.parked = threading.Event()
+        self.go = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._source, name)
+
+    def exclusive(self) -> Any:
+        if threading.current_thread() is self.thread:
+            self.thread = None
+            self.parked.set()
+            assert self.go.wait(60)
+        return self._source.exclusive()
+
+
+@pytest.mark.parametrize("one_phase", [False, True], ids=["two-phase", "one-phase"])
+def test_a_writer_parked_before_its_prewrite_while_a_pass_removes_its_conflict(
+    url: str, backend: str, one_phase: bool,
+) -> None:
+    """The same race for a writer: its commit passed the first check, then a pass
+    removes the DELETE it conflicts with (the whole cell), then it prewrites (or, in
+    one phase, checks and writes) and finds no conflict. Its check after the prewrite
+    (inside the atomic step) refuses the commit."""
+    if one_phase and backend != "sqlite":
+        pytest.skip("only the embedded store commits in one phase")
+    with percolator.connect(url, safe_point_refresh=0.5) as c:
+        c.one_phase_commit = one_phase
+        c.create_table(T)
+        put(c, b"r", b"1")
+        writer = percolator.Transaction(c)
+        writer.set(T, b"r", "c:x", b"lost update")
+        put(c, b"r", None)  # a conflict: committed after the writer's start
+        parking: Any = ParkingTimestamps(c.timestamps) if one_phase else ParkingStore(c.store)
+        if one_phase:
+            c.timestamps = parking
+        else:
+            c.store = parking
+        outcome: list[object] = []
+
+        def commit() -> None:
+            c.safe_point.fetch()  # fresh when it parks
+            parking.thread = threading.current_thread()
+            try:
+                outcome.append(writer.commit())
+            except percolator.PercolatorError as e:
+                outcome.append(e)
+
+        thread = threading.Thread(target=commit)
+        thread.start()
+        assert parking.parked.wait(60)
+        with percolator.connect(url, safe_point_refresh=0.5) as collector:  # own cache
+            summary = collect(collector, retention=0, max_txn_age=1e-9)
+        assert summary.cells_removed == 1
+        parking.go.set()
+        thread.join(60)
+        if one_phase:
+            c.timestamps = parking._source
+        else:
+            c.store = parking._store
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], percolator.SnapshotTooOldError), outcome
+        assert percolator.Snapshot(c).get(T, b"r", "c:x") is None
+        c.drop_table(T)
+
+
+READER = """
+import sys, percolator
+cluster = percolator.connect(sys.argv[1], safe_point_refresh=float(sys.argv[2]))
+snap = percolator.Snapshot(cluster)
+print(snap.start_ts, snap.get("t", b"r", "c:x").decode(), flush=True)
+sys.stdin.readline()
+print(snap.get("t", b"r", "c:x").decode(), flush=True)
+cluster.close()
+"""
+
+
+def test_a_long_running_reader_in_another_process_keeps_its_snapshot(
+    gc_cluster: percolator.Cluster, url: str,
+) -> None:
+    c = gc_cluster
+    put(c, b"r", b"v0")
+    child = subprocess.Popen(
+        [sys.executable, "-c", READER, url, str(REFRESH)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT, text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        start_ts, first = child.stdout.readline().split()
+        assert first == "v0"
+        # Its publication (refreshed in the background) is what protects it.
+        while not any(h.start_ts == int(start_ts) for h in c.safe_point.holders()):
+            threading.Event().wait(REFRESH)
+        for i in range(1, 4):
+            put(c, b"r", b"v%d" % i)
+            summary = c.gc(retention=0)
+            assert summary.safe_point == int(start_ts)
+            assert "client " in summary.held_back_by
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "v0"
+        assert child.wait(60) == 0
+    finally:
+        child.kill()
+        child.wait()
+    # Gone with its process: the next pass removes what it held.
+    assert c.gc(retention=0).versions_removed == 3
+
+
+def test_a_pass_leaves_the_cells_of_a_held_lock_alone(gc_cluster: percolator.Cluster) -> None:
+    """A committed transaction whose committer died after its commit point leaves a
+    lock on a secondary whose only older record is a DELETE: the pass must neither
+    remove that lock (the cell looks deletable) nor anything its roll-forward needs."""
+    c = gc_cluster
+    put(c, b"s", b"old")
+    put(c, b"s", None)
+    older = percolator.Transaction(c)  # holds the safe point below the dead commit
+    dead = percolator.Transaction(client_of(c))
+    dead.set(T, b"p", "c:x", b"primary")
+    dead.set(T, b"s", "c:x", b"secondary")
+    assert crash_commit(dead, CrashPoint("commit", 0))  # committed, secondary locked
+    summary = c.gc(retention=0)
+    assert summary.safe_point == older.start_ts < dead.start_ts
+    assert raw(c, b"s")["l:c:x"][0][1][:1] == b"L", "the held lock stays"
+    older.rollback()
+    assert percolator.Snapshot(c).get(T, b"s", "c:x") == b"secondary"
+    c.gc(retention=0)
+    assert percolator.Snapshot(c).get(T, b"s", "c:x") == b"secondary"
+
+
+class DrawParking:
+    """The cluster's real timestamp source; the chosen thread stops right after it drew
+    a timestamp, before its caller has it."""
+
+    def __init__(self, source: Any) -> None:
+        self._source = source
+        self.thread: threading.Thread | None = None
+        self.parked = threading.Event()
+        self.go = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._source, name)
+
+    def get_timestamp(self) -> int:
+        ts: int = self._source.get_timestamp()
+        if threading.current_thread() is self.thread:
+            self.parked.set()
+            assert self.go.wait(60)
+        return ts
+
+
+def test_a_pass_waits_for_a_transaction_of_its_process_drawing_its_start(url: str) -> None:
+    """A transaction that drew its start timestamp but is not registered yet: a pass in
+    the same process, even with retention 0, must not take a safe point above it."""
+    with percolator.connect(url, safe_point_refresh=REFRESH) as c:
+        c.create_table(T)
+        put(c, b"r", b"1")
+        parking = DrawParking(c.timestamps)
+        c.timestamps = parking
+        started: list[percolator.Snapshot] = []
+        passes: list[object] = []
+        begin = threading.Thread(target=lambda: started.append(percolator.Snapshot(c)))
+        parking.thread = begin
+        begin.start()
+        assert parking.parked.wait(60)
+        gc = threading.Thread(target=lambda: passes.append(c.gc(retention=0)))
+        gc.start()
+        gc.join(1.0)  # (without the wait, the pass is over by now)
+        parking.go.set()
+        begin.join(60)
+        gc.join(60)
+        c.timestamps = parking._source
+        (snapshot,) = started
+        (summary,) = passes
+        assert isinstance(summary, percolator._gc.GcSummary)
+        assert summary.safe_point <= snapshot.start_ts
+        put(c, b"r", b"2")
+        c.gc(retention=0)
+        assert snapshot.get(T, b"r", "c:x") == b"1"
+        c.drop_table(T)
