@@ -119,6 +119,8 @@ def test_worker_process_metrics_move_as_observers_run(
                      observer="Indexer") == 5
         assert value(after, "percolator_notification_scan_duration_seconds_count") > 0
         assert value(after, "percolator_read_duration_seconds_count") > 0
+        assert value(after, "percolator_store_requests_total", operation="scan") > 0
+        assert value(after, "percolator_store_requests_total", operation="read_rows") > 0
         # The backlog gauge is recounted at most every few seconds: wait for a fresh one.
         end = time.monotonic() + 60
         while value(scrape(port), "percolator_notifications_pending", table="docs") != 0:
@@ -244,6 +246,17 @@ def test_locks_met_and_resolved_are_counted(
     Snapshot(cluster).get_row("docs", b"y", ["raw:v"])
     assert local("percolator_locks_met_total") - met == 1
     assert local("percolator_locks_resolved_total", action=action) - resolved == resolved_locks
+
+
+def test_store_round_trips_are_counted_by_operation(cluster: percolator.Cluster) -> None:
+    snapshot = Snapshot(cluster)  # its start timestamp may cost round trips of its own
+    snapshot.get("docs", b"warm", "raw:v")
+    reads = local("percolator_store_requests_total", operation="read_rows")
+    scans = local("percolator_store_requests_total", operation="scan")
+    snapshot.get("docs", b"nothing", "raw:v")
+    list(snapshot.scan("docs"))
+    assert local("percolator_store_requests_total", operation="read_rows") - reads == 1
+    assert local("percolator_store_requests_total", operation="scan") - scans == 1
 
 
 def test_pending_notifications_gauge_counts_the_backlog(cluster: percolator.Cluster) -> None:
