@@ -85,13 +85,14 @@ def test_worker_process_metrics_move_as_observers_run(
     port = free_port()
     log = tmp_path / "worker.log"
     url = f"sqlite:///{tmp_path}/db.sqlite"
-    proc = subprocess.Popen(
-        [*DIE_WITH_PARENT, sys.executable, "-m", "observers", "--cluster", url,
-         "--observers", "tests.observers._app:ALL", "--threads", "2", "--max-failures", "1",
-         "--metrics-port", str(port), "--log-level", "WARNING"],
-        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        stdout=subprocess.DEVNULL, stderr=open(log, "ab"),
-    )
+    with open(log, "ab") as log_file:
+        proc = subprocess.Popen(
+            [*DIE_WITH_PARENT, sys.executable, "-m", "observers", "--cluster", url,
+             "--observers", "tests.observers._app:ALL", "--threads", "2", "--max-failures",
+             "1", "--metrics-port", str(port), "--log-level", "WARNING"],
+            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            stdout=subprocess.DEVNULL, stderr=log_file,
+        )
     try:
         before = wait_scrape(port, proc, log)
         assert value(before, "percolator_observer_runs_total",
@@ -136,12 +137,13 @@ def test_worker_process_metrics_move_as_observers_run(
 def test_oracle_process_metrics_move_as_timestamps_are_served(tmp_path: Path) -> None:
     port, metrics_port = free_port(), free_port()
     log = tmp_path / "oracle.log"
-    proc = subprocess.Popen(
-        [*DIE_WITH_PARENT, sys.executable, "-m", "oracle", "--listen", f"127.0.0.1:{port}",
-         "--state-file", str(tmp_path / "ceiling"), "--block-size", "1000",
-         "--metrics-port", str(metrics_port)],
-        cwd=ROOT, stdin=subprocess.DEVNULL, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
-    )
+    with open(log, "ab") as log_file:
+        proc = subprocess.Popen(
+            [*DIE_WITH_PARENT, sys.executable, "-m", "oracle", "--listen",
+             f"127.0.0.1:{port}", "--state-file", str(tmp_path / "ceiling"),
+             "--block-size", "1000", "--metrics-port", str(metrics_port)],
+            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+        )
     try:
         before = wait_scrape(metrics_port, proc, log)
         assert value(before, "percolator_oracle_timestamps_served_total") == 0
@@ -309,7 +311,7 @@ def _known() -> set[str]:
     return known
 
 
-def test_dashboard_queries_name_existing_metrics() -> None:
+def test_dashboard_queries_name_existing_metrics(tmp_path: Path) -> None:
     dashboard = json.loads((DEPLOY / "grafana" / "dashboards" / "percolator.json").read_text())
     exprs = [t["expr"] for panel in dashboard["panels"] for t in panel.get("targets", [])]
     assert len(exprs) >= 8
@@ -318,6 +320,15 @@ def test_dashboard_queries_name_existing_metrics() -> None:
     titles = " ".join(p["title"].lower() for p in dashboard["panels"])
     for topic in ("backlog", "throughput", "conflict", "lock wait", "latency", "oracle"):
         assert topic in titles, topic
+    promtool = shutil.which("promtool")
+    if promtool is not None:  # each query parses as PromQL: promtool checks it as a rule
+        rules = {"groups": [{"name": "dashboard", "rules": [
+            {"record": f"dashboard:query{i}", "expr": e} for i, e in enumerate(exprs)]}]}
+        path = tmp_path / "dashboard-rules.json"
+        path.write_text(json.dumps(rules))  # JSON is YAML
+        out = subprocess.run([promtool, "check", "rules", str(path)],
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_alert_rules_name_existing_metrics_and_pass_promtool() -> None:
@@ -339,3 +350,21 @@ def test_alert_rules_name_existing_metrics_and_pass_promtool() -> None:
                           str(DEPLOY / "prometheus" / "prometheus.yml")],
                          capture_output=True, text=True, cwd=DEPLOY / "prometheus")
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_compose_prometheus_scrapes_every_worker_and_oracle() -> None:
+    yaml = pytest.importorskip("yaml")
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    targets = {t for job in config["scrape_configs"] for sc in job["static_configs"]
+               for t in sc["targets"]}
+    exporting = set()
+    for name, service in compose.items():
+        command = service.get("command") or []
+        if "--metrics-port" in command:
+            assert command[command.index("--metrics-host") + 1] == "0.0.0.0", name
+            exporting.add(f"{name}:{command[command.index('--metrics-port') + 1]}")
+    assert exporting == targets
+    assert {"oracle1", "oracle2", "worker"} <= {t.split(":")[0] for t in exporting}
+    mounts = " ".join(compose["grafana"]["volumes"])
+    assert "./deploy/grafana/dashboards" in mounts
