@@ -10,9 +10,9 @@ import importlib
 from typing import Any
 from urllib.parse import urlsplit
 
+from percolator import metrics
 from percolator._errors import InvalidArgument
 from percolator._store import Store
-from percolator.metrics import inc
 
 __all__ = ["BACKENDS", "CountingStore", "open_store"]
 
@@ -65,8 +65,11 @@ class CountingStore:
         if name not in _COUNTED or not callable(value):
             return value
 
+        key = ("percolator_store_requests_total", (name,))
+
         def counted(*args: Any, **kwargs: Any) -> Any:
-            inc("percolator_store_requests_total", name)
+            if metrics._enabled:
+                next(metrics._steps.get(key) or metrics._stepper(key))
             return value(*args, **kwargs)
 
         counted.__name__ = name
