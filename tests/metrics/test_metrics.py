@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,6 +95,7 @@ def test_worker_process_metrics_move_as_observers_run(
             stdout=subprocess.DEVNULL, stderr=log_file,
         )
     try:
+        Worker(cluster, _app.ALL).register()  # before the writes, whatever the worker's pace
         before = wait_scrape(port, proc, log)
         assert value(before, "percolator_observer_runs_total",
                      observer="Indexer", outcome="committed") == 0
@@ -210,6 +212,20 @@ def test_without_prometheus_client_the_error_names_the_extra(
 
 
 # --- in-process recorders ------------------------------------------------------------------
+
+def test_recording_can_be_switched_off(cluster: percolator.Cluster) -> None:
+    committed = local("percolator_transactions_committed_total", kind="user")
+    metrics.set_enabled(False)
+    try:
+        with Transaction(cluster) as txn:
+            txn.set("docs", b"off", "raw:v", b"1")
+    finally:
+        metrics.set_enabled(True)
+    assert local("percolator_transactions_committed_total", kind="user") == committed
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"on", "raw:v", b"1")
+    assert local("percolator_transactions_committed_total", kind="user") == committed + 1
+
 
 def test_transactions_are_counted_by_kind_and_outcome(cluster: percolator.Cluster) -> None:
     names = ("begun", "committed", "conflicted", "failed")
@@ -368,3 +384,94 @@ def test_compose_prometheus_scrapes_every_worker_and_oracle() -> None:
     assert {"oracle1", "oracle2", "worker"} <= {t.split(":")[0] for t in exporting}
     mounts = " ".join(compose["grafana"]["volumes"])
     assert "./deploy/grafana/dashboards" in mounts
+
+
+# --- a real Prometheus -----------------------------------------------------------------------
+
+def _query(port: int, promql: str) -> list[dict[str, object]]:
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    with urllib.request.urlopen(url, timeout=10) as r:
+        answer = json.loads(r.read())
+    assert answer["status"] == "success", answer
+    result: list[dict[str, object]] = answer["data"]["result"]
+    return result
+
+
+@pytest.mark.oracle
+def test_prometheus_scrapes_a_worker_and_an_oracle(
+    cluster: percolator.Cluster, tmp_path: Path
+) -> None:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("prometheus missing: scripts/test installs Debian's prometheus")
+        pytest.skip("prometheus not installed (Debian package prometheus)")
+    oracle_port, oracle_metrics, worker_metrics, prom_port = (free_port() for _ in range(4))
+    config = tmp_path / "prometheus.yml"
+    config.write_text(json.dumps({
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [
+            {"job_name": "percolator-worker",
+             "static_configs": [{"targets": [f"127.0.0.1:{worker_metrics}"]}]},
+            {"job_name": "percolator-oracle",
+             "static_configs": [{"targets": [f"127.0.0.1:{oracle_metrics}"]}]},
+        ],
+    }))
+    procs = []
+    with open(tmp_path / "processes.log", "ab") as log:
+        def start(*cmd: str) -> subprocess.Popen[bytes]:
+            proc = subprocess.Popen([*DIE_WITH_PARENT, *cmd], cwd=ROOT, stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=dict(os.environ, PYTHONPATH=str(ROOT)))
+            procs.append(proc)
+            return proc
+
+        try:
+            start(sys.executable, "-m", "oracle", "--listen", f"127.0.0.1:{oracle_port}",
+                  "--state-file", str(tmp_path / "ceiling"),
+                  "--metrics-port", str(oracle_metrics))
+            start(sys.executable, "-m", "observers", "--cluster",
+                  f"sqlite:///{tmp_path}/db.sqlite", "--observers",
+                  "tests.observers._app:OBSERVERS", "--threads", "1",
+                  "--metrics-port", str(worker_metrics))
+            start(binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path}/tsdb",
+                  f"--web.listen-address=127.0.0.1:{prom_port}")
+            Worker(cluster, _app.OBSERVERS).register()  # the writes must set notifications
+            for i in range(3):
+                with Transaction(cluster) as txn:
+                    txn.set("docs", f"q{i}".encode(), "raw:v", b"x")
+            wait_for_observers(cluster)
+            with OracleClient(f"grpc://127.0.0.1:{oracle_port}") as client:
+                client.get_timestamps(5)
+            # Wait until Prometheus has scraped both after the work was done.
+            queries = {
+                'up{job=~"percolator-.*"}': lambda r: len(r) == 2 and all(
+                    s["value"][1] == "1" for s in r),  # type: ignore[index]
+                "percolator_oracle_leader": lambda r: [s["value"][1] for s in r] == ["1"],  # type: ignore[index]
+                "percolator_oracle_timestamps_served_total": lambda r: bool(r) and float(
+                    r[0]["value"][1]) >= 5,  # type: ignore[index]
+                'sum(percolator_observer_runs_total{outcome="committed"})': lambda r: bool(r)
+                and float(r[0]["value"][1]) == 6,  # type: ignore[index]
+            }
+            end = time.monotonic() + 120
+            pending = dict(queries)
+            while pending:
+                assert all(p.poll() is None for p in procs), \
+                    (tmp_path / "processes.log").read_text()[-3000:]
+                for promql, ok in list(pending.items()):
+                    try:
+                        if ok(_query(prom_port, promql)):
+                            del pending[promql]
+                    except OSError:
+                        pass  # Prometheus is starting
+                assert time.monotonic() < end, f"never true in Prometheus: {list(pending)}"
+                time.sleep(0.5)
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
