@@ -24,6 +24,7 @@ only these).
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -40,6 +41,7 @@ __all__ = [
     "observe",
     "remove_gauge_callback",
     "serve",
+    "set_enabled",
     "set_gauge",
     "watch_pending_notifications",
 ]
@@ -55,7 +57,7 @@ _BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 #: name -> (type, help, label names[, buckets]): every metric this library exports.
 METRICS: dict[str, tuple[Any, ...]] = {
-    # transactions (kind: user, observer, bulk)
+    # transactions (kind: user, observer, bulk: one per bulk load, counted by its driver)
     "percolator_transactions_begun_total": (
         "counter", "Transactions begun.", ("kind",)),
     "percolator_transactions_committed_total": (
@@ -117,9 +119,9 @@ METRICS: dict[str, tuple[Any, ...]] = {
         "gauge", "The GC safe point: versions older than it may be collected.", ()),
     # loader
     "percolator_loader_rows_total": (
-        "counter", "Rows committed by the bulk loader (counted as partitions finish).", ()),
+        "counter", "Rows made visible by committed bulk loads.", ()),
     "percolator_loader_rejects_total": (
-        "counter", "Input records the bulk loader rejected.", ()),
+        "counter", "Input records rejected by committed bulk loads.", ()),
 }
 
 
@@ -134,25 +136,56 @@ class _Histogram:
 
 _lock = threading.Lock()
 _values: dict[tuple[str, tuple[str, ...]], float] = {}
+# Counters stepped by one are itertools.count objects: next() is one C call, atomic
+# under the GIL, so the hot path takes no lock.
+_steps: dict[tuple[str, tuple[str, ...]], Iterator[int]] = {}
+
+
+def _stepper(key: tuple[str, tuple[str, ...]]) -> Iterator[int]:
+    with _lock:
+        return _steps.setdefault(key, itertools.count(1))
+
+
+def _stepped(counter: Iterator[int]) -> int:
+    return int(repr(counter)[6:-1]) - 1  # "count(N)": N - 1 steps taken
 _histograms: dict[tuple[str, tuple[str, ...]], _Histogram] = {}
 _callbacks: list[Callable[[], Iterable[tuple[str, tuple[str, ...], float]]]] = []
 
 
+_enabled = True
+
+
+def set_enabled(enabled: bool) -> None:
+    """Record (the default) or not: with False, :func:`inc`, :func:`observe` and
+    :func:`set_gauge` return at once (values already recorded stay)."""
+    global _enabled
+    _enabled = bool(enabled)
+
+
 def inc(name: str, *labels: str, amount: float = 1) -> None:
     """Add *amount* to the counter *name* (a key of :data:`METRICS`) with *labels*."""
+    if not _enabled:
+        return
     key = (name, labels)
+    if amount == 1:
+        next(_steps.get(key) or _stepper(key))
+        return
     with _lock:
         _values[key] = _values.get(key, 0) + amount
 
 
 def set_gauge(name: str, value: float, *labels: str) -> None:
     """Set the gauge *name* with *labels* to *value*."""
+    if not _enabled:
+        return
     with _lock:
         _values[(name, labels)] = value
 
 
 def observe(name: str, value: float, *labels: str) -> None:
     """Record *value* in the histogram *name* with *labels*."""
+    if not _enabled:
+        return
     key = (name, labels)
     with _lock:
         h = _histograms.get(key)
@@ -188,6 +221,8 @@ def snapshot() -> tuple[
     callbacks' values merged in (a callback that raises is skipped)."""
     with _lock:
         values = dict(_values)
+        for key, counter in _steps.items():
+            values[key] = values.get(key, 0) + _stepped(counter)
         hists = {k: (list(h.counts), h.sum) for k, h in _histograms.items()}
         callbacks = list(_callbacks)
     for callback in callbacks:
