@@ -39,6 +39,7 @@ __all__ = [
     "collector",
     "inc",
     "observe",
+    "record_gc_pass",
     "remove_gauge_callback",
     "serve",
     "set_enabled",
@@ -235,6 +236,21 @@ def snapshot() -> tuple[
             logging.getLogger("percolator.metrics").warning(
                 "metrics callback %r failed", callback, exc_info=True)
     return values, hists
+
+
+def record_gc_pass(
+    seconds: float, *, ok: bool, deleted: dict[str, int] | None = None,
+    safe_point: int | None = None,
+) -> None:
+    """What a garbage collection pass calls once at its end: its duration in *seconds*,
+    whether it finished (*ok*), the versions it *deleted* per table, and the *safe_point*
+    timestamp it collected below."""
+    inc("percolator_gc_passes_total", "ok" if ok else "failed")
+    observe("percolator_gc_pass_duration_seconds", seconds)
+    for table, n in (deleted or {}).items():
+        inc("percolator_gc_versions_deleted_total", table, amount=n)
+    if safe_point is not None:
+        set_gauge("percolator_gc_safe_point_timestamp", safe_point)
 
 
 def watch_pending_notifications(

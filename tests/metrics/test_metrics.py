@@ -277,6 +277,17 @@ def test_store_round_trips_are_counted_by_operation(cluster: percolator.Cluster)
     assert local("percolator_store_requests_total", operation="scan") - scans == 1
 
 
+def test_a_gc_pass_is_recorded() -> None:
+    passes = local("percolator_gc_passes_total", outcome="ok")
+    deleted = local("percolator_gc_versions_deleted_total", table="docs")
+    metrics.record_gc_pass(0.2, ok=True, deleted={"docs": 7}, safe_point=1234)
+    metrics.record_gc_pass(0.1, ok=False)
+    assert local("percolator_gc_passes_total", outcome="ok") == passes + 1
+    assert local("percolator_gc_versions_deleted_total", table="docs") == deleted + 7
+    assert local("percolator_gc_safe_point_timestamp") == 1234
+    assert local("percolator_gc_passes_total", outcome="failed") >= 1
+
+
 def test_pending_notifications_gauge_counts_the_backlog(cluster: percolator.Cluster) -> None:
     worker = Worker(cluster, _app.OBSERVERS, threads=1)
     worker.register()
