@@ -2,8 +2,15 @@
 table size, commit-to-observer latency, and clumping of 2 processes x 8 threads.
 
     python bench/observers.py [--notifications 3000] [--big-rows 1000000] [--write]
+    python bench/observers.py --metrics [--rounds 5] [--write]
 
-``--write`` replaces the section ``## Observers (bench/observers.py)`` of BENCHMARKS.md.
+``--write`` replaces the section ``## Observers (bench/observers.py)`` of BENCHMARKS.md
+(with ``--metrics``: ``## Metrics overhead (bench/observers.py --metrics)``).
+
+``--metrics`` measures what recording metrics costs (issue 20): single-thread worker
+throughput with metrics on (recording, an endpoint served and scraped every second)
+and off (recording switched off, the store unwrapped), alternating on and off for
+``--rounds`` rounds in one run; the ratio is of the medians.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -57,20 +65,23 @@ def fresh(tmp: str, name: str) -> tuple[str, percolator.Cluster]:
     return url, cluster
 
 
-def throughput(tmp: str, n: int, threads: int) -> dict[str, float]:
+def throughput(tmp: str, n: int, threads: int, metrics_on: bool = True) -> dict[str, float]:
     """Notifications drained per second by one worker (a process running a Worker)."""
-    _, cluster = fresh(tmp, f"tp{threads}")
+    _, cluster = fresh(tmp, f"tp{threads}-{time.monotonic_ns()}")
+    if not metrics_on:
+        cluster.store = cluster.store._store  # type: ignore[attr-defined]  # no counting
     with cluster:
         load(cluster, n, b"a")
         worker = Worker(cluster, OBSERVERS, threads=threads)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         worker.start()
         while worker.stats["committed"] < n:
             time.sleep(0.01)
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         wait_for_observers(cluster, 60)
         worker.stop()
-    return {"threads": threads, "per_s": n / elapsed, "seconds": elapsed}
+    return {"threads": threads, "per_s": n / elapsed, "seconds": elapsed,
+            "cpu_us": 1e6 * cpu / n}
 
 
 def clumping(tmp: str, n: int) -> dict[str, float]:
@@ -202,13 +213,99 @@ def report(args: argparse.Namespace, tp: list[dict[str, float]], clump: dict[str
     return "\n".join(lines)
 
 
+METRICS_SECTION = "## Metrics overhead (bench/observers.py --metrics)"
+
+
+def metrics_overhead(tmp: str, n: int, rounds: int) -> dict[str, Any]:
+    import threading
+    import urllib.request
+
+    from percolator import metrics
+
+    server = metrics.serve(0)
+    url = f"http://127.0.0.1:{server.server_port}/metrics"
+    stop = threading.Event()
+    scrapes = [0]
+
+    def scraper() -> None:
+        while not stop.wait(1.0):
+            if scraping.is_set():
+                with urllib.request.urlopen(url, timeout=10) as r:
+                    r.read()
+                scrapes[0] += 1
+
+    scraping = threading.Event()
+    thread = threading.Thread(target=scraper, daemon=True)
+    thread.start()
+    on: list[float] = []
+    off: list[float] = []
+    cpu_on: list[float] = []
+    cpu_off: list[float] = []
+    try:
+        for i in range(rounds):
+            for enabled in ((True, False) if i % 2 == 0 else (False, True)):
+                metrics.set_enabled(enabled)
+                (scraping.set if enabled else scraping.clear)()
+                r = throughput(tmp, n, 1, metrics_on=enabled)
+                (on if enabled else off).append(r["per_s"])
+                (cpu_on if enabled else cpu_off).append(r["cpu_us"])
+                print("metrics" if enabled else "no metrics", f"{r['per_s']:.0f}/s",
+                      f"{r['cpu_us']:.0f} us CPU/notification", flush=True)
+    finally:
+        metrics.set_enabled(True)
+        stop.set()
+        thread.join()
+        server.shutdown()
+    return {"on": on, "off": off, "ratio": statistics.median(on) / statistics.median(off),
+            "cpu_on": cpu_on, "cpu_off": cpu_off,
+            "cpu_ratio": statistics.median(cpu_off) / statistics.median(cpu_on),
+            "scrapes": scrapes[0]}
+
+
+def metrics_report(args: argparse.Namespace, r: dict[str, Any]) -> str:
+    ok = "meets" if r["cpu_ratio"] >= 0.95 else "misses"
+    return "\n".join([
+        METRICS_SECTION, "",
+        f"Machine: {os.cpu_count()} cores (nproc), {cpu_model()}, Python "
+        f"{platform.python_version()}; shared with other jobs. Date: {time.strftime('%Y-%m-%d')}.",
+        f"Command: `python bench/observers.py --metrics --notifications {args.notifications} "
+        f"--rounds {args.rounds} --write` (embedded SQLite store, 1 scanner thread, observer "
+        "`Copier`; on: recording plus an endpoint scraped every second (Prometheus's default "
+        "is 15 s); off: recording "
+        "switched off and the store not wrapped; on and off alternate in one run).", "",
+        "| metrics | notifications/s per round | median | CPU µs per notification "
+        "per round | median |",
+        "|---|---|---|---|---|",
+        f"| on | {', '.join(f'{x:.0f}' for x in r['on'])} | {statistics.median(r['on']):.0f} "
+        f"| {', '.join(f'{x:.0f}' for x in r['cpu_on'])} | "
+        f"{statistics.median(r['cpu_on']):.0f} |",
+        f"| off | {', '.join(f'{x:.0f}' for x in r['off'])} | "
+        f"{statistics.median(r['off']):.0f} | {', '.join(f'{x:.0f}' for x in r['cpu_off'])} "
+        f"| {statistics.median(r['cpu_off']):.0f} |", "",
+        f"Throughput on/off, as CPU per notification off/on (the measure that the other "
+        f"jobs on this shared machine disturb least): **{r['cpu_ratio']:.3f}x** ({ok} the "
+        f"target >= 0.95x); as wall-clock notifications/s: {r['ratio']:.3f}x. "
+        f"{r['scrapes']} scrapes during the runs with metrics on (their CPU is counted).", "",
+    ])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--metrics", action="store_true",
+                        help="only measure metrics on against off")
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--notifications", type=int, default=3000)
     parser.add_argument("--big-rows", type=int, default=1_000_000)
     parser.add_argument("--latency-writes", type=int, default=200)
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
     args = parser.parse_args()
+    if args.metrics:
+        with tempfile.TemporaryDirectory(prefix="bench-metrics-") as tmp:
+            text = metrics_report(args, metrics_overhead(tmp, args.notifications, args.rounds))
+        print(text)
+        if args.write:
+            write_section(METRICS_SECTION, text)
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench-observers-") as tmp:
         tp = [throughput(tmp, args.notifications, t) for t in (1, 4, 8)]
         print("throughput", tp, flush=True)

@@ -15,6 +15,17 @@ import percolator
 from observers._periodic import Periodic
 from observers._worker import Worker, load_observers
 from percolator._tls import add_zookeeper_tls_arguments, zookeeper_tls_from_arguments
+from percolator.metrics import add_arguments as add_metrics_arguments
+
+
+def _serve_metrics(args: argparse.Namespace, cluster: percolator.Cluster,
+                   worker: Worker) -> None:
+    from percolator import metrics
+
+    endpoint = metrics.serve(args.metrics_port, args.metrics_host)
+    metrics.watch_pending_notifications(cluster, sorted({o.table for o in worker.observers}))
+    logging.getLogger("observers").info(
+        "metrics on http://%s:%d/metrics", args.metrics_host, endpoint.server_port)
 
 
 def _collect(cluster: percolator.Cluster, retention: float, rate: float) -> None:
@@ -56,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stats-file", help="write the worker's counters here as JSON on exit")
     add_zookeeper_tls_arguments(parser, "oracle")
     add_zookeeper_tls_arguments(parser, "zookeeper")
+    add_metrics_arguments(parser)
     parser.add_argument("--log-level", default=os.environ.get("PERCOLATOR_LOG", "INFO"))
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -83,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         worker = Worker(cluster, observers, threads=args.threads,
                         max_failures=args.max_failures, retry_delay=args.retry_delay,
                         tasks=tasks)
+        if args.metrics_port is not None:
+            _serve_metrics(args, cluster, worker)
         worker.run()
         if args.stats_file:
             with open(args.stats_file, "w") as f:

@@ -82,6 +82,8 @@ class ObserverTransaction(TransactionBase):
     remembers the commit timestamp of the newest write it read per cell, and that
     the worker switches into reading and writing acknowledgement columns."""
 
+    _kind = "observer"
+
     def __init__(self, cluster: Cluster) -> None:
         super().__init__(cluster)
         self._internal_columns = False

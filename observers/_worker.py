@@ -64,6 +64,8 @@ from percolator._notifications import (
     wait_until_idle,
 )
 from percolator._store import Mutation, Read, RowCells
+from percolator.metrics import inc as _inc
+from percolator.metrics import observe as _observe
 
 __all__ = ["CommitHook", "Worker", "wait_for_observers"]
 
@@ -83,7 +85,7 @@ class _Failures:
 
 class _Outcome:
     COMMITTED = "committed"
-    SKIPPED = "skipped"
+    SKIPPED = "skipped"  # its metrics label is "acked_already"
     CONFLICT = "conflict"
     TRANSIENT = "transient"
     FAILED = "failed"
@@ -303,7 +305,10 @@ class Worker:
         idle = 0.0
         while not self._stop.is_set():
             try:
+                began = time.perf_counter()
                 worked = self._scan_pass()
+                _observe("percolator_notification_scan_duration_seconds",
+                         time.perf_counter() - began)
             except PercolatorError:
                 log.warning("scan failed; backing off", exc_info=True)
                 worked = False
@@ -389,7 +394,12 @@ class Worker:
                     continue
             done = True
             for observer in self._by_column[(table, column)]:
+                began = time.perf_counter()
                 outcome, error = self._run_observer(observer, table, row, column, weak)
+                _observe("percolator_observer_run_duration_seconds",
+                         time.perf_counter() - began, observer.name)
+                _inc("percolator_observer_runs_total", observer.name,
+                     "acked_already" if outcome == _Outcome.SKIPPED else outcome)
                 worked = True
                 if outcome == _Outcome.FAILED:
                     done = False
@@ -507,6 +517,7 @@ class Worker:
             self._failures.pop(key, None)
         clear_failures(self.cluster, table, row, column)
         self._count("quarantined")
+        _inc("percolator_observer_runs_total", observer.name, "quarantined")
         log.error("observer %s failed %d times on %s: notification quarantined "
                   "(see `percolator status`, `percolator retry`): %s",
                   observer.name, count, where, text)

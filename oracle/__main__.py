@@ -10,8 +10,9 @@ import threading
 from types import FrameType
 
 from oracle._server import DEFAULT_BLOCK_SIZE, DEFAULT_SESSION_TIMEOUT, OracleServer
-from percolator._errors import InvalidArgument, TlsError
+from percolator._errors import InvalidArgument, PercolatorError, TlsError
 from percolator._tls import TlsConfig, add_zookeeper_tls_arguments, zookeeper_tls_from_arguments
+from percolator.metrics import add_arguments as add_metrics_arguments
 
 log = logging.getLogger("oracle")
 
@@ -92,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
         help="require client certificates signed by this CA bundle (mutual TLS)",
     )
     add_zookeeper_tls_arguments(p)
+    add_metrics_arguments(p)
     p.add_argument(
         "--log-level",
         default="INFO",
@@ -130,8 +132,15 @@ def main(argv: list[str] | None = None) -> int:
             tls=tls,
             zookeeper_tls=zookeeper_tls_from_arguments(args),
         )
+        if args.metrics_port is not None:
+            from percolator import metrics
+
+            endpoint = metrics.serve(args.metrics_port, args.metrics_host)
+            metrics.add_gauge_callback(server.metrics)
+            log.info("metrics on http://%s:%d/metrics", args.metrics_host,
+                     endpoint.server_port)
         server.start()
-    except (InvalidArgument, TlsError) as e:
+    except (InvalidArgument, TlsError, PercolatorError) as e:
         log.error("%s", e)
         return 2
     except Exception as e:  # e.g. ZooKeeper unreachable

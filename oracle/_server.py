@@ -46,6 +46,7 @@ from percolator._errors import InvalidArgument
 from percolator._pause import pause_point
 from percolator._tls import TlsConfig, check_tls, describe_server, validity_problem
 from percolator._zookeeper import make_client, start_client
+from percolator.metrics import observe as _observe
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
@@ -251,6 +252,7 @@ class _Allocator:
                 nxt += req.count
             self._next = nxt
             c = self.counters
+            _observe("percolator_oracle_batch_size", len(batch))
             c.served += total
             c.requests += len(batch)
             c.allocations += 1
@@ -653,6 +655,19 @@ class OracleServer:
         if self._file is not None:
             self._file.close()
         log.info("oracle stopped")
+
+    def metrics(self) -> list[tuple[str, tuple[str, ...], float]]:
+        """This server's counters as ``(metric name, labels, value)`` for
+        :func:`percolator.metrics.add_gauge_callback` (read at scrape time: serving
+        pays nothing for them)."""
+        c = self._allocator.counters
+        return [
+            ("percolator_oracle_timestamps_served_total", (), c.served),
+            ("percolator_oracle_requests_total", (), c.requests),
+            ("percolator_oracle_batches_total", (), c.allocations),
+            ("percolator_oracle_leader", (), 1.0 if self._allocator.active else 0.0),
+            ("percolator_oracle_persisted_ceiling", (), self._allocator.ceiling),
+        ]
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until :meth:`stop` is called; returns whether it was."""

@@ -13,13 +13,15 @@ Rows are written as UTF-8 text, or ``hex:...`` for other bytes (as ``status`` sh
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections import Counter
 from typing import Any
+from urllib.parse import urlsplit
 
 from percolator._cluster import Cluster, connect
-from percolator._errors import PercolatorError
+from percolator._errors import InvalidArgument, PercolatorError
 from percolator._gc import DEFAULT_MAX_TXN_AGE, DEFAULT_RETENTION, GcSummary
 from percolator._notifications import (
     WaitTimeout,
@@ -157,6 +159,17 @@ def _print_summary(s: GcSummary) -> None:
     print(f"took {s.seconds:.1f}s" + (" (dry run: nothing changed)" if s.dry_run else ""))
 
 
+def _check_store_exists(url: str) -> None:
+    """These commands look at a repository; opening an embedded store that is not there
+    would create an empty one (and report it idle), so refuse instead."""
+    parts = urlsplit(url)
+    if parts.scheme == "sqlite" and parts.path.startswith("/") and not os.path.exists(parts.path):
+        raise InvalidArgument(
+            f"no store at {parts.path} ({url}): these commands never create one; check the "
+            "path (it is the --cluster URL the workers and programs use)"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="percolator", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -185,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         add_zookeeper_tls_arguments(p, "zookeeper")
     args = parser.parse_args(argv)
     try:
+        _check_store_exists(args.cluster)
         cluster = connect(
             args.cluster,
             oracle=args.oracle,

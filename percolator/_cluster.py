@@ -32,6 +32,7 @@ from percolator._safe_point import SafePoint
 from percolator._store import Mutation, Read, Store
 from percolator._timestamps import HostTimestamps, StoreTimestamps, TimestampSource
 from percolator._tls import TlsConfig, check_tls
+from percolator.metrics import record_gc_pass
 from percolator.stores import open_store
 
 if TYPE_CHECKING:
@@ -334,8 +335,18 @@ class Cluster:
         :raises InvalidArgument: for a negative retention or a non-positive max_txn_age.
         """
         self._check_open()
-        return collect(self, retention=retention, max_txn_age=max_txn_age, dry_run=dry_run,
-                       vacuum=vacuum, progress=progress, rows_per_second=rows_per_second)
+        began = time.monotonic()
+        try:
+            summary = collect(self, retention=retention, max_txn_age=max_txn_age,
+                              dry_run=dry_run, vacuum=vacuum, progress=progress,
+                              rows_per_second=rows_per_second)
+        except BaseException:
+            record_gc_pass(time.monotonic() - began, ok=False)
+            raise
+        if not dry_run:
+            record_gc_pass(summary.seconds, ok=True, deleted=summary.removed_by_table,
+                           safe_point=summary.collected_below)
+        return summary
 
     # --- life cycle -----------------------------------------------------------------
 

@@ -48,6 +48,8 @@ from percolator._encoding import (
 from percolator._errors import CommitUnknownError, ConflictError, PercolatorError
 from percolator._lock_resolver import check_txn_status, release, resolve_lock, write_cells
 from percolator._store import Cell, Guard, GuardedSet, Mutation, Read
+from percolator.metrics import inc as _inc
+from percolator.metrics import observe as _observe
 
 if TYPE_CHECKING:
     from percolator._cluster import Cluster
@@ -450,6 +452,23 @@ def _commit_one_phase(committer: _Committer) -> int | None:
 def commit_transaction(txn: TransactionBase, crash: CrashPoint | None = None) -> int:
     """Commit *txn* (see the module docstring); *crash* is for test harnesses only
     (a commit with a crash point always takes the two-phase path)."""
+    kind = txn._kind
+    began = time.perf_counter()
+    try:
+        commit_ts = _commit_transaction(txn, crash)
+    except ConflictError:
+        _inc("percolator_transactions_conflicted_total", kind)
+        raise
+    except BaseException:
+        _inc("percolator_transactions_failed_total", kind)
+        raise
+    finally:
+        _observe("percolator_commit_duration_seconds", time.perf_counter() - began, kind)
+    _inc("percolator_transactions_committed_total", kind)
+    return commit_ts
+
+
+def _commit_transaction(txn: TransactionBase, crash: CrashPoint | None) -> int:
     cluster = txn.cluster
     txn._closed = True
     if not txn._writes:

@@ -60,7 +60,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from percolator._encoding import (
@@ -128,6 +128,9 @@ class GcSummary:
     cannot tell)."""
     dry_run: bool
     seconds: float
+    removed_by_table: dict[str, int] = field(default_factory=dict)
+    """``versions_removed`` per table (for the ``percolator_gc_versions_deleted_total``
+    metric)."""
 
 
 def _safe_point_bound(
@@ -330,7 +333,9 @@ def collect(
     atomically: Callable[[], AbstractContextManager[None]] | None = getattr(
         store, "atomically", None)
     pace_start = time.monotonic()
+    removed_by_table: dict[str, int] = {}
     for table in tables if below else ():
+        versions_before = versions
         for chunk in _chunks(store.scan(table, None, None, _ALL_VERSIONS), _BATCH_ROWS):
             rows += len(chunk)
             with atomically() if atomically is not None and not dry_run else nullcontext():
@@ -361,6 +366,8 @@ def collect(
                 ahead = rows / rows_per_second - (time.monotonic() - pace_start)
                 if ahead > 0:
                     time.sleep(ahead)
+        if versions > versions_before:
+            removed_by_table[table] = versions - versions_before
     freed: int | None = None
     if vacuum and not dry_run:
         step()
@@ -379,6 +386,7 @@ def collect(
         bytes_freed=freed,
         dry_run=dry_run,
         seconds=time.monotonic() - began,
+        removed_by_table=removed_by_table,
     )
 
 

@@ -30,6 +30,7 @@ from percolator._encoding import (
     encode_write,
 )
 from percolator._store import Mutation, Read
+from percolator.metrics import inc as _inc
 
 if TYPE_CHECKING:
     from percolator._cluster import Cluster
@@ -188,6 +189,7 @@ def resolve_lock(
             return True  # X moved (committed, refreshed or cleaned): look again
         status = TxnStatus(state.start_ts, rolled_back=True)
         cluster.stats["locks_resolved"] += 1
+        _inc("percolator_locks_resolved_total", "rolled_back")
     if state.is_primary(table, row, column):
         return True  # check_txn_status or roll_back_primary already cleaned it
     if status.commit_ts is not None:
@@ -196,5 +198,7 @@ def resolve_lock(
     else:
         release(cluster, table, row, column, raw, state.start_ts, None)
     cluster.stats["locks_resolved"] += 1
+    _inc("percolator_locks_resolved_total",
+         "rolled_forward" if status.commit_ts is not None else "rolled_back")
     return True
 

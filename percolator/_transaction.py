@@ -31,6 +31,8 @@ from percolator._errors import InvalidArgument, LockedError, TransactionClosedEr
 from percolator._lock_resolver import resolve_lock
 from percolator._retry import Attempts
 from percolator._store import Read, RowCells
+from percolator.metrics import inc as _inc
+from percolator.metrics import observe as _observe
 
 __all__ = ["Snapshot", "Transaction", "TransactionBase"]
 
@@ -154,6 +156,7 @@ class Snapshot:
         """Resolve what can be resolved; when nothing moved, wait (per the cluster's
         lock wait policy) for the live holders, or raise LockedError past its deadline."""
         progressed = False
+        _inc("percolator_locks_met_total", amount=len(blocked))
         for column, raw in blocked:
             if resolve_lock(self.cluster, table, row, column, raw):
                 progressed = True
@@ -161,7 +164,10 @@ class Snapshot:
             return attempts
         if attempts is None:
             attempts = self.cluster.lock_wait_policy.attempts(self._stop_waiting)
-        if not attempts.wait():
+        waited = time.monotonic()
+        done_waiting = not attempts.wait()
+        _inc("percolator_lock_wait_seconds_total", amount=time.monotonic() - waited)
+        if done_waiting:
             column, raw = blocked[0]
             lock = decode_lock(raw)
             holder = getattr(lock, "start_ts", "?")
@@ -177,14 +183,17 @@ class Snapshot:
         attempts: Attempts | None = None
         store = self.cluster.store
         reads = self._reads(columns)
+        began = time.perf_counter()
         while True:
             cells = store.read_rows(table, [row], reads).get(row)
             if not cells:
+                _observe("percolator_read_duration_seconds", time.perf_counter() - began)
                 self._check_safe_point()
                 return {}
             blocked = self._blocking(cells) if len(reads) > 1 else None  # else no locks read
             if not blocked:
                 values = self._values(table, row, cells)
+                _observe("percolator_read_duration_seconds", time.perf_counter() - began)
                 self._check_safe_point()
                 return values
             attempts = self._wait_for_locks(table, row, blocked, attempts)
@@ -315,8 +324,12 @@ class TransactionBase(Snapshot):
     """Reads plus buffered writes. Writes are seen by later reads of the same
     transaction and reach the store only at commit."""
 
+    _kind = "user"
+    """The ``kind`` label of this transaction's metrics."""
+
     def __init__(self, cluster: Cluster, *, start_ts: int | None = None) -> None:
         super().__init__(cluster, start_ts=start_ts)
+        _inc("percolator_transactions_begun_total", self._kind)
         self._writes: dict[WriteKey, bytes | None] = {}  # type: ignore[misc]
         self._weak: dict[WriteKey, None] = {}
         self.commit_ts: int | None = None

@@ -60,7 +60,7 @@ __all__ = ["ZooKeeperCoordination", "parse_zookeeper_address", "publish_config"]
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = "ZooKeeper coordination needs kazoo: pip install 'percolator[zookeeper]'"
+INSTALL_HINT = "ZooKeeper coordination needs kazoo: pip install 'percolator-txn[zookeeper]'"
 NAMESPACE = "percolator"
 _DEAD_CACHE = 100_000
 

@@ -10,7 +10,7 @@
 The whole load is one Percolator transaction (see :mod:`percolator._bulk`): readers
 see all of it or none of it; a rerun of a committed load writes nothing again; a
 rerun after a crash loads again. Command line: ``python -m spark_loader --help``.
-PySpark is needed only when a load runs: ``pip install 'percolator[spark]'``.
+PySpark is needed only when a load runs: ``pip install 'percolator-txn[spark]'``.
 """
 
 from spark_loader._job import LoadError, LoadResult, load_dataframe, load_files

@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--oracle", help="timestamp oracle (grpc://host:port or zk://...)")
     p.add_argument("--zookeeper", help="ZooKeeper coordination host:port/chroot")
     p.add_argument("--lock-ttl", type=float, default=30.0, help="seconds (default 30)")
+    from percolator import metrics
+
+    metrics.add_arguments(p)
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("--test-batch-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--test-crash-after-commit", action="store_true", help=argparse.SUPPRESS)
@@ -82,7 +85,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from pyspark.sql import SparkSession
 
+    from percolator import metrics
+
+    try:
+        endpoint = metrics.serve_from_arguments(args)  # the driver's, while the load runs
+    except percolator.PercolatorError as e:
+        print(f"percolator-load: {e}", file=sys.stderr)
+        return 2
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Executors start PYSPARK_PYTHON, else `python3` from PATH: without an activated
+    # virtualenv that is another interpreter, which cannot import spark_loader.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(f"percolator-load {args.table}")
     if args.master:
         builder = builder.master(args.master)
@@ -121,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if ours:
             spark.stop()
+        if endpoint is not None:
+            endpoint.shutdown()
     print(result.summary())
     return 0
 

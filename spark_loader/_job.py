@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import percolator
 from percolator._bulk import AlreadyLoaded, BulkLoad, LoadTxn, finish_rows, prewrite_rows
 from percolator._errors import ConflictError, PercolatorError, UnknownTableError
+from percolator.metrics import inc as _inc
 from spark_loader._records import ColumnMap, Parsed, Reject, dedupe, parse_csv, parse_json, to_cells
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def _require_pyspark() -> None:
         import pyspark  # noqa: F401
     except ImportError:
         raise percolator.InvalidArgument(
-            "the bulk loader needs PySpark: pip install 'percolator[spark]'"
+            "the bulk loader needs PySpark: pip install 'percolator-txn[spark]'"
         ) from None
 
 
@@ -258,6 +259,8 @@ def _run(
             cluster.observe(table, column)
         load = BulkLoad(cluster, table, load_id)
         begun = load.begin({**info, "table": table, "load_id": load_id})
+        if not isinstance(begun, AlreadyLoaded):
+            _inc("percolator_transactions_begun_total", "bulk")
         if isinstance(begun, AlreadyLoaded):
             leftovers = 0 if load.is_finished() else load.finish_leftovers(begun)
             log.info("load %s committed before at %d; %d leftover locks released",
@@ -310,8 +313,12 @@ def _run(
                                              "rejects": result.rejects})
                 except ConflictError as e:
                     failure = str(e)
+                    _inc("percolator_transactions_conflicted_total", "bulk")
                 else:
                     result.commit_ts = committed
+                    _inc("percolator_transactions_committed_total", "bulk")
+                    _inc("percolator_loader_rows_total", amount=result.rows)
+                    _inc("percolator_loader_rejects_total", amount=result.rejects)
                     if test_hooks.get("crash_after_commit"):
                         os._exit(137)
             if failure is not None:

@@ -47,7 +47,7 @@ def start_emulator() -> tuple[subprocess.Popen[bytes], str]:
         import google.cloud.bigtable_v2  # noqa: F401
     except ImportError:
         service_missing(
-            "google-cloud-bigtable is not installed: pip install 'percolator[bigtable]'"
+            "google-cloud-bigtable is not installed: pip install 'percolator-txn[bigtable]'"
         )
     port = free_port()
     with tempfile.TemporaryFile() as log:  # the emulator's output, quoted if it dies

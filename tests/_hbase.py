@@ -38,7 +38,7 @@ def require_hbase_client() -> None:
         import thriftpy2  # noqa: F401
     except ImportError:
         service_missing(
-            "happybase/thriftpy2 are not installed: pip install 'percolator[hbase]' thriftpy2"
+            "happybase/thriftpy2 are not installed: pip install 'percolator-txn[hbase]' thriftpy2"
         )
 
 

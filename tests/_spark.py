@@ -19,7 +19,7 @@ def spark() -> Iterator[Any]:
     try:
         import pyspark  # noqa: F401
     except ImportError:
-        service_missing("PySpark is not installed: pip install 'percolator[spark]'")
+        service_missing("PySpark is not installed: pip install 'percolator-txn[spark]'")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         service_missing("Java is not installed (PySpark needs a JDK 17): apt-get install "
                         "openjdk-17-jre-headless")

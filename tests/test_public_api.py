@@ -35,7 +35,8 @@ def test_embedded_default_imports_no_optional_dependency() -> None:
         "    c.create_table('t')\n"
         "    with percolator.Transaction(c) as t: t.set('t', b'r', 'c:q', b'v')\n"
         "heavy = [m for m in sys.modules if m.split('.')[0] in "
-        "('kazoo', 'grpc', 'happybase', 'thriftpy2', 'google', 'pyspark', 'oracle')]\n"
+        "('kazoo', 'grpc', 'happybase', 'thriftpy2', 'google', 'pyspark', 'oracle',"
+        " 'prometheus_client')]\n"
         "print(heavy)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -3,7 +3,7 @@
 ``open_bigtable_store("bigtable://project/instance")`` talks to Cloud Bigtable, or to
 the emulator (``cbtemulator``) when ``BIGTABLE_EMULATOR_HOST`` is set or the URL says
 ``?emulator=host:port``. It needs the ``bigtable`` extra: ``pip install
-'percolator[bigtable]'``.
+'percolator-txn[bigtable]'``.
 
 How the contract maps onto Bigtable
 -----------------------------------
@@ -84,7 +84,7 @@ __all__ = ["BigtableStore", "open_bigtable_store"]
 
 log = logging.getLogger(__name__)
 
-_EXTRA_HINT = "pip install 'percolator[bigtable]'"
+_EXTRA_HINT = "pip install 'percolator-txn[bigtable]'"
 
 try:  # optional dependency: only this module imports it
     import grpc
@@ -1138,7 +1138,7 @@ def open_bigtable_store(url: str, **options: Any) -> BigtableStore:
     first call.
 
     :raises InvalidArgument: a malformed URL or unknown option, or the extra is missing
-        (``pip install 'percolator[bigtable]'``).
+        (``pip install 'percolator-txn[bigtable]'``).
     """
     _require_dependency()
     if not isinstance(url, str):

@@ -125,7 +125,9 @@ try:
     import happybase
     from thriftpy2.thrift import TException
 except ImportError as _e:  # pragma: no cover - depends on the environment
-    raise ImportError("the hbase:// store needs happybase: pip install 'percolator[hbase]'") from _e
+    raise ImportError(
+        "the hbase:// store needs happybase: pip install 'percolator-txn[hbase]'"
+    ) from _e
 
 __all__ = ["HBaseStore", "open_hbase_store"]
 

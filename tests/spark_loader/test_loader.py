@@ -23,6 +23,7 @@ from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._encoding import MAX_VALUE_BYTES, Free, Lock, decode_lock, decode_write
 from percolator._store import Read
 from spark_loader import LoadError, load_dataframe, load_files
+from tests._services import free_port
 
 pytestmark = [
     pytest.mark.spark,
@@ -392,3 +393,50 @@ def test_load_into_hbase(spark: Any, tmp_path: Path, hbase_thrift: str) -> None:
         assert notified == set(expected(recs))
         for table in c.store.list_tables():
             c.store.drop_table(table)
+
+
+# --- as a new user starts it ------------------------------------------------------------------
+
+
+def test_cli_works_without_an_activated_virtualenv(
+    spark: Any, tmp_path: Path, url: str, cluster: percolator.Cluster
+) -> None:
+    """`venv/bin/python -m spark_loader` with `python3` on PATH another interpreter (one
+    without pyspark or this package): Spark's executors must run the loader's own Python,
+    not whatever `python3` PATH finds first."""
+    other = tmp_path / "bin"
+    other.mkdir()
+    (other / "python3").symlink_to("/usr/bin/python3")
+    env = {k: v for k, v in _env().items() if k not in ("PYSPARK_PYTHON", "PYTHONPATH")}
+    env["PATH"] = f"{other}:{env['PATH']}"
+    recs = records(20)
+    path = write_jsonl(tmp_path / "in.jsonl", recs)
+    port = free_port()
+    # As `venv/bin/python -m spark_loader` run from elsewhere: the package is found by the
+    # loader's interpreter (here through its sys.path), not through PYTHONPATH or the cwd.
+    driver = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
+              "from spark_loader.__main__ import main; sys.exit(main())")
+    command = _loader_cmd(url, path, "--metrics-port", str(port))
+    command[1:3] = ["-c", driver, str(ROOT)]
+    out = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert len(visible(cluster)) == 20
+
+
+def test_a_committed_load_is_counted_in_the_metrics(
+    spark: Any, tmp_path: Path, url: str, cluster: percolator.Cluster
+) -> None:
+    from percolator import metrics
+
+    def counted() -> tuple[float, float, float]:
+        values, _ = metrics.snapshot()
+        return (values.get(("percolator_loader_rows_total", ()), 0.0),
+                values.get(("percolator_loader_rejects_total", ()), 0.0),
+                values.get(("percolator_transactions_committed_total", ("bulk",)), 0.0))
+
+    before = counted()
+    path = write_jsonl(tmp_path / "in.jsonl", records(12), extra=("not json",))
+    load_files(spark, path, "jsonl", url, "docs", "url", COLUMNS)
+    after = counted()
+    assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (12, 1, 1)

@@ -230,7 +230,7 @@ def test_store_timestamps_with_and_without_increment_share_the_counter(store_url
     store = open_store(store_url)
     if not hasattr(store, "increment"):
         store.close()
-        pytest.skip(f"{type(store).__name__} has no increment()")
+        pytest.skip(f"{type(getattr(store, '_store', store)).__name__} has no increment()")
     new = StoreTimestamps(store)
     old = StoreTimestamps(_Counted(store, increment=False))  # type: ignore[arg-type]
     drawn = []
