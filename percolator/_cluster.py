@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ from percolator._errors import (
     UnknownTableError,
 )
 from percolator._lock_census import LockCensus
+from percolator._notify_index import INDEX_FAMILIES, INDEX_TABLE, uses_index
 from percolator._retry import LOCK_WAIT, RetryPolicy
 from percolator._store import Mutation, Read, Store
 from percolator._timestamps import HostTimestamps, StoreTimestamps, TimestampSource
@@ -202,6 +204,11 @@ class Cluster:
             "commits": 0, "conflicts": 0, "rollbacks": 0, "locks_resolved": 0,
         }
         store.create_table(META_TABLE, META_FAMILIES)
+        if uses_index(store):
+            store.create_table(INDEX_TABLE, INDEX_FAMILIES)
+        self.wakeups: list[Callable[[], None]] = []
+        """Called after each commit that makes a notification (workers of this process
+        register here, so that a local change wakes their idle scanners at once)."""
         # Every client of an embedded store must keep the census, however it was built.
         path = getattr(store, "path", None)
         self.lock_census: LockCensus | None = (
@@ -314,6 +321,11 @@ class Cluster:
                 part.close()
             except Exception:  # closing must go on whatever one part says
                 log.exception("closing %r failed", part)
+
+    def wake_observers(self) -> None:
+        """Wake this process's idle workers: a commit made a notification."""
+        for wake in list(self.wakeups):
+            wake()
 
     def taking_locks(self) -> AbstractContextManager[None]:
         """Around writing new lock cells (two-phase prewrites, bulk loads): tells the
