@@ -15,6 +15,7 @@ import pytest
 import percolator
 from observers import Observer, Worker, wait_for_observers
 from percolator import Snapshot, Transaction, TransactionBase
+from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
 from percolator._commit import _Committer, _write_notifications
 from percolator._notify_index import migrate, scan_index, settle, uses_index
 from percolator._store import Read
@@ -152,3 +153,19 @@ def test_a_local_commit_wakes_sleeping_scanners_without_the_lookout(url: str) ->
             write(cluster, b"y", b"rung")
             wait_for_observers(cluster, 60)
         assert Snapshot(cluster).get("docs", b"y", "out:v") == b"rung"
+
+
+def test_a_bulk_load_of_an_observed_column_is_observed(cluster: percolator.Cluster) -> None:
+    """Bulk loads (the Spark loader) write notify cells when they release their cells:
+    their index entries go in at prewrite, while the locks are held."""
+    Worker(cluster, [Copy]).register()
+    load = BulkLoad(cluster, "docs", "bulk")
+    txn = load.begin({})
+    assert isinstance(txn, LoadTxn)
+    locked = list(prewrite_rows(cluster, txn, [(b"b1", {"raw:v": b"loaded"}),
+                                               (b"b2", {"misc:x": b"unobserved"})]))
+    assert entries(cluster) == {("docs", b"b1"): {"raw:v"}}
+    finish_rows(cluster, txn, locked, load.commit({}))
+    with Worker(cluster, [Copy], threads=2):
+        wait_for_observers(cluster, 60)
+    assert Snapshot(cluster).get("docs", b"b1", "out:v") == b"loaded"
