@@ -184,6 +184,10 @@ def report(args: argparse.Namespace, scans: dict[str, dict[str, float]],
         lines.append(
             f"| emulator CPU, 2 idle workers x 4 threads, {idle['seconds']:.0f} s | "
             f"{idle['cpu_pct']:.1f}% of a core | <= 5% | {idle['cpu_pct'] / 5:.2f}x of target |")
+        if "base_cpu_pct" in idle:
+            lines.append(
+                f"| the same at `{args.base}` | {idle['base_cpu_pct']:.1f}% of a core | - | "
+                f"{idle['base_cpu_pct'] / max(idle['cpu_pct'], 0.01):.0f}x this |")
     if drains["this"] and drains["base"]:
         this = statistics.median(d["runs_per_s"] for d in drains["this"])
         base = statistics.median(d["runs_per_s"] for d in drains["base"])
@@ -225,6 +229,10 @@ def main() -> int:
             if args.idle_seconds > 0:
                 idle = idle_cpu(emu, procs[0].pid, args.idle_seconds, ROOT, tmp)
                 print("idle", idle, flush=True)
+                if args.base is not None:
+                    idle["base_cpu_pct"] = idle_cpu(
+                        emu, procs[0].pid, args.idle_seconds, args.base, tmp)["cpu_pct"]
+                    print("idle base", idle, flush=True)
             drains: dict[str, list[dict[str, float]]] = {"this": [], "base": []}
             for _ in range(args.rounds if args.documents > 0 else 0):
                 for name, checkout in (("base", args.base), ("this", ROOT)):
