@@ -14,6 +14,7 @@ suite does. ``--write`` replaces the section ``## Observers on remote stores
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -34,6 +35,7 @@ from percolator._store import Mutation, Read  # noqa: E402
 
 SECTION = "## Observers on remote stores (bench/observers_remote.py)"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+_DRAINS = itertools.count()  # each drain on fresh tables
 
 
 def _services() -> tuple[list[subprocess.Popen[bytes]], str, str]:
@@ -145,7 +147,7 @@ def drain(hostport: str, checkout: Path, documents: int, changes: int,
     time to index *documents* loaded while they run (3 observer runs a document), then
     the p50/p95 from the commit of a change to its first observer's output being
     visible, over *changes* changes."""
-    url = _url("bigtable", hostport, f"drain{abs(hash(str(checkout))) % 10000}")
+    url = _url("bigtable", hostport, f"drain{next(_DRAINS)}")
     out = subprocess.run(
         # -P: not bench/ first on sys.path (its observers.py would shadow the package)
         [sys.executable, "-P", str(ROOT / "bench" / "_drain_child.py"), url, str(documents),
