@@ -126,8 +126,8 @@ class Worker:
     every worker of the cluster (in the store), before it is quarantined; this worker
     waits *retry_delay* seconds after its first failure of it and twice as long after
     each next one (at most *max_retry_delay*).
-    *idle_max* caps the back-off of a scanner that finds nothing to do; the lookout
-    looks for new work every *poll_interval* seconds meanwhile. *on_commit*,
+    *idle_max* is how long a scanner that found nothing to do sleeps unless woken; the
+    lookout looks for new work every *poll_interval* seconds meanwhile. *on_commit*,
     if given, is called after each committed observer transaction with
     ``(observer, table, row, column, change_ts, commit_ts)`` (from the scanner
     thread; keep it quick).
