@@ -414,11 +414,10 @@ class Worker:
                     skip = random.randint(1, 16 * self.threads)
                     continue
                 try:
-                    if not self._backing_off_columns(table, row, mine) and self._process_row(
-                        table, row
-                    ):
-                        worked = True
-                    settle(self.cluster, table, row, mine)
+                    done = not self._backing_off_columns(table, row, mine) and (
+                        self._process_row(table, row))
+                    worked = worked or done
+                    settle(self.cluster, table, row, mine, look_first=not done)
                 finally:
                     self.cluster.coordination.release_advisory_lock(key)
         return worked

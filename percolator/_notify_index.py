@@ -108,12 +108,19 @@ def scan_index(
         yield table, row, {name[2:]: versions[0][0] for name, versions in cells.items()}
 
 
-def settle(cluster: Cluster, table: str, row: bytes, entries: dict[str, int]) -> list[str]:
+def settle(
+    cluster: Cluster, table: str, row: bytes, entries: dict[str, int], *, look_first: bool = True
+) -> list[str]:
     """Delete the index entries *entries* (``{column: newest entry ts seen}``) of
     *row* whose cell is settled (no notify version, lock FREE), keeping the others;
     see the module docstring for why this loses no notification. Locks found held are
     resolved as a reader would (a crashed committer's cell is rolled forward, which
-    writes its notify cell). Returns the columns whose entries stay."""
+    writes its notify cell). Returns the columns whose entries stay.
+
+    Only the read after the deletion matters for safety; the one before (skipped
+    without *look_first*, e.g. right after processing the row, when the cell is most
+    likely settled) spares a busy cell's entry a deletion and a rewrite at a new
+    timestamp, which would look like new work to the lookouts."""
     columns = tuple(entries)
     reads = [Read(NOTIFY, columns), Read(LOCK, columns, skip_tag=FREE_TAG)]
 
@@ -130,7 +137,7 @@ def settle(cluster: Cluster, table: str, row: bytes, entries: dict[str, int]) ->
             found.add(column)
         return found
 
-    keep = busy()
+    keep = busy() if look_first else set()
     settled = [c for c in columns if c not in keep]
     if not settled:
         return list(columns)

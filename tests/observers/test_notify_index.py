@@ -67,11 +67,14 @@ def test_entries_follow_notifications_and_go_once_processed(
     assert entries(cluster) == {}  # settled entries are deleted
 
 
+@pytest.mark.parametrize("look_first", [True, False], ids=["looked-first", "deleted-first"])
 def test_a_worker_keeps_the_entry_of_a_change_whose_lock_is_held(
-    cluster: percolator.Cluster,
+    cluster: percolator.Cluster, look_first: bool
 ) -> None:
     """The race settle() closes: the committer has written the entry (before its
-    commit point) but not yet the notify cell when a worker looks at the cell."""
+    commit point) but not yet the notify cell when a worker looks at the cell. A
+    worker that deletes first must find the lock on its second look and write the
+    entry back."""
     Worker(cluster, [Copy]).register()
     txn = Transaction(cluster)
     txn.set("docs", b"other", "misc:x", b"primary")
@@ -83,7 +86,7 @@ def test_a_worker_keeps_the_entry_of_a_change_whose_lock_is_held(
     seen = {c: ts for t, r, e in scan_index(cluster, None, None) if r == b"k" for c, ts in
             e.items()}
     # a worker finds the entry, no notify cell yet: the entry must stay
-    assert settle(cluster, "docs", b"k", seen) == ["raw:v"]
+    assert settle(cluster, "docs", b"k", seen, look_first=look_first) == ["raw:v"]
     committer.commit_point(commit_ts)
     committer.commit_secondaries(commit_ts)
     assert ("docs", b"k") in entries(cluster)
