@@ -224,7 +224,7 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="bench-observers-remote-") as tmp:
             scans = {}
-            for kind in args.kinds.split(","):
+            for kind in [k for k in args.kinds.split(",") if k]:
                 scans[kind] = scan_cost(kind, hostports[kind], args.big_rows)
                 print(kind, scans[kind], flush=True)
             idle = None
