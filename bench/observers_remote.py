@@ -126,10 +126,19 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def idle_cpu(hostport: str, emulator_pid: int, seconds: float, checkout: Path,
-             tmp: str) -> dict[str, float]:
-    """CPU of the emulator process while 2 idle workers x 4 threads run, sampled
-    from /proc over *seconds* (after a settling second)."""
-    url = _url("bigtable", hostport, "idle")
+             tmp: str, rows: int) -> dict[str, float]:
+    """CPU of the emulator process while 2 idle workers x 4 threads run on the demo's
+    tables, ``documents`` holding *rows* processed rows (nothing pending), sampled
+    from /proc over *seconds*."""
+    url = _url("bigtable", hostport, f"idle{next(_DRAINS)}")
+    with percolator.connect(url) as cluster:
+        for table in ("documents", "clusters", "links"):
+            cluster.create_table(table)
+        for i in range(0, rows, 5000):  # data + write cells, as if committed and processed
+            cluster.store.mutate_rows("documents", [
+                Mutation(b"http://site/%08d" % j, [("d:raw:html", 5000, b"<html/>" * 20),
+                                                   ("w:raw:html", 6000, b"P" + bytes(8))])
+                for j in range(i, min(rows, i + 5000))])
     procs = _worker_procs(url, 2, 4, checkout, tmp, "idle")
     try:
         time.sleep(5)  # start-up: registration, migration
@@ -184,7 +193,8 @@ def report(args: argparse.Namespace, scans: dict[str, dict[str, float]],
             f"{scan['family_ratio']:.2f}x |")
     if idle is not None:
         lines.append(
-            f"| emulator CPU, 2 idle workers x 4 threads, {idle['seconds']:.0f} s | "
+            f"| emulator CPU, 2 idle workers x 4 threads, {idle['seconds']:.0f} s, "
+            f"{args.idle_rows:,} rows, none pending | "
             f"{idle['cpu_pct']:.1f}% of a core | <= 5% | {idle['cpu_pct'] / 5:.2f}x of target |")
         if "base_cpu_pct" in idle:
             lines.append(
@@ -211,6 +221,8 @@ def main() -> int:
     parser.add_argument("--big-rows", type=int, default=100_000)
     parser.add_argument("--idle-seconds", type=float, default=30.0)
     parser.add_argument("--kinds", default="bigtable,hbase")
+    parser.add_argument("--idle-rows", type=int, default=20000,
+                        help="processed rows in the idle workers' table")
     parser.add_argument("--documents", type=int, default=2000)
     parser.add_argument("--changes", type=int, default=40)
     parser.add_argument("--base", type=Path,
@@ -229,11 +241,12 @@ def main() -> int:
                 print(kind, scans[kind], flush=True)
             idle = None
             if args.idle_seconds > 0:
-                idle = idle_cpu(emu, procs[0].pid, args.idle_seconds, ROOT, tmp)
+                idle = idle_cpu(emu, procs[0].pid, args.idle_seconds, ROOT, tmp,
+                                args.idle_rows)
                 print("idle", idle, flush=True)
                 if args.base is not None:
-                    idle["base_cpu_pct"] = idle_cpu(
-                        emu, procs[0].pid, args.idle_seconds, args.base, tmp)["cpu_pct"]
+                    idle["base_cpu_pct"] = idle_cpu(emu, procs[0].pid, args.idle_seconds,
+                                                    args.base, tmp, args.idle_rows)["cpu_pct"]
                     print("idle base", idle, flush=True)
             drains: dict[str, list[dict[str, float]]] = {"this": [], "base": []}
             for _ in range(args.rounds if args.documents > 0 else 0):
