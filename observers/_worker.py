@@ -3,9 +3,18 @@ their observers (Percolator §2.4; DESIGN.md §7).
 
 Each scanner thread starts at a random row of a random observed table (drawn from
 a sample of dirty rows seen so far), scans the notify family to the end and wraps
-around. Before working on a row it takes an advisory lock; when another scanner
-holds it, the scanner jumps to a new random place (the paper's anti-clumping). A
-scanner that finds nothing to do backs off, up to ``idle_max`` seconds.
+around. On a store with a notification index (Bigtable, where a family-filtered
+scan reads the whole table: :mod:`percolator._notify_index`) it scans the index
+instead, from a random place, and deletes the entries it finds settled. Before
+working on a row it takes an advisory lock; when another scanner holds it, the
+scanner jumps to a new random place (the paper's anti-clumping).
+
+Idle workers leave the store alone: a scanner whose pass found nothing to do sleeps
+``idle_max`` seconds (default 2, jittered). While one sleeps, a single lookout thread
+per worker reads what is pending every ``poll_interval`` seconds (the index, or the
+notify family of the observed tables: O(pending), nothing when all is done) and wakes
+the scanners when it sees a notification its previous look did not; a commit in the
+same process that makes a notification wakes them at once.
 
 For each dirty cell the worker runs, per observer of the column, a transaction
 that reads the column and the observer's acknowledgement ``_ack:<name>@<column>``
@@ -33,7 +42,7 @@ import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -63,6 +72,7 @@ from percolator._notifications import (
     record_failure,
     wait_until_idle,
 )
+from percolator._notify_index import migrate, scan_index, settle, uses_index
 from percolator._store import Mutation, Read, RowCells
 from percolator.metrics import inc as _inc
 from percolator.metrics import observe as _observe
@@ -119,7 +129,8 @@ class Worker:
     every worker of the cluster (in the store), before it is quarantined; this worker
     waits *retry_delay* seconds after its first failure of it and twice as long after
     each next one (at most *max_retry_delay*).
-    *idle_max* caps the back-off of a scanner that finds nothing to do. *on_commit*,
+    *idle_max* is how long a scanner that found nothing to do sleeps unless woken; the
+    lookout looks for new work every *poll_interval* seconds meanwhile. *on_commit*,
     if given, is called after each committed observer transaction with
     ``(observer, table, row, column, change_ts, commit_ts)`` (from the scanner
     thread; keep it quick). *tasks* are :class:`Periodic` tasks that run while the
@@ -128,7 +139,7 @@ class Worker:
     :attr:`stats` counts ``committed`` runs, ``skipped`` notifications (already
     acknowledged: duplicate work the acks rejected), ``conflicts``, ``failures``,
     ``quarantined``, ``meetings`` (a scanner found another on its row and jumped),
-    ``passes`` and ``idle`` passes.
+    ``passes``, ``idle`` passes and lookout ``wakeups``.
 
     ::
 
@@ -145,7 +156,8 @@ class Worker:
         max_failures: int = 5,
         retry_delay: float = 0.5,
         max_retry_delay: float = 60.0,
-        idle_max: float = 0.1,
+        idle_max: float = 2.0,
+        poll_interval: float = 0.05,
         on_commit: CommitHook | None = None,
         tasks: Iterable[Periodic] = (),
     ) -> None:
@@ -156,7 +168,7 @@ class Worker:
         if not isinstance(max_failures, int) or max_failures < 1:
             raise InvalidArgument(f"max_failures must be an int >= 1, got {max_failures!r}")
         for arg, value in (("retry_delay", retry_delay), ("max_retry_delay", max_retry_delay),
-                           ("idle_max", idle_max)):
+                           ("idle_max", idle_max), ("poll_interval", poll_interval)):
             if not isinstance(value, int | float) or value < 0:
                 raise InvalidArgument(f"{arg} must be a number of seconds >= 0, got {value!r}")
         self.cluster = cluster
@@ -188,6 +200,7 @@ class Worker:
         self.retry_delay = retry_delay
         self.max_retry_delay = max_retry_delay
         self.idle_max = idle_max
+        self.poll_interval = poll_interval
         self.on_commit = on_commit
         self.stats: Counter[str] = Counter()
         self._stats_lock = threading.Lock()
@@ -200,6 +213,9 @@ class Worker:
         for task in self.tasks:
             if not isinstance(task, Periodic):
                 raise InvalidArgument(f"tasks must be observers.Periodic, got {task!r:.80}")
+        self._bell = _Bell()
+        self._sleeping = 0
+        self._indexed = uses_index(cluster.store)
 
     # --- life cycle -----------------------------------------------------------------
 
@@ -208,6 +224,10 @@ class Worker:
         for table, column in self._by_column:
             self.cluster.create_table(table)
             self.cluster.observe(table, column)
+        for table in self._columns:
+            found = migrate(self.cluster, table)
+            if found:
+                log.info("indexed %d pending notification(s) of %s", found, table)
 
     def start(self) -> None:
         """Register the observers and start the scanner threads; returns at once."""
@@ -219,6 +239,7 @@ class Worker:
         if self._threads:
             raise InvalidArgument("this worker is already started")
         self.register()
+        self.cluster.wakeups.append(self._bell.set)
         for i in range(self.threads):
             thread = threading.Thread(target=self._scanner, name=f"observers-scanner-{i}",
                                       daemon=True)
@@ -226,6 +247,9 @@ class Worker:
             self._threads.append(thread)
         for task in self.tasks:
             task.start()
+        lookout = threading.Thread(target=self._lookout, name="observers-lookout", daemon=True)
+        lookout.start()
+        self._threads.append(lookout)
         log.info("worker started: %d scanner thread(s), observers %s", self.threads,
                  ", ".join(f"{o.name} ({o.table}/{o.column})" for o in self.observers))
 
@@ -233,11 +257,14 @@ class Worker:
         """Ask the scanners to stop after their current transaction and wait for them
         (at most *timeout* seconds each)."""
         self._stop.set()
+        self._bell.set()
         for task in self.tasks:
             task.stop(timeout)
         for thread in self._threads:
             thread.join(timeout)
         self._threads = []
+        if self._bell.set in self.cluster.wakeups:
+            self.cluster.wakeups.remove(self._bell.set)
         log.info("worker stopped: %s", dict(self.stats))
 
     def run(self) -> None:
@@ -302,8 +329,8 @@ class Worker:
             return None
 
     def _scanner(self) -> None:
-        idle = 0.0
         while not self._stop.is_set():
+            rung = self._bell.rung
             try:
                 began = time.perf_counter()
                 worked = self._scan_pass()
@@ -317,13 +344,101 @@ class Worker:
                 worked = False
             self._count("passes")
             if worked:
-                idle = 0.0
                 continue
+            # Nothing to do: sleep long (the lookout or a local commit rings when work
+            # arrives), but be back when a failed notification may be tried again.
             self._count("idle")
-            idle = min(max(idle * 2, 0.002), self.idle_max)
-            self._stop.wait(random.uniform(idle / 2, idle))
+            wait = random.uniform(self.idle_max / 2, self.idle_max)
+            if self._failures:
+                with self._failures_lock:
+                    due = min((f.next_try for f in self._failures.values()), default=None)
+                if due is not None:
+                    wait = min(wait, max(due - time.monotonic(), 0.0) + 0.001)
+            with self._stats_lock:
+                self._sleeping += 1
+            try:
+                self._bell.wait(rung, wait)
+            finally:
+                with self._stats_lock:
+                    self._sleeping -= 1
+
+    def _lookout(self) -> None:
+        """Every ``poll_interval`` seconds while a scanner sleeps, read what is pending
+        (O(pending notifications)) and wake the scanners if it holds a notification the
+        previous look did not: new work. Busy scanners need no lookout."""
+        seen: frozenset[tuple[str, bytes, str, int]] = frozenset()
+        while not self._stop.wait(self.poll_interval):
+            if not self._sleeping:
+                seen = frozenset()  # look afresh once they sleep again
+                continue
+            try:
+                found = frozenset(self._pending())
+            except PercolatorError:
+                log.debug("lookout failed", exc_info=True)
+                continue
+            if found - seen:
+                self._count("wakeups")
+                self._bell.set()
+            seen = found
+
+    def _pending(self) -> Iterator[tuple[str, bytes, str, int]]:
+        """``(table, row, column, newest notify or index timestamp)`` of the pending
+        notifications of the observed columns."""
+        if self._indexed:
+            for table, row, entries in scan_index(self.cluster, None, None, batch_size=1000):
+                observed = self._columns.get(table, ())
+                for column, ts in entries.items():
+                    if column in observed:
+                        yield table, row, column, ts
+            return
+        for table, columns in self._columns.items():
+            for row, cells in self.cluster.store.scan(table, None, None,
+                                                      [Read(NOTIFY, columns)], batch_size=1000):
+                for name, versions in cells.items():
+                    yield table, row, name[len(NOTIFY) + 1 :], versions[0][0]
 
     def _scan_pass(self) -> bool:
+        if self._indexed:
+            return self._index_pass()
+        return self._family_pass()
+
+    def _index_pass(self) -> bool:
+        """One pass over the notification index from a random place, wrapping around
+        (anti-clumping as in :meth:`_family_pass`)."""
+        start = b"%02x" % random.randrange(256)
+        worked = False
+        skip = 0
+        meetings = 0
+        for lo, hi in ((start, None), (None, start)):
+            for table, row, entries in scan_index(self.cluster, lo, hi):
+                if self._stop.is_set():
+                    return worked
+                observed = self._columns.get(table, ())
+                mine = {c: ts for c, ts in entries.items() if c in observed}
+                if not mine:
+                    continue
+                if skip:
+                    skip -= 1
+                    continue
+                key = f"{table}/{row.hex()}"
+                if not self.cluster.coordination.try_advisory_lock(key):
+                    self._count("meetings")
+                    meetings += 1
+                    if meetings >= 4:
+                        self._count("jumps")
+                        return True
+                    skip = random.randint(1, 16 * self.threads)
+                    continue
+                try:
+                    done = not self._backing_off_columns(table, row, mine) and (
+                        self._process_row(table, row))
+                    worked = worked or done
+                    settle(self.cluster, table, row, mine, look_first=not done)
+                finally:
+                    self.cluster.coordination.release_advisory_lock(key)
+        return worked
+
+    def _family_pass(self) -> bool:
         """One pass over a random table from a random row, wrapping around. Returns
         whether it did any work. A scanner that finds another on its row skips a
         random stretch ahead; after a few such meetings in one pass it jumps to a new
@@ -362,12 +477,15 @@ class Worker:
         return worked
 
     def _backing_off(self, table: str, row: bytes, cells: RowCells) -> bool:
+        return self._backing_off_columns(table, row, [n[len(NOTIFY) + 1 :] for n in cells])
+
+    def _backing_off_columns(self, table: str, row: bytes, columns: Iterable[str]) -> bool:
         if not self._failures:
             return False
         now = time.monotonic()
         with self._failures_lock:
-            for name in cells:
-                failure = self._failures.get((table, row, name[len(NOTIFY) + 1 :]))
+            for column in columns:
+                failure = self._failures.get((table, row, column))
                 if failure is None or failure.next_try <= now:
                     return False
         return True
@@ -521,6 +639,25 @@ class Worker:
         log.error("observer %s failed %d times on %s: notification quarantined "
                   "(see `percolator status`, `percolator retry`): %s",
                   observer.name, count, where, text)
+
+
+class _Bell:
+    """Wakes sleeping scanners: a counter of rings and a condition to wait on it."""
+
+    def __init__(self) -> None:
+        self.rung = 0
+        self._cond = threading.Condition()
+
+    def set(self) -> None:
+        with self._cond:
+            self.rung += 1
+            self._cond.notify_all()
+
+    def wait(self, seen: int, timeout: float) -> bool:
+        """Wait up to *timeout* seconds for a ring after the count *seen*; True if
+        one came."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.rung != seen, timeout)
 
 
 def load_observers(spec: str) -> Sequence[Observer | type[Observer]]:

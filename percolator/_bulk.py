@@ -79,6 +79,7 @@ from percolator._lock_resolver import (
     roll_back_primary,
     write_cells,
 )
+from percolator._notify_index import write_entries
 from percolator._store import CasItem, Mutation, Read, Store
 
 if TYPE_CHECKING:
@@ -353,17 +354,22 @@ def _prewrite_batches(
                 append((row, f"{LOCK}:{column}", None, held, puts))
         won = check_and_set_many(store, txn.table, items)
         if all(won):
-            yield from batch
+            locked = batch
         else:
             lost = {(item[0], item[1][len(LOCK) + 1 :])
                     for item, ok in zip(items, won, strict=True) if not ok}
             failed = {(row, c): v for row, values in batch for c, v in values.items()
                       if (row, c) in lost}
             done = _slow_prewrite(cluster, txn, failed)
+            locked = []
             for row, values in batch:
                 left = {c: v for c, v in values.items() if (row, c) not in done}
                 if left:
-                    yield row, left
+                    locked.append((row, left))
+        if txn.observed:  # index entries while the locks are held, before the commit point
+            write_entries(cluster, [(txn.table, row, c) for row, values in locked
+                                    for c in values if c in txn.observed], txn.start_ts)
+        yield from locked
         if after_batch is not None:
             after_batch()
 

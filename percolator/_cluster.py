@@ -27,6 +27,7 @@ from percolator._errors import (
 )
 from percolator._gc import DEFAULT_MAX_TXN_AGE, DEFAULT_RETENTION, GcSummary, collect
 from percolator._lock_census import LockCensus
+from percolator._notify_index import INDEX_FAMILIES, INDEX_TABLE, uses_index
 from percolator._retry import LOCK_WAIT, RetryPolicy
 from percolator._safe_point import SafePoint
 from percolator._store import Mutation, Read, Store
@@ -220,6 +221,11 @@ class Cluster:
         self.safe_point = SafePoint(store, coordination, refresh=safe_point_refresh)
         """The garbage-collection safe point and this client's publication of its oldest
         running transaction (:mod:`percolator._safe_point`)."""
+        if uses_index(store):
+            store.create_table(INDEX_TABLE, INDEX_FAMILIES)
+        self.wakeups: list[Callable[[], None]] = []
+        """Called after each commit that makes a notification (workers of this process
+        register here, so that a local change wakes their idle scanners at once)."""
         # Every client of an embedded store must keep the census, however it was built.
         path = getattr(store, "path", None)
         self.lock_census: LockCensus | None = (
@@ -378,6 +384,11 @@ class Cluster:
                 part.close()
             except Exception:  # closing must go on whatever one part says
                 log.exception("closing %r failed", part)
+
+    def wake_observers(self) -> None:
+        """Wake this process's idle workers: a commit made a notification."""
+        for wake in list(self.wakeups):
+            wake()
 
     def taking_locks(self) -> AbstractContextManager[None]:
         """Around writing new lock cells (two-phase prewrites, bulk loads): tells the

@@ -47,6 +47,7 @@ from percolator._encoding import (
 )
 from percolator._errors import CommitUnknownError, ConflictError, PercolatorError
 from percolator._lock_resolver import check_txn_status, release, resolve_lock, write_cells
+from percolator._notify_index import write_entries
 from percolator._store import Cell, Guard, GuardedSet, Mutation, Read
 from percolator.metrics import inc as _inc
 from percolator.metrics import observe as _observe
@@ -403,6 +404,20 @@ def _write_weak_notifications(txn: TransactionBase, commit_ts: int) -> None:
         txn.cluster.store.mutate_rows(table, mutations)
 
 
+def _write_notifications(txn: TransactionBase, cells: list[_Cell], commit_ts: int) -> None:
+    """Before the commit point: the weak notify cells, then the index entries of every
+    notification the commit makes (``percolator/_notify_index.py``, stores that have
+    it), so that whatever writes the strong notify cells later (this committer, or a
+    cleaner rolling it forward) finds their entries there."""
+    if txn._weak:
+        _write_weak_notifications(txn, commit_ts)
+    write_entries(
+        txn.cluster,
+        [*txn._weak, *((c.table, c.row, c.column) for c in cells if c.notify)],
+        commit_ts,
+    )
+
+
 def _commit_one_phase(committer: _Committer) -> int | None:
     """Commit in one atomic store step, where the store and the timestamp source allow.
 
@@ -444,8 +459,7 @@ def _commit_one_phase(committer: _Committer) -> int | None:
             by_table.setdefault(cell.table, []).append(Mutation(cell.row, puts))
         for table, mutations in by_table.items():
             cluster.store.mutate_rows(table, mutations)
-        if committer.txn._weak:
-            _write_weak_notifications(committer.txn, commit_ts)
+        _write_notifications(committer.txn, committer.cells, commit_ts)
     return commit_ts
 
 
@@ -474,7 +488,8 @@ def _commit_transaction(txn: TransactionBase, crash: CrashPoint | None) -> int:
     if not txn._writes:
         if txn._weak:
             commit_ts = cluster.timestamps.get_timestamp()
-            _write_weak_notifications(txn, commit_ts)
+            _write_notifications(txn, [], commit_ts)
+            cluster.wake_observers()
         else:
             commit_ts = txn.start_ts
         txn.commit_ts = commit_ts
@@ -492,6 +507,7 @@ def _commit_transaction(txn: TransactionBase, crash: CrashPoint | None) -> int:
         if one_phase is not None:
             txn.commit_ts = one_phase
             cluster.stats["commits"] += 1
+            _wake(committer)
             return one_phase
     try:
         commit_ts = _commit_two_phase(committer)
@@ -501,7 +517,13 @@ def _commit_transaction(txn: TransactionBase, crash: CrashPoint | None) -> int:
         cluster.sweep_locks()
         raise
     cluster.sweep_locks()
+    _wake(committer)
     return commit_ts
+
+
+def _wake(committer: _Committer) -> None:
+    if committer.txn._weak or any(cell.notify for cell in committer.cells):
+        committer.cluster.wake_observers()
 
 
 def _commit_two_phase(committer: _Committer) -> int:
@@ -525,8 +547,9 @@ def _commit_two_phase(committer: _Committer) -> int:
         # Weak notifications go before the commit point, so a committer that dies after
         # it cannot lose them (nothing else would write them); one that fails at the
         # commit point leaves a spurious one, which only runs an observer for nothing.
-        if txn._weak:
-            _write_weak_notifications(txn, commit_ts)
+        # The index entries of strong ones go here too (a spurious entry is deleted by
+        # the first worker that finds its cell settled).
+        _write_notifications(txn, committer.cells, commit_ts)
     except BaseException:
         committer.abort()
         raise

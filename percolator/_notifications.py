@@ -36,6 +36,7 @@ from percolator._encoding import (
 )
 from percolator._errors import InvalidArgument, PercolatorError
 from percolator._lock_resolver import resolve_lock
+from percolator._notify_index import write_entries
 from percolator._store import Mutation, Read
 
 if TYPE_CHECKING:
@@ -274,6 +275,8 @@ def retry_quarantined(
         cluster.store.mutate_rows(
             record.table, [Mutation(record.row, [(f"{NOTIFY}:{record.column}", ts, kind)])]
         )
+        # After the notify cell, as a weak notification's (percolator/_notify_index.py).
+        write_entries(cluster, [(record.table, record.row, record.column)], ts)
         cluster.store.mutate_rows(
             META_TABLE,
             [Mutation(_record_key(record.table, record.row), deletes=[(f"m:{record.column}", ts)])],

@@ -463,6 +463,9 @@ class BigtableStore:
     """
 
     atomic_row_cas = True
+    notify_index = True
+    """A family-filtered scan reads every row on the server (Bigtable has no locality
+    groups to ask for): notifications are found through ``percolator/_notify_index.py``."""
 
     def __init__(
         self,

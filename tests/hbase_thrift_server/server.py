@@ -256,6 +256,11 @@ class Table:
     families: dict[bytes, Family]
     enabled: bool = True
     rows: dict[bytes, Row] = field(default_factory=dict)
+    family_rows: dict[bytes, set[bytes]] = field(default_factory=dict)
+    """Per family, the rows that have cells or delete markers of it: HBase keeps each
+    family in its own store files, so a scan restricted to some families reads only
+    theirs (what Percolator's notify family relies on). Rows leave at a major
+    compaction, as their cells and markers leave the store files."""
 
 
 @dataclass
@@ -415,6 +420,7 @@ class HBaseHandler:
             return  # masked by a delete marker until a major compaction
         versions = row.cells.setdefault(col, {})
         versions[ts] = value
+        table.family_rows.setdefault(col[0], set()).add(row_key)
         if len(versions) > fam.max_versions:
             for old in sorted(versions)[: len(versions) - fam.max_versions]:
                 del versions[old]
@@ -591,6 +597,9 @@ class HBaseHandler:
                 row.row_tombstone = -1
                 if row.is_empty():
                     del table.rows[key]
+            for family, keys in table.family_rows.items():
+                keys.intersection_update([k for k in keys if k in table.rows and any(
+                    v for col, v in table.rows[k].cells.items() if col[0] == family)])
 
     # ---- reads ----------------------------------------------------------------
 
@@ -884,7 +893,13 @@ class HBaseHandler:
             table = self._table(tableName)
             sel = Selection.from_columns(columns, timestamp)
             self._check_selection(table, sel)
-            keys = sorted(table.rows, reverse=reversed_)
+            if sel.families:  # only the selected families' store files
+                candidates: set[bytes] = set()
+                for family in sel.families:
+                    candidates |= table.family_rows.get(family, set())
+                keys = sorted(candidates, reverse=reversed_)
+            else:
+                keys = sorted(table.rows, reverse=reversed_)
             results: list[Any] = []
             for key in keys:
                 if reversed_:

@@ -26,15 +26,21 @@ from percolator.__main__ import main as percolator_main
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._notifications import held_locks, pending_notifications, quarantined
 from percolator.testing import client_of, crash_commit
+from tests._backends import make_store_url
 from tests.observers import _app
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.observers._app:OBSERVERS"
 
 
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/db.sqlite"
+@pytest.fixture(params=[
+    pytest.param("sqlite", id="sqlite"),
+    # Bigtable finds notifications through the index (percolator/_notify_index.py):
+    # the same crashes must lose none there.
+    pytest.param("bigtable", id="bigtable", marks=pytest.mark.bigtable),
+])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return make_store_url(str(request.param), request, tmp_path)
 
 
 @pytest.fixture

@@ -1,0 +1,176 @@
+"""The notification index: where a scan for pending notifications costs O(pending).
+
+Percolator keeps notify cells in their own locality group, so scanning them reads only
+the dirty cells (paper §2.4). The embedded store and HBase have that for free: SQLite
+indexes the family, and HBase keeps each column family in its own store files, so a
+scan restricted to the ``n`` family reads only those files (plus one seek per region).
+Cloud Bigtable has no locality groups a client can ask for: a family-filtered scan
+reads every row of the table on the server and is billed for it. A store whose
+family-filtered scans cost O(rows) says so with ``notify_index = True``; for it,
+every notify cell also has an **index entry** in the internal table ``__notify``:
+
+* row ``<bucket><table>\\0<row>`` (*bucket*: two hex digits of a hash of table and
+  row, so that the index spreads over tablets and scanners start at random places),
+  column ``n:<column>``, value ``b"1"``;
+* written **before the commit point** by the committer (after the notifying
+  transaction holds its locks), for strong and weak notifications alike, so neither
+  a roll-forward nor a crash after the commit point can leave a notify cell without
+  its entry (roll-forward writes notify cells only for a transaction whose entries
+  are already there);
+* deleted by a worker only when it finds the cell settled: no notify version and the
+  cell's lock FREE. It deletes, then reads the cell again and writes the entry back
+  if a notify version or a held lock appeared meanwhile (:func:`settle`). Why that
+  loses nothing: a strong notification's entry is written while its transaction
+  holds the cell's lock, which it releases only after writing the notify cell; an
+  entry deleted before the second read was written before it, so the second read
+  sees the lock still held or the notify cell already there. A weak notification's
+  notify cell is written before its entry, so the same second read sees it. An entry
+  written after the deletion is not touched by it (Bigtable deletes only existing
+  cells; HBase, whose delete markers would mask it, does not use the index).
+
+The index is a superset of the pending notifications: a transaction that fails after
+writing its entries leaves some without a notify cell, which a worker deletes.
+
+Tables whose notifications predate the index (or a client that does not write it)
+are migrated by :func:`migrate`: one scan of the table's notify family, writing an
+entry for each pending notification, then a marker in the meta table so that it
+happens once per table.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from percolator._encoding import FREE_TAG, LOCK, META_TABLE, NOTIFY, Free, decode_lock
+from percolator._lock_resolver import resolve_lock
+from percolator._store import Mutation, Read
+
+if TYPE_CHECKING:
+    from percolator._cluster import Cluster
+
+__all__ = [
+    "INDEX_FAMILIES",
+    "INDEX_TABLE",
+    "index_key",
+    "migrate",
+    "parse_key",
+    "scan_index",
+    "settle",
+    "uses_index",
+    "write_entries",
+]
+
+INDEX_TABLE = "__notify"
+INDEX_FAMILIES: dict[str, int] = {"n": 0}
+_ENTRY = b"1"
+_MIGRATED = b"notify-index/"
+
+
+def uses_index(store: object) -> bool:
+    """Whether notifications on *store* are found through the index."""
+    return bool(getattr(store, "notify_index", False))
+
+
+def index_key(table: str, row: bytes) -> bytes:
+    """The index row of *row* of *table*."""
+    name = table.encode()
+    bucket = b"%02x" % (zlib.crc32(name + b"\0" + row) & 0xFF)
+    return bucket + name + b"\0" + row
+
+
+def parse_key(key: bytes) -> tuple[str, bytes]:
+    """``(table, row)`` of the index row *key*."""
+    name, _, row = key[2:].partition(b"\0")
+    return name.decode(), row
+
+
+def write_entries(cluster: Cluster, cells: Iterable[tuple[str, bytes, str]], ts: int) -> None:
+    """Write index entries for the notify cells ``(table, row, column)`` (a no-op on a
+    store without the index)."""
+    if not uses_index(cluster.store):
+        return
+    rows: dict[bytes, list[tuple[str, int, bytes]]] = {}
+    for table, row, column in cells:
+        rows.setdefault(index_key(table, row), []).append((f"n:{column}", ts, _ENTRY))
+    if rows:
+        cluster.store.mutate_rows(INDEX_TABLE, [Mutation(k, p) for k, p in rows.items()])
+
+
+def scan_index(
+    cluster: Cluster, start: bytes | None, stop: bytes | None, batch_size: int = 128
+) -> Iterator[tuple[str, bytes, dict[str, int]]]:
+    """Index entries in ``[start, stop)``: ``(table, row, {column: newest entry ts})``."""
+    for key, cells in cluster.store.scan(INDEX_TABLE, start, stop, [Read("n")],
+                                         batch_size=batch_size):
+        table, row = parse_key(key)
+        yield table, row, {name[2:]: versions[0][0] for name, versions in cells.items()}
+
+
+def settle(
+    cluster: Cluster, table: str, row: bytes, entries: dict[str, int], *, look_first: bool = True
+) -> list[str]:
+    """Delete the index entries *entries* (``{column: newest entry ts seen}``) of
+    *row* whose cell is settled (no notify version, lock FREE), keeping the others;
+    see the module docstring for why this loses no notification. Locks found held are
+    resolved as a reader would (a crashed committer's cell is rolled forward, which
+    writes its notify cell). Returns the columns whose entries stay.
+
+    Only the read after the deletion matters for safety; the one before (skipped
+    without *look_first*, e.g. right after processing the row, when the cell is most
+    likely settled) spares a busy cell's entry a deletion and a rewrite at a new
+    timestamp, which would look like new work to the lookouts."""
+    columns = tuple(entries)
+    reads = [Read(NOTIFY, columns), Read(LOCK, columns, skip_tag=FREE_TAG)]
+
+    def busy() -> set[str]:
+        cells = cluster.store.read_rows(table, [row], reads).get(row, {})
+        found = set()
+        for name, versions in cells.items():
+            family, _, column = name.partition(":")
+            if family == LOCK and versions:
+                state = decode_lock(versions[0][1])
+                if isinstance(state, Free):
+                    continue
+                resolve_lock(cluster, table, row, column, versions[0][1])
+            found.add(column)
+        return found
+
+    keep = busy() if look_first else set()
+    settled = [c for c in columns if c not in keep]
+    if not settled:
+        return list(columns)
+    key = index_key(table, row)
+    cluster.store.mutate_rows(
+        INDEX_TABLE, [Mutation(key, deletes=[(f"n:{c}", entries[c]) for c in settled])]
+    )
+    again = busy() & set(settled)
+    if again:
+        write_entries(cluster, [(table, row, c) for c in again],
+                      cluster.timestamps.get_timestamp())
+    return sorted(keep | again)
+
+
+def _marker(table: str) -> bytes:
+    return _MIGRATED + table.encode()
+
+
+def migrate(cluster: Cluster, table: str) -> int:
+    """Give every pending notification of *table* an index entry, once per table (a
+    marker in the meta table remembers it). Returns how many entries were written."""
+    if not uses_index(cluster.store):
+        return 0
+    marker = _marker(table)
+    done = cluster.store.read_rows(META_TABLE, [marker], [Read("m", ("migrated",))])
+    if marker in done:
+        return 0
+    ts = cluster.timestamps.get_timestamp()
+    found = [
+        (table, row, name[len(NOTIFY) + 1 :])
+        for row, cells in cluster.store.scan(table, None, None, [Read(NOTIFY)])
+        for name in cells
+    ]
+    write_entries(cluster, found, ts)
+    cluster.store.mutate_rows(META_TABLE, [Mutation(marker, [("m:migrated", 0, b"1")])])
+    return len(found)

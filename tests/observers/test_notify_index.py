@@ -1,0 +1,174 @@
+"""The notification index (``percolator/_notify_index.py``) on Bigtable, where workers
+find notifications through it, and idle workers (``observers/_worker.py``): entries
+follow notifications, a worker never deletes the entry of a change still in flight,
+tables from before the index keep their pending notifications, and sleeping
+scanners wake for new work."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import percolator
+from observers import Observer, Worker, wait_for_observers
+from percolator import Snapshot, Transaction, TransactionBase
+from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
+from percolator._commit import _Committer, _write_notifications
+from percolator._notify_index import migrate, scan_index, settle, uses_index
+from percolator._store import Read
+from tests._backends import make_store_url
+
+pytestmark = pytest.mark.bigtable
+
+
+class Copy(Observer):
+    table, column = "docs", "raw:v"
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        txn.set(self.table, row, "out:v", txn.get(self.table, row, column) or b"")
+
+
+@pytest.fixture
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return make_store_url("bigtable", request, tmp_path)
+
+
+@pytest.fixture
+def cluster(url: str) -> Iterator[percolator.Cluster]:
+    with percolator.connect(url) as c:
+        c.create_table("docs")
+        yield c
+
+
+def entries(cluster: percolator.Cluster) -> dict[tuple[str, bytes], set[str]]:
+    return {(t, r): set(cols) for t, r, cols in scan_index(cluster, None, None)}
+
+
+def write(cluster: percolator.Cluster, row: bytes, value: bytes) -> None:
+    with Transaction(cluster) as txn:
+        txn.set("docs", row, "raw:v", value)
+
+
+def test_entries_follow_notifications_and_go_once_processed(
+    cluster: percolator.Cluster,
+) -> None:
+    assert uses_index(cluster.store)
+    Worker(cluster, [Copy]).register()
+    write(cluster, b"a", b"1")
+    with Transaction(cluster) as txn:  # a weak notification gets an entry too
+        txn.notify("docs", b"b", "raw:v")
+    assert entries(cluster) == {("docs", b"a"): {"raw:v"}, ("docs", b"b"): {"raw:v"}}
+    with Worker(cluster, [Copy], threads=2):
+        wait_for_observers(cluster, 60)
+    assert Snapshot(cluster).get("docs", b"a", "out:v") == b"1"
+    assert entries(cluster) == {}  # settled entries are deleted
+
+
+@pytest.mark.parametrize("look_first", [True, False], ids=["looked-first", "deleted-first"])
+def test_a_worker_keeps_the_entry_of_a_change_whose_lock_is_held(
+    cluster: percolator.Cluster, look_first: bool
+) -> None:
+    """The race settle() closes: the committer has written the entry (before its
+    commit point) but not yet the notify cell when a worker looks at the cell. A
+    worker that deletes first must find the lock on its second look and write the
+    entry back."""
+    Worker(cluster, [Copy]).register()
+    txn = Transaction(cluster)
+    txn.set("docs", b"other", "misc:x", b"primary")
+    txn.set("docs", b"k", "raw:v", b"late")
+    committer = _Committer(txn, None)
+    committer.prewrite()
+    commit_ts = cluster.timestamps.get_timestamp()
+    _write_notifications(txn, committer.cells, commit_ts)
+    seen = {c: ts for t, r, e in scan_index(cluster, None, None) if r == b"k" for c, ts in
+            e.items()}
+    # a worker finds the entry, no notify cell yet: the entry must stay
+    assert settle(cluster, "docs", b"k", seen, look_first=look_first) == ["raw:v"]
+    committer.commit_point(commit_ts)
+    committer.commit_secondaries(commit_ts)
+    assert ("docs", b"k") in entries(cluster)
+    with Worker(cluster, [Copy], threads=2):
+        wait_for_observers(cluster, 60)
+    assert Snapshot(cluster).get("docs", b"k", "out:v") == b"late"
+
+
+def test_a_stale_entry_of_a_rolled_back_change_is_deleted(cluster: percolator.Cluster) -> None:
+    Worker(cluster, [Copy]).register()
+    txn = Transaction(cluster)
+    txn.set("docs", b"r", "raw:v", b"never")
+    committer = _Committer(txn, None)
+    committer.prewrite()
+    _write_notifications(txn, committer.cells, cluster.timestamps.get_timestamp())
+    committer.abort()
+    assert ("docs", b"r") in entries(cluster)
+    with Worker(cluster, [Copy], threads=2) as worker:
+        while worker.stats["passes"] < 2:  # every scanner has passed over it
+            time.sleep(0.01)
+    assert entries(cluster) == {}
+    assert Snapshot(cluster).get("docs", b"r", "out:v") is None
+
+
+def test_a_table_from_before_the_index_keeps_its_pending_notifications(url: str) -> None:
+    """A notification written without an index entry (the layout before it, or a
+    client that does not write it) is found by the migration a worker runs once."""
+    with percolator.connect(url) as old:
+        old.store.notify_index = False  # type: ignore[attr-defined]
+        old.create_table("docs")
+        Worker(old, [Copy]).register()
+        write(old, b"before", b"pending")
+        notify = old.store.read_rows("docs", [b"before"], [Read("n")])
+        assert notify[b"before"]  # the old layout: a notify cell, no entry
+    with percolator.connect(url) as cluster:
+        assert entries(cluster) == {}
+        with Worker(cluster, [Copy], threads=2):
+            wait_for_observers(cluster, 60)
+        assert Snapshot(cluster).get("docs", b"before", "out:v") == b"pending"
+        assert migrate(cluster, "docs") == 0  # once per table
+        assert entries(cluster) == {}
+
+
+def test_sleeping_scanners_wake_for_a_change_made_in_another_process(url: str) -> None:
+    """Scanners that found nothing sleep for idle_max (here an hour): the lookout sees
+    the new entry and wakes them. (A commit through another Cluster object does not
+    ring this process's bell, as one in another process would not.)"""
+    with percolator.connect(url) as cluster, percolator.connect(url) as other:
+        cluster.create_table("docs")
+        worker = Worker(cluster, [Copy], threads=2, idle_max=3600, poll_interval=0.02)
+        with worker:
+            while worker.stats["idle"] < 2:  # both scanners went to sleep
+                time.sleep(0.01)
+            write(other, b"x", b"woken")
+            wait_for_observers(cluster, 60)
+            assert worker.stats["wakeups"] >= 1
+        assert Snapshot(cluster).get("docs", b"x", "out:v") == b"woken"
+
+
+def test_a_local_commit_wakes_sleeping_scanners_without_the_lookout(url: str) -> None:
+    with percolator.connect(url) as cluster:
+        cluster.create_table("docs")
+        worker = Worker(cluster, [Copy], threads=2, idle_max=3600, poll_interval=3600)
+        with worker:
+            while worker.stats["idle"] < 2:
+                time.sleep(0.01)
+            write(cluster, b"y", b"rung")
+            wait_for_observers(cluster, 60)
+        assert Snapshot(cluster).get("docs", b"y", "out:v") == b"rung"
+
+
+def test_a_bulk_load_of_an_observed_column_is_observed(cluster: percolator.Cluster) -> None:
+    """Bulk loads (the Spark loader) write notify cells when they release their cells:
+    their index entries go in at prewrite, while the locks are held."""
+    Worker(cluster, [Copy]).register()
+    load = BulkLoad(cluster, "docs", "bulk")
+    txn = load.begin({})
+    assert isinstance(txn, LoadTxn)
+    locked = list(prewrite_rows(cluster, txn, [(b"b1", {"raw:v": b"loaded"}),
+                                               (b"b2", {"misc:x": b"unobserved"})]))
+    assert entries(cluster) == {("docs", b"b1"): {"raw:v"}}
+    finish_rows(cluster, txn, locked, load.commit({}))
+    with Worker(cluster, [Copy], threads=2):
+        wait_for_observers(cluster, 60)
+    assert Snapshot(cluster).get("docs", b"b1", "out:v") == b"loaded"
