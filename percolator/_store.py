@@ -59,6 +59,10 @@ protocol never depends on one:
   sends one ``CheckAndMutateRow`` per row (its cells compared and set together, see
   ``percolator/stores/_cas_rows.py``), several rows at a time. HBase Thrift1 cannot:
   ``checkAndPut`` compares and sets one cell per call and has no batch form.
+* ``split_keys(table) -> list[bytes]`` (:class:`SplitKeys`): row keys where the store
+  itself would cut the table for parallel reads (Bigtable ``SampleRowKeys``, HBase
+  Thrift1 ``getTableRegions``), for parallel readers (``spark_loader.read_table``);
+  without it (SQLite) they sample the row keys themselves.
 """
 
 from __future__ import annotations
@@ -292,4 +296,15 @@ class BatchedCas(Protocol):
         its compare-and-set succeeds, atomically with it, and must not name a cell
         that the batch compares. A failure may leave some items applied and others
         not, as the same calls one by one would."""
+        ...
+
+
+@runtime_checkable
+class SplitKeys(Protocol):
+    """A store that reports where to cut a table for parallel reads (optional capability)."""
+
+    def split_keys(self, table: str) -> list[bytes]:
+        """Sorted row keys that cut *table* into ranges of about equal size, from the
+        store's own layout (regions, tablets, samples); empty when it has one range.
+        Only a hint: any keys split a scan correctly."""
         ...
