@@ -15,16 +15,19 @@ timestamp; ``python -m spark_loader export`` writes it to Parquet or JSON lines.
 PySpark is needed only when a load or a read runs: ``pip install 'percolator[spark]'``.
 """
 
+from spark_loader._export import ExportResult, export_table
 from spark_loader._job import LoadError, LoadResult, load_dataframe, load_files
 from spark_loader._read import ReadError, decode_columns, read_table, start_ts_of
 from spark_loader._records import Reject
 
 __all__ = [
+    "ExportResult",
     "LoadError",
     "LoadResult",
     "ReadError",
     "Reject",
     "decode_columns",
+    "export_table",
     "load_dataframe",
     "load_files",
     "read_table",
