@@ -8,10 +8,10 @@ commits while the job runs. A partition that meets a lock resolves it as any rea
 does (rolls a dead writer back, or forward when its primary committed), waiting up to
 the cluster's lock wait for a live one.
 
-Ranges: where the store reports its own cut points (Bigtable ``SampleRowKeys``, HBase
-``getTableRegions``) the table is cut there; otherwise (SQLite, a one-region HBase
-table, or when a number of partitions is asked for that the store's points cannot
-give) the driver samples the row keys with one key scan.
+Ranges: by default, where the store reports its own cut points (Bigtable
+``SampleRowKeys``, HBase ``getTableRegions``) the table is cut there; otherwise (SQLite,
+a one-region HBase table), or when a number of partitions is asked for, the driver
+samples the row keys with one key scan and cuts at evenly spaced samples.
 """
 
 from __future__ import annotations
@@ -139,24 +139,22 @@ def plan_ranges(cluster: percolator.Cluster, table: str, splits: int | Sequence[
                 *, default_parts: int, columns: Sequence[str] | None = None) -> list[Range]:
     """The row-key ranges ``[start, stop)`` (None: unbounded) that cover *table*.
 
-    *splits*: a list of row keys cuts there; None takes the store's own cut points,
-    or ``default_parts`` ranges of sampled keys when it reports none; a number asks
-    for that many ranges (the store's points when it reports enough, else sampled).
+    *splits*: a list of row keys cuts there; a number asks for that many ranges of
+    about as many rows each (cut at sampled keys); None takes the store's own cut
+    points (Bigtable tablets and samples, HBase regions, as Hadoop's input formats
+    do), or ``default_parts`` ranges of sampled keys where it reports none.
     """
     checked = _check_splits(splits)
     if isinstance(checked, list):
         return _ranges(checked)
-    store_keys: list[bytes] = []
-    if isinstance(cluster.store, SplitKeys):
-        store_keys = cluster.store.split_keys(table)
     if checked is None:
-        if store_keys:
-            return _ranges(store_keys)
+        if isinstance(cluster.store, SplitKeys):
+            store_keys = cluster.store.split_keys(table)
+            if store_keys:
+                return _ranges(store_keys)
         checked = default_parts
     if checked <= 1:
         return [(None, None)]
-    if len(store_keys) >= checked - 1:
-        return _ranges(_evenly(store_keys, checked))
     wanted = tuple(columns) if columns is not None else None
     return _ranges(_evenly(_sample_keys(cluster, table, wanted, checked), checked))
 
@@ -238,7 +236,8 @@ def read_table(
     *splits* cuts the table into Spark partitions by row-key ranges: None uses the
     store's own cut points (Bigtable tablets and samples, HBase regions) or, where
     the store reports none (SQLite), ``2 * defaultParallelism`` ranges of sampled
-    keys; a number asks for that many ranges; a list of row keys cuts there.
+    keys; a number asks for that many ranges of about equal row counts (sampled: the
+    driver scans the row keys once); a list of row keys cuts there.
     *connect_options* go to :func:`percolator.connect` on the driver and on every
     executor (``oracle``, ``zookeeper``, TLS...).
 
