@@ -267,8 +267,12 @@ def read_table(
         # Read the first row here: an error that every partition would meet (a
         # snapshot too old for garbage collection, a store refusing the read) is
         # raised now, before Spark starts work.
-        probe = percolator.Snapshot(cluster, start_ts=ts)
-        next(iter(probe.scan(table, ranges[0][0], ranges[0][1], wanted)), None)
+        probe = percolator.Snapshot(cluster, start_ts=ts).scan(
+            table, ranges[0][0], ranges[0][1], wanted)
+        try:
+            next(probe, None)
+        finally:
+            getattr(probe, "close", lambda: None)()  # an HBase scanner, say
     spec = _Spec(cluster_url, tuple(sorted(options.items())), table, wanted, ts)
     bounds = sc.parallelize(ranges, len(ranges))
     if wanted is None:
