@@ -6,11 +6,12 @@
 1. Seeds a repository of ``--size`` documents with three random clustering keys each
    (:mod:`observers.examples.clustering`), clustered by the batch job and loaded with the
    Spark loader (documents, key index, clusters) into an embedded SQLite store.
-2. **Batch**: the PySpark job reads the whole repository from the store (range scans at
-   one timestamp), adds the new documents and computes connected components. A base run
-   (repository only) gives the interval during which documents accumulate; for each rate
-   a second run clusters the repository plus the documents that arrived (uniformly, at that
-   rate) during the base run. A document arriving at ``t`` in the base run is clustered when
+2. **Batch**: the PySpark job reads the whole repository from the store
+   (``spark_loader.read_table``: four row ranges at one snapshot timestamp), adds the
+   new documents and computes connected components. A base run (repository only)
+   gives the interval during which documents accumulate; for each rate a second run
+   clusters the repository plus the documents that arrived (uniformly, at that rate)
+   during the base run. A document arriving at ``t`` in the base run is clustered when
    the next run ends: delay ``T_base - t + T_rate``, so median ``T_base/2 + T_rate`` and p95
    ``0.95 T_base + T_rate`` (both run times measured; the arrival times are the model).
 3. **Incremental**: with Spark stopped, one in-process worker (``--threads`` scanner

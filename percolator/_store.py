@@ -65,6 +65,10 @@ protocol never depends on one:
   Garbage collection removes the FREE lock cell of a deleted cell with it
   (``percolator/_gc.py``); HBase Thrift1's ``checkAndPut`` can only put, so there that
   lock cell stays (a few bytes).
+* ``split_keys(table) -> list[bytes]`` (:class:`SplitKeys`): row keys where the store
+  itself would cut the table for parallel reads (Bigtable ``SampleRowKeys``, HBase
+  Thrift1 ``getTableRegions``), for parallel readers (``spark_loader.read_table``);
+  without it (SQLite) they sample the row keys themselves.
 """
 
 from __future__ import annotations
@@ -309,4 +313,15 @@ class ConditionalDelete(Protocol):
         """If the latest value of ``(row, column)``, a cell whose family keeps a single
         version, equals *expected*, remove the cell and return True; otherwise change
         nothing and return False."""
+        ...
+
+
+@runtime_checkable
+class SplitKeys(Protocol):
+    """A store that reports where to cut a table for parallel reads (optional capability)."""
+
+    def split_keys(self, table: str) -> list[bytes]:
+        """Sorted row keys that cut *table* into ranges of about equal size, from the
+        store's own layout (regions, tablets, samples); empty when it has one range.
+        Only a hint: any keys split a scan correctly."""
         ...

@@ -10,10 +10,26 @@
 The whole load is one Percolator transaction (see :mod:`percolator._bulk`): readers
 see all of it or none of it; a rerun of a committed load writes nothing again; a
 rerun after a crash loads again. Command line: ``python -m spark_loader --help``.
-PySpark is needed only when a load runs: ``pip install 'percolator-txn[spark]'``.
+The read side, :func:`read_table`, gives a table as a DataFrame read at one snapshot
+timestamp; ``python -m spark_loader export`` writes it to Parquet or JSON lines.
+PySpark is needed only when a load or a read runs: ``pip install 'percolator-txn[spark]'``.
 """
 
+from spark_loader._export import ExportResult, export_table
 from spark_loader._job import LoadError, LoadResult, load_dataframe, load_files
+from spark_loader._read import ReadError, decode_columns, read_table, start_ts_of
 from spark_loader._records import Reject
 
-__all__ = ["LoadError", "LoadResult", "Reject", "load_dataframe", "load_files"]
+__all__ = [
+    "ExportResult",
+    "LoadError",
+    "LoadResult",
+    "ReadError",
+    "Reject",
+    "decode_columns",
+    "export_table",
+    "load_dataframe",
+    "load_files",
+    "read_table",
+    "start_ts_of",
+]

@@ -2,13 +2,19 @@
 
 ::
 
-    python -m spark_loader --cluster sqlite:///tmp/repo.db --table docs \\
+    python -m spark_loader [load] --cluster sqlite:///tmp/repo.db --table docs \\
         --input crawl.jsonl --format jsonl --row-key url \\
         --column html=raw:html --column lang=meta:lang --observe raw:html
+    python -m spark_loader export --cluster sqlite:///tmp/repo.db --table docs \\
+        --format parquet --output /tmp/docs.parquet [--start-ts N] [--column raw:html]
 
 Prints Spark's progress bar while it runs and one summary line at the end. Exit
-status: 0 loaded (or loaded before), 1 the load failed (nothing visible), 2 bad
-arguments.
+status of a load: 0 loaded (or loaded before), 1 the load failed (nothing visible),
+2 bad arguments; of an export: 0 written, 1 the read failed, 2 bad arguments.
+
+Spark's Python workers run this very interpreter (``PYSPARK_PYTHON`` defaults to
+``sys.executable``), so a loader started as ``venv/bin/python -m spark_loader``
+without an activated virtualenv finds ``percolator`` in its workers too.
 """
 
 from __future__ import annotations
@@ -71,7 +77,100 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _export_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="percolator-load export",
+        description="Write a Percolator table, read at one snapshot timestamp, to files.",
+    )
+    p.add_argument("--cluster", required=True, metavar="URL",
+                   help="store url: sqlite:///abs/path.db, hbase://host:9090, "
+                        "bigtable://project/instance")
+    p.add_argument("--table", required=True)
+    p.add_argument("--format", required=True, choices=("parquet", "jsonl"),
+                   help="parquet keeps values as bytes; jsonl needs UTF-8 text values")
+    p.add_argument("--output", required=True, metavar="PATH",
+                   help="directory to write (must not exist)")
+    p.add_argument("--column", action="append", default=None, metavar="family:qualifier",
+                   help="column to export (repeatable; default: every column)")
+    p.add_argument("--start-ts", type=int, default=None, metavar="N",
+                   help="read at this timestamp (a repeatable read; default: a new one)")
+    p.add_argument("--splits", type=int, default=None, metavar="N",
+                   help="Spark partitions (default: the store's regions or tablets, "
+                        "else twice the default parallelism)")
+    p.add_argument("--master", help="Spark master (default: spark-submit's, or local[*])")
+    p.add_argument("--oracle", help="timestamp oracle (grpc://host:port or zk://...)")
+    p.add_argument("--zookeeper", help="ZooKeeper coordination host:port/chroot")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def _spark(app: str, master: str | None) -> tuple[Any, bool]:
+    """The active SparkSession, or a new one (then ours to stop) whose Python workers
+    run this interpreter: Spark starts ``python3`` from PATH otherwise, which in a
+    virtualenv that is not activated lacks percolator."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app)
+    if master:
+        builder = builder.master(master)
+    builder = (builder.config("spark.ui.showConsoleProgress", "true")
+               .config("spark.ui.enabled", os.environ.get("PERCOLATOR_SPARK_UI", "false")))
+    ours = SparkSession.getActiveSession() is None
+    return builder.getOrCreate(), ours
+
+
+def _export(argv: list[str]) -> int:
+    args = _export_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    import percolator
+    from spark_loader._export import export_table
+    from spark_loader._job import _require_pyspark
+
+    try:
+        _require_pyspark()
+    except percolator.InvalidArgument as e:
+        print(f"percolator-load export: {e}", file=sys.stderr)
+        return 2
+    connect: dict[str, Any] = {}
+    if args.oracle:
+        connect["oracle"] = args.oracle
+    if args.zookeeper:
+        connect["zookeeper"] = args.zookeeper
+    spark, ours = _spark(f"percolator-export {args.table}", args.master)
+    try:
+        result = export_table(spark, args.cluster, args.table, args.format, args.output,
+                              columns=args.column, start_ts=args.start_ts, splits=args.splits,
+                              connect_options=connect)
+    except percolator.InvalidArgument as e:
+        print(f"percolator-load export: {e}", file=sys.stderr)
+        return 2
+    except percolator.PercolatorError as e:
+        print(f"percolator-load export: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # a Spark job failed: its text carries the executor's error
+        from spark_loader._read import ReadError
+
+        text = str(e)
+        mark = f"{ReadError.__name__}: "
+        reason = text[text.find(mark):].splitlines()[0] if mark in text else text[:2000]
+        print(f"percolator-load export: the export failed: {reason}", file=sys.stderr)
+        return 1
+    finally:
+        if ours:
+            spark.stop()
+    print(result.summary())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["export"]:
+        return _export(argv[1:])
+    if argv[:1] == ["load"]:
+        argv = argv[1:]
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
@@ -83,8 +182,6 @@ def main(argv: list[str] | None = None) -> int:
     except percolator.InvalidArgument as e:
         print(f"percolator-load: {e}", file=sys.stderr)
         return 2
-    from pyspark.sql import SparkSession
-
     from percolator import metrics
 
     try:
@@ -92,23 +189,13 @@ def main(argv: list[str] | None = None) -> int:
     except percolator.PercolatorError as e:
         print(f"percolator-load: {e}", file=sys.stderr)
         return 2
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    # Executors start PYSPARK_PYTHON, else `python3` from PATH: without an activated
-    # virtualenv that is another interpreter, which cannot import spark_loader.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.appName(f"percolator-load {args.table}")
-    if args.master:
-        builder = builder.master(args.master)
-    builder = (builder.config("spark.ui.showConsoleProgress", "true")
-               .config("spark.ui.enabled", os.environ.get("PERCOLATOR_SPARK_UI", "false")))
     connect: dict[str, Any] = {"lock_ttl": args.lock_ttl}
     if args.oracle:
         connect["oracle"] = args.oracle
     if args.zookeeper:
         connect["zookeeper"] = args.zookeeper
     columns = dict(args.column)
-    ours = SparkSession.getActiveSession() is None
-    spark = builder.getOrCreate()
+    spark, ours = _spark(f"percolator-load {args.table}", args.master)
     try:
         rejects = args.rejects
         result = load_files(

@@ -122,12 +122,16 @@ atexit.register(_close_clusters)
 
 
 def _cluster(options: _Options) -> percolator.Cluster:
-    """One cluster per Python worker process and url (workers are reused)."""
-    key = (options.url, options.connect)
+    return executor_cluster(options.url, options.connect)
+
+
+def executor_cluster(url: str, connect: tuple[tuple[str, Any], ...]) -> percolator.Cluster:
+    """One cluster per Python worker process, url and options (workers are reused)."""
+    key = (url, connect)
     with _clusters_lock:
         cluster = _clusters.get(key)
         if cluster is None or cluster.closed:
-            cluster = percolator.connect(options.url, **dict(options.connect))
+            cluster = percolator.connect(url, **dict(connect))
             _clusters[key] = cluster
         return cluster
 

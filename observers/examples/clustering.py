@@ -14,7 +14,7 @@ its smallest document id. Two implementations produce the same partition:
   merges stay correct under concurrency.
 * **Batch**: :func:`batch_cluster`, a PySpark job of DataFrame joins (min-label
   propagation with pointer jumping) over the whole repository, read from the store
-  by :func:`read_repository` (one range scan per Spark partition at one timestamp),
+  by :func:`read_repository` (``spark_loader.read_table``: one snapshot, row ranges),
   plus newly arrived documents.
 
 :func:`seed_repository` loads a synthetic repository with the Spark loader,
@@ -29,7 +29,7 @@ a lookup).
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import percolator
@@ -210,22 +210,15 @@ def synthetic_documents(spark: SparkSession, n: int, seed: int = 2010,
 
 
 def read_repository(spark: SparkSession, url: str, splits: Sequence[bytes]) -> DataFrame:
-    """The repository's documents ``(doc, keys)``, read from the store at one start
-    timestamp by ``len(splits) + 1`` parallel range scans."""
-    with percolator.connect(url) as cluster:
-        start_ts = cluster.timestamps.get_timestamp()
-    bounds: list[tuple[bytes | None, bytes | None]] = list(
-        zip([None, *splits], [*splits, None], strict=True))
+    """The repository's documents ``(doc, keys)``, read with ``spark_loader.read_table``
+    at one start timestamp, cut into ``len(splits) + 1`` row ranges."""
+    from pyspark.sql import functions as F
 
-    def scan(items: Iterable[tuple[bytes | None, bytes | None]]) -> Iterator[tuple[str, str]]:
-        with percolator.connect(url) as cluster:
-            snap = percolator.Snapshot(cluster, start_ts=start_ts)
-            for start, stop in items:
-                for row, cols in snap.scan(DOCUMENTS, start, stop, columns=[KEYS_COLUMN]):
-                    yield row.decode(), cols[KEYS_COLUMN].decode()
+    from spark_loader import read_table
 
-    rdd = spark.sparkContext.parallelize(bounds, len(bounds)).mapPartitions(scan)
-    return spark.createDataFrame(rdd, "doc string, keys string")
+    docs = read_table(spark, url, DOCUMENTS, [KEYS_COLUMN], splits=list(splits))
+    return docs.select(F.col("row").cast("string").alias("doc"),
+                       F.col(f"`{KEYS_COLUMN}`").cast("string").alias("keys"))
 
 
 def batch_cluster(docs: DataFrame, max_rounds: int = 100) -> tuple[DataFrame, int]:

@@ -787,6 +787,21 @@ class BigtableStore:
                 return
             resume = page[-1][0]
 
+    def split_keys(self, table: str) -> list[bytes]:
+        """Row keys that cut *table* into pieces of about equal size (``SampleRowKeys``,
+        Bigtable's own tablet boundaries and samples), sorted, without the empty key that
+        ends the answer (optional capability, see :class:`percolator._store.SplitKeys`)."""
+        self._check_open()
+        request = bt_types.SampleRowKeysRequest(
+            table_name=self._table_path(table), app_profile_id=self.app_profile_id
+        )
+        try:
+            answers = list(self._data.sample_row_keys(request=request, retry=None,
+                                                      timeout=self.timeout))
+        except gexc.GoogleAPICallError as e:
+            self._fail(e, "SampleRowKeys", table)
+        return sorted({bytes(a.row_key) for a in answers if a.row_key})
+
     def mutate_rows(self, table: str, mutations: Sequence[Mutation]) -> None:
         """Apply *mutations* with one ``MutateRows`` request, each atomic within its row.
 

@@ -630,6 +630,14 @@ class HBaseStore:
         names = self._call(None, lambda client: client.getTableNames())
         return sorted(n for n in map(self._logical, names) if n is not None)
 
+    def split_keys(self, table: str) -> list[bytes]:
+        """The start keys of *table*'s regions after the first (``getTableRegions``),
+        sorted: where a parallel reader splits its scan (optional capability, see
+        :class:`percolator._store.SplitKeys`). One region: an empty list."""
+        name = self._name(table)
+        regions = self._call(table, lambda client: client.getTableRegions(name))
+        return sorted({bytes(r.startKey) for r in regions if r.startKey})
+
     # ---- reads ------------------------------------------------------------------
 
     def read_rows(

@@ -70,8 +70,10 @@ cluster does that a single in-memory process never would:
   without an answer (libthrift 0.14+ ``TConfiguration.maxMessageSize``, 100 MB);
 * ``--transport framed``, ``--protocol compact``: the other Thrift1 server modes.
 
-Not reproduced: filter strings (``TScan.filterString`` raises an ``IOError`` saying so),
-regions, security.
+Regions: ``getTableRegions`` reports a table cut every 100 rows (the whole table is served
+by this one process whatever the regions). Not reproduced: filter strings
+(``TScan.filterString`` raises an ``IOError`` saying so), region moves and splits as
+events, security.
 """
 
 from __future__ import annotations
@@ -563,20 +565,29 @@ class HBaseHandler:
             table = self._table(tableName, enabled=False)
             return {f.name + b":": f.descriptor for f in table.families.values()}
 
+    REGION_ROWS = 100
+    """Rows per region that ``getTableRegions`` reports (see there)."""
+
     @_declared
     def getTableRegions(self, tableName: bytes) -> list[Any]:
+        """The table's regions as if HBase had split it every :attr:`REGION_ROWS` rows
+        as it grew (cut at the current rows; HBase splits by size): parallel readers
+        see several regions, as on a cluster, while every call serves the whole table."""
         with self._lock:
             table = self._table(tableName, enabled=False)
+            keys = sorted(table.rows)[self.REGION_ROWS :: self.REGION_ROWS]
+            bounds = list(zip([b"", *keys], [*keys, b""], strict=True))
             return [
                 hb.TRegionInfo(
-                    startKey=b"",
-                    endKey=b"",
-                    id=1,
-                    name=table.name + b",,1",
+                    startKey=start,
+                    endKey=end,
+                    id=i + 1,
+                    name=table.name + b"," + start + b",%d" % (i + 1),
                     version=1,
                     serverName=b"localhost",
                     port=0,
                 )
+                for i, (start, end) in enumerate(bounds)
             ]
 
     @_declared

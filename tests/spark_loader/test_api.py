@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+from typing import Any
+
 import pytest
 
 import percolator
@@ -55,3 +58,37 @@ def test_cli_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--cluster", "u", "--table", "t", "--input", "x", "--format", "csv",
               "--row-key", "k", "--column", "nocolumn"])
     assert "expected FIELD=family:qualifier" in capsys.readouterr().err
+
+
+def test_load_subcommand_is_the_default_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["load", "--cluster", "u", "--table", "t", "--input", "x", "--format", "xml",
+              "--row-key", "k", "--column", "a=f:a"])
+    assert e.value.code == 2 and "invalid choice: 'xml'" in capsys.readouterr().err
+
+
+def test_row_ranges_cover_the_table_and_spread_its_rows(tmp_path: Any) -> None:
+    """Sampled split keys cut 1,000 rows into ranges of about equal size that cover
+    every row once; given keys are sorted and deduplicated; bad splits are refused."""
+    from spark_loader._read import plan_ranges
+
+    with percolator.connect(f"sqlite://{tmp_path}/r.db") as cluster:
+        cluster.create_table("t")
+        with percolator.Transaction(cluster) as txn:
+            for i in range(1000):
+                txn.set("t", b"r%05d" % (i * 7), "f:v", b"x")
+        rows = sorted(row for row, _ in percolator.Snapshot(cluster).scan("t"))
+        ranges = plan_ranges(cluster, "t", 4, default_parts=2)
+        assert len(ranges) == 4 and ranges[0][0] is None and ranges[-1][1] is None
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+        sizes = [sum(1 for r in rows if (lo is None or r >= lo) and (hi is None or r < hi))
+                 for lo, hi in ranges]
+        assert sum(sizes) == 1000 and min(sizes) >= 150, sizes
+        assert len(plan_ranges(cluster, "t", None, default_parts=3)) == 3  # sqlite: sampled
+        assert plan_ranges(cluster, "t", 1, default_parts=2) == [(None, None)]
+        assert plan_ranges(cluster, "t", [b"b", b"a", b"b"], default_parts=2) == [
+            (None, b"a"), (b"a", b"b"), (b"b", None)]
+        for bad, message in ((0, "positive number"), ("ab", "splits must be None"),
+                             ([b""], "non-empty bytes"), (True, "splits must be None")):
+            with pytest.raises(percolator.InvalidArgument, match=message):
+                plan_ranges(cluster, "t", bad, default_parts=2)  # type: ignore[arg-type]
