@@ -65,8 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-cells", type=int, default=5000,
                    help="cells per store batch (default 5000)")
     p.add_argument("--master", help="Spark master (default: spark-submit's, or local[*])")
-    p.add_argument("--oracle", help="timestamp oracle (grpc://host:port or zk://...)")
-    p.add_argument("--zookeeper", help="ZooKeeper coordination host:port/chroot")
+    _add_cluster_arguments(p)
     p.add_argument("--lock-ttl", type=float, default=30.0, help="seconds (default 30)")
     from percolator import metrics
 
@@ -98,10 +97,39 @@ def _export_parser() -> argparse.ArgumentParser:
                    help="Spark partitions (default: the store's regions or tablets, "
                         "else twice the default parallelism)")
     p.add_argument("--master", help="Spark master (default: spark-submit's, or local[*])")
-    p.add_argument("--oracle", help="timestamp oracle (grpc://host:port or zk://...)")
-    p.add_argument("--zookeeper", help="ZooKeeper coordination host:port/chroot")
+    _add_cluster_arguments(p)
     p.add_argument("-v", "--verbose", action="store_true")
     return p
+
+
+def _add_cluster_arguments(p: argparse.ArgumentParser) -> None:
+    """How executors and the driver reach the cluster: oracle, ZooKeeper, and TLS to
+    each (the same options as the worker's)."""
+    from percolator._tls import add_zookeeper_tls_arguments
+
+    p.add_argument("--oracle", help="timestamp oracle (grpc://host:port, grpcs://... or zk://...)")
+    p.add_argument("--zookeeper", help="ZooKeeper coordination host:port/chroot")
+    add_zookeeper_tls_arguments(p, "oracle")
+    add_zookeeper_tls_arguments(p, "zookeeper")
+
+
+def _connect_options(args: argparse.Namespace, **options: Any) -> dict[str, Any]:
+    """``connect()`` options from :func:`_add_cluster_arguments` (TLS files are checked
+    here, on the driver: every executor must find them at the same paths).
+
+    :raises InvalidArgument: for missing or unsafe TLS files.
+    """
+    from percolator._tls import zookeeper_tls_from_arguments
+
+    if args.oracle:
+        options["oracle"] = args.oracle
+    if args.zookeeper:
+        options["zookeeper"] = args.zookeeper
+    for option, prefix in (("oracle_tls", "oracle"), ("zookeeper_tls", "zookeeper")):
+        tls = zookeeper_tls_from_arguments(args, prefix)
+        if tls is not None:
+            options[option] = tls
+    return options
 
 
 def _spark(app: str, master: str | None) -> tuple[Any, bool]:
@@ -134,11 +162,11 @@ def _export(argv: list[str]) -> int:
     except percolator.InvalidArgument as e:
         print(f"percolator-load export: {e}", file=sys.stderr)
         return 2
-    connect: dict[str, Any] = {}
-    if args.oracle:
-        connect["oracle"] = args.oracle
-    if args.zookeeper:
-        connect["zookeeper"] = args.zookeeper
+    try:
+        connect = _connect_options(args)
+    except percolator.InvalidArgument as e:
+        print(f"percolator-load export: {e}", file=sys.stderr)
+        return 2
     spark, ours = _spark(f"percolator-export {args.table}", args.master)
     try:
         result = export_table(spark, args.cluster, args.table, args.format, args.output,
@@ -185,15 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     from percolator import metrics
 
     try:
+        connect = _connect_options(args, lock_ttl=args.lock_ttl)
         endpoint = metrics.serve_from_arguments(args)  # the driver's, while the load runs
     except percolator.PercolatorError as e:
         print(f"percolator-load: {e}", file=sys.stderr)
         return 2
-    connect: dict[str, Any] = {"lock_ttl": args.lock_ttl}
-    if args.oracle:
-        connect["oracle"] = args.oracle
-    if args.zookeeper:
-        connect["zookeeper"] = args.zookeeper
     columns = dict(args.column)
     spark, ours = _spark(f"percolator-load {args.table}", args.master)
     try:

@@ -73,3 +73,33 @@ def test_grpcs_target_parses_as_tls() -> None:
     assert str(parse_target("grpcs://h:7070")) == "grpcs://h:7070"
     with pytest.raises(InvalidArgument, match="grpcs://host:port"):
         parse_target("https://h:7070")
+
+
+def test_the_loader_command_line_takes_tls_to_the_oracle_and_zookeeper(
+    ca: TestCA, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m spark_loader`` (load and export) has the worker's TLS options, and
+    checks the files on the driver before any Spark job (a missing or unsafe key is
+    exit 2 with the reason)."""
+    pytest.importorskip("pyspark")
+    from spark_loader.__main__ import _connect_options, _export_parser, _parser, main
+
+    issued = ca.issue("loader", client=True)
+    tls = ["--oracle", "zk://127.0.0.1:2181/p", "--oracle-tls-ca", ca.ca,
+           "--zookeeper", "127.0.0.1:2181/p", "--zookeeper-tls-ca", ca.ca,
+           "--zookeeper-tls-cert", issued.cert, "--zookeeper-tls-key", issued.key]
+    load = _parser().parse_args(["--cluster", "sqlite:///x.db", "--table", "t", "--input", "f",
+                                 "--format", "jsonl", "--row-key", "k", "--column", "v=c:v",
+                                 *tls])
+    options = _connect_options(load, lock_ttl=5.0)
+    assert options["oracle_tls"] == TlsConfig(ca=ca.ca)
+    assert options["zookeeper_tls"] == TlsConfig(ca=ca.ca, cert=issued.cert, key=issued.key)
+    assert options["lock_ttl"] == 5.0 and options["zookeeper"] == "127.0.0.1:2181/p"
+    export = _export_parser().parse_args(["--cluster", "sqlite:///x.db", "--table", "t",
+                                          "--format", "jsonl", "--output", "o", *tls])
+    assert _connect_options(export)["zookeeper_tls"] == options["zookeeper_tls"]
+
+    os.chmod(issued.key, 0o644)
+    assert main(["export", "--cluster", "sqlite:///x.db", "--table", "t", "--format", "jsonl",
+                 "--output", "o", *tls]) == 2
+    assert "mode 0644" in capsys.readouterr().err
