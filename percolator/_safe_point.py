@@ -311,6 +311,11 @@ class SafePoint:
         """Stop publishing and withdraw this client's publication (best effort)."""
         self._closed = True
         self._stop.set()
+        publisher = self._publisher
+        if publisher is not None and publisher is not threading.current_thread():
+            # The store closes next, and an SQLite connection closed under a write in
+            # progress on another thread crashes the process (seen in a suite run).
+            publisher.join(timeout=60)
         if self._published is not None:
             try:
                 owner = self.coordination.current_owner()
