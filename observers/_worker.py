@@ -116,6 +116,32 @@ def wait_for_observers(cluster: Cluster, timeout: float | None = 60.0) -> None:
     wait_until_idle(cluster, timeout)
 
 
+
+class _Spread:
+    """The anti-clumping state of one scan pass (Percolator §2.4): a scanner that meets
+    another on a row skips a random stretch ahead; after a few meetings it ends the
+    pass, so that the next one starts at a new random place."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.skip = 0
+        self.meetings = 0
+
+    def skipping(self) -> bool:
+        """Whether to pass this row by (inside a stretch being skipped)."""
+        if self.skip:
+            self.skip -= 1
+            return True
+        return False
+
+    def met(self) -> bool:
+        """Another scanner holds the row: True when the pass should end."""
+        self.meetings += 1
+        if self.meetings >= 4:
+            return True
+        self.skip = random.randint(1, 16 * self.threads)
+        return False
+
 class Worker:
     """Runs *observers* on *cluster* with *threads* scanner threads. (On the embedded
     store commits are serial: observers that only use the store run fastest with one
@@ -407,27 +433,19 @@ class Worker:
         (anti-clumping as in :meth:`_family_pass`)."""
         start = b"%02x" % random.randrange(256)
         worked = False
-        skip = 0
-        meetings = 0
+        spread = _Spread(self.threads)
         for lo, hi in ((start, None), (None, start)):
             for table, row, entries in scan_index(self.cluster, lo, hi):
                 if self._stop.is_set():
                     return worked
                 observed = self._columns.get(table, ())
                 mine = {c: ts for c, ts in entries.items() if c in observed}
-                if not mine:
-                    continue
-                if skip:
-                    skip -= 1
+                if not mine or spread.skipping():
                     continue
                 key = f"{table}/{row.hex()}"
                 if not self.cluster.coordination.try_advisory_lock(key):
-                    self._count("meetings")
-                    meetings += 1
-                    if meetings >= 4:
-                        self._count("jumps")
+                    if self._met(spread):
                         return True
-                    skip = random.randint(1, 16 * self.threads)
                     continue
                 try:
                     done = not self._backing_off_columns(table, row, mine) and (
@@ -448,26 +466,18 @@ class Worker:
         start = self._random_start(table)
         ranges = [(start, None), (None, start)] if start is not None else [(None, None)]
         worked = False
-        skip = 0
-        meetings = 0
+        spread = _Spread(self.threads)
         for lo, hi in ranges:
             for row, cells in self.cluster.store.scan(table, lo, hi, reads, batch_size=128):
                 if self._stop.is_set():
                     return worked
                 self._remember(table, row)
-                if skip:
-                    skip -= 1
-                    continue
-                if self._backing_off(table, row, cells):
+                if spread.skipping() or self._backing_off(table, row, cells):
                     continue
                 key = f"{table}/{row.hex()}"
                 if not self.cluster.coordination.try_advisory_lock(key):
-                    self._count("meetings")
-                    meetings += 1
-                    if meetings >= 4:
-                        self._count("jumps")
+                    if self._met(spread):
                         return True  # a new pass starts at a new random place
-                    skip = random.randint(1, 16 * self.threads)
                     continue
                 try:
                     if self._process_row(table, row):
@@ -475,6 +485,15 @@ class Worker:
                 finally:
                     self.cluster.coordination.release_advisory_lock(key)
         return worked
+
+    def _met(self, spread: _Spread) -> bool:
+        """Another scanner holds the row: count the meeting; True when the pass should
+        end (a jump)."""
+        self._count("meetings")
+        if spread.met():
+            self._count("jumps")
+            return True
+        return False
 
     def _backing_off(self, table: str, row: bytes, cells: RowCells) -> bool:
         return self._backing_off_columns(table, row, [n[len(NOTIFY) + 1 :] for n in cells])
