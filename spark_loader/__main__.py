@@ -159,10 +159,6 @@ def _export(argv: list[str]) -> int:
 
     try:
         _require_pyspark()
-    except percolator.InvalidArgument as e:
-        print(f"percolator-load export: {e}", file=sys.stderr)
-        return 2
-    try:
         connect = _connect_options(args)
     except percolator.InvalidArgument as e:
         print(f"percolator-load export: {e}", file=sys.stderr)
