@@ -62,19 +62,30 @@ class Observer:
 
         :raises InvalidArgument: when :attr:`table` or :attr:`column` is missing or bad.
         """
-        for attr in ("table", "column"):
-            if not isinstance(getattr(cls, attr, None), str):
-                raise InvalidArgument(
-                    f"observer {cls.__name__} must set the class attribute {attr!r} to a str"
-                )
-        check_table(cls.table)
-        check_column(cls.column)
-        if "@" in cls.name or not cls.name.isprintable():
-            raise InvalidArgument(f"bad observer name {cls.name!r}: no '@' or control characters")
+        check_observer(cls)
 
     def __repr__(self) -> str:
         table, column = getattr(self, "table", "?"), getattr(self, "column", "?")
         return f"<observer {self.name} on {table}/{column}>"
+
+
+def check_observer(observer: Observer | type[Observer]) -> None:
+    """Validate what *observer* (a class, or an instance whose table, column and
+    name were bound at run time, as the stream recipes do) watches.
+
+    :raises InvalidArgument: when :attr:`table` or :attr:`column` is missing or bad.
+    """
+    label = observer.__name__ if isinstance(observer, type) else repr(observer)
+    for attr in ("table", "column"):
+        if not isinstance(getattr(observer, attr, None), str):
+            raise InvalidArgument(f"observer {label} must set {attr!r} to a str")
+    check_table(observer.table)
+    check_column(observer.column)
+    name = observer.name
+    if not isinstance(name, str) or not name or "@" in name or not name.isprintable():
+        raise InvalidArgument(
+            f"bad observer name {name!r}: a non-empty str, no '@' or control characters"
+        )
 
 
 class ObserverTransaction(TransactionBase):

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from observers._observer import Observer, ObserverTransaction
+from observers._observer import Observer, ObserverTransaction, check_observer
 from observers._periodic import Periodic
 from percolator._cluster import Cluster
 from percolator._commit import commit_transaction
@@ -204,7 +204,7 @@ class Worker:
                 item.check()
                 self.observers.append(item())
             elif isinstance(item, Observer):
-                type(item).check()
+                check_observer(item)
                 self.observers.append(item)
             else:
                 raise InvalidArgument(

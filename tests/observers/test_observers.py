@@ -107,6 +107,34 @@ def test_observer_checks_its_attributes() -> None:
     assert _app.Indexer.name == "Indexer"
 
 
+class _Copier(Observer):
+    """One class, many bound instances: table, column and name set per instance,
+    as a stream recipe binds its observers to a pipeline's tables at run time."""
+
+    def __init__(self, column: str, target: str) -> None:
+        self.table, self.column, self.name, self.target = "docs", column, f"copy-{target}", target
+
+    def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+        value = txn.get("docs", row, column)
+        if value is not None:
+            txn.set("docs", row, self.target, value)
+
+
+def test_observers_bound_at_run_time_are_checked_and_run(cluster: percolator.Cluster) -> None:
+    with pytest.raises(percolator.InvalidArgument, match="bad column"):
+        Worker(cluster, [_Copier("no-family", "out:x")])
+    with pytest.raises(percolator.InvalidArgument, match="observer names must be unique"):
+        Worker(cluster, [_Copier("in:a", "out:x"), _Copier("in:b", "out:x")])
+    bound = [_Copier("in:a", "out:a"), _Copier("in:b", "out:b")]
+    with Worker(cluster, bound, threads=1):
+        with Transaction(cluster) as txn:
+            txn.set("docs", b"r", "in:a", b"1")
+            txn.set("docs", b"r", "in:b", b"2")
+        wait_for_observers(cluster, timeout=60)
+    assert Snapshot(cluster).get_row("docs", b"r", ["out:a", "out:b"]) == {
+        "out:a": b"1", "out:b": b"2"}
+
+
 # --- processes killed mid-transaction -----------------------------------------------------
 
 

@@ -188,3 +188,53 @@ def test_a_rollback_record_does_not_hide_a_conflicting_commit(
     with pytest.raises(percolator.ConflictError, match="after our start"):
         mine.commit()
     assert Transaction(accounts).get("accounts", b"alice", "bal:amount") == b"winner"
+
+
+def test_get_rows_reads_many_rows_in_one_store_call(
+    accounts: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Transaction(accounts) as txn:
+        for i in range(5):
+            txn.set("accounts", b"r%d" % i, "bal:amount", b"%d" % i)
+        txn.set("accounts", b"r1", "bal:note", b"n1")
+    txn = Transaction(accounts)
+    txn.set("accounts", b"r2", "bal:amount", b"own")
+    txn.delete("accounts", b"r3", "bal:amount")
+    read_rows = accounts.store.read_rows
+    calls = []
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(args)
+        return read_rows(*args, **kwargs)
+
+    monkeypatch.setattr(accounts.store, "read_rows", counted)
+    found = txn.get_rows("accounts", [b"r0", b"r1", b"r2", b"r3", b"nobody", b"r1"],
+                         ["bal:amount", "bal:note"])
+    assert found == {
+        b"r0": {"bal:amount": b"0"},
+        b"r1": {"bal:amount": b"1", "bal:note": b"n1"},
+        b"r2": {"bal:amount": b"own"},
+        b"r3": {},
+        b"nobody": {},
+    }
+    assert len(calls) == 1
+    monkeypatch.undo()
+    for row, values in found.items():
+        assert txn.get_row("accounts", row, ["bal:amount", "bal:note"]) == values
+    with pytest.raises(percolator.InvalidArgument):
+        txn.get_rows("accounts", b"r0", ["bal:amount"])
+    with pytest.raises(percolator.InvalidArgument):
+        txn.get_rows("accounts", [b"r0"], ["no-family"])
+
+
+def test_get_rows_waits_out_and_resolves_a_lock_like_get_row(accounts: Cluster) -> None:
+    with Transaction(accounts) as txn:
+        txn.set("accounts", b"a", "bal:amount", b"1")
+        txn.set("accounts", b"b", "bal:amount", b"1")
+    crashed = Transaction(accounts)
+    crashed.set("accounts", b"a", "bal:amount", b"2")
+    crashed.set("accounts", b"b", "bal:amount", b"2")
+    crash_commit(crashed, CrashPoint("commit_point"))  # committed, secondaries still locked
+    reader = Transaction(accounts)
+    assert reader.get_rows("accounts", [b"a", b"b"], ["bal:amount"]) == {
+        b"a": {"bal:amount": b"2"}, b"b": {"bal:amount": b"2"}}
