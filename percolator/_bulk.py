@@ -80,6 +80,7 @@ from percolator._lock_resolver import (
     write_cells,
 )
 from percolator._notify_index import write_entries
+from percolator._safe_point import Hold
 from percolator._store import CasItem, Mutation, Read, Store
 
 if TYPE_CHECKING:
@@ -450,6 +451,8 @@ class BulkLoad:
         self._mutex = threading.Lock()
         self._stop = threading.Event()
         self._refresher: threading.Thread | None = None
+        self._hold: Hold | None = None
+        """Keeps garbage collection below the load's start_ts while the load runs."""
         self.lost: PercolatorError | None = None
         """Set when a cleaner rolled the load back (the refresher found the primary gone)."""
 
@@ -498,7 +501,9 @@ class BulkLoad:
                         lock_ts=getattr(state, "start_ts", 0),
                     )
                 continue
-            start_ts = cluster.timestamps.get_timestamp()
+            self._release_hold()
+            self._hold = Hold()
+            start_ts = cluster.safe_point.begin(self._hold, cluster.timestamps.get_timestamp)
             observed = frozenset(c for t, c in cluster.observed_columns() if t == self.table)
             txn = LoadTxn(
                 table=self.table, load_id=self.load_id, start_ts=start_ts,
@@ -511,6 +516,11 @@ class BulkLoad:
                 self._txn, self._held = txn, held
                 self._start_refresher()
                 return txn
+
+    def _release_hold(self) -> None:
+        if self._hold is not None:
+            self._hold.release()
+            self._hold = None
 
     def _lock_primary(
         self, raw: bytes | None, held: bytes, puts: list[tuple[str, int, bytes]]
@@ -571,6 +581,9 @@ class BulkLoad:
         """The commit point of the whole load: one CAS of the primary. Returns commit_ts.
 
         :raises ConflictError: a cleaner rolled the load back first.
+        :raises SnapshotTooOldError: garbage collection passed the load's start_ts (the
+           load outlived ``max_txn_age``): a worker's conflict check may have missed a
+           cell GC removed, so the load must not commit; :meth:`abort` it and run it again.
         """
         self._stop_refresher()
         if self.lost is not None:
@@ -578,6 +591,9 @@ class BulkLoad:
         self.refresh()
         txn, held = self.txn, self._held
         assert held is not None
+        # After every worker's prewrite (and its conflict reads) ended, before the
+        # commit point: the writers' rule of percolator._safe_point.
+        self.cluster.safe_point.check(txn.start_ts)
         commit_ts = self.cluster.timestamps.get_timestamp()
         store = self.cluster.store
         column = f"{LOCK}:{LOAD_COLUMN}"
@@ -605,6 +621,7 @@ class BulkLoad:
                 start_ts=txn.start_ts, table=LOADS_TABLE, row=self.row, column=LOAD_COLUMN,
             )
         self._held = None
+        self._release_hold()
         return commit_ts
 
     def abort(self) -> None:
@@ -612,6 +629,7 @@ class BulkLoad:
         locks are then freed by :func:`finish_rows` with ``commit_ts=None`` or by
         whoever meets them."""
         self._stop_refresher()
+        self._release_hold()
         with self._mutex:
             held, self._held = self._held, None
         if held is None or self._txn is None:

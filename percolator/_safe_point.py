@@ -61,7 +61,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from percolator import _forks
 from percolator._encoding import META_TABLE
@@ -70,9 +70,8 @@ from percolator._store import Mutation, Read, Store
 
 if TYPE_CHECKING:
     from percolator._coordination import Coordination
-    from percolator._transaction import Snapshot
 
-__all__ = ["Holder", "SafePoint"]
+__all__ = ["Hold", "Holder", "Running", "SafePoint"]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +84,31 @@ _RECORD = struct.Struct(">QQ")
 _IDLE = b"idle"
 """A client's publication while it runs no transaction."""
 TS_LOG_ENTRIES = 64
+
+
+class Running(Protocol):
+    """What the safe point needs of a running transaction (a Snapshot, or a Hold)."""
+
+    start_ts: int
+    _began: float
+    _closed: bool
+
+
+class Hold:
+    """Holds the safe point at or below :attr:`start_ts` for something that is not a
+    :class:`~percolator.Snapshot` but reads and writes at a start timestamp all the
+    same (a bulk load's driver: its workers check for conflicts in other processes),
+    until :meth:`release`."""
+
+    __slots__ = ("__weakref__", "_began", "_closed", "start_ts")
+
+    def __init__(self) -> None:
+        self.start_ts = 0
+        self._began = time.time()
+        self._closed = False
+
+    def release(self) -> None:
+        self._closed = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +145,7 @@ class SafePoint:
         self._waiting = 0
         """Transactions of this process between asking for a start timestamp and
         being registered with it: :meth:`oldest_running` waits for them."""
-        self._running: weakref.WeakSet[Snapshot] = weakref.WeakSet()
+        self._running: weakref.WeakSet[Running] = weakref.WeakSet()
         self._published: tuple[int, int] | None = None
         self._publisher: threading.Thread | None = None
         self._stop = threading.Event()
@@ -214,7 +238,7 @@ class SafePoint:
 
     # --- publication of the oldest running transaction ---------------------------------
 
-    def begin(self, txn: Snapshot, draw: Callable[[], int]) -> int:
+    def begin(self, txn: Running, draw: Callable[[], int]) -> int:
         """Draw *txn*'s start timestamp with *draw* and count *txn* as running (until
         it is closed or forgotten), so that no pass of this process can take a safe
         point above a timestamp drawn but not yet registered."""
@@ -234,7 +258,7 @@ class SafePoint:
                     self._start_publisher()
         return txn.start_ts
 
-    def register(self, txn: Snapshot) -> None:
+    def register(self, txn: Running) -> None:
         """Count *txn* as running until it is closed or forgotten."""
         if self._generation != _forks.generation:
             self._reset()

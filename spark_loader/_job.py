@@ -31,7 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 import percolator
 from percolator._bulk import AlreadyLoaded, BulkLoad, LoadTxn, finish_rows, prewrite_rows
-from percolator._errors import ConflictError, PercolatorError, UnknownTableError
+from percolator._errors import (
+    ConflictError,
+    PercolatorError,
+    SnapshotTooOldError,
+    UnknownTableError,
+)
 from percolator.metrics import inc as _inc
 from spark_loader._records import ColumnMap, Parsed, Reject, dedupe, parse_csv, parse_json, to_cells
 
@@ -315,7 +320,7 @@ def _run(
                     committed = load.commit({**info, "table": table, "load_id": load_id,
                                              "rows": result.rows, "cells": result.cells,
                                              "rejects": result.rejects})
-                except ConflictError as e:
+                except (ConflictError, SnapshotTooOldError) as e:
                     failure = str(e)
                     _inc("percolator_transactions_conflicted_total", "bulk")
                 else:

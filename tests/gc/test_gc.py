@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import percolator
+from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
 from percolator._gc import collect
 from percolator._store import ConditionalDelete, Read
 from percolator.testing import CrashPoint, client_of, crash_commit
@@ -434,3 +435,43 @@ def test_a_pass_waits_for_a_transaction_of_its_process_drawing_its_start(url: st
         c.gc(retention=0)
         assert snapshot.get(T, b"r", "c:x") == b"1"
         c.drop_table(T)
+
+
+# --- bulk loads: one transaction written by workers in other processes ----------------------
+
+
+def test_a_running_bulk_load_holds_the_safe_point_back(gc_cluster: percolator.Cluster) -> None:
+    c = gc_cluster
+    put(c, b"r", b"1")
+    load = BulkLoad(c, T, "held")
+    txn = load.begin({})
+    assert isinstance(txn, LoadTxn)
+    put(c, b"r", b"2")
+    assert c.gc(retention=0).safe_point == txn.start_ts
+    commit_ts = load.commit({})
+    finish_rows(c, txn, list(prewrite_rows(c, txn, [])), commit_ts)
+    assert c.gc(retention=0).safe_point > txn.start_ts  # released at its commit
+
+
+def test_a_bulk_load_overtaken_by_the_safe_point_never_commits(
+    gc_cluster: percolator.Cluster,
+) -> None:
+    """A DELETE committed after the load's start is its write-write conflict; a pass
+    that (past max_txn_age) overtakes the load removes that cell entirely, so the
+    workers' conflict check finds nothing. The driver's check before its commit point
+    must refuse the commit, or the load would silently undo the delete."""
+    c = gc_cluster
+    put(c, b"r", b"1")
+    load = BulkLoad(c, T, "overtaken")
+    txn = load.begin({})
+    assert isinstance(txn, LoadTxn)
+    put(c, b"r", None)  # the conflict
+    summary = collect(c, retention=0, max_txn_age=1e-9)
+    assert summary.safe_point > txn.start_ts and summary.cells_removed == 1
+    locked = list(prewrite_rows(c, txn, [(b"r", {"c:x": b"load"})]))  # sees no conflict
+    with pytest.raises(percolator.SnapshotTooOldError) as caught:
+        load.commit({})
+    assert caught.value.start_ts == txn.start_ts
+    load.abort()
+    finish_rows(c, txn, locked, None)
+    assert percolator.Snapshot(c).get(T, b"r", "c:x") is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,31 @@ def test_the_gc_and_status_commands(tmp_path: Path, capsys: pytest.CaptureFixtur
         assert percolator_main(["status", "--cluster", url]) == 0
         out = capsys.readouterr().out
         assert "gc safe point: " in out and "held back by: no running transaction" in out
+
+
+def test_closing_waits_for_the_safe_point_publisher_to_finish_its_write(tmp_path: Path) -> None:
+    """The cluster closes its store right after the safe point: a publisher thread still
+    inside a store write would then use a closed SQLite connection (a crash, once seen
+    as SIGSEGV). close() must wait for it."""
+    cluster = percolator.connect(f"sqlite:///{tmp_path}/repo.db", safe_point_refresh=0.01)
+    sp = cluster.safe_point
+    inside, release = threading.Event(), threading.Event()
+    publish = sp.publish
+
+    def slow_publish() -> None:
+        inside.set()
+        release.wait(60)
+        publish()
+
+    sp.publish = slow_publish  # type: ignore[method-assign]
+    snapshot = percolator.Snapshot(cluster)  # starts the publisher
+    assert inside.wait(60)
+    closer = threading.Thread(target=sp.close)
+    closer.start()
+    closer.join(0.5)
+    assert closer.is_alive(), "close() returned while the publisher was mid-write"
+    release.set()
+    closer.join(60)
+    assert not closer.is_alive()
+    del snapshot
+    cluster.close()
