@@ -46,7 +46,7 @@ class ValueTooLargeError(InvalidArgument):
 
 
 class TransactionClosedError(PercolatorError):
-    """The transaction was already committed or rolled back."""
+    """The transaction was already committed, rolled back or closed."""
 
 
 class ConflictError(PercolatorError):

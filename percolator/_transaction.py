@@ -105,7 +105,8 @@ class Snapshot:
     def _check_open(self) -> None:
         if self._closed:
             raise TransactionClosedError(
-                f"transaction {self.start_ts} is already committed or rolled back; "
+                f"transaction {self.start_ts} is already closed (committed, rolled back "
+                "or closed); "
                 "start a new one"
             )
 
@@ -363,6 +364,24 @@ class Snapshot:
     def closed(self) -> bool:
         return self._closed
 
+    def close(self) -> None:
+        """Read nothing more, and stop holding garbage collection back now (an open
+        snapshot holds the safe point at its start timestamp while it is referenced).
+        Idempotent. A snapshot is also a context manager that closes it."""
+        self._closed = True
+
+    def __enter__(self) -> Snapshot:
+        self._check_open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<percolator.{type(self).__name__} start_ts={self.start_ts} {state}>"
@@ -473,6 +492,8 @@ class Transaction(TransactionBase):
         self._closed = True
         self._writes.clear()
         self._weak.clear()
+
+    close = rollback
 
     def __enter__(self) -> Transaction:
         self._check_open()

@@ -130,6 +130,27 @@ def test_a_running_transaction_holds_the_safe_point_back(gc_cluster: percolator.
     assert c.gc(retention=0).versions_removed == 2
 
 
+def test_a_closed_snapshot_stops_holding_the_safe_point_back(
+    gc_cluster: percolator.Cluster,
+) -> None:
+    c = gc_cluster
+    put(c, b"r", b"1")
+    with percolator.Snapshot(c) as reader:
+        put(c, b"r", b"2")
+        assert c.gc(retention=0).safe_point == reader.start_ts
+        assert reader.get(T, b"r", "c:x") == b"1"
+    kept = reader  # still referenced, but closed: no longer a holder
+    assert c.gc(retention=0).safe_point > kept.start_ts
+    with pytest.raises(percolator.TransactionClosedError, match="closed"):
+        kept.get(T, b"r", "c:x")
+    writer = percolator.Transaction(c)
+    writer.set(T, b"r", "c:x", b"3")
+    writer.close()  # a Transaction's close is its rollback
+    with pytest.raises(percolator.TransactionClosedError):
+        writer.commit()
+    assert percolator.Snapshot(c).get(T, b"r", "c:x") == b"2"
+
+
 def test_a_snapshot_below_the_safe_point_raises_instead_of_reading(
     gc_cluster: percolator.Cluster,
 ) -> None:
