@@ -90,9 +90,8 @@ def connect(
     client is honoured; *lock_wait* how long a read waits for a live lock before
     raising :class:`LockedError` (default: twice the ttl). *safe_point_refresh*
     (seconds) is how long a client trusts its cached garbage-collection safe point;
-    a GC pass waits twice that before it removes anything, so every client of a
-    repository must use the same value or a smaller one than the process running GC
-    (see :mod:`percolator._safe_point`).
+    a GC pass waits twice the largest value among the live clients before it removes
+    anything (each announces its own; see :mod:`percolator._safe_point`).
 
     .. warning:: With ZooKeeper this blocks while connecting (up to 15 s).
 
@@ -335,8 +334,9 @@ class Cluster:
         with the number of rows scanned, batch by batch; *rows_per_second* limits the
         pace.
 
-        .. warning:: blocks for the whole pass, at least twice the safe-point refresh
-           (see ``connect(safe_point_refresh=...)``) plus a scan of every table.
+        .. warning:: blocks for the whole pass, at least twice the largest safe-point
+           refresh of a live client (``connect(safe_point_refresh=...)``) plus a scan
+           of every table.
 
         :raises InvalidArgument: for a negative retention or a non-positive max_txn_age.
         """

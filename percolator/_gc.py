@@ -5,8 +5,9 @@ A pass (:func:`collect`, ``Cluster.gc``, ``percolator gc``):
 1. **Safe point.** ``P = min(oldest running transaction of every live client younger
    than max_txn_age, the timestamp that was current retention seconds ago)``,
    persisted only if it moves forward (:mod:`percolator._safe_point`). Then the pass
-   waits twice the safe-point refresh, so that every reader or writer that could
-   still use a version below ``P`` finds out before it returns or commits.
+   waits twice the largest safe-point refresh of a live client, so that every reader
+   or writer that could still use a version below ``P`` finds out before it returns
+   or commits.
 2. **Locks.** Every held lock of a transaction that started below ``P`` is resolved
    as a reader would (:func:`percolator._lock_resolver.resolve_lock`: roll forward,
    roll back, or leave a live one). All of them, over every table, before anything is
@@ -320,7 +321,7 @@ def collect(
     if not dry_run:
         # Whoever persisted the safe point (we or another pass), every client's cache
         # holds it, or will fetch it before trusting a read, once this has passed.
-        time.sleep(2 * sp.refresh)
+        time.sleep(sp.grace())
     tables = cluster.tables() if tables is None else list(tables)
     resolved = left = 0
     below = safe_point

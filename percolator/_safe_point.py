@@ -47,8 +47,13 @@ at anything, and its locks are in place when the pass reads the cells, so the pa
 leaves those cells alone (see :mod:`percolator._gc`). A pass therefore removes only
 versions that no transaction that can still commit or return a read will need.
 
-:attr:`SafePoint.refresh` must be the same (or smaller) in every client of a
-repository than in the process that runs the pass: ``connect(safe_point_refresh=...)``.
+Clients need not agree on :attr:`SafePoint.refresh` (``connect(safe_point_refresh=...)``).
+Before its first fetch each client announces its refresh (``m:refresh/<owner id>``),
+and a pass, *after* persisting *P*, reads the announcements of owners not known to be
+dead and waits twice the largest (and at least twice its own). A client whose cached
+value predates *W* fetched it before *W*, so it announced before *W*, and the pass's
+read after *W* sees the announcement: its *G* exceeds that client's refresh, which is
+all the argument above uses.
 """
 
 from __future__ import annotations
@@ -79,6 +84,9 @@ ROW = b"gc"
 SAFE_POINT = "m:safe_point"
 TS_LOG = "m:ts_log"
 CLIENT_PREFIX = "m:client/"
+REFRESH_PREFIX = "m:refresh/"
+"""A client's :attr:`SafePoint.refresh`, announced before its first fetch."""
+_REFRESH = struct.Struct(">d")
 _RECORD = struct.Struct(">QQ")
 """``(timestamp, wall time in ms)``: the safe point, or a client's oldest transaction."""
 _IDLE = b"idle"
@@ -139,6 +147,7 @@ class SafePoint:
 
     def _reset(self) -> None:
         self._generation = _forks.generation
+        self._announced = False
         self._lock = threading.Lock()
         self._drawn = threading.Condition(self._lock)
         self._drawing = 0
@@ -165,6 +174,8 @@ class SafePoint:
 
     def fetch(self) -> int:
         """Read the persisted safe point now (one store read) and cache it."""
+        if not self._announced or self._generation != _forks.generation:
+            self._announce()
         started = time.monotonic()  # before the read: see the module docstring
         record = self.read_record()
         value = record[0] if record is not None else 0
@@ -172,6 +183,31 @@ class SafePoint:
             self._value = max(self._value, value)
             self._fetched = max(self._fetched, started)
         return self._value
+
+    def _announce(self) -> None:
+        if self._generation != _forks.generation:
+            self._reset()  # a forked child: announces under its own owner id
+        owner = self.coordination.current_owner()
+        self.store.mutate_rows(META_TABLE, [
+            Mutation(ROW, [(REFRESH_PREFIX + owner, 0, _REFRESH.pack(self.refresh))])])
+        self._announced = True
+
+    def grace(self) -> float:
+        """How long a pass waits after persisting the safe point before it reads or
+        removes anything below it: twice the largest refresh announced by a client
+        not known to be dead, and at least twice this client's. Read it *after*
+        persisting (see the module docstring)."""
+        cells = self.store.read_rows(META_TABLE, [ROW], [Read("m")]).get(ROW, {})
+        slowest = self.refresh
+        for column, versions in cells.items():
+            if column.startswith(REFRESH_PREFIX) and versions:
+                if self.coordination.is_alive(column[len(REFRESH_PREFIX):]) is False:
+                    continue
+                slowest = max(slowest, _REFRESH.unpack(versions[0][1])[0])
+        if slowest > self.refresh:
+            log.info("a client refreshes its safe point every %.3gs: waiting %.3gs",
+                     slowest, 2 * slowest)
+        return 2 * slowest
 
     def read_record(self) -> tuple[int, int] | None:
         """The persisted ``(safe point, wall time in ms when persisted)``, or None."""
@@ -313,6 +349,10 @@ class SafePoint:
         found = []
         dead = []
         for column, versions in cells.items():
+            if column.startswith(REFRESH_PREFIX):
+                if prune and self.coordination.is_alive(column[len(REFRESH_PREFIX):]) is False:
+                    dead.append(column)
+                continue
             if not column.startswith(CLIENT_PREFIX) or not versions:
                 continue
             owner = column[len(CLIENT_PREFIX):]
@@ -340,11 +380,12 @@ class SafePoint:
             # The store closes next, and an SQLite connection closed under a write in
             # progress on another thread crashes the process (seen in a suite run).
             publisher.join(timeout=60)
-        if self._published is not None:
+        withdrawn = [prefix for prefix, done in ((CLIENT_PREFIX, self._published is not None),
+                                                 (REFRESH_PREFIX, self._announced)) if done]
+        if withdrawn:
             try:
                 owner = self.coordination.current_owner()
-                self.store.mutate_rows(
-                    META_TABLE, [Mutation(ROW, deletes=[(CLIENT_PREFIX + owner, 0)])]
-                )
+                self.store.mutate_rows(META_TABLE, [
+                    Mutation(ROW, deletes=[(prefix + owner, 0) for prefix in withdrawn])])
             except Exception:  # its owner's death removes it anyway
                 log.debug("could not withdraw the safe point publication", exc_info=True)
