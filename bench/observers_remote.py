@@ -125,20 +125,26 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
         p.wait(60)
 
 
+def _preload(url: str, rows: int) -> None:
+    """The demo's tables, ``documents`` holding *rows* rows already committed and
+    processed (data and write cells, nothing pending), as a pipeline that has run."""
+    with percolator.connect(url) as cluster:
+        for table in ("documents", "clusters", "links"):
+            cluster.create_table(table)
+        for i in range(0, rows, 5000):
+            cluster.store.mutate_rows("documents", [
+                Mutation(b"http://site/%08d" % j, [("d:raw:html", 5000, b"<html/>" * 20),
+                                                   ("w:raw:html", 6000, b"P" + bytes(8))])
+                for j in range(i, min(rows, i + 5000))])
+
+
 def idle_cpu(hostport: str, emulator_pid: int, seconds: float, checkout: Path,
              tmp: str, rows: int) -> dict[str, float]:
     """CPU of the emulator process while 2 idle workers x 4 threads run on the demo's
     tables, ``documents`` holding *rows* processed rows (nothing pending), sampled
     from /proc over *seconds*."""
     url = _url("bigtable", hostport, f"idle{next(_DRAINS)}")
-    with percolator.connect(url) as cluster:
-        for table in ("documents", "clusters", "links"):
-            cluster.create_table(table)
-        for i in range(0, rows, 5000):  # data + write cells, as if committed and processed
-            cluster.store.mutate_rows("documents", [
-                Mutation(b"http://site/%08d" % j, [("d:raw:html", 5000, b"<html/>" * 20),
-                                                   ("w:raw:html", 6000, b"P" + bytes(8))])
-                for j in range(i, min(rows, i + 5000))])
+    _preload(url, rows)
     procs = _worker_procs(url, 2, 4, checkout, tmp, "idle")
     try:
         time.sleep(5)  # start-up: registration, migration
@@ -151,12 +157,15 @@ def idle_cpu(hostport: str, emulator_pid: int, seconds: float, checkout: Path,
 
 
 def drain(hostport: str, checkout: Path, documents: int, changes: int,
-          tmp: str) -> dict[str, float]:
+          tmp: str, preload: int = 0) -> dict[str, float]:
     """The demo pipeline on the emulator with 2 workers x 4 threads of *checkout*:
     time to index *documents* loaded while they run (3 observer runs a document), then
     the p50/p95 from the commit of a change to its first observer's output being
-    visible, over *changes* changes."""
+    visible, over *changes* changes. ``documents`` first holds *preload* processed rows
+    (the issue measured a pipeline at 2,800-22,800 rows)."""
     url = _url("bigtable", hostport, f"drain{next(_DRAINS)}")
+    if preload:
+        _preload(url, preload)
     out = subprocess.run(
         # -P: not bench/ first on sys.path (its observers.py would shadow the package)
         [sys.executable, "-P", str(ROOT / "bench" / "_drain_child.py"), url, str(documents),
@@ -207,6 +216,7 @@ def report(args: argparse.Namespace, scans: dict[str, dict[str, float]],
         p50_base = statistics.median(d["p50_ms"] for d in drains["base"])
         lines += [
             f"| demo drain on the emulator, 2 workers x 4 threads, {args.documents} documents "
+            f"into {args.drain_rows:,} processed rows "
             f"(observer runs/s, median of {len(drains['this'])} alternated) | {this:.0f} vs "
             f"{base:.0f} at `{args.base}` | >= 5x | {this / base:.2f}x |",
             f"| commit-to-observer-output latency p50, same runs | {p50:.0f} ms vs "
@@ -225,6 +235,8 @@ def main() -> int:
                         help="processed rows in the idle workers' table")
     parser.add_argument("--documents", type=int, default=2000)
     parser.add_argument("--changes", type=int, default=40)
+    parser.add_argument("--drain-rows", type=int, default=0,
+                        help="processed rows already in the documents table of each drain")
     parser.add_argument("--base", type=Path,
                         help="a checkout of the commit to compare the drain with")
     parser.add_argument("--rounds", type=int, default=2,
@@ -253,7 +265,8 @@ def main() -> int:
                 for name, checkout in (("base", args.base), ("this", ROOT)):
                     if checkout is None:
                         continue
-                    drains[name].append(drain(emu, checkout, args.documents, args.changes, tmp))
+                    drains[name].append(drain(emu, checkout, args.documents, args.changes, tmp,
+                                               args.drain_rows))
                     print("drain", name, drains[name][-1], flush=True)
     finally:
         _stop(procs)

@@ -103,7 +103,11 @@ class _Outcome:
 
 def wait_for_observers(cluster: Cluster, timeout: float | None = 60.0) -> None:
     """Return when no notification is pending and no lock is held in any table of
-    *cluster* (the observers have caught up), checking twice in a row.
+    *cluster* (the observers have caught up), checking twice in a row. On a store
+    with a notification index (Bigtable) each check costs O(pending notifications):
+    it reads the index, and the locks it waits for are those of indexed cells (a
+    committer writes its index entries before its commit point, so no other lock can
+    still produce a notification).
 
     Quarantined notifications are not pending. *timeout* is in seconds (None: wait
     forever).

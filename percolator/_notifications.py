@@ -36,7 +36,7 @@ from percolator._encoding import (
 )
 from percolator._errors import InvalidArgument, PercolatorError
 from percolator._lock_resolver import resolve_lock
-from percolator._notify_index import write_entries
+from percolator._notify_index import indexed_cells, is_migrated, uses_index, write_entries
 from percolator._store import Mutation, Read
 
 if TYPE_CHECKING:
@@ -129,17 +129,47 @@ def _tables(cluster: Cluster, tables: Iterable[str] | None) -> list[str]:
 def pending_notifications(
     cluster: Cluster, tables: Iterable[str] | None = None
 ) -> Iterator[Pending]:
-    """Every pending notification of *tables* (all user tables when None). The scan
-    reads only the notify family: it costs in proportion to the dirty cells."""
-    for table in _tables(cluster, tables):
-        for row, cells in cluster.store.scan(table, None, None, [Read(NOTIFY, versions=None)]):
-            for name, versions in cells.items():
-                values = {value for _, value in versions}
-                yield Pending(
-                    table, row, name[len(NOTIFY) + 1 :],
-                    tuple(ts for ts, _ in versions),
-                    weak=NOTIFY_WEAK in values, strong=NOTIFY_STRONG in values,
-                )
+    """Every pending notification of *tables* (all user tables when None). It costs
+    in proportion to the dirty cells: a scan of the notify family, or of the
+    notification index where the store has one (:mod:`percolator._notify_index`)."""
+    for table, row, cells in _dirty_cells(cluster, _tables(cluster, tables), [_NOTIFIED]):
+        for name, versions in cells.items():
+            values = {value for _, value in versions}
+            yield Pending(
+                table, row, name[len(NOTIFY) + 1 :],
+                tuple(ts for ts, _ in versions),
+                weak=NOTIFY_WEAK in values, strong=NOTIFY_STRONG in values,
+            )
+
+
+_NOTIFIED = Read(NOTIFY, versions=None)
+_HELD = Read(LOCK, skip_tag=FREE_TAG)
+
+
+def _dirty_cells(
+    cluster: Cluster, tables: list[str], reads: list[Read]
+) -> Iterator[tuple[str, bytes, dict[str, list[tuple[int, bytes]]]]]:
+    """``(table, row, cells)`` of *reads* over the rows that may hold a notification:
+    through the index for the tables it covers, by a scan of the table otherwise."""
+    scanned = tables
+    if uses_index(cluster.store):
+        indexed = [t for t in tables if is_migrated(cluster, t)]
+        yield from indexed_cells(cluster, indexed, reads)
+        scanned = [t for t in tables if t not in indexed]
+    for table in scanned:
+        for row, cells in cluster.store.scan(table, None, None, reads):
+            yield table, row, cells
+
+
+def _notifying_locks(cluster: Cluster) -> Iterator[HeldLock]:
+    """Held locks of cells with a notification index entry: where a store keeps the
+    index, the locks whose resolution can still produce a notification (a committer
+    writes its entries before its commit point), found in O(entries)."""
+    for table, row, cells in _dirty_cells(cluster, cluster.tables(), [_HELD]):
+        for name, versions in cells.items():
+            state = decode_lock(versions[0][1])
+            if not isinstance(state, Free):
+                yield HeldLock(table, row, name[len(LOCK) + 1 :], state, versions[0][1])
 
 
 def held_locks(cluster: Cluster, tables: Iterable[str] | None = None) -> Iterator[HeldLock]:
@@ -329,9 +359,10 @@ def wait_until_idle(cluster: Cluster, timeout: float | None, poll: float = 0.05)
         raise InvalidArgument(f"timeout must be a number of seconds >= 0, got {timeout!r}")
     deadline = None if timeout is None else time.monotonic() + timeout
     clean = 0
+    indexed = uses_index(cluster.store)
     while True:
         pending = list(pending_notifications(cluster))
-        locks = list(held_locks(cluster))
+        locks = list(_notifying_locks(cluster) if indexed else held_locks(cluster))
         for lk in locks:
             resolve_lock(cluster, lk.table, lk.row, lk.column, lk.raw)
         if not pending and not locks:

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from percolator._encoding import FREE_TAG, LOCK, META_TABLE, NOTIFY, Free, decode_lock
@@ -54,6 +55,8 @@ __all__ = [
     "INDEX_FAMILIES",
     "INDEX_TABLE",
     "index_key",
+    "indexed_cells",
+    "is_migrated",
     "migrate",
     "parse_key",
     "scan_index",
@@ -152,6 +155,45 @@ def settle(
     return sorted(keep | again)
 
 
+def indexed_cells(
+    cluster: Cluster, tables: Iterable[str], reads: Iterable[Read], batch_rows: int = 100
+) -> Iterator[tuple[str, bytes, dict[str, list[tuple[int, bytes]]]]]:
+    """``(table, row, cells)`` of every indexed row of *tables*: *reads* (each
+    restricted to the row's indexed columns) of the rows the index names, a batch of
+    rows per store read. Costs O(index entries), not O(rows) (see the module docstring
+    for why every pending notification has an entry, once its table is migrated)."""
+    wanted = set(tables)
+    reads = list(reads)
+    batch: dict[str, dict[bytes, set[str]]] = {}
+
+    def flush(table: str) -> Iterator[tuple[str, bytes, dict[str, list[tuple[int, bytes]]]]]:
+        rows = batch.pop(table)
+        columns = tuple(sorted(set().union(*rows.values())))
+        narrowed = [replace(r, qualifiers=columns) for r in reads]
+        found = cluster.store.read_rows(table, list(rows), narrowed)
+        for row, indexed in rows.items():
+            cells = {name: versions for name, versions in found.get(row, {}).items()
+                     if name.partition(":")[2] in indexed}
+            if cells:
+                yield table, row, cells
+
+    for table, row, entries in scan_index(cluster, None, None, batch_size=512):
+        if table not in wanted:
+            continue
+        batch.setdefault(table, {})[row] = set(entries)
+        if len(batch[table]) >= batch_rows:
+            yield from flush(table)
+    for table in list(batch):
+        yield from flush(table)
+
+
+def is_migrated(cluster: Cluster, table: str) -> bool:
+    """Whether every pending notification of *table* has an index entry (see
+    :func:`migrate`)."""
+    marker = _marker(table)
+    return marker in cluster.store.read_rows(META_TABLE, [marker], [Read("m", ("migrated",))])
+
+
 def _marker(table: str) -> bytes:
     return _MIGRATED + table.encode()
 
@@ -161,10 +203,9 @@ def migrate(cluster: Cluster, table: str) -> int:
     marker in the meta table remembers it). Returns how many entries were written."""
     if not uses_index(cluster.store):
         return 0
-    marker = _marker(table)
-    done = cluster.store.read_rows(META_TABLE, [marker], [Read("m", ("migrated",))])
-    if marker in done:
+    if is_migrated(cluster, table):
         return 0
+    marker = _marker(table)
     ts = cluster.timestamps.get_timestamp()
     found = [
         (table, row, name[len(NOTIFY) + 1 :])

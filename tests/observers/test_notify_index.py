@@ -17,8 +17,10 @@ from observers import Observer, Worker, wait_for_observers
 from percolator import Snapshot, Transaction, TransactionBase
 from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
 from percolator._commit import _Committer, _write_notifications
-from percolator._notify_index import migrate, scan_index, settle, uses_index
+from percolator._notifications import WaitTimeout, pending_notifications
+from percolator._notify_index import INDEX_TABLE, migrate, scan_index, settle, uses_index
 from percolator._store import Read
+from percolator.testing import CrashPoint, client_of, crash_commit
 from tests._backends import make_store_url
 
 pytestmark = pytest.mark.bigtable
@@ -172,3 +174,52 @@ def test_a_bulk_load_of_an_observed_column_is_observed(cluster: percolator.Clust
     with Worker(cluster, [Copy], threads=2):
         wait_for_observers(cluster, 60)
     assert Snapshot(cluster).get("docs", b"b1", "out:v") == b"loaded"
+
+
+def test_status_and_wait_read_the_index_not_the_table(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pending_notifications`` (``percolator status``, metrics) and ``wait`` cost
+    O(pending) on Bigtable: once a table is migrated they read its index entries and
+    the rows they name, never a scan of the table; a table not yet migrated is
+    scanned, so a notification from before the index is still seen."""
+    with percolator.connect(url) as old:
+        old.store.notify_index = False  # type: ignore[attr-defined]
+        old.create_table("docs")
+        Worker(old, [Copy]).register()
+        write(old, b"before", b"pending")
+    with percolator.connect(url) as cluster:
+        assert [(p.table, p.row) for p in pending_notifications(cluster)] == [
+            ("docs", b"before")]  # unmigrated: found by a scan
+        Worker(cluster, [Copy]).register()  # migrates
+        with Transaction(cluster) as txn:
+            for i in range(40):  # unobserved: no notification, no entry
+                txn.set("docs", b"quiet%02d" % i, "other:v", b"x")
+        write(cluster, b"n0", b"1")
+        write(cluster, b"n1", b"1")
+        crashed = Transaction(client_of(cluster))
+        crashed.set("docs", b"n2", "raw:v", b"1")
+        crashed.set("docs", b"n3", "raw:v", b"1")
+        assert crash_commit(crashed, CrashPoint("commit_point"))  # a secondary stays locked
+
+        scanned: list[str] = []
+        scan = cluster.store.scan
+
+        def recording_scan(table: str, *args: object, **kwargs: object) -> object:
+            scanned.append(table)
+            return scan(table, *args, **kwargs)
+
+        monkeypatch.setattr(cluster.store, "scan", recording_scan)
+        pending = {p.row for p in pending_notifications(cluster)}
+        with pytest.raises(WaitTimeout) as timed_out:
+            wait_for_observers(cluster, timeout=0)
+        locked = {lk.row for lk in timed_out.value.locks}
+        assert len(locked) == 1 and not pending & locked  # the crashed secondary
+        assert pending | locked == {b"before", b"n0", b"n1", b"n2", b"n3"}
+        assert set(scanned) == {INDEX_TABLE}, scanned
+        monkeypatch.undo()
+        with Worker(cluster, [Copy], threads=2):
+            wait_for_observers(cluster, 60)
+        for row in (b"n2", b"n3", b"before"):
+            assert Snapshot(cluster).get("docs", row, "out:v") is not None
+        assert list(pending_notifications(cluster)) == []
