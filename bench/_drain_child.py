@@ -15,6 +15,14 @@ import percolator
 from observers import Worker, demo, wait_for_observers
 
 
+def _cpu_busy_seconds() -> float:
+    """Seconds of CPU time the whole machine has spent busy (all cores), from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     url, documents, changes, checkout, tmp = sys.argv[1:6]
     rng = random.Random(2010)
@@ -33,12 +41,14 @@ def main() -> None:
         docs = demo.make_documents(int(documents), rng)
         items = list(docs.items())
         t0 = time.perf_counter()
+        busy0 = _cpu_busy_seconds()
         for i in range(0, len(items), 25):
             with percolator.Transaction(cluster) as txn:
                 for u, html in items[i : i + 25]:
                     txn.set("documents", u.encode(), "raw:html", html.encode())
         wait_for_observers(cluster, 1800)
         drain = time.perf_counter() - t0
+        busy = _cpu_busy_seconds() - busy0
         time.sleep(3)  # idle again
         urls = sorted(docs)
         latencies = []
@@ -71,6 +81,7 @@ def main() -> None:
             pass
     latencies.sort()
     print(json.dumps({"seconds": drain, "documents": len(items), "runs": runs,
+                      "cpu_busy_cores": busy / drain,
                       "p50_ms": 1000 * latencies[len(latencies) // 2],
                       "p95_ms": 1000 * latencies[int(len(latencies) * 0.95)]}))
 

@@ -222,6 +222,14 @@ def report(args: argparse.Namespace, scans: dict[str, dict[str, float]],
             f"| commit-to-observer-output latency p50, same runs | {p50:.0f} ms vs "
             f"{p50_base:.0f} ms | no worse | {p50 / p50_base:.2f}x |",
         ]
+        busy = statistics.median(d["cpu_busy_cores"] for d in drains["this"])
+        ms_per_run = statistics.median(
+            1000 * d["cpu_busy_cores"] * d["seconds"] / (3 * d["documents"])
+            for d in drains["this"])
+        lines.append(
+            f"| machine CPU during this checkout's drains (all processes: workers, loader, "
+            f"emulator) | {busy:.2f} of {os.cpu_count()} cores busy, {ms_per_run:.1f} CPU-ms "
+            "per observer run | - | - |")
     lines.append("")
     return "\n".join(lines)
 
