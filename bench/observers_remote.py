@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -138,6 +139,47 @@ def _preload(url: str, rows: int) -> None:
                 for j in range(i, min(rows, i + 5000))])
 
 
+def per_run_cost(hostport: str, emulator_pid: int, documents: int = 300) -> dict[str, float]:
+    """The floor under the drain rate: store round trips per observer run of the demo
+    (an in-process worker, counted by the store metrics), and the CPU one round trip
+    costs the Python client and the emulator (2,000 single-row reads, measured from
+    /proc)."""
+    from observers import Worker, demo, wait_for_observers
+    from percolator import metrics
+
+    def calls() -> float:
+        values, _ = metrics.snapshot()
+        return sum(v for (name, _), v in values.items()
+                   if name in ("percolator_store_requests_total",
+                               "percolator_oracle_requests_total"))
+
+    url = _url("bigtable", hostport, f"cost{next(_DRAINS)}")
+    rng = random.Random(7)
+    with percolator.connect(url) as cluster:
+        for table in ("documents", "clusters", "links"):
+            cluster.create_table(table)
+        worker = Worker(cluster, demo.OBSERVERS, threads=1)
+        worker.register()
+        docs = demo.make_documents(documents, rng)
+        with percolator.Transaction(cluster) as txn:
+            for u, html in docs.items():
+                txn.set("documents", u.encode(), "raw:html", html.encode())
+        before = calls()
+        with worker:
+            wait_for_observers(cluster, 600)
+        runs = worker.stats["committed"]
+        round_trips = (calls() - before) / max(runs, 1)
+        n = 2000
+        read = [Read("w")]
+        c0, e0 = time.process_time(), _cpu_seconds(emulator_pid)
+        for i in range(n):
+            cluster.store.read_rows("documents", [b"http://site/%d" % (i % 50)], read)
+        c1, e1 = time.process_time(), _cpu_seconds(emulator_pid)
+    return {"runs": runs, "round_trips_per_run": round_trips,
+            "client_ms_per_call": 1000 * (c1 - c0) / n,
+            "emulator_ms_per_call": 1000 * (e1 - e0) / n}
+
+
 def idle_cpu(hostport: str, emulator_pid: int, seconds: float, checkout: Path,
              tmp: str, rows: int) -> dict[str, float]:
     """CPU of the emulator process while 2 idle workers x 4 threads run on the demo's
@@ -179,7 +221,8 @@ def drain(hostport: str, checkout: Path, documents: int, changes: int,
 
 
 def report(args: argparse.Namespace, scans: dict[str, dict[str, float]],
-           idle: dict[str, float] | None, drains: dict[str, list[dict[str, float]]]) -> str:
+           idle: dict[str, float] | None, drains: dict[str, list[dict[str, float]]],
+           cost: dict[str, float] | None = None) -> str:
     lines = [
         SECTION, "",
         f"Machine: {os.cpu_count()} cores (nproc), {cpu_model()}, Python "
@@ -230,6 +273,17 @@ def report(args: argparse.Namespace, scans: dict[str, dict[str, float]],
             f"| machine CPU during this checkout's drains (all processes: workers, loader, "
             f"emulator) | {busy:.2f} of {os.cpu_count()} cores busy, {ms_per_run:.1f} CPU-ms "
             "per observer run | - | - |")
+    if cost is not None:
+        per_call = cost["client_ms_per_call"] + cost["emulator_ms_per_call"]
+        lines.append(
+            f"| the floor: store and oracle round trips per demo observer run (one worker, "
+            f"{cost['runs']:.0f} runs) x CPU per round trip (client "
+            f"{cost['client_ms_per_call']:.2f} ms + emulator "
+            f"{cost['emulator_ms_per_call']:.2f} ms, single-row reads) | "
+            f"{cost['round_trips_per_run']:.1f} x {per_call:.2f} ms = "
+            f"{cost['round_trips_per_run'] * per_call:.1f} CPU-ms per run: at most "
+            f"{1000 * (os.cpu_count() or 1) / (cost['round_trips_per_run'] * per_call):.0f} "
+            "runs/s on this machine from round trips alone | - | - |")
     lines.append("")
     return "\n".join(lines)
 
@@ -249,6 +303,8 @@ def main() -> int:
                         help="a checkout of the commit to compare the drain with")
     parser.add_argument("--rounds", type=int, default=2,
                         help="drains of each checkout, alternated")
+    parser.add_argument("--per-run-cost", action="store_true",
+                        help="measure store round trips per observer run and CPU per round trip")
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
     args = parser.parse_args()
     procs, emu, hb = _services()
@@ -259,6 +315,10 @@ def main() -> int:
             for kind in [k for k in args.kinds.split(",") if k]:
                 scans[kind] = scan_cost(kind, hostports[kind], args.big_rows)
                 print(kind, scans[kind], flush=True)
+            cost = None
+            if args.per_run_cost:
+                cost = per_run_cost(emu, procs[0].pid)
+                print("per-run cost", cost, flush=True)
             idle = None
             if args.idle_seconds > 0:
                 idle = idle_cpu(emu, procs[0].pid, args.idle_seconds, ROOT, tmp,
@@ -278,7 +338,7 @@ def main() -> int:
                     print("drain", name, drains[name][-1], flush=True)
     finally:
         _stop(procs)
-    text = report(args, scans, idle, drains)
+    text = report(args, scans, idle, drains, cost)
     print(text)
     if args.write:
         write_section(SECTION, text)
