@@ -1,0 +1,45 @@
+"""Photon on Percolator: joining a stream of foreign events (clicks) with the primary
+events they reference (queries), exactly once, although both arrive unordered,
+duplicated and late, and processes crash (seed 000, Photon, SIGMOD 2013).
+
+Photon needs a Paxos id registry, joiner tokens and an offline verifier because
+registering an event and writing its output are separate steps. Here both are one
+snapshot-isolation transaction, so exactly-once holds at every commit::
+
+    from observers import Worker, photon
+
+    clicks = photon.JoinPipeline(cluster, "clicks", photon.JsonAdapter(
+        foreign_id="click_id", primary_id="query_id", primary_ref="query_id", time="ts"),
+        unjoinable_after=3600, retention_days=3)
+    clicks.create()
+    clicks.log_primary(cluster, [{"query_id": "q1", "ts": ts, "text": "shoes"}])
+    clicks.log_foreign(cluster, [{"click_id": "c1", "query_id": "q1", "ts": ts}])
+    Worker(cluster, clicks.observers(), tasks=clicks.tasks()).start()
+    ...
+    clicks.joined(percolator.Snapshot(cluster), b"c1")   # the joined output
+
+``python -m observers.photon run|ingest|status|verify|rejoin`` (see ``--help``).
+The design, and where it departs from the seed, is in docs/photon.md.
+"""
+
+from observers.photon._adapter import Adapter, BadEvent, JsonAdapter
+from observers.photon._pipeline import (
+    PLACEHOLDER,
+    IngestResult,
+    JoinPipeline,
+    State,
+    VerifyReport,
+    row_key,
+)
+
+__all__ = [
+    "PLACEHOLDER",
+    "Adapter",
+    "BadEvent",
+    "IngestResult",
+    "JoinPipeline",
+    "JsonAdapter",
+    "State",
+    "VerifyReport",
+    "row_key",
+]

@@ -1,0 +1,450 @@
+"""Photon on Percolator (``observers.photon``): every test compares the joined output
+with an in-memory reference join of the same generated input.
+
+Duplicate feeds from two ingesters in different orders, a primary that arrives after
+its foreign events (woken, not polled), the waiter/primary race played step by step
+(and the mutant without its guard), a primary that never comes, crash points inside
+the join and the ingest commits, the adapter's skip and poison, the retention
+boundary, replay after downtime, and worker and ingest processes killed with
+``kill -9``."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import percolator
+from observers import Worker, photon, wait_for_observers
+from observers.photon import _pipeline
+from observers.photon.__main__ import main as photon_main
+from percolator import Cluster, Snapshot, Transaction
+from percolator._notifications import quarantined, retry_quarantined
+from percolator.testing import CrashPoint, Interleaving, client_of, crash_commit
+from tests._backends import BACKENDS, make_store_url
+
+ROOT = Path(__file__).resolve().parents[2]
+ADAPTER = photon.JsonAdapter(foreign_id="click", primary_id="query", primary_ref="query",
+                             time="t")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def generate(rng: random.Random, queries: int, clicks: int, *, orphans: float = 0.1,
+             t: int | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Queries q0.. and clicks c0.. referencing them; a share of clicks reference a
+    query that never comes."""
+    t = now_ms() if t is None else t
+    qs = [{"query": f"q{i}", "t": t, "text": f"text {i}"} for i in range(queries)]
+    cs = []
+    for i in range(clicks):
+        ref = f"q{rng.randrange(queries)}" if rng.random() >= orphans else f"missing{i}"
+        cs.append({"click": f"c{i}", "query": ref, "t": t})
+    return qs, cs
+
+
+def reference(qs: list[dict[str, Any]], cs: list[dict[str, Any]]) -> dict[bytes, bytes]:
+    """The hash join the pipeline must reproduce: click id -> output."""
+    enc = [json.dumps(q, sort_keys=True, separators=(",", ":")).encode() for q in qs]
+    by_id = {q["query"]: raw for q, raw in zip(qs, enc, strict=True)}
+    out = {}
+    for c in cs:
+        if c["query"] in by_id:
+            raw = json.dumps(c, sort_keys=True, separators=(",", ":")).encode()
+            out[c["click"].encode()] = ADAPTER.join(by_id[c["query"]], raw)
+    return out
+
+
+def outputs(p: photon.JoinPipeline) -> dict[bytes, bytes]:
+    with Snapshot(p.cluster) as snap:
+        return {row[3:]: cells["ev:joined"]
+                for row, cells in snap.scan(p.joined_table, None, None, ["ev:joined"])}
+
+
+@pytest.fixture(params=BACKENDS)
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return make_store_url(str(request.param), request, tmp_path)
+
+
+@pytest.fixture
+def cluster(url: str) -> Iterator[Cluster]:
+    with percolator.connect(url) as c:
+        yield c
+
+
+def pipeline(cluster: Cluster, **options: Any) -> photon.JoinPipeline:
+    options.setdefault("unjoinable_after", 600)
+    p = photon.JoinPipeline(cluster, "clicks", options.pop("adapter", ADAPTER), **options)
+    p.create()
+    return p
+
+
+def test_duplicate_feeds_in_two_ingesters_join_once(cluster: Cluster) -> None:
+    """Two ingesters each send every event, in different orders and interleaved with
+    the joiner; a tenth of the events a third time. One output per joinable click,
+    equal to the reference; verify finds no duplicate commit of any output."""
+    rng = random.Random(16)
+    qs, cs = generate(rng, 60, 40)
+    p = pipeline(cluster)
+    feeds = []
+    for seed in (1, 2):
+        order = [("q", q) for q in qs] + [("c", c) for c in cs]
+        random.Random(seed).shuffle(order)
+        feeds.append(order)
+    feeds.append([e for e in feeds[0] if rng.random() < 0.1])
+    written = 0
+    with Worker(cluster, p.observers(), threads=2):
+        for start in range(0, len(feeds[0]), 20):  # the feeds take turns, 20 at a time
+            for feed in feeds:
+                part = feed[start:start + 20]
+                written += p.log_primary(cluster, [e for k, e in part if k == "q"]).written
+                written += p.log_foreign(cluster, [e for k, e in part if k == "c"]).written
+        wait_for_observers(cluster, 120)
+    assert written == len(qs) + len(cs)  # every event written once, the rest duplicates
+    assert outputs(p) == reference(qs, cs)
+    report = p.verify()
+    assert report.ok, report
+    assert report.by_state == {"joined": len(reference(qs, cs)),
+                               "waiting": len(cs) - len(reference(qs, cs))}
+
+
+def test_a_foreign_event_waits_for_its_primary_and_is_woken_by_it(cluster: Cluster) -> None:
+    """Clicks before their queries wait; the queries' ingest wakes them (no deadline
+    sweep runs in this test: nothing polls)."""
+    qs, cs = generate(random.Random(2), 10, 10, orphans=0)
+    p = pipeline(cluster)
+    with Worker(cluster, p.observers(), threads=2):
+        p.log_foreign(cluster, cs)
+        wait_for_observers(cluster, 60)
+        with Snapshot(cluster) as snap:
+            assert {p.state(snap, c["click"]) for c in cs} == {photon.State.WAITING}
+            assert len(list(snap.scan(p.deadlines, None, None, ["d:x"]))) == len(cs)
+        p.log_primary(cluster, qs)
+        wait_for_observers(cluster, 60)
+    assert outputs(p) == reference(qs, cs)
+    with Snapshot(cluster) as snap:
+        assert list(snap.scan(p.deadlines, None, None, ["d:x"])) == []
+        assert list(snap.scan(p.primary, None, None, ["j:waiters"])) == []
+
+
+def _race(cluster: Cluster, joiner_first: bool) -> photon.State | None:
+    """The joiner registers a click as a waiter while the ingest of its query runs
+    concurrently (both read before either commits); then both finish in the given
+    order, and a worker drains what is left."""
+    p = pipeline(cluster)
+    q = {"query": "q", "t": now_ms()}
+    p.log_foreign(cluster, [{"click": "c", "query": "q", "t": now_ms()}])
+    worker = Worker(cluster, p.observers(), threads=1)
+    worker.register()
+    row = photon.row_key(b"c")
+    with Interleaving(cluster) as world:
+        joiner = world.actor("joiner", lambda: worker._process_row(p.foreign, row))
+        ingest = world.actor("ingest", lambda: p.log_primary(cluster, [q]))
+        joiner.run_until(lambda s: s.matches("read_rows", table=p.primary))
+        joiner.step()  # the joiner has read the query's row: absent
+        ingest.run_until(lambda s: s.matches("read_rows", table=p.primary))
+        ingest.step()  # the ingest has read it: no waiter yet
+        for actor in (joiner, ingest) if joiner_first else (ingest, joiner):
+            actor.finish()
+    with worker:
+        wait_for_observers(cluster, 60)
+    with Snapshot(cluster) as snap:
+        return p.state(snap, b"c")
+
+
+@pytest.mark.parametrize("joiner_first", [True, False], ids=["joiner-first", "ingest-first"])
+def test_the_waiter_and_primary_race_loses_no_wake_up(
+    cluster: Cluster, joiner_first: bool
+) -> None:
+    assert _race(cluster, joiner_first) is photon.State.JOINED
+    assert photon.JoinPipeline.open(cluster, "clicks").verify().ok
+
+
+def test_without_the_placeholder_write_the_race_loses_the_click(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mutant: a waiter that does not write its primary's ``ev:raw``. Both
+    transactions commit (write skew) and the click waits for a query that is there."""
+    monkeypatch.setattr(_pipeline, "_hold_primary", lambda txn, p, key: None)
+    with percolator.connect(f"sqlite:///{tmp_path}/repo.db") as cluster:
+        assert _race(cluster, joiner_first=True) is photon.State.WAITING
+        report = photon.JoinPipeline.open(cluster, "clicks").verify()
+        assert report.missing == [b"c"] and not report.ok
+
+
+def test_a_primary_that_never_comes_makes_the_event_unjoinable_once(cluster: Cluster) -> None:
+    p = pipeline(cluster, unjoinable_after=0.5, sweep_interval=0.1)
+    p.log_foreign(cluster, [{"click": "c", "query": "q", "t": now_ms()}])
+    with Worker(cluster, p.observers(), tasks=p.tasks(), threads=1):
+        deadline = time.monotonic() + 60
+        while p.state(Snapshot(cluster), b"c") is not photon.State.UNJOINABLE:
+            assert time.monotonic() < deadline, "never became unjoinable"
+            time.sleep(0.05)
+        p.log_primary(cluster, [{"query": "q", "t": now_ms()}])  # too late to join
+        wait_for_observers(cluster, 60)
+        assert p.state(Snapshot(cluster), b"c") is photon.State.UNJOINABLE
+        assert outputs(p) == {}
+        assert list(Snapshot(cluster).scan(p.deadlines, None, None, ["d:x"])) == []
+        assert p.rejoin(photon.State.UNJOINABLE) == 1  # the operator's recovery
+        wait_for_observers(cluster, 60)
+    assert set(outputs(p)) == {b"c"}
+    assert p.verify().ok
+
+
+@pytest.mark.parametrize("point", [CrashPoint("prewrite", 0), CrashPoint("prewrite", 1),
+                                   CrashPoint("commit_point"), CrashPoint("commit", 0)],
+                         ids=lambda c: f"{c.phase}-{c.index}")
+def test_a_joiner_dying_inside_its_commit_joins_once(url: str, point: CrashPoint) -> None:
+    with percolator.connect(url) as cluster:
+        p = pipeline(cluster)
+        qs, cs = generate(random.Random(5), 1, 1, orphans=0)
+        p.log_primary(cluster, qs)
+        p.log_foreign(cluster, cs)
+        dying = client_of(cluster)
+        dying.one_phase_commit = False
+        txn = Transaction(dying)
+        assert _pipeline.join_event(txn, p, photon.row_key(b"c0"), now_ms())
+        crash_commit(txn, point)
+        with Worker(cluster, p.observers(), threads=1):
+            wait_for_observers(cluster, 60)
+        assert outputs(p) == reference(qs, cs)
+        assert p.verify().ok  # one committed output, even after a roll-forward
+
+
+@pytest.mark.parametrize("point", [CrashPoint("prewrite", 1), CrashPoint("commit_point")],
+                         ids=lambda c: f"{c.phase}-{c.index}")
+def test_an_ingest_dying_inside_its_commit_wakes_its_waiters_or_nothing(
+    cluster: Cluster, point: CrashPoint
+) -> None:
+    qs, cs = generate(random.Random(6), 1, 3, orphans=0)
+    p = pipeline(cluster)
+    with Worker(cluster, p.observers(), threads=1):
+        p.log_foreign(cluster, cs)
+        wait_for_observers(cluster, 60)
+        dying = client_of(cluster)
+        dying.one_phase_commit = False
+        txn = Transaction(dying)
+        _pipeline._ingest_primary(txn, p, p._prepare(qs, foreign=False)[0])
+        committed = crash_commit(txn, point)
+        wait_for_observers(cluster, 60)
+        if not committed:
+            assert outputs(p) == {}
+            p.log_primary(cluster, qs)  # the feed sends it again
+            wait_for_observers(cluster, 60)
+    assert outputs(p) == reference(qs, cs)
+    assert p.verify().ok
+
+
+class _Picky(photon.JsonAdapter):
+    """Skips clicks marked "skip"; raises on "poison" until cured."""
+
+    cured = False
+
+    def join(self, primary: bytes, foreign: bytes) -> bytes | None:
+        event = json.loads(foreign)
+        if event.get("skip"):
+            return None
+        if event.get("poison") and not _Picky.cured:
+            raise RuntimeError("the adapter cannot handle this event")
+        return super().join(primary, foreign)
+
+
+def test_the_adapter_skips_and_a_poison_event_is_quarantined_alone(cluster: Cluster) -> None:
+    _Picky.cured = False
+    adapter = _Picky(foreign_id="click", primary_id="query", primary_ref="query", time="t")
+    p = pipeline(cluster, adapter=adapter)
+    t = now_ms()
+    p.log_primary(cluster, [{"query": "q", "t": t}])
+    p.log_foreign(cluster, [{"click": "ok", "query": "q", "t": t},
+                            {"click": "skip", "query": "q", "t": t, "skip": True},
+                            {"click": "bad", "query": "q", "t": t, "poison": True}])
+    with Worker(cluster, p.observers(), threads=1, max_failures=2, retry_delay=0.01):
+        wait_for_observers(cluster, 60)
+        snap = Snapshot(cluster)
+        assert p.state(snap, b"ok") is photon.State.JOINED
+        assert p.state(snap, b"skip") is photon.State.SKIPPED
+        assert p.state(snap, b"bad") is photon.State.PENDING
+        assert [q.row for q in quarantined(cluster, p.foreign)] == [photon.row_key(b"bad")]
+        report = p.verify()
+        assert report.quarantined == [b"bad"] and report.ok
+        _Picky.cured = True
+        retry_quarantined(cluster, p.foreign)
+        wait_for_observers(cluster, 60)
+    assert set(outputs(p)) == {b"ok", b"bad"}
+
+
+def test_the_retention_boundary_refuses_old_events_and_never_goes_back(
+    cluster: Cluster,
+) -> None:
+    day = 86_400_000
+    now = now_ms()
+    p = pipeline(cluster, retention_days=1)
+    old_q, old_c = generate(random.Random(8), 3, 3, orphans=0, t=now - 2 * day)
+    new_q, new_c = generate(random.Random(9), 3, 3, orphans=0, t=now)
+    new_q = [{**q, "query": "n" + q["query"]} for q in new_q]
+    new_c = [{**c, "click": "n" + c["click"], "query": "n" + c["query"]} for c in new_c]
+    with Worker(cluster, p.observers(), threads=1):
+        p.log_primary(cluster, old_q + new_q)
+        p.log_foreign(cluster, old_c + new_c)
+        wait_for_observers(cluster, 60)
+        assert len(outputs(p)) == 6
+        assert p.apply_retention(now) == 6  # the old queries and clicks
+        assert set(outputs(p)) == {c["click"].encode() for c in new_c}
+        assert p.boundary_ms(Snapshot(cluster)) == now - day
+        p.apply_retention(now - day)  # an older boundary is a no-op
+        assert p.boundary_ms(Snapshot(cluster)) == now - day
+        again = p.log_foreign(cluster, old_c)
+        assert (again.too_late, again.written) == (3, 0)  # refused, not joined again
+        assert p.log_primary(cluster, old_q).too_late == 3
+        wait_for_observers(cluster, 60)
+    assert set(outputs(p)) == {c["click"].encode() for c in new_c}
+    assert p.verify().ok
+
+
+def test_a_replay_after_downtime_joins_nothing_new(cluster: Cluster) -> None:
+    qs, cs = generate(random.Random(10), 40, 30)
+    p = pipeline(cluster)
+    with Worker(cluster, p.observers(), threads=2):
+        p.log_primary(cluster, qs)
+        p.log_foreign(cluster, cs)
+        wait_for_observers(cluster, 60)
+        before = outputs(p)
+        replay = [p.log_primary(cluster, qs), p.log_foreign(cluster, cs)]
+        wait_for_observers(cluster, 60)
+    assert [r.written for r in replay] == [0, 0]
+    assert [r.duplicates for r in replay] == [len(qs), len(cs)]
+    assert outputs(p) == before == reference(qs, cs)
+    assert p.verify().ok
+
+
+def test_bad_input_is_reported_not_written(tmp_path: Path) -> None:
+    with percolator.connect(f"sqlite:///{tmp_path}/repo.db") as cluster:
+        p = photon.JoinPipeline(cluster, "clicks", ADAPTER, unjoinable_after=60)
+        with pytest.raises(percolator.InvalidArgument, match="create"):
+            p.log_foreign(cluster, [{"click": "c", "query": "q", "t": 1}])
+        p.create()
+        result = p.log_foreign(cluster, [
+            {"click": "c1", "query": "q", "t": now_ms()},
+            b"{not json", {"query": "q", "t": 1}, {"click": "c2", "query": "q", "t": "noon"},
+            {"click": "c3", "query": "q", "t": now_ms() + 3_600_000}, 42])
+        assert result.written == 1
+        assert [i for i, _ in result.rejected] == [1, 2, 3, 4, 5]
+        assert "click" in result.rejected[1][1] and "future" in result.rejected[3][1]
+        with pytest.raises(percolator.InvalidArgument, match="iterable"):
+            p.log_primary(cluster, b'{"query": "q"}')
+        for bad in ({"name": "no spaces"}, {"unjoinable_after": 0}, {"adapter": object()}):
+            args: dict[str, Any] = {"name": "ok", "adapter": ADAPTER, "unjoinable_after": 1}
+            args.update(bad)
+            with pytest.raises(percolator.InvalidArgument):
+                photon.JoinPipeline(cluster, args.pop("name"), args.pop("adapter"), **args)
+
+
+# --- processes: the CLI, and kill -9 ------------------------------------------------------
+
+
+def _cli(*args: str) -> int:
+    return photon_main(list(args))
+
+
+def test_the_cli_creates_ingests_reports_and_verifies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path}/repo.db"
+    qs, cs = generate(random.Random(11), 10, 10)
+    for name, events in (("q.jsonl", qs), ("c.jsonl", cs)):
+        (tmp_path / name).write_text("".join(json.dumps(e) + "\n" for e in events))
+    base = ["--cluster", url, "--name", "clicks"]
+    assert _cli("create", *base, "--foreign-id", "click", "--primary-id", "query",
+                "--primary-ref", "query", "--time", "t", "--unjoinable-after", "600") == 0
+    assert _cli("ingest", *base, "--kind", "primary", str(tmp_path / "q.jsonl")) == 0
+    assert _cli("ingest", *base, "--kind", "foreign", str(tmp_path / "c.jsonl")) == 0
+    assert "10 written" in capsys.readouterr().out
+    with percolator.connect(url) as cluster:
+        p = photon.JoinPipeline.open(cluster, "clicks")
+        with Worker(cluster, p.observers(), threads=1):
+            wait_for_observers(cluster, 60)
+        assert outputs(p) == reference(qs, cs)
+    assert _cli("status", *base) == 0
+    assert f"joined: {len(reference(qs, cs))}" in capsys.readouterr().out
+    assert _cli("verify", *base) == 0
+    with percolator.connect(url) as cluster, Transaction(cluster) as txn:
+        # an output without its registration
+        txn.set("photon.clicks.joined", photon.row_key(b"forged"), "ev:joined", b"x")
+    assert _cli("verify", *base) == 1
+    assert "VIOLATIONS" in capsys.readouterr().out
+    assert _cli("status", "--cluster", url, "--name", "nope") == 2
+    assert "create() it first" in capsys.readouterr().err
+
+
+def _spawn(url: str, *args: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "observers.photon", *args, "--cluster", url, "--name", "clicks"],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("backend", [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("bigtable", id="bigtable", marks=pytest.mark.bigtable),
+])
+def test_workers_and_ingesters_killed_with_sigkill_join_everything_once(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    url = make_store_url(backend, request, tmp_path)
+    rng = random.Random(12)
+    qs, cs = generate(rng, 150, 100)
+    with percolator.connect(url) as cluster:
+        p = pipeline(cluster)
+    feeds = []
+    for i in range(2):  # two ingesters, each with every event, in its own order
+        events = [("primary", q) for q in qs] + [("foreign", c) for c in cs]
+        random.Random(i).shuffle(events)
+        for kind in ("primary", "foreign"):
+            path = tmp_path / f"{kind}{i}.jsonl"
+            path.write_text("".join(json.dumps(e) + "\n" for k, e in events if k == kind))
+            feeds.append((kind, path))
+    workers = [_spawn(url, "run", "--threads", "2") for _ in range(2)]
+    ingesters = [_spawn(url, "ingest", "--kind", kind, str(path)) for kind, path in feeds]
+    kills = 0
+    try:
+        end = time.monotonic() + 6
+        while time.monotonic() < end:
+            time.sleep(rng.uniform(0.3, 0.8))
+            group = rng.choice([workers, ingesters])
+            i = rng.randrange(len(group))
+            group[i].send_signal(signal.SIGKILL)
+            group[i].wait()
+            kills += 1
+            if group is workers:
+                workers[i] = _spawn(url, "run", "--threads", "2")
+            else:  # the feed starts over: everything it sent is a duplicate now
+                kind, path = feeds[i]
+                ingesters[i] = _spawn(url, "ingest", "--kind", kind, str(path))
+        for proc in ingesters:
+            assert proc.wait(300) in (0, 1)
+        with percolator.connect(url) as cluster:
+            p = photon.JoinPipeline.open(cluster, "clicks")
+            for kind, path in feeds:  # a feed killed last delivers in full once more
+                with open(path, "rb") as f:
+                    events = list(_pipeline.iter_jsonl(f))
+                (p.log_primary if kind == "primary" else p.log_foreign)(cluster, events)
+            wait_for_observers(cluster, 300)
+            assert outputs(p) == reference(qs, cs)
+            report = p.verify()
+            assert report.ok and report.in_flight == 0, report
+    finally:
+        for proc in workers + ingesters:
+            proc.kill()
+            proc.wait()
+    assert kills >= 5
