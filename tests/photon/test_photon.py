@@ -312,6 +312,39 @@ def test_the_retention_boundary_refuses_old_events_and_never_goes_back(
     assert p.verify().ok
 
 
+@pytest.mark.parametrize("joiner_first", [True, False], ids=["joiner-first", "retention-first"])
+def test_retention_racing_a_join_of_the_same_event_leaves_no_output(
+    cluster: Cluster, joiner_first: bool
+) -> None:
+    """The retention pass deletes an old event while the joiner joins it (both read
+    before either commits): they conflict on the output cell, and whichever order
+    they finish in, the event and its output are gone and nothing was committed twice."""
+    day = 86_400_000
+    now = now_ms()
+    p = pipeline(cluster, retention_days=1)
+    qs, cs = generate(random.Random(13), 1, 1, orphans=0, t=now - 2 * day)
+    p.log_primary(cluster, qs)
+    p.log_foreign(cluster, cs)
+    worker = Worker(cluster, p.observers(), threads=1)
+    worker.register()
+    with Interleaving(cluster) as world:
+        joiner = world.actor("joiner",
+                             lambda: worker._process_row(p.foreign, photon.row_key(b"c0")))
+        retention = world.actor("retention", lambda: p.apply_retention(now))
+        joiner.run_until(lambda s: s.matches("read_rows", table=p.primary))
+        joiner.step()
+        retention.run_until(lambda s: s.matches("read_rows", table=p.foreign))
+        retention.step()  # the retention pass has read the event: undecided
+        for actor in (joiner, retention) if joiner_first else (retention, joiner):
+            actor.finish()
+    with worker:
+        wait_for_observers(cluster, 60)
+    assert outputs(p) == {}
+    assert p.state(Snapshot(cluster), b"c0") is None
+    report = p.verify()
+    assert report.ok and report.duplicates == [], report
+
+
 def test_a_replay_after_downtime_joins_nothing_new(cluster: Cluster) -> None:
     qs, cs = generate(random.Random(10), 40, 30)
     p = pipeline(cluster)
