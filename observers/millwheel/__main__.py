@@ -1,0 +1,88 @@
+"""``python -m observers.millwheel``: run a pipeline's key runs, injectors and watermark
+advancer, show its progress, check its indexes.
+
+::
+
+    python -m observers.millwheel run --cluster URL --pipeline package.module:FACTORY [--threads N]
+    python -m observers.millwheel status --cluster URL --pipeline package.module:FACTORY
+    python -m observers.millwheel verify --cluster URL --pipeline package.module:FACTORY
+
+*FACTORY* is a callable taking the connected ``percolator.Cluster`` and returning the
+``millwheel.Pipeline`` (user code: computations and sources live in your package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+import time
+
+import percolator
+from observers import Worker
+from observers.millwheel._model import END_OF_TIME
+from observers.millwheel._pipeline import Pipeline
+from percolator import InvalidArgument, PercolatorError
+
+
+def load_pipeline(spec: str, cluster: percolator.Cluster) -> Pipeline:
+    """The pipeline built by the factory *spec* (``package.module:NAME``)."""
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise InvalidArgument(f"bad --pipeline {spec!r}: expected package.module:FACTORY")
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise InvalidArgument(f"cannot load --pipeline {spec!r}: {e}") from None
+    pipeline = factory(cluster) if callable(factory) else factory
+    if not isinstance(pipeline, Pipeline):
+        raise InvalidArgument(f"{spec!r} did not give a millwheel.Pipeline: {pipeline!r:.80}")
+    return pipeline
+
+
+def _mark(ms: int) -> str:
+    if ms >= END_OF_TIME:
+        return "end of input"
+    if ms <= 0:
+        return "-"
+    return f"{ms} ({time.time() - ms / 1000:+.1f}s behind wall time)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m observers.millwheel", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=("run", "status", "verify"))
+    parser.add_argument("--cluster", required=True, help="repository URL")
+    parser.add_argument("--pipeline", required=True, help="package.module:FACTORY")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        with percolator.connect(args.cluster) as cluster:
+            pipeline = load_pipeline(args.pipeline, cluster)
+            if args.command == "run":
+                pipeline.create()
+                Worker(cluster, pipeline.observers(), tasks=pipeline.tasks(),
+                       threads=args.threads).run()
+                return 0
+            if args.command == "status":
+                print(f"millwheel pipeline {pipeline.name} on {cluster.store.url}")
+                for s in pipeline.status():
+                    print(f"{s.name}:\n  input watermark: {_mark(s.input_watermark)}\n"
+                          f"  low watermark:   {_mark(s.low_watermark)}\n"
+                          f"  pending records: {s.pending}\n  armed timers:    {s.timers}\n"
+                          f"  late records:    {s.late}")
+                return 0
+            problems = pipeline.verify()
+            for problem in problems:
+                print(problem)
+            print("OK" if not problems else "VIOLATIONS FOUND")
+            return 1 if problems else 0
+    except (PercolatorError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

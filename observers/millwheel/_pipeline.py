@@ -1,0 +1,502 @@
+"""A MillWheel pipeline on Percolator tables: topology, the key run, injectors, the
+low-watermark advancer.
+
+Tables of pipeline ``<p>`` (per computation ``<C>``):
+
+* ``mw.<p>.<C>``, row = key: ``in:<record id>`` one pending input record,
+  ``k:wake`` (notify-only, observed by the key run), ``s:<name>`` state, ``t:<tag>``
+  armed timers, ``m:late`` late records seen;
+* ``mw.<p>.pending``: one row ``<C> NUL be64(ts) be16(len key) key id`` per pending
+  record of computation ``<C>``;
+* ``mw.<p>.timers``: one row ``<C> NUL be64(time) be16(len key) key tag`` per armed timer
+  (one table each per pipeline, not per computation: Bigtable table ids are short);
+* ``mw.<p>.meta``: ``wm/<C>`` (``w:in``, ``w:low``), ``inj/<name>`` (``c:pos``,
+  ``w:low``);
+* ``mw.<p>.out``: records produced on streams nobody subscribes to (the pipeline's
+  output), row ``<stream>/<record id>``.
+
+**One transaction per key run** consumes the key's pending records (deleting each
+``in:`` cell is the acknowledgement), updates its state, fires and arms its timers and
+writes the records it produces into the subscribers' rows: all of it commits or none
+does, so internal edges need no record-id deduplication, and two runs of one key
+conflict on the cells they both delete (per-key serialisation, zombie fencing).
+Injectors commit their source position with the records they inject.
+
+**The low watermark** of a computation is computed in one transaction, so from one
+consistent snapshot: ``w:in = max(old, min over inputs of the producers' w:low)`` and
+``w:low = max(old, min(w:in, oldest pending record, oldest armed timer))``. It is a
+true lower bound because (i) a record or timer leaves its index in the very
+transaction that consumes it, (ii) a record produced while handling an input of time
+*t* has a timestamp >= *t*, or it is marked late, and (iii) sources' watermarks are
+honest (a record below its source's previous watermark is marked late). docs/millwheel.md
+has the induction.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from observers import Observer, Periodic
+from observers.millwheel._model import (
+    END_OF_TIME,
+    Computation,
+    Context,
+    KeyExtractor,
+    Record,
+    Source,
+    Timer,
+)
+from percolator import Cluster, InvalidArgument, Snapshot, TransactionBase, transactional
+
+__all__ = ["MAX_RECORDS_PER_RUN", "Pipeline", "Status"]
+
+log = logging.getLogger(__name__)
+
+MAX_RECORDS_PER_RUN = 500
+INJECT_BATCH = 500
+WAKE = "k:wake"
+LATE = "m:late"
+_TS = struct.Struct(">Q")
+_LEN = struct.Struct(">H")
+_HEAD = struct.Struct(">QBH")  # timestamp, late flag, length of the stream name
+
+
+def _index_row(node: _Node, time_ms: int, key: bytes, suffix: bytes) -> bytes:
+    return (node.prefix + _TS.pack(max(0, min(time_ms, END_OF_TIME))) + _LEN.pack(len(key))
+            + key + suffix)
+
+
+def _parse_index_row(node: _Node, row: bytes) -> tuple[int, bytes, bytes]:
+    row = row[len(node.prefix):]
+    (n,) = _LEN.unpack(row[8:10])
+    return _TS.unpack(row[:8])[0], row[10:10 + n], row[10 + n:]
+
+
+def _encode_record(stream: str, value: bytes, ts: int, late: bool) -> bytes:
+    name = stream.encode()
+    return _HEAD.pack(ts, int(late), len(name)) + name + value
+
+
+def _decode_record(raw: bytes, key: bytes, record_id: str) -> Record:
+    ts, late, n = _HEAD.unpack(raw[:_HEAD.size])
+    stream = raw[_HEAD.size:_HEAD.size + n].decode()
+    return Record(raw[_HEAD.size + n:], ts, key, record_id, stream, bool(late))
+
+
+@dataclass(frozen=True)
+class _Injector:
+    name: str
+    source: Source
+    stream: str
+
+
+@dataclass(frozen=True)
+class _Node:
+    computation: Computation
+    inputs: dict[str, KeyExtractor]
+    table: str
+    pending: str
+    """The pipeline's pending-record index; this computation's rows start with prefix."""
+    timers: str
+    prefix: bytes
+
+    def index_range(self, stop_ms: int | None = None) -> tuple[bytes, bytes]:
+        """Row range of this computation's index rows (below *stop_ms* when given)."""
+        stop = (self.prefix + _TS.pack(stop_ms) if stop_ms is not None
+                else self.prefix[:-1] + b"\x01")
+        return self.prefix, stop
+
+
+@dataclass
+class Status:
+    """A computation's progress (``python -m observers.millwheel status``)."""
+
+    name: str
+    input_watermark: int
+    low_watermark: int
+    pending: int
+    timers: int
+    late: int
+
+
+class Pipeline:
+    """Keyed computations connected by streams, fed by injectors (MillWheel, seed 004)::
+
+        zeitgeist = mw.Pipeline(cluster, "zeitgeist")
+        zeitgeist.injector("queries", mw.IterableSource(pairs), stream="queries")
+        zeitgeist.computation(Windower(), inputs={"queries": lambda r: r.value})
+        zeitgeist.computation(DipDetector(), inputs={"windows": lambda r: r.key})
+        zeitgeist.create()
+        Worker(cluster, zeitgeist.observers(), tasks=zeitgeist.tasks()).run()
+
+    Records on a stream that no computation subscribes to are the pipeline's output
+    (:meth:`output`). *interval* is how often injectors and the watermark advancer run;
+    *inject_batch* how many records an injector commits at most per transaction.
+    """
+
+    def __init__(self, cluster: Cluster, name: str, *, interval: float = 0.1,
+                 inject_batch: int = INJECT_BATCH) -> None:
+        if not isinstance(cluster, Cluster):
+            raise InvalidArgument(f"Pipeline needs a percolator.Cluster, got {cluster!r:.80}")
+        if not isinstance(name, str) or not name or not all(c.isalnum() or c in "_-" for c in name):
+            raise InvalidArgument(
+                f"pipeline name must be letters, digits, '_' or '-', got {name!r}")
+        self.cluster = cluster
+        self.name = name
+        self.interval = interval
+        self.inject_batch = inject_batch
+        self.meta = f"mw.{name}.meta"
+        self.out = f"mw.{name}.out"
+        self.pending = f"mw.{name}.pending"
+        self.timers = f"mw.{name}.timers"
+        self.injectors: dict[str, _Injector] = {}
+        self.nodes: dict[str, _Node] = {}
+        self.subscribers: dict[str, list[_Node]] = {}
+
+    # --- topology ---------------------------------------------------------------------
+
+    def injector(self, name: str, source: Source, *, stream: str) -> None:
+        """Feed *stream* from *source*, committing its position with what it injects."""
+        _check_name("injector", name)
+        _check_name("stream", stream)
+        if not isinstance(source, Source):
+            raise InvalidArgument(f"source must have read(position, limit), got {source!r:.80}")
+        if name in self.injectors:
+            raise InvalidArgument(f"injector {name!r} is defined twice")
+        self.injectors[name] = _Injector(name, source, stream)
+
+    def computation(self, computation: Computation,
+                    inputs: dict[str, Callable[[Record], bytes]]) -> None:
+        """Run *computation* on the records of the streams in *inputs*, each keyed by
+        its extractor (``record -> key bytes``)."""
+        if not isinstance(computation, Computation):
+            raise InvalidArgument(f"computation must be a millwheel.Computation, "
+                                  f"got {computation!r:.80}")
+        name = computation.name
+        _check_name("computation", name)
+        if name in self.nodes:
+            raise InvalidArgument(f"computation {name!r} is added twice")
+        if not inputs or not all(callable(f) for f in inputs.values()):
+            raise InvalidArgument(f"{name}: inputs must map stream names to key extractors")
+        for stream in [*inputs, *computation.outputs]:
+            _check_name("stream", stream)
+        node = _Node(computation, dict(inputs), f"mw.{self.name}.{name}", self.pending,
+                     self.timers, name.encode() + b"\0")
+        self.nodes[name] = node
+        for stream in inputs:
+            self.subscribers.setdefault(stream, []).append(node)
+
+    def _producers(self, stream: str) -> list[str]:
+        """Meta rows of what produces *stream* (injectors and computations)."""
+        found = [f"inj/{i.name}" for i in self.injectors.values() if i.stream == stream]
+        return found + [f"wm/{n}" for n, node in self.nodes.items()
+                        if stream in node.computation.outputs]
+
+    def order(self) -> list[str]:
+        """The computations in topological order.
+
+        :raises InvalidArgument: the graph has a cycle, or an input nobody produces."""
+        upstream: dict[str, set[str]] = {}
+        for name, node in self.nodes.items():
+            ups = set()
+            for stream in node.inputs:
+                producers = self._producers(stream)
+                if not producers:
+                    raise InvalidArgument(f"{name}: nothing produces its input stream {stream!r}")
+                ups |= {p[3:] for p in producers if p.startswith("wm/")}
+            upstream[name] = ups
+        ordered: list[str] = []
+        while len(ordered) < len(upstream):
+            ready = sorted(n for n, ups in upstream.items()
+                           if n not in ordered and ups <= set(ordered))
+            if not ready:
+                cycle = sorted(set(upstream) - set(ordered))
+                raise InvalidArgument(f"the pipeline's graph has a cycle through {cycle}")
+            ordered += ready
+        return ordered
+
+    def create(self) -> None:
+        """Create the tables and register the key runs' columns (idempotent).
+
+        :raises InvalidArgument: a cycle, or an input stream nobody produces."""
+        self.order()
+        for table in (self.meta, self.out, self.pending, self.timers):
+            self.cluster.create_table(table)
+        for node in self.nodes.values():
+            self.cluster.create_table(node.table)
+            self.cluster.observe(node.table, WAKE)
+
+    def observers(self) -> list[Observer]:
+        """One key-run observer per computation, for a :class:`~observers.Worker`."""
+        return [_KeyRunner(self, node) for node in self.nodes.values()]
+
+    def tasks(self) -> list[Periodic]:
+        """The injectors and the watermark advancer, as periodic tasks."""
+        found = [Periodic(self.cluster, f"mw.{self.name}.inject.{name}",
+                          _bind(self.inject, name), interval=self.interval)
+                 for name in self.injectors]
+        found.append(Periodic(self.cluster, f"mw.{self.name}.advance", self.advance,
+                              interval=self.interval))
+        return found
+
+    # --- injectors and the advancer ---------------------------------------------------
+
+    def inject(self, name: str, limit: int | None = None) -> int:
+        """Inject the next records of injector *name*; returns how many."""
+        if name not in self.injectors:
+            raise InvalidArgument(f"no injector {name!r}")
+        return _inject(self.cluster, self, self.injectors[name], limit or self.inject_batch)
+
+    def advance(self) -> dict[str, tuple[int, int]]:
+        """Advance every computation's watermarks (in topological order) and wake the
+        keys whose timers are due. Returns ``{computation: (w:in, w:low)}``."""
+        return {name: _advance(self.cluster, self, name) for name in self.order()}
+
+    # --- reading ----------------------------------------------------------------------
+
+    def watermarks(self, snapshot: Snapshot, computation: str) -> tuple[int, int]:
+        """``(input watermark, low watermark)`` of *computation*."""
+        return _read_marks(snapshot, self, f"wm/{computation}")
+
+    def state(self, snapshot: Snapshot, computation: str, key: bytes) -> dict[str, bytes]:
+        """The state cells of *key* of *computation* (names without ``s:``)."""
+        node = self.nodes[computation]
+        for _, cells in snapshot.scan(node.table, key, key + b"\x00"):
+            return {c[2:]: v for c, v in cells.items() if c.startswith("s:")}
+        return {}
+
+    def output(self, snapshot: Snapshot, stream: str) -> Iterator[Record]:
+        """The records produced on *stream*, which no computation subscribes to."""
+        prefix = stream.encode() + b"/"
+        for row, cells in snapshot.scan(self.out, prefix, prefix + b"\xff", ["o:rec"]):
+            yield _decode_record(cells["o:rec"], b"", row[len(prefix):].decode())
+
+    def status(self) -> list[Status]:
+        found = []
+        with Snapshot(self.cluster) as snap:
+            for name in self.order():
+                node = self.nodes[name]
+                w_in, w_low = self.watermarks(snap, name)
+                pending = sum(1 for _ in snap.scan(self.pending, *node.index_range(), ["p:x"]))
+                timers = sum(1 for _ in snap.scan(self.timers, *node.index_range(), ["t:x"]))
+                late = sum(int(c[LATE]) for _, c in snap.scan(node.table, None, None, [LATE]))
+                found.append(Status(name, w_in, w_low, pending, timers, late))
+        return found
+
+    def verify(self) -> list[str]:
+        """Problems found: the pending index and the ``in:`` cells, the timer index and
+        the ``t:`` cells must match exactly. Empty when all is well."""
+        problems = []
+        with Snapshot(self.cluster) as snap:
+            for name, node in self.nodes.items():
+                cells_in, cells_t = set(), set()
+                for key, cells in snap.scan(node.table):
+                    for column, value in cells.items():
+                        if column.startswith("in:"):
+                            ts = _TS.unpack(value[:8])[0]
+                            cells_in.add(_index_row(node, ts, key, column[3:].encode()))
+                        elif column.startswith("t:"):
+                            cells_t.add(_index_row(node, _TS.unpack(value)[0], key,
+                                                   column[2:].encode()))
+                index_in = {r for r, _ in snap.scan(self.pending, *node.index_range(), ["p:x"])}
+                index_t = {r for r, _ in snap.scan(self.timers, *node.index_range(), ["t:x"])}
+                if cells_in != index_in:
+                    problems.append(f"{name}: {len(cells_in ^ index_in)} pending record(s) "
+                                    "and index rows disagree")
+                if cells_t != index_t:
+                    problems.append(f"{name}: {len(cells_t ^ index_t)} timer(s) and index "
+                                    "rows disagree")
+        return problems
+
+    def __repr__(self) -> str:
+        return f"<millwheel.Pipeline {self.name} on {self.cluster.store.url}>"
+
+
+def _check_name(what: str, name: object) -> None:
+    if not isinstance(name, str) or not name or not all(c.isalnum() or c in "_-." for c in name):
+        raise InvalidArgument(f"{what} name must be letters, digits, '_', '-' or '.', "
+                              f"got {name!r}")
+
+
+def _bind(method: Callable[[str], Any], name: str) -> Callable[[], Any]:
+    return lambda: method(name)
+
+
+def _read_marks(txn: Snapshot, p: Pipeline, row: str) -> tuple[int, int]:
+    cells = txn.get_row(p.meta, row.encode(), ["w:in", "w:low"])
+    return int(cells.get("w:in", b"0")), int(cells.get("w:low", b"0"))
+
+
+def _deliver(txn: TransactionBase, p: Pipeline, stream: str, record_id: str, value: bytes,
+             ts: int, late: bool, key: bytes | None) -> None:
+    """Write one produced record into the row of every subscriber of *stream* (or the
+    pipeline's output table), with its index row and a wake-up of the key."""
+    subscribers = p.subscribers.get(stream)
+    encoded = _encode_record(stream, value, ts, late)
+    if not subscribers:
+        txn.set(p.out, f"{stream}/{record_id}".encode(), "o:rec", encoded)
+        return
+    for node in subscribers:
+        target = key if key is not None else node.inputs[stream](
+            Record(value, ts, b"", record_id, stream, late))
+        if not isinstance(target, bytes) or not target:
+            raise InvalidArgument(f"{node.computation.name}: the key extractor of {stream!r} "
+                                  f"must return non-empty bytes, got {target!r:.80}")
+        txn.set(node.table, target, f"in:{record_id}", encoded)
+        txn.set(node.pending, _index_row(node, ts, target, record_id.encode()), "p:x", b"")
+        txn.notify(node.table, target, WAKE)
+
+
+@transactional
+def _inject(txn: TransactionBase, p: Pipeline, injector: _Injector, limit: int) -> int:
+    row = f"inj/{injector.name}".encode()
+    cells = txn.get_row(p.meta, row, ["c:pos", "w:low"])
+    position = cells.get("c:pos")
+    old_mark = int(cells.get("w:low", b"0"))
+    records, after, mark = injector.source.read(position, limit)
+    if not records and mark <= old_mark and after == position:
+        return 0
+    tag = (position or b"").hex()
+    for n, record in enumerate(records):
+        _deliver(txn, p, injector.stream, f"{injector.name}/{tag}/{n}", record.value,
+                 record.timestamp, record.timestamp < old_mark, None)
+    txn.set(p.meta, row, "c:pos", after)
+    txn.set(p.meta, row, "w:low", b"%d" % max(old_mark, mark))
+    return len(records)
+
+
+@transactional
+def _advance(txn: TransactionBase, p: Pipeline, name: str) -> tuple[int, int]:
+    node = p.nodes[name]
+    upstream = min(_read_marks(txn, p, producer)[1]
+                   for stream in node.inputs for producer in p._producers(stream))
+    old_in, old_low = _read_marks(txn, p, f"wm/{name}")
+    w_in = max(old_in, upstream)
+    oldest = w_in
+    for table, column in ((node.pending, "p:x"), (node.timers, "t:x")):
+        for row, _ in txn.scan(table, *node.index_range(), [column]):  # the first: the oldest
+            oldest = min(oldest, _parse_index_row(node, row)[0])
+            break
+    w_low = max(old_low, oldest)
+    if (w_in, w_low) != (old_in, old_low):
+        txn.set(p.meta, f"wm/{name}".encode(), "w:in", b"%d" % w_in)
+        txn.set(p.meta, f"wm/{name}".encode(), "w:low", b"%d" % w_low)
+    # Every due timer, not only those newly due: a key run that armed one below the
+    # new w:in may have committed after this snapshot's predecessor looked.
+    start, stop = node.index_range(min(w_in, END_OF_TIME - 1) + 1)
+    for row, _ in txn.scan(node.timers, start, stop, ["t:x"]):
+        txn.notify(node.table, _parse_index_row(node, row)[1], WAKE)
+    return w_in, w_low
+
+
+class _KeyRun:
+    """One run of a computation for one key, inside the worker's transaction."""
+
+    def __init__(self, txn: TransactionBase, p: Pipeline, node: _Node, key: bytes) -> None:
+        self.txn, self.p, self.node, self.key = txn, p, node, key
+        self.input_watermark, self.low_watermark = _read_marks(
+            txn, p, f"wm/{node.computation.name}")
+        self.cells: dict[str, bytes] = {}
+        for _, cells in txn.scan(node.table, key, key + b"\x00"):
+            self.cells = cells
+        self.current_time = 0
+        self.produced = 0
+
+    def state_get(self, name: str) -> bytes | None:
+        return self.txn.get(self.node.table, self.key, f"s:{name}")
+
+    def state_set(self, name: str, value: bytes | None) -> None:
+        if value is None:
+            self.txn.delete(self.node.table, self.key, f"s:{name}")
+        else:
+            self.txn.set(self.node.table, self.key, f"s:{name}", value)
+
+    def _timer_index(self, time_ms: int, tag: str) -> bytes:
+        return _index_row(self.node, time_ms, self.key, tag.encode())
+
+    def set_timer(self, tag: str, time_ms: int) -> None:
+        if not isinstance(tag, str) or not tag or not isinstance(time_ms, int):
+            raise InvalidArgument(f"set_timer needs a non-empty str tag and int ms, "
+                                  f"got {tag!r}, {time_ms!r}")
+        self.delete_timer(tag)
+        self.txn.set(self.node.table, self.key, f"t:{tag}", _TS.pack(time_ms))
+        self.txn.set(self.node.timers, self._timer_index(time_ms, tag), "t:x", b"")
+        if time_ms <= self.input_watermark:
+            self.txn.notify(self.node.table, self.key, WAKE)  # fires in the next run
+
+    def delete_timer(self, tag: str) -> None:
+        raw = self.txn.get(self.node.table, self.key, f"t:{tag}")
+        if raw is not None:
+            self.txn.delete(self.node.table, self.key, f"t:{tag}")
+            self.txn.delete(self.node.timers,
+                            self._timer_index(_TS.unpack(raw)[0], tag), "t:x")
+
+    def produce(self, stream: str, value: bytes, ts: int, key: bytes | None) -> None:
+        if stream not in self.node.computation.outputs:
+            raise InvalidArgument(f"{self.node.computation.name} produces {stream!r}, which "
+                                  f"is not among its outputs {list(self.node.computation.outputs)}")
+        if not isinstance(value, bytes) or not isinstance(ts, int):
+            raise InvalidArgument(f"produce needs bytes and an int timestamp, got "
+                                  f"{type(value).__name__}, {ts!r}")
+        record_id = f"{self.node.computation.name}/{self.txn.start_ts}/{self.produced}"
+        self.produced += 1
+        _deliver(self.txn, self.p, stream, record_id, value, ts, ts < self.current_time, key)
+
+    def run(self) -> None:
+        comp, table, txn = self.node.computation, self.node.table, self.txn
+        ctx = Context(self)
+        pending = sorted(
+            (_decode_record(raw, self.key, column[3:])
+             for column, raw in self.cells.items() if column.startswith("in:")),
+            key=lambda r: (r.timestamp, r.id))
+        truncated = len(pending) > MAX_RECORDS_PER_RUN
+        if truncated:
+            pending = pending[:MAX_RECORDS_PER_RUN]
+            txn.notify(table, self.key, WAKE)  # the rest, and the timers, in the next run
+        late = 0
+        for record in pending:
+            # Marked at production (below its producer's input, or its source's
+            # watermark); below w:low is a safety net: a record that is not late never is.
+            if record.late or record.timestamp < self.low_watermark:
+                late += 1
+                record = Record(record.value, record.timestamp, record.key, record.id,
+                                record.stream, True)
+            self.current_time = record.timestamp
+            if not (record.late and comp.late_policy == "drop"):
+                comp.process_record(ctx, record)
+            txn.delete(table, self.key, f"in:{record.id}")
+            txn.delete(self.node.pending,
+                       _index_row(self.node, record.timestamp, self.key, record.id.encode()),
+                       "p:x")
+        if late:
+            txn.set(table, self.key, LATE, b"%d" % (int(self.cells.get(LATE, b"0")) + late))
+        due = sorted((Timer(column[2:], _TS.unpack(raw)[0]) for column, raw in self.cells.items()
+                      if column.startswith("t:")), key=lambda t: (t.time, t.tag))
+        for timer in due:
+            # Every pending record of this key below the timer was handled above: a
+            # record not yet pending that is not late is at or above w:in.
+            if timer.time > self.input_watermark or truncated:
+                break
+            current = txn.get(table, self.key, f"t:{timer.tag}")
+            if current is None or _TS.unpack(current)[0] != timer.time:
+                continue  # deleted or re-armed by a handler of this run
+            txn.delete(table, self.key, f"t:{timer.tag}")
+            txn.delete(self.node.timers, self._timer_index(timer.time, timer.tag), "t:x")
+            self.current_time = timer.time
+            comp.process_timer(ctx, timer)
+
+
+class _KeyRunner(Observer):
+    """The key-run observer of one computation (bound at run time)."""
+
+    def __init__(self, p: Pipeline, node: _Node) -> None:
+        self.pipeline, self.node = p, node
+        self.table, self.column = node.table, WAKE  # type: ignore[misc]
+        self.name = f"mw.{p.name}.{node.computation.name}"  # type: ignore[misc]
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        _KeyRun(txn, self.pipeline, self.node, row).run()

@@ -1,0 +1,360 @@
+"""MillWheel on Percolator (``observers.millwheel``): the slides' Zeitgeist example
+(windowed counts per query, then dips) must equal a batch group-by of the same input
+exactly: with worker and injector processes killed with ``kill -9``, crash points in
+the injector's and the key run's commits, restarts that replay the source, random
+schedules (hypothesis: the watermark never goes back, no window fires early), late
+records, and bad topologies."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import percolator
+from observers import Worker, wait_for_observers
+from observers import millwheel as mw
+from observers.millwheel import _pipeline
+from observers.millwheel.__main__ import main as mw_main
+from percolator import Cluster, Snapshot, Transaction
+from percolator.testing import CrashPoint, client_of, crash_commit
+from tests._backends import BACKENDS, make_store_url
+from tests.millwheel import _app
+
+ROOT = Path(__file__).resolve().parents[2]
+END = mw.END_OF_TIME
+
+
+@pytest.fixture(params=BACKENDS)
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return make_store_url(str(request.param), request, tmp_path)
+
+
+@pytest.fixture
+def cluster(url: str) -> Iterator[Cluster]:
+    with percolator.connect(url) as c:
+        yield c
+
+
+def run_to_the_end(pipeline: mw.Pipeline, timeout: float = 120) -> None:
+    """A worker with the pipeline's tasks until every watermark reached the end of the
+    input and nothing is pending."""
+    cluster = pipeline.cluster
+    with Worker(cluster, pipeline.observers(), tasks=pipeline.tasks(), threads=2):
+        deadline = time.monotonic() + timeout
+        while not all(s.low_watermark >= END for s in pipeline.status()):
+            assert time.monotonic() < deadline, pipeline.status()
+            time.sleep(0.05)
+        wait_for_observers(cluster, timeout)
+
+
+def assert_exact(pipeline: mw.Pipeline, records: list[tuple[bytes, int]]) -> None:
+    found, twice = _app.results(pipeline)
+    reference = _app.batch_windows(records)
+    assert found == reference
+    assert twice == 0  # every window emitted once
+    with Snapshot(pipeline.cluster) as snap:
+        dips = {(json.loads(r.value)["q"], json.loads(r.value)["start"])
+                for r in pipeline.output(snap, "dips")}
+    assert dips == _app.batch_dips(reference)
+    assert pipeline.verify() == []
+    assert all((s.pending, s.timers, s.late) == (0, 0, 0) for s in pipeline.status())
+
+
+def test_zeitgeist_windows_equal_a_batch_group_by(cluster: Cluster) -> None:
+    records = _app.make_input(1, 600, queries=4)
+    pipeline = _app.build(cluster, records, inject_batch=100)
+    pipeline.create()
+    run_to_the_end(pipeline)
+    assert_exact(pipeline, records)
+
+
+def test_a_restarted_injector_replays_nothing_twice(cluster: Cluster) -> None:
+    """The source position commits with the records: a new process (a new Pipeline
+    object over the same source) goes on where the last commit left off, and an
+    injection that dies at any point of its commit is either all there or redone."""
+    records = _app.make_input(2, 300, queries=3)
+    first = _app.build(cluster, records, inject_batch=40)
+    first.create()
+    assert first.inject("queries") == 40
+    for point in (CrashPoint("prewrite", 0), CrashPoint("prewrite", 3),
+                  CrashPoint("commit_point"), CrashPoint("commit", 2)):
+        dying = client_of(cluster)
+        dying.one_phase_commit = False
+        txn = Transaction(dying)
+        _pipeline._inject(txn, first, first.injectors["queries"], 40)
+        crash_commit(txn, point)
+    again = _app.build(cluster, records, inject_batch=40)  # a restarted process
+    run_to_the_end(again)
+    assert_exact(again, records)
+
+
+def test_a_key_run_dying_inside_its_commit_is_all_or_nothing(url: str) -> None:
+    """A Windower run that consumes records, fires a timer, arms timers and produces
+    a window dies at each point of its commit; the rest of the pipeline then runs.
+    Counts stay exact: the run's effects landed together or not at all."""
+    for point in (CrashPoint("prewrite", 0), CrashPoint("prewrite", 2),
+                  CrashPoint("commit_point"), CrashPoint("commit", 1)):
+        with percolator.connect(url) as cluster:
+            records = _app.make_input(3, 120, queries=1)
+            pipeline = _app.build(cluster, records)
+            pipeline.create()
+            pipeline.inject("queries")
+            pipeline.advance()  # the end of input: every timer of q0 is due
+            dying = client_of(cluster)
+            dying.one_phase_commit = False
+            txn = Transaction(dying)
+            node = pipeline.nodes["Windower"]
+            _pipeline._KeyRun(txn, pipeline, node, b"q0").run()
+            assert txn.writes  # consumed, fired and produced something
+            crash_commit(txn, point)
+            run_to_the_end(pipeline)
+            assert_exact(pipeline, records)
+            for table in cluster.tables():
+                cluster.drop_table(table)
+
+
+def _spawn(url: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "observers.millwheel", "run", "--cluster", url,
+         "--pipeline", "tests.millwheel._app:make", "--threads", "2"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("backend", [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("bigtable", id="bigtable", marks=pytest.mark.bigtable),
+])
+def test_workers_and_injectors_killed_with_sigkill_keep_counts_exact(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Two worker processes, each running key runs, the injector and the advancer,
+    are killed with SIGKILL at random and restarted while the input flows (20
+    records per injection, so injections die halfway too)."""
+    url = make_store_url(backend, request, tmp_path)
+    env = {"MW_SEED": "4", "MW_RECORDS": "1200", "MW_BATCH": "20"}
+    records = _app.make_input(4, 1200)
+    rng = random.Random(17)
+    workers = [_spawn(url, env) for _ in range(2)]
+    kills = 0
+    try:
+        end = time.monotonic() + 6
+        while time.monotonic() < end:
+            time.sleep(rng.uniform(0.3, 0.8))
+            i = rng.randrange(2)
+            workers[i].send_signal(signal.SIGKILL)
+            workers[i].wait()
+            workers[i] = _spawn(url, env)
+            kills += 1
+        with percolator.connect(url) as cluster:
+            pipeline = _app.build(cluster, records, inject_batch=20)
+            run_to_the_end(pipeline, timeout=300)
+            assert_exact(pipeline, records)
+    finally:
+        for proc in workers:
+            proc.kill()
+            proc.wait()
+    assert kills >= 5
+
+
+class _Recorder(_app.Windower):
+    """The Windower, recording each firing with the watermarks its run saw."""
+
+    name = "Windower"
+    fired: list[tuple[int, int]] = []
+
+    def process_timer(self, ctx: mw.Context, timer: mw.Timer) -> None:
+        _Recorder.fired.append((timer.time, ctx.input_watermark))
+        super().process_timer(ctx, timer)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), disorder=st.integers(1, 2500),
+       schedule=st.lists(st.integers(0, 9), min_size=5, max_size=60),
+       batch=st.integers(5, 60))
+def test_the_watermark_never_goes_back_and_no_window_fires_early(
+    tmp_path_factory: pytest.TempPathFactory, seed: int, disorder: int, schedule: list[int],
+    batch: int,
+) -> None:
+    """Random interleavings of injections, advances and key runs (in any order, keys
+    picked at random) over input disordered by up to 2.5 windows. After every step:
+    no watermark went back, downstream never ahead of upstream, no non-late record
+    pending below its computation's low watermark. At the end every window count is
+    the batch count: a timer that fired before all its window's records were handled
+    would have emitted a smaller one."""
+    records = _app.make_input(seed, 150, disorder_ms=disorder, queries=3)
+    url = f"sqlite:///{tmp_path_factory.mktemp('wm')}/repo.db"
+    _Recorder.fired = []
+    rng = random.Random(seed)
+    with percolator.connect(url) as cluster:
+        pipeline = mw.Pipeline(cluster, "zeitgeist", inject_batch=batch)
+        pipeline.injector("queries", mw.IterableSource(records), stream="queries")
+        pipeline.computation(_Recorder(), inputs={"queries": lambda r: r.value})
+        pipeline.computation(_app.DipDetector(),
+                             inputs={"windows": lambda r: json.loads(r.value)["q"].encode()})
+        pipeline.create()
+        worker = Worker(cluster, pipeline.observers(), threads=1)
+        worker.register()
+        seen: dict[str, tuple[int, int]] = {}
+
+        def check() -> None:
+            with Snapshot(cluster) as snap:
+                marks = {n: pipeline.watermarks(snap, n) for n in pipeline.nodes}
+                for name, (w_in, w_low) in marks.items():
+                    old_in, old_low = seen.get(name, (0, 0))
+                    assert w_in >= old_in and w_low >= old_low, (name, marks, seen)
+                    node = pipeline.nodes[name]
+                    for key, cells in snap.scan(node.table):
+                        for column, raw in cells.items():
+                            if column.startswith("in:"):
+                                rec = _pipeline._decode_record(raw, key, column[3:])
+                                assert rec.late or rec.timestamp >= w_low, (name, rec, w_low)
+                assert marks["DipDetector"][1] <= marks["Windower"][1]
+                seen.update(marks)
+
+        def run_some_key() -> None:
+            node = rng.choice(list(pipeline.nodes.values()))
+            with Snapshot(cluster) as snap:
+                keys = [k for k, _ in snap.scan(node.table)]
+            if keys:
+                worker._process_row(node.table, rng.choice(keys))
+
+        for step in schedule:
+            if step < 3:
+                pipeline.inject("queries")
+            elif step < 5:
+                pipeline.advance()
+            else:
+                run_some_key()
+            check()
+        while pipeline.inject("queries"):
+            check()
+        for _ in range(50):
+            pipeline.advance()
+            check()
+            for node in pipeline.nodes.values():
+                with Snapshot(cluster) as snap:
+                    keys = [k for k, _ in snap.scan(node.table)]
+                for key in keys:
+                    worker._process_row(node.table, key)
+            if all(s.pending == 0 and s.timers == 0 and s.low_watermark >= END
+                   for s in pipeline.status()):
+                break
+        assert all(time_ms <= w_in for time_ms, w_in in _Recorder.fired)
+        found, twice = _app.results(pipeline)
+        assert found == _app.batch_windows(records) and twice == 0
+
+
+class _LateSource:
+    """Twenty records at t=10,000.., then (its watermark past them) ten at t=0.."""
+
+    def read(self, position: bytes | None, limit: int) -> tuple[list[mw.Record], bytes, int]:
+        if position is None:
+            return [mw.Record(b"k", 10_000 + i) for i in range(20)], b"1", 10_000
+        if position == b"1":
+            return [mw.Record(b"k", i) for i in range(10)], b"2", END
+        return [], b"2", END
+
+
+class _CountAll(mw.Computation):
+    seen: list[bool] = []
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        _CountAll.seen.append(record.late)
+        ctx.state.set_json("n", ctx.state.get_json("n", 0) + 1)
+
+
+class _DropLate(_CountAll):
+    late_policy = "drop"
+
+
+def test_late_records_are_marked_and_handled_by_policy(cluster: Cluster) -> None:
+    _CountAll.seen = []
+    pipeline = mw.Pipeline(cluster, "late")
+    pipeline.injector("src", _LateSource(), stream="s")
+    pipeline.computation(_CountAll(), inputs={"s": lambda r: r.value})
+    pipeline.computation(_DropLate(), inputs={"s": lambda r: r.value})
+    pipeline.create()
+    run_to_the_end(pipeline)
+    with Snapshot(cluster) as snap:
+        assert pipeline.state(snap, "_CountAll", b"k") == {"n": b"30"}
+        assert pipeline.state(snap, "_DropLate", b"k") == {"n": b"20"}
+    # the ten late records reached _CountAll marked late; _DropLate never saw them
+    assert (_CountAll.seen.count(True), len(_CountAll.seen)) == (10, 50)
+    late = {s.name: s.late for s in pipeline.status()}
+    assert late == {"_CountAll": 10, "_DropLate": 10}
+
+
+def test_bad_topologies_and_productions_are_refused(cluster: Cluster) -> None:
+    class A(mw.Computation):
+        outputs = ("b",)
+
+    class B(mw.Computation):
+        outputs = ("a",)
+
+    cyclic = mw.Pipeline(cluster, "cyclic")
+    cyclic.injector("src", mw.IterableSource([]), stream="a")
+    cyclic.computation(A(), inputs={"a": lambda r: r.value})
+    cyclic.computation(B(), inputs={"b": lambda r: r.value})
+    with pytest.raises(percolator.InvalidArgument, match="cycle"):
+        cyclic.create()
+    orphan = mw.Pipeline(cluster, "orphan")
+    orphan.computation(A(), inputs={"nobody": lambda r: r.value})
+    with pytest.raises(percolator.InvalidArgument, match="nothing produces"):
+        orphan.create()
+    with pytest.raises(percolator.InvalidArgument):
+        orphan.computation(A(), inputs={"x": lambda r: r.value})  # added twice
+    with pytest.raises(percolator.InvalidArgument, match="late_policy"):
+        type("Bad", (mw.Computation,), {"late_policy": "ignore"})
+
+    class Stray(mw.Computation):
+        def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+            ctx.produce("undeclared", b"x", record.timestamp)
+
+    stray = mw.Pipeline(cluster, "stray")
+    stray.injector("src", mw.IterableSource([(b"k", 1)]), stream="s")
+    stray.computation(Stray(), inputs={"s": lambda r: r.value})
+    stray.create()
+    stray.inject("src")
+    txn = Transaction(cluster)
+    with pytest.raises(percolator.InvalidArgument, match="not among its outputs"):
+        _pipeline._KeyRun(txn, stray, stray.nodes["Stray"], b"k").run()
+
+
+def test_the_cli_shows_status_and_verifies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path}/repo.db"
+    monkeypatch.setenv("MW_RECORDS", "200")
+    records = _app.make_input(1, 200)
+    with percolator.connect(url) as cluster:
+        pipeline = _app.make(cluster)
+        pipeline.create()
+        pipeline.inject("queries")
+    args = ["--cluster", url, "--pipeline", "tests.millwheel._app:make"]
+    assert mw_main(["status", *args]) == 0
+    out = capsys.readouterr().out
+    assert "pending records: 200" in out and "Windower" in out
+    assert mw_main(["verify", *args]) == 0
+    with percolator.connect(url) as cluster:
+        pipeline = _app.make(cluster)
+        run_to_the_end(pipeline)
+        assert_exact(pipeline, records)
+        with Transaction(cluster) as txn:  # an index row without its record
+            txn.set(pipeline.pending, b"Windower\0" + b"\0" * 10 + b"x", "p:x", b"")
+    assert mw_main(["verify", *args]) == 1
+    assert "disagree" in capsys.readouterr().out
+    assert mw_main(["status", "--cluster", url, "--pipeline", "tests.millwheel._app:nope"]) == 2
+
+
