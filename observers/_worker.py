@@ -461,11 +461,20 @@ class Worker:
         return worked
 
     def _family_pass(self) -> bool:
-        """One pass over a random table from a random row, wrapping around. Returns
-        whether it did any work. A scanner that finds another on its row skips a
-        random stretch ahead; after a few such meetings in one pass it jumps to a new
-        random place (a new pass), so scanners spread out instead of clumping."""
-        table = random.choice(list(self._columns))
+        """One pass over the observed tables in random order, each from a random row,
+        wrapping around; it ends with the first table where it did work. Returns
+        whether it did any. (A pass over one random table only, then sleep, left work
+        in the other tables to the next wake-up: when observers watch several tables,
+        as a pipeline's stages do, a woken scanner often looked in the wrong one.)"""
+        tables = list(self._columns)
+        random.shuffle(tables)
+        return any(self._table_pass(table) for table in tables)
+
+    def _table_pass(self, table: str) -> bool:
+        """One pass over *table* from a random row, wrapping around. A scanner that
+        finds another on its row skips a random stretch ahead; after a few such
+        meetings in one pass it jumps to a new random place (a new pass), so scanners
+        spread out instead of clumping."""
         reads = [Read(NOTIFY, self._columns[table], versions=None)]
         start = self._random_start(table)
         ranges = [(start, None), (None, start)] if start is not None else [(None, None)]

@@ -398,13 +398,20 @@ class _KeyRun:
 
     def __init__(self, txn: TransactionBase, p: Pipeline, node: _Node, key: bytes) -> None:
         self.txn, self.p, self.node, self.key = txn, p, node, key
-        self.input_watermark, self.low_watermark = _read_marks(
-            txn, p, f"wm/{node.computation.name}")
+        self._marks: tuple[int, int] | None = None
         self.cells: dict[str, bytes] = {}
         for _, cells in txn.scan(node.table, key, key + b"\x00"):
             self.cells = cells
         self.current_time = 0
         self.produced = 0
+
+    @property
+    def input_watermark(self) -> int:
+        """``w:in`` at this run's snapshot, read when first needed (timers, or a
+        handler asking): a run of records alone needs no watermark."""
+        if self._marks is None:
+            self._marks = _read_marks(self.txn, self.p, f"wm/{self.node.computation.name}")
+        return self._marks[0]
 
     def state_get(self, name: str) -> bytes | None:
         return self.txn.get(self.node.table, self.key, f"s:{name}")
@@ -459,12 +466,10 @@ class _KeyRun:
             txn.notify(table, self.key, WAKE)  # the rest, and the timers, in the next run
         late = 0
         for record in pending:
-            # Marked at production (below its producer's input, or its source's
-            # watermark); below w:low is a safety net: a record that is not late never is.
-            if record.late or record.timestamp < self.low_watermark:
+            # Lateness is decided where a record is made: below its producer's input,
+            # or below its source's previous watermark (module docstring, rules ii, iii).
+            if record.late:
                 late += 1
-                record = Record(record.value, record.timestamp, record.key, record.id,
-                                record.stream, True)
             self.current_time = record.timestamp
             if not (record.late and comp.late_policy == "drop"):
                 comp.process_record(ctx, record)
@@ -476,10 +481,10 @@ class _KeyRun:
             txn.set(table, self.key, LATE, b"%d" % (int(self.cells.get(LATE, b"0")) + late))
         due = sorted((Timer(column[2:], _TS.unpack(raw)[0]) for column, raw in self.cells.items()
                       if column.startswith("t:")), key=lambda t: (t.time, t.tag))
-        for timer in due:
+        for timer in due if not truncated else ():
             # Every pending record of this key below the timer was handled above: a
             # record not yet pending that is not late is at or above w:in.
-            if timer.time > self.input_watermark or truncated:
+            if timer.time > self.input_watermark:
                 break
             current = txn.get(table, self.key, f"t:{timer.tag}")
             if current is None or _TS.unpack(current)[0] != timer.time:
