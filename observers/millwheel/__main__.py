@@ -14,13 +14,13 @@ advancer, show its progress, check its indexes.
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 import time
 
 import percolator
 from observers import Worker
+from observers._loading import load_object
 from observers.millwheel._model import END_OF_TIME
 from observers.millwheel._pipeline import Pipeline
 from percolator import InvalidArgument, PercolatorError
@@ -28,13 +28,7 @@ from percolator import InvalidArgument, PercolatorError
 
 def load_pipeline(spec: str, cluster: percolator.Cluster) -> Pipeline:
     """The pipeline built by the factory *spec* (``package.module:NAME``)."""
-    module, sep, attr = spec.partition(":")
-    if not sep or not module or not attr:
-        raise InvalidArgument(f"bad --pipeline {spec!r}: expected package.module:FACTORY")
-    try:
-        factory = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise InvalidArgument(f"cannot load --pipeline {spec!r}: {e}") from None
+    factory = load_object(spec, "--pipeline")
     pipeline = factory(cluster) if callable(factory) else factory
     if not isinstance(pipeline, Pipeline):
         raise InvalidArgument(f"{spec!r} did not give a millwheel.Pipeline: {pipeline!r:.80}")

@@ -17,7 +17,6 @@ A pipeline with a custom adapter names it with ``--adapter package.module:NAME``
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import struct
 import sys
@@ -26,6 +25,7 @@ from typing import Any
 
 import percolator
 from observers import Worker
+from observers._loading import load_object
 from observers.photon._adapter import Adapter, JsonAdapter
 from observers.photon._pipeline import JoinPipeline, State, iter_jsonl
 from percolator import PercolatorError, Snapshot
@@ -35,13 +35,7 @@ from percolator._notifications import quarantined
 def _adapter(spec: str | None) -> Adapter | None:
     if spec is None:
         return None
-    module, sep, attr = spec.partition(":")
-    if not sep:
-        raise percolator.InvalidArgument(f"bad --adapter {spec!r}: expected package.module:NAME")
-    try:
-        value = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise percolator.InvalidArgument(f"cannot load --adapter {spec!r}: {e}") from None
+    value = load_object(spec, "--adapter")
     adapter: Adapter = value() if isinstance(value, type) else value
     return adapter
 

@@ -1,0 +1,636 @@
+"""Ubiq on Percolator tables: tracking growing files, cutting them into work units,
+leasing, processing and committing each unit once, publishing file output, and
+splitting off bad records.
+
+Tables of pipeline ``<p>``:
+
+* ``ubiq.<p>.files``, row = file name: ``f:size`` (largest complete size seen at any
+  site; **observed by the cutter**), ``f:site.<S>`` (complete size at site S),
+  ``f:head`` (sha256 of the first KiB, to tell a replaced file), ``f:grown`` (ms of the
+  last growth), ``f:cut`` (bytes below it are in units), ``f:refused`` (why the file is
+  no longer followed: truncated or replaced);
+* ``ubiq.<p>.units``, row = ``name NUL be64(begin)``: ``u:range`` (``end``),
+  ``u:state`` (``P`` pending, ``C`` committed, ``Q`` quarantined, ``X`` split),
+  ``u:lease`` (owner, expiry), ``u:fail`` (failed attempts), ``u:commit`` (the committed
+  attempt and its staged files), ``u:ready`` (**observed by the processor**),
+  ``u:published`` (**``u:commit`` is observed by the dispatcher**);
+* ``ubiq.<p>.quarantine``, same rows: ``x:error``.
+
+Why every tracked byte is committed exactly once (docs/ubiq.md has the long form):
+
+* **One unit per byte.** Two cutters of one file both write ``f:cut``, so one commits;
+  units are cut at record boundaries from ``f:cut`` up, and a split replaces a unit by
+  pieces that partition its range, in one transaction.
+* **One commit per unit.** The commit reads ``u:state == P`` and writes ``C`` (two
+  committers conflict on it) and deletes ``u:lease``; a worker that lost its lease (a
+  newer lease was committed) conflicts on ``u:lease`` and its output, written in the
+  same transaction, never appears.
+* **Every unit committed or quarantined.** The processor's notification is written
+  with the unit; a lease of a dead owner (the liveness layer) is taken over at once,
+  one past its expiry after it; the lease sweep re-notifies both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import hashlib
+import json
+import logging
+import os
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from observers import Observer, Periodic
+from percolator import (
+    Cluster,
+    ConflictError,
+    InvalidArgument,
+    Snapshot,
+    Transaction,
+    TransactionBase,
+    transactional,
+)
+
+__all__ = ["Application", "BadRecord", "LogPipeline", "Output", "Record", "WorkUnit"]
+
+log = logging.getLogger(__name__)
+
+_BEGIN = struct.Struct(">Q")
+HEAD_BYTES = 1024
+MAX_FAILURES = 2
+"""Failed attempts of a unit before it is split (a single record: quarantined)."""
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def unit_row(name: str, begin: int) -> bytes:
+    return name.encode() + b"\0" + _BEGIN.pack(begin)
+
+
+def parse_unit_row(row: bytes) -> tuple[str, int]:
+    return row[:-9].decode(), _BEGIN.unpack(row[-8:])[0]
+
+
+class BadRecord(Exception):
+    """Raised by an application for a record it refuses: the unit is split so that
+    everything else commits and the record's range is quarantined."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One newline-framed record: its file, its offset and its bytes (no newline)."""
+
+    file: str
+    offset: int
+    data: bytes
+
+
+@dataclass
+class WorkUnit:
+    """A byte range ``[begin, end)`` of one file, read from *site*'s replica."""
+
+    file: str
+    begin: int
+    end: int
+    path: Path
+    site: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.file}@{self.begin}-{self.end}"
+
+    def records(self) -> Iterator[Record]:
+        """The unit's records, whole: units are cut at newlines."""
+        with open(self.path, "rb") as f:
+            f.seek(self.begin)
+            data = f.read(self.end - self.begin)
+        if len(data) != self.end - self.begin:
+            raise OSError(f"{self.path} at site {self.site} is shorter than {self.end}")
+        offset = self.begin
+        for line in data.split(b"\n")[:-1]:
+            yield Record(self.file, offset, line)
+            offset += len(line) + 1
+
+
+@dataclass
+class Output:
+    """What an application writes for a unit: table writes, committed with the unit,
+    and files, published once the unit commits (never a losing attempt's)."""
+
+    _txn: TransactionBase
+    _staging: Path
+    files: list[str] = field(default_factory=list)
+
+    def set(self, table: str, row: bytes, column: str, value: bytes) -> None:
+        self._txn.set(table, row, column, value)
+
+    def delete(self, table: str, row: bytes, column: str) -> None:
+        self._txn.delete(table, row, column)
+
+    def file(self, name: str) -> IO[bytes]:
+        """A new staged file *name*, published as ``<sink>/<unit id>.<name>``."""
+        if not name or "/" in name or name.startswith("."):
+            raise InvalidArgument(f"bad output file name {name!r}")
+        self._staging.mkdir(parents=True, exist_ok=True)
+        self.files.append(name)
+        return open(self._staging / name, "wb")
+
+
+class Application:
+    """What a :class:`LogPipeline` runs on each unit: ``process(unit, out)`` reads
+    ``unit.records()`` and writes through *out* only (it may run more than once for a
+    unit; only the committed run's output counts). Raise :class:`BadRecord` (or any
+    exception) for a record it cannot take: the unit is split around it."""
+
+    def process(self, unit: WorkUnit, out: Output) -> None:
+        raise NotImplementedError
+
+
+def _complete_size(path: Path, known: int) -> int:
+    """The offset after the last newline of *path* at or after *known*."""
+    size = path.stat().st_size
+    if size <= known:
+        return min(size, known)
+    with open(path, "rb") as f:
+        pos = size
+        while pos > known:
+            step = min(65536, pos - known)
+            f.seek(pos - step)
+            chunk = f.read(step)
+            at = chunk.rfind(b"\n")
+            if at >= 0:
+                return pos - step + at + 1
+            pos -= step
+    return known
+
+
+def _head(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read(HEAD_BYTES)).digest()
+
+
+class LogPipeline:
+    """Processes growing log files, in several replicas ("sites"), exactly once, in
+    work units (Ubiq, seed 003)::
+
+        logs = ubiq.LogPipeline(cluster, "adlogs", app=CampaignCounts(),
+                                sites={"a": "/logs/a", "b": "/logs/b"}, pattern="*.jsonl",
+                                unit_bytes=1 << 20, max_unit_delay=5.0)
+        logs.create()
+        Worker(cluster, logs.observers(site="a"), tasks=logs.tasks(site="a")).run()
+
+    *unit_bytes*: target unit size; a shorter tail is cut once it has not grown for
+    *max_unit_delay* seconds. *local_eta*: how long a lease of a live owner holds.
+    *sink*: where file output is published (default: ``<first site>/../<name>.out``).
+    """
+
+    def __init__(self, cluster: Cluster, name: str, *, app: Application,
+                 sites: dict[str, str | os.PathLike[str]], pattern: str = "*.jsonl",
+                 unit_bytes: int = 1 << 20, max_unit_delay: float = 5.0,
+                 local_eta: float = 60.0, track_interval: float = 1.0,
+                 sink: str | os.PathLike[str] | None = None) -> None:
+        if not isinstance(cluster, Cluster):
+            raise InvalidArgument(f"LogPipeline needs a percolator.Cluster, got {cluster!r:.80}")
+        if not isinstance(name, str) or not name or not all(c.isalnum() or c in "_-" for c in name):
+            raise InvalidArgument(
+                f"pipeline name must be letters, digits, '_' or '-', got {name!r}")
+        if not isinstance(app, Application):
+            raise InvalidArgument(f"app must be a ubiq.Application, got {app!r:.80}")
+        if not sites or not all(isinstance(s, str) and s.isalnum() for s in sites):
+            raise InvalidArgument(f"sites must map alphanumeric names to directories, "
+                                  f"got {sites!r:.80}")
+        if not isinstance(unit_bytes, int) or unit_bytes <= 0:
+            raise InvalidArgument(f"unit_bytes must be a positive int, got {unit_bytes!r}")
+        self.cluster, self.name, self.app = cluster, name, app
+        self.sites = {s: Path(d) for s, d in sites.items()}
+        self.pattern = pattern
+        self.unit_bytes = unit_bytes
+        self.max_unit_delay_ms = int(max_unit_delay * 1000)
+        self.local_eta_ms = int(local_eta * 1000)
+        self.track_interval = track_interval
+        first = next(iter(self.sites.values()))
+        self.sink = Path(sink) if sink is not None else first.parent / f"{name}.out"
+        self.staging = self.sink / ".staging"
+        prefix = f"ubiq.{name}."
+        self.files, self.units, self.quarantine = (
+            prefix + t for t in ("files", "units", "quarantine"))
+
+    # --- set-up ---------------------------------------------------------------------
+
+    def create(self) -> None:
+        """Create the tables and register the observed columns (idempotent)."""
+        for table in (self.files, self.units, self.quarantine):
+            self.cluster.create_table(table)
+        self.cluster.observe(self.files, "f:size")
+        self.cluster.observe(self.units, "u:ready")
+        self.cluster.observe(self.units, "u:commit")
+
+    def observers(self, site: str | None = None) -> list[Observer]:
+        """The cutter, the processor (reading from *site*: default the first) and the
+        dispatcher, for a :class:`~observers.Worker`."""
+        site = site or next(iter(self.sites))
+        if site not in self.sites:
+            raise InvalidArgument(f"unknown site {site!r}; sites: {sorted(self.sites)}")
+        return [_Cutter(self), _Processor(self, site), _Dispatcher(self)]
+
+    def tasks(self, site: str | None = None) -> list[Periodic]:
+        """The tracker of *site* (default: every site) and the lease sweep."""
+        sites = [site] if site else list(self.sites)
+        found = [Periodic(self.cluster, f"ubiq.{self.name}.track.{s}", _bind(self.track, s),
+                          interval=self.track_interval) for s in sites]
+        found.append(Periodic(self.cluster, f"ubiq.{self.name}.leases", self.sweep_leases,
+                              interval=max(self.track_interval, 0.5)))
+        return found
+
+    # --- tracking ---------------------------------------------------------------------
+
+    def track(self, site: str) -> int:
+        """One pass of *site*'s tracker: report the growth of every matching file
+        (at least once; the transaction ignores what is not growth), refuse files that
+        shrank or were replaced, and wake the cutter for tails that stopped growing.
+        Returns how many files grew."""
+        directory = self.sites[site]
+        grown = 0
+        now = _now_ms()
+        names = sorted(n for n in os.listdir(directory) if fnmatch.fnmatch(n, self.pattern)) \
+            if directory.is_dir() else []
+        with Snapshot(self.cluster) as snap:
+            known = {row.decode(): cells for row, cells in snap.get_rows(
+                self.files, [n.encode() for n in names],
+                [f"f:site.{site}", "f:size", "f:cut", "f:grown", "f:refused"]).items()}
+        for name in names:
+            cells = known[name]
+            if "f:refused" in cells:
+                continue
+            path = directory / name
+            try:
+                seen = int(cells.get(f"f:site.{site}", b"0"))
+                actual = path.stat().st_size
+                size = _complete_size(path, seen) if actual >= seen else actual
+                head = _head(path) if size else b""
+            except FileNotFoundError:
+                continue
+            cut, total = int(cells.get("f:cut", b"0")), int(cells.get("f:size", b"0"))
+            if size > seen or (size < seen) or "f:size" not in cells:
+                if _report(self.cluster, self, name, site, size, head, now):
+                    grown += 1
+            elif cut < total and now - int(cells.get("f:grown", b"0")) >= self.max_unit_delay_ms:
+                _nudge(self.cluster, self, name)  # a tail that stopped growing: cut it
+        return grown
+
+    def sweep_leases(self) -> int:
+        """Re-notify pending units whose lease expired or whose owner is dead, so that
+        a worker takes them over. Returns how many."""
+        now, due = _now_ms(), []
+        with Snapshot(self.cluster) as snap:
+            for row, cells in snap.scan(self.units, None, None, ["u:state", "u:lease"]):
+                if cells.get("u:state") != b"P" or "u:lease" not in cells:
+                    continue
+                owner, expires = _lease(cells["u:lease"])
+                if expires <= now or self.cluster.coordination.is_alive(owner) is False:
+                    due.append(row)
+        if due:
+            _renotify(self.cluster, self, due)
+        return len(due)
+
+    # --- operations ---------------------------------------------------------------------
+
+    def coverage(self) -> dict[str, list[str]]:
+        """Per file, what is wrong with its coverage: committed and quarantined ranges
+        must partition ``[0, f:size)`` exactly (with units still pending or leased
+        reported as such). Empty lists: all is well."""
+        with Snapshot(self.cluster) as snap:
+            files = {row.decode(): cells for row, cells in snap.scan(
+                self.files, None, None, ["f:size", "f:cut", "f:refused"])}
+            ranges: dict[str, list[tuple[int, int, bytes]]] = {}
+            for row, cells in snap.scan(self.units, None, None, ["u:range", "u:state"]):
+                name, begin = parse_unit_row(row)
+                ranges.setdefault(name, []).append(
+                    (begin, int(cells["u:range"]), cells.get("u:state", b"?")))
+        report: dict[str, list[str]] = {}
+        for name, cells in files.items():
+            problems = []
+            size, cut = int(cells.get("f:size", b"0")), int(cells.get("f:cut", b"0"))
+            done = sorted((b, e) for b, e, s in ranges.get(name, []) if s in (b"C", b"Q"))
+            waiting = [(b, e) for b, e, s in ranges.get(name, []) if s == b"P"]
+            at = 0
+            for begin, end in done:
+                if begin != at:
+                    problems.append(f"{'gap' if begin > at else 'overlap'} at {min(at, begin)}")
+                at = max(at, end)
+            if waiting:
+                problems.append(f"{len(waiting)} unit(s) pending")
+            elif at != size or cut != size:
+                problems.append(f"covered up to {at}, cut at {cut}, tracked {size}")
+            report[name] = problems
+        return report
+
+    def quarantined(self) -> list[tuple[str, int, int, str]]:
+        """``(file, begin, end, error)`` of every quarantined range."""
+        found = []
+        with Snapshot(self.cluster) as snap:
+            for row, cells in snap.scan(self.quarantine, None, None, ["x:end", "x:error"]):
+                name, begin = parse_unit_row(row)
+                found.append((name, begin, int(cells["x:end"]), cells["x:error"].decode()))
+        return found
+
+    def retry_range(self, name: str, begin: int) -> None:
+        """Put the quarantined range of *name* starting at *begin* back to work."""
+        _retry(self.cluster, self, unit_row(name, begin))
+
+    def __repr__(self) -> str:
+        return f"<ubiq.LogPipeline {self.name} on {self.cluster.store.url}>"
+
+
+def _bind(method: Any, arg: str) -> Any:
+    return lambda: method(arg)
+
+
+def _lease(raw: bytes) -> tuple[str, int]:
+    value = json.loads(raw)
+    return str(value["owner"]), int(value["expires"])
+
+
+# --- transactions ---------------------------------------------------------------------
+
+
+@transactional
+def _report(txn: TransactionBase, p: LogPipeline, name: str, site: str, size: int,
+            head: bytes, now: int) -> bool:
+    row = name.encode()
+    cells = txn.get_row(p.files, row, [f"f:site.{site}", "f:size", "f:head", "f:refused"])
+    if "f:refused" in cells:
+        return False
+    seen = int(cells.get(f"f:site.{site}", b"0"))
+    if size < seen:
+        why = f"site {site}: shrank from {seen} to {size} bytes (truncated)"
+    elif head and "f:head" in cells and seen >= HEAD_BYTES and cells["f:head"] != head:
+        why = f"site {site}: its first {HEAD_BYTES} bytes changed (replaced)"
+    else:
+        why = ""
+    if why:
+        log.error("ubiq %s: refusing %s: %s", p.name, name, why)
+        txn.set(p.files, row, "f:refused", why.encode())
+        return False
+    if size <= seen and "f:size" in cells:
+        return False
+    txn.set(p.files, row, f"f:site.{site}", b"%d" % size)
+    if size >= HEAD_BYTES or "f:head" not in cells:
+        txn.set(p.files, row, "f:head", head)
+    if size > int(cells.get("f:size", b"0")) or "f:size" not in cells:
+        txn.set(p.files, row, "f:size", b"%d" % size)
+        txn.set(p.files, row, "f:grown", b"%d" % now)
+    return True
+
+
+@transactional
+def _nudge(txn: TransactionBase, p: LogPipeline, name: str) -> None:
+    txn.notify(p.files, name.encode(), "f:size")
+
+
+def _record_boundary(p: LogPipeline, name: str, at: int, limit: int) -> int:
+    """The offset after the first newline at or after *at* (at most *limit*)."""
+    for directory in p.sites.values():
+        path = directory / name
+        with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
+            if path.stat().st_size < limit:
+                continue
+            f.seek(at)
+            pos = at
+            while pos < limit:
+                chunk = f.read(min(65536, limit - pos))
+                found = chunk.find(b"\n")
+                if found >= 0:
+                    return pos + found + 1
+                pos += len(chunk)
+            return limit
+    return limit
+
+
+def cut_file(txn: TransactionBase, p: LogPipeline, name: str, now: int) -> int:
+    """The cutter's body: cut ``[f:cut, f:size)`` of *name* into units at record
+    boundaries. Returns how many units it made."""
+    row = name.encode()
+    cells = txn.get_row(p.files, row, ["f:size", "f:cut", "f:grown", "f:refused"])
+    size, cut = int(cells.get("f:size", b"0")), int(cells.get("f:cut", b"0"))
+    if "f:refused" in cells or cut >= size:
+        return 0
+    quiet = now - int(cells.get("f:grown", b"0")) >= p.max_unit_delay_ms
+    made = 0
+    while cut < size:
+        if size - cut < p.unit_bytes and not quiet:
+            break  # a young tail waits to grow into a unit (or for max_unit_delay)
+        end = size if size - cut <= p.unit_bytes else _record_boundary(
+            p, name, cut + p.unit_bytes - 1, size)
+        _new_unit(txn, p, name, cut, end)
+        cut, made = end, made + 1
+    if made:
+        txn.set(p.files, row, "f:cut", b"%d" % cut)
+    return made
+
+
+def _new_unit(txn: TransactionBase, p: LogPipeline, name: str, begin: int, end: int) -> None:
+    row = unit_row(name, begin)
+    txn.set(p.units, row, "u:range", b"%d" % end)
+    txn.set(p.units, row, "u:state", b"P")
+    txn.set(p.units, row, "u:ready", b"1")
+
+
+@transactional
+def _take_lease(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str,
+                now: int) -> tuple[str, int] | None:
+    """Lease the unit in *row* for *owner*: ``(file, end)`` when taken, None when it is
+    not pending, or leased by a live owner whose lease has not expired."""
+    cells = txn.get_row(p.units, row, ["u:range", "u:state", "u:lease"])
+    if cells.get("u:state") != b"P":
+        return None
+    if "u:lease" in cells:
+        holder, expires = _lease(cells["u:lease"])
+        if holder != owner and expires > now and \
+                p.cluster.coordination.is_alive(holder) is not False:
+            return None
+    txn.set(p.units, row, "u:lease", json.dumps(
+        {"owner": owner, "expires": now + p.local_eta_ms}).encode())
+    return parse_unit_row(row)[0], int(cells["u:range"])
+
+
+@transactional
+def _renotify(txn: TransactionBase, p: LogPipeline, rows: list[bytes]) -> None:
+    for row in rows:
+        txn.notify(p.units, row, "u:ready")
+
+
+@transactional
+def _fail(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str, error: str) -> None:
+    """Count a failed attempt; past MAX_FAILURES, split the unit (or quarantine a
+    single record)."""
+    cells = txn.get_row(p.units, row, ["u:range", "u:state", "u:lease", "u:fail"])
+    if cells.get("u:state") != b"P" or _lease(cells.get("u:lease", b'{"owner":"","expires":0}')
+                                              )[0] != owner:
+        return
+    failures = int(cells.get("u:fail", b"0")) + 1
+    txn.delete(p.units, row, "u:lease")
+    if failures < MAX_FAILURES:
+        txn.set(p.units, row, "u:fail", b"%d" % failures)
+        txn.notify(p.units, row, "u:ready")
+        return
+    name, begin = parse_unit_row(row)
+    end = int(cells["u:range"])
+    middle = _record_boundary(p, name, begin + (end - begin) // 2, end)
+    if middle >= end:  # one record: nothing left to split off
+        middle = _record_boundary(p, name, begin, end)
+    if middle >= end:
+        txn.set(p.units, row, "u:state", b"Q")
+        txn.set(p.quarantine, row, "x:end", b"%d" % end)
+        txn.set(p.quarantine, row, "x:error", error.encode()[:2000])
+        log.error("ubiq %s: quarantined %s [%d, %d): %s", p.name, name, begin, end, error)
+        return
+    # Two pieces that partition the unit, in this one transaction: the first keeps the
+    # row (it starts where the unit did), the second is a new unit.
+    _new_unit(txn, p, name, begin, middle)
+    _new_unit(txn, p, name, middle, end)
+    txn.delete(p.units, row, "u:fail")
+
+
+@transactional
+def _retry(txn: TransactionBase, p: LogPipeline, row: bytes) -> None:
+    if txn.get(p.units, row, "u:state") != b"Q":
+        raise InvalidArgument(f"no quarantined range at {parse_unit_row(row)}")
+    txn.delete(p.quarantine, row, "x:end")
+    txn.delete(p.quarantine, row, "x:error")
+    txn.set(p.units, row, "u:state", b"P")
+    txn.delete(p.units, row, "u:fail")
+    txn.notify(p.units, row, "u:ready")
+
+
+def process_unit(p: LogPipeline, site: str, row: bytes, owner: str) -> bool:
+    """Lease, process and commit the unit in *row*; returns whether this call
+    committed it. Its output (table writes and published files) exists if and only if
+    the commit does."""
+    taken = _take_lease(p.cluster, p, row, owner, _now_ms())
+    if taken is None:
+        return False
+    name, end = taken
+    _, begin = parse_unit_row(row)
+    unit = WorkUnit(name, begin, end, p.sites[site] / name, site)
+    attempt = uuid.uuid4().hex[:12]
+    staging = p.staging / row.hex() / attempt
+    txn = Transaction(p.cluster)
+    out = Output(txn, staging)
+    try:
+        p.app.process(unit, out)
+    except Exception as e:  # the app's failure: count it, split after MAX_FAILURES
+        txn.rollback()
+        _discard(staging)
+        _fail(p.cluster, p, row, owner, f"{type(e).__name__}: {e}")
+        return False
+    try:
+        if not finish_unit(txn, p, row, owner, attempt, out.files):
+            txn.rollback()
+            _discard(staging)
+            return False
+        txn.commit()
+    except ConflictError:  # a newer lease, or another committer: this attempt lost
+        _discard(staging)
+        return False
+    publish(p, row, attempt, out.files)
+    return True
+
+
+def finish_unit(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str, attempt: str,
+                files: list[str]) -> bool:
+    """Mark the unit committed in *txn*, which holds the application's output, if it is
+    still pending and leased by *owner*; False (write nothing) if not."""
+    cells = txn.get_row(p.units, row, ["u:state", "u:lease"])
+    if cells.get("u:state") != b"P" or _lease(cells.get(
+            "u:lease", b'{"owner":"","expires":0}'))[0] != owner:
+        return False
+    txn.set(p.units, row, "u:state", b"C")
+    txn.delete(p.units, row, "u:lease")
+    txn.delete(p.units, row, "u:fail")
+    txn.set(p.units, row, "u:commit", json.dumps(
+        {"attempt": attempt, "files": files, "owner": owner}).encode())
+    return True
+
+
+def _discard(staging: Path) -> None:
+    if staging.exists():
+        for item in staging.iterdir():
+            item.unlink()
+        staging.rmdir()
+
+
+def publish(p: LogPipeline, row: bytes, attempt: str, files: list[str]) -> None:
+    """Publish the committed attempt's staged files under their final names (atomic
+    renames; a file already published is left alone)."""
+    staging = p.staging / row.hex() / attempt
+    name, begin = parse_unit_row(row)
+    for file in files:
+        final = p.sink / f"{name}@{begin}.{file}"
+        staged = staging / file
+        if not final.exists() and staged.exists():
+            os.replace(staged, final)
+    with contextlib.suppress(OSError):
+        _discard(staging)
+        staging.parent.rmdir()
+
+
+class _Cutter(Observer):
+    def __init__(self, p: LogPipeline) -> None:
+        self.pipeline = p
+        self.table, self.column = p.files, "f:size"  # type: ignore[misc]
+        self.name = f"ubiq.{p.name}.cutter"  # type: ignore[misc]
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        cut_file(txn, self.pipeline, row.decode(), _now_ms())
+
+
+class _Processor(Observer):
+    """Hands each ready unit to a processing thread and returns: the scanner's
+    advisory lock on the row must not outlive the notification, or a live but stuck
+    process would keep every other worker off the unit; the lease (with its expiry)
+    is what guards the unit while it is processed."""
+
+    def __init__(self, p: LogPipeline, site: str, parallel: int = 2) -> None:
+        self.pipeline, self.site = p, site
+        self.table, self.column = p.units, "u:ready"  # type: ignore[misc]
+        self.name = f"ubiq.{p.name}.processor"  # type: ignore[misc]
+        self._slots = threading.BoundedSemaphore(parallel)
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        self._slots.acquire()  # back-pressure: at most *parallel* units in flight
+        threading.Thread(target=self._run, args=(row,), daemon=True,
+                         name=f"ubiq-unit-{row[:40]!r}").start()
+
+    def _run(self, row: bytes) -> None:
+        try:
+            owner = self.pipeline.cluster.coordination.current_owner()
+            process_unit(self.pipeline, self.site, row, owner)
+        except Exception:  # its lease expires and the sweep hands the unit on
+            log.exception("ubiq %s: processing %r failed", self.pipeline.name, row)
+        finally:
+            self._slots.release()
+
+
+class _Dispatcher(Observer):
+    """Publishes a committed unit's files if its committer died before it did."""
+
+    def __init__(self, p: LogPipeline) -> None:
+        self.pipeline = p
+        self.table, self.column = p.units, "u:commit"  # type: ignore[misc]
+        self.name = f"ubiq.{p.name}.dispatcher"  # type: ignore[misc]
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        raw = txn.get(self.pipeline.units, row, "u:commit")
+        if raw is not None:
+            committed = json.loads(raw)
+            publish(self.pipeline, row, committed["attempt"], committed["files"])
