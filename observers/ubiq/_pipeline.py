@@ -6,9 +6,9 @@ Tables of pipeline ``<p>``:
 
 * ``ubiq.<p>.files``, row = file name: ``f:size`` (largest complete size seen at any
   site; **observed by the cutter**), ``f:site.<S>`` (complete size at site S),
-  ``f:head`` (sha256 of the first KiB, to tell a replaced file), ``f:grown`` (ms of the
-  last growth), ``f:cut`` (bytes below it are in units), ``f:refused`` (why the file is
-  no longer followed: truncated or replaced);
+  ``f:head`` (sha256 of the first KiB, to tell a replaced file), ``f:since`` (ms when
+  the oldest byte not yet in a unit was first reported), ``f:cut`` (bytes below it are
+  in units), ``f:refused`` (why the file is no longer followed: truncated or replaced);
 * ``ubiq.<p>.units``, row = ``name NUL be64(begin)``: ``u:range`` (``end``),
   ``u:state`` (``P`` pending, ``C`` committed, ``Q`` quarantined, ``X`` split),
   ``u:lease`` (owner, expiry), ``u:fail`` (failed attempts), ``u:commit`` (the committed
@@ -266,7 +266,7 @@ class LogPipeline:
         with Snapshot(self.cluster) as snap:
             known = {row.decode(): cells for row, cells in snap.get_rows(
                 self.files, [n.encode() for n in names],
-                [f"f:site.{site}", "f:size", "f:cut", "f:grown", "f:refused"]).items()}
+                [f"f:site.{site}", "f:size", "f:cut", "f:since", "f:refused"]).items()}
         for name in names:
             cells = known[name]
             if "f:refused" in cells:
@@ -283,7 +283,7 @@ class LogPipeline:
             if size > seen or (size < seen) or "f:size" not in cells:
                 if _report(self.cluster, self, name, site, size, head, now):
                     grown += 1
-            elif cut < total and now - int(cells.get("f:grown", b"0")) >= self.max_unit_delay_ms:
+            elif cut < total and now - int(cells.get("f:since", b"0")) >= self.max_unit_delay_ms:
                 _nudge(self.cluster, self, name)  # a tail that stopped growing: cut it
         return grown
 
@@ -367,7 +367,8 @@ def _lease(raw: bytes) -> tuple[str, int]:
 def _report(txn: TransactionBase, p: LogPipeline, name: str, site: str, size: int,
             head: bytes, now: int) -> bool:
     row = name.encode()
-    cells = txn.get_row(p.files, row, [f"f:site.{site}", "f:size", "f:head", "f:refused"])
+    cells = txn.get_row(p.files, row,
+                        [f"f:site.{site}", "f:size", "f:head", "f:since", "f:refused"])
     if "f:refused" in cells:
         return False
     seen = int(cells.get(f"f:site.{site}", b"0"))
@@ -388,7 +389,8 @@ def _report(txn: TransactionBase, p: LogPipeline, name: str, site: str, size: in
         txn.set(p.files, row, "f:head", head)
     if size > int(cells.get("f:size", b"0")) or "f:size" not in cells:
         txn.set(p.files, row, "f:size", b"%d" % size)
-        txn.set(p.files, row, "f:grown", b"%d" % now)
+        if "f:since" not in cells:  # the first byte not yet in a unit: its wait starts
+            txn.set(p.files, row, "f:since", b"%d" % now)
     return True
 
 
@@ -420,11 +422,13 @@ def cut_file(txn: TransactionBase, p: LogPipeline, name: str, now: int) -> int:
     """The cutter's body: cut ``[f:cut, f:size)`` of *name* into units at record
     boundaries. Returns how many units it made."""
     row = name.encode()
-    cells = txn.get_row(p.files, row, ["f:size", "f:cut", "f:grown", "f:refused"])
+    cells = txn.get_row(p.files, row, ["f:size", "f:cut", "f:since", "f:refused"])
     size, cut = int(cells.get("f:size", b"0")), int(cells.get("f:cut", b"0"))
     if "f:refused" in cells or cut >= size:
         return 0
-    quiet = now - int(cells.get("f:grown", b"0")) >= p.max_unit_delay_ms
+    # A tail shorter than a unit waits for more bytes, but no byte waits longer than
+    # max_unit_delay from when it was first reported (Ubiq's bundling bound).
+    quiet = now - int(cells.get("f:since", b"0")) >= p.max_unit_delay_ms
     made = 0
     while cut < size:
         if size - cut < p.unit_bytes and not quiet:
@@ -435,6 +439,8 @@ def cut_file(txn: TransactionBase, p: LogPipeline, name: str, now: int) -> int:
         cut, made = end, made + 1
     if made:
         txn.set(p.files, row, "f:cut", b"%d" % cut)
+        if cut >= size:
+            txn.delete(p.files, row, "f:since")
     return made
 
 

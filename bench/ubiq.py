@@ -1,0 +1,243 @@
+"""Ubiq on Percolator (issue 18), all in one run: records/s of one process against a
+batch pass over the same bytes (the same ``process`` and raw store writes), duplicate
+work without faults, append-to-commit latency against its own bound, and the freshness
+of an incremental update against a full batch re-aggregation.
+
+    python bench/ubiq.py [--records 20000] [--write]
+
+``--write`` replaces the section ``## Ubiq (bench/ubiq.py)`` of BENCHMARKS.md.
+Embedded store (SQLite), one worker process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import percolator  # noqa: E402
+from bench._common import cpu_model, write_section  # noqa: E402
+from observers import Worker, ubiq  # noqa: E402
+from percolator._store import Mutation  # noqa: E402
+
+SECTION = "## Ubiq (bench/ubiq.py)"
+FILES = 10
+UNIT_BYTES = 256 << 10
+TIMING = {"track": 0.2, "delay": 0.3}
+"""The tracker's interval and the max unit delay (seconds), set from the command line."""
+
+
+class Counts(ubiq.Application):
+    """Per-unit partial counts by key; records the bytes it read and how long it took."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.seconds: list[float] = []
+        self.lock = threading.Lock()
+
+    def process(self, unit: ubiq.WorkUnit, out: ubiq.Output) -> None:
+        began = time.perf_counter()
+        counts: Counter[str] = Counter()
+        for record in unit.records():
+            counts[json.loads(record.data)["k"]] += 1
+        for key, n in counts.items():
+            out.set("partials", f"{key}/{unit.id}".encode(), "c:n", b"%d" % n)
+        with self.lock:
+            self.bytes += unit.end - unit.begin
+            self.seconds.append(time.perf_counter() - began)
+
+
+def _line(rng: random.Random, i: int) -> bytes:
+    return json.dumps({"k": f"k{rng.randrange(100)}", "i": i, "t": time.time(),
+                       "pad": "x" * 60}).encode() + b"\n"
+
+
+def _write(directory: Path, n: int, seed: int) -> None:
+    rng = random.Random(seed)
+    handles = [open(directory / f"log{f}.jsonl", "ab") for f in range(FILES)]  # noqa: SIM115
+    for i in range(n):
+        handles[i % FILES].write(_line(rng, i))
+    for h in handles:
+        h.close()
+
+
+def _pipeline(tmp: Path, name: str, app: Counts) -> tuple[percolator.Cluster, ubiq.LogPipeline]:
+    (tmp / name / "a").mkdir(parents=True)
+    cluster = percolator.connect(f"sqlite:///{tmp}/{name}.db")
+    cluster.create_table("partials")
+    p = ubiq.LogPipeline(cluster, "bench", app=app, sites={"a": tmp / name / "a"},
+                         unit_bytes=UNIT_BYTES, max_unit_delay=TIMING["delay"],
+                         track_interval=TIMING["track"])
+    p.create()
+    return cluster, p
+
+
+def _committed(p: ubiq.LogPipeline) -> tuple[bool, int]:
+    report = p.coverage()
+    with percolator.Snapshot(p.cluster) as snap:
+        done = sum(int(c["u:range"]) - ubiq._pipeline.parse_unit_row(row)[1]
+                   for row, c in snap.scan(p.units, None, None, ["u:range", "u:state"])
+                   if c.get("u:state") == b"C")
+    return bool(report) and not any(report.values()), done
+
+
+def batch_pass(directory: Path, cluster: percolator.Cluster, app: Counts) -> float:
+    """The same process() over the same bytes, cut the same way, its writes sent to the
+    store directly (no transactions, no tracking, no leases)."""
+
+    class Raw:
+        def __init__(self) -> None:
+            self.rows: list[Mutation] = []
+
+        def set(self, table: str, row: bytes, column: str, value: bytes) -> None:
+            self.rows.append(Mutation(row, [(f"d:{column}", 1, value)]))
+
+    began = time.perf_counter()
+    for path in sorted(directory.glob("*.jsonl")):
+        data = path.read_bytes()
+        at = 0
+        while at < len(data):
+            end = len(data) if len(data) - at <= UNIT_BYTES else data.index(
+                b"\n", at + UNIT_BYTES - 1) + 1
+            raw = Raw()
+            out = ubiq.Output(raw, directory / ".staging")  # type: ignore[arg-type]
+            app.process(ubiq.WorkUnit(path.name, at, end, path, "a"), out)
+            cluster.store.mutate_rows("partials", raw.rows)
+            at = end
+    return time.perf_counter() - began
+
+
+def throughput(tmp: Path, n: int) -> dict[str, float]:
+    app = Counts()
+    cluster, p = _pipeline(tmp, "tp", app)
+    directory = p.sites["a"]
+    _write(directory, n, 1)
+    with cluster:
+        t0 = time.perf_counter()
+        with Worker(cluster, p.observers(), tasks=p.tasks(), threads=2):
+            while not _committed(p)[0]:
+                time.sleep(0.05)
+            seconds = time.perf_counter() - t0
+        done = _committed(p)[1]
+        batch_app = Counts()
+        batch = batch_pass(directory, cluster, batch_app)
+    return {"per_s": n / seconds, "seconds": seconds, "batch_per_s": n / batch,
+            "batch_s": batch, "duplicate": app.bytes / done,
+            "median_unit_s": statistics.median(app.seconds)}
+
+
+def latency(tmp: Path, seconds: float, rate: float, base: int) -> dict[str, float]:
+    """Records appended at *rate*/s for *seconds* to a pipeline holding *base* records
+    already committed; for each, append -> the commit of its unit. Then the batch
+    re-aggregation of everything, for the freshness comparison."""
+    app = Counts()
+    cluster, p = _pipeline(tmp, "lat", app)
+    directory = p.sites["a"]
+    _write(directory, base, 2)
+    appended: list[tuple[str, int, float]] = []  # file, end offset of the record, time
+    committed_at: dict[tuple[str, int], float] = {}
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            now = time.perf_counter()
+            with percolator.Snapshot(cluster) as snap:
+                for row, c in snap.scan(p.units, None, None, ["u:range", "u:state"]):
+                    if c.get("u:state") == b"C":
+                        name, _ = ubiq._pipeline.parse_unit_row(row)
+                        committed_at.setdefault((name, int(c["u:range"])), now)
+            time.sleep(0.01)
+
+    with cluster, Worker(cluster, p.observers(), tasks=p.tasks(), threads=2):
+        while not _committed(p)[0]:
+            time.sleep(0.05)
+        poller = threading.Thread(target=poll)
+        poller.start()
+        rng = random.Random(3)
+        end = time.monotonic() + seconds
+        i = 0
+        while time.monotonic() < end:
+            name = f"log{i % FILES}.jsonl"
+            with open(directory / name, "ab") as f:
+                f.write(_line(rng, base + i))
+                offset = f.tell()
+            appended.append((name, offset, time.perf_counter()))
+            i += 1
+            time.sleep(1 / rate)
+        while not _committed(p)[0]:
+            time.sleep(0.05)
+        time.sleep(0.1)
+        stop.set()
+        poller.join()
+        batch = batch_pass(directory, cluster, Counts())
+    delays = []
+    ends = {}
+    for (name, unit_end), at in committed_at.items():
+        ends.setdefault(name, []).append((unit_end, at))
+    for name, offset, at in appended:
+        when = min(t for e, t in ends[name] if e >= offset)
+        delays.append(when - at)
+    delays.sort()
+    return {"p50_s": delays[len(delays) // 2], "p90_s": delays[int(len(delays) * 0.9)],
+            "median_unit_s": statistics.median(app.seconds), "batch_s": batch,
+            "appended": len(appended)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--records", type=int, default=20000)
+    parser.add_argument("--track-interval", type=float, default=0.2)
+    parser.add_argument("--max-unit-delay", type=float, default=0.3)
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+    TIMING.update(track=args.track_interval, delay=args.max_unit_delay)
+    with tempfile.TemporaryDirectory(prefix="bench-ubiq-") as tmp:
+        tp = throughput(Path(tmp), args.records)
+        # 1% of the data appended over 4 s: the incremental path's freshness
+        lat = latency(Path(tmp), 4.0, args.records / 100 / 4, args.records)
+    bound = TIMING["track"] + TIMING["delay"] + lat["median_unit_s"]
+    lines = [
+        SECTION, "",
+        f"- machine: {platform.machine()}, {cpu_model()}, CPython {platform.python_version()},"
+        f" {os.cpu_count()} cores",
+        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        f"- command: `python bench/ubiq.py --records {args.records} --track-interval "
+        f"{args.track_interval} --max-unit-delay {args.max_unit_delay}`",
+        f"- embedded store (SQLite), one worker process (2 scanner threads), {FILES} files, "
+        f"units of {UNIT_BYTES >> 10} KiB, tracker every {TIMING['track']} s, max unit delay "
+        f"{TIMING['delay']} s", "",
+        "| measure | result | target | ratio |", "|---|---|---|---|",
+        f"| records/s, the pipeline vs a batch pass over the same bytes (same process(), raw "
+        f"store writes) | {tp['per_s']:,.0f} vs {tp['batch_per_s']:,.0f} | >= 0.5x | "
+        f"**{tp['per_s'] / tp['batch_per_s']:.2f}x** |",
+        f"| duplicate work without faults: bytes processed / bytes committed | "
+        f"{tp['duplicate']:.3f} | <= 1.01 | **{tp['duplicate']:.3f}** |",
+        f"| append -> commit of its unit, p90 (p50), vs tracker interval + max unit delay + "
+        f"median unit time | {lat['p90_s']:.2f} s ({lat['p50_s']:.2f}) vs {bound:.2f} s | "
+        f"<= 1.5x | **{lat['p90_s'] / bound:.2f}x** |",
+        f"| freshness after a 1% append ({lat['appended']:,} records): median append -> "
+        f"commit vs a full batch re-aggregation | {lat['p50_s']:.2f} s vs "
+        f"{lat['batch_s']:.2f} s | >= 100x lower | **{lat['batch_s'] / lat['p50_s']:.0f}x** |",
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.write:
+        write_section(SECTION, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
