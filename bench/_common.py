@@ -30,3 +30,23 @@ def write_section(heading: str, text: str, path: Path = BENCHMARKS) -> None:
         end = old.find("\n## ", start + len(heading))
         new = old[:start] + text.rstrip("\n") + "\n" + ("" if end < 0 else old[end:])
     path.write_text(new.rstrip("\n") + "\n")
+
+
+def header(heading: str, command: str, *notes: str) -> list[str]:
+    """The first lines of a section: heading, machine, date, command and *notes*."""
+    import os
+    import time
+
+    return [heading, "",
+            f"- machine: {platform.machine()}, {cpu_model()}, {os.cpu_count()} cores, "
+            f"CPython {platform.python_version()}",
+            f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+            f"- command: `{command}`", *(f"- {note}" for note in notes)]
+
+
+def publish(heading: str, lines: list[str], write: bool) -> None:
+    """Print the section, and with *write* put it in BENCHMARKS.md."""
+    text = "\n".join(lines)
+    print(text)
+    if write:
+        write_section(heading, text)

@@ -11,7 +11,6 @@ Embedded store (SQLite).
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 import tempfile
 import threading
@@ -23,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 import percolator  # noqa: E402
 from bench import observers as plain  # noqa: E402
-from bench._common import cpu_model, write_section  # noqa: E402
+from bench._common import header, publish  # noqa: E402
 from observers import Observer, Worker, wait_for_observers  # noqa: E402
 from observers import millwheel as mw  # noqa: E402
 from percolator import TransactionBase  # noqa: E402
@@ -221,13 +220,10 @@ def main() -> int:
         lag = watermark_lag(tmp, 10, 100)
     per_record = stages["per_s"] / base["per_s"]
     lines = [
-        SECTION, "",
-        f"- machine: {platform.machine()}, {cpu_model()}, CPython {platform.python_version()}",
-        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-        f"- command: `python bench/millwheel.py --records {args.records} --hops {args.hops}`",
-        f"- hops: one record every {SPACING * 1000:.0f} ms in both harnesses; injector and "
-        f"advancer every {INTERVAL * 1000:.0f} ms",
-        "- embedded store (SQLite); every measure and its baseline in this one run", "",
+        *header(SECTION, f"python bench/millwheel.py --records {args.records} --hops {args.hops}",
+                f"hops: one record every {SPACING * 1000:.0f} ms in both harnesses; injector "
+                f"and advancer every {INTERVAL * 1000:.0f} ms",
+                "embedded store (SQLite); every measure and its baseline in this one run"), "",
         "| measure | result | target | ratio |", "|---|---|---|---|",
         f"| one hop, upstream key-run commit -> downstream key-run commit, p50 vs a plain "
         f"observer -> observer hop (4 threads each) | {hop['p50_ms']:.1f} ms vs "
@@ -244,10 +240,7 @@ def main() -> int:
         "bounded by the injector and advancer period (50 ms here) plus a key run per stage.",
         "",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.write:
-        write_section(SECTION, text)
+    publish(SECTION, lines, args.write)
     return 0
 
 

@@ -11,7 +11,6 @@ Embedded store (SQLite), one worker process with one scanner thread.
 from __future__ import annotations
 
 import argparse
-import platform
 import random
 import sys
 import tempfile
@@ -24,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 import percolator  # noqa: E402
 from bench import observers as plain  # noqa: E402
-from bench._common import cpu_model, write_section  # noqa: E402
+from bench._common import header, publish  # noqa: E402
 from observers import Observer, Worker, photon, wait_for_observers  # noqa: E402
 
 SECTION = "## Photon (bench/photon.py)"
@@ -157,13 +156,10 @@ def main() -> int:
         lat = latency(tmp, args.latency_events)
     ratio = joins["per_s"] / base["per_s"]
     lines = [
-        SECTION, "",
-        f"- machine: {platform.machine()}, {cpu_model()}, CPython {platform.python_version()}",
-        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-        f"- command: `python bench/photon.py --events {args.events} "
-        f"--latency-events {args.latency_events}`",
-        "- embedded store (SQLite), one worker thread for throughput, four for latency "
-        "(as bench/observers.py); every measure and its baseline in this one run", "",
+        *header(SECTION, f"python bench/photon.py --events {args.events} --latency-events "
+                f"{args.latency_events}",
+                "embedded store (SQLite), one worker thread for throughput, four for latency "
+                "(as bench/observers.py); every measure and its baseline in this one run"), "",
         "| measure | result | target | ratio |", "|---|---|---|---|",
         f"| joins/s, one worker (each: read the click and its query, write output, state "
         f"and ack) vs the plain one-cell Copier of bench/observers.py | {joins['per_s']:,.0f}"
@@ -181,10 +177,7 @@ def main() -> int:
         "Photon's own figures (000 §4.1: 90% of clicks joined within 7 s) are for a fleet "
         "fed from logs across data centers, not comparable.", "",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.write:
-        write_section(SECTION, text)
+    publish(SECTION, lines, args.write)
     return 0
 
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -28,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import percolator  # noqa: E402
-from bench._common import cpu_model, write_section  # noqa: E402
+from bench._common import header, publish  # noqa: E402
 from observers import Worker, ubiq  # noqa: E402
 from percolator._store import Mutation  # noqa: E402
 
@@ -209,15 +207,10 @@ def main() -> int:
         lat = latency(Path(tmp), 4.0, args.records / 100 / 4, args.records)
     bound = TIMING["track"] + TIMING["delay"] + lat["median_unit_s"]
     lines = [
-        SECTION, "",
-        f"- machine: {platform.machine()}, {cpu_model()}, CPython {platform.python_version()},"
-        f" {os.cpu_count()} cores",
-        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-        f"- command: `python bench/ubiq.py --records {args.records} --track-interval "
-        f"{args.track_interval} --max-unit-delay {args.max_unit_delay}`",
-        f"- embedded store (SQLite), one worker process (2 scanner threads), {FILES} files, "
-        f"units of {UNIT_BYTES >> 10} KiB, tracker every {TIMING['track']} s, max unit delay "
-        f"{TIMING['delay']} s", "",
+        *header(SECTION, f"python bench/ubiq.py --records {args.records} --track-interval "
+                f"{args.track_interval} --max-unit-delay {args.max_unit_delay}",
+                f"embedded store (SQLite), one worker process (2 scanner threads), {FILES} "
+                f"files, units of {UNIT_BYTES >> 10} KiB"), "",
         "| measure | result | target | ratio |", "|---|---|---|---|",
         f"| records/s, the pipeline vs a batch pass over the same bytes (same process(), raw "
         f"store writes) | {tp['per_s']:,.0f} vs {tp['batch_per_s']:,.0f} | >= 0.5x | "
@@ -232,10 +225,7 @@ def main() -> int:
         f"{lat['batch_s']:.2f} s | >= 100x lower | **{lat['batch_s'] / lat['p50_s']:.0f}x** |",
         "",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.write:
-        write_section(SECTION, text)
+    publish(SECTION, lines, args.write)
     return 0
 
 

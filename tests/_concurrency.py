@@ -1,9 +1,15 @@
-"""Running test code in several threads at once."""
+"""Running test code in several threads at once, or as processes."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_concurrently(target: Callable[[int], None], threads: int) -> None:
@@ -25,3 +31,13 @@ def run_concurrently(target: Callable[[int], None], threads: int) -> None:
     for thread in started:
         thread.join()
     assert errors == []
+
+
+def spawn_module(module: str, *args: str, env: dict[str, str] | None = None
+                 ) -> subprocess.Popen[bytes]:
+    """``python -m module args`` from the repository root (this checkout's code), its
+    output discarded: a worker process for a test to kill."""
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args], cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

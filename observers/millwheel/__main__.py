@@ -20,19 +20,10 @@ import time
 
 import percolator
 from observers import Worker
-from observers._loading import load_object
+from observers._recipes import load_pipeline
 from observers.millwheel._model import END_OF_TIME
 from observers.millwheel._pipeline import Pipeline
-from percolator import InvalidArgument, PercolatorError
-
-
-def load_pipeline(spec: str, cluster: percolator.Cluster) -> Pipeline:
-    """The pipeline built by the factory *spec* (``package.module:NAME``)."""
-    factory = load_object(spec, "--pipeline")
-    pipeline = factory(cluster) if callable(factory) else factory
-    if not isinstance(pipeline, Pipeline):
-        raise InvalidArgument(f"{spec!r} did not give a millwheel.Pipeline: {pipeline!r:.80}")
-    return pipeline
+from percolator import PercolatorError
 
 
 def _mark(ms: int) -> str:
@@ -54,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     try:
         with percolator.connect(args.cluster) as cluster:
-            pipeline = load_pipeline(args.pipeline, cluster)
+            pipeline = load_pipeline(args.pipeline, cluster, Pipeline)
             if args.command == "run":
                 pipeline.create()
                 Worker(cluster, pipeline.observers(), tasks=pipeline.tasks(),

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from observers import Observer, Periodic
+from observers._recipes import check_pipeline
 from observers.millwheel._model import (
     END_OF_TIME,
     Computation,
@@ -140,11 +141,7 @@ class Pipeline:
 
     def __init__(self, cluster: Cluster, name: str, *, interval: float = 0.1,
                  inject_batch: int = INJECT_BATCH) -> None:
-        if not isinstance(cluster, Cluster):
-            raise InvalidArgument(f"Pipeline needs a percolator.Cluster, got {cluster!r:.80}")
-        if not isinstance(name, str) or not name or not all(c.isalnum() or c in "_-" for c in name):
-            raise InvalidArgument(
-                f"pipeline name must be letters, digits, '_' or '-', got {name!r}")
+        check_pipeline("Pipeline", cluster, name)
         self.cluster = cluster
         self.name = name
         self.interval = interval

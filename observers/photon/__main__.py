@@ -25,7 +25,7 @@ from typing import Any
 
 import percolator
 from observers import Worker
-from observers._loading import load_object
+from observers._recipes import load_object
 from observers.photon._adapter import Adapter, JsonAdapter
 from observers.photon._pipeline import JoinPipeline, State, iter_jsonl
 from percolator import PercolatorError, Snapshot

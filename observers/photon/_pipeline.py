@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from observers import Observer, Periodic
+from observers._recipes import check_pipeline
 from observers.photon._adapter import Adapter, BadEvent, JsonAdapter
 from percolator import Cluster, InvalidArgument, Snapshot, TransactionBase, transactional
 from percolator._encoding import WRITE, WriteKind, decode_write
@@ -173,11 +174,7 @@ class JoinPipeline:
         retention_days: float | None = None,
         sweep_interval: float = 1.0,
     ) -> None:
-        if not isinstance(cluster, Cluster):
-            raise InvalidArgument(f"JoinPipeline needs a percolator.Cluster, got {cluster!r:.80}")
-        if not isinstance(name, str) or not name or not all(c.isalnum() or c in "_-" for c in name):
-            raise InvalidArgument(
-                f"pipeline name must be letters, digits, '_' or '-', got {name!r}")
+        check_pipeline("JoinPipeline", cluster, name)
         if not isinstance(adapter, Adapter):
             raise InvalidArgument(f"adapter must implement photon.Adapter, got {adapter!r:.80}")
         if not isinstance(unjoinable_after, int | float) or unjoinable_after <= 0:
@@ -479,10 +476,10 @@ def _advance_boundary(txn: TransactionBase, p: JoinPipeline, boundary: int) -> i
     return boundary
 
 
-@transactional
-def _ingest_foreign(txn: TransactionBase, p: JoinPipeline, batch: Sequence[_Event]
-                    ) -> IngestResult:
-    result = IngestResult()
+def _admit(txn: TransactionBase, p: JoinPipeline, batch: Sequence[_Event],
+           result: IngestResult) -> dict[bytes, _Event]:
+    """The events of *batch* not older than the retention boundary, once per row
+    (counting the others in *result*)."""
     boundary = _boundary(txn, p)
     fresh: dict[bytes, _Event] = {}
     for event in batch:
@@ -492,6 +489,14 @@ def _ingest_foreign(txn: TransactionBase, p: JoinPipeline, batch: Sequence[_Even
             result.duplicates += 1
         else:
             fresh[event.key] = event
+    return fresh
+
+
+@transactional
+def _ingest_foreign(txn: TransactionBase, p: JoinPipeline, batch: Sequence[_Event]
+                    ) -> IngestResult:
+    result = IngestResult()
+    fresh = _admit(txn, p, batch, result)
     found = txn.get_rows(p.foreign, list(fresh), [RAW])
     for key, event in fresh.items():
         if found[key]:
@@ -508,15 +513,7 @@ def _ingest_foreign(txn: TransactionBase, p: JoinPipeline, batch: Sequence[_Even
 def _ingest_primary(txn: TransactionBase, p: JoinPipeline, batch: Sequence[_Event]
                     ) -> IngestResult:
     result = IngestResult()
-    boundary = _boundary(txn, p)
-    fresh: dict[bytes, _Event] = {}
-    for event in batch:
-        if event.time_ms is not None and event.time_ms < boundary:
-            result.too_late += 1
-        elif event.key in fresh:
-            result.duplicates += 1
-        else:
-            fresh[event.key] = event
+    fresh = _admit(txn, p, batch, result)
     found = txn.get_rows(p.primary, list(fresh), [RAW, WAITERS])
     for key, event in fresh.items():
         cells = found[key]

@@ -25,17 +25,9 @@ import threading
 
 import percolator
 from observers import Worker
-from observers._loading import load_object
+from observers._recipes import load_pipeline
 from observers.ubiq._pipeline import LogPipeline
 from percolator import InvalidArgument, PercolatorError, Snapshot
-
-
-def load_pipeline(spec: str, cluster: percolator.Cluster) -> LogPipeline:
-    factory = load_object(spec, "--pipeline")
-    pipeline = factory(cluster) if callable(factory) else factory
-    if not isinstance(pipeline, LogPipeline):
-        raise InvalidArgument(f"{spec!r} did not give a ubiq.LogPipeline: {pipeline!r:.80}")
-    return pipeline
 
 
 def _track(p: LogPipeline, site: str) -> int:
@@ -94,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     try:
         with percolator.connect(args.cluster) as cluster:
-            p = load_pipeline(args.pipeline, cluster)
+            p = load_pipeline(args.pipeline, cluster, LogPipeline)
             site = args.site or next(iter(p.sites))
             if site not in p.sites:
                 raise InvalidArgument(f"unknown --site {site!r}; sites: {sorted(p.sites)}")

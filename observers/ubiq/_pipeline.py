@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from observers import Observer, Periodic
+from observers._recipes import check_pipeline
 from percolator import (
     Cluster,
     ConflictError,
@@ -198,11 +199,7 @@ class LogPipeline:
                  unit_bytes: int = 1 << 20, max_unit_delay: float = 5.0,
                  local_eta: float = 60.0, track_interval: float = 1.0,
                  sink: str | os.PathLike[str] | None = None) -> None:
-        if not isinstance(cluster, Cluster):
-            raise InvalidArgument(f"LogPipeline needs a percolator.Cluster, got {cluster!r:.80}")
-        if not isinstance(name, str) or not name or not all(c.isalnum() or c in "_-" for c in name):
-            raise InvalidArgument(
-                f"pipeline name must be letters, digits, '_' or '-', got {name!r}")
+        check_pipeline("LogPipeline", cluster, name)
         if not isinstance(app, Application):
             raise InvalidArgument(f"app must be a ubiq.Application, got {app!r:.80}")
         if not sites or not all(isinstance(s, str) and s.isalnum() for s in sites):

@@ -8,13 +8,10 @@ records, and bad topologies."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,22 +25,12 @@ from observers.millwheel import _pipeline
 from observers.millwheel.__main__ import main as mw_main
 from percolator import Cluster, Snapshot, Transaction
 from percolator.testing import CrashPoint, client_of, crash_commit
-from tests._backends import BACKENDS, make_store_url
+from tests._backends import make_store_url
+from tests._concurrency import spawn_module
 from tests.millwheel import _app
 
 ROOT = Path(__file__).resolve().parents[2]
 END = mw.END_OF_TIME
-
-
-@pytest.fixture(params=BACKENDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return make_store_url(str(request.param), request, tmp_path)
-
-
-@pytest.fixture
-def cluster(url: str) -> Iterator[Cluster]:
-    with percolator.connect(url) as c:
-        yield c
 
 
 def run_to_the_end(pipeline: mw.Pipeline, timeout: float = 120) -> None:
@@ -99,13 +86,13 @@ def test_a_restarted_injector_replays_nothing_twice(cluster: Cluster) -> None:
     assert_exact(again, records)
 
 
-def test_a_key_run_dying_inside_its_commit_is_all_or_nothing(url: str) -> None:
+def test_a_key_run_dying_inside_its_commit_is_all_or_nothing(store_url: str) -> None:
     """A Windower run that consumes records, fires a timer, arms timers and produces
     a window dies at each point of its commit; the rest of the pipeline then runs.
     Counts stay exact: the run's effects landed together or not at all."""
     for point in (CrashPoint("prewrite", 0), CrashPoint("prewrite", 2),
                   CrashPoint("commit_point"), CrashPoint("commit", 1)):
-        with percolator.connect(url) as cluster:
+        with percolator.connect(store_url) as cluster:
             records = _app.make_input(3, 120, queries=1)
             pipeline = _app.build(cluster, records)
             pipeline.create()
@@ -125,11 +112,8 @@ def test_a_key_run_dying_inside_its_commit_is_all_or_nothing(url: str) -> None:
 
 
 def _spawn(url: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "observers.millwheel", "run", "--cluster", url,
-         "--pipeline", "tests.millwheel._app:make", "--threads", "2"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return spawn_module("observers.millwheel", "run", "--cluster", url, "--pipeline",
+                        "tests.millwheel._app:make", "--threads", "2", env=env)
 
 
 @pytest.mark.parametrize("backend", [

@@ -11,13 +11,10 @@ boundary, replay after downtime, and worker and ingest processes killed with
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +27,8 @@ from observers.photon.__main__ import main as photon_main
 from percolator import Cluster, Snapshot, Transaction
 from percolator._notifications import quarantined, retry_quarantined
 from percolator.testing import CrashPoint, Interleaving, client_of, crash_commit
-from tests._backends import BACKENDS, make_store_url
+from tests._backends import make_store_url
+from tests._concurrency import spawn_module
 
 ROOT = Path(__file__).resolve().parents[2]
 ADAPTER = photon.JsonAdapter(foreign_id="click", primary_id="query", primary_ref="query",
@@ -70,17 +68,6 @@ def outputs(p: photon.JoinPipeline) -> dict[bytes, bytes]:
     with Snapshot(p.cluster) as snap:
         return {row[3:]: cells["ev:joined"]
                 for row, cells in snap.scan(p.joined_table, None, None, ["ev:joined"])}
-
-
-@pytest.fixture(params=BACKENDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return make_store_url(str(request.param), request, tmp_path)
-
-
-@pytest.fixture
-def cluster(url: str) -> Iterator[Cluster]:
-    with percolator.connect(url) as c:
-        yield c
 
 
 def pipeline(cluster: Cluster, **options: Any) -> photon.JoinPipeline:
@@ -205,8 +192,10 @@ def test_a_primary_that_never_comes_makes_the_event_unjoinable_once(cluster: Clu
 @pytest.mark.parametrize("point", [CrashPoint("prewrite", 0), CrashPoint("prewrite", 1),
                                    CrashPoint("commit_point"), CrashPoint("commit", 0)],
                          ids=lambda c: f"{c.phase}-{c.index}")
-def test_a_joiner_dying_inside_its_commit_joins_once(url: str, point: CrashPoint) -> None:
-    with percolator.connect(url) as cluster:
+def test_a_joiner_dying_inside_its_commit_joins_once(
+    store_url: str, point: CrashPoint
+) -> None:
+    with percolator.connect(store_url) as cluster:
         p = pipeline(cluster)
         qs, cs = generate(random.Random(5), 1, 1, orphans=0)
         p.log_primary(cluster, qs)
@@ -421,10 +410,7 @@ def test_the_cli_creates_ingests_reports_and_verifies(
 
 
 def _spawn(url: str, *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "observers.photon", *args, "--cluster", url, "--name", "clicks"],
-        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return spawn_module("observers.photon", *args, "--cluster", url, "--name", "clicks")
 
 
 @pytest.mark.parametrize("backend", [

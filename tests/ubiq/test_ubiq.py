@@ -11,9 +11,7 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,21 +22,11 @@ from observers.ubiq import _pipeline
 from observers.ubiq.__main__ import main as ubiq_main
 from percolator import Cluster, Snapshot, Transaction
 from percolator.testing import CrashPoint, client_of, crash_commit
-from tests._backends import BACKENDS, make_store_url
+from tests._backends import make_store_url
+from tests._concurrency import spawn_module
 from tests.ubiq import _app
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(params=BACKENDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return make_store_url(str(request.param), request, tmp_path)
-
-
-@pytest.fixture
-def cluster(url: str) -> Iterator[Cluster]:
-    with percolator.connect(url) as c:
-        yield c
 
 
 def settle(p: ubiq.LogPipeline, timeout: float = 120) -> None:
@@ -110,13 +98,13 @@ def test_a_corrupt_record_is_split_off_and_quarantined(cluster: Cluster, tmp_pat
                                    CrashPoint("commit_point"), CrashPoint("commit", 1)],
                          ids=lambda c: f"{c.phase}-{c.index}")
 def test_a_unit_commit_dying_at_any_point_lands_whole_or_not_at_all(
-    url: str, tmp_path: Path, point: CrashPoint
+    store_url: str, tmp_path: Path, point: CrashPoint
 ) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     (tmp_path / "a" / "one.jsonl").write_bytes(
         b"".join(json.dumps({"k": f"k{i % 3}"}).encode() + b"\n" for i in range(30)))
-    with percolator.connect(url) as cluster:
+    with percolator.connect(store_url) as cluster:
         p = _app.pipeline(cluster, tmp_path, max_unit_delay=0)
         p.create()
         p.track("a")
@@ -165,11 +153,9 @@ def test_refuses_a_truncated_or_replaced_file(cluster: Cluster, tmp_path: Path) 
 
 
 def _spawn(url: str, root: Path, site: str, **env: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "observers.ubiq", "run", "--cluster", url,
-         "--pipeline", "tests.ubiq._app:make", "--site", site, "--threads", "2"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "UBIQ_ROOT": str(root), **env},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return spawn_module("observers.ubiq", "run", "--cluster", url, "--pipeline",
+                        "tests.ubiq._app:make", "--site", site, "--threads", "2",
+                        env={"UBIQ_ROOT": str(root), **env})
 
 
 @pytest.mark.parametrize("backend", [

@@ -1,0 +1,49 @@
+"""What the stream recipes (photon, millwheel, ubiq) share: their pipelines' checks
+and loading user code named on a command line (``package.module:NAME``)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, TypeVar
+
+from percolator import Cluster, InvalidArgument
+
+__all__ = ["check_pipeline", "load_object", "load_pipeline"]
+
+T = TypeVar("T")
+
+
+def check_pipeline(kind: str, cluster: object, name: object) -> None:
+    """*cluster* is a Cluster and *name* a pipeline name (it goes into table names).
+
+    :raises InvalidArgument: naming what is wrong."""
+    if not isinstance(cluster, Cluster):
+        raise InvalidArgument(f"{kind} needs a percolator.Cluster, got {cluster!r:.80}")
+    if not isinstance(name, str) or not name or not all(c.isalnum() or c in "_-" for c in name):
+        raise InvalidArgument(f"pipeline name must be letters, digits, '_' or '-', got {name!r}")
+
+
+def load_pipeline(spec: str, cluster: Cluster, kind: type[T]) -> T:
+    """The pipeline that the factory *spec* (``package.module:NAME``, a callable taking
+    the cluster, or the pipeline itself) gives.
+
+    :raises InvalidArgument: when it names nothing, or not a *kind*."""
+    factory = load_object(spec, "--pipeline")
+    pipeline = factory(cluster) if callable(factory) else factory
+    if not isinstance(pipeline, kind):
+        raise InvalidArgument(f"{spec!r} did not give a {kind.__name__}: {pipeline!r:.80}")
+    return pipeline
+
+
+def load_object(spec: str, flag: str) -> Any:
+    """The object *spec* (``package.module:NAME``) names.
+
+    :raises InvalidArgument: naming *flag*, when *spec* is malformed or names nothing.
+    """
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise InvalidArgument(f"bad {flag} {spec!r}: expected package.module:NAME")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise InvalidArgument(f"cannot load {flag} {spec!r}: {e}") from None
