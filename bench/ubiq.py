@@ -21,6 +21,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -71,13 +72,14 @@ def _write(directory: Path, n: int, seed: int) -> None:
         h.close()
 
 
-def _pipeline(tmp: Path, name: str, app: Counts) -> tuple[percolator.Cluster, ubiq.LogPipeline]:
+def _pipeline(tmp: Path, name: str, app: Counts, on_commit: Any = None
+              ) -> tuple[percolator.Cluster, ubiq.LogPipeline]:
     (tmp / name / "a").mkdir(parents=True)
     cluster = percolator.connect(f"sqlite:///{tmp}/{name}.db")
     cluster.create_table("partials")
     p = ubiq.LogPipeline(cluster, "bench", app=app, sites={"a": tmp / name / "a"},
                          unit_bytes=UNIT_BYTES, max_unit_delay=TIMING["delay"],
-                         track_interval=TIMING["track"])
+                         track_interval=TIMING["track"], on_commit=on_commit)
     p.create()
     return cluster, p
 
@@ -141,28 +143,19 @@ def latency(tmp: Path, seconds: float, rate: float, base: int) -> dict[str, floa
     already committed; for each, append -> the commit of its unit. Then the batch
     re-aggregation of everything, for the freshness comparison."""
     app = Counts()
-    cluster, p = _pipeline(tmp, "lat", app)
+    committed_at: dict[tuple[str, int], float] = {}  # (file, unit end) -> commit time
+
+    def on_commit(unit: ubiq.WorkUnit) -> None:
+        committed_at[(unit.file, unit.end)] = time.perf_counter()
+
+    cluster, p = _pipeline(tmp, "lat", app, on_commit)
     directory = p.sites["a"]
     _write(directory, base, 2)
     appended: list[tuple[str, int, float]] = []  # file, end offset of the record, time
-    committed_at: dict[tuple[str, int], float] = {}
-    stop = threading.Event()
-
-    def poll() -> None:
-        while not stop.is_set():
-            now = time.perf_counter()
-            with percolator.Snapshot(cluster) as snap:
-                for row, c in snap.scan(p.units, None, None, ["u:range", "u:state"]):
-                    if c.get("u:state") == b"C":
-                        name, _ = ubiq._pipeline.parse_unit_row(row)
-                        committed_at.setdefault((name, int(c["u:range"])), now)
-            time.sleep(0.01)
 
     with cluster, Worker(cluster, p.observers(), tasks=p.tasks(), threads=2):
         while not _committed(p)[0]:
             time.sleep(0.05)
-        poller = threading.Thread(target=poll)
-        poller.start()
         rng = random.Random(3)
         end = time.monotonic() + seconds
         i = 0
@@ -176,9 +169,6 @@ def latency(tmp: Path, seconds: float, rate: float, base: int) -> dict[str, floa
             time.sleep(1 / rate)
         while not _committed(p)[0]:
             time.sleep(0.05)
-        time.sleep(0.1)
-        stop.set()
-        poller.join()
         batch = batch_pass(directory, cluster, Counts())
     delays = []
     ends = {}

@@ -42,7 +42,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -192,13 +192,16 @@ class LogPipeline:
     *unit_bytes*: target unit size; a shorter tail is cut once it has not grown for
     *max_unit_delay* seconds. *local_eta*: how long a lease of a live owner holds.
     *sink*: where file output is published (default: ``<first site>/../<name>.out``).
+    *on_commit* is called with each unit this process commits, after its commit (for
+    metrics; an exception from it is logged).
     """
 
     def __init__(self, cluster: Cluster, name: str, *, app: Application,
                  sites: dict[str, str | os.PathLike[str]], pattern: str = "*.jsonl",
                  unit_bytes: int = 1 << 20, max_unit_delay: float = 5.0,
                  local_eta: float = 60.0, track_interval: float = 1.0,
-                 sink: str | os.PathLike[str] | None = None) -> None:
+                 sink: str | os.PathLike[str] | None = None,
+                 on_commit: Callable[[WorkUnit], None] | None = None) -> None:
         check_pipeline("LogPipeline", cluster, name)
         if not isinstance(app, Application):
             raise InvalidArgument(f"app must be a ubiq.Application, got {app!r:.80}")
@@ -208,6 +211,7 @@ class LogPipeline:
         if not isinstance(unit_bytes, int) or unit_bytes <= 0:
             raise InvalidArgument(f"unit_bytes must be a positive int, got {unit_bytes!r}")
         self.cluster, self.name, self.app = cluster, name, app
+        self.on_commit = on_commit
         self.sites = {s: Path(d) for s, d in sites.items()}
         self.pattern = pattern
         self.unit_bytes = unit_bytes
@@ -546,6 +550,11 @@ def process_unit(p: LogPipeline, site: str, row: bytes, owner: str) -> bool:
         _discard(staging)
         return False
     publish(p, row, attempt, out.files)
+    if p.on_commit is not None:
+        try:
+            p.on_commit(unit)
+        except Exception:
+            log.exception("ubiq %s: on_commit failed", p.name)
     return True
 
 

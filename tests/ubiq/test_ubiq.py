@@ -62,7 +62,9 @@ def assert_exact(p: ubiq.LogPipeline, root: Path) -> None:
 
 
 def test_exactly_once_on_growing_files(cluster: Cluster, tmp_path: Path) -> None:
-    p = _app.pipeline(cluster, tmp_path, unit_bytes=512)
+    reported: list[str] = []
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=512,
+                      on_commit=lambda unit: reported.append(unit.id))
     p.create()
     run_writer(p, _app.Writer(tmp_path, files=20, records=1500, seed=1))
     assert_exact(p, tmp_path)
@@ -70,6 +72,7 @@ def test_exactly_once_on_growing_files(cluster: Cluster, tmp_path: Path) -> None
     with Snapshot(cluster) as snap:
         units = [c for _, c in snap.scan(p.units, None, None, ["u:state"])]
     assert len(units) > 40 and {c["u:state"] for c in units} == {b"C"}
+    assert len(reported) == len(set(reported)) == len(units)  # on_commit: once a unit
 
 
 def test_a_corrupt_record_is_split_off_and_quarantined(cluster: Cluster, tmp_path: Path) -> None:
