@@ -528,7 +528,7 @@ def process_unit(p: LogPipeline, site: str, row: bytes, owner: str) -> bool:
         return False
     name, end = taken
     _, begin = parse_unit_row(row)
-    unit = WorkUnit(name, begin, end, p.sites[site] / name, site)
+    unit = WorkUnit(name, begin, end, *_replica(p, site, name, end))
     attempt = uuid.uuid4().hex[:12]
     staging = p.staging / row.hex() / attempt
     txn = Transaction(p.cluster)
@@ -572,6 +572,18 @@ def finish_unit(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str, at
     txn.set(p.units, row, "u:commit", json.dumps(
         {"attempt": attempt, "files": files, "owner": owner}).encode())
     return True
+
+
+def _replica(p: LogPipeline, site: str, name: str, end: int) -> tuple[Path, str]:
+    """The copy of *name* to read up to *end*: the worker's own site's, unless that
+    replica lags behind (then the first site that has the bytes). A lagging replica
+    must not make a unit fail: failures split units and quarantine records."""
+    for candidate in (site, *(s for s in p.sites if s != site)):
+        path = p.sites[candidate] / name
+        with contextlib.suppress(OSError):
+            if path.stat().st_size >= end:
+                return path, candidate
+    return p.sites[site] / name, site  # none has the bytes: reading fails and is counted
 
 
 def _discard(staging: Path) -> None:

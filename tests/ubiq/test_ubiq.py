@@ -132,6 +132,26 @@ def test_a_unit_commit_dying_at_any_point_lands_whole_or_not_at_all(
                             "a:owner") is not None
 
 
+def test_a_worker_at_a_lagging_site_reads_what_its_replica_lacks_elsewhere(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Site b holds only the first half of the file (its copy lags): a worker at site
+    b commits every unit, reading the rest from site a; nothing is quarantined."""
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=256, max_unit_delay=0)
+    for site in "ab":
+        (tmp_path / site).mkdir()
+    data = b"".join(json.dumps({"k": f"k{i % 4}"}).encode() + b"\n" for i in range(200))
+    (tmp_path / "a" / "lag.jsonl").write_bytes(data)
+    (tmp_path / "b" / "lag.jsonl").write_bytes(data[: data.index(b"\n", len(data) // 2) + 1])
+    p.create()
+    p.track("a")
+    p.track("b")
+    with Worker(cluster, [*p.observers("b"), _app.RollUp], threads=1):
+        settle(p)
+    assert p.quarantined() == []
+    assert_exact(p, tmp_path)
+
+
 def test_refuses_a_truncated_or_replaced_file(cluster: Cluster, tmp_path: Path) -> None:
     p = _app.pipeline(cluster, tmp_path)
     for site in "ab":
