@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--observers", required=True, metavar="MODULE:NAME",
                         help="where the application lists its observers, "
                              "e.g. myapp.observers:OBSERVERS")
-    parser.add_argument("--threads", type=int, default=4, help="scanner threads (default 4)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="scanner threads (default: 1 on the embedded store, 4 on others)")
     parser.add_argument("--oracle",
                         help="timestamp oracle, grpc://host:port, grpcs://host:port or zk://...")
     parser.add_argument("--zookeeper", help="ZooKeeper for coordination, host:port/chroot")

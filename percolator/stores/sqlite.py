@@ -94,6 +94,8 @@ class SqliteStore:
     """The store contract on one SQLite file (see the module docstring)."""
 
     atomic_row_cas = True
+    single_writer = True
+    """SQLite has one writer at a time: workers default to one scanner thread."""
 
     def __init__(self, path: str, *, busy_timeout: float = 60.0) -> None:
         self.path = path

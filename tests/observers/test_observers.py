@@ -107,6 +107,16 @@ def test_observer_checks_its_attributes() -> None:
     assert _app.Indexer.name == "Indexer"
 
 
+def test_the_default_thread_count_follows_the_store(cluster: percolator.Cluster) -> None:
+    """1 scanner thread on the embedded store (its commits are serial: one thread
+    measured fastest), 4 on remote stores; an explicit count wins."""
+    embedded = cluster.store.url.startswith("sqlite")
+    assert Worker(cluster, [_app.Indexer]).threads == (1 if embedded else 4)
+    assert Worker(cluster, [_app.Indexer], threads=3).threads == 3
+    with pytest.raises(percolator.InvalidArgument, match="threads"):
+        Worker(cluster, [_app.Indexer], threads=0)
+
+
 class _Copier(Observer):
     """One class, many bound instances: table, column and name set per instance,
     as a stream recipe binds its observers to a pipeline's tables at run time."""
