@@ -60,6 +60,10 @@ def _check_columns(columns: object, *, internal: bool) -> list[str]:
     return [check_column(c, internal=internal) for c in columns]
 
 
+_SEEN_MAX = 4096
+"""Cells a snapshot remembers having read (beyond it, reads go to the store again)."""
+
+
 class Snapshot:
     """Consistent reads at :attr:`start_ts`: every read sees exactly the transactions
     that committed before it (Percolator's snapshot isolation).
@@ -91,6 +95,10 @@ class Snapshot:
             self.start_ts = start_ts
             self._safe_point.register(self)
         self._read_cache: dict[tuple[tuple[str, ...] | None, bool], list[Read]] = {}
+        self._seen: dict[WriteKey, bytes | None] = {}
+        """Cells this snapshot has read (``get``/``get_row``): the state at start_ts is
+        fixed once a read has waited out the locks below it, so a second read of a
+        cell needs no store call (an observer reading the column it was woken for)."""
 
     # --- validation ---------------------------------------------------------------
 
@@ -257,7 +265,13 @@ class Snapshot:
         key = (table, row, column)
         if key in self._writes:
             return self._writes[key]
-        return self._read_row(table, row, (column,)).get(column)
+        if key in self._seen:
+            self._check_safe_point()  # a snapshot GC overtook reads nothing more
+            return self._seen[key]
+        value = self._read_row(table, row, (column,)).get(column)
+        if len(self._seen) < _SEEN_MAX:
+            self._seen[key] = value
+        return value
 
     def get_row(self, table: str, row: bytes, columns: Sequence[str]) -> dict[str, bytes]:
         """The present values among *columns* of one row, in one store read."""
@@ -267,15 +281,25 @@ class Snapshot:
         wanted = _check_columns(columns, internal=self._internal_columns)
         result: dict[str, bytes] = {}
         missing = []
-        writes = self._writes
+        writes, seen = self._writes, self._seen
         for column in wanted:
             key = (table, row, column)
-            if key not in writes:
+            if key in writes:
+                value = writes[key]
+            elif key in seen:
+                self._check_safe_point()
+                value = seen[key]
+            else:
                 missing.append(column)
-            elif (value := writes[key]) is not None:
+                continue
+            if value is not None:
                 result[column] = value
         if missing:
-            result.update(self._read_row(table, row, missing))
+            found = self._read_row(table, row, missing)
+            result.update(found)
+            if len(seen) < _SEEN_MAX:
+                for column in missing:
+                    seen[(table, row, column)] = found.get(column)
         return result
 
     def get_rows(
