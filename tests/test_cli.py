@@ -44,3 +44,22 @@ def test_the_distribution_name_is_not_the_unrelated_percolator() -> None:
     assert installs and set(installs) == {name}
     extras = config["options.extras_require"]
     assert "prometheus_client" in extras["metrics"] and "prometheus_client" in extras["all"]
+
+
+def test_every_console_script_is_installed_and_answers_help() -> None:
+    """Each entry point of setup.cfg is on PATH once the package is installed (the
+    test command installs it) and starts: ``--help`` prints its usage and exits 0."""
+    import shutil
+    import subprocess
+
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    scripts = [line.split("=")[0].strip()
+               for line in config["options.entry_points"]["console_scripts"].splitlines()
+               if line.strip()]
+    assert {"percolator-photon", "percolator-millwheel", "percolator-ubiq"} <= set(scripts)
+    for script in scripts:
+        path = shutil.which(script)
+        assert path is not None, f"{script} is not installed: pip install -e ."
+        done = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "usage" in done.stdout.lower(), (script, done.stderr)
