@@ -51,6 +51,7 @@ def test_every_console_script_is_installed_and_answers_help() -> None:
     test command installs it) and starts: ``--help`` prints its usage and exits 0."""
     import shutil
     import subprocess
+    import sysconfig
 
     config = configparser.ConfigParser()
     config.read(ROOT / "setup.cfg")
@@ -59,7 +60,9 @@ def test_every_console_script_is_installed_and_answers_help() -> None:
                if line.strip()]
     assert {"percolator-photon", "percolator-millwheel", "percolator-ubiq"} <= set(scripts)
     for script in scripts:
-        path = shutil.which(script)
+        # where pip put this interpreter's scripts (on PATH or not), else PATH
+        installed = Path(sysconfig.get_path("scripts")) / script
+        path = str(installed) if installed.exists() else shutil.which(script)
         assert path is not None, f"{script} is not installed: pip install -e ."
         done = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and "usage" in done.stdout.lower(), (script, done.stderr)
