@@ -161,26 +161,29 @@ def _dirty_cells(
             yield table, row, cells
 
 
-def _notifying_locks(cluster: Cluster) -> Iterator[HeldLock]:
-    """Held locks of cells with a notification index entry: where a store keeps the
-    index, the locks whose resolution can still produce a notification (a committer
-    writes its entries before its commit point), found in O(entries)."""
-    for table, row, cells in _dirty_cells(cluster, cluster.tables(), [_HELD]):
+def _held(
+    found: Iterable[tuple[str, bytes, dict[str, list[tuple[int, bytes]]]]]
+) -> Iterator[HeldLock]:
+    """The lock cells among *found* (``(table, row, cells)`` of a lock-family read)
+    that are not FREE."""
+    for table, row, cells in found:
         for name, versions in cells.items():
             state = decode_lock(versions[0][1])
             if not isinstance(state, Free):
                 yield HeldLock(table, row, name[len(LOCK) + 1 :], state, versions[0][1])
 
 
+def _notifying_locks(cluster: Cluster) -> Iterator[HeldLock]:
+    """Held locks of cells with a notification index entry: where a store keeps the
+    index, the locks whose resolution can still produce a notification (a committer
+    writes its entries before its commit point), found in O(entries)."""
+    return _held(_dirty_cells(cluster, cluster.tables(), [_HELD]))
+
+
 def held_locks(cluster: Cluster, tables: Iterable[str] | None = None) -> Iterator[HeldLock]:
     """Every lock cell of *tables* that is not FREE."""
-    for table in _tables(cluster, tables):
-        for row, cells in cluster.store.scan(table, None, None,
-                                             [Read(LOCK, skip_tag=FREE_TAG)]):
-            for name, versions in cells.items():
-                state = decode_lock(versions[0][1])
-                if not isinstance(state, Free):
-                    yield HeldLock(table, row, name[len(LOCK) + 1 :], state, versions[0][1])
+    return _held((table, row, cells) for table in _tables(cluster, tables)
+                 for row, cells in cluster.store.scan(table, None, None, [_HELD]))
 
 
 # --- quarantine -------------------------------------------------------------------

@@ -492,6 +492,12 @@ def _admit(txn: TransactionBase, p: JoinPipeline, batch: Sequence[_Event],
     return fresh
 
 
+def _store(txn: TransactionBase, table: str, key: bytes, event: _Event) -> None:
+    txn.set(table, key, RAW, event.raw)
+    if event.time_ms is not None:
+        txn.set(table, key, TIME, _MS.pack(event.time_ms))
+
+
 @transactional
 def _ingest_foreign(txn: TransactionBase, p: JoinPipeline, batch: Sequence[_Event]
                     ) -> IngestResult:
@@ -502,9 +508,7 @@ def _ingest_foreign(txn: TransactionBase, p: JoinPipeline, batch: Sequence[_Even
         if found[key]:
             result.duplicates += 1
             continue
-        txn.set(p.foreign, key, RAW, event.raw)
-        if event.time_ms is not None:
-            txn.set(p.foreign, key, TIME, _MS.pack(event.time_ms))
+        _store(txn, p.foreign, key, event)
         result.written += 1
     return result
 
@@ -520,9 +524,7 @@ def _ingest_primary(txn: TransactionBase, p: JoinPipeline, batch: Sequence[_Even
         if cells.get(RAW, PLACEHOLDER) != PLACEHOLDER:
             result.duplicates += 1
             continue
-        txn.set(p.primary, key, RAW, event.raw)
-        if event.time_ms is not None:
-            txn.set(p.primary, key, TIME, _MS.pack(event.time_ms))
+        _store(txn, p.primary, key, event)
         if WAITERS in cells:
             for waiter in cells[WAITERS].split(b"\n"):
                 txn.notify(p.foreign, waiter, RAW)

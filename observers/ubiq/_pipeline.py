@@ -281,7 +281,7 @@ class LogPipeline:
             except FileNotFoundError:
                 continue
             cut, total = int(cells.get("f:cut", b"0")), int(cells.get("f:size", b"0"))
-            if size > seen or (size < seen) or "f:size" not in cells:
+            if size != seen or "f:size" not in cells:
                 if _report(self.cluster, self, name, site, size, head, now):
                     grown += 1
             elif cut < total and now - int(cells.get("f:since", b"0")) >= self.max_unit_delay_ms:
@@ -359,6 +359,13 @@ def _bind(method: Any, arg: str) -> Any:
 def _lease(raw: bytes) -> tuple[str, int]:
     value = json.loads(raw)
     return str(value["owner"]), int(value["expires"])
+
+
+def _pending_for(cells: dict[str, bytes], owner: str) -> bool:
+    """Whether the unit (its ``u:state`` and ``u:lease`` cells) is pending and leased
+    to *owner*."""
+    return cells.get("u:state") == b"P" and "u:lease" in cells and (
+        _lease(cells["u:lease"])[0] == owner)
 
 
 # --- transactions ---------------------------------------------------------------------
@@ -481,8 +488,7 @@ def _fail(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str, error: s
     """Count a failed attempt; past MAX_FAILURES, split the unit (or quarantine a
     single record)."""
     cells = txn.get_row(p.units, row, ["u:range", "u:state", "u:lease", "u:fail"])
-    if cells.get("u:state") != b"P" or _lease(cells.get("u:lease", b'{"owner":"","expires":0}')
-                                              )[0] != owner:
+    if not _pending_for(cells, owner):
         return
     failures = int(cells.get("u:fail", b"0")) + 1
     txn.delete(p.units, row, "u:lease")
@@ -563,8 +569,7 @@ def finish_unit(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str, at
     """Mark the unit committed in *txn*, which holds the application's output, if it is
     still pending and leased by *owner*; False (write nothing) if not."""
     cells = txn.get_row(p.units, row, ["u:state", "u:lease"])
-    if cells.get("u:state") != b"P" or _lease(cells.get(
-            "u:lease", b'{"owner":"","expires":0}'))[0] != owner:
+    if not _pending_for(cells, owner):
         return False
     txn.set(p.units, row, "u:state", b"C")
     txn.delete(p.units, row, "u:lease")
