@@ -3,9 +3,19 @@ table size, commit-to-observer latency, and clumping of 2 processes x 8 threads.
 
     python bench/observers.py [--notifications 3000] [--big-rows 1000000] [--write]
     python bench/observers.py --metrics [--rounds 5] [--write]
+    python bench/observers.py --backend bigtable [--backend hbase] [--processes 1,2,4]
+        [--notifications 1000] [--rounds 5] [--write]
 
 ``--write`` replaces the section ``## Observers (bench/observers.py)`` of BENCHMARKS.md
-(with ``--metrics``: ``## Metrics overhead (bench/observers.py --metrics)``).
+(with ``--metrics``: ``## Metrics overhead (bench/observers.py --metrics)``; with
+``--backend``: ``## Worker processes on the cluster stores (bench/observers.py
+--backend)``).
+
+``--backend`` measures how observer throughput grows with worker processes on a
+cluster store (issue 15): the Copier drained by each count of ``--processes`` worker
+processes on the Bigtable emulator or the HBase test server (started here, as the
+suite does), with the CPU of every process involved, to tell whether the store server,
+the clients or the protocol is the limit.
 
 ``--metrics`` measures what recording metrics costs (issue 20): single-thread worker
 throughput with metrics on (recording, an endpoint served and scraped every second)
@@ -213,6 +223,82 @@ def report(args: argparse.Namespace, tp: list[dict[str, float]], clump: dict[str
     return "\n".join(lines)
 
 
+REMOTE_SECTION = "## Worker processes on the cluster stores (bench/observers.py --backend)"
+
+
+def remote_curve(backend: str, processes: list[int], n: int, rounds: int) -> dict[str, Any]:
+    """The Copier drained by 1, 2, 4... worker processes (default threads each) on the
+    Bigtable emulator or the HBase Thrift1 test server: notifications/s, and the CPU
+    share of each worker process, of the store server and of this process (its
+    completion checks) over the drain."""
+    from bench.observers_remote import _cpu_seconds, _url
+    from percolator._notifications import wait_until_idle
+
+    if backend == "bigtable":
+        from tests._bigtable import start_emulator as start
+    else:
+        from tests._hbase import start_test_server as start
+    server, hostport = start()
+    found: dict[int, list[dict[str, Any]]] = {}
+    try:
+        for r in range(rounds):
+            for p in processes:
+                url = _url(backend, hostport, f"curve{r}x{p}")
+                with percolator.connect(url) as cluster:
+                    cluster.create_table("bench")
+                    cluster.observe("bench", "in:v")
+                    procs = [subprocess.Popen(
+                        [sys.executable, "-m", "observers", "--cluster", url, "--observers",
+                         "bench.observers:OBSERVERS", "--log-level", "WARNING"], cwd=ROOT,
+                        env=dict(os.environ, PYTHONPATH=str(ROOT))) for _ in range(p)]
+                    try:
+                        time.sleep(4)  # started and idle
+                        load(cluster, n, b"c", per_txn=n)
+                        t0, own0 = time.perf_counter(), time.process_time()
+                        cpu0 = [_cpu_seconds(x.pid) for x in procs]
+                        srv0 = _cpu_seconds(server.pid)
+                        wait_until_idle(cluster, 600, poll=0.2)
+                        elapsed = time.perf_counter() - t0
+                        cpu = [_cpu_seconds(x.pid) - c for x, c in zip(procs, cpu0, strict=True)]
+                        srv = _cpu_seconds(server.pid) - srv0
+                        own = time.process_time() - own0
+                    finally:
+                        for x in procs:
+                            x.send_signal(signal.SIGTERM)
+                        for x in procs:
+                            x.wait(60)
+                row = {"per_s": n / elapsed, "worker_cpu_pct": [100 * c / elapsed for c in cpu],
+                       "server_cpu_pct": 100 * srv / elapsed, "bench_cpu_pct": 100 * own / elapsed}
+                print(backend, p, row, flush=True)
+                found.setdefault(p, []).append(row)
+    finally:
+        server.kill()
+        server.wait()
+    return {"backend": backend, "n": n, "rounds": rounds, "by_processes": found}
+
+
+def remote_report(results: list[dict[str, Any]], command: str) -> str:
+    from bench._common import header
+
+    lines = [*header(REMOTE_SECTION, command, "observer `Copier`; each worker process "
+                     "with its default scanner threads (4 on remote stores); median of the "
+                     "rounds; CPU as % of one core over the drain, measured from /proc"), "",
+             "| store | worker processes | notifications/s | vs 1 process | CPU per worker "
+             "process | store server CPU | bench process CPU |", "|---|---|---|---|---|---|---|"]
+    for result in results:
+        rates = {p: statistics.median(r["per_s"] for r in rows)
+                 for p, rows in result["by_processes"].items()}
+        first = rates[min(rates)]
+        for p, rows in result["by_processes"].items():
+            worker = statistics.median(c for r in rows for c in r["worker_cpu_pct"])
+            server = statistics.median(r["server_cpu_pct"] for r in rows)
+            own = statistics.median(r["bench_cpu_pct"] for r in rows)
+            lines.append(f"| {result['backend']} | {p} | {rates[p]:,.0f} | "
+                         f"{rates[p] / first:.2f}x | {worker:.0f}% | {server:.0f}% | "
+                         f"{own:.0f}% |")
+    return "\n".join([*lines, ""])
+
+
 METRICS_SECTION = "## Metrics overhead (bench/observers.py --metrics)"
 
 
@@ -297,8 +383,25 @@ def main() -> int:
     parser.add_argument("--notifications", type=int, default=3000)
     parser.add_argument("--big-rows", type=int, default=1_000_000)
     parser.add_argument("--latency-writes", type=int, default=200)
+    parser.add_argument("--backend", action="append", choices=("bigtable", "hbase"),
+                        help="only the worker-process curve on this cluster store "
+                             "(repeatable)")
+    parser.add_argument("--processes", default="1,2,4",
+                        help="worker process counts for --backend (comma-separated)")
     parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
     args = parser.parse_args()
+    if args.backend:
+        counts = [int(x) for x in args.processes.split(",")]
+        n = args.notifications if args.notifications != 3000 else 1000
+        results = [remote_curve(b, counts, n, args.rounds) for b in args.backend]
+        text = remote_report(results, "python bench/observers.py " + " ".join(
+            [f"--backend {b}" for b in args.backend] +
+            [f"--processes {args.processes}", f"--notifications {n}",
+             f"--rounds {args.rounds}"]))
+        print(text)
+        if args.write:
+            write_section(REMOTE_SECTION, text)
+        return 0
     if args.metrics:
         with tempfile.TemporaryDirectory(prefix="bench-metrics-") as tmp:
             text = metrics_report(args, metrics_overhead(tmp, args.notifications, args.rounds))

@@ -547,9 +547,15 @@ class Worker:
                 if failure is not None and failure.next_try > time.monotonic():
                     continue
             done = True
-            for observer in self._by_column[(table, column)]:
+            settled = False
+            observers = self._by_column[(table, column)]
+            # One observer and no failure to clear: its commit may delete the
+            # notification itself (one-phase commits do, in their atomic step).
+            settle = newest if len(observers) == 1 and not self._failures else None
+            for observer in observers:
                 began = time.perf_counter()
-                outcome, error = self._run_observer(observer, table, row, column, weak)
+                outcome, error, settled = self._run_observer(
+                    observer, table, row, column, weak, settle)
                 _observe("percolator_observer_run_duration_seconds",
                          time.perf_counter() - began, observer.name)
                 _inc("percolator_observer_runs_total", observer.name,
@@ -562,7 +568,7 @@ class Worker:
                     break
                 if outcome != _Outcome.COMMITTED and outcome != _Outcome.SKIPPED:
                     done = False
-            if done:
+            if done and not settled:
                 if self._failures:
                     with self._failures_lock:
                         failed_here = self._failures.pop(key, None)
@@ -574,41 +580,46 @@ class Worker:
         return worked
 
     def _run_observer(
-        self, observer: Observer, table: str, row: bytes, column: str, weak: bool
-    ) -> tuple[str, BaseException | None]:
-        """Run one observer transaction, retrying conflicts a few times."""
+        self, observer: Observer, table: str, row: bytes, column: str, weak: bool,
+        settle: int | None = None,
+    ) -> tuple[str, BaseException | None, bool]:
+        """Run one observer transaction, retrying conflicts a few times. With *settle*
+        (the newest notification version read), its commit may delete the
+        notification; the third value tells whether it did."""
         for attempt in range(4):
             if attempt:
                 time.sleep(random.uniform(0, 0.005 * 2**attempt))
             try:
-                outcome = self._transaction(observer, table, row, column, weak)
+                outcome, settled = self._transaction(observer, table, row, column, weak,
+                                                     settle)
             except ObserverError as e:
-                return _Outcome.FAILED, e.__cause__ or e
+                return _Outcome.FAILED, e.__cause__ or e, False
             except CommitUnknownError:
                 log.warning("commit outcome of %s on %s/%s/%s unknown; will look again",
                             observer.name, table, format_row(row), column)
-                return _Outcome.TRANSIENT, None
+                return _Outcome.TRANSIENT, None, False
             except (StoreUnavailable, OracleUnavailable, CoordinationError) as e:
                 # Not the observer's fault: keep the notification, count no failure
                 # towards quarantine, and let the scanner back off.
                 log.warning("%s on %s/%s/%s: %s; will retry", observer.name, table,
                             format_row(row), column, e)
                 time.sleep(0.1)
-                return _Outcome.TRANSIENT, None
+                return _Outcome.TRANSIENT, None, False
             except PercolatorError as e:
                 if self._stop.is_set():  # a lock wait cut short: the next pass retries
-                    return _Outcome.TRANSIENT, None
+                    return _Outcome.TRANSIENT, None, False
                 if not is_retryable(e):
-                    return _Outcome.FAILED, e
+                    return _Outcome.FAILED, e, False
                 self._count("conflicts")
                 continue
             self._count(outcome)
-            return outcome, None
-        return _Outcome.CONFLICT, None
+            return outcome, None, settled
+        return _Outcome.CONFLICT, None, False
 
     def _transaction(
-        self, observer: Observer, table: str, row: bytes, column: str, weak: bool
-    ) -> str:
+        self, observer: Observer, table: str, row: bytes, column: str, weak: bool,
+        settle: int | None,
+    ) -> tuple[str, bool]:
         txn = ObserverTransaction(self.cluster)
         txn._stop_waiting = self._stop
         ack = ack_column(observer.name, column)
@@ -618,7 +629,7 @@ class Worker:
         acked = int(values.get(ack, b"0"))
         if change <= acked and not weak:
             txn._closed = True
-            return _Outcome.SKIPPED
+            return _Outcome.SKIPPED, False
         txn._internal_columns = False
         try:
             observer.process(txn, row, column)
@@ -635,13 +646,15 @@ class Worker:
             ) from e
         txn._internal_columns = True
         txn.set(table, row, ack, str(max(change, acked)).encode())
+        if settle is not None:
+            txn._settles = (table, row, f"{NOTIFY}:{column}", settle)
         commit_ts = commit_transaction(txn)
         if self.on_commit is not None:
             try:
                 self.on_commit(observer, table, row, column, change, commit_ts)
             except Exception:
                 log.exception("on_commit hook failed")
-        return _Outcome.COMMITTED
+        return _Outcome.COMMITTED, txn._settled
 
     def _failed(
         self, observer: Observer, table: str, row: bytes, column: str, weak: bool,

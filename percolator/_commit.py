@@ -15,7 +15,8 @@ A single-cell transaction on Bigtable: 2 conditional mutations + 2 timestamps (o
 ``increment`` each without an oracle).
 
 One-phase commit (the embedded store, see :func:`_commit_one_phase`): one read and
-one write inside one SQLite write transaction, plus the two timestamps, for any N.
+one write inside one SQLite write transaction, plus the two timestamps, for any N;
+only the writes and the COMMIT hold back start timestamps drawn meanwhile.
 
 Write records of a put carry the value (up to ``INLINE_MAX_BYTES`` in a two-phase
 commit, always in a one-phase one), so a read needs the lock and the record only.
@@ -427,18 +428,20 @@ def _commit_one_phase(committer: _Committer) -> int | None:
     yet (so a lock cell exists wherever a write record does), and the weak
     notifications. An existing FREE lock is left as it was: a two-phase prewriter that
     read it before this commit checks the cell again once it has locked it.
-    The host's timestamp lock is held throughout, so no transaction can take a
-    later start timestamp before the commit is visible. Returns None, having written
-    nothing, when a cell is locked by another transaction (the two-phase path
-    resolves it) or when the store cannot do this.
+    The commit timestamp is published as in flight from its draw until after the
+    COMMIT (:meth:`~percolator._timestamps.HostTimestamps.in_flight`): a start
+    timestamp drawn meanwhile is handed out once the commit is visible (see
+    docs/timestamps.md). Returns None, having written nothing, when a cell is locked by
+    another transaction (the two-phase path resolves it) or when the store or the
+    timestamp source cannot do this.
     """
     cluster = committer.cluster
     atomically = getattr(cluster.store, "atomically", None)
-    exclusive = getattr(cluster.timestamps, "exclusive", None)
-    if atomically is None or exclusive is None or not cluster.one_phase_commit:
+    in_flight = getattr(cluster.timestamps, "in_flight", None)
+    if atomically is None or in_flight is None or not cluster.one_phase_commit:
         return None
     start_ts = committer.start_ts
-    with exclusive() as draw, atomically():
+    with in_flight() as draw, atomically():
         found = committer._read_for_prewrite(committer.cells)
         # Inside the atomic step, after its reads: no GC deletion can fall between
         # this check and the writes (see percolator._safe_point).
@@ -448,7 +451,9 @@ def _commit_one_phase(committer: _Committer) -> int | None:
             committer._check_writes(cell, writes)
             if lock_raw is not None and not isinstance(decode_lock(lock_raw), Free):
                 return None
-        commit_ts: int = draw()
+        commit_ts: int | None = draw()
+        if commit_ts is None:
+            return None
         free = encode_lock(Free(start_ts, True))
         by_table: dict[str, list[Mutation]] = {}
         for cell in committer.cells:
@@ -457,9 +462,15 @@ def _commit_one_phase(committer: _Committer) -> int | None:
             if found[id(cell)][0] is None:
                 puts.append((f"{LOCK}:{cell.column}", 0, free))
             by_table.setdefault(cell.table, []).append(Mutation(cell.row, puts))
+        settles = getattr(committer.txn, "_settles", None)
+        if settles is not None:  # an observer run's notification, served by this commit
+            table, row, notify, newest = settles
+            by_table.setdefault(table, []).append(Mutation(row, deletes=[(notify, newest)]))
         for table, mutations in by_table.items():
             cluster.store.mutate_rows(table, mutations)
         _write_notifications(committer.txn, committer.cells, commit_ts)
+    if settles is not None:
+        committer.txn._settled = True  # type: ignore[attr-defined]
     return commit_ts
 
 

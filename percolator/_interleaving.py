@@ -20,7 +20,7 @@ census (a host-wide hint that no lock is held, cleared by sweeps on a timer) is 
 while an interleaving runs: every read reads the lock family.
 
 What a step cannot split: an atomic section (the embedded store's one-phase commit,
-which holds the host's timestamp lock and one SQLite write transaction) is one step,
+which holds one SQLite write transaction and its commit timestamp in flight) is one step,
 ``"atomic"``, taken as it is entered; the calls inside it are not steps, and an actor
 cannot be killed inside it, as a process cannot die halfway through an SQLite
 transaction. Two-phase commits (``cluster.one_phase_commit = False``, or a cell found
@@ -51,10 +51,10 @@ _GATED_STORE_CALLS = frozenset({
     "read_rows", "mutate_rows", "check_and_set", "scan", "set_unless",
     "check_and_set_many", "increment", "create_table", "drop_table", "list_tables",
 })
-_ATOMIC_SECTIONS = frozenset({"atomically", "exclusive"})
+_ATOMIC_SECTIONS = frozenset({"atomically", "in_flight"})
 """Context managers around several calls made as one (see the module docstring): an
-actor parked inside one would hold the store or the host's timestamp lock while
-another actor runs."""
+actor parked inside one would hold the store's write lock, or a commit timestamp in
+flight, while another actor runs."""
 
 
 class InterleavingError(PercolatorError):

@@ -23,11 +23,13 @@ import mmap
 import os
 import struct
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
+from percolator import _forks
 from percolator._encoding import META_FAMILIES, META_TABLE
 from percolator._errors import InvalidArgument, StoreUnavailable
 from percolator._store import Read, Store
@@ -127,6 +129,16 @@ class StoreTimestamps:
         """Nothing to release: the store belongs to the cluster."""
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def boot_id() -> bytes:
     """This boot's id: a page cache written before another boot may have lost writes."""
     try:
@@ -139,14 +151,36 @@ def boot_id() -> bytes:
 class HostTimestamps:
     """Timestamps shared by every process of one host (see the module docstring).
 
-    The sidecar holds ``magic, boot id, store identity, next``. A sidecar from an
-    earlier boot (its page cache may have lost writes) or of another store is
-    reset to the persisted ceiling, which is at or above every issued timestamp.
+    The sidecar holds ``magic, boot id, store identity, next, in-flight timestamp,
+    in-flight pid``. A sidecar from an earlier boot (its page cache may have lost
+    writes) or of another store is reset to the persisted ceiling, which is at or above
+    every issued timestamp.
+
+    **Start timestamps never wait for a commit's critical section.** The embedded
+    store's one-phase commit (:func:`percolator._commit._commit_one_phase`) writes no
+    lock: it draws its commit timestamp inside SQLite's write transaction
+    (:meth:`in_flight`) and publishes it in the sidecar as *in flight* until its COMMIT
+    has returned. SQLite has one writer at a time, so at most one drawn commit
+    timestamp is in flight per store file, and one slot holds it. A draw takes the
+    sidecar lock only to count, and reads the slot with it: when a commit below the
+    drawn timestamps is in flight, the draw returns once that commit is visible (its
+    writes and COMMIT, not its conflict checks, which come before its draw), so the
+    snapshot of a new start timestamp holds every commit below it. Two-phase commits
+    draw their commit timestamp after their locks are written, and readers wait on
+    those locks as Percolator does. docs/timestamps.md has the whole argument.
     """
 
-    _MAGIC = b"PCTS0001"
-    _LAYOUT = struct.Struct(">8s16s16sQ")
+    _MAGIC = b"PCTS0002"
+    _LAYOUT = struct.Struct(">8s16s16sQQQ")
+    _SLOT = struct.Struct(">QQ")
+    _SLOT_AT = 8 + 16 + 16 + 8
     BLOCK = 100_000
+    REFILL = BLOCK // 2
+    """Room left in the persisted block below which a draw outside a commit persists a
+    new ceiling, so that a commit's draw (which must not write the store) finds room."""
+    IN_FLIGHT_DEADLINE = 60.0
+    """Seconds a draw waits for an in-flight commit (its process stopped, say) before
+    giving up with :class:`~percolator.StoreUnavailable`."""
 
     def __init__(self, store: Store, sidecar_path: str) -> None:
         self._ceiling = _Ceiling(store)
@@ -154,77 +188,129 @@ class HostTimestamps:
         self._boot = boot_id()
         self._lock = threading.Lock()
         self._known_ceiling = 0
+        self.path = sidecar_path
+        self._open()
+
+    def _open(self) -> None:
         try:
-            self._fd = os.open(sidecar_path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             if os.fstat(self._fd).st_size < self._LAYOUT.size:
                 os.ftruncate(self._fd, self._LAYOUT.size)
             self._map = mmap.mmap(self._fd, self._LAYOUT.size)
         except OSError as e:
-            raise StoreUnavailable(f"cannot open timestamp file {sidecar_path!r}: {e}") from e
-        self.path = sidecar_path
+            raise StoreUnavailable(f"cannot open timestamp file {self.path!r}: {e}") from e
+        self._generation = _forks.generation
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._lock:
+            if self._generation != _forks.generation:
+                # A forked child shares the parent's open file, and with it the flock:
+                # its own opening makes the two exclude each other again.
+                self._open()
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def get_timestamp(self) -> int:
         return self.get_timestamps(1)[0]
 
     def get_timestamps(self, n: int) -> range:
         n = _check_count(n)
-        with self._lock:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                return self._reserve(n)
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        while True:
+            with self._locked():
+                taken = self._take(n)
+                in_flight, pid = self._slot()
+                low = self._known_ceiling - (taken.stop if taken else 0) < self.REFILL
+            if taken is None or low:
+                self._refill(n)
+            if taken is not None:
+                break
+        if in_flight:  # drawn before ours, so below them: wait until it is visible
+            self._wait_visible(in_flight, pid)
+        return taken
 
-    def _reserve(self, n: int, *, persist: bool = True) -> range:
-        """Take *n* timestamps; the caller holds both locks. The ceiling is persisted
-        first when the block is spent (unless *persist* is False: then the caller
-        made room beforehand, see :meth:`exclusive`)."""
-        magic, boot, identity, nxt = self._LAYOUT.unpack(self._map[: self._LAYOUT.size])
+    def _slot(self) -> tuple[int, int]:
+        return self._SLOT.unpack_from(self._map, self._SLOT_AT)  # type: ignore[return-value]
+
+    def _set_slot(self, ts: int, pid: int) -> None:
+        self._SLOT.pack_into(self._map, self._SLOT_AT, ts, pid)
+
+    def _take(self, n: int) -> range | None:
+        """Take *n* timestamps below the persisted ceiling; None when the block has no
+        room for them. The caller holds both locks. Never writes the store: a commit
+        draws inside its write transaction, and a writer waiting for the store while
+        holding the sidecar lock would deadlock with it."""
+        magic, boot, identity, nxt, _, _ = self._LAYOUT.unpack(self._map[: self._LAYOUT.size])
         if (magic, boot, identity) != (self._MAGIC, self._boot, self._identity):
-            assert persist, "exclusive() validated the sidecar"
-            nxt = self._ceiling.raise_to_at_least(1)
-            self._known_ceiling = nxt
+            nxt = self._known_ceiling = self._ceiling.read()[0]
+            self._map[: self._LAYOUT.size] = self._LAYOUT.pack(
+                self._MAGIC, self._boot, self._identity, nxt, 0, 0)
         end = nxt + n
-        if end > self._known_ceiling:
-            assert persist, "exclusive() made room in the block"
+        if end > self._known_ceiling - self.REFILL:  # another process may have raised it
             self._known_ceiling = self._ceiling.read()[0]
-            if end > self._known_ceiling:
-                self._known_ceiling = self._ceiling.raise_to_at_least(
-                    max(end, self._known_ceiling) + self.BLOCK
-                )
-        self._map[: self._LAYOUT.size] = self._LAYOUT.pack(
-            self._MAGIC, self._boot, self._identity, end
-        )
+        if end > self._known_ceiling:
+            return None
+        self._map[self._SLOT_AT - 8: self._SLOT_AT] = _U64.pack(end)
         return range(nxt, end)
 
+    def _refill(self, n: int) -> None:
+        """Persist a ceiling a block above what is taken (outside the sidecar lock; two
+        processes refilling at once only leave a gap)."""
+        with self._locked():
+            nxt = _U64.unpack(self._map[self._SLOT_AT - 8: self._SLOT_AT])[0]
+        self._known_ceiling = self._ceiling.raise_to_at_least(
+            max(nxt + n, self._known_ceiling) + self.BLOCK)
+
+    def _wait_visible(self, ts: int, pid: int) -> None:
+        """Return once the commit at *ts* is no longer in flight: it cleared the slot,
+        a later commit took it (SQLite's single writer: this one had committed), or its
+        process died (SQLite rolled back whatever it had not committed)."""
+        deadline = time.monotonic() + self.IN_FLIGHT_DEADLINE
+        pause = 0.0
+        while True:
+            time.sleep(pause)
+            with self._locked():
+                if self._slot()[0] != ts:
+                    return
+                if pid != os.getpid() and not _alive(pid):
+                    self._set_slot(0, 0)
+                    return
+            if time.monotonic() > deadline:
+                raise StoreUnavailable(
+                    f"a commit at timestamp {ts} (process {pid}) has been in flight for "
+                    f"{self.IN_FLIGHT_DEADLINE:.0f} s; is that process stopped?")
+            pause = min(0.001, pause * 2 or 0.00005)
+
     @contextmanager
-    def exclusive(self, draws: int = 1) -> Iterator[Callable[[], int]]:
-        """Hold the host's timestamp lock for the block and yield a function that
-        draws a timestamp (at most *draws* times) without persisting anything.
+    def in_flight(self) -> Iterator[Callable[[], int | None]]:
+        """For a one-phase commit, around the store's write transaction: yields a
+        function that draws the commit timestamp (once, inside the transaction) and
+        publishes it as in flight until this block ends, after the COMMIT. The draw
+        writes nothing to the store; it returns None when the persisted block has no
+        room (the commit then takes the two-phase path, whose draw persists room)."""
+        drawn: list[int] = []
 
-        No process of the host gets a timestamp until the block ends, so a commit made
-        visible inside it at a timestamp drawn inside it is seen by every transaction
-        that starts afterwards: the embedded store's one-phase commit relies on it.
-        """
-        with self._lock:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                # Validate the sidecar and persist room for the draws, then give them back.
-                room = self._reserve(draws)
-                self._map[: self._LAYOUT.size] = self._LAYOUT.pack(
-                    self._MAGIC, self._boot, self._identity, room.start
-                )
-                left = [draws]
+        def draw() -> int | None:
+            if drawn:
+                raise RuntimeError("in_flight(): one draw per commit")
+            with self._locked():
+                taken = self._take(1)
+                if taken is None:
+                    return None
+                self._set_slot(taken[0], os.getpid())
+            drawn.append(taken[0])
+            return taken[0]
 
-                def draw() -> int:
-                    if left[0] <= 0:
-                        raise RuntimeError("exclusive(): more draws than announced")
-                    left[0] -= 1
-                    return self._reserve(1, persist=False)[0]
-
-                yield draw
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        try:
+            yield draw
+        finally:
+            if drawn:
+                with self._locked():
+                    if self._slot()[0] == drawn[0]:
+                        self._set_slot(0, 0)
 
     def close(self) -> None:
         with self._lock:

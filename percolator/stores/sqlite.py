@@ -115,6 +115,7 @@ class SqliteStore:
         # SQLite takes one writer at a time anyway; queueing this process's writers here
         # keeps them out of SQLite's busy handler, which sleeps in millisecond steps.
         self._write_lock = threading.Lock()
+        self._turn = (-1, -1)  # (descriptor of the writers' lock file, fork generation)
         directory = os.path.dirname(path) or "."
         if not os.path.isdir(directory):
             raise StoreUnavailable(
@@ -182,7 +183,7 @@ class SqliteStore:
         if getattr(self._local, "atomic", False):
             yield db  # part of the enclosing atomically() transaction
             return
-        with self._write_lock:
+        with self._write_lock, self._write_turn():
             try:
                 db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as e:
@@ -731,13 +732,13 @@ class SqliteStore:
         changed tells that all of them won. Otherwise the attempt is undone (a
         savepoint) and the batch is decided item by item from the current values, read
         with one SELECT per family and 400 cells. Bulk writers of one file, in any
-        process, take turns (:meth:`_bulk_turn`).
+        process, take turns (:meth:`_write_turn`).
         """
         if not items:
             return []
         try:
             plan = self._cas_plan(table, items)  # before taking the file: others write meanwhile
-            with self._bulk_turn(), self._write() as db:
+            with self._write() as db:
                 if plan is not None and self._cas_all(db, table, plan, len(items)):
                     return [True] * len(items)
                 return self._cas_each(db, table, items)
@@ -745,33 +746,45 @@ class SqliteStore:
             raise self._error(table, e) from e
 
     @contextmanager
-    def _bulk_turn(self) -> Iterator[None]:
-        """Queue bulk writers of this file (from every process) on an advisory lock next
-        to it: a waiter takes its turn within half a millisecond of the previous writer's
-        commit, instead of at the next step of SQLite's busy handler (which sleeps up to
-        100 ms at a time while the other writer commits again), so one writer prepares
-        its next batch while another writes. Only an order: SQLite's own locking keeps
-        the writes correct, and a writer that waited ``busy_timeout`` goes on unqueued."""
-        fd = -1
-        if not getattr(self._local, "atomic", False):  # not while holding the file
-            try:
-                fd = os.open(self.path + "-bulk.lock", os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError:
-                pass
+    def _write_turn(self) -> Iterator[None]:
+        """Queue the writers of this file (from every process; this process's threads
+        already queue on ``_write_lock``) on an advisory lock next to it: a waiter takes
+        its turn within about 0.1 ms of the previous writer's commit, instead of at the
+        next step of SQLite's busy handler, which sleeps up to 100 ms at a time while
+        the other writer commits again (two worker processes drained no faster than
+        one). Only an order: SQLite's own locking keeps the writes correct, and a writer
+        that waited ``busy_timeout`` goes on unqueued (to SQLite's busy handler)."""
+        fd = self._turn_fd()
+        held = False
         try:
-            deadline = time.monotonic() + self._busy_timeout
+            deadline = None
+            pause = 0.00002
             while fd >= 0:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held = True
                     break
                 except BlockingIOError:
-                    if time.monotonic() > deadline:
+                    now = time.monotonic()
+                    deadline = deadline or now + self._busy_timeout
+                    if now > deadline:
                         break
-                    time.sleep(0.0005)
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.0005)
             yield
         finally:
-            if fd >= 0:
-                os.close(fd)  # and with it the lock
+            if held:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _turn_fd(self) -> int:
+        """This process's descriptor of the writers' lock file (-1: none to be had)."""
+        if self._turn[1] != _forks.generation:  # a forked child must not share the flock
+            try:
+                fd = os.open(self.path + "-write.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError:
+                fd = -1
+            self._turn = (fd, _forks.generation)
+        return self._turn[0]
 
     def _cas_plan(
         self,
@@ -959,3 +972,6 @@ class SqliteStore:
                 db.close()
             except sqlite3.Error:
                 pass
+        fd, self._turn = self._turn[0], (-1, -1)
+        if fd >= 0:
+            os.close(fd)

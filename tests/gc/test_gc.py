@@ -277,7 +277,7 @@ def test_a_reader_parked_before_its_read_while_a_pass_removes_its_version(
 
 class ParkingTimestamps:
     """The cluster's real timestamp source; the chosen thread stops before it enters
-    ``exclusive()`` (where the embedded store's one-phase commit begins its atomic step)."""
+    ``in_flight()`` (where the embedded store's one-phase commit begins its atomic step)."""
 
     def __init__(self, source: Any) -> None:
         self._source = source
@@ -288,12 +288,12 @@ class ParkingTimestamps:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._source, name)
 
-    def exclusive(self) -> Any:
+    def in_flight(self) -> Any:
         if threading.current_thread() is self.thread:
             self.thread = None
             self.parked.set()
             assert self.go.wait(60)
-        return self._source.exclusive()
+        return self._source.in_flight()
 
 
 @pytest.mark.parametrize("one_phase", [False, True], ids=["two-phase", "one-phase"])

@@ -177,11 +177,11 @@ def test_hbase_has_no_batched_compare_and_set() -> None:
     assert not hasattr(HBaseStore, "check_and_set_many")
 
 
-def test_sqlite_bulk_writers_take_turns(tmp_path: Path) -> None:
+def test_sqlite_writers_take_turns(tmp_path: Path) -> None:
     s = open_store(f"sqlite://{tmp_path}/repo.db")
     s.create_table("t", FAMILIES)
-    turn = os.open(f"{tmp_path}/repo.db-bulk.lock", os.O_RDWR | os.O_CREAT)
-    fcntl.flock(turn, fcntl.LOCK_EX)  # another bulk writer's turn
+    turn = os.open(f"{tmp_path}/repo.db-write.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(turn, fcntl.LOCK_EX)  # another writer's turn (another process)
     done: list[list[bool]] = []
     writer = threading.Thread(target=lambda: done.append(
         check_and_set_many(s, "t", [(b"r", "l:a", None, b"L", [])])))
@@ -195,10 +195,10 @@ def test_sqlite_bulk_writers_take_turns(tmp_path: Path) -> None:
     s.close()
 
 
-def test_sqlite_bulk_writer_goes_on_after_busy_timeout(tmp_path: Path) -> None:
+def test_sqlite_writer_goes_on_after_busy_timeout(tmp_path: Path) -> None:
     s = open_store(f"sqlite://{tmp_path}/repo.db?busy_timeout=0.2")
     s.create_table("t", FAMILIES)
-    turn = os.open(f"{tmp_path}/repo.db-bulk.lock", os.O_RDWR | os.O_CREAT)
+    turn = os.open(f"{tmp_path}/repo.db-write.lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(turn, fcntl.LOCK_EX)  # held by a writer that never finishes
     try:
         # the turn is only an order: SQLite's own locking keeps the write correct

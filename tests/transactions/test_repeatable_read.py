@@ -1,6 +1,7 @@
-"""Across processes, a snapshot never changes under a reader: the embedded store's
-one-phase commit holds the host timestamp lock until its commit is visible, so no
-reader can take a start timestamp above a commit it cannot see yet."""
+"""Across processes, a snapshot never changes under a reader: a start timestamp drawn
+above an embedded one-phase commit still in flight is handed out only once that commit
+is visible (docs/timestamps.md), so no reader reads at a timestamp above a commit it
+cannot see yet."""
 
 from __future__ import annotations
 

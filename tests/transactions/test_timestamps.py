@@ -241,3 +241,132 @@ def test_store_timestamps_with_and_without_increment_share_the_counter(store_url
     assert drawn[0] >= 1
     store.close()
 
+
+
+class _SlowCommitStore:
+    """The cluster's store; a one-phase commit's writes (inside its atomic step, after
+    its commit timestamp is drawn) start only after *hold* seconds."""
+
+    def __init__(self, store: Any, hold: float) -> None:
+        self._store = store
+        self.hold = hold
+        self.writing = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def mutate_rows(self, table: str, mutations: Any) -> None:
+        if getattr(self._store._local, "atomic", False) and table == "t":
+            self.writing.set()
+            time.sleep(self.hold)
+        self._store.mutate_rows(table, mutations)
+
+
+def test_a_snapshot_begun_while_a_one_phase_commit_is_in_flight_holds_all_of_it(
+    tmp_path: Path,
+) -> None:
+    """Start timestamps do not wait for commits' critical sections, but a start
+    timestamp drawn above a commit timestamp still in flight is handed out only once
+    that commit is visible: the snapshot holds both of its cells, never one. (Without
+    the wait, the reader reads X before the COMMIT and Y after it.)"""
+    with percolator.connect(f"sqlite://{tmp_path}/db") as cluster:
+        cluster.create_table("t")
+        with percolator.Transaction(cluster) as txn:
+            txn.set("t", b"x", "c:v", b"old")
+            txn.set("t", b"y", "c:v", b"old")
+        slow = _SlowCommitStore(cluster.store, hold=0.3)
+        cluster.store = slow  # type: ignore[assignment]
+        committed = threading.Event()
+
+        def write() -> None:
+            with percolator.Transaction(cluster) as txn:
+                txn.set("t", b"x", "c:v", b"new")
+                txn.set("t", b"y", "c:v", b"new")
+            committed.set()
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        assert slow.writing.wait(10)
+        reader = percolator.Transaction(cluster)  # its start timestamp is above the commit's
+        first = reader.get("t", b"x", "c:v")
+        assert committed.wait(10)
+        writer.join(10)
+        second = reader.get("t", b"y", "c:v")
+        assert (first, second) == (b"new", b"new")
+
+
+def test_a_commit_in_flight_in_a_dead_process_holds_nobody_back(tmp_path: Path) -> None:
+    """A committer killed between its draw and its COMMIT leaves its timestamp in the
+    sidecar's in-flight slot; SQLite rolled its write back, so draws go on."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    below = source.get_timestamp()
+    with source._locked():
+        source._set_slot(below, dead.pid)
+    t0 = time.monotonic()
+    assert source.get_timestamp() > below
+    assert time.monotonic() - t0 < source.IN_FLIGHT_DEADLINE
+    assert source._slot() == (0, 0)
+    source.close()
+    store.close()
+
+
+def test_a_commit_in_flight_too_long_is_a_clear_error(tmp_path: Path) -> None:
+    """A committer stopped (SIGSTOP) after its draw: a draw gives up after
+    IN_FLIGHT_DEADLINE with StoreUnavailable naming the process, instead of hanging."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    source.IN_FLIGHT_DEADLINE = 0.3
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        below = source.get_timestamp()
+        with source._locked():
+            source._set_slot(below, stopped.pid)
+        with pytest.raises(percolator.StoreUnavailable, match=f"process {stopped.pid}"):
+            source.get_timestamp()
+    finally:
+        stopped.kill()
+        stopped.wait()
+        source.close()
+        store.close()
+
+
+def test_commits_and_draws_across_refills_neither_deadlock_nor_repeat(tmp_path: Path) -> None:
+    """With a tiny block, draws persist the ceiling again and again while one-phase
+    commits draw inside SQLite's write transaction. A draw never writes the store
+    while it holds the sidecar lock (a commit holding the write lock waits for that
+    lock: both would wait forever), and a commit whose draw finds the block spent goes
+    two-phase. Threads of two processes; every value committed is read back."""
+    db = tmp_path / "db"
+    procs = [subprocess.Popen(
+        [sys.executable, "-c", _REFILL_WORKER, str(db), str(i)], cwd=ROOT)
+        for i in range(2)]
+    try:
+        assert [p.wait(60) for p in procs] == [0, 0]
+    finally:
+        for p in procs:
+            p.kill()
+    with percolator.connect(f"sqlite://{db}") as cluster:
+        rows = dict(percolator.Transaction(cluster).scan("t"))
+    assert len(rows) == 2 * 3 * 40
+
+
+_REFILL_WORKER = """
+import sys, threading
+import percolator
+from percolator._timestamps import HostTimestamps
+HostTimestamps.BLOCK, HostTimestamps.REFILL = 6, 3
+db, me = sys.argv[1], sys.argv[2]
+with percolator.connect(f"sqlite://{db}") as cluster:
+    cluster.create_table("t")
+    def work(thread):
+        for i in range(40):
+            with percolator.Transaction(cluster) as txn:
+                txn.set("t", f"{me}-{thread}-{i}".encode(), "c:v", b"1")
+            cluster.timestamps.get_timestamps(2)
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(3)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+"""

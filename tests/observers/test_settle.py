@@ -1,0 +1,91 @@
+"""An observer run's commit deletes the notification it served in the same atomic step
+where the store commits in one phase (the embedded store): one write transaction per
+notification instead of two. Where the commit is two-phase, the worker deletes it
+afterwards, as before; with two observers on a column, only after both have run."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import percolator
+from observers import Observer, Worker, wait_for_observers
+from percolator import TransactionBase
+from percolator._notifications import pending_notifications
+from percolator._store import Mutation
+
+
+class Copy(Observer):
+    table, column = "t", "in:v"
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        txn.set(self.table, row, "out:v", txn.get(self.table, row, column) or b"")
+
+
+class Count(Observer):
+    table, column = "t", "in:v"
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        txn.set(self.table, row, "out:n", b"1")
+
+
+class NotifyWrites:
+    """The cluster's store, counting writes to the notify family made outside an atomic
+    step (the worker's own deletions)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.outside = 0
+        self.lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def mutate_rows(self, table: str, mutations: Sequence[Mutation]) -> None:
+        if not getattr(self._store._local, "atomic", False) and any(
+                column.startswith("n:") for m in mutations for column, _ in m.deletes):
+            with self.lock:
+                self.outside += 1
+        self._store.mutate_rows(table, mutations)
+
+
+def _run(tmp_path: Path, observers: list[type[Observer]], one_phase: bool) -> tuple[
+        int, dict[bytes, dict[str, bytes]]]:
+    with percolator.connect(f"sqlite://{tmp_path}/db") as cluster:
+        cluster.create_table("t")
+        cluster.observe("t", "in:v")
+        cluster.one_phase_commit = one_phase
+        with percolator.Transaction(cluster) as txn:
+            for i in range(40):
+                txn.set("t", b"r%02d" % i, "in:v", b"v%d" % i)
+        counting = NotifyWrites(cluster.store)
+        cluster.store = counting  # type: ignore[assignment]
+        with Worker(cluster, observers, threads=2):
+            wait_for_observers(cluster, 60)
+        cluster.store = counting._store
+        assert not list(pending_notifications(cluster))
+        rows = dict(percolator.Transaction(cluster).scan("t"))
+    return counting.outside, rows
+
+
+def test_a_one_phase_observer_commit_deletes_its_notification(tmp_path: Path) -> None:
+    outside, rows = _run(tmp_path, [Copy], one_phase=True)
+    assert outside == 0
+    assert {r: v["out:v"] for r, v in rows.items()} == {b"r%02d" % i: b"v%d" % i
+                                                        for i in range(40)}
+
+
+def test_a_two_phase_observer_commit_leaves_the_deletion_to_the_worker(
+        tmp_path: Path) -> None:
+    outside, rows = _run(tmp_path, [Copy], one_phase=False)
+    assert outside >= 40
+    assert all(v["out:v"] == v["in:v"] for v in rows.values()) and len(rows) == 40
+
+
+def test_two_observers_of_a_column_both_run_before_the_deletion(tmp_path: Path) -> None:
+    outside, rows = _run(tmp_path, [Copy, Count], one_phase=True)
+    assert outside >= 40  # neither commit may delete what the other has yet to serve
+    assert all(v.get("out:v") == v["in:v"] and v.get("out:n") == b"1"
+               for v in rows.values()) and len(rows) == 40
