@@ -85,6 +85,8 @@ CommitHook = Callable[[Observer, str, bytes, str, int, int], None]
 """``on_commit(observer, table, row, column, change_ts, commit_ts)``."""
 
 _SAMPLE = 4096
+SPLITS_REFRESH = 60.0
+"""Seconds between two questions to the store for a table's split keys."""
 
 
 @dataclass(slots=True)
@@ -241,6 +243,7 @@ class Worker:
         self._failures: dict[tuple[str, bytes, str], _Failures] = {}
         self._failures_lock = threading.Lock()
         self._sample: dict[str, list[bytes]] = {t: [] for t in self._columns}
+        self._splits: dict[str, tuple[float, list[bytes]]] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.tasks = list(tasks)
@@ -354,13 +357,35 @@ class Worker:
             sample[random.randrange(_SAMPLE)] = row
 
     def _random_start(self, table: str) -> bytes | None:
+        """Where a pass over *table* begins: half the time (always, before any row is
+        seen) a random tablet or region boundary where the store tells them (Percolator
+        §2.4: scanners start at random tablets), else a random row seen before."""
+        splits = self._split_keys(table)
         sample = self._sample[table]
-        if not sample:
-            return None
+        if splits and (not sample or random.random() < 0.5):
+            self._count("split_starts")
+            return random.choice(splits)
         try:
-            return random.choice(sample)
+            return random.choice(sample) if sample else None
         except IndexError:
             return None
+
+    def _split_keys(self, table: str) -> list[bytes]:
+        """The store's split keys of *table* (``split_keys``: Bigtable's SampleRowKeys,
+        HBase's region start keys), asked again at most every SPLITS_REFRESH seconds."""
+        split_keys = getattr(self.cluster.store, "split_keys", None)
+        if split_keys is None:
+            return []
+        asked, keys = self._splits.get(table, (None, []))
+        now = time.monotonic()
+        if asked is None or now - asked > SPLITS_REFRESH:
+            self._splits[table] = (now, keys)  # one asker at a time, the others go on
+            try:
+                keys = list(split_keys(table))
+            except PercolatorError as e:
+                log.debug("split keys of %s unknown (%s)", table, e)
+            self._splits[table] = (now, keys)
+        return keys
 
     def _scanner(self) -> None:
         while not self._stop.is_set():

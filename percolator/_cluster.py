@@ -216,6 +216,10 @@ class Cluster:
         self.stats: dict[str, int] = {
             "commits": 0, "conflicts": 0, "rollbacks": 0, "locks_resolved": 0,
         }
+        self.read_predictions: dict[tuple[str, str], tuple[str, ...]] = {}
+        """(table, a row's first column read) -> the columns transactions went on to
+        read in that row: a later first read of the column fetches them with it in one
+        store call (Percolator §2.5). Learned by this client, never persisted."""
         store.create_table(META_TABLE, META_FAMILIES)
         self.safe_point = SafePoint(store, coordination, refresh=safe_point_refresh)
         """The garbage-collection safe point and this client's publication of its oldest

@@ -46,7 +46,12 @@ from percolator._encoding import (
     encode_lock,
     inlined,
 )
-from percolator._errors import CommitUnknownError, ConflictError, PercolatorError
+from percolator._errors import (
+    CommitUnknownError,
+    ConflictError,
+    CoordinationError,
+    PercolatorError,
+)
 from percolator._lock_resolver import check_txn_status, release, resolve_lock, write_cells
 from percolator._notify_index import write_entries
 from percolator._store import Cell, Guard, GuardedSet, Mutation, Read
@@ -290,6 +295,9 @@ class _Committer:
 
     def commit_point(self, commit_ts: int) -> None:
         p = self.primary
+        # Not under an identity whose session expired: others may treat its locks as
+        # abandoned (raises CoordinationError; the caller releases the locks).
+        self.cluster.coordination.confirm_owner(self.owner)
         self._refresh_primary()
         column = f"{LOCK}:{p.column}"
         delete, notify = p.value is None, p.notify
@@ -568,6 +576,9 @@ def _commit_two_phase(committer: _Committer) -> int:
         committer.commit_point(commit_ts)
     except ConflictError:
         cluster.stats["conflicts"] += 1
+        committer.abort()
+        raise
+    except CoordinationError:  # raised before the commit point's write: nothing committed
         committer.abort()
         raise
     # Committed: what follows only cleans up; a failure leaves locks that readers

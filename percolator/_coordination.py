@@ -17,6 +17,7 @@ import uuid
 import zlib
 from typing import Protocol
 
+from percolator._errors import CoordinationError
 from percolator._timestamps import boot_id
 
 __all__ = ["Coordination", "LocalCoordination"]
@@ -30,6 +31,18 @@ class Coordination(Protocol):
 
         :raises CoordinationError: when the identity is not (or no longer) registered,
             so that nothing commits under a lost identity.
+        """
+        ...
+
+    def confirm_owner(self, owner: str) -> None:
+        """Make sure *owner* (this client's id when the commit began) is still this
+        client's live identity, just before a two-phase commit's commit point: a
+        client whose session expired holds locks that others may already treat as
+        abandoned, and must not commit them. Cheap in the steady state (the
+        ZooKeeper implementation asks the server at most once per third of the
+        session timeout).
+
+        :raises CoordinationError: the identity is gone or cannot be confirmed.
         """
         ...
 
@@ -112,6 +125,14 @@ class LocalCoordination:
 
     def current_owner(self) -> str:
         return self._owner
+
+    def confirm_owner(self, owner: str) -> None:
+        if owner != self._owner:
+            raise CoordinationError(f"lock owner {owner!r} is not this client's ({self._owner!r})")
+        with _closed_lock:
+            if owner in _closed_owners:
+                raise CoordinationError(f"the coordinator of owner {owner!r} was closed: "
+                                        "its locks may be rolled back; not committing them")
 
     def is_alive(self, owner: str) -> bool | None:
         parts = owner.split("/")

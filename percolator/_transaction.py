@@ -62,6 +62,8 @@ def _check_columns(columns: object, *, internal: bool) -> list[str]:
 
 _SEEN_MAX = 4096
 """Cells a snapshot remembers having read (beyond it, reads go to the store again)."""
+PREDICTED_MAX = 16
+"""Columns a cluster predicts, at most, after a row's first read column."""
 
 
 class Snapshot:
@@ -99,6 +101,9 @@ class Snapshot:
         """Cells this snapshot has read (``get``/``get_row``): the state at start_ts is
         fixed once a read has waited out the locks below it, so a second read of a
         cell needs no store call (an observer reading the column it was woken for)."""
+        self._first_read: dict[tuple[str, bytes], str] = {}
+        """The first column this snapshot read of each row: the key of the cluster's
+        read predictions (:meth:`_predicted`)."""
 
     # --- validation ---------------------------------------------------------------
 
@@ -189,23 +194,61 @@ class Snapshot:
         return attempts
 
     def _read_row(self, table: str, row: bytes, columns: Sequence[str] | None) -> dict[str, bytes]:
+        return self._read_row_with(table, row, columns, ())[0]
+
+    def _read_row_with(
+        self, table: str, row: bytes, columns: Sequence[str] | None, extra: Sequence[str]
+    ) -> tuple[dict[str, bytes], frozenset[str]]:
+        """Read *columns* of *row*, and in the same store call the *extra* columns a
+        prediction expects to be read next; return the values and the extra columns
+        left unread. A lock on an extra column is not waited for: that column is left
+        out (read when asked for), so a wrong prediction never makes a read wait."""
         attempts: Attempts | None = None
         store = self.cluster.store
-        reads = self._reads(columns)
+        reads = self._reads(columns if not extra or columns is None else [*columns, *extra])
         began = time.perf_counter()
         while True:
             cells = store.read_rows(table, [row], reads).get(row)
             if not cells:
                 _observe("percolator_read_duration_seconds", time.perf_counter() - began)
                 self._check_safe_point()
-                return {}
+                return {}, frozenset()
             blocked = self._blocking(cells) if len(reads) > 1 else None  # else no locks read
+            left_out: frozenset[str] = frozenset()
+            if blocked and extra:
+                asked = [b for b in blocked if b[0] not in extra]
+                if not asked:
+                    left_out = frozenset(b[0] for b in blocked)
+                    cells = {n: v for n, v in cells.items() if n[2:] not in left_out}
+                blocked = asked
             if not blocked:
                 values = self._values(table, row, cells)
                 _observe("percolator_read_duration_seconds", time.perf_counter() - began)
                 self._check_safe_point()
-                return values
+                return values, left_out
             attempts = self._wait_for_locks(table, row, blocked, attempts)
+
+    def _predicted(self, table: str, row: bytes, column: str) -> list[str]:
+        """Columns of *row* that transactions which first read *column* of a row of
+        *table* went on to read there (Percolator §2.5: reads prefetched by
+        prediction), less those this snapshot knows already."""
+        learned = self.cluster.read_predictions.get((table, column))
+        if not learned:
+            return []
+        writes, seen = self._writes, self._seen
+        return [c for c in learned
+                if (table, row, c) not in seen and (table, row, c) not in writes]
+
+    def _learn(self, table: str, row: bytes, column: str) -> None:
+        """Note that *column* is read in *row*: after the row's first column, it joins
+        that column's predictions (at most PREDICTED_MAX columns)."""
+        first = self._first_read.setdefault((table, row), column)
+        if first == column:
+            return
+        predictions = self.cluster.read_predictions
+        learned = predictions.get((table, first), ())
+        if column not in learned and len(learned) < PREDICTED_MAX:
+            predictions[(table, first)] = (*learned, column)
 
     def _values(self, table: str, row: bytes, cells: RowCells) -> dict[str, bytes]:
         """Decode the visible values from a row read (lock-free at start_ts)."""
@@ -263,14 +306,21 @@ class Snapshot:
         """
         self._check_cell(table, row, column)
         key = (table, row, column)
+        self._learn(table, row, column)
         if key in self._writes:
             return self._writes[key]
         if key in self._seen:
             self._check_safe_point()  # a snapshot GC overtook reads nothing more
             return self._seen[key]
-        value = self._read_row(table, row, (column,)).get(column)
-        if len(self._seen) < _SEEN_MAX:
-            self._seen[key] = value
+        extra = self._predicted(table, row, column)
+        found, left_out = self._read_row_with(table, row, (column,), extra)
+        value = found.get(column)
+        seen = self._seen
+        if len(seen) < _SEEN_MAX:
+            seen[key] = value
+            for other in extra:
+                if other not in left_out:
+                    seen[(table, row, other)] = found.get(other)
         return value
 
     def get_row(self, table: str, row: bytes, columns: Sequence[str]) -> dict[str, bytes]:
@@ -283,6 +333,7 @@ class Snapshot:
         missing = []
         writes, seen = self._writes, self._seen
         for column in wanted:
+            self._learn(table, row, column)
             key = (table, row, column)
             if key in writes:
                 value = writes[key]
@@ -295,11 +346,16 @@ class Snapshot:
             if value is not None:
                 result[column] = value
         if missing:
-            found = self._read_row(table, row, missing)
-            result.update(found)
+            first = self._first_read[(table, row)]
+            extra = [c for c in self._predicted(table, row, first) if c not in missing]
+            found, left_out = self._read_row_with(table, row, missing, extra)
+            result.update((c, found[c]) for c in missing if c in found)
             if len(seen) < _SEEN_MAX:
                 for column in missing:
                     seen[(table, row, column)] = found.get(column)
+                for column in extra:
+                    if column not in left_out:
+                        seen[(table, row, column)] = found.get(column)
         return result
 
     def get_rows(

@@ -369,6 +369,7 @@ class ZooKeeperCoordination:
         self._config_path = f"{self.base}/config"
         self.session_timeout = float(session_timeout)
         self._suspend_wait = self.session_timeout if suspend_wait is None else suspend_wait
+        self._confirmed_at = -1e9  # monotonic time the server last confirmed our owner node
         self._buckets = advisory_buckets
         self._lease_idle = lease_idle
 
@@ -568,6 +569,37 @@ class ZooKeeperCoordination:
             f"no live ZooKeeper session at {self.address!r} after {self._suspend_wait:g}s: "
             "not committing under a lost identity; retry the transaction later"
         )
+
+    def confirm_owner(self, owner: str) -> None:
+        """Raise unless *owner* is this client's identity and its session is confirmed
+        live: from memory when the server answered within the last third of the
+        session timeout, else by one ``exists`` of our owner node (a round trip on the
+        session). A process that was paused (SIGSTOP, a long GC) or cut off past its
+        session timeout and comes back still believes itself connected until it talks
+        to the server: this round trip is where it learns that its session expired,
+        before its commit point instead of after."""
+        with self._lock:
+            node, current = self._owner_node, self._owner
+        if node is None or current != owner:
+            raise CoordinationError(
+                f"the ZooKeeper identity {owner} that holds this transaction's locks is no "
+                "longer this client's (its session expired): not committing them; retry "
+                "the transaction")
+        asked = time.monotonic()
+        if asked - self._confirmed_at < self.session_timeout / 3:
+            return
+        try:
+            stat = self._zk.exists(f"{self._owners_path}/{node}")
+            self._op()
+        except Exception as e:
+            raise CoordinationError(
+                f"cannot confirm the ZooKeeper session of {owner} ({e}): not committing "
+                "under an identity that may have expired; retry the transaction") from e
+        if stat is None or stat.ephemeralOwner != self._zk.client_id[0]:
+            raise CoordinationError(
+                f"the ZooKeeper session of {owner} expired (its owner node is gone): not "
+                "committing the locks taken under it; retry the transaction")
+        self._confirmed_at = asked
 
     @property
     def suspended(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 
@@ -11,7 +12,7 @@ import pytest
 import percolator
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from tests._zookeeper import ZooKeeperServer
-from tests.coordination._helpers import lock_of
+from tests.coordination._helpers import child, lock_of, read_line
 
 pytestmark = pytest.mark.zk
 
@@ -55,6 +56,33 @@ def test_expired_session_drops_the_identity_and_registers_a_new_one(
         assert lock_of(worker, "t", b"r1", "c:v") is None
         with other.transaction() as reader:
             assert reader.get("t", b"r2", "c:v") == b"after"
+
+
+def test_a_client_paused_past_its_session_cannot_commit_its_locks(
+    store_url: str, live_zookeeper: ZooKeeperServer
+) -> None:
+    """A client stopped (SIGSTOP: a long GC pause) between its prewrite and its commit
+    point, past its 2 s session: woken, it still believes itself connected, yet its
+    commit raises and commits nothing, even though nobody touched its locks meanwhile
+    (issue 21). Its confirmation of the session before the commit point is a round
+    trip in which it learns that the session expired."""
+    chroot = live_zookeeper.create_chroot()
+    with percolator.connect(store_url, zookeeper=chroot) as other, \
+            child("hold", store_url, chroot) as proc:
+        owner = read_line(proc, "HELD")
+        assert lock_of(other, "t", b"r1", "c:v") is not None
+        proc.send_signal(signal.SIGSTOP)
+        _wait(lambda: other.coordination.is_alive(owner) is False, "its session to expire")
+        assert lock_of(other, "t", b"r1", "c:v") is not None  # untouched
+        proc.send_signal(signal.SIGCONT)
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        outcome = read_line(proc, "OUTCOME")
+        assert outcome.startswith("CoordinationError") and "expired" in outcome, outcome
+        with other.transaction() as reader:
+            assert (reader.get("t", b"r1", "c:v"), reader.get("t", b"r2", "c:v")) == (
+                b"old", b"old")
 
 
 def test_zookeeper_restart_loses_nothing_and_rolls_back_no_live_lock(

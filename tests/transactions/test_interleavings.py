@@ -58,8 +58,9 @@ def is_timestamp(step: Step) -> bool:
 
 
 def test_a_commit_point_lost_to_a_cleaner_leaves_nothing_visible(bank: Cluster) -> None:
-    """T1 is paused between its prewrite and its commit point, long enough for its
-    session to expire; a reader rolls it back; T1 wakes and tries its commit point.
+    """T1 is paused at its commit point's compare-and-set, after it confirmed its
+    session, and stays paused long enough for the session to expire; a reader rolls
+    it back; T1 wakes and makes its compare-and-set.
 
     Guards ``if not won:`` in ``_Committer.commit_point`` (carrying on after the lost
     CAS frees bob with T1's write record: bob 60, alice 100) and, on the embedded
@@ -69,9 +70,29 @@ def test_a_commit_point_lost_to_a_cleaner_leaves_nothing_visible(bank: Cluster) 
         client = committer(bank)
         t1 = world.actor("T1", transfer(client).commit, clients=[client])
         t1.run_until(is_timestamp)  # both cells locked; its commit timestamp is next
+        t1.run_until(lambda step: step.matches("check_and_set", row=ALICE))
         client.coordination.close()  # its session expires while it is paused
         assert balances(bank) == (b"100", b"0")  # the reader rolled it back
         with pytest.raises(ConflictError):
+            t1.finish()
+    assert balances(bank) == (b"100", b"0")
+
+
+def test_a_committer_whose_session_expired_does_not_reach_its_commit_point(
+    bank: Cluster,
+) -> None:
+    """T1 is paused between its prewrite and its commit point while its session
+    expires; nobody touches its locks. Woken, it must not commit them (issue 21):
+    its commit raises CoordinationError, releases its locks, and nothing is visible.
+
+    Guards ``confirm_owner`` in ``_Committer.commit_point`` (without it T1 commits:
+    alice 40, bob 60)."""
+    with Interleaving(bank) as world:
+        client = committer(bank)
+        t1 = world.actor("T1", transfer(client).commit, clients=[client])
+        t1.run_until(is_timestamp)
+        client.coordination.close()
+        with pytest.raises(percolator.CoordinationError, match="not committing"):
             t1.finish()
     assert balances(bank) == (b"100", b"0")
 
@@ -141,8 +162,9 @@ def test_a_cleaner_that_loses_its_rollback_cas_leaves_the_commit_whole(
     bank: Cluster,
 ) -> None:
     """A reader finds T1's primary LOCKED by a dead owner and is about to roll it back
-    (CAS LOCKED -> ROLLED_BACK); T1, only paused, wakes and passes its commit point
-    first, then dies before releasing bob; the reader's CAS loses.
+    (CAS LOCKED -> ROLLED_BACK); T1, only paused at its commit point's CAS (its session
+    confirmed just before), wakes and passes it first, then dies before releasing
+    bob; the reader's CAS loses.
 
     Guards ``if not ...check_and_set(...): return False`` in ``roll_back_primary``
     (the race its docstring names): ignoring the lost CAS frees bob as rolled back,
@@ -152,13 +174,16 @@ def test_a_cleaner_that_loses_its_rollback_cas_leaves_the_commit_whole(
         t1_txn = transfer(client)
         t1 = world.actor("T1", t1_txn.commit, clients=[client])
         t1.run_until(is_timestamp)
-        client.coordination.close()  # its session expires; it does not know yet
+        # At its commit point's CAS, its session confirmed; then the session expires
+        # and it does not know yet.
+        t1.run_until(lambda s: s.matches("check_and_set", row=ALICE))
+        client.coordination.close()
         reader = Transaction(bank)
         r = world.actor("reader", lambda: reader.get(T, BOB, COL))
         r.run_until(lambda s: s.matches("check_and_set", row=ALICE))  # the rollback CAS
-        t1.step()  # draws its commit timestamp
+        t1.step()  # its commit point
         t1.run_until(lambda s: ALICE not in s.rows)  # past the commit point, at bob
-        assert r.finish() == b"0"  # T1 committed after the reader started
+        assert r.finish() == b"60"  # T1 committed below the reader's start
         t1.kill()
     commit_ts = t1_txn.commit_ts
     assert commit_ts is not None

@@ -93,6 +93,10 @@ class Run:
         client.lock_wait_policy = RetryPolicy(max_tries=3, delay=0, max_delay=0, deadline=None)
         if self.dead:
             client.coordination.close()
+            # Its session expired after it confirmed it at the commit point (the window
+            # between that check and the commit point's CAS): it commits unaware, and
+            # races the cleaners that know it dead.
+            client.coordination.confirm_owner = lambda owner: None  # type: ignore[method-assign]
         return client
 
     def writer(

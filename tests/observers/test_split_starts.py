@@ -1,0 +1,53 @@
+"""Scanners start passes at random tablet or region boundaries where the store reports
+them (Percolator §2.4), not only at rows they have seen: a fresh worker on a big table
+starts all over it at once instead of at the first row."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import percolator
+from observers import Observer, Worker
+from percolator import TransactionBase
+from tests._backends import BACKENDS, make_store_url
+
+
+class Touch(Observer):
+    table, column = "t", "in:v"
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        txn.set(self.table, row, "out:v", b"1")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_fresh_worker_starts_at_the_stores_split_keys(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    url = make_store_url(backend, request, tmp_path)
+    with percolator.connect(url) as cluster:
+        cluster.create_table("t")
+        cluster.observe("t", "in:v")
+        with percolator.Transaction(cluster) as txn:
+            for i in range(300):
+                txn.set("t", b"r%04d" % i, "in:v", b"x")
+        splits = getattr(cluster.store, "split_keys", lambda table: [])("t")
+        assert bool(splits) == (backend != "sqlite"), splits  # regions; tablet samples
+        worker = Worker(cluster, [Touch], threads=1)
+        starts = {worker._random_start("t") for _ in range(50)}  # nothing seen yet
+        if backend == "sqlite":
+            assert starts == {None}  # from the first row, then from rows seen
+        else:
+            rows = {b"r%04d" % i for i in range(300)}
+            if backend == "hbase":  # the test server cuts a region every 100 rows
+                assert starts == set(splits) == {b"r0100", b"r0200"}
+            else:  # the emulator's samples are rows, and vary from call to call
+                assert starts <= rows and len(starts) > 1
+            assert worker.stats["split_starts"] == 50
+        worker._remember("t", b"r0150")  # once rows are seen, both kinds
+        mixed = {worker._random_start("t") for _ in range(200)}
+        assert b"r0150" in mixed and (backend == "sqlite" or len(mixed) > 1)
+        if backend != "sqlite":
+            for table in cluster.store.list_tables():
+                cluster.store.drop_table(table)
