@@ -43,14 +43,14 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
 from observers._observer import Observer, ObserverTransaction, check_observer
 from observers._periodic import Periodic
 from percolator._cluster import Cluster
-from percolator._commit import commit_transaction
+from percolator._commit import commit_group, commit_transaction
 from percolator._encoding import NOTIFY
 from percolator._errors import (
     CommitUnknownError,
@@ -85,6 +85,9 @@ CommitHook = Callable[[Observer, str, bytes, str, int, int], None]
 """``on_commit(observer, table, row, column, change_ts, commit_ts)``."""
 
 _SAMPLE = 4096
+GROUP_MAX = 16
+"""Observer transactions a scanner thread commits together on the embedded store
+(one SQLite write transaction for up to this many; see ``commit_group``)."""
 SPLITS_REFRESH = 60.0
 """Seconds between two questions to the store for a table's split keys."""
 
@@ -96,6 +99,7 @@ class _Failures:
 
 
 class _Outcome:
+    DEFERRED = "deferred"  # left in a group, committed by _flush
     COMMITTED = "committed"
     SKIPPED = "skipped"  # its metrics label is "acked_already"
     CONFLICT = "conflict"
@@ -128,8 +132,9 @@ class _Spread:
     another on a row skips a random stretch ahead; after a few meetings it ends the
     pass, so that the next one starts at a new random place."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, held: int = 1) -> None:
         self.threads = threads
+        self.held = held  # rows another scanner may hold at once (a group: GROUP_MAX)
         self.skip = 0
         self.meetings = 0
 
@@ -145,7 +150,7 @@ class _Spread:
         self.meetings += 1
         if self.meetings >= 4:
             return True
-        self.skip = random.randint(1, 16 * self.threads)
+        self.skip = random.randint(self.held, self.held + 16 * self.threads)
         return False
 
 class Worker:
@@ -504,11 +509,20 @@ class Worker:
         finds another on its row skips a random stretch ahead; after a few such
         meetings in one pass it jumps to a new random place (a new pass), so scanners
         spread out instead of clumping."""
+        group = _Group() if self._commits_in_groups() else None
+        try:
+            return self._table_pass_rows(table, group)
+        finally:
+            if group is not None:
+                self._flush(group)
+
+    def _table_pass_rows(self, table: str, group: _Group | None) -> bool:
         reads = [Read(NOTIFY, self._columns[table], versions=None)]
         start = self._random_start(table)
         ranges = [(start, None), (None, start)] if start is not None else [(None, None)]
         worked = False
-        spread = _Spread(self.threads)
+        spread = _Spread(self.threads, GROUP_MAX if group is not None else 1)
+        coordination = self.cluster.coordination
         for lo, hi in ranges:
             for row, cells in self.cluster.store.scan(table, lo, hi, reads, batch_size=128):
                 if self._stop.is_set():
@@ -517,16 +531,70 @@ class Worker:
                 if spread.skipping() or self._backing_off(table, row, cells):
                     continue
                 key = f"{table}/{row.hex()}"
-                if not self.cluster.coordination.try_advisory_lock(key):
+                if not coordination.try_advisory_lock(key):
                     if self._met(spread):
                         return True  # a new pass starts at a new random place
                     continue
+                deferred = False
                 try:
-                    if self._process_row(table, row):
+                    if self._process_row(table, row, group):
                         worked = True
+                    deferred = group is not None and group.holds(key)
                 finally:
-                    self.cluster.coordination.release_advisory_lock(key)
+                    if not deferred:  # else held until the group is committed
+                        coordination.release_advisory_lock(key)
+                if group is not None and len(group.runs) >= GROUP_MAX:
+                    self._flush(group)
         return worked
+
+    def _commits_in_groups(self) -> bool:
+        """Whether observer commits can share a store write (the embedded store's
+        one-phase commits)."""
+        cluster = self.cluster
+        return (cluster.one_phase_commit and GROUP_MAX > 1
+                and getattr(cluster.store, "atomically", None) is not None
+                and getattr(cluster.timestamps, "in_flight", None) is not None)
+
+    def _flush(self, group: _Group) -> None:
+        """Commit the group's observer transactions together (``commit_group``: one
+        SQLite write transaction), then account for each as a single run would, and
+        let go of the rows' advisory locks."""
+        runs, keys = group.runs, group.keys
+        group.runs, group.keys = [], []
+        try:
+            if not runs:
+                return
+            outcomes = commit_group([run.txn for run in runs])
+            for run, outcome in zip(runs, outcomes, strict=True):
+                self._account(run, outcome)
+        finally:
+            for key in keys:
+                self.cluster.coordination.release_advisory_lock(key)
+
+    def _account(self, run: _Run, outcome: int | PercolatorError) -> None:
+        name = run.observer.name
+        if isinstance(outcome, PercolatorError):
+            # The notification stays: a later pass runs the observer again.
+            if is_retryable(outcome):
+                self._count("conflicts")
+                _inc("percolator_observer_runs_total", name, _Outcome.CONFLICT)
+            else:
+                log.warning("%s on %s/%s/%s: %s; will retry", name, run.table,
+                            format_row(run.row), run.column, outcome)
+                _inc("percolator_observer_runs_total", name, _Outcome.TRANSIENT)
+            return
+        self._count(_Outcome.COMMITTED)
+        _inc("percolator_observer_runs_total", name, _Outcome.COMMITTED)
+        if not run.txn._settled:  # committed in two phases: the worker deletes it
+            assert run.txn._settles is not None
+            table, row, notify, newest = run.txn._settles
+            self.cluster.store.mutate_rows(table, [Mutation(row, deletes=[(notify, newest)])])
+        if self.on_commit is not None:
+            try:
+                self.on_commit(run.observer, run.table, run.row, run.column, run.change,
+                               outcome)
+            except Exception:
+                log.exception("on_commit hook failed")
 
     def _met(self, spread: _Spread) -> bool:
         """Another scanner holds the row: count the meeting; True when the pass should
@@ -553,8 +621,10 @@ class Worker:
 
     # --- processing -----------------------------------------------------------------
 
-    def _process_row(self, table: str, row: bytes) -> bool:
-        """Run the observers of every dirty cell of *row*; True if anything was done."""
+    def _process_row(self, table: str, row: bytes, group: _Group | None = None) -> bool:
+        """Run the observers of every dirty cell of *row*; True if anything was done.
+        With *group*, a run whose commit can delete its notification is left in the
+        group, to be committed with others (:meth:`_flush`)."""
         cells = self.cluster.store.read_rows(
             table, [row], [Read(NOTIFY, self._columns[table], versions=None)]
         ).get(row, {})
@@ -580,12 +650,19 @@ class Worker:
             for observer in observers:
                 began = time.perf_counter()
                 outcome, error, settled = self._run_observer(
-                    observer, table, row, column, weak, settle)
+                    observer, table, row, column, weak, settle,
+                    group if settle is not None else None)
                 _observe("percolator_observer_run_duration_seconds",
                          time.perf_counter() - began, observer.name)
+                worked = True
+                if outcome == _Outcome.DEFERRED:
+                    assert group is not None
+                    advisory = f"{table}/{row.hex()}"
+                    if not group.holds(advisory):
+                        group.keys.append(advisory)
+                    continue
                 _inc("percolator_observer_runs_total", observer.name,
                      "acked_already" if outcome == _Outcome.SKIPPED else outcome)
-                worked = True
                 if outcome == _Outcome.FAILED:
                     done = False
                     assert error is not None
@@ -606,7 +683,7 @@ class Worker:
 
     def _run_observer(
         self, observer: Observer, table: str, row: bytes, column: str, weak: bool,
-        settle: int | None = None,
+        settle: int | None = None, group: _Group | None = None,
     ) -> tuple[str, BaseException | None, bool]:
         """Run one observer transaction, retrying conflicts a few times. With *settle*
         (the newest notification version read), its commit may delete the
@@ -616,7 +693,7 @@ class Worker:
                 time.sleep(random.uniform(0, 0.005 * 2**attempt))
             try:
                 outcome, settled = self._transaction(observer, table, row, column, weak,
-                                                     settle)
+                                                     settle, group)
             except ObserverError as e:
                 return _Outcome.FAILED, e.__cause__ or e, False
             except CommitUnknownError:
@@ -637,13 +714,14 @@ class Worker:
                     return _Outcome.FAILED, e, False
                 self._count("conflicts")
                 continue
-            self._count(outcome)
+            if outcome != _Outcome.DEFERRED:
+                self._count(outcome)
             return outcome, None, settled
         return _Outcome.CONFLICT, None, False
 
     def _transaction(
         self, observer: Observer, table: str, row: bytes, column: str, weak: bool,
-        settle: int | None,
+        settle: int | None, group: _Group | None = None,
     ) -> tuple[str, bool]:
         txn = ObserverTransaction(self.cluster)
         txn._stop_waiting = self._stop
@@ -673,6 +751,9 @@ class Worker:
         txn.set(table, row, ack, str(max(change, acked)).encode())
         if settle is not None:
             txn._settles = (table, row, f"{NOTIFY}:{column}", settle)
+            if group is not None:
+                group.runs.append(_Run(txn, observer, table, row, column, change))
+                return _Outcome.DEFERRED, True
         commit_ts = commit_transaction(txn)
         if self.on_commit is not None:
             try:
@@ -713,6 +794,30 @@ class Worker:
         log.error("observer %s failed %d times on %s: notification quarantined "
                   "(see `percolator status`, `percolator retry`): %s",
                   observer.name, count, where, text)
+
+
+@dataclass(slots=True)
+class _Run:
+    """An observer run whose transaction waits in a group for its commit."""
+
+    txn: ObserverTransaction
+    observer: Observer
+    table: str
+    row: bytes
+    column: str
+    change: int
+
+
+@dataclass(slots=True)
+class _Group:
+    """One scanner pass's observer transactions waiting to be committed together, and
+    the advisory locks of their rows (held until then)."""
+
+    runs: list[_Run] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+
+    def holds(self, key: str) -> bool:
+        return bool(self.keys) and self.keys[-1] == key
 
 
 class _Bell:

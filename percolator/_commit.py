@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from percolator._cas import lock_cas
 from percolator._encoding import (
@@ -50,6 +51,7 @@ from percolator._errors import (
     CommitUnknownError,
     ConflictError,
     CoordinationError,
+    InvalidArgument,
     PercolatorError,
 )
 from percolator._lock_resolver import check_txn_status, release, resolve_lock, write_cells
@@ -62,7 +64,10 @@ if TYPE_CHECKING:
     from percolator._cluster import Cluster
     from percolator._transaction import TransactionBase
 
-__all__ = ["CrashPoint", "commit_transaction", "committed_anyway", "free_locks_may_stay"]
+__all__ = [
+    "CrashPoint", "commit_group", "commit_transaction", "committed_anyway",
+    "free_locks_may_stay",
+]
 
 log = logging.getLogger(__name__)
 
@@ -448,57 +453,181 @@ def _commit_one_phase(committer: _Committer) -> int | None:
     in_flight = getattr(cluster.timestamps, "in_flight", None)
     if atomically is None or in_flight is None or not cluster.one_phase_commit:
         return None
-    start_ts = committer.start_ts
     with in_flight() as draw, atomically():
-        found = committer._read_for_prewrite(committer.cells)
-        # Inside the atomic step, after its reads: no GC deletion can fall between
-        # this check and the writes (see percolator._safe_point).
-        cluster.safe_point.check(start_ts)
-        for cell in committer.cells:
-            lock_raw, writes = found[id(cell)]
-            committer._check_writes(cell, writes)
-            if lock_raw is not None and not isinstance(decode_lock(lock_raw), Free):
-                return None
-        commit_ts: int | None = draw()
-        if commit_ts is None:
+        return _one_phase_step(committer, draw)
+
+
+def _one_phase_step(committer: _Committer, draw: Callable[[], int | None]) -> int | None:
+    """A one-phase commit inside the atomic step (see :func:`_commit_one_phase`): its
+    checks, commit timestamp and writes. None: nothing written."""
+    found = _one_phase_check(committer)
+    if found is None:
+        return None
+    commit_ts = draw()
+    if commit_ts is not None:
+        _one_phase_write(committer, found, commit_ts)
+    return commit_ts
+
+
+def _one_phase_check(committer: _Committer) -> dict[int, tuple[bytes | None, list[Cell]]] | None:
+    """Inside the atomic step: read the cells' locks and write records and check them.
+    Returns what was read, or None when a cell is locked by another transaction.
+
+    :raises ConflictError: a cell was written since the transaction's start.
+    """
+    found = committer._read_for_prewrite(committer.cells)
+    # Inside the atomic step, after its reads: no GC deletion can fall between
+    # this check and the writes (see percolator._safe_point).
+    committer.cluster.safe_point.check(committer.start_ts)
+    for cell in committer.cells:
+        lock_raw, writes = found[id(cell)]
+        committer._check_writes(cell, writes)
+        if lock_raw is not None and not isinstance(decode_lock(lock_raw), Free):
             return None
-        free = encode_lock(Free(start_ts, True))
-        by_table: dict[str, list[Mutation]] = {}
-        for cell in committer.cells:
-            puts = write_cells(cell.column, start_ts, commit_ts, cell.value is None, cell.notify,
-                               cell.value)
-            if found[id(cell)][0] is None:
-                puts.append((f"{LOCK}:{cell.column}", 0, free))
-            by_table.setdefault(cell.table, []).append(Mutation(cell.row, puts))
-        settles = getattr(committer.txn, "_settles", None)
-        if settles is not None:  # an observer run's notification, served by this commit
-            table, row, notify, newest = settles
-            by_table.setdefault(table, []).append(Mutation(row, deletes=[(notify, newest)]))
-        for table, mutations in by_table.items():
-            cluster.store.mutate_rows(table, mutations)
-        _write_notifications(committer.txn, committer.cells, commit_ts)
+    return found
+
+
+def _one_phase_write(committer: _Committer, found: dict[int, tuple[bytes | None, list[Cell]]],
+                     commit_ts: int) -> None:
+    """Inside the atomic step, after the checks: the write records (carrying the
+    values), a FREE lock where a cell had no lock cell, the notification an observer
+    run served, and the weak notifications."""
+    cluster, start_ts = committer.cluster, committer.start_ts
+    free = encode_lock(Free(start_ts, True))
+    by_table: dict[str, list[Mutation]] = {}
+    for cell in committer.cells:
+        puts = write_cells(cell.column, start_ts, commit_ts, cell.value is None, cell.notify,
+                           cell.value)
+        if found[id(cell)][0] is None:
+            puts.append((f"{LOCK}:{cell.column}", 0, free))
+        by_table.setdefault(cell.table, []).append(Mutation(cell.row, puts))
+    settles = getattr(committer.txn, "_settles", None)
+    if settles is not None:  # an observer run's notification, served by this commit
+        table, row, notify, newest = settles
+        by_table.setdefault(table, []).append(Mutation(row, deletes=[(notify, newest)]))
+    for table, mutations in by_table.items():
+        cluster.store.mutate_rows(table, mutations)
+    _write_notifications(committer.txn, committer.cells, commit_ts)
     if settles is not None:
         committer.txn._settled = True  # type: ignore[attr-defined]
-    return commit_ts
+
+
+def _record(kind: str, began: float, error: BaseException | None) -> None:
+    """The metrics of one commit that ended (with *error*, or committed)."""
+    if isinstance(error, ConflictError):
+        _inc("percolator_transactions_conflicted_total", kind)
+    elif error is not None:
+        _inc("percolator_transactions_failed_total", kind)
+    else:
+        _inc("percolator_transactions_committed_total", kind)
+    _observe("percolator_commit_duration_seconds", time.perf_counter() - began, kind)
 
 
 def commit_transaction(txn: TransactionBase, crash: CrashPoint | None = None) -> int:
     """Commit *txn* (see the module docstring); *crash* is for test harnesses only
     (a commit with a crash point always takes the two-phase path)."""
-    kind = txn._kind
     began = time.perf_counter()
     try:
         commit_ts = _commit_transaction(txn, crash)
-    except ConflictError:
-        _inc("percolator_transactions_conflicted_total", kind)
+    except BaseException as e:
+        _record(txn._kind, began, e)
         raise
-    except BaseException:
-        _inc("percolator_transactions_failed_total", kind)
-        raise
-    finally:
-        _observe("percolator_commit_duration_seconds", time.perf_counter() - began, kind)
-    _inc("percolator_transactions_committed_total", kind)
+    _record(txn._kind, began, None)
     return commit_ts
+
+
+def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]:
+    """Commit several transactions of one cluster made by this thread, each as if
+    alone, and return each one's commit timestamp or the error its commit raised.
+
+    Where the store commits in one phase (the embedded store), they share one SQLite
+    write transaction: each makes its own conflict checks (which see the commits
+    before it in the group) and draws its own commit timestamp, and one that
+    conflicts writes nothing and leaves the others be; the group spares a write
+    transaction (BEGIN, COMMIT, the writers' turn) per commit. A store failure in the
+    step fails every transaction of it (none committed). One that meets a lock, and
+    every one elsewhere, is committed on its own afterwards.
+    """
+    if not txns:
+        return []
+    cluster = txns[0].cluster
+    if any(t.cluster is not cluster for t in txns):
+        raise InvalidArgument("commit_group: every transaction must be of one cluster")
+    began = time.perf_counter()
+    results: list[int | PercolatorError | None] = [None] * len(txns)
+    atomically = getattr(cluster.store, "atomically", None)
+    in_flight = getattr(cluster.timestamps, "in_flight", None)
+    grouped: list[tuple[int, _Committer]] = []
+    if atomically is not None and in_flight is not None and cluster.one_phase_commit:
+        for i, txn in enumerate(txns):
+            if not txn._writes or txn._closed:
+                continue
+            try:
+                cluster.safe_point.check(txn.start_ts)
+            except PercolatorError as e:
+                txn._closed = True
+                results[i] = e
+                continue
+            txn._closed = True
+            grouped.append((i, _Committer(txn, None)))
+    if grouped:
+        assert atomically is not None and in_flight is not None
+        try:
+            with in_flight() as draw, atomically():
+                # Every check first, then every draw and write: the commit timestamps
+                # are in flight (holding back other clients' start timestamps) only
+                # for the writes. A member that writes a cell an earlier member
+                # writes conflicts with it, as it would meet its record in the store.
+                checked: list[tuple[int, _Committer, dict[int, Any]]] = []
+                taken: set[tuple[str, bytes, str]] = set()
+                for i, member in grouped:
+                    try:
+                        found = _one_phase_check(member)
+                        cells = {(c.table, c.row, c.column) for c in member.cells}
+                        if not taken.isdisjoint(cells):
+                            raise member._conflict(
+                                next(c for c in member.cells
+                                     if (c.table, c.row, c.column) in taken),
+                                "written by a transaction committed with it", None)
+                    except ConflictError as e:
+                        cluster.stats["conflicts"] += 1
+                        results[i] = e
+                        continue
+                    if found is not None:
+                        taken |= cells
+                        checked.append((i, member, found))
+                for i, member, found in checked:
+                    commit_ts = draw()
+                    if commit_ts is None:
+                        break  # no room left in the block: the rest go on their own
+                    _one_phase_write(member, found, commit_ts)
+                    results[i] = commit_ts
+        except PercolatorError as e:  # rolled back: none of the group committed
+            for i, _ in grouped:
+                if not isinstance(results[i], ConflictError):
+                    results[i] = e
+    members = dict(grouped)
+    outcomes: list[int | PercolatorError] = []
+    for i, txn in enumerate(txns):
+        result = results[i]
+        committer = members.get(i)
+        if isinstance(result, int):
+            assert committer is not None
+            txn.commit_ts = result
+            cluster.stats["commits"] += 1
+            _wake(committer)
+        elif result is None:  # not grouped, or met a lock: on its own
+            try:
+                if committer is not None:
+                    result = _finish_two_phase(committer)
+                else:
+                    txn._check_open()
+                    result = _commit_transaction(txn, None)
+            except PercolatorError as e:
+                result = e
+        _record(txn._kind, began, result if isinstance(result, PercolatorError) else None)
+        outcomes.append(result)
+    return outcomes
 
 
 def _commit_transaction(txn: TransactionBase, crash: CrashPoint | None) -> int:
@@ -528,6 +657,11 @@ def _commit_transaction(txn: TransactionBase, crash: CrashPoint | None) -> int:
             cluster.stats["commits"] += 1
             _wake(committer)
             return one_phase
+    return _finish_two_phase(committer)
+
+
+def _finish_two_phase(committer: _Committer) -> int:
+    cluster = committer.cluster
     try:
         commit_ts = _commit_two_phase(committer)
     except SimulatedCrash:

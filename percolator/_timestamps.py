@@ -286,21 +286,22 @@ class HostTimestamps:
 
     @contextmanager
     def in_flight(self) -> Iterator[Callable[[], int | None]]:
-        """For a one-phase commit, around the store's write transaction: yields a
-        function that draws the commit timestamp (once, inside the transaction) and
-        publishes it as in flight until this block ends, after the COMMIT. The draw
+        """For one-phase commits, around the store's write transaction: yields a
+        function that draws a commit timestamp inside the transaction (once per commit
+        of a group sharing it) and publishes the first one drawn as in flight until
+        this block ends, after the COMMIT: every later draw of the group is above it,
+        so a start timestamp above any of them waits for the whole group. The draw
         writes nothing to the store; it returns None when the persisted block has no
         room (the commit then takes the two-phase path, whose draw persists room)."""
         drawn: list[int] = []
 
         def draw() -> int | None:
-            if drawn:
-                raise RuntimeError("in_flight(): one draw per commit")
             with self._locked():
                 taken = self._take(1)
                 if taken is None:
                     return None
-                self._set_slot(taken[0], os.getpid())
+                if not drawn:
+                    self._set_slot(taken[0], os.getpid())
             drawn.append(taken[0])
             return taken[0]
 

@@ -89,3 +89,34 @@ def test_two_observers_of_a_column_both_run_before_the_deletion(tmp_path: Path) 
     assert outside >= 40  # neither commit may delete what the other has yet to serve
     assert all(v.get("out:v") == v["in:v"] and v.get("out:n") == b"1"
                for v in rows.values()) and len(rows) == 40
+
+
+def test_a_scanner_commits_its_runs_in_groups(tmp_path: Path) -> None:
+    """On the embedded store a scanner commits up to GROUP_MAX observer runs in one
+    write transaction (``commit_group``), each run still exactly once."""
+    from observers._worker import GROUP_MAX
+
+    steps = [0]
+    with percolator.connect(f"sqlite://{tmp_path}/db") as cluster:
+        cluster.create_table("t")
+        cluster.observe("t", "in:v")
+        with percolator.Transaction(cluster) as txn:
+            for i in range(200):
+                txn.set("t", b"r%03d" % i, "in:v", b"v%d" % i)
+        store = cluster.store
+        atomically = store.atomically
+
+        def counted() -> Any:
+            steps[0] += 1
+            return atomically()
+
+        store.atomically = counted  # type: ignore[method-assign]
+        commits: list[bytes] = []
+        with Worker(cluster, [Copy], threads=1,
+                    on_commit=lambda o, t, row, c, ch, ts: commits.append(row)):
+            wait_for_observers(cluster, 60)
+        del store.atomically
+        rows = dict(percolator.Transaction(cluster).scan("t"))
+    assert sorted(commits) == sorted(rows) and len(commits) == 200  # each once
+    assert all(v["out:v"] == v["in:v"] for v in rows.values())
+    assert steps[0] <= 200 // GROUP_MAX * 3, steps  # groups, not one write per run

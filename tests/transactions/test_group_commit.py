@@ -1,0 +1,147 @@
+"""``commit_group``: transactions of one thread committed together (on the embedded
+store, in one SQLite write transaction), each exactly as if committed alone: its own
+conflict checks, against what committed before it in the group too, and its own
+commit timestamp. Checked against a model of first-committer-wins with hypothesis, on
+every backend (elsewhere the group is committed one by one)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from percolator import Cluster, ConflictError, Snapshot, Transaction
+from percolator._commit import SimulatedCrash, commit_group, commit_transaction
+from percolator.testing import CrashPoint, client_of
+
+T, COL = "g", "c:v"
+CELLS = [b"a", b"b", b"c", b"d"]
+
+
+@pytest.fixture
+def table(cluster: Cluster) -> Cluster:
+    cluster.create_table(T)
+    return cluster
+
+
+class CountingSteps:
+    """The cluster's store, counting atomic steps (SQLite write transactions)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.steps = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    @contextlib.contextmanager
+    def atomically(self) -> Iterator[None]:
+        self.steps += 1
+        with self._store.atomically():
+            yield
+
+
+def test_a_group_commits_each_member_as_if_alone(table: Cluster) -> None:
+    before = Transaction(table)  # started before a commit to "a": must conflict
+    before.set(T, b"a", COL, b"late")
+    with Transaction(table) as txn:
+        txn.set(T, b"a", COL, b"first")
+    members = [Transaction(table) for _ in range(4)]
+    members[0].set(T, b"b", COL, b"m0")
+    members[1].set(T, b"b", COL, b"m1")  # the same cell as member 0: conflicts with it
+    members[2].set(T, b"c", COL, b"m2")
+    members[3].get(T, b"a", COL)  # reads only
+    atomic = getattr(table.store, "atomically", None) is not None
+    counting = CountingSteps(table.store)
+    if atomic:
+        table.store = counting  # type: ignore[assignment]
+    try:
+        outcomes = commit_group([before, *members])
+    finally:
+        table.store = counting._store if atomic else table.store
+    assert isinstance(outcomes[0], ConflictError)
+    assert isinstance(outcomes[1], int)
+    assert isinstance(outcomes[2], ConflictError)
+    assert isinstance(outcomes[3], int) and outcomes[3] > outcomes[1]
+    assert outcomes[4] == members[3].start_ts  # nothing to write
+    if atomic:
+        assert counting.steps == 1
+    snap = Snapshot(table)
+    assert [snap.get(T, r, COL) for r in (b"a", b"b", b"c")] == [b"first", b"m0", b"m2"]
+    assert Snapshot(table, start_ts=outcomes[3] - 1).get(T, b"c", COL) is None
+
+
+def test_a_member_that_meets_a_lock_commits_on_its_own(table: Cluster) -> None:
+    """A live writer holds "a"; the member writing "a" leaves the group and meets the
+    lock in a two-phase commit (a conflict: the holder is alive); the others commit."""
+    writer = client_of(table)
+    writer.one_phase_commit = False
+    held = Transaction(writer)
+    held.set(T, b"a", COL, b"held")
+    with pytest.raises(SimulatedCrash):
+        commit_transaction(held, CrashPoint("prewrite", 0))
+    blocked, free = Transaction(table), Transaction(table)
+    blocked.set(T, b"a", COL, b"x")
+    free.set(T, b"b", COL, b"y")
+    outcomes = commit_group([blocked, free])
+    assert isinstance(outcomes[0], ConflictError) and isinstance(outcomes[1], int)
+    assert Snapshot(table).get(T, b"b", COL) == b"y"
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(writes=st.lists(st.sets(st.sampled_from(CELLS), min_size=1, max_size=2),
+                       min_size=2, max_size=7),
+       cuts=st.lists(st.booleans(), min_size=7, max_size=7),
+       late=st.lists(st.booleans(), min_size=7, max_size=7))
+def test_groups_keep_first_committer_wins(
+    table: Cluster, writes: list[set[bytes]], cuts: list[bool], late: list[bool]
+) -> None:
+    """Transactions over four cells, begun before the first commit or after it, then
+    committed in groups cut at random (a group of one: alone): a commit succeeds exactly
+    when no cell it writes was committed by another transaction after its start, and
+    the store ends as the committed writes applied in commit order."""
+    prefix = Snapshot(table).start_ts.to_bytes(8, "big")
+    committed: list[tuple[int, int]] = []  # commit_ts, transaction
+    txns: dict[int, Transaction] = {}
+    starts: dict[int, int] = {}
+
+    def begin(i: int) -> None:
+        txns[i] = Transaction(table)
+        starts[i] = txns[i].start_ts
+        for cell in writes[i]:
+            txns[i].set(T, prefix + cell, COL, b"%d" % i)
+
+    for i in range(len(writes)):
+        if not late[i]:
+            begin(i)
+    groups: list[list[int]] = [[]]
+    for i in range(len(writes)):
+        groups[-1].append(i)
+        if cuts[i]:
+            groups.append([])
+    for n, group in enumerate(g for g in groups if g):
+        if n == 1:
+            for i in range(len(writes)):
+                if late[i]:
+                    begin(i)
+        members = [i for i in group if i in txns]
+        if not members:
+            continue
+        outcomes = commit_group([txns.pop(i) for i in members])
+        for i, outcome in zip(members, outcomes, strict=True):
+            overtaken = any(c > starts[i] and writes[j] & writes[i] for c, j in committed)
+            if isinstance(outcome, int):
+                assert not overtaken, f"transaction {i} committed over a newer write"
+                committed.append((outcome, i))
+            else:
+                assert isinstance(outcome, ConflictError) and overtaken, outcome
+    final: dict[bytes, bytes] = {}
+    for _, i in sorted(committed):
+        final.update({c: b"%d" % i for c in writes[i]})
+    snap = Snapshot(table)
+    assert {c: snap.get(T, prefix + c, COL) for c in CELLS} == {c: final.get(c) for c in CELLS}
