@@ -213,12 +213,10 @@ def report(args: argparse.Namespace, tp: list[dict[str, float]], clump: dict[str
         f"the acknowledgement (the change was already processed) and {clump['conflicts']:.0f} "
         f"commit conflicts: {clump['duplicate_pct']:.1f}% duplicate work.", "",
         f"Best single-process rate: {best['per_s']:.0f}/s with {best['threads']:.0f} threads. "
-        "On the embedded store every commit holds the host's timestamp lock through its "
-        "SQLite write, so commits are serial whatever the number of threads or processes; "
-        "each thread more adds lock and GIL hand-offs (2026-11-21, 3,000 notifications: "
-        "0.47 ms of CPU and 0.3 voluntary context switches per notification with 1 thread, "
-        "0.88 ms and 5.7 with 2; `sys.setswitchinterval` 5 ms or 20 ms made no difference). "
-        "More threads pay off when observers wait on something other than the store.", "",
+        "On the embedded store a run holds the GIL for about two thirds of its time "
+        "(py-spy, 2026-11-26), so threads of one process add hand-offs more than "
+        "overlap; worker processes scale instead (`bench/scaling.py`). More threads pay "
+        "off when observers wait on something other than the store.", "",
     ]
     return "\n".join(lines)
 
@@ -280,11 +278,14 @@ def remote_curve(backend: str, processes: list[int], n: int, rounds: int) -> dic
 def remote_report(results: list[dict[str, Any]], command: str) -> str:
     from bench._common import header
 
+    cores = os.cpu_count() or 1
     lines = [*header(REMOTE_SECTION, command, "observer `Copier`; each worker process "
                      "with its default scanner threads (4 on remote stores); median of the "
                      "rounds; CPU as % of one core over the drain, measured from /proc"), "",
              "| store | worker processes | notifications/s | vs 1 process | CPU per worker "
-             "process | store server CPU | bench process CPU |", "|---|---|---|---|---|---|---|"]
+             "process | store server CPU | bench process CPU | CPU ms per notification: "
+             "workers + server | the machine's bound from CPU alone |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for result in results:
         rates = {p: statistics.median(r["per_s"] for r in rows)
                  for p, rows in result["by_processes"].items()}
@@ -293,9 +294,20 @@ def remote_report(results: list[dict[str, Any]], command: str) -> str:
             worker = statistics.median(c for r in rows for c in r["worker_cpu_pct"])
             server = statistics.median(r["server_cpu_pct"] for r in rows)
             own = statistics.median(r["bench_cpu_pct"] for r in rows)
+            client_ms = 10 * worker * p / rates[p]
+            server_ms = 10 * server / rates[p]
+            bound = 1000 * cores / (client_ms + server_ms + 10 * own / rates[p])
             lines.append(f"| {result['backend']} | {p} | {rates[p]:,.0f} | "
                          f"{rates[p] / first:.2f}x | {worker:.0f}% | {server:.0f}% | "
-                         f"{own:.0f}% |")
+                         f"{own:.0f}% | {client_ms:.1f} + {server_ms:.1f} | "
+                         f"{bound:,.0f}/s |")
+    lines += ["", "Reading: the last column is what this machine's cores could do if "
+              "the workers, the store server and the completion checks were the only work "
+              "and never waited; where the measured rate is well below it, the processes "
+              "wait (round trips, or other jobs on the shared machine). Where client CPU "
+              "per notification dominates the sum, the Python client (gRPC or Thrift "
+              "marshalling, 11 round trips per run) is the limit; more worker processes "
+              "cannot go past the bound."]
     return "\n".join([*lines, ""])
 
 

@@ -156,9 +156,11 @@ class _Spread:
 class Worker:
     """Runs *observers* on *cluster* with *threads* scanner threads. Left out, it
     picks what measured fastest for an observer that only uses the store: 1 on the
-    embedded store, whose commits are serial (6,800 notifications/s with 1 thread
-    against 3,700 with 4, this 2-core machine), and 4 on remote stores, whose round
-    trips threads overlap. Give more when observers wait on something else.
+    embedded store (its runs hold the GIL for about two thirds of their time, so
+    threads of one process only add hand-offs: 4,151 notifications/s with 1 thread,
+    3,674 with 4; run more worker processes instead, bench/scaling.py), and 4 on
+    remote stores, whose round trips threads overlap. Give more when observers wait
+    on something else.
 
     *observers* are :class:`Observer` subclasses (instantiated with no arguments)
     or instances. At :meth:`start` the worker creates their tables if needed and
