@@ -68,7 +68,7 @@ BASE_NET = "10.231"
 
 _live: weakref.WeakSet[Network] = weakref.WeakSet()
 _libc = ctypes.CDLL(None, use_errno=True)
-_probe_result: str | None | bool = False  # False: not probed yet
+_probed: list[str | None] = []  # the reason found by the one probe, once made
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -82,9 +82,8 @@ def unavailable() -> str | None:
     """Why namespaces cannot be made here (None when they can). Probed once: a real
     namespace and bridge are made and deleted, since root in a container may still lack
     CAP_NET_ADMIN."""
-    global _probe_result
-    if _probe_result is not False:
-        return _probe_result  # type: ignore[return-value]
+    if _probed:
+        return _probed[0]
     reason: str | None = None
     if os.geteuid() != 0:
         reason = "network namespaces need root (CAP_NET_ADMIN, CAP_SYS_ADMIN)"
@@ -102,7 +101,7 @@ def unavailable() -> str | None:
         finally:
             _ip("link", "del", f"pbprobe{suffix}", check=False)
             _ip("netns", "del", f"pcl-probe-{suffix}", check=False)
-    _probe_result = reason
+    _probed.append(reason)
     return reason
 
 
