@@ -73,7 +73,9 @@ class FaultCluster:
         env["PYTHONPATH"] = str(ROOT)
         return env
 
-    def start(self, clients: tuple[str, ...] = ("c1", "c2")) -> None:
+    def start(self, clients: tuple[str, ...] = ("c1", "c2"), *, workloads: bool = True) -> None:
+        """Start every service; with *workloads*, also the workload processes, the
+        observer workers and the side recorder (the targeted tests drive their own)."""
         net, s = self.net, self.settings
         net.add_bridge("main")
         net.add_bridge("side")
@@ -104,6 +106,8 @@ class FaultCluster:
                  "--block-size", str(s.block_size), "--max-workers", "4"],
                 name="oracle", env=self.env(), cwd=str(ROOT))
         self.run_once(clients[0], "setup", timeout=120)
+        if not workloads:
+            return
         for i, name in enumerate(clients):
             self.workloads[name] = net[name].spawn(
                 self.workload_argv("run", "--node", name, "--seed", str(i + 1)),

@@ -201,7 +201,7 @@ KINDS = {"bank": bank, "append": append, "obs": obs}
 
 def setup(config: dict[str, Any]) -> None:
     with connect(config) as cluster:
-        for table in ("accounts", "transfers", "lists", "obs", "obslog"):
+        for table in ("accounts", "transfers", "lists", "obs", "obslog", "held"):
             cluster.create_table(table)
         cluster.observe("obs", "in:v")
         with percolator.Transaction(cluster) as txn:
