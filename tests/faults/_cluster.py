@@ -3,7 +3,8 @@
 Nodes (``tests/faults/_netns.py``), on bridge ``main`` (10.231.0.0/24) unless said:
 
 * ``zk``: a standalone ZooKeeper (:class:`tests._zookeeper.ZooKeeperServer`);
-* ``bt``: the Bigtable emulator (in memory: it is partitioned and paused, never killed);
+* ``st``: the store: the Bigtable emulator, or the HBase Thrift1 test server of
+  ``tests/hbase_thrift_server`` (both in memory: partitioned and paused, never killed);
 * ``or1``, ``or2``: two oracle replicas (``python -m oracle --zookeeper``), also on
   bridge ``side`` (10.231.1.0/24);
 * ``c1``, ``c2``: client hosts, each running a workload process and an observer worker;
@@ -30,9 +31,10 @@ from typing import Any
 
 from tests._bigtable import bigtable_store_url, start_emulator
 from tests._concurrency import ROOT
+from tests._hbase import hbase_store_url, require_hbase_client
 from tests._services import service_missing, stop_process
 from tests._zookeeper import ZooKeeperServer, java_available
-from tests.faults._netns import Network, NodeProcess, wait_until
+from tests.faults._netns import Network, Node, NodeProcess, wait_until
 
 
 @dataclass
@@ -48,7 +50,8 @@ class Settings:
 
 
 class FaultCluster:
-    def __init__(self, workdir: Path, settings: Settings | None = None) -> None:
+    def __init__(self, workdir: Path, settings: Settings | None = None,
+                 store: str = "bigtable") -> None:
         missing = java_available()
         if missing is not None:
             service_missing(missing)
@@ -58,7 +61,9 @@ class FaultCluster:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.net = Network(workdir / "net")
         self.zk: ZooKeeperServer | None = None
+        self.store = store  # "bigtable" or "hbase"
         self.emulator: subprocess.Popen[bytes] | None = None
+        self.hbase: NodeProcess | None = None
         self.oracles: dict[str, NodeProcess] = {}
         self.workloads: dict[str, NodeProcess] = {}
         self.observers: dict[str, NodeProcess] = {}
@@ -80,7 +85,7 @@ class FaultCluster:
         net.add_bridge("main")
         net.add_bridge("side")
         zk = net.add_node("zk", ["main"])
-        bt = net.add_node("bt", ["main"])
+        st = net.add_node("st", ["main"])
         for name in ("or1", "or2"):
             net.add_node(name, ["main", "side"])
         for name in clients:
@@ -90,8 +95,7 @@ class FaultCluster:
         self.zk = ZooKeeperServer(port=2181, host=zk.ip, netns=zk.netns)
         self.zk.start()
         self.chroot = self.zk.create_chroot()
-        self.emulator, hostport = start_emulator(host=bt.ip, netns=bt.netns, port=8086)
-        store = bigtable_store_url(hostport, "nemesis") + f"&timeout={s.store_timeout:g}"
+        store = self._start_store(st)
         self.config = {
             "store": store, "oracle": f"zk://{self.chroot}", "zookeeper": self.chroot,
             "dir": str(self.dir), "deadline": s.deadline, "lock_ttl": s.lock_ttl,
@@ -124,6 +128,21 @@ class FaultCluster:
                                *(f"--target=grpc://{net[o].addresses['side']}:7070"
                                  for o in ("or1", "or2"))),
             name="ts", env=self.env(), cwd=str(ROOT))
+
+    def _start_store(self, node: Node) -> str:
+        """Start the store in *node*; return its url (RPC deadline: store_timeout)."""
+        s = self.settings
+        if self.store == "bigtable":
+            self.emulator, hostport = start_emulator(host=node.ip, netns=node.netns,
+                                                     port=8086)
+            return bigtable_store_url(hostport, "nemesis") + f"&timeout={s.store_timeout:g}"
+        require_hbase_client()
+        self.hbase = node.spawn(
+            [sys.executable, "-m", "tests.hbase_thrift_server", "--host", node.ip,
+             "--port", "9090"], name="hbase", env=self.env(), cwd=str(ROOT))
+        wait_until(lambda: node.can_connect(node.ip, 9090), 60, "the HBase test server")
+        return (hbase_store_url(f"{node.ip}:9090", "nemesis")
+                + f"&timeout={int(s.store_timeout * 1000)}")
 
     def workload_argv(self, command: str, *args: str) -> list[str]:
         return [sys.executable, "-m", "tests.faults._workload", command,

@@ -28,8 +28,8 @@ from tests.faults._netns import NodeProcess
 SEED_ENV = "PERCOLATOR_NEMESIS_SEED"
 
 # "leader" is resolved when the fault starts: the oracle replica ZooKeeper names.
-PARTITION_TARGETS = ["zk", "bt", "or1", "or2", "c1", "c2", "leader"]
-PAUSE_TARGETS = ["zk", "bt", "or1", "or2", "leader", "workload:c1", "workload:c2",
+PARTITION_TARGETS = ["zk", "st", "or1", "or2", "c1", "c2", "leader"]
+PAUSE_TARGETS = ["zk", "st", "or1", "or2", "leader", "workload:c1", "workload:c2",
                  "observer:c1", "observer:c2"]
 KILL_TARGETS = ["or1", "or2", "leader", "workload:c1", "workload:c2", "observer:c1",
                 "observer:c2"]
@@ -93,8 +93,8 @@ class Nemesis:
         c = self.cluster
         if target == "zk":
             return c.zk.process.pid if c.zk is not None and c.zk.process is not None else None
-        if target == "bt":
-            return c.emulator.pid if c.emulator is not None else None
+        if target == "st" and c.emulator is not None:
+            return c.emulator.pid
         proc = self._proc(target)
         return proc.pid if proc is not None and proc.running else None
 
@@ -102,6 +102,8 @@ class Nemesis:
         c = self.cluster
         if target in c.oracles:
             return c.oracles[target]
+        if target == "st":
+            return c.hbase
         kind, _, node = target.partition(":")
         return {"workload": c.workloads, "observer": c.observers}.get(kind, {}).get(node)
 
@@ -177,7 +179,7 @@ class Nemesis:
         """Heal every link, resume every process, start every killed one again."""
         c = self.cluster
         c.net.heal()
-        for target in ("zk", "bt"):
+        for target in ("zk", "st"):
             self._signal(target, signal.SIGCONT)
         c.net.resume_all()
         for proc in [*c.oracles.values(), *c.workloads.values(), *c.observers.values()]:

@@ -35,19 +35,19 @@ from tests.faults._cluster import FaultCluster
 from tests.faults._nemesis import SEED_ENV, Nemesis, nemesis_seed, schedule
 from tests.faults._netns import require_netns
 
-pytestmark = [pytest.mark.zk, pytest.mark.bigtable, pytest.mark.oracle]
+pytestmark = [pytest.mark.zk, pytest.mark.bigtable, pytest.mark.hbase, pytest.mark.oracle]
 
 #: How long the workloads may take to stop once asked after the heal: every client
 #: call has a deadline (oracle, store RPC, lock wait), so this is "never", not speed.
 STOP_WITHIN = 90.0
 
 
-def run_nemesis(workdir: Path, seconds: float) -> Report:
+def run_nemesis(workdir: Path, seconds: float, store: str) -> Report:
     require_netns()
     seed = nemesis_seed()
-    print(f"\nnemesis seed {seed} (replay: {SEED_ENV}={seed})")
+    print(f"\nnemesis seed {seed} (replay: {SEED_ENV}={seed}), store {store}")
     began = time.monotonic()
-    with FaultCluster(workdir) as cluster:
+    with FaultCluster(workdir, store=store) as cluster:
         cluster.start()
         faults = schedule(seed, seconds, cluster.settings)
         for fault in faults:
@@ -81,14 +81,21 @@ def run_nemesis(workdir: Path, seconds: float) -> Report:
     return report
 
 
-def test_short_nemesis_run(tmp_path: Path) -> None:
-    report = run_nemesis(tmp_path, 60.0)
+STORES = ["bigtable", "hbase"]
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_short_nemesis_run(tmp_path: Path, store: str) -> None:
+    """About a minute per store (two minutes in all) of faults, then the checks."""
+    report = run_nemesis(tmp_path, 50.0, store)
     assert report.anomalies == {}, report.summary()
     assert report.counts["bank"]["ok"] > 0 and report.counts["append"]["ok"] > 0
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-def test_long_nemesis_run(tmp_path: Path) -> None:
-    report = run_nemesis(tmp_path, 20 * 60.0)
+@pytest.mark.parametrize("store", STORES)
+def test_long_nemesis_run(tmp_path: Path, store: str) -> None:
+    """Twenty minutes of faults per store (``--run-slow``)."""
+    report = run_nemesis(tmp_path, 20 * 60.0, store)
     assert report.anomalies == {}, report.summary()
