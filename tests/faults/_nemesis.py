@@ -26,12 +26,14 @@ from tests.faults._cluster import FaultCluster, Settings
 from tests.faults._netns import NodeProcess
 
 SEED_ENV = "PERCOLATOR_NEMESIS_SEED"
+#: ZooKeeper session timeout of an observer worker: ``connect``'s default.
+OBSERVER_SESSION = 10.0
 
 # "leader" is resolved when the fault starts: the oracle replica ZooKeeper names.
 PARTITION_TARGETS = ["zk", "st", "or1", "or2", "c1", "c2", "leader"]
 PAUSE_TARGETS = ["zk", "st", "or1", "or2", "leader", "workload:c1", "workload:c2",
                  "observer:c1", "observer:c2"]
-KILL_TARGETS = ["or1", "or2", "leader", "workload:c1", "workload:c2", "observer:c1",
+KILL_TARGETS = ["zk", "or1", "or2", "leader", "workload:c1", "workload:c2", "observer:c1",
                 "observer:c2"]
 KINDS = {"partition": PARTITION_TARGETS, "isolate-leader": ["leader"],
          "pause": PAUSE_TARGETS, "kill": KILL_TARGETS}
@@ -63,7 +65,11 @@ def schedule(seed: int, seconds: float, settings: Settings) -> list[Fault]:
     while True:
         kind = rng.choice(list(KINDS))
         target = rng.choice(KINDS[kind])
-        if kind == "pause":
+        if kind == "pause" and target.startswith("observer:"):
+            # observer workers keep the library's default session (python -m observers
+            # has no option for it): outlast that too
+            duration = rng.uniform(OBSERVER_SESSION + 1.0, OBSERVER_SESSION + 5.0)
+        elif kind == "pause":
             duration = rng.uniform(longest + 1.0, longest + 5.0)
         elif kind == "kill":
             duration = rng.uniform(0.5, 4.0)
@@ -137,6 +143,9 @@ class Nemesis:
             net.partition(target, ["main"])  # still reachable on "side"
         elif fault.kind == "pause":
             self._signal(target, signal.SIGSTOP)
+        elif fault.kind == "kill" and target == "zk":
+            assert self.cluster.zk is not None
+            self.cluster.zk.kill()  # its data directory stays: a restart recovers it
         elif fault.kind == "kill":
             proc = self._proc(target)
             if proc is not None:
@@ -149,6 +158,9 @@ class Nemesis:
             self.cluster.net.heal(target)
         elif fault.kind == "pause":
             self._signal(target, signal.SIGCONT)
+        elif fault.kind == "kill" and target == "zk":
+            assert self.cluster.zk is not None
+            self.cluster.zk.start()
         elif fault.kind == "kill":
             proc = self._proc(target)
             if proc is not None:
@@ -182,6 +194,8 @@ class Nemesis:
         for target in ("zk", "st"):
             self._signal(target, signal.SIGCONT)
         c.net.resume_all()
+        if c.zk is not None and not c.zk.running:
+            c.zk.start()
         for proc in [*c.oracles.values(), *c.workloads.values(), *c.observers.values()]:
             if not proc.running and not (c.dir / "stop").exists():
                 proc.start()

@@ -23,7 +23,10 @@ No orphans, whatever happens: every command runs under ``setpriv --pdeathsig KIL
 network (PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so a
 short-lived nemesis thread must not be that parent); :meth:`Network.close` (the
 context manager's exit, and an ``atexit`` hook as a last resort) kills every process
-group it started and deletes every namespace, veth and bridge it made.
+group it started and deletes every namespace, veth and bridge it made. A test process
+killed with SIGKILL runs neither: each network records what it made in
+``/run/percolator-netns/<suffix>.json`` with its creator's pid, and the next
+:class:`Network` deletes what a dead creator left.
 
 Code of this process can also run inside a node: :meth:`Node.call` runs a function in
 a fresh thread that first joins the node's network namespace (``setns``, which is per
@@ -40,6 +43,7 @@ import atexit
 import contextlib
 import ctypes
 import ipaddress
+import json
 import logging
 import os
 import shutil
@@ -67,6 +71,7 @@ CLONE_NEWNET = 0x40000000
 BASE_NET = "10.231"
 
 _live: weakref.WeakSet[Network] = weakref.WeakSet()
+LEDGER = Path("/run/percolator-netns")
 _libc = ctypes.CDLL(None, use_errno=True)
 _probed: list[str | None] = []  # the reason found by the one probe, once made
 
@@ -299,6 +304,17 @@ class Network:
         # One long-lived thread forks every child (PR_SET_PDEATHSIG follows the thread).
         self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netns-spawn")
         _live.add(self)
+        sweep_dead()
+        self._ledger = LEDGER / f"{self.suffix}.json"
+        self._record()
+
+    def _record(self) -> None:
+        """Write what this network made so far, for :func:`sweep_dead`."""
+        LEDGER.mkdir(parents=True, exist_ok=True)
+        tmp = self._ledger.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"pid": os.getpid(), "links": self._links,
+                                   "netns": self._netns}))
+        tmp.rename(self._ledger)
 
     def _spawn(self, fn: Callable[[], T]) -> T:
         return self._spawner.submit(fn).result(60)
@@ -308,6 +324,7 @@ class Network:
         device = f"pb{self.suffix}{len(self.bridges)}"
         _ip("link", "add", device, "type", "bridge")
         self._links.append(device)
+        self._record()
         _ip("link", "set", device, "up")
         self.bridges[name] = (device, len(self.bridges))
         return device
@@ -318,6 +335,7 @@ class Network:
         netns = f"pcl-{self.suffix}-{name}"
         _ip("netns", "add", netns)
         self._netns.append(netns)
+        self._record()
         node = Node(self, name, index, netns)
         _ip("-n", netns, "link", "set", "lo", "up")
         for k, bridge in enumerate(bridges if bridges is not None else list(self.bridges)):
@@ -326,6 +344,7 @@ class Network:
             peer = f"pp{self.suffix}{index:02d}{k}"
             _ip("link", "add", host, "type", "veth", "peer", "name", peer)
             self._links.append(host)
+            self._record()
             _ip("link", "set", peer, "netns", netns)
             _ip("-n", netns, "link", "set", peer, "name", f"eth{k}")
             address = str(ipaddress.ip_address(f"{BASE_NET}.{subnet}.{index}"))
@@ -383,6 +402,7 @@ class Network:
             _ip("link", "del", link, check=False)
         for netns in self._netns:
             _ip("netns", "del", netns, check=False)
+        self._ledger.unlink(missing_ok=True)
 
     def leftovers(self) -> list[str]:
         """Namespaces and links of this network still present (empty after close)."""
@@ -396,6 +416,35 @@ class Network:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_dead() -> None:
+    """Delete the namespaces and links of networks whose creator died without closing
+    them (a test process killed with SIGKILL); their processes died with it."""
+    if not LEDGER.is_dir():
+        return
+    for path in LEDGER.glob("*.json"):
+        try:
+            made = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if _alive(made["pid"]):
+            continue
+        for link in reversed(made["links"]):
+            _ip("link", "del", link, check=False)
+        for netns in made["netns"]:
+            _ip("netns", "del", netns, check=False)
+        path.unlink(missing_ok=True)
 
 
 @atexit.register

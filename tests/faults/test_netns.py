@@ -4,11 +4,13 @@ stops a process, and nothing is left behind, even after a failure inside the blo
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests._concurrency import ROOT
 from tests.faults._netns import Network, require_netns, wait_until
 
 LISTENER = (
@@ -86,3 +88,28 @@ def test_two_bridges_split_a_node_from_one_side_only(tmp_path: Path) -> None:
         assert not b.can_connect(a.addresses["main"], 7000)
         assert c.can_connect(a.addresses["side"], 7000)
     assert net.leftovers() == []
+
+
+def test_a_killed_creator_s_network_is_swept(tmp_path: Path) -> None:
+    """A test process killed with SIGKILL runs no clean-up: the next network deletes
+    what it left (its children died with it)."""
+    script = (
+        "import os, signal, sys\n"
+        "from tests.faults._netns import Network\n"
+        f"net = Network({str(tmp_path)!r})\n"
+        "net.add_bridge('main'); net.add_node('a')\n"
+        "print(net.suffix, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    suffix = done.stdout.strip()
+    assert suffix, done.stderr
+    assert suffix in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                    text=True).stdout
+    with Network(tmp_path / "next") as net:
+        assert suffix not in " ".join(net.leftovers())
+        listing = subprocess.run(["ip", "-o", "link", "show"], capture_output=True,
+                                 text=True).stdout
+        netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert suffix not in listing and suffix not in netns
