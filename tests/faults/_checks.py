@@ -265,3 +265,18 @@ def throughput(streams: dict[str, list[Op]], windows: list[tuple[float, float]],
         f"throughput: {inside / faulty if faulty > 0 else 0:.1f} ops/s during faults "
         f"({faulty:.0f}s), {outside / quiet if quiet > 0 else 0:.1f} ops/s without "
         f"({quiet:.0f}s)")
+
+
+def longest(streams: dict[str, list[Op]], report: Report) -> None:
+    """Note the longest answered operation of each workload (nothing hangs: every
+    call has a deadline; an unanswered one belongs to a killed process)."""
+    worst: dict[str, tuple[float, str]] = {}
+    for stream, ops in streams.items():
+        kind = _kind(stream)
+        for op in ops:
+            if op.done is not None:
+                took = op.done["t"] - op.invoke["t"]
+                if took > worst.get(kind, (-1.0, ""))[0]:
+                    worst[kind] = (took, op.invoke["id"])
+    report.notes.append("longest answered operation: " + ", ".join(
+        f"{kind} {took:.1f}s" for kind, (took, _) in sorted(worst.items())))

@@ -29,6 +29,7 @@ from tests.faults._checks import (
     check_timestamps,
     count,
     load,
+    longest,
     throughput,
 )
 from tests.faults._cluster import FaultCluster
@@ -70,6 +71,7 @@ def run_nemesis(workdir: Path, seconds: float, store: str) -> Report:
         check_timestamps(streams, report, isolations, lease)
         check_observers(streams, final, report)
         throughput(streams, nemesis.fault_windows(), run_from, run_to, report)
+        longest(streams, report)
         for name in hung:
             report.add("hung", f"did not stop within {STOP_WITHIN:g}s: {name}")
         kinds = Counter(f.kind for f in faults)
