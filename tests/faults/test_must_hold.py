@@ -195,10 +195,13 @@ def test_client_whose_session_expired_cannot_commit(cluster: FaultCluster, fault
 # -- oracle leader isolated from ZooKeeper ----------------------------------------------
 
 
+@pytest.mark.parametrize("fault", ["isolate", "pause"])
 def test_isolated_oracle_leader_stops_within_its_lease(cluster: FaultCluster,
-                                                        tmp_path: Path) -> None:
+                                                        tmp_path: Path, fault: str) -> None:
     """The side client keeps asking both replicas directly while the leader is cut off
-    from ZooKeeper (and from the main bridge), but not from it."""
+    from ZooKeeper (and from the main bridge), but not from the side client
+    (``isolate``), or while the leader is paused past its session and then woken
+    (``pause``: it must not carry on serving from its old lease once it wakes)."""
     directory = tmp_path / "ts"
     directory.mkdir()
     config = dict(cluster.config, dir=str(directory))
@@ -215,12 +218,20 @@ def test_isolated_oracle_leader_stops_within_its_lease(cluster: FaultCluster,
     try:
         time.sleep(3)
         isolated_at = time.time()
-        cluster.net.partition(leader, ["main"])
+        if fault == "isolate":
+            cluster.net.partition(leader, ["main"])
+        else:
+            cluster.oracles[leader].pause()
         wait_until(lambda: cluster.leader() == other, 60, f"{other} to lead")
         time.sleep(3)
         healed_at = time.time()
-        cluster.net.heal(leader)
-        time.sleep(2)
+        if fault == "isolate":
+            cluster.net.heal(leader)
+        else:
+            cluster.oracles[leader].resume()
+        time.sleep(3)
+        if fault == "pause":  # awake again, still deposed: it must serve nothing
+            healed_at = time.time()
     finally:
         (directory / "stop").touch()
         try:
