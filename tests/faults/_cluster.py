@@ -176,7 +176,7 @@ class FaultCluster:
             try:
                 zk.start(timeout=5)
                 data, _ = zk.get(leader_path)
-                return data.decode()
+                return str(data.decode())
             except Exception:
                 return None
             finally:
@@ -219,7 +219,7 @@ class FaultCluster:
         def caught_up() -> bool:
             nonlocal state
             state = self.final_state()
-            return state["obs_in"] == state["obs_out"]
+            return bool(state["obs_in"] == state["obs_out"])
 
         try:
             wait_until(caught_up, timeout, "the observers to process every change", 1.0)

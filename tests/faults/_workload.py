@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import random
-import sys
 import threading
 import time
 from functools import partial
@@ -303,4 +302,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
