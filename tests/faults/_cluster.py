@@ -51,7 +51,11 @@ class Settings:
 
 class FaultCluster:
     def __init__(self, workdir: Path, settings: Settings | None = None,
-                 store: str = "bigtable") -> None:
+                 store: str = "bigtable", *, split_brain: bool = False) -> None:
+        """*split_brain* breaks the system on purpose, to show the checkers catch it:
+        each oracle replica keeps its own ceiling in a local file (no election), and
+        each client host uses the replica of its own parity, so two oracles serve the
+        same timestamps."""
         missing = java_available()
         if missing is not None:
             service_missing(missing)
@@ -62,6 +66,7 @@ class FaultCluster:
         self.net = Network(workdir / "net")
         self.zk: ZooKeeperServer | None = None
         self.store = store  # "bigtable" or "hbase"
+        self.split_brain = split_brain
         self.emulator: subprocess.Popen[bytes] | None = None
         self.hbase: NodeProcess | None = None
         self.oracles: dict[str, NodeProcess] = {}
@@ -103,9 +108,11 @@ class FaultCluster:
         }
         for name in ("or1", "or2"):
             node = net[name]
+            state = (["--state-file", str(self.workdir / f"{name}.ceiling")]
+                     if self.split_brain else ["--zookeeper", self.chroot])
             self.oracles[name] = node.spawn(
-                [sys.executable, "-m", "oracle", "--listen", "0.0.0.0:7070",
-                 "--zookeeper", self.chroot, "--advertise", f"{node.ip}:7070",
+                [sys.executable, "-m", "oracle", "--listen", "0.0.0.0:7070", *state,
+                 "--advertise", f"{node.ip}:7070",
                  "--session-timeout", f"{s.oracle_session:g}",
                  "--block-size", str(s.block_size), "--max-workers", "4"],
                 name="oracle", env=self.env(), cwd=str(ROOT))
@@ -114,12 +121,12 @@ class FaultCluster:
             return
         for i, name in enumerate(clients):
             self.workloads[name] = net[name].spawn(
-                self.workload_argv("run", "--node", name, "--seed", str(i + 1)),
+                self.workload_argv("run", "--node", name, "--seed", str(i + 1), node=name),
                 name="workload", env=self.env(), cwd=str(ROOT))
             self.observers[name] = net[name].spawn(
                 [sys.executable, "-m", "observers", "--cluster", store,
                  "--observers", "tests.faults._workload:OBSERVERS",
-                 "--oracle", self.config["oracle"], "--zookeeper", self.chroot,
+                 "--oracle", self.oracle_for(name), "--zookeeper", self.chroot,
                  "--threads", "1", "--lock-ttl", f"{s.lock_ttl:g}", "--gc-interval", "0",
                  "--retry-delay", "0.2"],
                 name="observer", env=self.env(), cwd=str(ROOT))
@@ -144,13 +151,22 @@ class FaultCluster:
         return (hbase_store_url(f"{node.ip}:9090", "nemesis")
                 + f"&timeout={int(s.store_timeout * 1000)}")
 
-    def workload_argv(self, command: str, *args: str) -> list[str]:
+    def oracle_for(self, node: str) -> str:
+        """The oracle target of the clients of *node*."""
+        if not self.split_brain:
+            return str(self.config["oracle"])
+        index = sorted(n for n in self.net.nodes if n.startswith("c")).index(node)
+        return f"grpc://{self.net[('or1', 'or2')[index % 2]].ip}:7070"
+
+    def workload_argv(self, command: str, *args: str, node: str = "c1") -> list[str]:
+        config = dict(self.config, oracle=self.oracle_for(node))
         return [sys.executable, "-m", "tests.faults._workload", command,
-                "--config", json.dumps(self.config), *args]
+                "--config", json.dumps(config), *args]
 
     def run_once(self, node: str, command: str, *args: str, timeout: float) -> None:
         """Run a one-shot workload command inside *node* and wait for it."""
-        proc = self.net[node].spawn(self.workload_argv(command, *args), name=command,
+        proc = self.net[node].spawn(self.workload_argv(command, *args, node=node),
+                                    name=command,
                                     env=self.env(), cwd=str(ROOT))
         try:
             code = proc.wait(timeout)
