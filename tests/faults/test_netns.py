@@ -22,9 +22,12 @@ LISTENER = (
 )
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def _needs_netns() -> None:
     require_netns()
+
+
+needs_netns = pytest.mark.usefixtures("_needs_netns")
 
 
 def process_state(pid: int) -> str:
@@ -32,6 +35,7 @@ def process_state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
 
 
+@needs_netns
 def test_partition_heal_pause_and_cleanup(tmp_path: Path) -> None:
     with Network(tmp_path) as net:
         net.add_bridge("main")
@@ -62,6 +66,7 @@ def test_partition_heal_pause_and_cleanup(tmp_path: Path) -> None:
     assert not Path(f"/proc/{pid}").exists() or process_state(pid) == "Z"
 
 
+@needs_netns
 def test_cleanup_after_a_failure(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="boom"), Network(tmp_path) as net:
         net.add_bridge("main")
@@ -74,6 +79,7 @@ def test_cleanup_after_a_failure(tmp_path: Path) -> None:
     assert proc.process is not None and proc.process.poll() is not None
 
 
+@needs_netns
 def test_two_bridges_split_a_node_from_one_side_only(tmp_path: Path) -> None:
     with Network(tmp_path) as net:
         net.add_bridge("main")
@@ -90,6 +96,7 @@ def test_two_bridges_split_a_node_from_one_side_only(tmp_path: Path) -> None:
     assert net.leftovers() == []
 
 
+@needs_netns
 def test_a_killed_creator_s_network_is_swept(tmp_path: Path) -> None:
     """A test process killed with SIGKILL runs no clean-up: the next network deletes
     what it left (its children died with it)."""
@@ -113,3 +120,16 @@ def test_a_killed_creator_s_network_is_swept(tmp_path: Path) -> None:
                                  text=True).stdout
         netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         assert suffix not in listing and suffix not in netns
+
+
+@pytest.mark.parametrize("ci", ["", "true"])
+def test_without_root_the_suite_skips_or_fails_in_ci(monkeypatch: pytest.MonkeyPatch,
+                                                      ci: str) -> None:
+    from tests.faults import _netns
+
+    monkeypatch.setattr(_netns, "_probed", [])
+    monkeypatch.setattr(_netns.os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("CI", ci)
+    expected = pytest.fail.Exception if ci else pytest.skip.Exception
+    with pytest.raises(expected, match="need root"):
+        require_netns()
