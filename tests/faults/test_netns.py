@@ -128,7 +128,7 @@ def test_without_root_the_suite_skips_or_fails_in_ci(monkeypatch: pytest.MonkeyP
     from tests.faults import _netns
 
     monkeypatch.setattr(_netns, "_probed", [])
-    monkeypatch.setattr(_netns.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
     monkeypatch.setenv("CI", ci)
     expected = pytest.fail.Exception if ci else pytest.skip.Exception
     with pytest.raises(expected, match="need root"):
