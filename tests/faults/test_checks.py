@@ -164,3 +164,22 @@ def test_observer_checks(tmp_path: Path) -> None:
     check_observers(load(tmp_path), bad, report)
     assert set(report.anomalies) == {"observer-twice", "observer-saw-failed-change",
                                      "lost-notification"}
+
+
+def test_a_schedule_is_replayed_from_its_seed() -> None:
+    """The same seed gives the same faults (PERCOLATOR_NEMESIS_SEED replays a run);
+    every pause outlasts the session timeouts and the lock TTL."""
+    from tests.faults._cluster import Settings
+    from tests.faults._nemesis import OBSERVER_SESSION, schedule
+
+    settings = Settings()
+    first = schedule(42, 600.0, settings)
+    assert first == schedule(42, 600.0, settings) != schedule(43, 600.0, settings)
+    assert {f.kind for f in first} == {"partition", "isolate-leader", "pause", "kill"}
+    longest = max(settings.client_session, settings.lock_ttl, settings.oracle_session)
+    for fault in first:
+        if fault.kind == "pause":
+            floor = OBSERVER_SESSION if fault.target.startswith("observer:") else longest
+            assert fault.duration > floor, fault
+    ends = [f.at + f.duration for f in first]
+    assert all(end < nxt.at for end, nxt in zip(ends, first[1:], strict=False))
