@@ -30,10 +30,13 @@ CBTEMULATOR = os.environ.get(
 STARTUP_SECONDS = 30.0
 
 
-
-
-def start_emulator() -> tuple[subprocess.Popen[bytes], str]:
-    """Start ``cbtemulator`` on a free port; return the process and ``host:port``.
+def start_emulator(
+    host: str = "127.0.0.1", netns: str | None = None, port: int | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``cbtemulator`` on *host* (default loopback) and *port* (default a free
+    one); return the process and ``host:port``. With *netns* it runs inside that Linux
+    network namespace (the fault suite's ``tests/faults/_netns.py``), and is probed from
+    inside it.
 
     The caller must kill the process (an atexit hook does so as a last resort).
     """
@@ -49,10 +52,11 @@ def start_emulator() -> tuple[subprocess.Popen[bytes], str]:
         service_missing(
             "google-cloud-bigtable is not installed: pip install 'percolator-txn[bigtable]'"
         )
-    port = free_port()
+    port = port or free_port()
+    inside = ["setpriv", "--pdeathsig", "KILL", "ip", "netns", "exec", netns] if netns else []
     with tempfile.TemporaryFile() as log:  # the emulator's output, quoted if it dies
         proc = subprocess.Popen(
-            [CBTEMULATOR, "-host", "127.0.0.1", "-port", str(port)],
+            [*inside, CBTEMULATOR, "-host", host, "-port", str(port)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -64,15 +68,25 @@ def start_emulator() -> tuple[subprocess.Popen[bytes], str]:
                 log.seek(0)
                 output = log.read().decode(errors="replace")
                 pytest.fail(f"cbtemulator exited with {proc.returncode} at startup: {output}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    stop_process(proc)
-                    pytest.fail(f"cbtemulator did not listen on 127.0.0.1:{port} in time")
-                time.sleep(0.05)
-    return proc, f"127.0.0.1:{port}"
+            if _listening(host, port, netns):
+                break
+            if time.monotonic() > deadline:
+                stop_process(proc)
+                pytest.fail(f"cbtemulator did not listen on {host}:{port} in time")
+            time.sleep(0.05)
+    return proc, f"{host}:{port}"
+
+
+def _listening(host: str, port: int, netns: str | None) -> bool:
+    if netns is not None:
+        from tests.faults._netns import can_connect
+
+        return can_connect(netns, host, port)
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 @pytest.fixture(scope="session")

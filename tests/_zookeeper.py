@@ -42,8 +42,8 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 
@@ -61,6 +61,7 @@ NETTY_JARS = [
 MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 INSTALL_HINT = "install Java and ZooKeeper: apt-get install -y default-jre-headless zookeeper"
 
+T = TypeVar("T")
 _live: weakref.WeakSet[ZooKeeperServer] = weakref.WeakSet()
 DIE_WITH_PARENT: list[str] = (
     ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
@@ -103,6 +104,9 @@ class ZooKeeperServer:
     :param port: client port (default: a free one, kept across restarts).
     :param tick_time: ZooKeeper ``tickTime`` in milliseconds.
     :param min_session_timeout: smallest session timeout granted, in milliseconds.
+    :param host: address to bind the client port to (default loopback).
+    :param netns: run inside this Linux network namespace (``ip netns exec``; the fault
+        suite's ``tests/faults/_netns.py``); probes and helpers connect from inside it.
 
     :meth:`start`, :meth:`stop` (SIGTERM, then SIGKILL), :meth:`kill` (SIGKILL) and
     :meth:`restart` (same port and data directory, so the data survives);
@@ -118,7 +122,12 @@ class ZooKeeperServer:
         tick_time: int = 500,
         min_session_timeout: int = 1000,
         secure: tuple[str, str] | None = None,
+        host: str = "127.0.0.1",
+        netns: str | None = None,
     ) -> None:
+        self.host = host
+        self.netns = netns
+        # (a free port of the host namespace is free in a fresh namespace too)
         self.port = port or free_port()
         # (PEM key store: server key and certificate; PEM trust store: the CA of clients)
         self.secure = secure
@@ -136,14 +145,14 @@ class ZooKeeperServer:
 
     @property
     def hosts(self) -> str:
-        """The connection string ``"127.0.0.1:PORT"``."""
-        return f"127.0.0.1:{self.port}"
+        """The connection string ``"HOST:PORT"``."""
+        return f"{self.host}:{self.port}"
 
     @property
     def secure_hosts(self) -> str:
-        """The TLS connection string ``"127.0.0.1:SECURE_PORT"``."""
+        """The TLS connection string ``"HOST:SECURE_PORT"``."""
         assert self.secure_port is not None, "not started with secure=..."
-        return f"127.0.0.1:{self.secure_port}"
+        return f"{self.host}:{self.secure_port}"
 
     @property
     def running(self) -> bool:
@@ -157,7 +166,7 @@ class ZooKeeperServer:
                 "maxSessionTimeout=60000\n"
                 f"dataDir={self.data_dir}\n"
                 f"clientPort={self.port}\n"
-                "clientPortAddress=127.0.0.1\n"
+                f"clientPortAddress={self.host}\n"
                 "admin.enableServer=false\n"
                 "4lw.commands.whitelist=*\n"
                 "maxClientCnxns=0\n"
@@ -167,7 +176,7 @@ class ZooKeeperServer:
                 keystore, truststore = self.secure
                 f.write(
                     f"secureClientPort={self.secure_port}\n"
-                    "secureClientPortAddress=127.0.0.1\n"
+                    f"secureClientPortAddress={self.host}\n"
                     "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n"
                     f"ssl.keyStore.location={keystore}\n"
                     "ssl.keyStore.type=PEM\n"
@@ -202,8 +211,9 @@ class ZooKeeperServer:
                 self.config_path,
             ]
             with open(self.log_path, "ab") as log:
+                netns = ["ip", "netns", "exec", self.netns] if self.netns else []
                 self.process = subprocess.Popen(
-                    [*DIE_WITH_PARENT, *cmd],
+                    [*DIE_WITH_PARENT, *netns, *cmd],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -213,7 +223,7 @@ class ZooKeeperServer:
         while time.monotonic() < deadline:
             if not self.running:
                 raise RuntimeError(f"ZooKeeper exited at start:\n{self.log_tail()}")
-            if "Mode: standalone" in four_letter(self.hosts, "srvr"):
+            if "Mode: standalone" in self.four_letter("srvr"):
                 return
             time.sleep(0.1)
         self.kill()
@@ -255,6 +265,18 @@ class ZooKeeperServer:
         self.kill()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
+    def _inside(self, fn: Callable[[], T]) -> T:
+        """Run *fn* where the server's address is reachable (inside its namespace)."""
+        if self.netns is None:
+            return fn()
+        from tests.faults._netns import run_in_netns
+
+        return run_in_netns(self.netns, fn)
+
+    def four_letter(self, command: str, timeout: float = 2.0) -> str:
+        """:func:`four_letter` to this server (from inside its namespace)."""
+        return self._inside(lambda: four_letter(self.hosts, command, timeout))
+
     def log_tail(self, lines: int = 40) -> str:
         try:
             with open(self.log_path, errors="replace") as f:
@@ -276,25 +298,33 @@ class ZooKeeperServer:
         """Expire the session *session_id* (with its *password*) on this server."""
         from kazoo.client import KazooClient
 
-        other = KazooClient(hosts=self.hosts, client_id=(session_id, password), timeout=timeout)
-        other.start(timeout=timeout)
-        try:
-            other.stop()
-        finally:
-            other.close()
+        def expire() -> None:
+            other = KazooClient(hosts=self.hosts, client_id=(session_id, password),
+                                timeout=timeout)
+            other.start(timeout=timeout)
+            try:
+                other.stop()
+            finally:
+                other.close()
+
+        self._inside(expire)
 
     def create_chroot(self, name: str | None = None) -> str:
         """Create a fresh chroot node; return the connection string ``hosts/chroot``."""
         from kazoo.client import KazooClient
 
         path = "/" + (name or f"test-{uuid.uuid4().hex[:12]}")
-        zk = KazooClient(hosts=self.hosts, timeout=10.0)
-        zk.start(timeout=30)
-        try:
-            zk.ensure_path(path)
-        finally:
-            zk.stop()
-            zk.close()
+
+        def create() -> None:
+            zk = KazooClient(hosts=self.hosts, timeout=10.0)
+            zk.start(timeout=30)
+            try:
+                zk.ensure_path(path)
+            finally:
+                zk.stop()
+                zk.close()
+
+        self._inside(create)
         return f"{self.hosts}{path}"
 
     def __enter__(self) -> ZooKeeperServer:

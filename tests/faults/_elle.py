@@ -157,7 +157,57 @@ def _reach(edges: dict[int, dict[int, set[str]]], start: int, goal: int,
     return False
 
 
+def _components(edges: dict[int, dict[int, set[str]]]) -> dict[int, int]:
+    """The strongly connected component of every node (Tarjan's algorithm, iterative:
+    a long history is far deeper than Python's recursion limit)."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    component: dict[int, int] = {}
+    stack: list[int] = []
+    on_stack: set[int] = set()
+    nodes = set(edges) | {b for targets in edges.values() for b in targets}
+    for root in nodes:
+        if root in index:
+            continue
+        work = [(root, iter(edges.get(root, {})))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(edges.get(child, {}))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component[member] = node
+                    if member == node:
+                        break
+    return component
+
+
 def _cycles(edges: dict[int, dict[int, set[str]]], report: Report) -> None:
+    # Every cycle lies inside one strongly connected component: searching only the
+    # edges inside components finds the same cycles, and keeps a long history (tens
+    # of thousands of transactions, mostly ordered) from costing a search of the whole
+    # graph per edge.
+    component = _components(edges)
+    edges = {a: inner for a, targets in edges.items()
+             if (inner := {b: kinds for b, kinds in targets.items()
+                           if component[a] == component[b]})}
     for a, targets in list(edges.items()):
         for b, kinds in targets.items():
             if "ww" in kinds and _reach(edges, b, a, {"ww"}):
