@@ -150,22 +150,13 @@ def test_client_whose_locks_were_rolled_back_cannot_commit(cluster: FaultCluster
     assert after["a"] == after["b"] == "", after
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "does not hold: percolator/_commit.py:113 takes the owner id once, when the commit "
-    "begins, and the commit point (percolator/_commit.py:290-304, the CAS of the primary "
-    "from the lock value written at prewrite) never asks whether that identity is still "
-    "this client's (the refresh of the primary at the commit point, "
-    "percolator/_commit.py:250-255, even rewrites its wall time under the dead owner): "
-    "a client whose session expired (owner node gone; after a partition "
-    "it has even dropped the identity and registered a new one) commits the locks it "
-    "took under the dead identity if no reader rolled them back meanwhile. No SI anomaly "
-    "follows (the primary's CAS still decides against any cleaner), but issue 21 asks "
-    "that it never commits them"))
 @pytest.mark.parametrize("fault", ["pause", "partition"])
 def test_client_whose_session_expired_cannot_commit(cluster: FaultCluster, fault: str) -> None:
     """As above, but nobody touches its locks meanwhile: its session expired (its owner
     node is gone from ZooKeeper), so the locks it holds are already dead ones; woken,
-    it must not commit them (issue 21: "can never commit them afterwards")."""
+    it must not commit them (issue 21: "can never commit them afterwards"). Its
+    confirmation of the session before the commit point (``confirm_owner``) is where
+    it learns of the expiry."""
     prefix = uuid.uuid4().hex[:6]
     mode = "pause" if fault == "pause" else "wait"
     client = Client(cluster, "c1", "hold", "--hold", mode, "--prefix", prefix)
