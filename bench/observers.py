@@ -155,30 +155,10 @@ def scan_cost(tmp: str, big: int, dirty: int = 1000, repeats: int = 20) -> dict[
 
 
 def latency(tmp: str, writes: int) -> dict[str, float]:
-    """From a write's commit to its observer's commit, one write every ~20 ms."""
-    _, cluster = fresh(tmp, "lat")
-    committed: dict[int, float] = {}
-    observed: dict[int, float] = {}
+    """From a write's commit to its observer's commit, one write every ~20 ms, 4 threads."""
+    from bench.scaling import commit_latency
 
-    def on_commit(observer: Observer, table: str, row: bytes, column: str,
-                  change_ts: int, commit_ts: int) -> None:
-        observed[change_ts] = time.perf_counter()
-
-    with cluster:
-        worker = Worker(cluster, OBSERVERS, threads=4, on_commit=on_commit)
-        worker.start()
-        time.sleep(0.5)
-        for i in range(writes):
-            with percolator.Transaction(cluster) as txn:
-                txn.set("bench", b"l%05d" % i, "in:v", b"x")
-            assert txn.commit_ts is not None
-            committed[txn.commit_ts] = time.perf_counter()
-            time.sleep(0.02)
-        wait_for_observers(cluster, 60)
-        worker.stop()
-    lat = sorted(1000 * (observed[ts] - t) for ts, t in committed.items() if ts in observed)
-    return {"n": len(lat), "p50_ms": lat[len(lat) // 2], "p90_ms": lat[int(len(lat) * 0.9)],
-            "p95_ms": lat[int(len(lat) * 0.95)], "max_ms": lat[-1]}
+    return commit_latency(tmp, writes, threads=4)
 
 
 def report(args: argparse.Namespace, tp: list[dict[str, float]], clump: dict[str, float],

@@ -75,8 +75,10 @@ def _drain(root: str, tmp: str, procs: int, threads: int, n: int) -> dict[str, f
     return {"per_s": n / elapsed, "cpu_us": 1e6 * cpu / n}
 
 
-def _latency(tmp: str, writes: int) -> dict[str, float]:
-    """In the child: a write every ~20 ms, each to its observer's commit, default worker."""
+def commit_latency(tmp: str, writes: int, threads: int | None = None) -> dict[str, float]:
+    """A write every ~20 ms, each to its observer's commit (milliseconds), with a worker
+    of *threads* scanner threads (None: its default); the code measured is whichever
+    ``percolator`` comes first on ``sys.path`` (bench/observers.py uses it too)."""
     import percolator
     from bench.observers import OBSERVERS
     from observers import Observer, Worker, wait_for_observers
@@ -91,7 +93,8 @@ def _latency(tmp: str, writes: int) -> dict[str, float]:
     with percolator.connect(f"sqlite://{tmp}/lat-{time.monotonic_ns()}.db") as cluster:
         cluster.create_table("bench")
         cluster.observe("bench", "in:v")
-        worker = Worker(cluster, OBSERVERS, on_commit=on_commit)
+        chosen = {} if threads is None else {"threads": threads}  # older Workers lack None
+        worker = Worker(cluster, OBSERVERS, on_commit=on_commit, **chosen)
         worker.start()
         time.sleep(0.5)
         for i in range(writes):
@@ -103,14 +106,15 @@ def _latency(tmp: str, writes: int) -> dict[str, float]:
         wait_for_observers(cluster, 60)
         worker.stop()
     lat = sorted(1000 * (observed[ts] - t) for ts, t in committed.items() if ts in observed)
-    return {"p50_ms": lat[len(lat) // 2], "p95_ms": lat[int(len(lat) * 0.95)]}
+    return {"n": len(lat), "p50_ms": lat[len(lat) // 2], "p90_ms": lat[int(len(lat) * 0.9)],
+            "p95_ms": lat[int(len(lat) * 0.95)], "max_ms": lat[-1]}
 
 
 def _child(args: argparse.Namespace) -> None:
     sys.path.insert(0, args.root)
     with tempfile.TemporaryDirectory(prefix="bench-scaling-") as tmp:
         if args.child == "latency":
-            result: dict[str, Any] = _latency(tmp, args.writes)
+            result: dict[str, Any] = commit_latency(tmp, args.writes)
         else:
             procs, threads = (int(x) for x in args.child.split("x"))
             result = _drain(args.root, tmp, procs, threads, args.notifications)
