@@ -574,7 +574,8 @@ class ZooKeeperCoordination:
         """Raise unless *owner* is this client's identity and its session is confirmed
         live: from memory when the server answered within the last third of the
         session timeout, else by one ``exists`` of our owner node (a round trip on the
-        session). A process that was paused (SIGSTOP, a long GC) or cut off past its
+        session, given a third of the session timeout; a suspended connection confirms
+        nothing). A process that was paused (SIGSTOP, a long GC) or cut off past its
         session timeout and comes back still believes itself connected until it talks
         to the server: this round trip is where it learns that its session expired,
         before its commit point instead of after."""
@@ -588,8 +589,13 @@ class ZooKeeperCoordination:
         asked = time.monotonic()
         if asked - self._confirmed_at < self.session_timeout / 3:
             return
-        try:
-            stat = self._zk.exists(f"{self._owners_path}/{node}")
+        if not self._connected.is_set():
+            raise CoordinationError(
+                f"the ZooKeeper connection at {self.address!r} is suspended: cannot "
+                f"confirm the session of {owner}; not committing; retry the transaction")
+        try:  # bounded: a request queued behind a partition must not wait for the heal
+            stat = self._zk.exists_async(f"{self._owners_path}/{node}").get(
+                timeout=self.session_timeout / 3)
             self._op()
         except Exception as e:
             raise CoordinationError(
