@@ -286,3 +286,30 @@ def longest(streams: dict[str, list[Op]], report: Report) -> None:
                     worst[kind] = (took, op.invoke["id"])
     report.notes.append("longest answered operation: " + ", ".join(
         f"{kind} {took:.1f}s" for kind, (took, _) in sorted(worst.items())))
+
+
+def check_run(directory: Path) -> Report:
+    """Every check on a run kept in *directory*: its histories, ``final.json`` (the
+    final state) and ``run.json`` (the faults applied, wall times, the oracle lease)."""
+    streams = load(directory)
+    final = json.loads((directory / "final.json").read_text())
+    run = json.loads((directory / "run.json").read_text())
+    report = Report()
+    count(streams, report)
+    side_stream = {"or1": "side-ts0", "or2": "side-ts1"}
+    isolations = [(side_stream[a["target"]], a["start"], a["end"]) for a in run["applied"]
+                  if a["kind"] == "isolate-leader" and a["target"] in side_stream]
+    check_bank(streams, final, report)
+    check_append(streams, final, report)
+    check_timestamps(streams, report, isolations, run["lease"])
+    check_observers(streams, final, report)
+    throughput(streams, [(a["start"], a["end"]) for a in run["applied"]], run["from"],
+               run["to"], report)
+    longest(streams, report)
+    return report
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(check_run(Path(sys.argv[1])).summary())

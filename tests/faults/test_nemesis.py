@@ -15,23 +15,14 @@ The short run is part of the normal test command; the long one needs ``--run-slo
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from tests.faults._checks import (
-    Report,
-    check_append,
-    check_bank,
-    check_observers,
-    check_timestamps,
-    count,
-    load,
-    longest,
-    throughput,
-)
+from tests.faults._checks import Report, check_run
 from tests.faults._cluster import FaultCluster
 from tests.faults._nemesis import SEED_ENV, Nemesis, nemesis_seed, schedule
 from tests.faults._netns import require_netns
@@ -59,20 +50,18 @@ def run_nemesis(workdir: Path, seconds: float, store: str, *,
         nemesis.run(seconds)
         run_to = time.time()
         hung = cluster.stop_workloads(STOP_WITHIN)
-        final = cluster.wait_observers_caught_up(90.0)
-        streams = load(cluster.dir)
-        report = Report()
-        count(streams, report)
-        lease = cluster.settings.oracle_session * 0.5
-        side_stream = {name: f"side-ts{i}" for i, name in enumerate(("or1", "or2"))}
-        isolations = [(side_stream[a.target], a.start, a.end) for a in nemesis.applied
-                      if a.fault.kind == "isolate-leader" and a.target in side_stream]
-        check_bank(streams, final, report)
-        check_append(streams, final, report)
-        check_timestamps(streams, report, isolations, lease)
-        check_observers(streams, final, report)
-        throughput(streams, nemesis.fault_windows(), run_from, run_to, report)
-        longest(streams, report)
+        # (a broken system may never catch up: no need to wait long to see it)
+        final = cluster.wait_observers_caught_up(15.0 if split_brain else 90.0)
+        run = {
+            "seed": seed, "store": store, "from": run_from, "to": run_to,
+            "lease": cluster.settings.oracle_session * 0.5,
+            "applied": [{"kind": a.fault.kind, "target": a.target, "start": a.start,
+                         "end": a.end} for a in nemesis.applied],
+        }
+        # kept with the histories: python -m tests.faults._checks DIR checks them again
+        (cluster.dir / "run.json").write_text(json.dumps(run))
+        (cluster.dir / "final.json").write_text(json.dumps(final))
+        report = check_run(cluster.dir)
         for name in hung:
             report.add("hung", f"did not stop within {STOP_WITHIN:g}s: {name}")
         kinds = Counter(f.kind for f in faults)
