@@ -129,7 +129,8 @@ class StoreTimestamps:
         """Nothing to release: the store belongs to the cluster."""
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process *pid* exists (one we may not signal counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -275,7 +276,7 @@ class HostTimestamps:
             with self._locked():
                 if self._slot()[0] != ts:
                     return
-                if pid != os.getpid() and not _alive(pid):
+                if pid != os.getpid() and not process_alive(pid):
                     self._set_slot(0, 0)
                     return
             if time.monotonic() > deadline:

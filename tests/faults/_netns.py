@@ -59,6 +59,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
+from percolator._timestamps import process_alive as _alive
 from tests._services import service_missing
 
 log = logging.getLogger(__name__)
@@ -416,16 +417,6 @@ class Network:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def sweep_dead() -> None:
