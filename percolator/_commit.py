@@ -488,13 +488,14 @@ def _one_phase_check(committer: _Committer) -> dict[int, tuple[bytes | None, lis
 
 
 def _one_phase_write(committer: _Committer, found: dict[int, tuple[bytes | None, list[Cell]]],
-                     commit_ts: int) -> None:
+                     commit_ts: int, batch: dict[str, list[Mutation]] | None = None) -> None:
     """Inside the atomic step, after the checks: the write records (carrying the
     values), a FREE lock where a cell had no lock cell, the notification an observer
-    run served, and the weak notifications."""
+    run served, and the weak notifications. With *batch*, the row mutations are added
+    to it for the caller to write (a group writes all of its members' at once)."""
     cluster, start_ts = committer.cluster, committer.start_ts
     free = encode_lock(Free(start_ts, True))
-    by_table: dict[str, list[Mutation]] = {}
+    by_table: dict[str, list[Mutation]] = {} if batch is None else batch
     for cell in committer.cells:
         puts = write_cells(cell.column, start_ts, commit_ts, cell.value is None, cell.notify,
                            cell.value)
@@ -505,8 +506,9 @@ def _one_phase_write(committer: _Committer, found: dict[int, tuple[bytes | None,
     if settles is not None:  # an observer run's notification, served by this commit
         table, row, notify, newest = settles
         by_table.setdefault(table, []).append(Mutation(row, deletes=[(notify, newest)]))
-    for table, mutations in by_table.items():
-        cluster.store.mutate_rows(table, mutations)
+    if batch is None:
+        for table, mutations in by_table.items():
+            cluster.store.mutate_rows(table, mutations)
     _write_notifications(committer.txn, committer.cells, commit_ts)
     if settles is not None:
         committer.txn._settled = True  # type: ignore[attr-defined]
@@ -596,12 +598,15 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
                     if found is not None:
                         taken |= cells
                         checked.append((i, member, found))
+                batch: dict[str, list[Mutation]] = {}
                 for i, member, found in checked:
                     commit_ts = draw()
                     if commit_ts is None:
                         break  # no room left in the block: the rest go on their own
-                    _one_phase_write(member, found, commit_ts)
+                    _one_phase_write(member, found, commit_ts, batch)
                     results[i] = commit_ts
+                for table, mutations in batch.items():  # one write per table for all
+                    cluster.store.mutate_rows(table, mutations)
         except PercolatorError as e:  # rolled back: none of the group committed
             for i, _ in grouped:
                 if not isinstance(results[i], ConflictError):
