@@ -155,7 +155,7 @@ class SqliteStore:
                 cached_statements=512,
                 factory=_Connection,
             )
-            db.execute("PRAGMA journal_mode=WAL")
+            self._use_wal(db)
             db.execute("PRAGMA synchronous=NORMAL")
         except sqlite3.Error as e:
             raise StoreUnavailable(f"cannot open sqlite store {self.url}: {e}") from e
@@ -164,6 +164,20 @@ class SqliteStore:
         with self._conn_lock:
             self._all_connections.add(db)
         return db
+
+    def _use_wal(self, db: sqlite3.Connection) -> None:
+        """Switch a new file to WAL. Two processes opening a new file at once: the one
+        that does not make the switch may get "database is locked" at once (SQLite's
+        busy handler does not cover it), so it tries again until busy_timeout."""
+        deadline = time.monotonic() + self._busy_timeout
+        while True:
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     @contextmanager
     def atomically(self) -> Iterator[None]:

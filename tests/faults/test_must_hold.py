@@ -127,12 +127,9 @@ def outlast(cluster: FaultCluster) -> float:
 # -- a client whose locks were rolled back, or whose session expired --------------------
 
 
-@pytest.mark.parametrize("fault", ["pause", "partition"])
-def test_client_whose_locks_were_rolled_back_cannot_commit(cluster: FaultCluster,
-                                                          fault: str) -> None:
-    """Held right before its commit point (SIGSTOP, or its host cut off), the client's
-    session expires and a reader rolls its locks back; woken, its commit raises."""
-    prefix = uuid.uuid4().hex[:6]
+def _held_past_its_session(cluster: FaultCluster, fault: str, prefix: str) -> Client:
+    """A client held right before its commit point, then paused (SIGSTOP) or cut off
+    until its ZooKeeper session has expired."""
     mode = "pause" if fault == "pause" else "wait"
     client = Client(cluster, "c1", "hold", "--hold", mode, "--prefix", prefix)
     held = client.wait_file(".held")
@@ -142,12 +139,26 @@ def test_client_whose_locks_were_rolled_back_cannot_commit(cluster: FaultCluster
         cluster.net.partition("c1")
     time.sleep(outlast(cluster))
     assert not owner_registered(cluster, held["owner"]), "its session did not expire"
-    seen = read(cluster, "c2", prefix)
-    assert seen["a"] == seen["b"] == "", seen  # rolled back, not waited for
+    return client
+
+
+def _wake(cluster: FaultCluster, client: Client, fault: str) -> None:
     if fault == "pause":
         os.kill(client.proc.pid, signal.SIGCONT)
     else:
         cluster.net.heal("c1")
+
+
+@pytest.mark.parametrize("fault", ["pause", "partition"])
+def test_client_whose_locks_were_rolled_back_cannot_commit(cluster: FaultCluster,
+                                                          fault: str) -> None:
+    """Held right before its commit point (SIGSTOP, or its host cut off), the client's
+    session expires and a reader rolls its locks back; woken, its commit raises."""
+    prefix = uuid.uuid4().hex[:6]
+    client = _held_past_its_session(cluster, fault, prefix)
+    seen = read(cluster, "c2", prefix)
+    assert seen["a"] == seen["b"] == "", seen  # rolled back, not waited for
+    _wake(cluster, client, fault)
     client.go()
     result = client.wait_file(timeout=60)
     assert result["outcome"] != "committed", result
@@ -163,19 +174,9 @@ def test_client_whose_session_expired_cannot_commit(cluster: FaultCluster, fault
     confirmation of the session before the commit point (``confirm_owner``) is where
     it learns of the expiry."""
     prefix = uuid.uuid4().hex[:6]
-    mode = "pause" if fault == "pause" else "wait"
-    client = Client(cluster, "c1", "hold", "--hold", mode, "--prefix", prefix)
-    held = client.wait_file(".held")
-    if fault == "pause":
-        wait_until(lambda: stopped(client.proc.pid), 10, "the client to stop")
-    else:
-        cluster.net.partition("c1")
-    time.sleep(outlast(cluster))
-    assert not owner_registered(cluster, held["owner"]), "its session did not expire"
-    if fault == "pause":
-        os.kill(client.proc.pid, signal.SIGCONT)
-    else:
-        cluster.net.heal("c1")
+    client = _held_past_its_session(cluster, fault, prefix)
+    _wake(cluster, client, fault)
+    if fault == "partition":
         time.sleep(cluster.settings.client_session)  # it reconnects and learns of the expiry
     client.go()
     result = client.wait_file(timeout=60)
