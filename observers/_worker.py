@@ -157,8 +157,8 @@ class Worker:
     """Runs *observers* on *cluster* with *threads* scanner threads. Left out, it
     picks what measured fastest for an observer that only uses the store: 1 on the
     embedded store (its runs hold the GIL for about two thirds of their time, so
-    threads of one process only add hand-offs: 4,151 notifications/s with 1 thread,
-    3,674 with 4; run more worker processes instead, bench/scaling.py), and 4 on
+    threads of one process only add hand-offs: 7,266 notifications/s with 1 thread,
+    2,557 with 4; more worker processes use more cores, bench/scaling.py), and 4 on
     remote stores, whose round trips threads overlap. Give more when observers wait
     on something else.
 
