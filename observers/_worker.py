@@ -589,12 +589,21 @@ class Worker:
         _inc("percolator_observer_runs_total", name, _Outcome.COMMITTED)
         if not run.txn._settled:  # committed in two phases: the worker deletes it
             assert run.txn._settles is not None
-            table, row, notify, newest = run.txn._settles
-            self.cluster.store.mutate_rows(table, [Mutation(row, deletes=[(notify, newest)])])
+            self._delete_notification(run.table, run.row, run.column, run.txn._settles[3])
+        self._committed(run.observer, run.table, run.row, run.column, run.change, outcome)
+
+    def _delete_notification(self, table: str, row: bytes, column: str, newest: int) -> None:
+        """Delete the notify versions of the cell at or below *newest*, the newest one
+        the runs just made served (a later notification stays)."""
+        self.cluster.store.mutate_rows(
+            table, [Mutation(row, deletes=[(f"{NOTIFY}:{column}", newest)])])
+
+    def _committed(self, observer: Observer, table: str, row: bytes, column: str,
+                   change: int, commit_ts: int) -> None:
+        """Tell the ``on_commit`` hook, if any, of a committed run."""
         if self.on_commit is not None:
             try:
-                self.on_commit(run.observer, run.table, run.row, run.column, run.change,
-                               outcome)
+                self.on_commit(observer, table, row, column, change, commit_ts)
             except Exception:
                 log.exception("on_commit hook failed")
 
@@ -678,9 +687,7 @@ class Worker:
                         failed_here = self._failures.pop(key, None)
                     if failed_here is not None:
                         clear_failures(self.cluster, table, row, column)
-                self.cluster.store.mutate_rows(
-                    table, [Mutation(row, deletes=[(f"{NOTIFY}:{column}", newest)])]
-                )
+                self._delete_notification(table, row, column, newest)
         return worked
 
     def _run_observer(
@@ -689,7 +696,8 @@ class Worker:
     ) -> tuple[str, BaseException | None, bool]:
         """Run one observer transaction, retrying conflicts a few times. With *settle*
         (the newest notification version read), its commit may delete the
-        notification; the third value tells whether it did."""
+        notification; the third value tells whether it did (or, for a run left in
+        *group*, that the group's commit will see to it)."""
         for attempt in range(4):
             if attempt:
                 time.sleep(random.uniform(0, 0.005 * 2**attempt))
@@ -757,11 +765,7 @@ class Worker:
                 group.runs.append(_Run(txn, observer, table, row, column, change))
                 return _Outcome.DEFERRED, True
         commit_ts = commit_transaction(txn)
-        if self.on_commit is not None:
-            try:
-                self.on_commit(observer, table, row, column, change, commit_ts)
-            except Exception:
-                log.exception("on_commit hook failed")
+        self._committed(observer, table, row, column, change, commit_ts)
         return _Outcome.COMMITTED, txn._settled
 
     def _failed(

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -454,19 +454,13 @@ def _commit_one_phase(committer: _Committer) -> int | None:
     if atomically is None or in_flight is None or not cluster.one_phase_commit:
         return None
     with in_flight() as draw, atomically():
-        return _one_phase_step(committer, draw)
-
-
-def _one_phase_step(committer: _Committer, draw: Callable[[], int | None]) -> int | None:
-    """A one-phase commit inside the atomic step (see :func:`_commit_one_phase`): its
-    checks, commit timestamp and writes. None: nothing written."""
-    found = _one_phase_check(committer)
-    if found is None:
-        return None
-    commit_ts = draw()
-    if commit_ts is not None:
-        _one_phase_write(committer, found, commit_ts)
-    return commit_ts
+        found = _one_phase_check(committer)
+        if found is None:
+            return None
+        commit_ts: int | None = draw()
+        if commit_ts is not None:
+            _one_phase_write(committer, found, commit_ts)
+        return commit_ts
 
 
 def _one_phase_check(committer: _Committer) -> dict[int, tuple[bytes | None, list[Cell]]] | None:

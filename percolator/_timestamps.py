@@ -173,8 +173,9 @@ class HostTimestamps:
 
     _MAGIC = b"PCTS0002"
     _LAYOUT = struct.Struct(">8s16s16sQQQ")
+    _NEXT_AT = 8 + 16 + 16  # the next timestamp to hand out
     _SLOT = struct.Struct(">QQ")
-    _SLOT_AT = 8 + 16 + 16 + 8
+    _SLOT_AT = _NEXT_AT + 8  # the in-flight slot
     BLOCK = 100_000
     REFILL = BLOCK // 2
     """Room left in the persisted block below which a draw outside a commit persists a
@@ -254,14 +255,14 @@ class HostTimestamps:
             self._known_ceiling = self._ceiling.read()[0]
         if end > self._known_ceiling:
             return None
-        self._map[self._SLOT_AT - 8: self._SLOT_AT] = _U64.pack(end)
+        _U64.pack_into(self._map, self._NEXT_AT, end)
         return range(nxt, end)
 
     def _refill(self, n: int) -> None:
         """Persist a ceiling a block above what is taken (outside the sidecar lock; two
         processes refilling at once only leave a gap)."""
         with self._locked():
-            nxt = _U64.unpack(self._map[self._SLOT_AT - 8: self._SLOT_AT])[0]
+            nxt: int = _U64.unpack_from(self._map, self._NEXT_AT)[0]
         self._known_ceiling = self._ceiling.raise_to_at_least(
             max(nxt + n, self._known_ceiling) + self.BLOCK)
 
