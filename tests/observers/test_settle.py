@@ -120,3 +120,42 @@ def test_a_scanner_commits_its_runs_in_groups(tmp_path: Path) -> None:
     assert sorted(commits) == sorted(rows) and len(commits) == 200  # each once
     assert all(v["out:v"] == v["in:v"] for v in rows.values())
     assert steps[0] <= 200 // GROUP_MAX * 3, steps  # groups, not one write per run
+
+
+class Held(Observer):
+    """Copies in:v to out:v; its first run waits inside ``process`` until let go."""
+
+    table, column = "t", "in:v"
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.go = threading.Event()
+        self.runs = 0
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        self.runs += 1
+        value = txn.get(self.table, row, column) or b""
+        if self.runs == 1:
+            self.entered.set()
+            assert self.go.wait(30)
+        txn.set(self.table, row, "out:v", value)
+
+
+def test_a_change_made_during_a_run_outlives_the_runs_deletion(tmp_path: Path) -> None:
+    """The run's commit deletes notify versions only up to the one it read: a change
+    committed while the run is parked inside the observer (a newer notification) is
+    still pending afterwards, and a second run copies it."""
+    with percolator.connect(f"sqlite://{tmp_path}/db") as cluster:
+        cluster.create_table("t")
+        cluster.observe("t", "in:v")
+        with percolator.Transaction(cluster) as txn:
+            txn.set("t", b"r", "in:v", b"first")
+        held = Held()
+        with Worker(cluster, [held], threads=1):
+            assert held.entered.wait(30)
+            with percolator.Transaction(cluster) as txn:  # while the run is parked
+                txn.set("t", b"r", "in:v", b"second")
+            held.go.set()
+            wait_for_observers(cluster, 60)
+        assert percolator.Transaction(cluster).get("t", b"r", "out:v") == b"second"
+        assert held.runs == 2

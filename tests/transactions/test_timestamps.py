@@ -370,3 +370,36 @@ with percolator.connect(f"sqlite://{db}") as cluster:
     for t in threads: t.start()
     for t in threads: t.join()
 """
+
+
+def test_a_forked_child_does_not_share_its_parents_sidecar_lock(tmp_path: Path) -> None:
+    """A child forked while its parent holds the sidecar's flock must wait for it: it
+    reopens the sidecar (its inherited descriptor shares the parent's open file, and
+    with it the flock, so both could count at once and hand out one timestamp twice)."""
+    import fcntl
+
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    first = source.get_timestamp()
+    read_end, write_end = os.pipe()
+    fcntl.flock(source._fd, fcntl.LOCK_EX)  # the parent is counting
+    pid = os.fork()
+    if pid == 0:  # the child draws and reports
+        try:
+            os.write(write_end, b"%d\n" % source.get_timestamp())
+        finally:
+            os._exit(0)
+    try:
+        os.close(write_end)
+        os.set_blocking(read_end, False)
+        time.sleep(0.5)
+        with pytest.raises(BlockingIOError):
+            os.read(read_end, 64)  # still waiting for the parent's lock
+        fcntl.flock(source._fd, fcntl.LOCK_UN)
+        os.set_blocking(read_end, True)
+        assert int(os.read(read_end, 64)) > first
+    finally:
+        os.waitpid(pid, 0)
+        os.close(read_end)
+        source.close()
+        store.close()
