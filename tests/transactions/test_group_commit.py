@@ -145,3 +145,16 @@ def test_groups_keep_first_committer_wins(
         final.update({c: b"%d" % i for c in writes[i]})
     snap = Snapshot(table)
     assert {c: snap.get(T, prefix + c, COL) for c in CELLS} == {c: final.get(c) for c in CELLS}
+
+
+def test_a_group_of_two_clusters_is_refused_and_nothing_commits(table: Cluster) -> None:
+    from percolator import InvalidArgument
+
+    other = client_of(table)
+    mine, theirs = Transaction(table), Transaction(other)
+    mine.set(T, b"x", COL, b"1")
+    theirs.set(T, b"y", COL, b"2")
+    with pytest.raises(InvalidArgument, match="one cluster"):
+        commit_group([mine, theirs])
+    snap = Snapshot(table)
+    assert (snap.get(T, b"x", COL), snap.get(T, b"y", COL)) == (None, None)
