@@ -34,6 +34,7 @@ is quarantined (see
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -85,7 +86,7 @@ CommitHook = Callable[[Observer, str, bytes, str, int, int], None]
 """``on_commit(observer, table, row, column, change_ts, commit_ts)``."""
 
 _SAMPLE = 4096
-GROUP_MAX = 16
+GROUP_MAX = 32
 """Observer transactions a scanner thread commits together on the embedded store
 (one SQLite write transaction for up to this many; see ``commit_group``)."""
 SPLITS_REFRESH = 60.0
@@ -127,6 +128,105 @@ def wait_for_observers(cluster: Cluster, timeout: float | None = 60.0) -> None:
 
 
 
+class _Waits:
+    """How long an observer's code waits per run (wall time beyond its thread's CPU
+    time), measured on runs that keep the store turn (where no other scanner competes
+    for the GIL): its runs let go of the turn once that is :attr:`WAITING` seconds on
+    average, and every :attr:`PROBE`-th run keeps it, to measure again."""
+
+    WAITING = 0.0005
+    PROBE = 32
+
+    def __init__(self) -> None:
+        self.mean = 0.0
+        self.runs = 0
+
+    def release(self) -> bool:
+        """Whether the next run should let go of the turn (called holding it)."""
+        self.runs += 1
+        return self.mean >= self.WAITING and self.runs % self.PROBE != 0
+
+    def measured(self, wall: float, cpu: float) -> None:
+        """A run that kept the turn took *wall* seconds, *cpu* of them on its thread."""
+        self.mean += 0.25 * (max(wall - cpu, 0.0) - self.mean)
+
+
+class _StoreTurn:
+    """On a single-writer store, the scanners of one process take turns at the store
+    work: store work of several threads at once only hands the GIL back and forth at
+    every SQLite call and lock (4 threads drained at 0.42x the rate of 1). A scanner
+    lets go of the turn while the code of an observer that waits (on I/O, say) runs
+    (:class:`_Waits`); one that keeps it through observer code that then takes longer
+    than :attr:`LEND_AFTER` (a slow call, a hang) loses it to a waiting scanner, so a
+    slow run never stalls the others. Only an order, for speed: a scanner that does
+    store work without the turn (stopping) is still correct."""
+
+    LEND_AFTER = 0.01
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._holder: int | None = None
+        self._watcher: int | None = None
+        self._in_observer_since: float | None = None
+
+    def take(self, stop: threading.Event) -> bool:
+        """Wait for the turn; False (without it) once *stop* is set. One waiter at a
+        time looks every LEND_AFTER whether the holder's observer code is slow; the
+        others sleep until woken (or a second, to see *stop*)."""
+        me = threading.get_ident()
+        with self._cond:
+            while self._holder is not None and self._holder != me:
+                since = self._in_observer_since
+                if since is not None and time.monotonic() - since >= self.LEND_AFTER:
+                    break  # the holder is in slow observer code: it lends the turn
+                if stop.is_set():
+                    if self._watcher == me:
+                        self._watcher = None
+                    return False
+                if self._watcher is None:
+                    self._watcher = me
+                if self._watcher == me:
+                    self._cond.wait(self.LEND_AFTER)
+                else:
+                    self._cond.wait(1.0)
+            if self._watcher == me:
+                self._watcher = None
+                self._cond.notify()  # another waiter becomes the watcher
+            self._holder, self._in_observer_since = me, None
+            return True
+
+    def give(self) -> None:
+        with self._cond:
+            if self._holder == threading.get_ident():
+                self._holder = self._in_observer_since = None
+                self._cond.notify()
+
+    @contextlib.contextmanager
+    def observer_code(self, waits: _Waits, stop: threading.Event) -> Iterator[None]:
+        """Around an observer's own code: let go of the turn if the observer waits,
+        else keep it (lending it if the code turns out slow), and measure."""
+        if waits.release():
+            self.give()
+            try:
+                yield
+            finally:
+                self.take(stop)
+            return
+        with self._cond:
+            self._in_observer_since = time.monotonic()
+        began, cpu = time.perf_counter(), time.thread_time()
+        try:
+            yield
+        finally:
+            waits.measured(time.perf_counter() - began, time.thread_time() - cpu)
+            with self._cond:
+                kept = self._holder == threading.get_ident()
+                if kept:
+                    self._in_observer_since = None
+            if not kept:
+                self.take(stop)
+
+
 class _Spread:
     """The anti-clumping state of one scan pass (Percolator §2.4): a scanner that meets
     another on a row skips a random stretch ahead; after a few meetings it ends the
@@ -156,11 +256,14 @@ class _Spread:
 class Worker:
     """Runs *observers* on *cluster* with *threads* scanner threads. Left out, it
     picks what measured fastest for an observer that only uses the store: 1 on the
-    embedded store (its runs hold the GIL for about two thirds of their time, so
-    threads of one process only add hand-offs: 7,266 notifications/s with 1 thread,
-    2,557 with 4; more worker processes use more cores, bench/scaling.py), and 4 on
-    remote stores, whose round trips threads overlap. Give more when observers wait
-    on something else.
+    embedded store, and 4 on remote stores, whose round trips threads overlap. On the
+    embedded store the scanners of a process take turns at the store work (its runs
+    hold the GIL for about two thirds of their time, and the rest comes in pieces
+    shorter than a GIL hand-off), so more threads neither help nor hurt an observer
+    that only uses the store, and help one that waits on something else, whose runs
+    let the other scanners work meanwhile (bench/scaling.py: 4 threads drain at about
+    0.9x the rate of 1 with the first kind, 3x with an observer that waits 1 ms).
+    More worker processes use more cores.
 
     *observers* are :class:`Observer` subclasses (instantiated with no arguments)
     or instances. At :meth:`start` the worker creates their tables if needed and
@@ -239,6 +342,9 @@ class Worker:
         for table, column in self._by_column:
             self._columns[table] = (*self._columns.get(table, ()), column)
         self.threads = threads
+        self._store_turn = (_StoreTurn() if threads > 1 and getattr(
+            cluster.store, "single_writer", False) else None)
+        self._waits = {o.name: _Waits() for o in self.observers}
         self.max_failures = max_failures
         self.retry_delay = retry_delay
         self.max_retry_delay = max_retry_delay
@@ -399,7 +505,14 @@ class Worker:
             rung = self._bell.rung
             try:
                 began = time.perf_counter()
-                worked = self._scan_pass()
+                turn = self._store_turn
+                if turn is not None:
+                    turn.take(self._stop)
+                try:
+                    worked = self._scan_pass()
+                finally:
+                    if turn is not None:
+                        turn.give()
                 _observe("percolator_notification_scan_duration_seconds",
                          time.perf_counter() - began)
             except PercolatorError:
@@ -744,8 +857,11 @@ class Worker:
             txn._closed = True
             return _Outcome.SKIPPED, False
         txn._internal_columns = False
+        turn = self._store_turn
         try:
-            observer.process(txn, row, column)
+            with (turn.observer_code(self._waits[observer.name], self._stop)
+                  if turn is not None else contextlib.nullcontext()):
+                observer.process(txn, row, column)
         except PercolatorError as e:
             if is_retryable(e):
                 raise

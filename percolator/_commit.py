@@ -158,29 +158,8 @@ class _Committer:
 
     def _read_for_prewrite(self, cells: list[_Cell]) -> dict[int, tuple[bytes | None, list[Cell]]]:
         """One batched read per table: each cell's lock and its newest write record at or
-        above start_ts. Only when that record is a rollback, which may hide an older
-        commit after our start, are all of the cell's records >= start_ts read."""
-        by_table: dict[str, list[_Cell]] = {}
-        for cell in cells:
-            by_table.setdefault(cell.table, []).append(cell)
-        found: dict[int, tuple[bytes | None, list[Cell]]] = {}
-        for table, group in by_table.items():
-            rows = list(dict.fromkeys(c.row for c in group))
-            columns = tuple(dict.fromkeys(c.column for c in group))
-            result = self.store.read_rows(
-                table, rows, [Read(LOCK, columns), Read(WRITE, columns, min_ts=self.start_ts)]
-            )
-            for cell in group:
-                row_cells = result.get(cell.row, {})
-                lock = row_cells.get(f"{LOCK}:{cell.column}")
-                writes = row_cells.get(f"{WRITE}:{cell.column}", [])
-                if writes and writes[0][0] > self.start_ts and writes[0][1][:1] == _ROLLBACK_TAG:
-                    writes = self.store.read_rows(
-                        table, [cell.row],
-                        [Read(WRITE, (cell.column,), min_ts=self.start_ts, versions=None)],
-                    ).get(cell.row, {}).get(f"{WRITE}:{cell.column}", [])
-                found[id(cell)] = (lock[0][1] if lock else None, writes)
-        return found
+        above start_ts (see :func:`_read_prewrite_state`)."""
+        return _read_prewrite_state([(self, cells)])
 
     def _check_writes(self, cell: _Cell, writes: list[Cell]) -> None:
         """First committer wins: a change committed after our start is a conflict."""
@@ -443,10 +422,11 @@ def _commit_one_phase(committer: _Committer) -> int | None:
     read it before this commit checks the cell again once it has locked it.
     The commit timestamp is published as in flight from its draw until after the
     COMMIT (:meth:`~percolator._timestamps.HostTimestamps.in_flight`): a start
-    timestamp drawn meanwhile is handed out once the commit is visible (see
-    docs/timestamps.md). Returns None, having written nothing, when a cell is locked by
-    another transaction (the two-phase path resolves it) or when the store or the
-    timestamp source cannot do this.
+    timestamp drawn meanwhile is below the commit (from the gap left below it) or is
+    handed out once the commit is visible (see docs/timestamps.md). Returns None,
+    having written nothing, when a cell is locked by another transaction (the
+    two-phase path resolves it) or when the store or the timestamp source cannot do
+    this.
     """
     cluster = committer.cluster
     atomically = getattr(cluster.store, "atomically", None)
@@ -457,19 +437,24 @@ def _commit_one_phase(committer: _Committer) -> int | None:
         found = _one_phase_check(committer)
         if found is None:
             return None
-        commit_ts: int | None = draw()
-        if commit_ts is not None:
-            _one_phase_write(committer, found, commit_ts)
-        return commit_ts
+        taken: range | None = draw(1)
+        if taken is None:
+            return None
+        _one_phase_write(committer, found, taken[0])
+        return taken[0]
 
 
-def _one_phase_check(committer: _Committer) -> dict[int, tuple[bytes | None, list[Cell]]] | None:
-    """Inside the atomic step: read the cells' locks and write records and check them.
-    Returns what was read, or None when a cell is locked by another transaction.
+def _one_phase_check(
+    committer: _Committer, found: dict[int, tuple[bytes | None, list[Cell]]] | None = None,
+) -> dict[int, tuple[bytes | None, list[Cell]]] | None:
+    """Inside the atomic step: read the cells' locks and write records (unless *found*
+    holds them, read for a whole group) and check them. Returns what was read, or
+    None when a cell is locked by another transaction.
 
     :raises ConflictError: a cell was written since the transaction's start.
     """
-    found = committer._read_for_prewrite(committer.cells)
+    if found is None:
+        found = committer._read_for_prewrite(committer.cells)
     # Inside the atomic step, after its reads: no GC deletion can fall between
     # this check and the writes (see percolator._safe_point).
     committer.cluster.safe_point.check(committer.start_ts)
@@ -506,6 +491,42 @@ def _one_phase_write(committer: _Committer, found: dict[int, tuple[bytes | None,
     _write_notifications(committer.txn, committer.cells, commit_ts)
     if settles is not None:
         committer.txn._settled = True  # type: ignore[attr-defined]
+
+
+def _read_prewrite_state(
+    members: Sequence[tuple[_Committer, list[_Cell]]],
+) -> dict[int, tuple[bytes | None, list[Cell]]]:
+    """For each cell of each ``(committer, cells)`` (keyed by ``id(cell)``): its lock and
+    its newest write record at or above that committer's start_ts, read with one
+    store call per table for all of them (a group commit checks its members at once).
+    Only when that record is a rollback, which may hide an older commit after the
+    start, are all of the cell's records at or above the start read."""
+    by_table: dict[str, list[tuple[_Committer, _Cell]]] = {}
+    for committer, cells in members:
+        for cell in cells:
+            by_table.setdefault(cell.table, []).append((committer, cell))
+    found: dict[int, tuple[bytes | None, list[Cell]]] = {}
+    for table, group in by_table.items():
+        store = group[0][0].store
+        rows = list(dict.fromkeys(c.row for _, c in group))
+        columns = tuple(dict.fromkeys(c.column for _, c in group))
+        # The newest record at or above the lowest start is, for each member, its
+        # newest at or above its own start when it is at or above that start at all.
+        oldest = min(committer.start_ts for committer, _ in group)
+        result = store.read_rows(
+            table, rows, [Read(LOCK, columns), Read(WRITE, columns, min_ts=oldest)])
+        for committer, cell in group:
+            start_ts = committer.start_ts
+            row_cells = result.get(cell.row, {})
+            lock = row_cells.get(f"{LOCK}:{cell.column}")
+            writes = [w for w in row_cells.get(f"{WRITE}:{cell.column}", ()) if w[0] >= start_ts]
+            if writes and writes[0][0] > start_ts and writes[0][1][:1] == _ROLLBACK_TAG:
+                writes = store.read_rows(
+                    table, [cell.row],
+                    [Read(WRITE, (cell.column,), min_ts=start_ts, versions=None)],
+                ).get(cell.row, {}).get(f"{WRITE}:{cell.column}", [])
+            found[id(cell)] = (lock[0][1] if lock else None, writes)
+    return found
 
 
 def _record(kind: str, began: float, error: BaseException | None) -> None:
@@ -576,9 +597,10 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
                 # writes conflicts with it, as it would meet its record in the store.
                 checked: list[tuple[int, _Committer, dict[int, Any]]] = []
                 taken: set[tuple[str, bytes, str]] = set()
+                state = _read_prewrite_state([(member, member.cells) for _, member in grouped])
                 for i, member in grouped:
                     try:
-                        found = _one_phase_check(member)
+                        found = _one_phase_check(member, state)
                         cells = {(c.table, c.row, c.column) for c in member.cells}
                         if not taken.isdisjoint(cells):
                             raise member._conflict(
@@ -593,10 +615,9 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
                         taken |= cells
                         checked.append((i, member, found))
                 batch: dict[str, list[Mutation]] = {}
-                for i, member, found in checked:
-                    commit_ts = draw()
-                    if commit_ts is None:
-                        break  # no room left in the block: the rest go on their own
+                # None: no room left in the block; they go on their own (two-phase).
+                stamps = draw(len(checked)) if checked else None
+                for (i, member, found), commit_ts in zip(checked, stamps or (), strict=False):
                     _one_phase_write(member, found, commit_ts, batch)
                     results[i] = commit_ts
                 for table, mutations in batch.items():  # one write per table for all

@@ -2,7 +2,9 @@
 
 Snapshot isolation needs timestamps that are unique and increase in real time
 across every process: a timestamp drawn after another was returned (anywhere) is
-larger. Three sources satisfy :class:`TimestampSource`:
+larger. (On the embedded store a draw made while a one-phase commit is running may
+be below that commit's timestamp, which nobody outside the commit has seen yet; see
+:class:`HostTimestamps`.) Three sources satisfy :class:`TimestampSource`:
 
 * :class:`HostTimestamps` (embedded default): a counter in a small memory-mapped
   sidecar file, guarded by ``flock``, shared by every process on the host. The upper
@@ -153,33 +155,41 @@ class HostTimestamps:
     """Timestamps shared by every process of one host (see the module docstring).
 
     The sidecar holds ``magic, boot id, store identity, next, in-flight timestamp,
-    in-flight pid``. A sidecar from an earlier boot (its page cache may have lost
-    writes) or of another store is reset to the persisted ceiling, which is at or above
-    every issued timestamp.
+    in-flight pid, resume``. A sidecar from an earlier boot (its page cache may have
+    lost writes) or of another store is reset to the persisted ceiling, which is at or
+    above every issued timestamp.
 
-    **Start timestamps never wait for a commit's critical section.** The embedded
+    **Start timestamps do not wait for a commit's critical section.** The embedded
     store's one-phase commit (:func:`percolator._commit._commit_one_phase`) writes no
     lock: it draws its commit timestamp inside SQLite's write transaction
-    (:meth:`in_flight`) and publishes it in the sidecar as *in flight* until its COMMIT
-    has returned. SQLite has one writer at a time, so at most one drawn commit
-    timestamp is in flight per store file, and one slot holds it. A draw takes the
-    sidecar lock only to count, and reads the slot with it: when a commit below the
-    drawn timestamps is in flight, the draw returns once that commit is visible (its
-    writes and COMMIT, not its conflict checks, which come before its draw), so the
-    snapshot of a new start timestamp holds every commit below it. Two-phase commits
-    draw their commit timestamp after their locks are written, and readers wait on
-    those locks as Percolator does. docs/timestamps.md has the whole argument.
+    (:meth:`in_flight`), ``GAP`` above the next timestamp, and publishes it in the
+    sidecar as *in flight* until its COMMIT has returned. SQLite has one writer at a
+    time, so at most one commit is in flight per store file, and one slot holds it. A
+    draw takes the sidecar lock only to count, and reads the slot with it: during a
+    commit it takes its timestamps from the gap below that commit (above every visible
+    commit, below the one in flight: no waiting), and only once the gap is used up
+    does it take them above the commit and return once the commit is visible (its
+    writes and COMMIT, not its conflict checks, which come before its draw). Either
+    way the snapshot of a new start timestamp holds every commit below it. Two-phase
+    commits draw their commit timestamp after their locks are written, and readers
+    wait on those locks as Percolator does. docs/timestamps.md has the whole argument.
     """
 
-    _MAGIC = b"PCTS0002"
-    _LAYOUT = struct.Struct(">8s16s16sQQQ")
-    _NEXT_AT = 8 + 16 + 16  # the next timestamp to hand out
+    _MAGIC = b"PCTS0003"
+    _LAYOUT = struct.Struct(">8s16s16sQQQQ")
+    _NEXT_AT = 8 + 16 + 16  # the next timestamp to hand out to a draw
     _SLOT = struct.Struct(">QQ")
     _SLOT_AT = _NEXT_AT + 8  # the in-flight slot
-    BLOCK = 100_000
+    _RESUME_AT = _SLOT_AT + 16  # one above every commit timestamp drawn in flight
+    _HEADER = struct.Struct(">8s16s16s")
+    BLOCK = 1 << 24
     REFILL = BLOCK // 2
     """Room left in the persisted block below which a draw outside a commit persists a
     new ceiling, so that a commit's draw (which must not write the store) finds room."""
+    GAP = 1024
+    """Timestamps a one-phase commit leaves below its own, for the start timestamps
+    drawn while it is in flight: those are below every timestamp of the commit, so
+    they need not wait for it to be visible (docs/timestamps.md)."""
     IN_FLIGHT_DEADLINE = 60.0
     """Seconds a draw waits for an in-flight commit (its process stopped, say) before
     giving up with :class:`~percolator.StoreUnavailable`."""
@@ -223,14 +233,16 @@ class HostTimestamps:
         n = _check_count(n)
         while True:
             with self._locked():
-                taken = self._take(n)
+                self._validate()
                 in_flight, pid = self._slot()
+                taken = self._take(n, in_flight)
                 low = self._known_ceiling - (taken.stop if taken else 0) < self.REFILL
             if taken is None or low:
                 self._refill(n)
             if taken is not None:
                 break
-        if in_flight:  # drawn before ours, so below them: wait until it is visible
+        if in_flight and taken.stop > in_flight:
+            # Above a commit in flight (its gap was used up): wait until it is visible.
             self._wait_visible(in_flight, pid)
         return taken
 
@@ -240,31 +252,64 @@ class HostTimestamps:
     def _set_slot(self, ts: int, pid: int) -> None:
         self._SLOT.pack_into(self._map, self._SLOT_AT, ts, pid)
 
-    def _take(self, n: int) -> range | None:
-        """Take *n* timestamps below the persisted ceiling; None when the block has no
-        room for them. The caller holds both locks. Never writes the store: a commit
-        draws inside its write transaction, and a writer waiting for the store while
-        holding the sidecar lock would deadlock with it."""
-        magic, boot, identity, nxt, _, _ = self._LAYOUT.unpack(self._map[: self._LAYOUT.size])
+    def _validate(self) -> None:
+        """Reset a sidecar of an earlier boot or of another store to the persisted
+        ceiling (the caller holds both locks)."""
+        magic, boot, identity = self._HEADER.unpack_from(self._map)
         if (magic, boot, identity) != (self._MAGIC, self._boot, self._identity):
-            nxt = self._known_ceiling = self._ceiling.read()[0]
+            self._known_ceiling = self._ceiling.read()[0]
             self._map[: self._LAYOUT.size] = self._LAYOUT.pack(
-                self._MAGIC, self._boot, self._identity, nxt, 0, 0)
-        end = nxt + n
+                self._MAGIC, self._boot, self._identity, self._known_ceiling, 0, 0, 0)
+
+    def _room(self, end: int) -> bool:
+        """Whether timestamps below *end* are below the persisted ceiling. Never writes
+        the store: a commit draws inside its write transaction, and a writer waiting
+        for the store while holding the sidecar lock would deadlock with it."""
         if end > self._known_ceiling - self.REFILL:  # another process may have raised it
             self._known_ceiling = self._ceiling.read()[0]
-        if end > self._known_ceiling:
+        return end <= self._known_ceiling
+
+    def _take(self, n: int, in_flight: int) -> range | None:
+        """Take *n* timestamps for a draw (the caller holds both locks and has
+        validated the sidecar): below the commit *in flight* when its gap has room
+        for them, else above every timestamp drawn so far. None when the persisted
+        block has no room."""
+        nxt, resume = _U64.unpack_from(self._map, self._NEXT_AT)[0], self._resume()
+        start = nxt if in_flight and nxt + n <= in_flight else max(nxt, resume)
+        if not self._room(start + n):
             return None
-        _U64.pack_into(self._map, self._NEXT_AT, end)
-        return range(nxt, end)
+        _U64.pack_into(self._map, self._NEXT_AT, start + n)
+        return range(start, start + n)
+
+    def _take_commit(self, n: int, first: bool) -> range | None:
+        """*n* one-phase commit timestamps (the caller holds both locks and has
+        validated the sidecar). The first draw of a commit (or group) leaves ``GAP``
+        timestamps below them for the draws made while it is in flight; a next one
+        follows them. None when the persisted block has no room."""
+        nxt, resume = _U64.unpack_from(self._map, self._NEXT_AT)[0], self._resume()
+        if first:
+            # No commit is in flight now (SQLite's single writer), so every earlier
+            # one is visible: draws from here on are above all of them.
+            nxt = max(nxt, resume)
+            start = nxt + self.GAP
+        else:
+            start = resume
+        if not self._room(start + n):
+            return None
+        _U64.pack_into(self._map, self._NEXT_AT, nxt)
+        _U64.pack_into(self._map, self._RESUME_AT, start + n)
+        return range(start, start + n)
+
+    def _resume(self) -> int:
+        return _U64.unpack_from(self._map, self._RESUME_AT)[0]  # type: ignore[no-any-return]
 
     def _refill(self, n: int) -> None:
         """Persist a ceiling a block above what is taken (outside the sidecar lock; two
         processes refilling at once only leave a gap)."""
         with self._locked():
-            nxt: int = _U64.unpack_from(self._map, self._NEXT_AT)[0]
+            nxt: int = max(_U64.unpack_from(self._map, self._NEXT_AT)[0], self._resume())
         self._known_ceiling = self._ceiling.raise_to_at_least(
-            max(nxt + n, self._known_ceiling) + self.BLOCK)
+            max(nxt + n + self.GAP, self._known_ceiling) + self.BLOCK)
 
     def _wait_visible(self, ts: int, pid: int) -> None:
         """Return once the commit at *ts* is no longer in flight: it cleared the slot,
@@ -287,25 +332,27 @@ class HostTimestamps:
             pause = min(0.001, pause * 2 or 0.00005)
 
     @contextmanager
-    def in_flight(self) -> Iterator[Callable[[], int | None]]:
+    def in_flight(self) -> Iterator[Callable[[int], range | None]]:
         """For one-phase commits, around the store's write transaction: yields a
-        function that draws a commit timestamp inside the transaction (once per commit
-        of a group sharing it) and publishes the first one drawn as in flight until
-        this block ends, after the COMMIT: every later draw of the group is above it,
-        so a start timestamp above any of them waits for the whole group. The draw
-        writes nothing to the store; it returns None when the persisted block has no
-        room (the commit then takes the two-phase path, whose draw persists room)."""
+        function that draws *n* commit timestamps inside the transaction (a group
+        sharing it draws one for each member) and publishes the first one drawn as in
+        flight until this block ends, after the COMMIT: every later one is above it,
+        so a start timestamp above any of them waits for the whole group, and one from
+        the gap left below it waits for none. The draw writes nothing to the store; it
+        returns None when the persisted block has no room (the commit then takes the
+        two-phase path, whose draw persists room)."""
         drawn: list[int] = []
 
-        def draw() -> int | None:
+        def draw(n: int = 1) -> range | None:
             with self._locked():
-                taken = self._take(1)
+                self._validate()
+                taken = self._take_commit(n, first=not drawn)
                 if taken is None:
                     return None
                 if not drawn:
                     self._set_slot(taken[0], os.getpid())
             drawn.append(taken[0])
-            return taken[0]
+            return taken
 
         try:
             yield draw

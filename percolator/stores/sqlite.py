@@ -649,23 +649,36 @@ class SqliteStore:
             return
         try:
             with self._write() as db:
-                # Puts are batched per family; a delete first applies the puts before it,
-                # so the mutations keep their order.
-                pending: dict[str, list[tuple[bytes, str, int, bytes]]] = {}
+                # Each family is its own SQL table, so only the order of one family's
+                # puts and deletes matters: runs of one kind are batched per family
+                # (a group commit's puts and notification deletes: a few statements
+                # for the whole group instead of some per row).
+                puts: dict[str, list[tuple[bytes, str, int, bytes]]] = {}
+                deletes: dict[str, list[tuple[bytes, str, int]]] = {}
                 for mutation in mutations:
-                    if mutation.deletes:
-                        self._flush_puts(db, table, pending)
-                        for column, max_ts in mutation.deletes:
-                            family, _, qual = column.partition(":")
-                            db.execute(
-                                f"DELETE FROM {self._family(table, family)} "
-                                "WHERE row = ? AND qual = ? AND ts <= ?",
-                                (mutation.row, qual, max_ts),
-                            )
-                    _collect_puts(pending, mutation.row, mutation.puts)
-                self._flush_puts(db, table, pending)
+                    for column, max_ts in mutation.deletes:
+                        family, _, qual = column.partition(":")
+                        if family in puts:
+                            self._flush_puts(db, table, {family: puts.pop(family)})
+                        deletes.setdefault(family, []).append((mutation.row, qual, max_ts))
+                    if deletes:
+                        for column, _, _ in mutation.puts:
+                            family = column.partition(":")[0]
+                            if family in deletes:
+                                self._flush_deletes(db, table, {family: deletes.pop(family)})
+                    _collect_puts(puts, mutation.row, mutation.puts)
+                self._flush_deletes(db, table, deletes)
+                self._flush_puts(db, table, puts)
         except sqlite3.Error as e:
             raise self._error(table, e) from e
+
+    def _flush_deletes(
+        self, db: sqlite3.Connection, table: str, by_family: dict[str, list[tuple[bytes, str, int]]]
+    ) -> None:
+        for family, cells in by_family.items():
+            db.executemany(f"DELETE FROM {self._family(table, family)} "
+                           "WHERE row = ? AND qual = ? AND ts <= ?", cells)
+        by_family.clear()
 
     def check_and_set(
         self,

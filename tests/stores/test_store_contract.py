@@ -418,6 +418,29 @@ def test_several_mutations_apply_in_order(
     }
 
 
+def test_mutations_keep_their_order_within_each_family_when_families_interleave(
+    store: Store, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """A batch of many rows' puts and deletes in two families (a group commit's shape):
+    each family's puts and deletes apply in the batch's order."""
+    if backend == "hbase":
+        request.applymarker(pytest.mark.xfail(reason=HBASE_TOMBSTONES, strict=True))
+    put(store, b"r", "n:c", [1, 2])
+    batch = []
+    for row in (b"r", b"s"):
+        batch += [
+            Mutation(row, puts=[("d:c", 5, b"d5"), ("n:c", 5, b"n5")]),
+            Mutation(row, deletes=[("n:c", 5)]),
+            Mutation(row, puts=[("n:c", 4, b"n4")], deletes=[("d:c", 6)]),
+            Mutation(row, puts=[("d:c", 3, b"d3")]),
+        ]
+    store.mutate_rows(T, batch)
+    expected = {"d:c": [(3, b"d3")], "n:c": [(4, b"n4")]}
+    assert store.read_rows(T, [b"r", b"s"], [Read("d", ("c",), versions=None),
+                                             Read("n", ("c",), versions=None)]) == {
+        b"r": expected, b"s": expected}
+
+
 def test_a_mutation_is_atomic_within_its_row(
     store: Store, backend: str, request: pytest.FixtureRequest
 ) -> None:

@@ -1,8 +1,10 @@
 """Writer or reader for the repeatable-read test.
 
-Usage: python -m tests.transactions._rr_worker URL writer|reader SECONDS
+Usage: python -m tests.transactions._rr_worker URL writer|reader SECONDS [GAP]
 A writer increments counters c0..c3 in one transaction, as fast as it can. A reader
 reads the counters twice in one transaction and exits 1 if the two reads differ.
+GAP sets the embedded store's gap of start timestamps below each one-phase commit
+(``HostTimestamps.GAP``): a small one makes start timestamps wait for commits often.
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ import sys
 import time
 
 import percolator
+from percolator._timestamps import HostTimestamps
 
 ROWS = [b"c%d" % i for i in range(4)]
 
 
 def main() -> int:
     url, role, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    if sys.argv[4:]:
+        HostTimestamps.GAP = int(sys.argv[4])
     cluster = percolator.connect(url)
     end = time.monotonic() + seconds
     checks = 0

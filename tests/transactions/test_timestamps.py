@@ -23,7 +23,8 @@ from percolator.stores.sqlite import SqliteStore
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _worker(db: Path, out: Path, threads: int, count: int) -> subprocess.Popen[bytes]:
+def _worker(db: Path, out: Path, threads: int, count: int,
+            *mode: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [
             sys.executable,
@@ -33,6 +34,7 @@ def _worker(db: Path, out: Path, threads: int, count: int) -> subprocess.Popen[b
             str(out),
             str(threads),
             str(count),
+            *mode,
         ],
         cwd=ROOT,
     )
@@ -79,6 +81,23 @@ def test_processes_and_threads_draw_unique_real_time_ordered_timestamps(tmp_path
         assert p.wait(120) == 0
     calls = _calls(outs)
     assert len(calls) == 4 * 4 * 500
+    check_linearizable(calls)
+
+
+def test_start_and_one_phase_commit_timestamps_are_unique_and_real_time_ordered(
+    tmp_path: Path,
+) -> None:
+    """Start timestamps drawn while a one-phase commit is in flight come from below it
+    (the commit's gap); still, every start or commit timestamp is unique, and a
+    transaction begun after a commit returned (in any process) starts above it."""
+    db = tmp_path / "repo.db"
+    percolator.connect(f"sqlite:///{db}").close()
+    outs = [tmp_path / f"w{i}.txt" for i in range(3)]
+    procs = [_worker(db, out, 3, 150, "transactions") for out in outs]
+    for p in procs:
+        assert p.wait(120) == 0
+    calls = _calls(outs)
+    assert len(calls) == 3 * 3 * 150 * 2
     check_linearizable(calls)
 
 
@@ -262,37 +281,76 @@ class _SlowCommitStore:
         self._store.mutate_rows(table, mutations)
 
 
-def test_a_snapshot_begun_while_a_one_phase_commit_is_in_flight_holds_all_of_it(
+def _slow_two_cell_commit(tmp_path: Path, gap: int) -> tuple[
+        percolator.Cluster, _SlowCommitStore, threading.Thread, threading.Event, list[int]]:
+    """A cluster whose commit of new values to cells x and y is held (0.3 s) inside
+    its write transaction, after its draw, before its writes; the commit is started
+    in a thread and is in flight when this returns."""
+    cluster = percolator.connect(f"sqlite://{tmp_path}/db")
+    cluster.create_table("t")
+    with percolator.Transaction(cluster) as txn:
+        txn.set("t", b"x", "c:v", b"old")
+        txn.set("t", b"y", "c:v", b"old")
+    cluster.timestamps.GAP = gap  # type: ignore[attr-defined]
+    slow = _SlowCommitStore(cluster.store, hold=0.3)
+    cluster.store = slow  # type: ignore[assignment]
+    committed = threading.Event()
+    commit_ts: list[int] = []
+
+    def write() -> None:
+        with percolator.Transaction(cluster) as txn:
+            txn.set("t", b"x", "c:v", b"new")
+            txn.set("t", b"y", "c:v", b"new")
+        commit_ts.append(txn.commit_ts)
+        committed.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert slow.writing.wait(10)
+    return cluster, slow, writer, committed, commit_ts
+
+
+def test_a_snapshot_begun_while_a_one_phase_commit_is_in_flight_holds_none_of_it(
     tmp_path: Path,
 ) -> None:
-    """Start timestamps do not wait for commits' critical sections, but a start
-    timestamp drawn above a commit timestamp still in flight is handed out only once
-    that commit is visible: the snapshot holds both of its cells, never one. (Without
-    the wait, the reader reads X before the COMMIT and Y after it.)"""
-    with percolator.connect(f"sqlite://{tmp_path}/db") as cluster:
-        cluster.create_table("t")
-        with percolator.Transaction(cluster) as txn:
-            txn.set("t", b"x", "c:v", b"old")
-            txn.set("t", b"y", "c:v", b"old")
-        slow = _SlowCommitStore(cluster.store, hold=0.3)
-        cluster.store = slow  # type: ignore[assignment]
-        committed = threading.Event()
-
-        def write() -> None:
-            with percolator.Transaction(cluster) as txn:
-                txn.set("t", b"x", "c:v", b"new")
-                txn.set("t", b"y", "c:v", b"new")
-            committed.set()
-
-        writer = threading.Thread(target=write)
-        writer.start()
-        assert slow.writing.wait(10)
-        reader = percolator.Transaction(cluster)  # its start timestamp is above the commit's
+    """A start timestamp drawn while a one-phase commit is in flight comes from the gap
+    the commit left below its own timestamp: it is handed out at once (no waiting for
+    the commit) and its snapshot holds none of the commit, before or after the COMMIT.
+    A transaction begun after the commit returned holds all of it."""
+    cluster, _, writer, committed, commit_ts = _slow_two_cell_commit(tmp_path, gap=1024)
+    with cluster:
+        reader = percolator.Transaction(cluster)
         first = reader.get("t", b"x", "c:v")
+        assert not committed.is_set(), "the start timestamp waited for the commit"
         assert committed.wait(10)
         writer.join(10)
         second = reader.get("t", b"y", "c:v")
+        assert (first, second) == (b"old", b"old")
+        assert reader.start_ts < commit_ts[0]
+        after = percolator.Transaction(cluster)
+        assert after.start_ts > commit_ts[0]
+        assert (after.get("t", b"x", "c:v"), after.get("t", b"y", "c:v")) == (b"new", b"new")
+
+
+def test_a_snapshot_begun_once_the_gap_is_used_up_waits_and_holds_all_of_it(
+    tmp_path: Path,
+) -> None:
+    """With a gap of one timestamp, the first start timestamp drawn during the commit
+    takes it; the next one is above the commit's timestamp and is handed out only once
+    that commit is visible: its snapshot holds both of its cells, never one. (Without
+    the wait, it reads x before the COMMIT and y after it.)"""
+    cluster, _, writer, committed, commit_ts = _slow_two_cell_commit(tmp_path, gap=1)
+    with cluster:
+        below = percolator.Transaction(cluster)
+        assert not committed.is_set()
+        above = percolator.Transaction(cluster)  # its start timestamp is above the commit's
+        first = above.get("t", b"x", "c:v")
+        assert committed.wait(10)
+        writer.join(10)
+        second = above.get("t", b"y", "c:v")
         assert (first, second) == (b"new", b"new")
+        assert below.start_ts < commit_ts[0] < above.start_ts
+        assert (below.get("t", b"x", "c:v"), below.get("t", b"y", "c:v")) == (b"old", b"old")
 
 
 def test_a_commit_in_flight_in_a_dead_process_holds_nobody_back(tmp_path: Path) -> None:
