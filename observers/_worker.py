@@ -506,8 +506,8 @@ class Worker:
             try:
                 began = time.perf_counter()
                 turn = self._store_turn
-                if turn is not None:
-                    turn.take(self._stop)
+                if turn is not None and not turn.take(self._stop):
+                    break  # stopping
                 try:
                     worked = self._scan_pass()
                 finally:
