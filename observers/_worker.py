@@ -51,7 +51,7 @@ from typing import Any
 from observers._observer import Observer, ObserverTransaction, check_observer
 from observers._periodic import Periodic
 from percolator._cluster import Cluster
-from percolator._commit import commit_group, commit_transaction
+from percolator._commit import commit_group, commit_transaction, one_phase_steps
 from percolator._encoding import NOTIFY
 from percolator._errors import (
     CommitUnknownError,
@@ -651,12 +651,16 @@ class Worker:
                         return True  # a new pass starts at a new random place
                     continue
                 deferred = False
+                waiting = len(group.runs) if group is not None else 0
                 try:
                     if self._process_row(table, row, group):
                         worked = True
-                    deferred = group is not None and group.holds(key)
+                    deferred = group is not None and len(group.runs) > waiting
                 finally:
-                    if not deferred:  # else held until the group is committed
+                    if deferred:  # held until the group is committed
+                        assert group is not None
+                        group.keys.append(key)
+                    else:
                         coordination.release_advisory_lock(key)
                 if group is not None and len(group.runs) >= GROUP_MAX:
                     self._flush(group)
@@ -665,10 +669,7 @@ class Worker:
     def _commits_in_groups(self) -> bool:
         """Whether observer commits can share a store write (the embedded store's
         one-phase commits)."""
-        cluster = self.cluster
-        return (cluster.one_phase_commit and GROUP_MAX > 1
-                and getattr(cluster.store, "atomically", None) is not None
-                and getattr(cluster.timestamps, "in_flight", None) is not None)
+        return GROUP_MAX > 1 and one_phase_steps(self.cluster) is not None
 
     def _flush(self, group: _Group) -> None:
         """Commit the group's observer transactions together (``commit_group``: one
@@ -779,11 +780,7 @@ class Worker:
                 _observe("percolator_observer_run_duration_seconds",
                          time.perf_counter() - began, observer.name)
                 worked = True
-                if outcome == _Outcome.DEFERRED:
-                    assert group is not None
-                    advisory = f"{table}/{row.hex()}"
-                    if not group.holds(advisory):
-                        group.keys.append(advisory)
+                if outcome == _Outcome.DEFERRED:  # the caller holds the row for the group
                     continue
                 _inc("percolator_observer_runs_total", observer.name,
                      "acked_already" if outcome == _Outcome.SKIPPED else outcome)
@@ -937,9 +934,6 @@ class _Group:
 
     runs: list[_Run] = field(default_factory=list)
     keys: list[str] = field(default_factory=list)
-
-    def holds(self, key: str) -> bool:
-        return bool(self.keys) and self.keys[-1] == key
 
 
 class _Bell:

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -66,7 +67,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CrashPoint", "commit_group", "commit_transaction", "committed_anyway",
-    "free_locks_may_stay",
+    "free_locks_may_stay", "one_phase_steps",
 ]
 
 log = logging.getLogger(__name__)
@@ -428,20 +429,32 @@ def _commit_one_phase(committer: _Committer) -> int | None:
     two-phase path resolves it) or when the store or the timestamp source cannot do
     this.
     """
-    cluster = committer.cluster
-    atomically = getattr(cluster.store, "atomically", None)
-    in_flight = getattr(cluster.timestamps, "in_flight", None)
-    if atomically is None or in_flight is None or not cluster.one_phase_commit:
+    steps = one_phase_steps(committer.cluster)
+    if steps is None:
         return None
+    atomically, in_flight = steps
     with in_flight() as draw, atomically():
         found = _one_phase_check(committer)
         if found is None:
             return None
-        taken: range | None = draw(1)
+        taken = draw(1)
         if taken is None:
             return None
         _one_phase_write(committer, found, taken[0])
         return taken[0]
+
+
+def one_phase_steps(cluster: Cluster) -> tuple[
+        Callable[[], AbstractContextManager[None]],
+        Callable[[], AbstractContextManager[Callable[[int], range | None]]]] | None:
+    """Where *cluster* commits in one phase (the embedded store): the store's atomic
+    step (``atomically``) and the timestamp source's publication of commit timestamps
+    in flight (``in_flight``); None elsewhere."""
+    atomically = getattr(cluster.store, "atomically", None)
+    in_flight = getattr(cluster.timestamps, "in_flight", None)
+    if atomically is None or in_flight is None or not cluster.one_phase_commit:
+        return None
+    return atomically, in_flight
 
 
 def _one_phase_check(
@@ -572,10 +585,9 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
         raise InvalidArgument("commit_group: every transaction must be of one cluster")
     began = time.perf_counter()
     results: list[int | PercolatorError | None] = [None] * len(txns)
-    atomically = getattr(cluster.store, "atomically", None)
-    in_flight = getattr(cluster.timestamps, "in_flight", None)
+    steps = one_phase_steps(cluster)
     grouped: list[tuple[int, _Committer]] = []
-    if atomically is not None and in_flight is not None and cluster.one_phase_commit:
+    if steps is not None:
         for i, txn in enumerate(txns):
             if not txn._writes or txn._closed:
                 continue
@@ -588,7 +600,8 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
             txn._closed = True
             grouped.append((i, _Committer(txn, None)))
     if grouped:
-        assert atomically is not None and in_flight is not None
+        assert steps is not None
+        atomically, in_flight = steps
         try:
             with in_flight() as draw, atomically():
                 # Every check first, then every draw and write: the commit timestamps
