@@ -274,7 +274,7 @@ class HostTimestamps:
         validated the sidecar): below the commit *in flight* when its gap has room
         for them, else above every timestamp drawn so far. None when the persisted
         block has no room."""
-        nxt, resume = _U64.unpack_from(self._map, self._NEXT_AT)[0], self._resume()
+        nxt, resume = self._counters()
         start = nxt if in_flight and nxt + n <= in_flight else max(nxt, resume)
         if not self._room(start + n):
             return None
@@ -286,7 +286,7 @@ class HostTimestamps:
         validated the sidecar). The first draw of a commit (or group) leaves ``GAP``
         timestamps below them for the draws made while it is in flight; a next one
         follows them. None when the persisted block has no room."""
-        nxt, resume = _U64.unpack_from(self._map, self._NEXT_AT)[0], self._resume()
+        nxt, resume = self._counters()
         if first:
             # No commit is in flight now (SQLite's single writer), so every earlier
             # one is visible: draws from here on are above all of them.
@@ -300,14 +300,17 @@ class HostTimestamps:
         _U64.pack_into(self._map, self._RESUME_AT, start + n)
         return range(start, start + n)
 
-    def _resume(self) -> int:
-        return _U64.unpack_from(self._map, self._RESUME_AT)[0]  # type: ignore[no-any-return]
+    def _counters(self) -> tuple[int, int]:
+        """``(next, resume)``: the next timestamp for a draw, and one above every commit
+        timestamp drawn in flight."""
+        return (_U64.unpack_from(self._map, self._NEXT_AT)[0],
+                _U64.unpack_from(self._map, self._RESUME_AT)[0])
 
     def _refill(self, n: int) -> None:
         """Persist a ceiling a block above what is taken (outside the sidecar lock; two
         processes refilling at once only leave a gap)."""
         with self._locked():
-            nxt: int = max(_U64.unpack_from(self._map, self._NEXT_AT)[0], self._resume())
+            nxt = max(self._counters())
         self._known_ceiling = self._ceiling.raise_to_at_least(
             max(nxt + n + self.GAP, self._known_ceiling) + self.BLOCK)
 
