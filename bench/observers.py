@@ -193,10 +193,11 @@ def report(args: argparse.Namespace, tp: list[dict[str, float]], clump: dict[str
         f"the acknowledgement (the change was already processed) and {clump['conflicts']:.0f} "
         f"commit conflicts: {clump['duplicate_pct']:.1f}% duplicate work.", "",
         f"Best single-process rate: {best['per_s']:.0f}/s with {best['threads']:.0f} threads. "
-        "On the embedded store a run holds the GIL for about two thirds of its time "
-        "(py-spy, 2026-11-26), so threads of one process add hand-offs more than "
-        "overlap; worker processes scale instead (`bench/scaling.py`). More threads pay "
-        "off when observers wait on something other than the store.", "",
+        "On the embedded store a run holds the GIL for about three quarters of its time "
+        "(perf, 2026-11-26), so threads of one process cannot overlap much; they take "
+        "turns at the store work, and worker processes scale instead "
+        "(`bench/scaling.py`). More threads pay off when observers wait on something "
+        "other than the store.", "",
     ]
     return "\n".join(lines)
 

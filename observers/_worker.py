@@ -258,7 +258,7 @@ class Worker:
     picks what measured fastest for an observer that only uses the store: 1 on the
     embedded store, and 4 on remote stores, whose round trips threads overlap. On the
     embedded store the scanners of a process take turns at the store work (its runs
-    hold the GIL for about two thirds of their time, and the rest comes in pieces
+    hold the GIL for about three quarters of their time, and the rest comes in pieces
     shorter than a GIL hand-off), so more threads neither help nor hurt an observer
     that only uses the store, and help one that waits on something else, whose runs
     let the other scanners work meanwhile (bench/scaling.py: 4 threads drain at about
