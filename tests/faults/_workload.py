@@ -29,6 +29,7 @@ import os
 import random
 import threading
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
@@ -155,29 +156,31 @@ def change(txn: TransactionBase, row: str, value: str) -> None:
     txn.set("obs", row.encode(), "in:v", value.encode())
 
 
-def bank(cluster: percolator.Cluster, rec: Recorder, node: str, seed: int, stop: Path) -> None:
-    rng = random.Random(seed)
+def _op_ids(node: str, kind: str, stop: Path) -> Iterator[str]:
+    """Operation ids ``node-kind-pid-seq``, one per step, until the stop file appears."""
     seq = 0
     while not stop.exists():
         seq += 1
+        yield f"{node}-{kind}-{os.getpid()}-{seq}"
+
+
+def bank(cluster: percolator.Cluster, rec: Recorder, node: str, seed: int, stop: Path) -> None:
+    rng = random.Random(seed)
+    for op_id in _op_ids(node, "bank", stop):
         if rng.random() < 0.3:
-            run_op(rec, f"{node}-bank-{os.getpid()}-{seq}", "read", read_all, cluster)
+            run_op(rec, op_id, "read", read_all, cluster)
         else:
             src, dst = rng.sample(range(ACCOUNTS), 2)
             amount = rng.randint(1, 20)
-            tid = f"{node}-bank-{os.getpid()}-{seq}"
-            run_op(rec, tid, "transfer", partial(transfer, tid=tid, src=src, dst=dst,
-                                                 amount=amount),
+            run_op(rec, op_id, "transfer", partial(transfer, tid=op_id, src=src, dst=dst,
+                                                   amount=amount),
                    cluster, src=src, dst=dst, amount=amount)
         time.sleep(THINK)
 
 
 def append(cluster: percolator.Cluster, rec: Recorder, node: str, seed: int, stop: Path) -> None:
     rng = random.Random(seed)
-    seq = 0
-    while not stop.exists():
-        seq += 1
-        op_id = f"{node}-append-{os.getpid()}-{seq}"
+    for op_id in _op_ids(node, "append", stop):
         epoch = int(time.time() // KEY_EPOCH)
         plan = [(rng.random() < 0.5, f"k{epoch}-{rng.randrange(LIST_KEYS)}")
                 for _ in range(rng.randint(1, 3))]
@@ -191,10 +194,7 @@ def append(cluster: percolator.Cluster, rec: Recorder, node: str, seed: int, sto
 
 def obs(cluster: percolator.Cluster, rec: Recorder, node: str, seed: int, stop: Path) -> None:
     rng = random.Random(seed)
-    seq = 0
-    while not stop.exists():
-        seq += 1
-        op_id = f"{node}-obs-{os.getpid()}-{seq}"
+    for op_id in _op_ids(node, "obs", stop):
         row = f"r{rng.randrange(OBS_ROWS)}"
         run_op(rec, op_id, "change", partial(change, row=row, value=op_id), cluster, row=row)
         time.sleep(THINK * 5)
@@ -242,10 +242,7 @@ def ts(config: dict[str, Any], node: str, targets: list[str]) -> None:
     def record(index: int, target: str) -> None:
         rec = Recorder(directory / f"{node}-ts{index}.jsonl")
         client = OracleClient(target, deadline=config["deadline"])
-        seq = 0
-        while not stop.exists():
-            seq += 1
-            op_id = f"{node}-ts{index}-{os.getpid()}-{seq}"
+        for op_id in _op_ids(node, f"ts{index}", stop):
             rec.write({"type": "invoke", "id": op_id, "target": target})
             try:
                 value = client.get_timestamp()
