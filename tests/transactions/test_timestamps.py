@@ -264,12 +264,12 @@ def test_store_timestamps_with_and_without_increment_share_the_counter(store_url
 
 class _SlowCommitStore:
     """The cluster's store; a one-phase commit's writes (inside its atomic step, after
-    its commit timestamp is drawn) start only after *hold* seconds."""
+    its commit timestamp is drawn) start once *proceed* is set (at most 10 s)."""
 
-    def __init__(self, store: Any, hold: float) -> None:
+    def __init__(self, store: Any) -> None:
         self._store = store
-        self.hold = hold
         self.writing = threading.Event()
+        self.proceed = threading.Event()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
@@ -277,22 +277,22 @@ class _SlowCommitStore:
     def mutate_rows(self, table: str, mutations: Any) -> None:
         if getattr(self._store._local, "atomic", False) and table == "t":
             self.writing.set()
-            time.sleep(self.hold)
+            self.proceed.wait(10)
         self._store.mutate_rows(table, mutations)
 
 
 def _slow_two_cell_commit(tmp_path: Path, gap: int) -> tuple[
         percolator.Cluster, _SlowCommitStore, threading.Thread, threading.Event, list[int]]:
-    """A cluster whose commit of new values to cells x and y is held (0.3 s) inside
-    its write transaction, after its draw, before its writes; the commit is started
-    in a thread and is in flight when this returns."""
+    """A cluster whose commit of new values to cells x and y is parked inside its
+    write transaction, after its draw, before its writes, until the test sets
+    ``proceed``; the commit is started in a thread and is parked when this returns."""
     cluster = percolator.connect(f"sqlite://{tmp_path}/db")
     cluster.create_table("t")
     with percolator.Transaction(cluster) as txn:
         txn.set("t", b"x", "c:v", b"old")
         txn.set("t", b"y", "c:v", b"old")
     cluster.timestamps.GAP = gap  # type: ignore[attr-defined]
-    slow = _SlowCommitStore(cluster.store, hold=0.3)
+    slow = _SlowCommitStore(cluster.store)
     cluster.store = slow  # type: ignore[assignment]
     committed = threading.Event()
     commit_ts: list[int] = []
@@ -317,11 +317,12 @@ def test_a_snapshot_begun_while_a_one_phase_commit_is_in_flight_holds_none_of_it
     the commit left below its own timestamp: it is handed out at once (no waiting for
     the commit) and its snapshot holds none of the commit, before or after the COMMIT.
     A transaction begun after the commit returned holds all of it."""
-    cluster, _, writer, committed, commit_ts = _slow_two_cell_commit(tmp_path, gap=1024)
+    cluster, slow, writer, committed, commit_ts = _slow_two_cell_commit(tmp_path, gap=1024)
     with cluster:
         reader = percolator.Transaction(cluster)
         first = reader.get("t", b"x", "c:v")
         assert not committed.is_set(), "the start timestamp waited for the commit"
+        slow.proceed.set()
         assert committed.wait(10)
         writer.join(10)
         second = reader.get("t", b"y", "c:v")
@@ -339,10 +340,12 @@ def test_a_snapshot_begun_once_the_gap_is_used_up_waits_and_holds_all_of_it(
     takes it; the next one is above the commit's timestamp and is handed out only once
     that commit is visible: its snapshot holds both of its cells, never one. (Without
     the wait, it reads x before the COMMIT and y after it.)"""
-    cluster, _, writer, committed, commit_ts = _slow_two_cell_commit(tmp_path, gap=1)
+    cluster, slow, writer, committed, commit_ts = _slow_two_cell_commit(tmp_path, gap=1)
     with cluster:
         below = percolator.Transaction(cluster)
         assert not committed.is_set()
+        # The next begin waits for the commit, so the commit goes on from a timer.
+        threading.Timer(0.3, slow.proceed.set).start()
         above = percolator.Transaction(cluster)  # its start timestamp is above the commit's
         first = above.get("t", b"x", "c:v")
         assert committed.wait(10)
