@@ -433,7 +433,7 @@ def _commit_one_phase(committer: _Committer) -> int | None:
     if steps is None:
         return None
     atomically, in_flight = steps
-    with in_flight() as draw, atomically():
+    with in_flight(atomically) as draw:
         found = _one_phase_check(committer)
         if found is None:
             return None
@@ -446,10 +446,11 @@ def _commit_one_phase(committer: _Committer) -> int | None:
 
 def one_phase_steps(cluster: Cluster) -> tuple[
         Callable[[], AbstractContextManager[None]],
-        Callable[[], AbstractContextManager[Callable[[int], range | None]]]] | None:
+        Callable[[Callable[[], AbstractContextManager[None]]],
+                 AbstractContextManager[Callable[[int], range | None]]]] | None:
     """Where *cluster* commits in one phase (the embedded store): the store's atomic
     step (``atomically``) and the timestamp source's publication of commit timestamps
-    in flight (``in_flight``); None elsewhere."""
+    in flight (``in_flight``, which enters the atomic step); None elsewhere."""
     atomically = getattr(cluster.store, "atomically", None)
     in_flight = getattr(cluster.timestamps, "in_flight", None)
     if atomically is None or in_flight is None or not cluster.one_phase_commit:
@@ -603,7 +604,7 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
         assert steps is not None
         atomically, in_flight = steps
         try:
-            with in_flight() as draw, atomically():
+            with in_flight(atomically) as draw:
                 # Every check first, then every draw and write: the commit timestamps
                 # are in flight (holding back other clients' start timestamps) only
                 # for the writes. A member that writes a cell an earlier member

@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Protocol
 
 from percolator import _forks
@@ -335,15 +335,24 @@ class HostTimestamps:
             pause = min(0.001, pause * 2 or 0.00005)
 
     @contextmanager
-    def in_flight(self) -> Iterator[Callable[[int], range | None]]:
-        """For one-phase commits, around the store's write transaction: yields a
-        function that draws *n* commit timestamps inside the transaction (a group
-        sharing it draws one for each member) and publishes the first one drawn as in
+    def in_flight(
+        self, atomically: Callable[[], AbstractContextManager[object]]
+    ) -> Iterator[Callable[[int], range | None]]:
+        """For one-phase commits: enters the store's write transaction (*atomically*)
+        and yields a function that draws *n* commit timestamps inside it (a group
+        sharing it draws one for each member). The first one drawn is published as in
         flight until this block ends, after the COMMIT: every later one is above it,
-        so a start timestamp above any of them waits for the whole group, and one from
-        the gap left below it waits for none. The draw writes nothing to the store; it
-        returns None when the persisted block has no room (the commit then takes the
-        two-phase path, whose draw persists room)."""
+        so a start timestamp above any of them waits for the whole group.
+
+        The gap left below the first one serves the draws made while the commit cannot
+        be seen: it is closed (``next`` raised to ``resume``) just before the COMMIT.
+        From the COMMIT on, anybody may read the commit's cells (a worker's scan of the
+        notify family reads them raw), and a draw made after such a read must be above
+        the commit, so from then on every draw waits for the commit instead.
+
+        The draw writes nothing to the store; it returns None when the persisted block
+        has no room (the commit then takes the two-phase path, whose draw persists
+        room)."""
         drawn: list[int] = []
 
         def draw(n: int = 1) -> range | None:
@@ -358,12 +367,22 @@ class HostTimestamps:
             return taken
 
         try:
-            yield draw
+            with atomically():
+                yield draw
+                if drawn:  # the body returned: the COMMIT comes next
+                    self._close_gap()
         finally:
             if drawn:
                 with self._locked():
                     if self._slot()[0] == drawn[0]:
                         self._set_slot(0, 0)
+
+    def _close_gap(self) -> None:
+        """Hand out no more timestamps from the gap below the commit in flight: the
+        next draws come from ``resume``, above it, and wait until it is visible."""
+        with self._locked():
+            nxt, resume = self._counters()
+            _U64.pack_into(self._map, self._NEXT_AT, max(nxt, resume))
 
     def close(self) -> None:
         with self._lock:

@@ -288,12 +288,12 @@ class ParkingTimestamps:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._source, name)
 
-    def in_flight(self) -> Any:
+    def in_flight(self, atomically: Any) -> Any:
         if threading.current_thread() is self.thread:
             self.thread = None
             self.parked.set()
             assert self.go.wait(60)
-        return self._source.in_flight()
+        return self._source.in_flight(atomically)
 
 
 @pytest.mark.parametrize("one_phase", [False, True], ids=["two-phase", "one-phase"])
