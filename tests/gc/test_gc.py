@@ -106,28 +106,35 @@ def test_a_pass_keeps_the_newest_version_below_the_safe_point_and_removes_the_re
     assert again.versions_removed == 0
 
 
-def test_a_pass_keeps_the_data_of_a_large_value_committed_across_its_safe_point(
-    gc_cluster: percolator.Cluster,
+@pytest.mark.parametrize("pointer_by", ["committer", "lock-resolution"])
+def test_a_pass_keeps_the_data_of_a_commit_across_its_safe_point(
+    gc_cluster: percolator.Cluster, pointer_by: str,
 ) -> None:
     """A two-phase commit of a value too large to inline, to a new cell, starts below
     the safe point and commits after the pass drew its timestamp: its data lies below
-    the safe point, the write record pointing to it above, and nothing below the safe
-    point is kept for the cell. The pass must keep that data, or the committed value
-    reads as absent."""
+    the safe point, the write record pointing to it above, and the cell has nothing
+    below the safe point to keep. The pass must keep that data, or the committed value
+    reads as absent. The record is written by the committer, or by lock resolution
+    rolling a secondary forward (here the pass's own: the committer died after its
+    commit point)."""
     c = gc_cluster
     c.one_phase_commit = False  # which inlines every value
-    big = b"B" * 2000
-    writer = percolator.Transaction(c)
-    writer.set(T, b"new", "c:x", big)
+    rolled = pointer_by == "lock-resolution"
+    value = b"B" * 2000
+    writer = percolator.Transaction(client_of(c) if rolled else c)
+    if rolled:
+        writer.set(T, b"primary", "c:x", b"p")
+    writer.set(T, b"new", "c:x", value)
 
     def commit_once() -> None:  # at the pass's first step, after it drew its timestamp
         if writer.commit_ts is None:
-            writer.commit()
+            assert crash_commit(writer, CrashPoint("commit", 0)) if rolled else writer.commit()
 
-    summary = collect(c, retention=0, before_step=commit_once)
+    summary = collect(c, retention=0, max_txn_age=1e-9, before_step=commit_once)
     assert writer.commit_ts is not None
     assert writer.start_ts < summary.safe_point < writer.commit_ts
-    assert percolator.Snapshot(c).get(T, b"new", "c:x") == big
+    assert summary.locks_resolved == (1 if rolled else 0)
+    assert percolator.Snapshot(c).get(T, b"new", "c:x") == value
     assert summary.versions_removed == 0
 
 
