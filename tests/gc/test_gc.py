@@ -14,6 +14,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -357,12 +358,14 @@ def test_a_fetch_whose_reply_comes_late_counts_its_freshness_from_before_its_rea
 
         thread = threading.Thread(target=read)
         thread.start()
-        assert late.parked.wait(60)
-        summary = collect(collector, retention=0, max_txn_age=1e-9)
-        assert summary.safe_point > reader.start_ts and summary.versions_removed == 1
-        late.go.set()
-        thread.join(60)
-        c.safe_point.store = late._store
+        try:
+            assert late.parked.wait(60)
+            summary = collect(collector, retention=0, max_txn_age=1e-9)
+            assert summary.safe_point > reader.start_ts and summary.versions_removed == 1
+        finally:
+            late.go.set()
+            thread.join(60)
+            c.safe_point.store = late._store
         assert len(outcome) == 1
         assert isinstance(outcome[0], percolator.SnapshotTooOldError), outcome
         c.drop_table(T)
@@ -401,8 +404,10 @@ class PassToKill:
         assert self.proc.stdin is not None
         self.proc.stdin.write("go\n")
         self.proc.stdin.flush()
+        deadline = time.monotonic() + 60
         while cluster.safe_point.fetch() != safe_point:
             assert self.proc.poll() is None, "the pass ended before persisting the safe point"
+            assert time.monotonic() < deadline, "the pass did not persist the safe point"
             threading.Event().wait(0.005)
         self.proc.kill()
         self.proc.wait()
