@@ -6,7 +6,7 @@ the prefix spreading the rows over tablets):
 * ``photon.<p>.foreign``: ``ev:raw`` the foreign event (observed by the joiner),
   ``ev:t`` its time, ``j:state`` the registry cell (``J<ms>`` joined, ``U`` unjoinable,
   ``S`` skipped; absent: undecided), ``j:wait`` ``be64(deadline ms) + primary key``
-  while it waits for its primary;
+  while it waits for its primary, ``j:due`` once the sweep has fired its deadline;
 * ``photon.<p>.primary``: ``ev:raw`` the primary event, or :data:`PLACEHOLDER` while
   foreign events wait for it; ``ev:t``; ``j:waiters`` the keys of the waiting events;
 * ``photon.<p>.joined``: ``ev:joined`` the adapter's output, one row per joined event;
@@ -31,6 +31,11 @@ Why every event is joined exactly once (docs/photon.md has the long form):
 * **At least once.** Every committed ingest leaves a notification (strong, or weak to
   a waiter), written before the commit point, so crashes do not lose it; the worker
   runs it until one run commits, or quarantines it (``verify`` lists those).
+* **Clocks decide when, never whether.** The sweep fires a deadline by its own clock;
+  it records that in the event's row (``j:due``) in the transaction that deletes the
+  deadline row, and the joiner takes ``j:due`` as the deadline having passed whatever
+  its own clock says. Without it a joiner whose clock lags the sweeper's would find
+  the event still in time, with no deadline row left to fire again.
 * **Retention.** The boundary only moves forward and is committed before anything
   older is deleted; an ingest reads it in its own transaction, so an event older than
   it is refused (``too_late``) rather than joined again after its rows are gone.
@@ -44,7 +49,7 @@ import logging
 import struct
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,8 +67,8 @@ log = logging.getLogger(__name__)
 
 PLACEHOLDER = b"\x00photon:placeholder"
 """``ev:raw`` of a primary that foreign events wait for but that has not arrived."""
-RAW, TIME, STATE, WAIT, WAITERS, JOINED, DEADLINE = (
-    "ev:raw", "ev:t", "j:state", "j:wait", "j:waiters", "ev:joined", "d:x")
+RAW, TIME, STATE, WAIT, DUE, WAITERS, JOINED, DEADLINE = (
+    "ev:raw", "ev:t", "j:state", "j:wait", "j:due", "j:waiters", "ev:joined", "d:x")
 BATCH = 500
 MAX_WAITERS = 10_000
 """Waiters remembered per primary; beyond it an event relies on its deadline alone."""
@@ -127,7 +132,8 @@ class VerifyReport:
     """Output rows whose event is not marked joined (or the reverse)."""
     missing: list[bytes] = field(default_factory=list)
     """Events nothing will process: undecided with no pending notification and not
-    quarantined, or waiting for a primary that is there."""
+    quarantined, or waiting (with none) for a primary that is there or without the
+    deadline row that would wake it."""
     quarantined: list[bytes] = field(default_factory=list)
     in_flight: int = 0
     """Undecided events with a pending notification (not a violation; workers busy)."""
@@ -161,7 +167,9 @@ class JoinPipeline:
     waited when it has none) is how long an event waits for its primary;
     *retention_days* (None: forever) how long events are kept and deduplicated: an
     event older than that is refused as too late. *sweep_interval* is how often
-    deadlines are checked.
+    deadlines are checked. *clock* (milliseconds since the epoch; default the host's)
+    is what this process's joiner, sweep and retention read: hosts may disagree, and
+    that changes only when an event is given up, never whether.
     """
 
     def __init__(
@@ -173,6 +181,7 @@ class JoinPipeline:
         unjoinable_after: float,
         retention_days: float | None = None,
         sweep_interval: float = 1.0,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         check_pipeline("JoinPipeline", cluster, name)
         if not isinstance(adapter, Adapter):
@@ -190,6 +199,9 @@ class JoinPipeline:
         self.unjoinable_after_ms = int(unjoinable_after * 1000)
         self.retention_days = retention_days
         self.sweep_interval = sweep_interval
+        if clock is not None and not callable(clock):
+            raise InvalidArgument(f"clock must be a callable returning ms, got {clock!r:.80}")
+        self.clock = clock or _now_ms
         prefix = f"photon.{name}."
         self.foreign, self.primary, self.joined_table, self.deadlines, self.meta = (
             prefix + part for part in ("foreign", "primary", "joined", "deadlines", "meta"))
@@ -262,7 +274,7 @@ class JoinPipeline:
         if isinstance(events, bytes | str | Mapping):
             raise InvalidArgument("events must be an iterable of events, not a single event")
         prepared, rejected = [], []
-        limit = _now_ms() + MAX_SKEW_MS
+        limit = self.clock() + MAX_SKEW_MS
         read_id = self.adapter.foreign_id if foreign else self.adapter.primary_id
         for i, event in enumerate(events):
             if isinstance(event, Mapping):
@@ -337,7 +349,7 @@ class JoinPipeline:
     def sweep(self, now_ms: int | None = None) -> int:
         """Wake every waiting event whose deadline has passed (the joiner then marks it
         unjoinable, or joins it if its primary came meanwhile). Returns how many."""
-        now = _now_ms() if now_ms is None else now_ms
+        now = self.clock() if now_ms is None else now_ms
         with Snapshot(self.cluster) as snap:
             due = [row for row, _ in snap.scan(self.deadlines, None, _MS.pack(now + 1),
                                                [DEADLINE])]
@@ -351,7 +363,7 @@ class JoinPipeline:
         went."""
         if self.retention_days is None:
             return 0
-        now = _now_ms() if now_ms is None else now_ms
+        now = self.clock() if now_ms is None else now_ms
         boundary = _advance_boundary(self.cluster, self,
                                      now - int(self.retention_days * 86_400_000))
         removed = 0
@@ -378,6 +390,7 @@ class JoinPipeline:
         with Snapshot(cluster) as snap:
             outputs = {row for row, _ in snap.scan(self.joined_table, None, None, [JOINED])}
             events = list(snap.scan(self.foreign, None, None, [RAW, STATE, WAIT]))
+            deadlines = {row for row, _ in snap.scan(self.deadlines, None, None, [DEADLINE])}
             waited_on = {cells[WAIT][8:] for _, cells in events if WAIT in cells}
             primaries = {row for row in waited_on
                          if (p := snap.get(self.primary, row, RAW)) and p != PLACEHOLDER}
@@ -397,7 +410,9 @@ class JoinPipeline:
                     report.in_flight += 1
                 else:
                     report.missing.append(fid)
-            elif state is State.WAITING and cells[WAIT][8:] in primaries and row not in pending:
+            elif state is State.WAITING and row not in pending and (
+                    cells[WAIT][8:] in primaries
+                    or cells[WAIT][:8] + b"/" + row not in deadlines):
                 report.missing.append(fid)
         ingested = {row for row, _ in events}
         report.orphans += [row[3:] for row in outputs if row not in ingested]
@@ -542,7 +557,7 @@ def _hold_primary(txn: TransactionBase, p: JoinPipeline, primary_key: bytes) -> 
 def join_event(txn: TransactionBase, p: JoinPipeline, row: bytes, now_ms: int) -> bool:
     """The joiner's transaction body for the foreign event in *row*; returns False
     when there was nothing to do (decided already: a wasted run)."""
-    cells = txn.get_row(p.foreign, row, [RAW, STATE, WAIT])
+    cells = txn.get_row(p.foreign, row, [RAW, TIME, STATE, WAIT, DUE])
     raw = cells.get(RAW)
     if raw is None or STATE in cells:
         return False
@@ -556,16 +571,18 @@ def join_event(txn: TransactionBase, p: JoinPipeline, row: bytes, now_ms: int) -
         else:
             txn.set(p.joined_table, row, JOINED, output)
             txn.set(p.foreign, row, STATE, b"J%d" % now_ms)
-        _stop_waiting(txn, p, row, wait)
+        _stop_waiting(txn, p, row, cells)
         return True
     if wait is not None:
         deadline = _MS.unpack(wait[:8])[0]
     else:
         when = cells.get(TIME)
         deadline = (_MS.unpack(when)[0] if when else now_ms) + p.unjoinable_after_ms
-    if now_ms >= deadline:
+    # The sweep's j:due decides, not this host's clock: it deleted the deadline row,
+    # so an event still "in time" here would never be woken again.
+    if DUE in cells or now_ms >= deadline:
         txn.set(p.foreign, row, STATE, b"U")
-        _stop_waiting(txn, p, row, wait)
+        _stop_waiting(txn, p, row, cells)
         return True
     if wait is not None:
         return False  # waiting already, and still in time
@@ -578,10 +595,16 @@ def join_event(txn: TransactionBase, p: JoinPipeline, row: bytes, now_ms: int) -
     return True
 
 
-def _stop_waiting(txn: TransactionBase, p: JoinPipeline, row: bytes, wait: bytes | None) -> None:
+def _stop_waiting(txn: TransactionBase, p: JoinPipeline, row: bytes,
+                  cells: Mapping[str, bytes]) -> None:
+    """Delete the wait of the event in *row* (its foreign *cells*): ``j:wait``,
+    ``j:due`` and the deadline row."""
+    wait = cells.get(WAIT)
     if wait is not None:
         txn.delete(p.foreign, row, WAIT)
         txn.delete(p.deadlines, wait[:8] + b"/" + row, DEADLINE)
+    if DUE in cells:
+        txn.delete(p.foreign, row, DUE)
 
 
 @transactional
@@ -590,12 +613,13 @@ def _fire_deadlines(txn: TransactionBase, p: JoinPipeline, rows: Sequence[bytes]
         if txn.get(p.deadlines, row, DEADLINE) is None:
             continue  # joined (or fired) meanwhile
         txn.delete(p.deadlines, row, DEADLINE)
+        txn.set(p.foreign, row[9:], DUE, row[:8])  # the decision the joiner obeys
         txn.notify(p.foreign, row[9:], RAW)
 
 
 @transactional
 def _forget(txn: TransactionBase, p: JoinPipeline, table: str, rows: Sequence[bytes]) -> None:
-    columns = [RAW, TIME, STATE, WAIT] if table == p.foreign else [RAW, TIME, WAITERS]
+    columns = [RAW, TIME, STATE, WAIT, DUE] if table == p.foreign else [RAW, TIME, WAITERS]
     for row, cells in txn.get_rows(table, rows, columns).items():
         for column in cells:
             txn.delete(table, row, column)
@@ -624,7 +648,7 @@ class _Joiner(Observer):
         """Runs that found the event decided already (duplicate inputs, reruns)."""
 
     def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
-        if not join_event(txn, self.pipeline, row, _now_ms()):
+        if not join_event(txn, self.pipeline, row, self.pipeline.clock()):
             self.wasted += 1
 
 

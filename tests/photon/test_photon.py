@@ -189,6 +189,87 @@ def test_a_primary_that_never_comes_makes_the_event_unjoinable_once(cluster: Clu
     assert p.verify().ok
 
 
+def _joiner_on(p: photon.JoinPipeline) -> Worker:
+    """A registered worker whose runs the test makes, one row at a time."""
+    worker = Worker(p.cluster, p.observers(), threads=1)
+    worker.register()
+    return worker
+
+
+def _wake(p: photon.JoinPipeline, row: bytes) -> None:
+    """A weak notification of the event in *row*, as a rerun or a stray wake-up."""
+    with Transaction(p.cluster) as txn:
+        txn.notify(p.foreign, row, "ev:raw")
+
+
+def test_a_sweeper_clock_ahead_of_the_joiners_still_ends_the_wait(cluster: Cluster) -> None:
+    """The sweeper's host is 5 ms ahead of the joiner's: it fires a deadline that the
+    joiner's clock says is 3 ms away, and deletes the deadline row. The joiner must
+    obey the sweep (the event ends unjoinable), not keep it waiting with nothing left
+    to wake it."""
+    t = now_ms()
+    joiner_now = [t]
+    p = pipeline(cluster, clock=lambda: joiner_now[0])
+    sweeper = photon.JoinPipeline.open(cluster, "clicks", clock=lambda: joiner_now[0] + 5)
+    p.log_foreign(cluster, [{"click": "c", "query": "q", "t": t}])
+    worker, row = _joiner_on(p), photon.row_key(b"c")
+    worker._process_row(p.foreign, row)
+    assert p.state(Snapshot(cluster), b"c") is photon.State.WAITING
+    joiner_now[0] = t + 600_000 - 3
+    assert sweeper.sweep() == 1
+    worker._process_row(p.foreign, row)
+    assert p.state(Snapshot(cluster), b"c") is photon.State.UNJOINABLE
+    with Snapshot(cluster) as snap:
+        assert list(snap.scan(p.deadlines, None, None, ["d:x"])) == []
+        assert snap.get_row(p.foreign, row, ["j:wait", "j:due"]) == {}
+    assert p.verify().ok
+
+
+def test_verify_reports_a_waiting_event_nothing_will_wake(cluster: Cluster) -> None:
+    """A waiting event whose deadline row is gone and that has no notification (what
+    a sweep without j:due left behind) can never end: verify says so."""
+    t = now_ms()
+    p = pipeline(cluster, clock=lambda: t)
+    p.log_foreign(cluster, [{"click": "c", "query": "q", "t": t}])
+    _joiner_on(p)._process_row(p.foreign, photon.row_key(b"c"))
+    assert p.verify().ok
+    with Transaction(cluster) as txn:
+        (deadline, _), = txn.scan(p.deadlines, None, None, ["d:x"])
+        txn.delete(p.deadlines, deadline, "d:x")
+    report = p.verify()
+    assert report.missing == [b"c"] and not report.ok
+
+
+def test_a_joiner_woken_in_the_deadline_millisecond_gives_up_as_the_sweep_does(
+    cluster: Cluster,
+) -> None:
+    """The sweep counts a deadline equal to its clock as passed; so must the joiner:
+    an event first seen in that millisecond is unjoinable at once (no wait), and a
+    waiting event woken then (not by the sweep) is given up, while one millisecond
+    earlier both leave it waiting."""
+    t = now_ms()
+    deadline = t + 600_000
+    joiner_now = [deadline]
+    p = pipeline(cluster, clock=lambda: joiner_now[0])
+    p.log_foreign(cluster, [{"click": "late", "query": "q", "t": t},
+                            {"click": "woken", "query": "q", "t": t}])
+    worker = _joiner_on(p)
+    worker._process_row(p.foreign, photon.row_key(b"late"))
+    assert p.state(Snapshot(cluster), b"late") is photon.State.UNJOINABLE
+    joiner_now[0] = t
+    worker._process_row(p.foreign, photon.row_key(b"woken"))
+    assert p.state(Snapshot(cluster), b"woken") is photon.State.WAITING
+    for now, state in ((deadline - 1, photon.State.WAITING),
+                       (deadline, photon.State.UNJOINABLE)):
+        assert p.sweep(now_ms=now - 1) == 0  # the sweep, a step behind, fires nothing
+        joiner_now[0] = now
+        _wake(p, photon.row_key(b"woken"))
+        worker._process_row(p.foreign, photon.row_key(b"woken"))
+        assert p.state(Snapshot(cluster), b"woken") is state, now - deadline
+    assert list(Snapshot(cluster).scan(p.deadlines, None, None, ["d:x"])) == []
+    assert p.verify().ok
+
+
 @pytest.mark.parametrize("point", [CrashPoint("prewrite", 0), CrashPoint("prewrite", 1),
                                    CrashPoint("commit_point"), CrashPoint("commit", 0)],
                          ids=lambda c: f"{c.phase}-{c.index}")
