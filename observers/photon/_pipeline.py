@@ -9,6 +9,7 @@ the prefix spreading the rows over tablets):
   while it waits for its primary, ``j:due`` once the sweep has fired its deadline;
 * ``photon.<p>.primary``: ``ev:raw`` the primary event, or :data:`PLACEHOLDER` while
   foreign events wait for it; ``ev:t``; ``j:waiters`` the keys of the waiting events;
+  ``j:held`` ``be64(ms)``, the latest deadline of a placeholder's waiters;
 * ``photon.<p>.joined``: ``ev:joined`` the adapter's output, one row per joined event;
 * ``photon.<p>.deadlines``: one row ``be64(deadline ms) + "/" + foreign key`` per
   waiting event;
@@ -38,7 +39,9 @@ Why every event is joined exactly once (docs/photon.md has the long form):
   the event still in time, with no deadline row left to fire again.
 * **Retention.** The boundary only moves forward and is committed before anything
   older is deleted; an ingest reads it in its own transaction, so an event older than
-  it is refused (``too_late``) rather than joined again after its rows are gone.
+  it is refused (``too_late``) rather than joined again after its rows are gone. A
+  placeholder, which has no event time, ages by ``j:held``: once the boundary passes
+  its waiters' last deadline, no waiter needs it.
 """
 
 from __future__ import annotations
@@ -67,8 +70,8 @@ log = logging.getLogger(__name__)
 
 PLACEHOLDER = b"\x00photon:placeholder"
 """``ev:raw`` of a primary that foreign events wait for but that has not arrived."""
-RAW, TIME, STATE, WAIT, DUE, WAITERS, JOINED, DEADLINE = (
-    "ev:raw", "ev:t", "j:state", "j:wait", "j:due", "j:waiters", "ev:joined", "d:x")
+RAW, TIME, STATE, WAIT, DUE, WAITERS, HELD, JOINED, DEADLINE = (
+    "ev:raw", "ev:t", "j:state", "j:wait", "j:due", "j:waiters", "j:held", "ev:joined", "d:x")
 BATCH = 500
 MAX_WAITERS = 10_000
 """Waiters remembered per primary; beyond it an event relies on its deadline alone."""
@@ -359,8 +362,8 @@ class JoinPipeline:
 
     def apply_retention(self, now_ms: int | None = None) -> int:
         """Move the retention boundary to now - retention_days (never back), then delete
-        every event older than it, with its output and deadline. Returns how many rows
-        went."""
+        every event older than it, with its output and deadline, and every placeholder
+        whose waiters' last deadline is older than it. Returns how many rows went."""
         if self.retention_days is None:
             return 0
         now = self.clock() if now_ms is None else now_ms
@@ -369,11 +372,10 @@ class JoinPipeline:
         removed = 0
         for table in (self.foreign, self.primary):
             with Snapshot(self.cluster) as snap:
-                old = [row for row, cells in snap.scan(table, None, None, [TIME])
-                       if _MS.unpack(cells[TIME])[0] < boundary]
+                old = [row for row, cells in snap.scan(table, None, None, [TIME, HELD])
+                       if _age(cells) < boundary]
             for start in range(0, len(old), 200):
-                _forget(self.cluster, self, table, old[start:start + 200])
-            removed += len(old)
+                removed += _forget(self.cluster, self, table, old[start:start + 200], boundary)
         return removed
 
     # --- operations ---------------------------------------------------------------------
@@ -455,6 +457,13 @@ def _id(value: bytes | str) -> bytes:
     raise InvalidArgument(f"an event id must be non-empty bytes or str, got {value!r:.80}")
 
 
+def _age(cells: Mapping[str, bytes]) -> int:
+    """What retention compares with its boundary: an event's time, or a
+    placeholder's ``j:held``."""
+    age: int = _MS.unpack(cells[TIME] if TIME in cells else cells[HELD])[0]
+    return age
+
+
 def _state_of(cells: Mapping[str, bytes]) -> State | None:
     if RAW not in cells:
         return None
@@ -533,7 +542,7 @@ def _ingest_primary(txn: TransactionBase, p: JoinPipeline, batch: Sequence[_Even
                     ) -> IngestResult:
     result = IngestResult()
     fresh = _admit(txn, p, batch, result)
-    found = txn.get_rows(p.primary, list(fresh), [RAW, WAITERS])
+    found = txn.get_rows(p.primary, list(fresh), [RAW, WAITERS, HELD])
     for key, event in fresh.items():
         cells = found[key]
         if cells.get(RAW, PLACEHOLDER) != PLACEHOLDER:
@@ -544,14 +553,20 @@ def _ingest_primary(txn: TransactionBase, p: JoinPipeline, batch: Sequence[_Even
             for waiter in cells[WAITERS].split(b"\n"):
                 txn.notify(p.foreign, waiter, RAW)
             txn.delete(p.primary, key, WAITERS)
+        if HELD in cells:
+            txn.delete(p.primary, key, HELD)
         result.written += 1
     return result
 
 
-def _hold_primary(txn: TransactionBase, p: JoinPipeline, primary_key: bytes) -> None:
+def _hold_primary(txn: TransactionBase, p: JoinPipeline, primary_key: bytes,
+                  primary: Mapping[str, bytes], deadline: int) -> None:
     """The race guard: a waiter writes the primary's ``ev:raw`` (a placeholder), so it
-    and a concurrent ingest of that primary cannot both commit (module docstring)."""
+    and a concurrent ingest of that primary cannot both commit (module docstring).
+    ``j:held`` keeps the latest deadline of its waiters, for retention."""
     txn.set(p.primary, primary_key, RAW, PLACEHOLDER)
+    if HELD not in primary or _MS.unpack(primary[HELD])[0] < deadline:
+        txn.set(p.primary, primary_key, HELD, _MS.pack(deadline))
 
 
 def join_event(txn: TransactionBase, p: JoinPipeline, row: bytes, now_ms: int) -> bool:
@@ -562,7 +577,7 @@ def join_event(txn: TransactionBase, p: JoinPipeline, row: bytes, now_ms: int) -
     if raw is None or STATE in cells:
         return False
     primary_key = row_key(p.adapter.primary_ref(raw))
-    primary = txn.get_row(p.primary, primary_key, [RAW, WAITERS])
+    primary = txn.get_row(p.primary, primary_key, [RAW, WAITERS, HELD])
     wait = cells.get(WAIT)
     if primary.get(RAW, PLACEHOLDER) != PLACEHOLDER:
         output = p.adapter.join(primary[RAW], raw)
@@ -586,7 +601,7 @@ def join_event(txn: TransactionBase, p: JoinPipeline, row: bytes, now_ms: int) -
         return True
     if wait is not None:
         return False  # waiting already, and still in time
-    _hold_primary(txn, p, primary_key)
+    _hold_primary(txn, p, primary_key, primary, deadline)
     waiters = [w for w in primary.get(WAITERS, b"").split(b"\n") if w]
     if len(waiters) < MAX_WAITERS:
         txn.set(p.primary, primary_key, WAITERS, b"\n".join([*waiters, row]))
@@ -618,15 +633,22 @@ def _fire_deadlines(txn: TransactionBase, p: JoinPipeline, rows: Sequence[bytes]
 
 
 @transactional
-def _forget(txn: TransactionBase, p: JoinPipeline, table: str, rows: Sequence[bytes]) -> None:
-    columns = [RAW, TIME, STATE, WAIT, DUE] if table == p.foreign else [RAW, TIME, WAITERS]
+def _forget(txn: TransactionBase, p: JoinPipeline, table: str, rows: Sequence[bytes],
+            boundary: int) -> int:
+    columns = ([RAW, TIME, STATE, WAIT, DUE] if table == p.foreign
+               else [RAW, TIME, WAITERS, HELD])
+    removed = 0
     for row, cells in txn.get_rows(table, rows, columns).items():
+        if (TIME not in cells and HELD not in cells) or _age(cells) >= boundary:
+            continue  # since the scan: gone, a newer waiter's placeholder, or its primary
+        removed += 1
         for column in cells:
             txn.delete(table, row, column)
         if table == p.foreign:
             txn.delete(p.joined_table, row, JOINED)
             if WAIT in cells:
                 txn.delete(p.deadlines, cells[WAIT][:8] + b"/" + row, DEADLINE)
+    return removed
 
 
 @transactional
