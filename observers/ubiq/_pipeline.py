@@ -26,8 +26,10 @@ Why every tracked byte is committed exactly once (docs/ubiq.md has the long form
   newer lease was committed) conflicts on ``u:lease`` and its output, written in the
   same transaction, never appears.
 * **Every unit committed or quarantined.** The processor's notification is written
-  with the unit; a lease of a dead owner (the liveness layer) is taken over at once,
-  one past its expiry after it; the lease sweep re-notifies both.
+  with the unit, and the processor's run that acknowledges it writes the unit's lease
+  in the same transaction: at every commit a pending unit has a notification or a
+  lease, whatever dies when. A lease of a dead owner (the liveness layer) is taken
+  over at once, one past its expiry after it; the lease sweep re-notifies both.
 """
 
 from __future__ import annotations
@@ -459,22 +461,29 @@ def _new_unit(txn: TransactionBase, p: LogPipeline, name: str, begin: int, end: 
     txn.set(p.units, row, "u:ready", b"1")
 
 
-@transactional
-def _take_lease(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str,
-                now: int) -> tuple[str, int] | None:
-    """Lease the unit in *row* for *owner*: ``(file, end)`` when taken, None when it is
-    not pending, or leased by a live owner whose lease has not expired."""
+def _lease_unit(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str, now: int,
+                *, renew: bool) -> tuple[str, int] | None:
+    """Lease the unit in *row* for *owner* in *txn*: ``(file, end)`` when taken, None
+    when it is not pending, or leased by a live owner whose lease has not expired
+    (*renew*: *owner*'s own lease is taken again)."""
     cells = txn.get_row(p.units, row, ["u:range", "u:state", "u:lease"])
     if cells.get("u:state") != b"P":
         return None
     if "u:lease" in cells:
         holder, expires = _lease(cells["u:lease"])
-        if holder != owner and expires > now and \
+        if (holder != owner or not renew) and expires > now and \
                 p.cluster.coordination.is_alive(holder) is not False:
             return None
     txn.set(p.units, row, "u:lease", json.dumps(
         {"owner": owner, "expires": now + p.local_eta_ms}).encode())
     return parse_unit_row(row)[0], int(cells["u:range"])
+
+
+@transactional
+def _take_lease(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str,
+                now: int) -> tuple[str, int] | None:
+    """:func:`_lease_unit` in a transaction of its own, renewing *owner*'s lease."""
+    return _lease_unit(txn, p, row, owner, now, renew=True)
 
 
 @transactional
@@ -624,10 +633,18 @@ class _Cutter(Observer):
 
 
 class _Processor(Observer):
-    """Hands each ready unit to a processing thread and returns: the scanner's
+    """Leases each ready unit and hands it to a processing thread: the scanner's
     advisory lock on the row must not outlive the notification, or a live but stuck
     process would keep every other worker off the unit; the lease (with its expiry)
-    is what guards the unit while it is processed."""
+    is what guards the unit while it is processed.
+
+    The lease is written in this run's transaction, which is also the one that
+    acknowledges the notification: were it taken later (by the thread), a process
+    dying, or a lease transaction failing, between the two would leave a pending
+    unit with neither, which nothing wakes again. The thread then takes the lease
+    anew in a transaction of its own (the acknowledgement may still be committing):
+    it conflicts with this run's commit, and whichever loses sees the other's lease,
+    the same owner's."""
 
     def __init__(self, p: LogPipeline, site: str, parallel: int = 2) -> None:
         self.pipeline, self.site = p, site
@@ -637,12 +654,25 @@ class _Processor(Observer):
 
     def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
         self._slots.acquire()  # back-pressure: at most *parallel* units in flight
-        threading.Thread(target=self._run, args=(row,), daemon=True,
-                         name=f"ubiq-unit-{row[:40]!r}").start()
-
-    def _run(self, row: bytes) -> None:
         try:
             owner = self.pipeline.cluster.coordination.current_owner()
+            # Not renewing our own live lease: a thread of this process holds the unit
+            # (this is a rerun after a conflict with its lease, or a stray wake-up).
+            taken = _lease_unit(txn, self.pipeline, row, owner, _now_ms(), renew=False)
+        except BaseException:
+            self._slots.release()
+            raise
+        if taken is None:  # committed, quarantined or split, or leased by a live owner
+            self._slots.release()
+            return
+        self._start(row, owner)
+
+    def _start(self, row: bytes, owner: str) -> None:
+        threading.Thread(target=self._run, args=(row, owner), daemon=True,
+                         name=f"ubiq-unit-{row[:40]!r}").start()
+
+    def _run(self, row: bytes, owner: str) -> None:
+        try:
             process_unit(self.pipeline, self.site, row, owner)
         except Exception:  # its lease expires and the sweep hands the unit on
             log.exception("ubiq %s: processing %r failed", self.pipeline.name, row)
