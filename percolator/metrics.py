@@ -37,6 +37,7 @@ __all__ = [
     "MetricsUnavailable",
     "add_gauge_callback",
     "collector",
+    "counter",
     "inc",
     "observe",
     "record_gc_pass",
@@ -173,6 +174,24 @@ def inc(name: str, *labels: str, amount: float = 1) -> None:
         return
     with _lock:
         _values[key] = _values.get(key, 0) + amount
+
+
+def counter(name: str, *labels: str) -> Iterator[int]:
+    """The counter *name* (a key of :data:`METRICS`) with *labels* as an object whose
+    ``next()`` adds one, for the library's hot paths: they hold it and step it in line
+    while recording is on (one C call and no lock, where :func:`inc` is a call of ours
+    and a dictionary lookup)::
+
+        _READS = metrics.counter("percolator_store_requests_total", "read_rows")
+        ...
+        if metrics._enabled:
+            next(_READS)
+    """
+    if name not in METRICS or METRICS[name][0] != "counter":
+        raise InvalidArgument(f"{name!r} is not a counter of percolator.metrics.METRICS")
+    if len(labels) != len(METRICS[name][2]):
+        raise InvalidArgument(f"{name} takes the labels {METRICS[name][2]}, got {labels!r}")
+    return _stepper((name, labels))
 
 
 def set_gauge(name: str, value: float, *labels: str) -> None:
