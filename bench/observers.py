@@ -75,11 +75,9 @@ def fresh(tmp: str, name: str) -> tuple[str, percolator.Cluster]:
     return url, cluster
 
 
-def throughput(tmp: str, n: int, threads: int, metrics_on: bool = True) -> dict[str, float]:
+def throughput(tmp: str, n: int, threads: int) -> dict[str, float]:
     """Notifications drained per second by one worker (a process running a Worker)."""
     _, cluster = fresh(tmp, f"tp{threads}-{time.monotonic_ns()}")
-    if not metrics_on:
-        cluster.store = cluster.store._store  # type: ignore[attr-defined]  # no counting
     with cluster:
         load(cluster, n, b"a")
         worker = Worker(cluster, OBSERVERS, threads=threads)
@@ -325,7 +323,7 @@ def metrics_overhead(tmp: str, n: int, rounds: int) -> dict[str, Any]:
             for enabled in ((True, False) if i % 2 == 0 else (False, True)):
                 metrics.set_enabled(enabled)
                 (scraping.set if enabled else scraping.clear)()
-                r = throughput(tmp, n, 1, metrics_on=enabled)
+                r = throughput(tmp, n, 1)
                 (on if enabled else off).append(r["per_s"])
                 (cpu_on if enabled else cpu_off).append(r["cpu_us"])
                 print("metrics" if enabled else "no metrics", f"{r['per_s']:.0f}/s",

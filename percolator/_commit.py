@@ -122,6 +122,8 @@ class _Committer:
             _Cell(t, r, c, v, (t, c) in observed) for (t, r, c), v in txn._writes.items()
         ]
         self.primary = self.cells[0]
+        self.notifies = bool(txn._weak) or any(cell.notify for cell in self.cells)
+        """Whether the commit makes notifications (weak ones, or of observed columns)."""
         self.owner = self.cluster.coordination.current_owner()
         self.ttl_ms = int(self.cluster.lock_ttl * 1000)
         self.locked: list[_Cell] = []
@@ -474,8 +476,9 @@ def _one_phase_check(
     committer.cluster.safe_point.check(committer.start_ts)
     for cell in committer.cells:
         lock_raw, writes = found[id(cell)]
-        committer._check_writes(cell, writes)
-        if lock_raw is not None and not isinstance(decode_lock(lock_raw), Free):
+        if writes:
+            committer._check_writes(cell, writes)
+        if lock_raw is not None and lock_raw[:1] != FREE_TAG:  # held, or being decided
             return None
     return found
 
@@ -487,12 +490,13 @@ def _one_phase_write(committer: _Committer, found: dict[int, tuple[bytes | None,
     run served, and the weak notifications. With *batch*, the row mutations are added
     to it for the caller to write (a group writes all of its members' at once)."""
     cluster, start_ts = committer.cluster, committer.start_ts
-    free = encode_lock(Free(start_ts, True))
+    free = b""
     by_table: dict[str, list[Mutation]] = {} if batch is None else batch
     for cell in committer.cells:
         puts = write_cells(cell.column, start_ts, commit_ts, cell.value is None, cell.notify,
                            cell.value)
         if found[id(cell)][0] is None:
+            free = free or encode_lock(Free(start_ts, True))
             puts.append((f"{LOCK}:{cell.column}", 0, free))
         by_table.setdefault(cell.table, []).append(Mutation(cell.row, puts))
     settles = getattr(committer.txn, "_settles", None)
@@ -502,9 +506,14 @@ def _one_phase_write(committer: _Committer, found: dict[int, tuple[bytes | None,
     if batch is None:
         for table, mutations in by_table.items():
             cluster.store.mutate_rows(table, mutations)
-    _write_notifications(committer.txn, committer.cells, commit_ts)
+    if committer.notifies:
+        _write_notifications(committer.txn, committer.cells, commit_ts)
     if settles is not None:
         committer.txn._settled = True  # type: ignore[attr-defined]
+
+
+_PREWRITE_READS: dict[tuple[str, ...], list[Read]] = {}
+"""The reads of :func:`_read_prewrite_state` by columns (the same for every start)."""
 
 
 def _read_prewrite_state(
@@ -524,11 +533,14 @@ def _read_prewrite_state(
         store = group[0][0].store
         rows = list(dict.fromkeys(c.row for _, c in group))
         columns = tuple(dict.fromkeys(c.column for _, c in group))
-        # The newest record at or above the lowest start is, for each member, its
-        # newest at or above its own start when it is at or above that start at all.
-        oldest = min(committer.start_ts for committer, _ in group)
-        result = store.read_rows(
-            table, rows, [Read(LOCK, columns), Read(WRITE, columns, min_ts=oldest)])
+        # The newest record is, for each member, its newest at or above its own start
+        # when it is at or above that start at all.
+        reads = _PREWRITE_READS.get(columns)
+        if reads is None:
+            reads = [Read(LOCK, columns), Read(WRITE, columns)]
+            if len(_PREWRITE_READS) < 1024:
+                _PREWRITE_READS[columns] = reads
+        result = store.read_rows(table, rows, reads)
         for committer, cell in group:
             start_ts = committer.start_ts
             row_cells = result.get(cell.row, {})
@@ -709,7 +721,7 @@ def _finish_two_phase(committer: _Committer) -> int:
 
 
 def _wake(committer: _Committer) -> None:
-    if committer.txn._weak or any(cell.notify for cell in committer.cells):
+    if committer.notifies:
         committer.cluster.wake_observers()
 
 

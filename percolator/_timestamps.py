@@ -151,6 +151,37 @@ def boot_id() -> bytes:
         return b"\0" * 16
 
 
+class _SidecarLock:
+    """:meth:`HostTimestamps._locked`: the process's lock, then the sidecar's flock. One
+    object per source, state in the source (a class: it is taken two or three times a
+    transaction, and a generator context manager costs three times as much)."""
+
+    __slots__ = ("_source",)
+
+    def __init__(self, source: HostTimestamps) -> None:
+        self._source = source
+
+    def __enter__(self) -> None:
+        source = self._source
+        source._lock.acquire()
+        try:
+            if source._generation != _forks.generation:
+                # A forked child shares the parent's open file, and with it the flock:
+                # its own opening makes the two exclude each other again.
+                source._open()
+            fcntl.flock(source._fd, fcntl.LOCK_EX)
+        except BaseException:
+            source._lock.release()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        source = self._source
+        try:
+            fcntl.flock(source._fd, fcntl.LOCK_UN)
+        finally:
+            source._lock.release()
+
+
 class HostTimestamps:
     """Timestamps shared by every process of one host (see the module docstring).
 
@@ -200,6 +231,8 @@ class HostTimestamps:
         self._boot = boot_id()
         self._lock = threading.Lock()
         self._known_ceiling = 0
+        self._sidecar_lock = _SidecarLock(self)
+        self._header = self._HEADER.pack(self._MAGIC, self._boot, self._identity)
         self.path = sidecar_path
         self._open()
 
@@ -213,18 +246,9 @@ class HostTimestamps:
             raise StoreUnavailable(f"cannot open timestamp file {self.path!r}: {e}") from e
         self._generation = _forks.generation
 
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._lock:
-            if self._generation != _forks.generation:
-                # A forked child shares the parent's open file, and with it the flock:
-                # its own opening makes the two exclude each other again.
-                self._open()
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
+    def _locked(self) -> _SidecarLock:
+        """``with self._locked():`` this process's lock, then the sidecar's flock."""
+        return self._sidecar_lock
 
     def get_timestamp(self) -> int:
         return self.get_timestamps(1)[0]
@@ -255,8 +279,7 @@ class HostTimestamps:
     def _validate(self) -> None:
         """Reset a sidecar of an earlier boot or of another store to the persisted
         ceiling (the caller holds both locks)."""
-        magic, boot, identity = self._HEADER.unpack_from(self._map)
-        if (magic, boot, identity) != (self._MAGIC, self._boot, self._identity):
+        if self._map[: self._HEADER.size] != self._header:
             self._known_ceiling = self._ceiling.read()[0]
             self._map[: self._LAYOUT.size] = self._LAYOUT.pack(
                 self._MAGIC, self._boot, self._identity, self._known_ceiling, 0, 0, 0)

@@ -10,12 +10,14 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType, TracebackType
 
+from percolator import metrics as _metrics
 from percolator._cluster import Cluster
 from percolator._commit import commit_transaction
 from percolator._encoding import (
     DATA,
     FREE_TAG,
     LOCK,
+    MAX_ROW_BYTES,
     WRITE,
     Committed,
     Lock,
@@ -124,9 +126,13 @@ class Snapshot:
             )
 
     def _check_cell(self, table: str, row: bytes, column: str) -> None:
-        self._check_open()
-        self.cluster.check_table_exists(table)
-        check_row(row)
+        # The checks of every get and set: the usual case answered in line.
+        if self._closed:
+            self._check_open()
+        if table not in self.cluster._tables:
+            self.cluster.check_table_exists(table)
+        if type(row) is not bytes or not row or len(row) > MAX_ROW_BYTES:
+            check_row(row)
         check_column(column, internal=self._internal_columns)
 
     # --- store reads ----------------------------------------------------------------
@@ -306,16 +312,21 @@ class Snapshot:
         """
         self._check_cell(table, row, column)
         key = (table, row, column)
-        self._learn(table, row, column)
+        first = self._first_read.get(key[:2])
+        if first is None:
+            self._first_read[key[:2]] = column
+        elif first != column:
+            self._learn(table, row, column)
         if key in self._writes:
             return self._writes[key]
-        if key in self._seen:
+        seen = self._seen
+        if key in seen:
             self._check_safe_point()  # a snapshot GC overtook reads nothing more
-            return self._seen[key]
-        extra = self._predicted(table, row, column)
+            return seen[key]
+        extra = (self._predicted(table, row, column)
+                 if (table, column) in self.cluster.read_predictions else ())
         found, left_out = self._read_row_with(table, row, (column,), extra)
         value = found.get(column)
-        seen = self._seen
         if len(seen) < _SEEN_MAX:
             seen[key] = value
             for other in extra:
@@ -473,10 +484,16 @@ class TransactionBase(Snapshot):
 
     _kind = "user"
     """The ``kind`` label of this transaction's metrics."""
+    _begun_by_kind: dict[str, Iterator[int]] = {}
 
     def __init__(self, cluster: Cluster, *, start_ts: int | None = None) -> None:
         super().__init__(cluster, start_ts=start_ts)
-        _inc("percolator_transactions_begun_total", self._kind)
+        if _metrics._enabled:
+            begun = self._begun_by_kind.get(self._kind)
+            if begun is None:
+                begun = self._begun_by_kind.setdefault(self._kind, _metrics.counter(
+                    "percolator_transactions_begun_total", self._kind))
+            next(begun)
         self._writes: dict[WriteKey, bytes | None] = {}  # type: ignore[misc]
         self._weak: dict[WriteKey, None] = {}
         self.commit_ts: int | None = None

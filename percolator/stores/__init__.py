@@ -7,6 +7,7 @@ dependencies are imported only when their scheme is used.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -14,7 +15,7 @@ from percolator import metrics
 from percolator._errors import InvalidArgument
 from percolator._store import Store
 
-__all__ = ["BACKENDS", "CountingStore", "open_store"]
+__all__ = ["BACKENDS", "REQUESTS", "open_store"]
 
 BACKENDS: dict[str, str] = {
     "sqlite": "percolator.stores.sqlite:open_sqlite_store",
@@ -38,51 +39,35 @@ def open_store(url: str, **options: Any) -> Store:
     module_name, _, func = target.partition(":")
     opener = getattr(importlib.import_module(module_name), func)
     store: Store = opener(url, **options)
-    return CountingStore(store)  # type: ignore[return-value]
+    return store
 
 
-_COUNTED = frozenset({
-    "read_rows", "mutate_rows", "check_and_set", "check_and_set_many", "scan", "increment",
-    "set_unless", "any_untagged", "create_table", "drop_table", "list_tables",
-})
+class RequestCounters:
+    """The counters of ``percolator_store_requests_total``, one per store operation:
+    each backend steps them in line at the top of its calls (``next(REQUESTS.scan)``
+    while ``metrics._enabled``), so that counting a round trip costs one C call, not
+    a wrapper's call per store call."""
+
+    __slots__ = ("any_untagged", "check_and_set", "check_and_set_many", "create_table",
+                 "drop_table", "increment", "list_tables", "mutate_rows", "read_rows",
+                 "scan", "set_unless")
+
+    def __init__(self) -> None:
+        for operation in self.__slots__:
+            setattr(self, operation,
+                    metrics.counter("percolator_store_requests_total", operation))
+
+    any_untagged: Iterator[int]
+    check_and_set: Iterator[int]
+    check_and_set_many: Iterator[int]
+    create_table: Iterator[int]
+    drop_table: Iterator[int]
+    increment: Iterator[int]
+    list_tables: Iterator[int]
+    mutate_rows: Iterator[int]
+    read_rows: Iterator[int]
+    scan: Iterator[int]
+    set_unless: Iterator[int]
 
 
-class CountingStore:
-    """A store that counts its calls by operation in ``percolator_store_requests_total``
-    (see :mod:`percolator.metrics`), once for every backend.
-
-    Everything else, capabilities included, is the wrapped store's: attributes are read
-    from it and set on it (so a test that patches a method of ``cluster.store`` patches
-    the backend, whose own internal calls see the patch too).
-    """
-
-    def __init__(self, store: Store) -> None:
-        object.__setattr__(self, "_store", store)
-
-    def __getattr__(self, name: str) -> Any:
-        inner = self._store
-        value = getattr(inner, name)
-        if name not in _COUNTED or not callable(value):
-            return value
-
-        key = ("percolator_store_requests_total", (name,))
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            if metrics._enabled:
-                next(metrics._steps.get(key) or metrics._stepper(key))
-            return value(*args, **kwargs)
-
-        counted.__name__ = name
-        object.__setattr__(self, name, counted)  # later calls skip __getattr__
-        return counted
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        self.__dict__.pop(name, None)
-        setattr(self._store, name, value)
-
-    def __delattr__(self, name: str) -> None:
-        self.__dict__.pop(name, None)
-        delattr(self._store, name)
-
-    def __repr__(self) -> str:
-        return repr(self._store)
+REQUESTS = RequestCounters()

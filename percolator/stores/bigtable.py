@@ -62,6 +62,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 from urllib.parse import parse_qsl, urlsplit
 
+from percolator import metrics as _metrics
 from percolator._errors import (
     InvalidArgument,
     StoreUnavailable,
@@ -77,6 +78,7 @@ from percolator._store import (
     check_increment_amount,
     check_skip_tag,
 )
+from percolator.stores import REQUESTS
 from percolator.stores._cas_rows import check_and_set_by_row
 from percolator.stores._memo import memo_by_reads
 
@@ -599,6 +601,8 @@ class BigtableStore:
         :raises InvalidArgument: bad table or family names.
         :raises StoreUnavailable: Bigtable could not be reached.
         """
+        if _metrics._enabled:
+            next(REQUESTS.create_table)
         self._check_open()
         table_id = self._table_id(table)
         specs: dict[str, Any] = {}
@@ -653,6 +657,8 @@ class BigtableStore:
 
         :raises StoreUnavailable: Bigtable could not be reached.
         """
+        if _metrics._enabled:
+            next(REQUESTS.drop_table)
         self._check_open()
         try:
             self._admin.delete_table(name=self._table_path(table), retry=None, timeout=self.timeout)
@@ -667,6 +673,8 @@ class BigtableStore:
 
         :raises StoreUnavailable: Bigtable could not be reached.
         """
+        if _metrics._enabled:
+            next(REQUESTS.list_tables)
         self._check_open()
         prefix = f"{self.table_prefix}_" if self.table_prefix else ""
         names = []
@@ -708,6 +716,8 @@ class BigtableStore:
         :raises UnknownTableError: *table* does not exist.
         :raises StoreUnavailable: Bigtable could not be reached.
         """
+        if _metrics._enabled:
+            next(REQUESTS.read_rows)
         self._check_open()
         if isinstance(rows, bytes):
             raise InvalidArgument(f"rows must be a sequence of row keys, got {rows!r}")
@@ -741,6 +751,8 @@ class BigtableStore:
         :raises UnknownTableError: *table* does not exist.
         :raises StoreUnavailable: Bigtable could not be reached.
         """
+        if _metrics._enabled:
+            next(REQUESTS.scan)
         self._check_open()
         for bound in (start, stop):
             if bound is not None and not isinstance(bound, bytes):
@@ -813,6 +825,8 @@ class BigtableStore:
         :raises StoreUnavailable: Bigtable could not be reached or failed some rows
             (the message lists them; rows not listed were applied).
         """
+        if _metrics._enabled:
+            next(REQUESTS.mutate_rows)
         self._check_open()
         table_path = self._table_path(table)
         entries: dict[bytes, list[Any]] = {}
@@ -904,6 +918,8 @@ class BigtableStore:
         :raises StoreUnavailable: Bigtable could not be reached; the CAS may or may
             not have been applied.
         """
+        if _metrics._enabled:
+            next(REQUESTS.check_and_set)
         self._check_open()
         family, qualifier = _split_column(column)
         if expected is not None:
@@ -949,6 +965,8 @@ class BigtableStore:
         :raises StoreUnavailable: Bigtable could not be reached; the mutation may or
             may not have been applied.
         """
+        if _metrics._enabled:
+            next(REQUESTS.set_unless)
         self._check_open()
         if isinstance(guards, Guard):
             guards = (guards,)
@@ -1019,6 +1037,8 @@ class BigtableStore:
         :raises StoreUnavailable: Bigtable could not be reached; the increment may or
             may not have been applied.
         """
+        if _metrics._enabled:
+            next(REQUESTS.increment)
         self._check_open()
         _check_row(row)
         family, qualifier = _split_column(column)
@@ -1084,6 +1104,8 @@ class BigtableStore:
         :raises StoreUnavailable: Bigtable could not be reached; some items may have
             been applied.
         """
+        if _metrics._enabled:
+            next(REQUESTS.check_and_set_many)
         self._check_open()
         return check_and_set_by_row(
             items,

@@ -101,6 +101,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
+from percolator import metrics as _metrics
 from percolator._encoding import LOCK, NOTIFY
 from percolator._errors import (
     InvalidArgument,
@@ -119,6 +120,7 @@ from percolator._store import (
     check_skip_tag,
     drop_skipped,
 )
+from percolator.stores import REQUESTS
 from percolator.stores._memo import memo_by_reads
 
 try:
@@ -547,6 +549,8 @@ class HBaseStore:
         :raises InvalidArgument: a bad name, or an existing table without some family
             or with settings that would lose data (the message says how to alter it).
         """
+        if _metrics._enabled:
+            next(REQUESTS.create_table)
         name = self._name(table)
         if not families:
             raise InvalidArgument(f"table {table!r} needs at least one family, got {families!r}")
@@ -612,6 +616,8 @@ class HBaseStore:
 
     def drop_table(self, table: str) -> None:
         """Disable and delete *table*; a missing table is not an error."""
+        if _metrics._enabled:
+            next(REQUESTS.drop_table)
         name = self._name(table)
 
         def drop(client: Any) -> None:
@@ -627,6 +633,8 @@ class HBaseStore:
 
     def list_tables(self) -> list[str]:
         """Names of this store's tables (inside its namespace and prefix), sorted."""
+        if _metrics._enabled:
+            next(REQUESTS.list_tables)
         names = self._call(None, lambda client: client.getTableNames())
         return sorted(n for n in map(self._logical, names) if n is not None)
 
@@ -644,6 +652,8 @@ class HBaseStore:
         self, table: str, rows: Sequence[bytes], reads: Sequence[Read]
     ) -> dict[bytes, RowCells]:
         """Read *reads* of every row in *rows* (see the module docstring for the calls)."""
+        if _metrics._enabled:
+            next(REQUESTS.read_rows)
         name = self._name(table)
         order = list(dict.fromkeys(rows))
         if not order or not reads:
@@ -728,6 +738,8 @@ class HBaseStore:
 
         A row mutation that spans several timestamps is applied in several steps here.
         """
+        if _metrics._enabled:
+            next(REQUESTS.mutate_rows)
         name = self._name(table)
         deletes: dict[int, dict[bytes, list[Any]]] = defaultdict(lambda: defaultdict(list))
         puts: dict[int, dict[bytes, list[Any]]] = defaultdict(lambda: defaultdict(list))
@@ -796,6 +808,8 @@ class HBaseStore:
         cell must be compared with *expected* (None: absent) and set to *new*; HBase
         cannot tell an empty value from an absent one here, so both must be non-empty.
         """
+        if _metrics._enabled:
+            next(REQUESTS.check_and_set)
         name = self._name(table)
         if expected is not None and len(expected) == 0:
             raise InvalidArgument(
@@ -829,6 +843,8 @@ class HBaseStore:
         :raises InvalidArgument: the cell does not hold 8 bytes, or *amount* is not a
             64-bit integer.
         """
+        if _metrics._enabled:
+            next(REQUESTS.increment)
         name = self._name(table)
         if not isinstance(column, str) or ":" not in column:
             raise InvalidArgument(f"column {column!r} must be 'family:qualifier'")
@@ -857,6 +873,8 @@ class HBaseStore:
         The scanner is closed when the iterator is exhausted or closed; one connection
         is held for its life (scanner ids belong to one Thrift server).
         """
+        if _metrics._enabled:
+            next(REQUESTS.scan)
         name = self._name(table)
         if not isinstance(batch_size, int) or batch_size <= 0:
             raise InvalidArgument(f"batch_size must be a positive int: {batch_size!r}")

@@ -23,19 +23,23 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import mmap
 import os
 import sqlite3
+import struct
 import threading
 import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, cast
 from urllib.parse import parse_qsl, urlsplit
 
 from percolator import _forks
+from percolator import metrics as _metrics
 from percolator._errors import InvalidArgument, StoreUnavailable, UnknownTableError
 from percolator._store import Mutation, Read, RowCells, check_skip_tag, drop_skipped
+from percolator.stores import REQUESTS
 
 __all__ = ["SqliteStore", "open_sqlite_store"]
 
@@ -86,6 +90,136 @@ def _sql_name(table: str, family: str) -> str:
     return '"' + f"{table}#{family}".replace('"', '""') + '"'
 
 
+_FLOCK = struct.Struct("hhqqi4x")
+"""Linux's ``struct flock`` (64-bit): type, whence, start, length, pid."""
+_OFD_GETLK: int = getattr(fcntl, "F_OFD_GETLK", -1)
+_OFD_SETLK: int = getattr(fcntl, "F_OFD_SETLK", -1)
+
+
+class _Writers:
+    """The writers' turn of one file (``<file>-write.lock``, see
+    :meth:`SqliteStore._take_turn`) and whether another store object writes it.
+
+    Every store object (one per process and fork, in practice) holds a shared
+    open-file-description lock on the first byte of ``<file>-writers`` while it is
+    open (the kernel drops it when the process dies, ``kill -9`` included), and on
+    arrival writes random bytes over the file's first eight: the others, which compare
+    those bytes with what they saw at each write (a memory read), look again at once
+    (one ``F_OFD_GETLK``: is a lock held by another open file description?) and take
+    turns from then on. A departure is noticed within ``RECHECK`` seconds. Where
+    open-file-description locks are missing (not Linux), or anything fails, others
+    are assumed present: every write takes its turn.
+    """
+
+    RECHECK = 1.0
+    """Seconds an answer is trusted when no newcomer has marked the file."""
+
+    def __init__(self, path: str) -> None:
+        self.generation = _forks.generation
+        self.turn_fd = self.fd = -1
+        self._map: mmap.mmap | None = None
+        self._seen = b""
+        self._checked = float("-inf")
+        self._others = True
+        try:
+            self.turn_fd = os.open(path + "-write.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            if _OFD_GETLK < 0 or _OFD_SETLK < 0:
+                return
+            self.fd = os.open(path + "-writers", os.O_RDWR | os.O_CREAT, 0o644)
+            if os.fstat(self.fd).st_size < 8:
+                os.ftruncate(self.fd, 8)
+            fcntl.fcntl(self.fd, _OFD_SETLK, _FLOCK.pack(fcntl.F_RDLCK, 0, 0, 1, 0))
+            self._map = mmap.mmap(self.fd, 8)
+            self._map[:8] = os.urandom(8)  # after the lock: who sees the mark sees the lock
+        except OSError:
+            self._map = None  # others assumed present
+
+    def others_present(self) -> bool:
+        """Whether another store object (another process) may write the file."""
+        if self._map is None:
+            return True
+        mark = self._map[:8]
+        now = time.monotonic()
+        if mark == self._seen and now - self._checked < self.RECHECK:
+            return self._others
+        self._seen, self._checked = mark, now
+        try:
+            answer = fcntl.fcntl(self.fd, _OFD_GETLK, _FLOCK.pack(fcntl.F_WRLCK, 0, 0, 1, 0))
+            self._others = _FLOCK.unpack(answer)[0] != fcntl.F_UNLCK
+        except OSError:
+            self._others = True
+        return self._others
+
+    def close(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        for fd in (self.fd, self.turn_fd):
+            if fd >= 0:
+                os.close(fd)  # drops the presence lock (unless a forked child shares it)
+        self.fd = self.turn_fd = -1
+
+
+class _WriteStep:
+    """One write transaction of a thread (see :meth:`SqliteStore._write`): this
+    process's writers queue on the store's lock, the processes' on the writers' turn,
+    then ``BEGIN IMMEDIATE``; COMMIT at a clean exit, ROLLBACK at an exception. Inside
+    an :meth:`SqliteStore.atomically` block of the thread it is that block's
+    transaction. (A class, not a generator context manager: it is on every write's
+    path, and costs a third as much.)"""
+
+    __slots__ = ("atomic", "db", "nested", "store", "turn")
+
+    def __init__(self, store: SqliteStore, *, atomic: bool = False) -> None:
+        self.store = store
+        self.atomic = atomic
+
+    def __enter__(self) -> sqlite3.Connection:
+        store = self.store
+        db = self.db = store._db()
+        local = store._local
+        self.nested = getattr(local, "atomic", False)
+        if self.nested:
+            return db  # part of the enclosing atomically() transaction
+        store._write_lock.acquire()
+        try:
+            self.turn = store._take_turn()
+            try:
+                db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as e:
+                raise StoreUnavailable(
+                    f"sqlite store {store.url}: cannot begin a write: {e}"
+                ) from e
+        except BaseException:
+            self._release()
+            raise
+        if self.atomic:
+            local.atomic = True
+        return db
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if self.nested:
+            return
+        db = self.db
+        try:
+            if self.atomic:
+                self.store._local.atomic = False
+            if exc_type is None:
+                db.execute("COMMIT")
+            elif db.in_transaction:
+                db.execute("ROLLBACK")
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        turn = getattr(self, "turn", -1)
+        if turn >= 0:
+            fcntl.flock(turn, fcntl.LOCK_UN)
+        self.store._write_lock.release()
+
+
 class _Connection(sqlite3.Connection):
     """A connection that can be held weakly (``sqlite3.Connection`` itself cannot)."""
 
@@ -115,7 +249,7 @@ class SqliteStore:
         # SQLite takes one writer at a time anyway; queueing this process's writers here
         # keeps them out of SQLite's busy handler, which sleeps in millisecond steps.
         self._write_lock = threading.Lock()
-        self._turn = (-1, -1)  # (descriptor of the writers' lock file, fork generation)
+        self._turn: _Writers | None = None  # the writers' turn and presence, per fork
         directory = os.path.dirname(path) or "."
         if not os.path.isdir(directory):
             raise StoreUnavailable(
@@ -179,39 +313,16 @@ class SqliteStore:
                     raise
                 time.sleep(0.01)
 
-    @contextmanager
-    def atomically(self) -> Iterator[None]:
+    def atomically(self) -> AbstractContextManager[None]:
         """Make every call of this thread inside the block one SQLite write transaction:
         all of it or none of it, with no other writer in between (an optional
         capability: the one-phase commit of :mod:`percolator._commit` uses it)."""
-        with self._write():
-            self._local.atomic = True
-            try:
-                yield
-            finally:
-                self._local.atomic = False
+        return cast("AbstractContextManager[None]", _WriteStep(self, atomic=True))
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        db = self._db()
-        if getattr(self._local, "atomic", False):
-            yield db  # part of the enclosing atomically() transaction
-            return
-        with self._write_lock, self._write_turn():
-            try:
-                db.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as e:
-                raise StoreUnavailable(
-                    f"sqlite store {self.url}: cannot begin a write: {e}"
-                ) from e
-            try:
-                yield db
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                raise
-            else:
-                db.execute("COMMIT")
+    def _write(self) -> _WriteStep:
+        """``with self._write() as db``: one write transaction, or the enclosing
+        :meth:`atomically` one."""
+        return _WriteStep(self)
 
     def _error(self, table: str, e: sqlite3.Error) -> Exception:
         if "no such table" in str(e):
@@ -242,6 +353,8 @@ class SqliteStore:
     # --- tables -----------------------------------------------------------------
 
     def create_table(self, table: str, families: Mapping[str, int]) -> None:
+        if _metrics._enabled:
+            next(REQUESTS.create_table)
         spec = ",".join(f"{name}={versions}" for name, versions in sorted(families.items()))
         with self._write() as db:
             existing = db.execute(
@@ -264,6 +377,8 @@ class SqliteStore:
         self._forget(table)
 
     def drop_table(self, table: str) -> None:
+        if _metrics._enabled:
+            next(REQUESTS.drop_table)
         with self._write() as db:
             row = db.execute(
                 f"SELECT families FROM {_CATALOG} WHERE name = ?", (table,)
@@ -283,6 +398,8 @@ class SqliteStore:
         self._untagged_indexed = {k for k in self._untagged_indexed if k[0] != table}
 
     def list_tables(self) -> list[str]:
+        if _metrics._enabled:
+            next(REQUESTS.list_tables)
         rows = self._db().execute(f"SELECT name FROM {_CATALOG} ORDER BY name").fetchall()
         return [r[0] for r in rows]
 
@@ -325,6 +442,8 @@ class SqliteStore:
     def read_rows(
         self, table: str, rows: Sequence[bytes], reads: Sequence[Read]
     ) -> dict[bytes, RowCells]:
+        if _metrics._enabled:
+            next(REQUESTS.read_rows)
         result: dict[bytes, RowCells] = {}
         if not rows or not reads:
             return result
@@ -469,6 +588,8 @@ class SqliteStore:
         *,
         batch_size: int = 1000,
     ) -> Iterator[tuple[bytes, RowCells]]:
+        if _metrics._enabled:
+            next(REQUESTS.scan)
         if not reads:
             return
         names = [self._family(table, read.family) for read in reads]
@@ -561,6 +682,8 @@ class SqliteStore:
         does not start with the one-byte *tag* (the lock census asks it of the lock
         family, whose FREE values start with a tag). One look into a partial index of
         those cells per table, built the first time a table is asked."""
+        if _metrics._enabled:
+            next(REQUESTS.any_untagged)
         if not isinstance(tag, bytes) or len(tag) != 1:
             raise InvalidArgument(f"tag must be one byte, got {tag!r}")
         try:
@@ -645,6 +768,8 @@ class SqliteStore:
         by_family.clear()
 
     def mutate_rows(self, table: str, mutations: Sequence[Mutation]) -> None:
+        if _metrics._enabled:
+            next(REQUESTS.mutate_rows)
         if not mutations:
             return
         try:
@@ -689,6 +814,8 @@ class SqliteStore:
         new: bytes,
         puts: Sequence[tuple[str, int, bytes]] = (),
     ) -> bool:
+        if _metrics._enabled:
+            next(REQUESTS.check_and_set)
         family, _, qual = column.partition(":")
         try:
             name = self._family(table, family)
@@ -759,8 +886,10 @@ class SqliteStore:
         changed tells that all of them won. Otherwise the attempt is undone (a
         savepoint) and the batch is decided item by item from the current values, read
         with one SELECT per family and 400 cells. Bulk writers of one file, in any
-        process, take turns (:meth:`_write_turn`).
+        process, take turns (:meth:`_take_turn`).
         """
+        if _metrics._enabled:
+            next(REQUESTS.check_and_set_many)
         if not items:
             return []
         try:
@@ -772,50 +901,40 @@ class SqliteStore:
         except sqlite3.Error as e:
             raise self._error(table, e) from e
 
-    @contextmanager
-    def _write_turn(self) -> Iterator[None]:
+    def _take_turn(self) -> int:
         """Queue the writers of this file (from every process; this process's threads
-        already queue on ``_write_lock``) on an advisory lock next to it: a waiter takes
-        its turn within microseconds of the previous writer's commit, instead of at the
-        next step of SQLite's busy handler, which sleeps up to 100 ms at a time while
-        the other writer commits again (two worker processes drained no faster than
-        one). Only an order: SQLite's own locking keeps the writes correct, and a writer
-        that waited ``busy_timeout`` goes on unqueued (to SQLite's busy handler)."""
-        fd = self._turn_fd()
-        held = False
-        try:
-            deadline = spin_until = None
-            pause = 0.0
-            while fd >= 0:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    held = True
-                    break
-                except BlockingIOError:
-                    now = time.monotonic()
-                    if deadline is None:
-                        deadline, spin_until = now + self._busy_timeout, now + 0.0003
-                    if now > deadline:
-                        break
-                    # A write lasts about 0.1 ms: yield while one may be ending, then
-                    # sleep in growing steps (a sleep costs at least ~0.06 ms here).
-                    if spin_until is not None and now > spin_until:
-                        pause = min(pause * 2 or 0.00005, 0.0005)
-                    time.sleep(pause)
-            yield
-        finally:
-            if held:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-
-    def _turn_fd(self) -> int:
-        """This process's descriptor of the writers' lock file (-1: none to be had)."""
-        if self._turn[1] != _forks.generation:  # a forked child must not share the flock
+        already queue on ``_write_lock``) on an advisory lock next to it, and return its
+        descriptor, held (-1: nothing held). A waiter takes its turn within
+        microseconds of the previous writer's commit, instead of at the next step of
+        SQLite's busy handler, which sleeps up to 100 ms at a time while the other
+        writer commits again (two worker processes drained no faster than one). Only an
+        order: SQLite's own locking keeps the writes correct, and a writer that waited
+        ``busy_timeout`` goes on unqueued (to SQLite's busy handler). A store that no
+        other one writes (:class:`_Writers`) takes no turn: there is nobody to queue
+        behind, and the lock would cost two system calls a write."""
+        turn = self._turn
+        if turn is None or turn.generation != _forks.generation:
+            turn = self._turn = _Writers(self.path)  # a forked child must not share them
+        fd = turn.turn_fd
+        if fd < 0 or not turn.others_present():
+            return -1
+        deadline = spin_until = None
+        pause = 0.0
+        while True:
             try:
-                fd = os.open(self.path + "-write.lock", os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError:
-                fd = -1
-            self._turn = (fd, _forks.generation)
-        return self._turn[0]
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                now = time.monotonic()
+                if deadline is None:
+                    deadline, spin_until = now + self._busy_timeout, now + 0.0003
+                if now > deadline:
+                    return -1
+                # A write lasts about 0.1 ms: yield while one may be ending, then
+                # sleep in growing steps (a sleep costs at least ~0.06 ms here).
+                if spin_until is not None and now > spin_until:
+                    pause = min(pause * 2 or 0.00005, 0.0005)
+                time.sleep(pause)
 
     def _cas_plan(
         self,
@@ -1003,6 +1122,6 @@ class SqliteStore:
                 db.close()
             except sqlite3.Error:
                 pass
-        fd, self._turn = self._turn[0], (-1, -1)
-        if fd >= 0:
-            os.close(fd)
+        turn, self._turn = self._turn, None
+        if turn is not None:
+            turn.close()

@@ -9,8 +9,11 @@ Whatever the backend, the results and the cells left behind are those of the sam
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -24,7 +27,9 @@ from hypothesis import strategies as st
 from percolator._bulk import check_and_set_many
 from percolator._store import BatchedCas, CasItem, Read, Store
 from percolator.stores import open_store
+from percolator.stores.sqlite import _Writers
 
+ROOT = str(Path(__file__).resolve().parents[2])
 FAMILIES = {"d": 0, "w": 0, "l": 1, "n": 0}
 ROWS = (b"r0", b"r1", b"r2")
 COLUMNS = ("l:a", "l:b")
@@ -177,32 +182,82 @@ def test_hbase_has_no_batched_compare_and_set() -> None:
     assert not hasattr(HBaseStore, "check_and_set_many")
 
 
-def test_sqlite_writers_take_turns(tmp_path: Path) -> None:
-    s = open_store(f"sqlite://{tmp_path}/repo.db")
-    s.create_table("t", FAMILIES)
-    turn = os.open(f"{tmp_path}/repo.db-write.lock", os.O_RDWR | os.O_CREAT)
-    fcntl.flock(turn, fcntl.LOCK_EX)  # another writer's turn (another process)
-    done: list[list[bool]] = []
-    writer = threading.Thread(target=lambda: done.append(
-        check_and_set_many(s, "t", [(b"r", "l:a", None, b"L", [])])))
-    writer.start()
-    writer.join(0.5)
-    assert writer.is_alive() and not done  # waiting for its turn
-    assert s.read_rows("t", [b"r"], [Read("l")]) == {}
-    os.close(turn)
-    writer.join()
+_OTHER_WRITER = """
+import fcntl, os, sys
+from percolator.stores import open_store
+from percolator.stores.sqlite import _Writers
+store = open_store(f"sqlite://{sys.argv[1]}")  # a writer of the file, in another process
+turn = os.open(sys.argv[1] + "-write.lock", os.O_RDWR)
+fcntl.flock(turn, fcntl.LOCK_EX)  # its turn, held until told to go
+print("holding", flush=True)
+sys.stdin.readline()
+"""
+
+
+@contextlib.contextmanager
+def other_writer(path: str) -> Iterator[subprocess.Popen[str]]:
+    """A process that opens the store at *path* and holds the writers' turn until
+    its standard input gets a line."""
+    proc = subprocess.Popen([sys.executable, "-c", _OTHER_WRITER, path], text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "holding\n"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_sqlite_writers_take_turns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer waits for the turn of a writer of another process: here one that came
+    after this store's first write (its mark makes this store look again at once)."""
+    monkeypatch.setattr(_Writers, "RECHECK", 3600.0)  # only the mark can tell
+    path = f"{tmp_path}/repo.db"
+    s = open_store(f"sqlite://{path}")
+    s.create_table("t", FAMILIES)  # a write, alone on the file: no turn taken
+    with other_writer(path) as other:
+        done: list[list[bool]] = []
+        writer = threading.Thread(target=lambda: done.append(
+            check_and_set_many(s, "t", [(b"r", "l:a", None, b"L", [])])))
+        writer.start()
+        writer.join(0.5)
+        assert writer.is_alive() and not done  # waiting for its turn
+        assert s.read_rows("t", [b"r"], [Read("l")]) == {}
+        assert other.stdin is not None
+        other.stdin.write("go\n")
+        other.stdin.flush()
+        writer.join()
     assert done == [[True]]
     s.close()
 
 
-def test_sqlite_writer_goes_on_after_busy_timeout(tmp_path: Path) -> None:
-    s = open_store(f"sqlite://{tmp_path}/repo.db?busy_timeout=0.2")
+def test_sqlite_writer_alone_on_its_file_takes_no_turn(tmp_path: Path) -> None:
+    """No other store object writes the file: a held turn lock (here by a descriptor
+    that is no writer's) does not hold the writer up, which takes no turn at all."""
+    path = f"{tmp_path}/repo.db"
+    s = open_store(f"sqlite://{path}")
     s.create_table("t", FAMILIES)
-    turn = os.open(f"{tmp_path}/repo.db-write.lock", os.O_RDWR | os.O_CREAT)
-    fcntl.flock(turn, fcntl.LOCK_EX)  # held by a writer that never finishes
+    turn = os.open(f"{path}-write.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(turn, fcntl.LOCK_EX)
     try:
-        # the turn is only an order: SQLite's own locking keeps the write correct
-        assert check_and_set_many(s, "t", [(b"r", "l:a", None, b"L", [])]) == [True]
+        writer = threading.Thread(
+            target=check_and_set_many, args=(s, "t", [(b"r", "l:a", None, b"L", [])]))
+        writer.start()
+        writer.join(30)  # waiting for the turn would last busy_timeout, 60 s
+        assert not writer.is_alive()
+        assert s.read_rows("t", [b"r"], [Read("l")]) == {b"r": {"l:a": [(0, b"L")]}}
     finally:
         os.close(turn)
         s.close()
+
+
+def test_sqlite_writer_goes_on_after_busy_timeout(tmp_path: Path) -> None:
+    path = f"{tmp_path}/repo.db"
+    s = open_store(f"sqlite://{path}?busy_timeout=0.2")
+    s.create_table("t", FAMILIES)
+    with other_writer(path):  # holds its turn and never finishes
+        try:
+            # the turn is only an order: SQLite's own locking keeps the write correct
+            assert check_and_set_many(s, "t", [(b"r", "l:a", None, b"L", [])]) == [True]
+        finally:
+            s.close()
