@@ -56,6 +56,15 @@ def _calls(paths: list[Path]) -> list[tuple[str, int, int, int]]:
     return calls
 
 
+def _wait_for_lines(paths: list[Path], lines: int, timeout: float = 60) -> None:
+    """Wait until every file in *paths* holds at least *lines* lines (a loaded machine
+    may take seconds to start a process)."""
+    deadline = time.monotonic() + timeout
+    while any(not p.exists() or p.read_bytes().count(b"\n") < lines for p in paths):
+        assert time.monotonic() < deadline, f"fewer than {lines} lines in {paths}"
+        time.sleep(0.05)
+
+
 def check_linearizable(calls: list[tuple[str, int, int, int]]) -> None:
     stamps = [c[3] for c in calls]
     assert len(stamps) == len(set(stamps)), "a timestamp was issued twice"
@@ -112,8 +121,9 @@ def test_kill_9_and_restart_never_reissue(tmp_path: Path) -> None:
     for round_ in range(3):
         out = tmp_path / f"round{round_}.txt"
         outs.append(out)
-        procs = [_worker(db, out.with_suffix(f".{i}"), threads=2, count=0) for i in range(2)]
-        time.sleep(0.6)
+        files = [out.with_suffix(f".{i}") for i in range(2)]
+        procs = [_worker(db, f, threads=2, count=0) for f in files]
+        _wait_for_lines(files, 40)  # each process has been drawing for a while
         for p in procs:
             os.kill(p.pid, signal.SIGKILL)
             p.wait()
