@@ -132,7 +132,7 @@ def test_a_unit_commit_dying_at_any_point_lands_whole_or_not_at_all(
                             "a:owner") is not None
 
 
-def _kill_while_taking_a_unit(root: Path, kill_at: int, one_phase: bool) -> bool:
+def _kill_while_taking_a_unit(url: str, root: Path, kill_at: int, one_phase: bool) -> bool:
     """Kill the processor's run on a fresh unit before its *kill_at*-th step (or once
     it returned, with the thread it handed the unit to not yet run: the process
     died); check that nothing is stranded and that a live worker then commits the
@@ -142,7 +142,7 @@ def _kill_while_taking_a_unit(root: Path, kill_at: int, one_phase: bool) -> bool
     (root / "a" / "one.jsonl").write_bytes(
         b"".join(json.dumps({"k": f"k{i % 3}"}).encode() + b"\n" for i in range(30)))
     row = _pipeline.unit_row("one.jsonl", 0)
-    with percolator.connect(f"sqlite:///{root}/repo.db") as cluster:
+    with percolator.connect(url) as cluster:
         p = _app.pipeline(cluster, root, max_unit_delay=0, local_eta=600)
         p.create()
         p.track("a")
@@ -171,12 +171,14 @@ def _kill_while_taking_a_unit(root: Path, kill_at: int, one_phase: bool) -> bool
                     threads=1):
             settle(p)
         assert_exact(p, root)
+        for table in cluster.tables():
+            cluster.drop_table(table)
     return returned
 
 
 @pytest.mark.parametrize("one_phase", [True, False], ids=["one-phase", "two-phase"])
 def test_a_worker_dying_at_any_step_of_taking_a_unit_strands_nothing(
-    tmp_path: Path, one_phase: bool
+    store_url: str, tmp_path: Path, one_phase: bool
 ) -> None:
     """The processor's run on a ready unit (acknowledging its notification, handing
     the unit to a thread) is killed before each of its store calls in turn, and
@@ -186,7 +188,7 @@ def test_a_worker_dying_at_any_step_of_taking_a_unit_strands_nothing(
     rather than in the acknowledging transaction: killed after the acknowledgement,
     the unit has neither, and is pending for ever."""
     kill_at = 0
-    while not _kill_while_taking_a_unit(tmp_path / str(kill_at), kill_at, one_phase):
+    while not _kill_while_taking_a_unit(store_url, tmp_path / str(kill_at), kill_at, one_phase):
         kill_at += 1
     assert kill_at > 3
 
