@@ -60,6 +60,7 @@ from percolator import (
     TransactionBase,
     transactional,
 )
+from percolator._notifications import pending_notifications
 
 __all__ = ["Application", "BadRecord", "LogPipeline", "Output", "Record", "WorkUnit"]
 
@@ -292,18 +293,44 @@ class LogPipeline:
 
     def sweep_leases(self) -> int:
         """Re-notify pending units whose lease expired or whose owner is dead, so that
-        a worker takes them over. Returns how many."""
-        now, due = _now_ms(), []
+        a worker takes them over, and pending units with neither a lease nor a
+        notification (:meth:`stranded`). Returns how many."""
+        now, due, unleased = _now_ms(), [], []
         with Snapshot(self.cluster) as snap:
             for row, cells in snap.scan(self.units, None, None, ["u:state", "u:lease"]):
-                if cells.get("u:state") != b"P" or "u:lease" not in cells:
+                if cells.get("u:state") != b"P":
+                    continue
+                if "u:lease" not in cells:
+                    unleased.append(row)
                     continue
                 owner, expires = _lease(cells["u:lease"])
                 if expires <= now or self.cluster.coordination.is_alive(owner) is False:
                     due.append(row)
+        due += self._unnotified(unleased)
         if due:
             _renotify(self.cluster, self, due)
         return len(due)
+
+    def stranded(self) -> list[bytes]:
+        """Rows of pending units with neither a lease nor a pending notification:
+        nothing would process them but :meth:`sweep_leases`. Units are leased in the
+        transaction that acknowledges their notification, so none should be; a
+        unit left so by an older version is woken by the next sweep."""
+        with Snapshot(self.cluster) as snap:
+            unleased = [row for row, cells in snap.scan(self.units, None, None,
+                                                        ["u:state", "u:lease"])
+                        if cells.get("u:state") == b"P" and "u:lease" not in cells]
+        return self._unnotified(unleased)
+
+    def _unnotified(self, rows: list[bytes]) -> list[bytes]:
+        """Those of *rows* with no pending ``u:ready`` notification. Read after the
+        snapshot that found them unleased: a unit leased since then may be among them,
+        and re-notifying it costs a run that finds the lease and does nothing."""
+        if not rows:
+            return []
+        notified = {n.row for n in pending_notifications(self.cluster, [self.units])
+                    if n.column == "u:ready"}
+        return [row for row in rows if row not in notified]
 
     # --- operations ---------------------------------------------------------------------
 
@@ -319,19 +346,22 @@ class LogPipeline:
                 name, begin = parse_unit_row(row)
                 ranges.setdefault(name, []).append(
                     (begin, int(cells["u:range"]), cells.get("u:state", b"?")))
+        stranded = set(self.stranded())
         report: dict[str, list[str]] = {}
         for name, cells in files.items():
             problems = []
             size, cut = int(cells.get("f:size", b"0")), int(cells.get("f:cut", b"0"))
             done = sorted((b, e) for b, e, s in ranges.get(name, []) if s in (b"C", b"Q"))
             waiting = [(b, e) for b, e, s in ranges.get(name, []) if s == b"P"]
+            lost = sum(1 for b, _ in waiting if unit_row(name, b) in stranded)
             at = 0
             for begin, end in done:
                 if begin != at:
                     problems.append(f"{'gap' if begin > at else 'overlap'} at {min(at, begin)}")
                 at = max(at, end)
             if waiting:
-                problems.append(f"{len(waiting)} unit(s) pending")
+                problems.append(f"{len(waiting)} unit(s) pending" + (
+                    f", {lost} with neither a lease nor a notification" if lost else ""))
             elif at != size or cut != size:
                 problems.append(f"covered up to {at}, cut at {cut}, tracked {size}")
             report[name] = problems
