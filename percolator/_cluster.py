@@ -328,9 +328,9 @@ class Cluster:
         read any more (docs/garbage-collection.md).
 
         The safe point moves up to the timestamp that was current *retention* seconds
-        ago (0: now), but never past the oldest transaction still running in any live
-        client, unless that transaction is older than *max_txn_age* seconds; a
-        transaction left below the safe point gets :class:`SnapshotTooOldError`.
+        ago (0: now), but never past a transaction still running in a live client,
+        unless that transaction is older than *max_txn_age* seconds; a transaction
+        left below the safe point gets :class:`SnapshotTooOldError`.
         Every user table keeps, per cell, the newest version below the safe point and
         everything newer; deleted cells go entirely. *dry_run* counts what would go
         and changes nothing; *vacuum* then returns free space to the file system

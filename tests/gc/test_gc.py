@@ -5,12 +5,14 @@ below the safe point gets SnapshotTooOldError instead of a missing or stale valu
 (reads, commits, ``Snapshot(start_ts=...)``), the race between a reader and a pass
 (a reader parked at the exact step, a fetch whose reply comes late, a pass that finds
 the safe point already persisted by a pass killed in its grace wait), the data of a
-commit across the safe point, and a long-running reader in another process that
-keeps its snapshot through passes.
+commit across the safe point, a long-running reader in another process that keeps its
+snapshot through passes, and a young transaction that keeps its snapshot when an older
+one of its process is past max_txn_age (in this process, another, an older client).
 """
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 import threading
@@ -25,7 +27,7 @@ import percolator
 from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
 from percolator._encoding import META_TABLE
 from percolator._gc import collect
-from percolator._store import ConditionalDelete, Read
+from percolator._store import ConditionalDelete, Mutation, Read
 from percolator.testing import CrashPoint, client_of, crash_commit
 from tests._backends import make_store_url
 
@@ -220,6 +222,117 @@ def test_a_snapshot_below_the_safe_point_raises_instead_of_reading(
     with pytest.raises(percolator.SnapshotTooOldError):
         old.commit()
     assert percolator.Snapshot(c).get(T, b"r", "c:x") == b"new"
+
+
+TWO_HOURS = 7200.0
+
+
+def test_a_young_transaction_holds_the_safe_point_back_past_an_older_one_overtaken(
+    gc_cluster: percolator.Cluster,
+) -> None:
+    """Two transactions of this process: one began two hours ago, the other now. A pass
+    with max_txn_age an hour overtakes the old one only; the young one keeps its
+    snapshot."""
+    c = gc_cluster
+    put(c, b"r", b"1")
+    old = percolator.Snapshot(c)
+    old._began -= TWO_HOURS
+    put(c, b"r", b"2")
+    young = percolator.Snapshot(c)
+    put(c, b"r", b"3")
+    summary = c.gc(retention=0, max_txn_age=3600)
+    assert summary.safe_point == young.start_ts
+    assert summary.held_back_by == "this process"
+    assert young.get(T, b"r", "c:x") == b"2"
+    with pytest.raises(percolator.SnapshotTooOldError):
+        old.get(T, b"r", "c:x")
+
+
+OLD_AND_YOUNG = """
+import sys, percolator
+cluster = percolator.connect(sys.argv[1], safe_point_refresh=float(sys.argv[2]))
+old = percolator.Snapshot(cluster)
+old._began -= 7200  # began two hours ago
+young = percolator.Snapshot(cluster)
+print(old.start_ts, young.start_ts, cluster.coordination.current_owner(), flush=True)
+sys.stdin.readline()
+print(young.get("t", b"r", "c:x").decode(), flush=True)
+try:
+    old.get("t", b"r", "c:x")
+except percolator.SnapshotTooOldError:
+    print("too old", flush=True)
+cluster.close()
+"""
+
+
+def test_a_young_transaction_in_another_process_holds_the_safe_point_back_past_an_older_one(
+    gc_cluster: percolator.Cluster, url: str,
+) -> None:
+    """The same across processes: a client holding a transaction that began two hours
+    ago and a young one publishes both, and a pass with max_txn_age an hour overtakes
+    the old one only. Its oldest stays in the entry that older passes read, in the
+    format they read."""
+    c = gc_cluster
+    put(c, b"r", b"1")
+    child = subprocess.Popen(
+        [sys.executable, "-c", OLD_AND_YOUNG, url, str(REFRESH)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT, text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        old_ts, young_ts, owner = child.stdout.readline().split()
+        deadline = time.monotonic() + 60
+        while True:  # its publisher may have run before the old one's start was set back
+            holder = next((h for h in c.safe_point.holders() if h.owner == owner), None)
+            if holder is not None and time.time() - holder.began > TWO_HOURS - 60 and \
+                    int(young_ts) in [ts for ts, _ in holder.younger]:
+                break
+            assert time.monotonic() < deadline, f"not published: {holder}"
+            threading.Event().wait(REFRESH)
+        assert holder.start_ts == int(old_ts)
+        cells = c.store.read_rows(META_TABLE, [b"gc"], [Read("m")])[b"gc"]
+        oldest = cells[f"m:client/{owner}"][0][1]
+        assert len(oldest) == 16 and struct.unpack(">Q", oldest[:8])[0] == int(old_ts)
+        put(c, b"r", b"2")
+        summary = c.gc(retention=0, max_txn_age=3600)
+        assert summary.safe_point == int(young_ts)
+        assert summary.held_back_by == f"client {owner}"
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "1"
+        assert child.stdout.readline().strip() == "too old"
+        assert child.wait(60) == 0
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_an_older_clients_entry_holds_the_safe_point_back_until_max_txn_age(
+    gc_cluster: percolator.Cluster,
+) -> None:
+    """A client from before ``m:younger/`` publishes its oldest transaction only: a pass
+    reads it as a client with nothing younger, held back by it within max_txn_age."""
+    c = gc_cluster
+    other = client_of(c).coordination
+    column = f"m:client/{other.current_owner()}"
+    put(c, b"r", b"1")
+    start_ts = c.timestamps.get_timestamp()
+    put(c, b"r", b"2")
+
+    def publish(began: float) -> None:
+        record = struct.pack(">QQ", start_ts, int(began * 1000))
+        c.store.mutate_rows(META_TABLE, [Mutation(b"gc", [(column, 0, record)])])
+
+    try:
+        publish(time.time())
+        (holder,) = c.safe_point.holders()
+        assert (holder.start_ts, holder.younger) == (start_ts, ())
+        summary = c.gc(retention=0, max_txn_age=3600)
+        assert (summary.safe_point, summary.held_back_by) == (start_ts, f"client {holder.owner}")
+        publish(time.time() - TWO_HOURS)
+        assert c.gc(retention=0, max_txn_age=3600).safe_point > start_ts
+    finally:
+        other.close()
 
 
 @pytest.mark.parametrize("one_phase", [True, False], ids=["one-phase", "two-phase"])
