@@ -194,6 +194,9 @@ class SafePoint:
         being registered with it: :meth:`running` waits for them."""
         self._running: weakref.WeakSet[Running] = weakref.WeakSet()
         self._published: tuple[tuple[int, int], ...] | None = None
+        self._publishing = threading.Lock()
+        """One publication at a time: two interleaved could leave an older one stored
+        while :attr:`_published` says the newer, which would then never be written."""
         self._publisher: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -365,6 +368,10 @@ class SafePoint:
         """Publish this client's running transactions if they changed: the oldest in
         ``m:client/`` (the format of passes that read nothing else), the rest of the
         :func:`staircase` in ``m:younger/`` (absent when there is none)."""
+        with self._publishing:
+            self._publish()
+
+    def _publish(self) -> None:
         steps = tuple((ts, int(began * 1000)) for ts, began in self.running()) or None
         if steps == self._published:
             return
