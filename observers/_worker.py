@@ -844,6 +844,18 @@ class Worker:
         settle: int | None, group: _Group | None = None,
     ) -> tuple[str, bool]:
         txn = ObserverTransaction(self.cluster)
+        try:
+            return self._observe(txn, observer, table, row, column, weak, settle, group)
+        except BaseException:
+            # Its error travels on (to the log, whose handlers may keep the record and
+            # so the traceback's frames): the run must not hold the safe point meanwhile.
+            txn.close()
+            raise
+
+    def _observe(
+        self, txn: ObserverTransaction, observer: Observer, table: str, row: bytes,
+        column: str, weak: bool, settle: int | None, group: _Group | None,
+    ) -> tuple[str, bool]:
         txn._stop_waiting = self._stop
         ack = ack_column(observer.name, column)
         txn._internal_columns = True

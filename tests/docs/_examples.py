@@ -120,7 +120,9 @@ def _read_markers(block: Block, prose: str) -> None:
             block.setup.append(value + "\n")
     if block.no_run is not None and block.setup:
         raise MarkerError(f"{block.where}: a block that does not run needs no setup")
-    if (block.no_run is not None or block.setup) and not block.is_example:
+    if block.setup and block.lang != PYTHON:
+        raise MarkerError(f"{block.where}: setup is Python run before a python block")
+    if block.no_run is not None and not block.is_example:
         raise MarkerError(f"{block.where}: markers apply to python and shell blocks, "
                           f"not {block.lang or 'text'}")
 

@@ -4,6 +4,7 @@ traceback into the Markdown file."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -53,7 +54,10 @@ def _run_shell(block: Block, directory: Path) -> None:
 
 def _left_open(namespace: dict[str, Any]) -> list[str]:
     """What the page leaves running: a worker's threads, or a transaction or snapshot
-    that holds garbage collection back (the docs close what they open)."""
+    that holds garbage collection back (the docs close what they open). Garbage in
+    reference cycles (a failed run's traceback) is collected first: only what the
+    page still holds counts."""
+    gc.collect()
     problems = []
     for name, value in namespace.items():
         if isinstance(value, Worker) and any(t.is_alive() for t in value._threads):
