@@ -310,6 +310,8 @@ class Cluster:
         return self._observed
 
     def is_observed(self, table: str, column: str) -> bool:
+        """Whether commits to (*table*, *column*) set notifications, as far as this
+        client knows (its view of the registry is at most half a second old)."""
         return (table, column) in self.observed_columns()
 
     # --- garbage collection -----------------------------------------------------------

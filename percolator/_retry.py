@@ -45,6 +45,10 @@ class RetryPolicy:
                 raise InvalidArgument(f"{name} must be >= 0, got {getattr(self, name)!r}")
 
     def with_(self, **changes: Any) -> RetryPolicy:
+        """A copy with *changes* (field names as keywords), validated like a new one::
+
+            patient = RetryPolicy().with_(max_tries=None, deadline=300.0)
+        """
         return replace(self, **changes)
 
     def attempts(self, stop: threading.Event | None = None) -> Attempts:

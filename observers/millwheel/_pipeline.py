@@ -58,6 +58,8 @@ __all__ = ["MAX_RECORDS_PER_RUN", "Pipeline", "Status"]
 log = logging.getLogger(__name__)
 
 MAX_RECORDS_PER_RUN = 500
+"""Most pending records of one key a key run handles; the rest wait for the next run,
+and a run that stopped there fires no timer (its window may not be complete)."""
 INJECT_BATCH = 500
 WAKE = "k:wake"
 LATE = "m:late"
@@ -273,6 +275,9 @@ class Pipeline:
             yield _decode_record(cells["o:rec"], b"", row[len(prefix):].decode())
 
     def status(self) -> list[Status]:
+        """Each computation's watermarks, pending records, armed timers and late
+        records, in topological order, read at one snapshot
+        (``python -m observers.millwheel status``)."""
         found = []
         with Snapshot(self.cluster) as snap:
             for name in self.order():

@@ -132,9 +132,11 @@ class Output:
     files: list[str] = field(default_factory=list)
 
     def set(self, table: str, row: bytes, column: str, value: bytes) -> None:
+        """Write a cell in the unit's commit transaction (the table must exist)."""
         self._txn.set(table, row, column, value)
 
     def delete(self, table: str, row: bytes, column: str) -> None:
+        """Delete a cell in the unit's commit transaction."""
         self._txn.delete(table, row, column)
 
     def file(self, name: str) -> IO[bytes]:
@@ -153,6 +155,9 @@ class Application:
     exception) for a record it cannot take: the unit is split around it."""
 
     def process(self, unit: WorkUnit, out: Output) -> None:
+        """Process the records of *unit*, writing through *out*.
+
+        :raises BadRecord: (or any exception) for a record it cannot take."""
         raise NotImplementedError
 
 

@@ -79,11 +79,14 @@ def _close(namespace: dict[str, Any]) -> None:
             value.close()
 
 
-@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def _runnable(page: Path) -> list[Block]:
+    return [b for b in blocks(page) if b.is_example and b.no_run is None]
+
+
+@pytest.mark.parametrize("page", [p for p in pages() if _runnable(p)],
+                         ids=lambda p: str(p.relative_to(ROOT)))
 def test_page_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    examples = [b for b in blocks(page) if b.is_example and b.no_run is None]
-    if not examples:
-        pytest.skip("no example to run")
+    examples = _runnable(page)
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, Any] = {"__name__": "__example__", "percolator": percolator}
     given = namespace["cluster"] = percolator.connect(f"sqlite:///{tmp_path}/repo.db")

@@ -21,6 +21,8 @@ from tests.docs._examples import ROOT
 API_PAGES = {
     "percolator": "percolator",
     "percolator.testing": "testing",
+    "percolator.metrics": "metrics",
+    "percolator.stores": "stores",
     "observers": "observers",
     "observers.photon": "photon",
     "observers.millwheel": "millwheel",
