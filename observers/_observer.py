@@ -30,6 +30,12 @@ class Observer:
     the observer's acknowledgements in the store: keep it stable across releases.
     Register observers with a :class:`~observers.Worker`; a worker instantiates
     classes with no arguments and uses instances as they are.
+
+    One instance serves all the scanner threads of its worker, so :meth:`process` may
+    run in several threads at once (for different rows): keep per-run data in local
+    variables, and anything shared on the instance thread-safe. Workers in other
+    processes and hosts run their own instances; the acknowledgements, in the store,
+    keep their runs of one change to a single commit.
     """
 
     table: ClassVar[str]

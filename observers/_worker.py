@@ -285,10 +285,23 @@ class Worker:
     ``quarantined``, ``meetings`` (a scanner found another on its row and jumped),
     ``passes``, ``idle`` passes and lookout ``wakeups``.
 
+    Any number of workers, in any processes and hosts, may run the same observers on
+    one repository: they spread over the pending rows, and at most one observer
+    transaction commits per change however they race or crash. One worker object is
+    started and stopped from one thread; its scanners are its own threads.
+
     ::
 
         worker = Worker(cluster, [DocumentProcessor, Clusterer], threads=4)
         worker.run()          # blocks; SIGTERM or SIGINT stops it cleanly
+
+        with Worker(cluster, [DocumentProcessor]):   # or in the background
+            ...
+            wait_for_observers(cluster)
+
+    :raises InvalidArgument: for no observers, an observer whose table or column is
+        missing or bad, two observers of one name, or a bad number (threads,
+        max_failures, or a negative number of seconds).
     """
 
     def __init__(

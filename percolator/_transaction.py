@@ -70,8 +70,25 @@ class Snapshot:
     """Consistent reads at :attr:`start_ts`: every read sees exactly the transactions
     that committed before it (Percolator's snapshot isolation).
 
-    Reads block on (and resolve) locks of older transactions; they wait at most the
-    cluster's lock wait, then raise :class:`LockedError`.
+    The start timestamp is drawn when the snapshot is made, or given as *start_ts* (an
+    earlier snapshot's, to read the same state again). Reads block on (and resolve)
+    locks of older transactions; they wait at most the cluster's lock wait (seconds,
+    ``connect(lock_wait=...)``), then raise :class:`LockedError`.
+
+    Close it when done: until :meth:`close` (or the end of its ``with`` block, or until
+    nothing references it) it holds garbage collection's safe point at its start
+    timestamp. One that falls below the safe point anyway raises
+    :class:`SnapshotTooOldError` at its next read. A snapshot is for one thread at a
+    time; make one per thread (they are cheap: one timestamp).
+
+    ::
+
+        with percolator.Snapshot(cluster) as snap:
+            html = snap.get("documents", b"https://a.example/", "raw:html")
+
+    :raises InvalidArgument: when *cluster* is not a :class:`Cluster`.
+    :raises SnapshotTooOldError: when *start_ts* is below the safe point.
+    :raises OracleUnavailable: when no timestamp can be drawn.
     """
 
     _internal_columns = False
@@ -549,11 +566,19 @@ def _merge_rows(
 class Transaction(TransactionBase):
     """A snapshot-isolation transaction over any number of rows and tables.
 
-    Takes its start timestamp when created. As a context manager it commits on a
-    clean exit and rolls back on an exception::
+    Takes its start timestamp when created. Reads see the snapshot at that timestamp
+    and the transaction's own writes; writes are buffered and reach the store at
+    :meth:`commit`, all or nothing. As a context manager it commits on a clean exit
+    and rolls back on an exception::
 
         with percolator.Transaction(cluster) as txn:
             txn.set("accounts", b"alice", "bal:amount", b"90")
+
+    A conflict at commit raises :class:`ConflictError`: run the whole transaction
+    again on a fresh snapshot, which :func:`transactional` does for you. A transaction
+    is for one thread at a time; many transactions may run at once, in any threads and
+    processes. Methods of a committed or rolled-back transaction raise
+    :class:`TransactionClosedError`.
     """
 
     def commit(self) -> int:
