@@ -18,12 +18,15 @@ __all__ = ["Observer"]
 class Observer:
     """Code that runs after a committed change to one column (Percolator §2.4)::
 
+        import hashlib
+
         class DocumentProcessor(Observer):
             table, column = "documents", "raw:html"
 
             def process(self, txn, row, column):
                 html = txn.get(self.table, row, column)
-                txn.set("documents", row, "parsed:hash", sha(html))
+                digest = hashlib.sha256(html).hexdigest().encode()
+                txn.set("documents", row, "parsed:hash", digest)
 
     A subclass sets :attr:`table` and :attr:`column` (what it observes) and
     implements :meth:`process`. :attr:`name` (default: the class name) identifies

@@ -292,6 +292,8 @@ class Worker:
 
     ::
 
+        from observers.demo import Clusterer, DocumentProcessor   # the demo's observers
+
         worker = Worker(cluster, [DocumentProcessor, Clusterer], threads=4)
         worker.run()          # blocks; SIGTERM or SIGINT stops it cleanly
 

@@ -142,7 +142,8 @@ def transactional(
             ...
 
         transfer(cluster, b"alice", b"bob", 10)   # begins, runs, commits, retries
-        transfer(txn, b"alice", b"bob", 10)       # part of the caller's transaction
+        with percolator.Transaction(cluster) as txn:
+            transfer(txn, b"alice", b"bob", 10)   # part of the caller's transaction
 
     Other exceptions (the body's own, or errors that a rerun would not fix, such as
     :class:`InvalidArgument`) propagate at once and nothing commits. Thread-safe: the

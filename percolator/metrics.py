@@ -7,7 +7,9 @@ a lock and an addition (no dependency); ``prometheus_client`` (the optional extr
 
     import percolator.metrics
     percolator.metrics.serve(9464)                 # http://127.0.0.1:9464/metrics
+
     # or, in a process that already exports metrics:
+    import prometheus_client
     prometheus_client.REGISTRY.register(percolator.metrics.collector())
 
 ``python -m observers --metrics-port N``, ``python -m oracle --metrics-port N`` and

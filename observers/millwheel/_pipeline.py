@@ -129,10 +129,16 @@ class Status:
 class Pipeline:
     """Keyed computations connected by streams, fed by injectors (MillWheel, seed 004)::
 
+        from observers import Worker, millwheel as mw
+
+        class Windower(mw.Computation):      # counts per minute (docs/millwheel.md)
+            outputs = ("windows",)
+            ...
+
+        pairs = [(b"shoes", 1_000), (b"hats", 20_000)]   # (value, event time in ms)
         zeitgeist = mw.Pipeline(cluster, "zeitgeist")
         zeitgeist.injector("queries", mw.IterableSource(pairs), stream="queries")
         zeitgeist.computation(Windower(), inputs={"queries": lambda r: r.value})
-        zeitgeist.computation(DipDetector(), inputs={"windows": lambda r: r.key})
         zeitgeist.create()
         Worker(cluster, zeitgeist.observers(), tasks=zeitgeist.tasks()).run()
 

@@ -188,6 +188,12 @@ class LogPipeline:
     """Processes growing log files, in several replicas ("sites"), exactly once, in
     work units (Ubiq, seed 003)::
 
+        from observers import Worker, ubiq
+
+        class CampaignCounts(ubiq.Application):     # docs/ubiq.md has it in full
+            def process(self, unit, out):
+                ...
+
         logs = ubiq.LogPipeline(cluster, "adlogs", app=CampaignCounts(),
                                 sites={"a": "/logs/a", "b": "/logs/b"}, pattern="*.jsonl",
                                 unit_bytes=1 << 20, max_unit_delay=5.0)
