@@ -17,7 +17,9 @@ invisible on GitHub and on the site:
 * ``<!-- no-run: why -->`` the block is not run (it needs a service, a machine of its
   own, or is a synopsis); the reason is required;
 * ``<!-- setup: python code -->`` hidden code run before the block, for what the
-  reader is assumed to have (input data, a file to load), never to patch the block.
+  reader is assumed to have (input data, a file to load), never to patch the block;
+* ``<!-- needs: spark -->`` the block needs a ``SparkSession``, given as ``spark``: its
+  page runs in the Spark test (marked ``spark``) instead of with the others.
 
 Only ``python`` blocks and shell blocks (``bash``, ``sh``, ``shell``) are examples;
 blocks without a language or of another one (a config file, a table) are text.
@@ -39,7 +41,8 @@ EXAMPLE_DIR = "/var/lib/app/"
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>```+)(?P<lang>[^`\s]*)[^`]*$")
 _COMMENT_END = re.compile(r"<!--(?P<body>(?:(?!<!--).)*?)-->\s*\Z", re.S)
 _MARKER = re.compile(r"\A\s*(?P<name>[a-z_-]+)\s*:(?P<value>.*)\Z", re.S)
-MARKERS = ("no-run", "setup")
+MARKERS = ("no-run", "setup", "needs")
+SERVICES = ("spark",)
 
 
 class MarkerError(ValueError):
@@ -56,6 +59,7 @@ class Block:
     code: str
     no_run: str | None = None
     setup: list[str] = field(default_factory=list)
+    needs: str | None = None
 
     @property
     def where(self) -> str:
@@ -116,12 +120,19 @@ def _read_markers(block: Block, prose: str) -> None:
             if not value:
                 raise MarkerError(f"{block.where}: no-run needs a reason: <!-- no-run: why -->")
             block.no_run = " ".join(value.split())
+        elif name == "needs":
+            if value not in SERVICES:
+                raise MarkerError(f"{block.where}: needs one of {', '.join(SERVICES)}, "
+                                  f"got {value!r}")
+            block.needs = value
         else:
             block.setup.append(value + "\n")
     if block.no_run is not None and block.setup:
         raise MarkerError(f"{block.where}: a block that does not run needs no setup")
     if block.setup and block.lang != PYTHON:
         raise MarkerError(f"{block.where}: setup is Python run before a python block")
+    if block.needs is not None and block.no_run is not None:
+        raise MarkerError(f"{block.where}: a block that does not run needs nothing")
     if block.no_run is not None and not block.is_example:
         raise MarkerError(f"{block.where}: markers apply to python and shell blocks, "
                           f"not {block.lang or 'text'}")

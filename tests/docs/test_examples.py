@@ -83,12 +83,31 @@ def _runnable(page: Path) -> list[Block]:
     return [b for b in blocks(page) if b.is_example and b.no_run is None]
 
 
-@pytest.mark.parametrize("page", [p for p in pages() if _runnable(p)],
+def _needs_spark(page: Path) -> bool:
+    return any(b.needs == "spark" for b in _runnable(page))
+
+
+@pytest.mark.parametrize("page", [p for p in pages() if _runnable(p) and not _needs_spark(p)],
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_page_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _run_page(page, tmp_path, monkeypatch, {})
+
+
+@pytest.mark.spark
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # pyspark on pandas 3
+@pytest.mark.parametrize("page", [p for p in pages() if _needs_spark(p)],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_spark_page_examples_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                 spark: Any) -> None:
+    _run_page(page, tmp_path, monkeypatch, {"spark": spark})
+
+
+def _run_page(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+              given_names: dict[str, Any]) -> None:
     examples = _runnable(page)
     monkeypatch.chdir(tmp_path)
-    namespace: dict[str, Any] = {"__name__": "__example__", "percolator": percolator}
+    namespace: dict[str, Any] = {"__name__": "__example__", "percolator": percolator,
+                                 **given_names}
     given = namespace["cluster"] = percolator.connect(f"sqlite:///{tmp_path}/repo.db")
     try:
         for block in examples:
