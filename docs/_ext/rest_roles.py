@@ -5,7 +5,9 @@ The docstrings are written for Python's help() and in Sphinx's field style
 directives that Markdown does not know. This rewrites them before parsing:
 ``:class:`~percolator.Snapshot``` becomes a cross-reference when the name is part of
 the public API (``percolator.Snapshot``) and code otherwise; ``.. warning::`` an
-admonition; a paragraph ending in ``::`` (a literal block follows) ends in ``:``.
+admonition; a paragraph ending in ``::`` ends in ``:`` and the literal block after it
+becomes a fenced Python block (tests/docs/test_docstrings.py checks that they are
+Python), so that the site highlights it.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import griffe
 _ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|exc|data|obj):`~?\.?(?P<target>[^`]+)`")
 _DIRECTIVE = re.compile(
     r"^(?P<indent>[ \t]*)\.\. (?P<kind>warning|note|seealso)::[ \t]*(?P<text>.*)$", re.M)
-_LITERAL = re.compile(r"(?<=\S)::$", re.M)
-_BARE_LITERAL = re.compile(r"^(?P<indent>[ \t]*)::$", re.M)
+_LITERAL_BLOCK = re.compile(
+    r"(?P<lead>\S?)::[ \t]*\n[ \t]*\n(?P<body>(?:[ \t]+\S.*\n|[ \t]*\n)+)")
 _DOUBLE_BACKTICK = re.compile(r"``(?P<code>[^`]+?)``")
 
 
@@ -54,13 +56,18 @@ def _directive(text: str) -> str:
     return "\n".join(out)
 
 
+def _fence(match: re.Match[str]) -> str:
+    body = textwrap.dedent(match["body"]).strip("\n")
+    lead = match["lead"] + ":" if match["lead"] else ""
+    return f"{lead}\n\n```python\n{body}\n```\n\n"
+
+
 def markdown(text: str) -> str:
     """*text*, a docstring in reST, as the Markdown that mkdocstrings renders."""
     text = _ROLE.sub(_role, text)
     text = _DOUBLE_BACKTICK.sub(lambda m: f"`{m['code']}`", text)
     text = _directive(text)
-    text = _BARE_LITERAL.sub("", text)
-    return _LITERAL.sub(":", text)
+    return _LITERAL_BLOCK.sub(_fence, text + "\n").rstrip("\n") + "\n"
 
 
 class RestRoles(griffe.Extension):
