@@ -285,10 +285,25 @@ class Worker:
     ``quarantined``, ``meetings`` (a scanner found another on its row and jumped),
     ``passes``, ``idle`` passes and lookout ``wakeups``.
 
+    Any number of workers, in any processes and hosts, may run the same observers on
+    one repository: they spread over the pending rows, and at most one observer
+    transaction commits per change however they race or crash. One worker object is
+    started and stopped from one thread; its scanners are its own threads.
+
     ::
+
+        from observers.demo import Clusterer, DocumentProcessor   # the demo's observers
 
         worker = Worker(cluster, [DocumentProcessor, Clusterer], threads=4)
         worker.run()          # blocks; SIGTERM or SIGINT stops it cleanly
+
+        with Worker(cluster, [DocumentProcessor]):   # or in the background
+            ...
+            wait_for_observers(cluster)
+
+    :raises InvalidArgument: for no observers, an observer whose table or column is
+        missing or bad, two observers of one name, or a bad number (threads,
+        max_failures, or a negative number of seconds).
     """
 
     def __init__(
@@ -856,6 +871,18 @@ class Worker:
                       "leaving it for a later pass", observer.name, table, format_row(row),
                       column, txn.start_ts, newest)
             return _Outcome.TRANSIENT, False
+        try:
+            return self._observe(txn, observer, table, row, column, weak, settle, group)
+        except BaseException:
+            # Its error travels on (to the log, whose handlers may keep the record and
+            # so the traceback's frames): the run must not hold the safe point meanwhile.
+            txn.close()
+            raise
+
+    def _observe(
+        self, txn: ObserverTransaction, observer: Observer, table: str, row: bytes,
+        column: str, weak: bool, settle: int | None, group: _Group | None,
+    ) -> tuple[str, bool]:
         txn._stop_waiting = self._stop
         ack = ack_column(observer.name, column)
         txn._internal_columns = True

@@ -158,12 +158,14 @@ class JoinPipeline:
     """Joins foreign events with the primary events they reference, exactly once
     (Photon, seed 000, on Percolator transactions)::
 
+        from observers import Worker, photon
+
         clicks = photon.JoinPipeline(cluster, "clicks", photon.JsonAdapter(
             foreign_id="click_id", primary_id="query_id", primary_ref="query_id",
             time="ts"), unjoinable_after=3 * 3600, retention_days=3)
         clicks.create()
-        clicks.log_primary(cluster, queries)
-        clicks.log_foreign(cluster, clicks_)
+        clicks.log_primary(cluster, [{"query_id": "q1", "ts": 1700000000000}])
+        clicks.log_foreign(cluster, [{"click_id": "c1", "query_id": "q1", "ts": 1700000000000}])
         Worker(cluster, clicks.observers(), tasks=clicks.tasks()).run()
 
     *unjoinable_after* (seconds after the foreign event's time, or after it first

@@ -135,9 +135,11 @@ class Output:
     files: list[str] = field(default_factory=list)
 
     def set(self, table: str, row: bytes, column: str, value: bytes) -> None:
+        """Write a cell in the unit's commit transaction (the table must exist)."""
         self._txn.set(table, row, column, value)
 
     def delete(self, table: str, row: bytes, column: str) -> None:
+        """Delete a cell in the unit's commit transaction."""
         self._txn.delete(table, row, column)
 
     def file(self, name: str) -> IO[bytes]:
@@ -156,6 +158,9 @@ class Application:
     exception) for a record it cannot take: the unit is split around it."""
 
     def process(self, unit: WorkUnit, out: Output) -> None:
+        """Process the records of *unit*, writing through *out*.
+
+        :raises BadRecord: (or any exception) for a record it cannot take."""
         raise NotImplementedError
 
 
@@ -185,6 +190,12 @@ def _head(path: Path) -> bytes:
 class LogPipeline:
     """Processes growing log files, in several replicas ("sites"), exactly once, in
     work units (Ubiq, seed 003)::
+
+        from observers import Worker, ubiq
+
+        class CampaignCounts(ubiq.Application):     # docs/ubiq.md has it in full
+            def process(self, unit, out):
+                ...
 
         logs = ubiq.LogPipeline(cluster, "adlogs", app=CampaignCounts(),
                                 sites={"a": "/logs/a", "b": "/logs/b"}, pattern="*.jsonl",

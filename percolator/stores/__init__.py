@@ -22,6 +22,8 @@ BACKENDS: dict[str, str] = {
     "hbase": "percolator.stores.hbase:open_hbase_store",
     "bigtable": "percolator.stores.bigtable:open_bigtable_store",
 }
+"""URL scheme -> ``module:function`` that opens a store of that scheme (imported only
+when a url of the scheme is opened, so optional dependencies stay optional)."""
 
 
 def open_store(url: str, **options: Any) -> Store:
