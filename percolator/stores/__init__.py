@@ -15,7 +15,7 @@ from percolator import metrics
 from percolator._errors import InvalidArgument
 from percolator._store import Store
 
-__all__ = ["BACKENDS", "REQUESTS", "open_store"]
+__all__ = ["BACKENDS", "open_store"]
 
 BACKENDS: dict[str, str] = {
     "sqlite": "percolator.stores.sqlite:open_sqlite_store",
@@ -73,3 +73,5 @@ class RequestCounters:
 
 
 REQUESTS = RequestCounters()
+"""The store request counters the backends step (internal to the backends: not in
+``__all__``)."""

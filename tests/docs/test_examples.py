@@ -63,10 +63,10 @@ def _left_open(namespace: dict[str, Any]) -> list[str]:
         if isinstance(value, Worker) and any(t.is_alive() for t in value._threads):
             problems.append(f"worker {name!r} is still running")
         if isinstance(value, percolator.Cluster) and not value._closed:
-            oldest = value.safe_point.oldest_running()
-            if oldest is not None:
+            running = value.safe_point.running()
+            if running:
                 problems.append(f"a transaction or snapshot of {name!r} is still open "
-                                f"(start_ts {oldest[0]}): it holds garbage collection back")
+                                f"(start_ts {running[0][0]}): it holds garbage collection back")
     return problems
 
 

@@ -43,6 +43,6 @@ def test_a_failed_run_is_closed_although_its_error_is_kept() -> None:
                 isinstance(a, ValueError) for a in (r.args or ()))]
             assert kept, "the worker no longer logs the error object: this test needs another"
             gc.collect()
-            assert cluster.safe_point.oldest_running() is None
+            assert cluster.safe_point.running() == []
     finally:
         log.removeHandler(keeper)
