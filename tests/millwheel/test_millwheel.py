@@ -131,6 +131,8 @@ def test_workers_and_injectors_killed_with_sigkill_keep_counts_exact(
     env = {"MW_SEED": "4", "MW_RECORDS": "1200", "MW_BATCH": "20"}
     records = _app.make_input(4, 1200)
     rng = random.Random(17)
+    with percolator.connect(url) as cluster:  # a loaded machine may kill every worker
+        _app.build(cluster, records, inject_batch=20).create()  # before it gets this far
     workers = [_spawn(url, env) for _ in range(2)]
     kills = 0
     try:
