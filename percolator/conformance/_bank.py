@@ -1,0 +1,177 @@
+"""The bank under kill -9: client processes make random transfers, and are killed
+with SIGKILL at random moments and restarted, while this process reads.
+
+Each transfer moves an amount between two accounts and records itself in the
+transfers table in the same transaction; a client appends the transfer's id to its
+log only after ``commit`` returned. Checked:
+
+* every read transaction (one between two kills, and at the end) sees the initial
+  total (``bank total``);
+* the final balances are the initial ones moved by exactly the recorded transfers
+  (``half-applied transfer``), and every acknowledged transfer is recorded
+  (``lost transfer``);
+* once a reader has met them, the killed clients left no lock (``unresolved lock``).
+
+The clients are ``python -m percolator.conformance._bank_client``, connected as this
+run is (same url, oracle, ZooKeeper and TLS flags).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import percolator
+from percolator._cluster import Cluster
+from percolator._transaction import Transaction, TransactionBase
+from percolator.conformance._core import Anomaly, CheckResult, Target, unresolved_locks
+
+ACCOUNTS = 8
+INITIAL = 1000
+CLIENTS = 3
+MIN_KILLS = 6
+BALANCE = "bal:v"
+MOVE = "t:move"
+
+
+def account(i: int) -> bytes:
+    return b"acct%03d" % i
+
+
+def transfer(txn: TransactionBase, accounts: str, transfers: str, tid: bytes, src: int,
+             dst: int, amount: int) -> None:
+    """Move *amount* from account *src* to *dst*, recording it as *tid*."""
+    a = int(txn.get(accounts, account(src), BALANCE) or b"0")
+    b = int(txn.get(accounts, account(dst), BALANCE) or b"0")
+    txn.set(accounts, account(src), BALANCE, str(a - amount).encode())
+    txn.set(accounts, account(dst), BALANCE, str(b + amount).encode())
+    txn.set(transfers, tid, MOVE, b"%d %d %d" % (src, dst, amount))
+
+
+def open_accounts(cluster: Cluster, accounts: str) -> None:
+    with Transaction(cluster) as txn:
+        for i in range(ACCOUNTS):
+            txn.set(accounts, account(i), BALANCE, str(INITIAL).encode())
+
+
+def read_total(cluster: Cluster, accounts: str) -> None:
+    """:raises Anomaly: if one snapshot does not hold the initial total."""
+    with Transaction(cluster) as txn:
+        balances = {row: int(v[BALANCE]) for row, v in txn.scan(accounts)}
+        if sum(balances.values()) != ACCOUNTS * INITIAL:
+            raise Anomaly("bank total", f"transaction {txn.start_ts} read a total of "
+                          f"{sum(balances.values())}, not {ACCOUNTS * INITIAL}: {balances}")
+
+
+def check_final(cluster: Cluster, accounts: str, transfers: str, acknowledged: set[bytes]
+                ) -> list[Anomaly]:
+    """The bank's invariants once every client is dead: reading resolves the locks
+    they left."""
+    found = []
+    with Transaction(cluster) as final:
+        balances = {row: int(v[BALANCE]) for row, v in final.scan(accounts)}
+        moves = {row: v[MOVE] for row, v in final.scan(transfers)}
+    if sum(balances.values()) != ACCOUNTS * INITIAL:
+        found.append(Anomaly("bank total", f"the final total is {sum(balances.values())}, "
+                             f"not {ACCOUNTS * INITIAL}"))
+    expected = {account(i): INITIAL for i in range(ACCOUNTS)}
+    for move in moves.values():
+        src, dst, n = (int(x) for x in move.split())
+        expected[account(src)] -= n
+        expected[account(dst)] += n
+    wrong = {row: (balances.get(row), want) for row, want in expected.items()
+             if balances.get(row) != want}
+    if wrong:
+        found.append(Anomaly("half-applied transfer", f"balances differ from the initial "
+                             f"ones moved by the {len(moves)} recorded transfers "
+                             f"(account: (balance, expected)): {wrong}"))
+    lost = sorted(acknowledged - set(moves))
+    if lost:
+        found.append(Anomaly("lost transfer", f"{len(lost)} transfer(s) acknowledged to a "
+                             f"client are not recorded: {lost[:5]}"))
+    left = unresolved_locks(cluster, [accounts, transfers])
+    if left:
+        found.append(Anomaly("unresolved lock", f"{len(left)} lock(s) left by killed clients "
+                             f"after a full read: {left[:3]}"))
+    return found
+
+
+def _client_env() -> dict[str, str]:
+    """The environment of a client: the same percolator as this process imports."""
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(percolator.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def check(target: Target, result: CheckResult) -> None:
+    accounts, transfers = target.table("bank_accounts"), target.table("bank_transfers")
+    open_accounts(target.cluster, accounts)
+    rng = target.rng
+    with tempfile.TemporaryDirectory(prefix="percolator-conformance-") as tmp:
+        log = Path(tmp) / "acknowledged"
+        seeds = iter(range(rng.randrange(1 << 30), 1 << 31))
+
+        stderr_of: dict[int, Path] = {}  # pid -> the client's stderr
+
+        def start() -> subprocess.Popen[bytes]:
+            seed = next(seeds)
+            path = Path(tmp) / f"client-{seed}.err"
+            # stderr to a file, not a pipe nobody drains: quoted if the client dies
+            with open(path, "wb") as err:
+                client = subprocess.Popen(
+                    [sys.executable, "-m", "percolator.conformance._bank_client",
+                     *target.connection.argv(), "--accounts", accounts, "--transfers",
+                     transfers, "--seed", str(seed), "--log", str(log)],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                    env=_client_env())
+            stderr_of[client.pid] = path
+            return client
+
+        clients = [start() for _ in range(CLIENTS)]
+        started = [time.monotonic()] * CLIENTS
+        kills = 0
+        # A slow cluster gets up to three times the check's share for its first
+        # acknowledged transfer (starting a client and connecting take a while).
+        hard_deadline = time.monotonic() + 3 * max(target.remaining(), 5.0)
+        try:
+            while time.monotonic() < hard_deadline and (
+                    target.remaining() > 0 or kills < MIN_KILLS or not _acknowledged(log)):
+                time.sleep(rng.uniform(0.05, 0.25))
+                victim = rng.randrange(CLIENTS)
+                if clients[victim].poll() is not None:
+                    err = stderr_of[clients[victim].pid].read_text(errors="replace")
+                    raise RuntimeError(f"a bank client died on its own (exit "
+                                       f"{clients[victim].returncode}):\n{err[-2000:]}")
+                # a client lives a random 0.3-1.5 s, so that kills land anywhere in it
+                if time.monotonic() - started[victim] >= rng.uniform(0.3, 1.5):
+                    os.kill(clients[victim].pid, signal.SIGKILL)
+                    clients[victim].wait()
+                    kills += 1
+                    clients[victim], started[victim] = start(), time.monotonic()
+                try:
+                    read_total(target.cluster, accounts)
+                    result.count("totals read")
+                except Anomaly as seen:
+                    result.add(seen.kind, seen.detail)
+        finally:
+            for c in clients:
+                c.kill()
+                c.wait()
+        acknowledged = set(log.read_bytes().split()) if log.exists() else set()
+    result.count("clients killed", kills)
+    result.count("transfers acknowledged", len(acknowledged))
+    if not acknowledged:
+        raise RuntimeError(f"no transfer was acknowledged in {kills} client lives: is the "
+                           "cluster this slow? (try a longer --duration)")
+    for anomaly in check_final(target.cluster, accounts, transfers, acknowledged):
+        result.add(anomaly.kind, anomaly.detail)
+
+
+def _acknowledged(log: Path) -> bool:
+    return log.exists() and log.stat().st_size > 0
