@@ -121,39 +121,48 @@ def check(target: Target, result: CheckResult) -> None:
 
         def start() -> subprocess.Popen[bytes]:
             seed = next(seeds)
-            path = Path(tmp) / f"client-{seed}.err"
+            path = Path(tmp) / f"client-{seed}"
             # stderr to a file, not a pipe nobody drains: quoted if the client dies
-            with open(path, "wb") as err:
+            with open(path.with_suffix(".err"), "wb") as err:
                 client = subprocess.Popen(
                     [sys.executable, "-m", "percolator.conformance._bank_client",
                      *target.connection.argv(), "--accounts", accounts, "--transfers",
-                     transfers, "--seed", str(seed), "--log", str(log)],
+                     transfers, "--seed", str(seed), "--log", str(log),
+                     "--ready", str(path.with_suffix(".ready"))],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                     env=_client_env())
             stderr_of[client.pid] = path
             return client
 
         clients = [start() for _ in range(CLIENTS)]
-        started = [time.monotonic()] * CLIENTS
+        ready: list[float | None] = [None] * CLIENTS  # when each client had connected
+        lives = [rng.uniform(0.3, 1.5) for _ in range(CLIENTS)]
         kills = 0
         # A slow cluster gets up to three times the check's share for its first
-        # acknowledged transfer (starting a client and connecting take a while).
+        # acknowledged transfer and its kills.
         hard_deadline = time.monotonic() + 3 * max(target.remaining(), 5.0)
         try:
             while time.monotonic() < hard_deadline and (
                     target.remaining() > 0 or kills < MIN_KILLS or not _acknowledged(log)):
                 time.sleep(rng.uniform(0.05, 0.25))
+                for i, client in enumerate(clients):
+                    if client.poll() is not None:
+                        err = stderr_of[client.pid].with_suffix(".err").read_text(
+                            errors="replace")
+                        raise RuntimeError(f"a bank client died on its own (exit "
+                                           f"{client.returncode}):\n{err[-2000:]}")
+                    if ready[i] is None and stderr_of[client.pid].with_suffix(".ready").exists():
+                        ready[i] = time.monotonic()
+                # Kill a client a random 0.3-1.5 s after it connected (starting Python
+                # takes seconds on a loaded host): the kill lands amid its transfers.
                 victim = rng.randrange(CLIENTS)
-                if clients[victim].poll() is not None:
-                    err = stderr_of[clients[victim].pid].read_text(errors="replace")
-                    raise RuntimeError(f"a bank client died on its own (exit "
-                                       f"{clients[victim].returncode}):\n{err[-2000:]}")
-                # a client lives a random 0.3-1.5 s, so that kills land anywhere in it
-                if time.monotonic() - started[victim] >= rng.uniform(0.3, 1.5):
+                since = ready[victim]
+                if since is not None and time.monotonic() - since >= lives[victim]:
                     os.kill(clients[victim].pid, signal.SIGKILL)
                     clients[victim].wait()
                     kills += 1
-                    clients[victim], started[victim] = start(), time.monotonic()
+                    clients[victim], ready[victim] = start(), None
+                    lives[victim] = rng.uniform(0.3, 1.5)
                 try:
                     read_total(target.cluster, accounts)
                     result.count("totals read")
@@ -166,11 +175,24 @@ def check(target: Target, result: CheckResult) -> None:
         acknowledged = set(log.read_bytes().split()) if log.exists() else set()
     result.count("clients killed", kills)
     result.count("transfers acknowledged", len(acknowledged))
-    if not acknowledged:
-        raise RuntimeError(f"no transfer was acknowledged in {kills} client lives: is the "
-                           "cluster this slow? (try a longer --duration)")
     for anomaly in check_final(target.cluster, accounts, transfers, acknowledged):
         result.add(anomaly.kind, anomaly.detail)
+    if not acknowledged:
+        raise RuntimeError(f"no transfer was acknowledged in {kills} client lives; "
+                           + _probe(target.cluster, accounts, transfers))
+
+
+def _probe(cluster: Cluster, accounts: str, transfers: str) -> str:
+    """What one transfer made by this process says: the reason clients got nowhere."""
+    began = time.monotonic()
+    try:
+        percolator.transactional(retries=3)(transfer)(cluster, accounts, transfers, b"probe",
+                                                      0, 1, 1)
+    except Exception as e:
+        return (f"a transfer made by the checking process failed after "
+                f"{time.monotonic() - began:.1f}s: {type(e).__name__}: {e}")
+    return (f"a transfer made by the checking process took {time.monotonic() - began:.1f}s: "
+            "is the cluster this slow? (try a longer --duration)")
 
 
 def _acknowledged(log: Path) -> bool:

@@ -1,12 +1,13 @@
 """A bank client of the conformance run: random transfers until killed.
 
 Usage: ``python -m percolator.conformance._bank_client --cluster URL [--oracle ...]
---accounts TABLE --transfers TABLE --seed N --log FILE``
+--accounts TABLE --transfers TABLE --seed N --log FILE --ready FILE``
 
-After ``commit`` returns, the transfer's id is appended to FILE (unbuffered), so the
-run knows which transfers were acknowledged. A transfer whose outcome is unknown
-(:class:`CommitUnknownError`) or that ran out of retries is not acknowledged, and the
-client goes on: those may happen on a real network, and the checks hold either way.
+It creates the file READY once connected. After ``commit`` returns, the transfer's id
+is appended to FILE (unbuffered), so the run knows which transfers were acknowledged.
+A transfer whose outcome is unknown (:class:`CommitUnknownError`) or that ran out of
+retries is not acknowledged, and the client goes on: those may happen on a real
+network, and the checks hold either way.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--transfers", required=True)
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--log", required=True)
+    parser.add_argument("--ready", required=True, help="created once connected")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     cluster = connection_from_arguments(args).connect()
+    open(args.ready, "wb").close()
     move = percolator.transactional(retries=1000)(transfer)
     with open(args.log, "ab", buffering=0) as log:
         seq = 0

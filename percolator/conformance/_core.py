@@ -129,8 +129,10 @@ class Target:
         return self.deadline - time.monotonic()
 
 
-def unresolved_locks(cluster: Cluster, tables: list[str]) -> list[str]:
-    """Lock cells that still hold a lock (not a decision, not free) in *tables*.
+def unresolved_locks(cluster: Cluster, tables: list[str], start: bytes | None = None,
+                     stop: bytes | None = None) -> list[str]:
+    """Lock cells that still hold a lock (not a decision, not free) in the rows
+    ``[start, stop)`` of *tables*.
 
     A cleaner killed between its decision and the release of a primary leaves the
     decision (ROLLED_BACK or COMMITTED) in the lock cell; it hides nothing from readers
@@ -138,7 +140,7 @@ def unresolved_locks(cluster: Cluster, tables: list[str]) -> list[str]:
     """
     found = []
     for table in tables:
-        for row, cells in cluster.store.scan(table, None, None, [Read("l")]):
+        for row, cells in cluster.store.scan(table, start, stop, [Read("l")]):
             for column, versions in cells.items():
                 state = decode_lock(versions[0][1])
                 if isinstance(state, Lock):

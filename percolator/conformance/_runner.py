@@ -42,7 +42,8 @@ _CAS = ("conflicting writes both committed: the store's check-and-set is not ato
         "clients only)")
 _LOCKS = ("locks of dead clients were not resolved: a client's liveness is unknown "
           "(ZooKeeper unreachable, clients on another host without --zookeeper) or the "
-          "servers' clocks disagree with this host's (lock ttl is measured in wall time)")
+          "servers' clocks disagree with this host's (lock ttl is measured in wall time); "
+          "or the store lost the commit record a lock's fate is read from (versions)")
 _SPURIOUS = ("a commit failed with no conflicting writer: timestamps out of order "
              "(clock skew between HBase servers and clients, or a misconfigured oracle), "
              "or the store answered a check-and-set wrongly")
@@ -88,10 +89,11 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        """0 all passed, 1 an anomaly, 2 a check could not run to its end."""
-        if any(r.error is not None for r in self.results):
-            return 2
-        return 0 if self.ok else 1
+        """0 all passed, 1 an anomaly (whatever else happened), 2 a check could not run
+        to its end."""
+        if any(r.anomalies for r in self.results):
+            return 1
+        return 0 if self.ok else 2
 
     def to_json(self) -> dict[str, Any]:
         return {"cluster": self.url, "prefix": self.prefix, "seed": self.seed,

@@ -248,7 +248,7 @@ class Driver:
                 if got != want:
                     raise Anomaly("final state", f"table {table} holds {got!r}; the "
                                   f"committed transactions give {want!r}")
-        left = unresolved_locks(self.cluster, list(self.names.values()))
+        left = unresolved_locks(self.cluster, list(self.names.values()), *self.bounds)
         if left:
             raise Anomaly("unresolved lock", f"{len(left)} lock(s) left after every "
                           f"transaction ended and a full read: {left[:3]}")
