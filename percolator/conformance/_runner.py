@@ -137,7 +137,7 @@ def parse_checks(text: str) -> list[str]:
 
 
 def default_prefix() -> str:
-    return f"conformance_{secrets.token_hex(4)}"
+    return f"conformance_{secrets.token_hex(3)}"
 
 
 def run(connection: Connection, *, checks: Sequence[str] = tuple(CHECKS),
