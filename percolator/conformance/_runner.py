@@ -35,11 +35,10 @@ _VERSIONS = ("the store may not keep every version: an HBase column family needs
              "count or age (the library creates its tables so; tables created by hand "
              "or altered later may not be); or timestamps went backwards (the oracle, "
              "or the HBase servers' clocks for lock cells)")
-_CAS = ("conflicting writes both committed: the store's check-and-set is not atomic "
-        "(a Bigtable app profile with multi-cluster routing, HBase replication written "
-        "on both sides, a proxy between client and Thrift server that retries writes), "
-        "or two clients got the same timestamps (two oracles, or --oracle given to some "
-        "clients only)")
+_CAS = ("conflicting writes both committed: the store does not serialize writes to a "
+        "cell (HBase replication with clients writing on both sides, a proxy between "
+        "client and Thrift server that replays writes), or two clients got the same "
+        "timestamps (two oracles, or --oracle given to some clients only)")
 _LOCKS = ("locks of dead clients were not resolved: a client's liveness is unknown "
           "(ZooKeeper unreachable, clients on another host without --zookeeper) or the "
           "servers' clocks disagree with this host's (lock ttl is measured in wall time); "
@@ -66,9 +65,10 @@ HINTS: dict[str, str] = {
 """Anomaly kind -> what in a store's settings most often causes it."""
 
 ERROR_HINT = ("check the url and the store's transport: HBase's Thrift1 server must run "
-              "with the transport the url names (transport=framed for "
-              "hbase.regionserver.thrift.framed=true, the binary protocol, not compact); "
-              "timeouts (?timeout=) must exceed the slowest call")
+              "with the url's transport and protocol (transport=framed for "
+              "hbase.regionserver.thrift.framed=true, protocol=compact for .compact=true); "
+              "timeouts (?timeout=) must exceed the slowest call; a Bigtable app profile "
+              "needs single-cluster routing with transactional writes")
 
 _PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
