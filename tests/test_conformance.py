@@ -4,8 +4,9 @@ It passes on the embedded store and on Bigtable (the emulator), with every check
 having done its work (bank clients killed, transfers acknowledged, crashes, a
 list-append history) and its tables dropped; it fails, naming the anomalies and their
 likely cause, on a store whose tables keep one version (``tests/_one_version_store.py``:
-HBase's default ``VERSIONS => 1``), in Hermitage, the SI walks and the bank; it exits 2 with the reason
-when the cluster cannot be reached, its prefix is taken or an argument is bad.
+HBase's default ``VERSIONS => 1``), in Hermitage, the SI walks and the bank; it exits
+2 with the reason when the cluster cannot be reached, its prefix is taken or an
+argument is bad.
 """
 
 from __future__ import annotations
