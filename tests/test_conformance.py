@@ -5,8 +5,8 @@ having done its work (bank clients killed, transfers acknowledged, crashes, a
 list-append history) and its tables dropped; it fails, naming the anomalies and their
 likely cause, on a store whose tables keep one version (``tests/_one_version_store.py``:
 HBase's default ``VERSIONS => 1``), in Hermitage, the SI walks and the bank; it exits
-2 with the reason when the cluster cannot be reached, its prefix is taken or an
-argument is bad.
+2 with the reason when the cluster cannot be reached (or speaks another Thrift
+transport), its prefix is taken or an argument is bad.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ import percolator
 from percolator.__main__ import main as percolator_main
 from percolator.conformance.__main__ import main
 from tests._bigtable import bigtable_store_url
+from tests._hbase import start_test_server
 from tests._one_version_store import SCHEME
-from tests._services import free_port
+from tests._services import free_port, stop_process
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -111,6 +112,21 @@ def test_unreachable_cluster_exits_2_with_the_reason(tmp_path: Path) -> None:
     assert code == 2 and report == {}
     assert f"conformance: cannot run against {url}: StoreUnavailable" in output
     assert "cannot reach the HBase Thrift server" in output
+
+
+@pytest.mark.hbase
+def test_thrift_transport_mismatch_exits_2_naming_the_setting(tmp_path: Path) -> None:
+    """A Thrift server started framed (``hbase thrift start -f``), a url that does not
+    say so: the server drops the connection, and the run says where to look."""
+    server, hostport = start_test_server(transport="framed")
+    try:
+        code, output, _ = conformance(tmp_path, "--cluster", f"hbase://{hostport}?timeout=5")
+    finally:
+        stop_process(server)
+    assert code == 2, output
+    assert "StoreUnavailable" in output
+    assert "likely cause: check the url and the store's transport" in output
+    assert "transport=framed for hbase.regionserver.thrift.framed=true" in output
 
 
 def test_refuses_a_prefix_whose_tables_exist(tmp_path: Path,

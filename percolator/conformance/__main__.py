@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from percolator._errors import PercolatorError
+from percolator._errors import PercolatorError, StoreUnavailable
 from percolator.conformance._core import add_connection_arguments, connection_from_arguments
-from percolator.conformance._runner import CHECKS, parse_checks, run
+from percolator.conformance._runner import CHECKS, ERROR_HINT, parse_checks, run
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m percolator.conformance") -> int:
@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m percolator.confor
     except PercolatorError as e:
         print(f"conformance: cannot run against {args.cluster}: {type(e).__name__}: {e}",
               file=sys.stderr)
+        if isinstance(e, StoreUnavailable):
+            print(f"  likely cause: {ERROR_HINT}", file=sys.stderr)
         return 2
     print(report.format())
     if args.json:
