@@ -2,7 +2,8 @@
 
 Usage: python -m tests.transactions._bank_worker URL ACCOUNTS SEED COMMITTED_LOG
 
-Each transfer moves an amount between two accounts and records itself in the
+Each transfer (``percolator.conformance._bank.transfer``, as the conformance run's
+clients make) moves an amount between two accounts and records itself in the
 ``transfers`` table in the same transaction; after ``commit`` returns, its id is
 appended to COMMITTED_LOG, so the test knows which transfers were acknowledged.
 """
@@ -14,6 +15,7 @@ import random
 import sys
 
 import percolator
+from percolator.conformance._bank import transfer
 
 
 def main() -> None:
@@ -21,22 +23,13 @@ def main() -> None:
     rng = random.Random(seed)
     cluster = percolator.connect(url, lock_ttl=30)
 
-    @percolator.transactional(retries=1000)
-    def transfer(
-        txn: percolator.TransactionBase, tid: bytes, src: bytes, dst: bytes, n: int
-    ) -> None:
-        a = int(txn.get("accounts", src, "bal:v") or b"0")
-        b = int(txn.get("accounts", dst, "bal:v") or b"0")
-        txn.set("accounts", src, "bal:v", str(a - n).encode())
-        txn.set("accounts", dst, "bal:v", str(b + n).encode())
-        txn.set("transfers", tid, "t:move", b"%s %s %d" % (src, dst, n))
-
+    move = percolator.transactional(retries=1000)(transfer)
     with open(log_path, "ab", buffering=0) as log:
         seq = 0
         while True:
             src, dst = rng.sample(range(accounts), 2)
             tid = b"%d-%d-%d" % (seed, os.getpid(), seq)
-            transfer(cluster, tid, b"acct%03d" % src, b"acct%03d" % dst, rng.randint(1, 50))
+            move(cluster, "accounts", "transfers", tid, src, dst, rng.randint(1, 50))
             log.write(tid + b"\n")
             seq += 1
 
