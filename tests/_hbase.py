@@ -203,3 +203,28 @@ def faulty_server(
         yield hostport
     finally:
         stop_process(proc)
+
+
+@contextlib.contextmanager
+def hbase_for_bench(kind: str = "hbase") -> Iterator[str]:
+    """``host:port`` of a Thrift1 server for a benchmark, for the duration of the
+    ``with``: *kind* ``"hbase"`` is ``PERCOLATOR_HBASE_THRIFT`` if set, otherwise a
+    standalone HBase of its own (``tests/_hbase_local.py``); ``"test-server"`` is the
+    Python test server."""
+    if kind == TEST_SERVER:
+        proc, hostport = start_test_server()
+        try:
+            yield hostport
+        finally:
+            stop_process(proc)
+        return
+    if kind != "hbase":
+        raise ValueError(f"kind must be 'hbase' or {TEST_SERVER!r}, got {kind!r}")
+    chosen = os.environ.get(ENV)
+    if chosen and chosen != TEST_SERVER:
+        yield chosen
+        return
+    from tests._hbase_local import LocalHBase
+
+    with LocalHBase() as hbase:
+        yield hbase.hostport

@@ -100,6 +100,8 @@ def java() -> str:
     """The ``java`` to run, JDK 11 or newer (``JAVA_HOME`` first, then ``PATH``)."""
     home = os.environ.get("JAVA_HOME")
     exe = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if home and (not exe or not os.access(exe, os.X_OK)):
+        raise HBaseStartError(f"JAVA_HOME={home} has no bin/java (HBase 2.6 needs JDK 11+)")
     if not exe or not os.access(exe, os.X_OK):
         raise HBaseStartError(
             "java is not installed (HBase 2.6 needs JDK 11+): "
@@ -142,7 +144,10 @@ def _free_port() -> int:
 
 
 def _port_taken(port: int) -> bool:
+    """Whether something listens on *port*. (With SO_REUSEADDR, as the JVMs bind: the
+    connections a killed server leaves in TIME_WAIT do not stop its restart.)"""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
