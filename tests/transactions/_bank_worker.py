@@ -1,10 +1,13 @@
 """A bank client for the crash tests: random transfers until killed.
 
-Usage: python -m tests.transactions._bank_worker URL ACCOUNTS SEED COMMITTED_LOG
+Usage: python -m tests.transactions._bank_worker URL ACCOUNTS SEED COMMITTED_LOG [outages]
 
 Each transfer moves an amount between two accounts and records itself in the
 ``transfers`` table in the same transaction; after ``commit`` returns, its id is
 appended to COMMITTED_LOG, so the test knows which transfers were acknowledged.
+With ``outages`` (the store is being killed and restarted), a transfer that fails with
+StoreUnavailable or CommitUnknownError (it may or may not have committed) is not
+acknowledged, and the client goes on with the next one after a short pause.
 """
 
 from __future__ import annotations
@@ -12,12 +15,14 @@ from __future__ import annotations
 import os
 import random
 import sys
+import time
 
 import percolator
 
 
 def main() -> None:
     url, accounts, seed, log_path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    outages = sys.argv[5:] == ["outages"]
     rng = random.Random(seed)
     cluster = percolator.connect(url, lock_ttl=30)
 
@@ -36,8 +41,14 @@ def main() -> None:
         while True:
             src, dst = rng.sample(range(accounts), 2)
             tid = b"%d-%d-%d" % (seed, os.getpid(), seq)
-            transfer(cluster, tid, b"acct%03d" % src, b"acct%03d" % dst, rng.randint(1, 50))
-            log.write(tid + b"\n")
+            try:
+                transfer(cluster, tid, b"acct%03d" % src, b"acct%03d" % dst, rng.randint(1, 50))
+            except (percolator.StoreUnavailable, percolator.CommitUnknownError):
+                if not outages:
+                    raise
+                time.sleep(0.2)
+            else:
+                log.write(tid + b"\n")
             seq += 1
 
 
