@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import percolator
+from percolator._store import Store
 
 BACKENDS = [
     pytest.param("sqlite", id="sqlite"),
@@ -60,12 +61,25 @@ def store_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> s
     return make_store_url(backend, request, tmp_path)
 
 
+def drop_tables(owner: percolator.Cluster | Store) -> None:
+    """A test's teardown: drop every table of *owner* (a cluster or a store), except
+    on the session's own HBase, which is thrown away whole (``leaves_tables``)."""
+    from tests._hbase import leaves_tables
+
+    if isinstance(owner, percolator.Cluster):
+        if not leaves_tables(owner.store.url):
+            for table in owner.tables():
+                owner.drop_table(table)
+    elif not leaves_tables(owner.url):
+        for table in owner.list_tables():
+            owner.drop_table(table)
+
+
 @pytest.fixture
 def cluster(store_url: str) -> Iterator[percolator.Cluster]:
     with percolator.connect(store_url) as c:
         yield c
-        for table in c.tables():
-            c.drop_table(table)
+        drop_tables(c)
 
 
 @pytest.fixture
