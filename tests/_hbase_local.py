@@ -213,6 +213,11 @@ class LocalHBase:
             "hbase.client.operation.timeout": "30000",
             "hbase.client.retries.number": "10",
             "zookeeper.session.timeout": "30000",
+            # A test session leaves hundreds of small tables: with MSLAB each region's
+            # memstore takes a 2 MB chunk per family on its first write, and 1 GB of
+            # heap ran out after ~100 tables (OutOfMemoryError, region server abort).
+            "hbase.hregion.memstore.mslab.enabled": "false",
+            "hbase.hregion.compacting.memstore.type": "NONE",
             # One region server, started in the same JVM: the master need not wait
             # 4.5 s for more, nor the region server 3 s between reports.
             "hbase.master.wait.on.regionservers.mintostart": "1",
