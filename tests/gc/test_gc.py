@@ -29,7 +29,7 @@ from percolator._encoding import META_TABLE
 from percolator._gc import collect
 from percolator._store import ConditionalDelete, Mutation, Read
 from percolator.testing import CrashPoint, client_of, crash_commit
-from tests._backends import make_store_url
+from tests._backends import drop_tables, make_store_url
 
 ROOT = Path(__file__).resolve().parents[2]
 T = "t"
@@ -48,8 +48,7 @@ def gc_cluster(url: str) -> Iterator[percolator.Cluster]:
     with percolator.connect(url, safe_point_refresh=REFRESH) as c:
         c.create_table(T)
         yield c
-        for table in c.tables():
-            c.drop_table(table)
+        drop_tables(c)
 
 
 def raw(cluster: percolator.Cluster, row: bytes) -> dict[str, list[tuple[int, bytes]]]:

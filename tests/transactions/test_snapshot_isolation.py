@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import itertools
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pytest
@@ -45,7 +46,7 @@ from percolator import SnapshotTooOldError, Transaction
 from percolator._gc import GcSummary, collect
 from percolator.conformance._si import CRASH_POINTS, Model
 from percolator.testing import CrashPoint, client_of, crash_commit
-from tests._backends import WITH_FAULTS
+from tests._backends import WITH_FAULTS, drop_tables
 from tests._services import in_ci
 
 TABLES = ("ta", "tb")
@@ -74,14 +75,33 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+class FreshTables:
+    """New tables for the examples, made ahead in batches whose creations overlap:
+    on HBase a creation takes 1-2 s, mostly the master's procedures waiting, and two
+    per example made the state machine the suite's slowest test there. (One at a time
+    on the embedded store, where a creation is cheap and writes take turns anyway.)"""
+
+    def __init__(self, cluster: percolator.Cluster) -> None:
+        self.cluster = cluster
+        self.batch = 1 if cluster.store.url.startswith("sqlite") else 12
+        self.ready: list[str] = []
+
+    def take(self) -> str:
+        if not self.ready:
+            names = [f"x{next(_names)}" for _ in range(self.batch)]
+            with ThreadPoolExecutor(self.batch) as pool:
+                list(pool.map(self.cluster.create_table, names))
+            self.ready = names
+        return self.ready.pop()
+
+
 def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
+    fresh = FreshTables(cluster)
+
     class SnapshotIsolation(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            n = next(_names)
-            self.names = {t: f"{t}{n}" for t in TABLES}
-            for name in self.names.values():
-                cluster.create_table(name)
+            self.names = {t: fresh.take() for t in TABLES}
             self.model = Model()
             self.open: list[Open] = []
             self.safe_point = cluster.safe_point.fetch()
@@ -305,8 +325,7 @@ def gc_cluster(store_url: str) -> Iterator[percolator.Cluster]:
     """A short safe-point refresh: every pass waits twice it."""
     with percolator.connect(store_url, safe_point_refresh=0.002) as c:
         yield c
-        for table in c.tables():
-            c.drop_table(table)
+        drop_tables(c)
 
 
 def test_snapshot_isolation_state_machine(gc_cluster: percolator.Cluster, backend: str) -> None:
