@@ -55,7 +55,7 @@ def test_both_sides_complete_transactions_and_keep_their_bank_totals(
     from bench import peers
 
     args = argparse.Namespace(ops=4, chunk=2, rounds=1, threads=2, bank_seconds=1.0,
-                              batch_timeout_ms=10)
+                              batch_timeout_ms=10, idle_seconds=0.5)
     with peers.session(args, local_hbase) as (run, java, py):
         peers.measure(args, run, java, py)
         banks = peers.bank(args, java, py)
