@@ -290,13 +290,22 @@ class PythonSide:
             txn.set("data", a, "c:value", vb)
             txn.set("data", b, "c:value", va)
 
-    def count_round_trips(self, op: Callable[[], None], n: int = 100) -> tuple[float, float]:
-        """Store calls (each one Thrift round trip) and oracle calls per *op*, counted
-        by proxies round the store and the timestamp source over *n* untimed runs."""
+    def count_round_trips(self, op: Callable[[], None], n: int = 100) -> str:
+        """Thrift round trips (each call the store makes on a Thrift connection), the
+        store calls they serve, and oracle calls, per *op*: counted over *n* untimed
+        runs by proxies round the store and the timestamp source, and round the store's
+        one gateway to Thrift (``_call``; a ``check_and_set`` that carries puts is two)."""
         from bench.overhead import CountingStore, CountingTimestamps
 
         store, timestamps = self.cluster.store, self.cluster.timestamps
         counting = CountingStore(store)
+        thrift_call = store._call  # type: ignore[attr-defined]
+
+        def counted_call(*args: Any, **kwargs: Any) -> Any:
+            counting.calls["thrift"] += 1
+            return thrift_call(*args, **kwargs)
+
+        store._call = counted_call  # type: ignore[attr-defined]
         self.cluster.store = counting  # type: ignore[assignment]
         self.cluster.timestamps = CountingTimestamps(timestamps, counting.calls)
         try:
@@ -304,8 +313,11 @@ class PythonSide:
                 op()
         finally:
             self.cluster.store, self.cluster.timestamps = store, timestamps
-        oracle = counting.calls.pop("timestamp", 0)
-        return sum(counting.calls.values()) / n, oracle / n
+            del store._call  # type: ignore[attr-defined]
+        oracle = counting.calls.pop("timestamp", 0) / n
+        thrift = counting.calls.pop("thrift", 0) / n
+        calls = ", ".join(f"{k} {v / n:g}" for k, v in sorted(counting.calls.items()))
+        return f"Thrift {thrift:g} ({calls}), oracle {oracle:g}"
 
     def bank_init(self) -> None:
         import percolator
@@ -463,8 +475,7 @@ def measure(args: argparse.Namespace, run: Run, java: JavaHarness, py: PythonSid
         if "raw" in name:  # one happybase call: one Thrift round trip, no store in between
             run.trips[name] = "Thrift 1, oracle 0"
             continue
-        calls, oracle = py.count_round_trips(fn)
-        run.trips[name] = f"Thrift {calls:g}, oracle {oracle:g}"
+        run.trips[name] = py.count_round_trips(fn)
 
 
 def bank(args: argparse.Namespace, java: JavaHarness, py: PythonSide) -> dict[str, dict[str, Any]]:
