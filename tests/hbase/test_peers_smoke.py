@@ -6,7 +6,9 @@ short contended bank whose totals hold.
 Omid speaks HBase's native RPC (it finds the cluster through ZooKeeper), so it needs a
 standalone HBase started here (``tests/_hbase_local.py``), not a Thrift address: the
 test is skipped when ``PERCOLATOR_HBASE_THRIFT`` names another server, and where Java
-or Maven are missing (failed in CI).
+or Maven are missing (failed in CI). It starts an HBase of its own (module scope): the
+suite's session HBase yields only its Thrift address, not the launcher whose
+``hbase-site.xml`` the Java side needs.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ def local_hbase() -> Iterator[LocalHBase]:
         hbase.stop()
 
 
+# Starting HBase, building the harness (Maven, first time) and starting the TSO take
+# 1-3 minutes on the shared 2-core machine; the operations themselves seconds.
+@pytest.mark.timeout(900)
 def test_both_sides_complete_transactions_and_keep_their_bank_totals(
     local_hbase: LocalHBase,
 ) -> None:
