@@ -216,8 +216,12 @@ def _progress(what: str) -> None:
 
 def cpu_seconds(pid: int) -> float:
     """User and system CPU of process *pid* so far, all its threads (``/proc``)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except FileNotFoundError:
+        raise PeerError(f"process {pid} died during the run (the TSO's and the harness's "
+                        f"logs are kept; PERCOLATOR_HBASE_KEEP=1 keeps HBase's)") from None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -563,6 +567,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("ops", "chunk", "rounds", "threads", "batch_timeout_ms"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("bank_seconds", "idle_seconds"):
+        if not getattr(args, name) > 0:
+            parser.error(f"--{name.replace('_', '-')} must be more than 0")
     command = "python bench/peers.py " + " ".join(argv if argv is not None else sys.argv[1:])
     load = [os.getloadavg()[0]]
     with session(args) as (run, java, py):
@@ -585,12 +592,24 @@ def session(args: argparse.Namespace, hbase: LocalHBase | None = None
     """The Omid TSO, our oracle, the Java harness and the Python side on *hbase* (a
     standalone HBase started here if None), all stopped (the JVMs killed) when the
     block ends, however it ends; an HBase started here is stopped too."""
+
+    workdir = Path(tempfile.mkdtemp(prefix="percolator-peers-"))
+    try:
+        with _started(args, hbase, workdir) as started:
+            yield started
+    except BaseException:
+        print(f"peers: the harness's and the TSO's logs are kept in {workdir}", file=sys.stderr)
+        raise
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _started(args: argparse.Namespace, hbase: LocalHBase | None, workdir: Path
+             ) -> Iterator[tuple[Run, JavaHarness, PythonSide]]:
     from bench.oracle import Server
     from tests._hbase_local import LocalHBase
 
-    workdir = Path(tempfile.mkdtemp(prefix="percolator-peers-"))
     with contextlib.ExitStack() as stack:
-        stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         classpath = build_harness()
         _progress("harness built")
         if hbase is None:
