@@ -321,7 +321,7 @@ class PythonSide:
         oracle = counting.calls.pop("timestamp", 0) / n
         thrift = counting.calls.pop("thrift", 0) / n
         calls = ", ".join(f"{k} {v / n:g}" for k, v in sorted(counting.calls.items()))
-        return f"Thrift {thrift:g} ({calls}), oracle {oracle:g}"
+        return f"Thrift {thrift:g}{f' ({calls})' if calls else ''}, oracle {oracle:g}"
 
     def bank_init(self) -> None:
         import percolator
