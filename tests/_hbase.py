@@ -26,11 +26,15 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import pytest
 
 from tests._services import free_port, service_missing, stop_process
+
+if TYPE_CHECKING:
+    from tests._hbase_local import LocalHBase
 
 ENV = "PERCOLATOR_HBASE_THRIFT"
 STARTUP_SECONDS = 30.0
@@ -109,6 +113,8 @@ def start_test_server(
 TEST_SERVER = "test-server"
 """The value of ``PERCOLATOR_HBASE_THRIFT`` that picks the Python test server."""
 _DISPOSABLE: set[str] = set()
+_SESSION_HBASE: list[LocalHBase] = []
+"""The standalone HBase of this session, once started (:func:`local_hbase`)."""
 """``host:port`` of the HBase this session started: it is thrown away whole at the end."""
 
 
@@ -143,11 +149,25 @@ def hbase_thrift() -> Iterator[str]:
         hbase.stop()
         service_missing(f"could not start a standalone HBase: {e}")
     _DISPOSABLE.add(hbase.hostport)
+    _SESSION_HBASE.append(hbase)
     try:
         yield hbase.hostport
     finally:
+        _SESSION_HBASE.remove(hbase)
         _DISPOSABLE.discard(hbase.hostport)
         hbase.stop()
+
+
+@pytest.fixture(scope="session")
+def local_hbase(hbase_thrift: str) -> LocalHBase:
+    """The standalone HBase this session started (its launcher: data directory, JVMs),
+    for what needs more than its Thrift address (Omid's client speaks HBase's native
+    RPC and finds it through its ``hbase-site.xml``)."""
+    for hbase in _SESSION_HBASE:
+        if hbase.hostport == hbase_thrift:
+            return hbase
+    pytest.skip(f"{ENV} names another HBase: this test needs the standalone HBase the "
+                "suite starts itself (its ZooKeeper and native RPC)")
 
 
 @pytest.fixture(scope="session")

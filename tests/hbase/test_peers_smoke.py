@@ -6,17 +6,15 @@ short contended bank whose totals hold.
 Omid speaks HBase's native RPC (it finds the cluster through ZooKeeper), so it needs a
 standalone HBase started here (``tests/_hbase_local.py``), not a Thrift address: the
 test is skipped when ``PERCOLATOR_HBASE_THRIFT`` names another server, and where Java
-or Maven are missing (failed in CI). It starts an HBase of its own (module scope): the
-suite's session HBase yields only its Thrift address, not the launcher whose
-``hbase-site.xml`` the Java side needs.
+or Maven are missing (failed in CI). It uses the suite's session HBase
+(``tests._hbase.local_hbase``: the launcher, whose ``hbase-site.xml`` the Java side
+needs), so it pays only for the harness and the TSO.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -29,34 +27,14 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.hbase
 
 
-@pytest.fixture(scope="module")
-def local_hbase() -> Iterator[LocalHBase]:
-    if os.environ.get("PERCOLATOR_HBASE_THRIFT"):
-        pytest.skip("Omid needs a standalone HBase of the suite's own (its ZooKeeper and "
-                    "native RPC), not the Thrift server PERCOLATOR_HBASE_THRIFT names")
-    for tool in ("java", "mvn"):
-        if shutil.which(tool) is None:
-            service_missing(f"{tool} is not installed (Omid and HBase are Java, built by Maven)")
-    from tests._hbase_local import HBaseStartError, LocalHBase
-
-    hbase = LocalHBase()
-    try:
-        hbase.start()
-    except HBaseStartError as e:
-        hbase.stop()
-        service_missing(f"could not start a standalone HBase: {e}")
-    try:
-        yield hbase
-    finally:
-        hbase.stop()
-
-
-# Starting HBase, building the harness (Maven, first time) and starting the TSO take
-# 1-3 minutes on the shared 2-core machine; the operations themselves seconds.
+# Building the harness (Maven, first time) and starting the TSO take up to a few
+# minutes on a crowded 2-core machine; the operations themselves seconds.
 @pytest.mark.timeout(900)
 def test_both_sides_complete_transactions_and_keep_their_bank_totals(
     local_hbase: LocalHBase,
 ) -> None:
+    if shutil.which("mvn") is None:
+        service_missing("mvn is not installed (it builds the Omid harness, bench/peers/)")
     from bench import peers
 
     args = argparse.Namespace(ops=4, chunk=2, rounds=1, threads=2, bank_seconds=1.0,
