@@ -26,7 +26,6 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -108,16 +107,6 @@ def start_test_server(
 
 TEST_SERVER = "test-server"
 """The value of ``PERCOLATOR_HBASE_THRIFT`` that picks the Python test server."""
-_DISPOSABLE: set[str] = set()
-"""``host:port`` of the HBase this session started: it is thrown away whole at the end."""
-
-
-def leaves_tables(url: str) -> bool:
-    """Whether a test may leave its tables behind at teardown: on the HBase this
-    session started, which is discarded whole at its end and where a drop (disable,
-    delete) costs 0.5-2 s. On every other server tests drop what they made."""
-    parts = urlsplit(url)
-    return parts.scheme == "hbase" and parts.netloc in _DISPOSABLE
 
 
 @pytest.fixture(scope="session")
@@ -142,11 +131,9 @@ def hbase_thrift() -> Iterator[str]:
     except HBaseStartError as e:
         hbase.stop()
         service_missing(f"could not start a standalone HBase: {e}")
-    _DISPOSABLE.add(hbase.hostport)
     try:
         yield hbase.hostport
     finally:
-        _DISPOSABLE.discard(hbase.hostport)
         hbase.stop()
 
 
