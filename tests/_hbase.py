@@ -27,7 +27,6 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -112,18 +111,8 @@ def start_test_server(
 
 TEST_SERVER = "test-server"
 """The value of ``PERCOLATOR_HBASE_THRIFT`` that picks the Python test server."""
-_DISPOSABLE: set[str] = set()
 _SESSION_HBASE: list[LocalHBase] = []
 """The standalone HBase of this session, once started (:func:`local_hbase`)."""
-"""``host:port`` of the HBase this session started: it is thrown away whole at the end."""
-
-
-def leaves_tables(url: str) -> bool:
-    """Whether a test may leave its tables behind at teardown: on the HBase this
-    session started, which is discarded whole at its end and where a drop (disable,
-    delete) costs 0.5-2 s. On every other server tests drop what they made."""
-    parts = urlsplit(url)
-    return parts.scheme == "hbase" and parts.netloc in _DISPOSABLE
 
 
 @pytest.fixture(scope="session")
@@ -148,13 +137,11 @@ def hbase_thrift() -> Iterator[str]:
     except HBaseStartError as e:
         hbase.stop()
         service_missing(f"could not start a standalone HBase: {e}")
-    _DISPOSABLE.add(hbase.hostport)
     _SESSION_HBASE.append(hbase)
     try:
         yield hbase.hostport
     finally:
         _SESSION_HBASE.remove(hbase)
-        _DISPOSABLE.discard(hbase.hostport)
         hbase.stop()
 
 

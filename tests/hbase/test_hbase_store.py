@@ -14,7 +14,6 @@ from percolator.stores import open_store
 from tests._backends import drop_tables
 from tests._hbase import (
     hbase_store_url,
-    is_real_hbase,
     require_hbase_client,
     start_test_server,
     unique_name,
@@ -351,8 +350,9 @@ def test_unreachable_server_names_it() -> None:
         open_store(f"hbase://127.0.0.1:{port}?timeout=2000")
 
 
-@pytest.mark.skipif(is_real_hbase(), reason="stops its own test server")
 def test_server_that_goes_away_is_unavailable() -> None:
+    # The test server, stopped for good (kill -9 and restarts of a real HBase and of its
+    # Thrift server: test_hbase_real_faults.py).
     proc, hostport = start_test_server()
     try:
         s = open_store(f"hbase://{hostport}?table_prefix=gone")
@@ -403,10 +403,10 @@ def test_missing_namespace_is_explained(hbase_thrift: str) -> None:
         s.close()
 
 
-@pytest.mark.skipif(is_real_hbase(), reason="needs the namespace the test server creates")
-def test_namespace_and_prefix_place_the_tables(hbase_thrift: str) -> None:
+def test_namespace_and_prefix_place_the_tables(hbase_test_server: str) -> None:
+    # The test server: it is started with a namespace (Thrift1 cannot create one).
     prefix = unique_name("ns")
-    s = open_store(f"hbase://{hbase_thrift}?namespace=percolator_test&table_prefix={prefix}")
+    s = open_store(f"hbase://{hbase_test_server}?namespace=percolator_test&table_prefix={prefix}")
     try:
         s.create_table("t", FAMILIES)
         assert s.list_tables() == ["t"]

@@ -29,7 +29,6 @@ from percolator._store import BatchedCas, CasItem, Read, Store
 from percolator.stores import open_store
 from percolator.stores.sqlite import _Writers
 from tests._backends import drop_tables
-from tests._hbase import leaves_tables
 
 ROOT = str(Path(__file__).resolve().parents[2])
 FAMILIES = {"d": 0, "w": 0, "l": 1, "n": 0}
@@ -91,9 +90,8 @@ def test_a_batch_is_the_same_calls_one_after_another(
             assert store.check_and_set(table, row, column, None, value)
     assert check_and_set_many(store, batched, items) == _replay(store, replayed, items)
     assert _state(store, batched) == _state(store, replayed)
-    if not leaves_tables(store.url):  # the examples' tables would pile up
-        for table in (batched, replayed):
-            store.drop_table(table)
+    for table in (batched, replayed):
+        store.drop_table(table)
 
 
 def test_the_cases_a_write_without_reading_would_get_wrong(store: Store) -> None:
