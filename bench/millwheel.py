@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 import percolator  # noqa: E402
 from bench import observers as plain  # noqa: E402
-from bench._common import header, publish  # noqa: E402
+from bench._common import head_commit, header, publish  # noqa: E402
 from observers import Observer, Worker, wait_for_observers  # noqa: E402
 from observers import millwheel as mw  # noqa: E402
 from percolator import TransactionBase  # noqa: E402
@@ -268,7 +268,8 @@ def main() -> int:
         *header(SECTION, f"python bench/millwheel.py --records {args.records} --hops {args.hops}",
                 f"hops: one record every {SPACING * 1000:.0f} ms in both harnesses; injector "
                 f"and advancer every {INTERVAL * 1000:.0f} ms",
-                "embedded store (SQLite); every measure and its baseline in this one run"), "",
+                "embedded store (SQLite); every measure and its baseline in this one run",
+                f"commit: {head_commit()}"), "",
         "| measure | result | target | ratio |", "|---|---|---|---|",
         f"| one hop, upstream key-run commit -> downstream key-run commit, p50 vs a plain "
         f"observer -> observer hop (4 threads each) | {hop['p50_ms']:.1f} ms vs "
