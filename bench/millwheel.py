@@ -12,6 +12,7 @@ Embedded store (SQLite).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import threading
@@ -269,7 +270,9 @@ def main() -> int:
                 f"hops: one record every {SPACING * 1000:.0f} ms in both harnesses; injector "
                 f"and advancer every {INTERVAL * 1000:.0f} ms",
                 "embedded store (SQLite); every measure and its baseline in this one run",
-                f"commit: {head_commit()}"), "",
+                f"commit: {head_commit()}; load average at the start "
+                f"{os.getloadavg()[0]:.1f} (other work on the machine slows every measure)"),
+        "",
         "| measure | result | target | ratio |", "|---|---|---|---|",
         f"| one hop, upstream key-run commit -> downstream key-run commit, p50 vs a plain "
         f"observer -> observer hop (4 threads each) | {hop['p50_ms']:.1f} ms vs "
