@@ -34,6 +34,7 @@ has the induction.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import struct
 from collections.abc import Callable, Iterator
@@ -356,6 +357,15 @@ def _target(node: _Node, stream: str, record_id: str, value: bytes, ts: int, lat
     return target
 
 
+def _position_tag(position: bytes) -> str:
+    """The part of injected record ids that names the position they were read from:
+    the position itself, or a digest of a long one (a log source's position names
+    every file it follows, and record ids go into column and row keys)."""
+    if len(position) <= 16:
+        return position.hex()
+    return "h" + hashlib.sha256(position).hexdigest()[:32]
+
+
 @transactional
 def _inject(txn: TransactionBase, p: Pipeline, injector: _Injector, limit: int) -> int:
     row = f"inj/{injector.name}".encode()
@@ -365,7 +375,7 @@ def _inject(txn: TransactionBase, p: Pipeline, injector: _Injector, limit: int) 
     records, after, mark = injector.source.read(position, limit)
     if not records and mark <= old_mark and after == position:
         return 0
-    tag = (position or b"").hex()
+    tag = _position_tag(position or b"")
     for n, record in enumerate(records):
         _deliver(txn, p, injector.stream, f"{injector.name}/{tag}/{n}", record.value,
                  record.timestamp, record.timestamp < old_mark, None)

@@ -134,10 +134,12 @@ def relay_input(n: int) -> list[tuple[bytes, int]]:
 
 
 def build_relay(cluster: percolator.Cluster, records: list[tuple[bytes, int]], weak: bool,
-                inject_batch: int = 500, tally: type[mw.Computation] = Tally) -> mw.Pipeline:
-    """source -> Relay (weak or strong productions) -> Tally (strong)."""
+                inject_batch: int = 500, tally: type[mw.Computation] = Tally,
+                source: mw.Source | None = None) -> mw.Pipeline:
+    """source (default: *records*) -> Relay (weak or strong productions) -> Tally
+    (strong)."""
     pipeline = mw.Pipeline(cluster, "relay", interval=0.05, inject_batch=inject_batch)
-    pipeline.injector("values", mw.IterableSource(records), stream="values")
+    pipeline.injector("values", source or mw.IterableSource(records), stream="values")
     pipeline.computation(WeakRelay() if weak else Relay(),
                          inputs={"values": lambda r: r.value[-1:]})
     pipeline.computation(tally(), inputs={"relayed": lambda r: r.value[-2:-1]})
@@ -161,3 +163,9 @@ def tallies(pipeline: mw.Pipeline) -> dict[bytes, int]:
                 if column.startswith("s:n/"):
                     found[column[4:].encode()] = int(n)
     return found
+
+
+def make_log_relay(cluster: percolator.Cluster) -> mw.Pipeline:
+    """The relay pipeline fed by a LogSource tailing MW_LOG_DIR (``*.log``), strong."""
+    return build_relay(cluster, [], False, inject_batch=int(os.environ.get("MW_BATCH", "50")),
+                       source=mw.LogSource(os.environ["MW_LOG_DIR"]))
