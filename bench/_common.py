@@ -19,6 +19,18 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def head_commit() -> str:
+    """The checkout's commit (short), with ``+dirty`` when it has uncommitted changes."""
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, cwd=here).stdout.strip() or "unknown"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, cwd=here).stdout.strip()
+    return head + ("+dirty" if dirty else "")
+
+
 def write_section(heading: str, text: str, path: Path = BENCHMARKS) -> None:
     """Replace the section that starts with *heading* (a ``## `` line) by *text*, or
     append it; the other sections are left as they are."""

@@ -38,6 +38,7 @@ from observers.millwheel._model import (
     Timer,
 )
 from observers.millwheel._pipeline import MAX_RECORDS_PER_RUN, Pipeline, Status
+from observers.millwheel._sources import LogSource, TableSource
 
 __all__ = [
     "END_OF_TIME",
@@ -45,10 +46,12 @@ __all__ = [
     "Computation",
     "Context",
     "IterableSource",
+    "LogSource",
     "Pipeline",
     "Record",
     "Source",
     "State",
     "Status",
+    "TableSource",
     "Timer",
 ]

@@ -142,12 +142,18 @@ class Context:
 class Computation:
     """A keyed computation (MillWheel's ``ProcessRecord``/``ProcessTimer``). Set
     :attr:`outputs` to the streams it produces (checked, and used to refuse cycles),
-    :attr:`name` (default: the class name) and :attr:`late_policy`: ``"process"``
-    (late records are handled, ``record.late`` set) or ``"drop"`` (counted, skipped)."""
+    :attr:`name` (default: the class name), :attr:`late_policy`: ``"process"``
+    (late records are handled, ``record.late`` set) or ``"drop"`` (counted, skipped),
+    and :attr:`productions`: ``"strong"`` (the default: exactly once, the productions
+    commit with the consumption of the input) or ``"weak"`` (at least once: each
+    production is handed at once to its subscriber's key run, which commits before
+    this run does; a crash or a conflict in between hands it again; docs/millwheel.md).
+    """
 
     name: ClassVar[str] = ""
     outputs: ClassVar[Sequence[str]] = ()
     late_policy: ClassVar[str] = "process"
+    productions: ClassVar[str] = "strong"
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -155,6 +161,9 @@ class Computation:
             cls.name = cls.__name__
         if cls.late_policy not in ("process", "drop"):
             raise InvalidArgument(f"{cls.__name__}.late_policy must be 'process' or 'drop'")
+        if cls.productions not in ("strong", "weak"):
+            raise InvalidArgument(f"{cls.__name__}.productions must be 'strong' or 'weak', "
+                                  f"got {cls.productions!r}")
 
     def process_record(self, ctx: Context, record: Record) -> None:
         """Handle one input record of key ``ctx.key``."""

@@ -34,6 +34,7 @@ has the induction.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import struct
 from collections.abc import Callable, Iterator
@@ -349,14 +350,31 @@ def _deliver(txn: TransactionBase, p: Pipeline, stream: str, record_id: str, val
         txn.set(p.out, f"{stream}/{record_id}".encode(), "o:rec", encoded)
         return
     for node in subscribers:
-        target = key if key is not None else node.inputs[stream](
-            Record(value, ts, b"", record_id, stream, late))
-        if not isinstance(target, bytes) or not target:
-            raise InvalidArgument(f"{node.computation.name}: the key extractor of {stream!r} "
-                                  f"must return non-empty bytes, got {target!r:.80}")
+        target = _target(node, stream, record_id, value, ts, late, key)
         txn.set(node.table, target, f"in:{record_id}", encoded)
         txn.set(node.pending, _index_row(node, ts, target, record_id.encode()), "p:x", b"")
         txn.notify(node.table, target, WAKE)
+
+
+def _target(node: _Node, stream: str, record_id: str, value: bytes, ts: int, late: bool,
+            key: bytes | None) -> bytes:
+    """The key of *node* a record on *stream* goes to: *key* if the producer gave one,
+    else the node's extractor's."""
+    target = key if key is not None else node.inputs[stream](
+        Record(value, ts, b"", record_id, stream, late))
+    if not isinstance(target, bytes) or not target:
+        raise InvalidArgument(f"{node.computation.name}: the key extractor of {stream!r} "
+                              f"must return non-empty bytes, got {target!r:.80}")
+    return target
+
+
+def _position_tag(position: bytes) -> str:
+    """The part of injected record ids that names the position they were read from:
+    the position itself, or a digest of a long one (a log source's position names
+    every file it follows, and record ids go into column and row keys)."""
+    if len(position) <= 16:
+        return position.hex()
+    return "h" + hashlib.sha256(position).hexdigest()[:32]
 
 
 @transactional
@@ -368,7 +386,7 @@ def _inject(txn: TransactionBase, p: Pipeline, injector: _Injector, limit: int) 
     records, after, mark = injector.source.read(position, limit)
     if not records and mark <= old_mark and after == position:
         return 0
-    tag = (position or b"").hex()
+    tag = _position_tag(position or b"")
     for n, record in enumerate(records):
         _deliver(txn, p, injector.stream, f"{injector.name}/{tag}/{n}", record.value,
                  record.timestamp, record.timestamp < old_mark, None)
@@ -404,14 +422,19 @@ def _advance(txn: TransactionBase, p: Pipeline, name: str) -> tuple[int, int]:
 class _KeyRun:
     """One run of a computation for one key, inside the worker's transaction."""
 
-    def __init__(self, txn: TransactionBase, p: Pipeline, node: _Node, key: bytes) -> None:
+    def __init__(self, txn: TransactionBase, p: Pipeline, node: _Node, key: bytes,
+                 read_row: bool = True) -> None:
         self.txn, self.p, self.node, self.key = txn, p, node, key
         self._marks: tuple[int, int] | None = None
         self.cells: dict[str, bytes] = {}
-        for _, cells in txn.scan(node.table, key, key + b"\x00"):
-            self.cells = cells
+        if read_row:  # a hand-off run needs none of the row: its records come with it
+            for _, cells in txn.scan(node.table, key, key + b"\x00"):
+                self.cells = cells
         self.current_time = 0
         self.produced = 0
+        self.weak = node.computation.productions == "weak"
+        self.outbox: dict[tuple[str, bytes], list[Record]] = {}
+        """Weak productions not yet handed: (subscriber, its key) -> records."""
 
     @property
     def input_watermark(self) -> int:
@@ -459,7 +482,24 @@ class _KeyRun:
                                   f"{type(value).__name__}, {ts!r}")
         record_id = f"{self.node.computation.name}/{self.txn.start_ts}/{self.produced}"
         self.produced += 1
-        _deliver(self.txn, self.p, stream, record_id, value, ts, ts < self.current_time, key)
+        late = ts < self.current_time
+        if not self.weak or not self.p.subscribers.get(stream):
+            _deliver(self.txn, self.p, stream, record_id, value, ts, late, key)
+            return
+        for node in self.p.subscribers[stream]:
+            target = _target(node, stream, record_id, value, ts, late, key)
+            self.outbox.setdefault((node.computation.name, target), []).append(
+                Record(value, ts, target, record_id, stream, late))
+
+    def hand_off(self) -> None:
+        """Send the weak productions: one transaction per subscriber key, each
+        committed (with whatever it hands on in turn) before this returns, so before
+        this run's own commit acknowledges the inputs they came from. A failure
+        propagates: this run then commits nothing and its inputs are handled again
+        (at least once: what was handed already is handed twice)."""
+        for (name, key), records in self.outbox.items():
+            _handed_run(self.p.cluster, self.p, self.p.nodes[name], key, records)
+        self.outbox = {}
 
     def run(self) -> None:
         comp, table, txn = self.node.computation, self.node.table, self.txn
@@ -472,21 +512,7 @@ class _KeyRun:
         if truncated:
             pending = pending[:MAX_RECORDS_PER_RUN]
             txn.notify(table, self.key, WAKE)  # the rest, and the timers, in the next run
-        late = 0
-        for record in pending:
-            # Lateness is decided where a record is made: below its producer's input,
-            # or below its source's previous watermark (module docstring, rules ii, iii).
-            if record.late:
-                late += 1
-            self.current_time = record.timestamp
-            if not (record.late and comp.late_policy == "drop"):
-                comp.process_record(ctx, record)
-            txn.delete(table, self.key, f"in:{record.id}")
-            txn.delete(self.node.pending,
-                       _index_row(self.node, record.timestamp, self.key, record.id.encode()),
-                       "p:x")
-        if late:
-            txn.set(table, self.key, LATE, b"%d" % (int(self.cells.get(LATE, b"0")) + late))
+        self.handle(ctx, pending, consume=True)
         due = sorted((Timer(column[2:], _TS.unpack(raw)[0]) for column, raw in self.cells.items()
                       if column.startswith("t:")), key=lambda t: (t.time, t.tag))
         for timer in due if not truncated else ():
@@ -502,6 +528,41 @@ class _KeyRun:
             self.current_time = timer.time
             comp.process_timer(ctx, timer)
 
+    def handle(self, ctx: Context, records: list[Record], consume: bool) -> None:
+        """Handle *records* in order; with *consume*, they are pending records of the
+        key, deleted with their index rows (the acknowledgement)."""
+        comp, table, txn = self.node.computation, self.node.table, self.txn
+        late = 0
+        for record in records:
+            # Lateness is decided where a record is made: below its producer's input,
+            # or below its source's previous watermark (module docstring, rules ii, iii).
+            if record.late:
+                late += 1
+            self.current_time = record.timestamp
+            if not (record.late and comp.late_policy == "drop"):
+                comp.process_record(ctx, record)
+            if consume:
+                txn.delete(table, self.key, f"in:{record.id}")
+                txn.delete(self.node.pending,
+                           _index_row(self.node, record.timestamp, self.key,
+                                      record.id.encode()), "p:x")
+        if late:
+            seen = self.cells[LATE] if LATE in self.cells else txn.get(table, self.key, LATE)
+            txn.set(table, self.key, LATE, b"%d" % (int(seen or b"0") + late))
+
+
+@transactional
+def _handed_run(txn: TransactionBase, p: Pipeline, node: _Node, key: bytes,
+                records: list[Record]) -> None:
+    """A run of *node* for *key* on records handed over by a weak producer, not read
+    from the store: no ``in:`` cell, no index row, no notification. The producer's
+    inputs stay pending until this commits, which holds every watermark below these
+    records as their ``in:`` cells would (docs/millwheel.md)."""
+    run = _KeyRun(txn, p, node, key, read_row=False)
+    run.handle(Context(run), sorted(records, key=lambda r: (r.timestamp, r.id)),
+               consume=False)
+    run.hand_off()
+
 
 class _KeyRunner(Observer):
     """The key-run observer of one computation (bound at run time)."""
@@ -512,4 +573,6 @@ class _KeyRunner(Observer):
         self.name = f"mw.{p.name}.{node.computation.name}"  # type: ignore[misc]
 
     def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
-        _KeyRun(txn, self.pipeline, self.node, row).run()
+        run = _KeyRun(txn, self.pipeline, self.node, row)
+        run.run()
+        run.hand_off()  # before the worker commits this run: at least once, never lost

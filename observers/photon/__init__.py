@@ -23,11 +23,16 @@ snapshot-isolation transaction, so exactly-once holds at every commit::
 
 docs/photon.md has this example in full, run by the test suite.
 
+Events can also be pulled in by feeds that commit their position with what they
+ingest: ``photon.LogFeed`` (growing log files) and ``photon.TableFeed`` (another
+table's committed changes).
+
 ``python -m observers.photon run|ingest|status|verify|rejoin`` (see ``--help``).
 The design, and where it departs from the seed, is in docs/photon.md.
 """
 
 from observers.photon._adapter import Adapter, BadEvent, JsonAdapter
+from observers.photon._feeds import FeedStatus, LogFeed, TableFeed
 from observers.photon._pipeline import (
     PLACEHOLDER,
     IngestResult,
@@ -41,10 +46,13 @@ __all__ = [
     "PLACEHOLDER",
     "Adapter",
     "BadEvent",
+    "FeedStatus",
     "IngestResult",
     "JoinPipeline",
     "JsonAdapter",
+    "LogFeed",
     "State",
+    "TableFeed",
     "VerifyReport",
     "row_key",
 ]

@@ -35,8 +35,6 @@ Why every tracked byte is committed exactly once (docs/ubiq.md has the long form
 from __future__ import annotations
 
 import contextlib
-import fnmatch
-import hashlib
 import json
 import logging
 import os
@@ -50,6 +48,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from observers import Observer, Periodic
+from observers._logs import HEAD_BYTES, Record, matching_files, read_records, refusal
+from observers._logs import complete_size as _complete_size
+from observers._logs import head_digest as _head
 from observers._recipes import check_pipeline
 from percolator import (
     Cluster,
@@ -67,7 +68,6 @@ __all__ = ["Application", "BadRecord", "LogPipeline", "Output", "Record", "WorkU
 log = logging.getLogger(__name__)
 
 _BEGIN = struct.Struct(">Q")
-HEAD_BYTES = 1024
 MAX_FAILURES = 2
 """Failed attempts of a unit before it is split (a single record: quarantined)."""
 
@@ -89,15 +89,6 @@ class BadRecord(Exception):
     everything else commits and the record's range is quarantined."""
 
 
-@dataclass(frozen=True)
-class Record:
-    """One newline-framed record: its file, its offset and its bytes (no newline)."""
-
-    file: str
-    offset: int
-    data: bytes
-
-
 @dataclass
 class WorkUnit:
     """A byte range ``[begin, end)`` of one file, read from *site*'s replica."""
@@ -114,15 +105,8 @@ class WorkUnit:
 
     def records(self) -> Iterator[Record]:
         """The unit's records, whole: units are cut at newlines."""
-        with open(self.path, "rb") as f:
-            f.seek(self.begin)
-            data = f.read(self.end - self.begin)
-        if len(data) != self.end - self.begin:
-            raise OSError(f"{self.path} at site {self.site} is shorter than {self.end}")
-        offset = self.begin
-        for line in data.split(b"\n")[:-1]:
-            yield Record(self.file, offset, line)
-            offset += len(line) + 1
+        return read_records(self.path, self.file, self.begin, self.end,
+                            f" at site {self.site}")
 
 
 @dataclass
@@ -162,29 +146,6 @@ class Application:
 
         :raises BadRecord: (or any exception) for a record it cannot take."""
         raise NotImplementedError
-
-
-def _complete_size(path: Path, known: int) -> int:
-    """The offset after the last newline of *path* at or after *known*."""
-    size = path.stat().st_size
-    if size <= known:
-        return min(size, known)
-    with open(path, "rb") as f:
-        pos = size
-        while pos > known:
-            step = min(65536, pos - known)
-            f.seek(pos - step)
-            chunk = f.read(step)
-            at = chunk.rfind(b"\n")
-            if at >= 0:
-                return pos - step + at + 1
-            pos -= step
-    return known
-
-
-def _head(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read(HEAD_BYTES)).digest()
 
 
 class LogPipeline:
@@ -276,8 +237,7 @@ class LogPipeline:
         directory = self.sites[site]
         grown = 0
         now = _now_ms()
-        names = sorted(n for n in os.listdir(directory) if fnmatch.fnmatch(n, self.pattern)) \
-            if directory.is_dir() else []
+        names = matching_files(directory, self.pattern)
         with Snapshot(self.cluster) as snap:
             known = {row.decode(): cells for row, cells in snap.get_rows(
                 self.files, [n.encode() for n in names],
@@ -423,13 +383,9 @@ def _report(txn: TransactionBase, p: LogPipeline, name: str, site: str, size: in
     if "f:refused" in cells:
         return False
     seen = int(cells.get(f"f:site.{site}", b"0"))
-    if size < seen:
-        why = f"site {site}: shrank from {seen} to {size} bytes (truncated)"
-    elif head and "f:head" in cells and seen >= HEAD_BYTES and cells["f:head"] != head:
-        why = f"site {site}: its first {HEAD_BYTES} bytes changed (replaced)"
-    else:
-        why = ""
+    why = refusal(seen, size, cells.get("f:head"), head)
     if why:
+        why = f"site {site}: {why}"
         log.error("ubiq %s: refusing %s: %s", p.name, name, why)
         txn.set(p.files, row, "f:refused", why.encode())
         return False

@@ -105,3 +105,67 @@ def results(pipeline: mw.Pipeline) -> tuple[dict[tuple[str, int], int], int]:
     return found, twice
 
 
+
+
+class Relay(mw.Computation):
+    """Forwards each record to the Tally, keyed by the value's last digit."""
+
+    outputs = ("relayed",)
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        ctx.produce("relayed", record.value, record.timestamp)
+
+
+class WeakRelay(Relay):
+    name = "Relay"
+    productions = "weak"
+
+
+class Tally(mw.Computation):
+    """Counts how many times each value reached it (state ``n/<value>``)."""
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        name = "n/" + record.value.decode()
+        ctx.state.set(name, b"%d" % (int(ctx.state.get(name) or b"0") + 1))
+
+
+def relay_input(n: int) -> list[tuple[bytes, int]]:
+    return [(b"v%05d" % i, BASE_MS + 5 * i) for i in range(n)]
+
+
+def build_relay(cluster: percolator.Cluster, records: list[tuple[bytes, int]], weak: bool,
+                inject_batch: int = 500, tally: type[mw.Computation] = Tally,
+                source: mw.Source | None = None) -> mw.Pipeline:
+    """source (default: *records*) -> Relay (weak or strong productions) -> Tally
+    (strong)."""
+    pipeline = mw.Pipeline(cluster, "relay", interval=0.05, inject_batch=inject_batch)
+    pipeline.injector("values", source or mw.IterableSource(records), stream="values")
+    pipeline.computation(WeakRelay() if weak else Relay(),
+                         inputs={"values": lambda r: r.value[-1:]})
+    pipeline.computation(tally(), inputs={"relayed": lambda r: r.value[-2:-1]})
+    return pipeline
+
+
+def make_relay(cluster: percolator.Cluster) -> mw.Pipeline:
+    """The relay pipeline of the worker processes: MW_RECORDS values, MW_WEAK=1 for weak
+    productions."""
+    return build_relay(cluster, relay_input(int(os.environ.get("MW_RECORDS", "400"))),
+                       os.environ.get("MW_WEAK") == "1",
+                       inject_batch=int(os.environ.get("MW_BATCH", "500")))
+
+
+def tallies(pipeline: mw.Pipeline) -> dict[bytes, int]:
+    """value -> how many times it reached the Tally."""
+    found: dict[bytes, int] = {}
+    with percolator.Snapshot(pipeline.cluster) as snap:
+        for _, cells in snap.scan(pipeline.nodes["Tally"].table):
+            for column, n in cells.items():
+                if column.startswith("s:n/"):
+                    found[column[4:].encode()] = int(n)
+    return found
+
+
+def make_log_relay(cluster: percolator.Cluster) -> mw.Pipeline:
+    """The relay pipeline fed by a LogSource tailing MW_LOG_DIR (``*.log``), strong."""
+    return build_relay(cluster, [], False, inject_batch=int(os.environ.get("MW_BATCH", "50")),
+                       source=mw.LogSource(os.environ["MW_LOG_DIR"]))

@@ -268,12 +268,13 @@ def _span_of(record: mw.Record) -> bytes:
 
 
 def _two_windowed_stages(cluster: Cluster, records: list[tuple[bytes, int]],
-                         inject_batch: int) -> tuple[mw.Pipeline, Worker]:
+                         inject_batch: int, windower: type[_Recorder] = _Recorder
+                         ) -> tuple[mw.Pipeline, Worker]:
     """Windower -> _Totals (and DipDetector), with a registered worker whose key runs
     the test makes."""
     pipeline = mw.Pipeline(cluster, "spans", inject_batch=inject_batch)
     pipeline.injector("queries", mw.IterableSource(records), stream="queries")
-    pipeline.computation(_Recorder(), inputs={"queries": lambda r: r.value})
+    pipeline.computation(windower(), inputs={"queries": lambda r: r.value})
     pipeline.computation(_Totals(), inputs={"windows": _span_of})
     pipeline.computation(_app.DipDetector(),
                          inputs={"windows": lambda r: json.loads(r.value)["q"].encode()})
