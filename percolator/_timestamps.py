@@ -348,7 +348,7 @@ class HostTimestamps:
             with self._locked():
                 if self._slot()[0] != ts:
                     return
-                if pid != os.getpid() and not process_alive(pid):
+                if pid != _forks.pid and not process_alive(pid):
                     self._set_slot(0, 0)
                     return
             if time.monotonic() > deadline:
@@ -376,7 +376,7 @@ class HostTimestamps:
                 if taken is None:
                     return None
                 if not drawn:
-                    self._set_slot(taken[0], os.getpid())
+                    self._set_slot(taken[0], _forks.pid)
             drawn.append(taken[0])
             return taken
 
