@@ -225,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         tree = Path(tmp) / "base"
         subprocess.run(["git", "worktree", "add", "--detach", str(tree), sha], cwd=ROOT,
                        check=True, capture_output=True)
+        print(f"base {sha[:7]} checked out in {tree}", file=sys.stderr, flush=True)
         try:
             base: list[dict[str, float]] = []
             new: list[dict[str, float]] = []
