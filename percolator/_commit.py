@@ -530,8 +530,12 @@ def _read_prewrite_state(
     found: dict[int, tuple[bytes | None, list[Cell]]] = {}
     for table, group in by_table.items():
         store = group[0][0].store
-        rows = list(dict.fromkeys(c.row for _, c in group))
-        columns = tuple(dict.fromkeys(c.column for _, c in group))
+        columns: tuple[str, ...]
+        if len(group) == 1:  # a single-cell transaction: no duplicates to drop
+            rows, columns = [group[0][1].row], (group[0][1].column,)
+        else:
+            rows = list(dict.fromkeys(c.row for _, c in group))
+            columns = tuple(dict.fromkeys(c.column for _, c in group))
         # The newest record is, for each member, its newest at or above its own start
         # when it is at or above that start at all.
         reads = _PREWRITE_READS.get(columns)

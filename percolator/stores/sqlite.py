@@ -792,7 +792,8 @@ class SqliteStore:
                             if family in deletes:
                                 self._flush_deletes(db, table, {family: deletes.pop(family)})
                     _collect_puts(puts, mutation.row, mutation.puts)
-                self._flush_deletes(db, table, deletes)
+                if deletes:
+                    self._flush_deletes(db, table, deletes)
                 self._flush_puts(db, table, puts)
         except sqlite3.Error as e:
             raise self._error(table, e) from e
