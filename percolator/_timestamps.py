@@ -27,8 +27,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Protocol
 
 from percolator import _forks
@@ -180,6 +179,40 @@ class _SidecarLock:
             fcntl.flock(source._fd, fcntl.LOCK_UN)
         finally:
             source._lock.release()
+
+
+class _InFlight:
+    """:meth:`HostTimestamps.in_flight`'s block: ``with source.in_flight() as draw``.
+    (A class, not a generator context manager: every one-phase commit enters one.)"""
+
+    __slots__ = ("_drawn", "_source")
+
+    def __init__(self, source: HostTimestamps) -> None:
+        self._source = source
+        self._drawn: list[int] = []
+
+    def __enter__(self) -> Callable[[int], range | None]:
+        return self.draw
+
+    def draw(self, n: int = 1) -> range | None:
+        source, drawn = self._source, self._drawn
+        with source._locked():
+            source._validate()
+            taken = source._take_commit(n, first=not drawn)
+            if taken is None:
+                return None
+            if not drawn:
+                source._set_slot(taken[0], _forks.pid)
+        drawn.append(taken[0])
+        return taken
+
+    def __exit__(self, *exc: object) -> None:
+        drawn = self._drawn
+        if drawn:
+            source = self._source
+            with source._locked():
+                if source._slot()[0] == drawn[0]:
+                    source._set_slot(0, 0)
 
 
 class HostTimestamps:
@@ -357,8 +390,7 @@ class HostTimestamps:
                     f"{self.IN_FLIGHT_DEADLINE:.0f} s; is that process stopped?")
             pause = min(0.001, pause * 2 or 0.00005)
 
-    @contextmanager
-    def in_flight(self) -> Iterator[Callable[[int], range | None]]:
+    def in_flight(self) -> _InFlight:
         """For one-phase commits, around the store's write transaction: yields a
         function that draws *n* commit timestamps inside the transaction (a group
         sharing it draws one for each member) and publishes the first one drawn as in
@@ -367,26 +399,7 @@ class HostTimestamps:
         the gap left below it waits for none. The draw writes nothing to the store; it
         returns None when the persisted block has no room (the commit then takes the
         two-phase path, whose draw persists room)."""
-        drawn: list[int] = []
-
-        def draw(n: int = 1) -> range | None:
-            with self._locked():
-                self._validate()
-                taken = self._take_commit(n, first=not drawn)
-                if taken is None:
-                    return None
-                if not drawn:
-                    self._set_slot(taken[0], _forks.pid)
-            drawn.append(taken[0])
-            return taken
-
-        try:
-            yield draw
-        finally:
-            if drawn:
-                with self._locked():
-                    if self._slot()[0] == drawn[0]:
-                        self._set_slot(0, 0)
+        return _InFlight(self)
 
     def close(self) -> None:
         with self._lock:
