@@ -14,6 +14,11 @@ Every contract call is one SQLite statement or one
 ``scan``            one SELECT per batch of rows
 =================  ====================================================
 
+Next to the file: ``-wal`` and ``-shm`` (SQLite's), ``-write.lock`` (the writers' turn,
+taken only while another store object writes the file) and ``-writers`` (who does:
+see :class:`_Writers`); the timestamp sidecar ``-ts``, the lock census ``-census`` and
+the coordinator's ``-locks`` belong to the cluster.
+
 ``synchronous=NORMAL`` in WAL mode: a committed write survives ``kill -9`` of any
 process (the WAL is in the OS page cache); only a power cut may lose the last
 transactions, never corrupt the file.
