@@ -123,7 +123,7 @@ class _Committer:
             _Cell(t, r, c, v, (t, c) in observed) for (t, r, c), v in txn._writes.items()
         ]
         self.primary = self.cells[0]
-        self.notifies = bool(txn._weak) or any(cell.notify for cell in self.cells)
+        self.notifies = bool(txn._weak) or (bool(observed) and any(c.notify for c in self.cells))
         """Whether the commit makes notifications (weak ones, or of observed columns)."""
         self.owner = self.cluster.coordination.current_owner()
         self.ttl_ms = int(self.cluster.lock_ttl * 1000)

@@ -196,7 +196,7 @@ class _InFlight:
 
     def draw(self, n: int = 1) -> range | None:
         source, drawn = self._source, self._drawn
-        with source._locked():
+        with source._sidecar_lock:
             source._validate()
             taken = source._take_commit(n, first=not drawn)
             if taken is None:
@@ -210,7 +210,7 @@ class _InFlight:
         drawn = self._drawn
         if drawn:
             source = self._source
-            with source._locked():
+            with source._sidecar_lock:
                 if source._slot()[0] == drawn[0]:
                     source._set_slot(0, 0)
 
@@ -289,7 +289,7 @@ class HostTimestamps:
     def get_timestamps(self, n: int) -> range:
         n = _check_count(n)
         while True:
-            with self._locked():
+            with self._sidecar_lock:
                 self._validate()
                 in_flight, pid = self._slot()
                 taken = self._take(n, in_flight)

@@ -611,7 +611,8 @@ class Transaction(TransactionBase):
             nothing of this transaction remains.
         :raises CommitUnknownError: the store failed at the commit point itself.
         """
-        self._check_open()
+        if self._closed:
+            self._check_open()
         return commit_transaction(self)
 
     def rollback(self) -> None:
@@ -623,7 +624,8 @@ class Transaction(TransactionBase):
     close = rollback
 
     def __enter__(self) -> Transaction:
-        self._check_open()
+        if self._closed:
+            self._check_open()
         return self
 
     def __exit__(

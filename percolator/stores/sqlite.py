@@ -37,7 +37,7 @@ import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, cast
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from percolator import _forks
@@ -322,7 +322,7 @@ class SqliteStore:
         """Make every call of this thread inside the block one SQLite write transaction:
         all of it or none of it, with no other writer in between (an optional
         capability: the one-phase commit of :mod:`percolator._commit` uses it)."""
-        return cast("AbstractContextManager[None]", _WriteStep(self, atomic=True))
+        return _WriteStep(self, atomic=True)  # type: ignore[return-value]  # enters as db
 
     def _write(self) -> _WriteStep:
         """``with self._write() as db``: one write transaction, or the enclosing
