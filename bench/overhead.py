@@ -2,7 +2,9 @@
 
     python bench/overhead.py                      # embedded SQLite store
     python bench/overhead.py --backend bigtable   # starts the cbtemulator itself
-    python bench/overhead.py --backend hbase      # starts the HBase Thrift test server
+    python bench/overhead.py --backend hbase      # starts a standalone HBase 2.6 (or
+                                                  # PERCOLATOR_HBASE_THRIFT=host:port)
+    python bench/overhead.py --backend hbase-test-server   # the Python Thrift test server
 
 Measured in one run: each transactional operation is paired with its raw
 counterpart and the two run in alternating chunks of 50 operations, so that the
@@ -109,20 +111,22 @@ def open_backend(backend: str) -> Iterator[str]:
             yield f"sqlite:///{directory}/bench.db"
         finally:
             shutil.rmtree(directory, ignore_errors=True)
-    elif backend in ("bigtable", "hbase"):
+    elif backend == "bigtable":
         sys.path.insert(0, root)
-        if backend == "bigtable":
-            from tests._bigtable import bigtable_store_url as store_url
-            from tests._bigtable import start_emulator as start
-        else:
-            from tests._hbase import hbase_store_url as store_url
-            from tests._hbase import start_test_server as start
-        proc, hostport = start()
+        from tests._bigtable import bigtable_store_url, start_emulator
+
+        proc, hostport = start_emulator()
         try:
-            yield store_url(hostport, "overhead")
+            yield bigtable_store_url(hostport, "overhead")
         finally:
             proc.kill()
             proc.wait()
+    elif backend in ("hbase", "hbase-test-server"):
+        sys.path.insert(0, root)
+        from tests._hbase import hbase_for_bench, hbase_store_url
+
+        with hbase_for_bench(backend.removeprefix("hbase-")) as hostport:
+            yield hbase_store_url(hostport, "overhead")
     else:
         raise SystemExit(f"unknown backend {backend!r}")
 
@@ -145,7 +149,9 @@ def paired_rates(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", choices=["sqlite", "bigtable", "hbase"], default="sqlite")
+    parser.add_argument(
+        "--backend", choices=["sqlite", "bigtable", "hbase", "hbase-test-server"], default="sqlite"
+    )
     parser.add_argument("--ops", type=int, default=2000, help="operations per side per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(

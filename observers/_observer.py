@@ -18,18 +18,27 @@ __all__ = ["Observer"]
 class Observer:
     """Code that runs after a committed change to one column (Percolator §2.4)::
 
+        import hashlib
+
         class DocumentProcessor(Observer):
             table, column = "documents", "raw:html"
 
             def process(self, txn, row, column):
                 html = txn.get(self.table, row, column)
-                txn.set("documents", row, "parsed:hash", sha(html))
+                digest = hashlib.sha256(html).hexdigest().encode()
+                txn.set("documents", row, "parsed:hash", digest)
 
     A subclass sets :attr:`table` and :attr:`column` (what it observes) and
     implements :meth:`process`. :attr:`name` (default: the class name) identifies
     the observer's acknowledgements in the store: keep it stable across releases.
     Register observers with a :class:`~observers.Worker`; a worker instantiates
     classes with no arguments and uses instances as they are.
+
+    One instance serves all the scanner threads of its worker, so :meth:`process` may
+    run in several threads at once (for different rows): keep per-run data in local
+    variables, and anything shared on the instance thread-safe. Workers in other
+    processes and hosts run their own instances; the acknowledgements, in the store,
+    keep their runs of one change to a single commit.
     """
 
     table: ClassVar[str]

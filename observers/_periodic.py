@@ -79,6 +79,8 @@ class Periodic:
         return _TIME.unpack(versions[0][1])[0] if versions else None
 
     def due(self) -> bool:
+        """Whether *interval* seconds have passed since the last run by any process
+        of the cluster (or it never ran)."""
         last = self.last_run()
         return last is None or time.time() - last >= self.interval
 

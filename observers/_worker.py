@@ -285,10 +285,25 @@ class Worker:
     ``quarantined``, ``meetings`` (a scanner found another on its row and jumped),
     ``passes``, ``idle`` passes and lookout ``wakeups``.
 
+    Any number of workers, in any processes and hosts, may run the same observers on
+    one repository: they spread over the pending rows, and at most one observer
+    transaction commits per change however they race or crash. One worker object is
+    started and stopped from one thread; its scanners are its own threads.
+
     ::
+
+        from observers.demo import Clusterer, DocumentProcessor   # the demo's observers
 
         worker = Worker(cluster, [DocumentProcessor, Clusterer], threads=4)
         worker.run()          # blocks; SIGTERM or SIGINT stops it cleanly
+
+        with Worker(cluster, [DocumentProcessor]):   # or in the background
+            ...
+            wait_for_observers(cluster)
+
+    :raises InvalidArgument: for no observers, an observer whose table or column is
+        missing or bad, two observers of one name, or a bad number (threads,
+        max_failures, or a negative number of seconds).
     """
 
     def __init__(
@@ -775,7 +790,7 @@ class Worker:
             for observer in observers:
                 began = time.perf_counter()
                 outcome, error, settled = self._run_observer(
-                    observer, table, row, column, weak, settle,
+                    observer, table, row, column, weak, newest, settle,
                     group if settle is not None else None)
                 _observe("percolator_observer_run_duration_seconds",
                          time.perf_counter() - began, observer.name)
@@ -802,9 +817,10 @@ class Worker:
 
     def _run_observer(
         self, observer: Observer, table: str, row: bytes, column: str, weak: bool,
-        settle: int | None = None, group: _Group | None = None,
+        newest: int, settle: int | None = None, group: _Group | None = None,
     ) -> tuple[str, BaseException | None, bool]:
-        """Run one observer transaction, retrying conflicts a few times. With *settle*
+        """Run one observer transaction, retrying conflicts a few times, for the
+        notification versions up to *newest* (the newest one read). With *settle*
         (the newest notification version read), its commit may delete the
         notification; the third value tells whether it did (or, for a run left in
         *group*, that the group's commit will see to it)."""
@@ -813,7 +829,7 @@ class Worker:
                 time.sleep(random.uniform(0, 0.005 * 2**attempt))
             try:
                 outcome, settled = self._transaction(observer, table, row, column, weak,
-                                                     settle, group)
+                                                     newest, settle, group)
             except ObserverError as e:
                 return _Outcome.FAILED, e.__cause__ or e, False
             except CommitUnknownError:
@@ -841,9 +857,32 @@ class Worker:
 
     def _transaction(
         self, observer: Observer, table: str, row: bytes, column: str, weak: bool,
-        settle: int | None, group: _Group | None = None,
+        newest: int, settle: int | None, group: _Group | None = None,
     ) -> tuple[str, bool]:
         txn = ObserverTransaction(self.cluster)
+        if txn.start_ts < newest:
+            # The notification was read raw, from a commit newer than this snapshot:
+            # the run could not see the change it is for, and would skip it and
+            # delete its notification. Every timestamp source draws above what was
+            # read before the draw (docs/timestamps.md); should one not, the
+            # notification stays for a later pass rather than being lost.
+            txn.close()
+            log.error("%s on %s/%s/%s: snapshot %d is below the notification %d; "
+                      "leaving it for a later pass", observer.name, table, format_row(row),
+                      column, txn.start_ts, newest)
+            return _Outcome.TRANSIENT, False
+        try:
+            return self._observe(txn, observer, table, row, column, weak, settle, group)
+        except BaseException:
+            # Its error travels on (to the log, whose handlers may keep the record and
+            # so the traceback's frames): the run must not hold the safe point meanwhile.
+            txn.close()
+            raise
+
+    def _observe(
+        self, txn: ObserverTransaction, observer: Observer, table: str, row: bytes,
+        column: str, weak: bool, settle: int | None, group: _Group | None,
+    ) -> tuple[str, bool]:
         txn._stop_waiting = self._stop
         ack = ack_column(observer.name, column)
         txn._internal_columns = True

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from percolator._errors import InvalidArgument
 
-#: Largest block a single ``GetTimestamps`` call (or ``get_timestamps(n)``) may ask for.
 MAX_COUNT = 10_000_000
+"""Largest block a single ``GetTimestamps`` call (or ``get_timestamps(n)``) may ask for."""
 
 _HOST_PORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})$")
 _CHROOT = re.compile(r"^(/[A-Za-z0-9_.\-]+)*$")

@@ -6,9 +6,12 @@ HBase-like stores, and observers that run when a watched column changes.
     import percolator
     with percolator.connect("sqlite:///var/lib/app/repo.db") as cluster:
         cluster.create_table("dups")
+        content_hash, url = b"5d41402a", b"https://a.example/"
         with percolator.Transaction(cluster) as txn:       # commits on exit
             if txn.get("dups", content_hash, "c:canonical") is None:
                 txn.set("dups", content_hash, "c:canonical", url)
+
+The guides and the concepts: docs/index.md (the site: ``mkdocs serve``).
 """
 
 from percolator._cluster import Cluster, connect

@@ -1,4 +1,4 @@
-"""The ``percolator`` command: ``status``, ``wait``, ``retry`` and ``gc``.
+"""The ``percolator`` command: ``status``, ``wait``, ``retry``, ``gc`` and ``conformance``.
 
 ::
 
@@ -6,6 +6,7 @@
     percolator wait   --cluster URL --timeout 60
     percolator retry  --cluster URL [TABLE [ROW [COLUMN]]]
     percolator gc     --cluster URL [--retention SECONDS] [--dry-run] [--vacuum]
+    percolator conformance --cluster URL [--checks ...] [--duration S] [--json FILE]
 
 Rows are written as UTF-8 text, or ``hex:...`` for other bytes (as ``status`` shows them).
 """
@@ -171,6 +172,12 @@ def _check_store_exists(url: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["conformance"]:
+        # its own parser (and options): see percolator.conformance
+        from percolator.conformance.__main__ import main as conformance
+
+        return conformance(argv[1:], prog="percolator conformance")
     parser = argparse.ArgumentParser(prog="percolator", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     status = sub.add_parser("status", help="tables, pending notifications, locks, quarantine")
@@ -189,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     gc.add_argument("--dry-run", action="store_true", help="count, change nothing")
     gc.add_argument("--vacuum", action="store_true",
                     help="then return free space to the file system (embedded store)")
+    sub.add_parser("conformance", add_help=False,
+                   help="certify a cluster: snapshot-isolation checks in tables of their own "
+                        "(percolator conformance --help)")
     for p in (status, wait, retry, gc):
         p.add_argument("--cluster", required=True, help="store url, e.g. sqlite:///path.db")
         p.add_argument("--oracle",

@@ -92,6 +92,16 @@ def connect(
     (seconds) is how long a client trusts its cached garbage-collection safe point;
     a GC pass waits twice the largest value among the live clients before it removes
     anything (each announces its own; see :mod:`percolator._safe_point`).
+    *store_options* are the store's own options, the same keys as its url's query
+    (``busy_timeout`` for SQLite; ``timeout``, ``table_prefix``... for Bigtable and
+    HBase: docs/embedded.md, docs/bigtable.md, docs/hbase.md); the url's query wins.
+
+    The returned :class:`Cluster` is thread-safe: share one per process. Any number of
+    processes (and, with a cluster store, hosts) may connect to one repository at once.
+    Close it when done (or use it as a context manager)::
+
+        with percolator.connect("sqlite:///var/lib/app/repo.db") as cluster:
+            cluster.create_table("documents")
 
     .. warning:: With ZooKeeper this blocks while connecting (up to 15 s).
 
@@ -178,10 +188,20 @@ def connect(
 
 
 class Cluster:
-    """A connection to one repository: tables, transactions, observed columns.
+    """A connection to one repository: tables, transactions, observed columns. Made by
+    :func:`connect`, never directly.
 
-    Thread-safe; share one per process. Use as a context manager or call
-    :meth:`close`.
+    Thread-safe: share one per process, from any number of threads. A child process
+    that inherits one by ``fork`` reopens what it must not share (SQLite connections,
+    lock descriptors) at its first use. Use as a context manager or call
+    :meth:`close`; a closed cluster raises :class:`PercolatorError` when used.
+
+    ::
+
+        cluster.create_table("documents")            # idempotent
+        cluster.observe("documents", "raw:html")      # commits to it now notify observers
+        with percolator.Transaction(cluster) as txn:
+            txn.set("documents", b"https://a.example/", "raw:html", b"<html/>")
     """
 
     def __init__(
@@ -310,6 +330,8 @@ class Cluster:
         return self._observed
 
     def is_observed(self, table: str, column: str) -> bool:
+        """Whether commits to (*table*, *column*) set notifications, as far as this
+        client knows (its view of the registry is at most half a second old)."""
         return (table, column) in self.observed_columns()
 
     # --- garbage collection -----------------------------------------------------------
@@ -328,9 +350,9 @@ class Cluster:
         read any more (docs/garbage-collection.md).
 
         The safe point moves up to the timestamp that was current *retention* seconds
-        ago (0: now), but never past the oldest transaction still running in any live
-        client, unless that transaction is older than *max_txn_age* seconds; a
-        transaction left below the safe point gets :class:`SnapshotTooOldError`.
+        ago (0: now), but never past a transaction still running in a live client,
+        unless that transaction is older than *max_txn_age* seconds; a transaction
+        left below the safe point gets :class:`SnapshotTooOldError`.
         Every user table keeps, per cell, the newest version below the safe point and
         everything newer; deleted cells go entirely. *dry_run* counts what would go
         and changes nothing; *vacuum* then returns free space to the file system

@@ -6,13 +6,21 @@ Two-phase commit (every store), store round trips for a transaction writing N ce
   compare-and-set per cell (carrying its data where the store is atomic per row);
   where the store offers ``set_unless`` (Bigtable), one conditional mutation per cell
   instead, whose guards are the conflict conditions themselves, and no read (a cell
-  whose guards match is then read to learn why);
+  whose guards match is then read to learn why); the cells in the primary's row are
+  locked together, in one such mutation whose guards are all of theirs;
 * commit: one timestamp, the commit point (one CAS of the primary, carrying its
-  write record on atomic stores), then one CAS per secondary (non-atomic stores:
-  one batched write of all write records first).
+  write record on atomic stores, and there also the write records and FREE locks of
+  the secondaries in its row: invariant A makes them ours to write until the
+  primary is decided, and this CAS decides it), then one CAS per other secondary
+  (non-atomic stores: one batched write of all write records first).
 
 A single-cell transaction on Bigtable: 2 conditional mutations + 2 timestamps (one
-``increment`` each without an oracle).
+``increment`` each without an oracle); so is a transaction of any number of cells in
+one row (an observer's output and acknowledgement). A lock-free one-phase commit is
+not possible there: its commit timestamp is drawn before its one mutation lands, and a
+reader whose start timestamp is above it, reading before it lands, finds neither a
+lock nor a record (TiKV's one-phase commit relies on the store tracking the newest
+read timestamp, ``max_ts``, which Bigtable and HBase do not).
 
 One-phase commit (the embedded store, see :func:`_commit_one_phase`): one read and
 one write inside one SQLite write transaction, plus the two timestamps, for any N;
@@ -263,15 +271,38 @@ class _Committer:
     def _prewrite_all(self) -> None:
         guarded = self.store if isinstance(self.store, GuardedSet) else None
         found: dict[int, tuple[bytes | None, list[Cell]]] = {}
+        together = self._locked_together(guarded) if guarded is not None else set()
         for index, cell in enumerate(self.cells):
             if index:
                 self._refresh_primary()
-            if guarded is None or not self._prewrite_guarded(guarded, cell):
+            if id(cell) not in together and (
+                    guarded is None or not self._prewrite_guarded(guarded, cell)):
                 if id(cell) not in found:
                     batch = [cell] if guarded is not None or index == 0 else self.cells[1:]
                     found.update(self._read_for_prewrite(batch))
                 self._prewrite(cell, *found[id(cell)])
             self._maybe_crash("prewrite", index)
+
+    def _locked_together(self, store: GuardedSet) -> set[int]:
+        """Where the store tests conflict conditions itself, lock the cells that share
+        the primary's row in one conditional mutation (an observer's output and its
+        acknowledgement, say): the primary's lock set, theirs and their data put, only
+        if no cell of them meets a conflict condition. Returns the ids of the cells
+        locked so (none when some condition held: each then goes its own way)."""
+        p = self.primary
+        same_row = [c for c in self.cells if (c.table, c.row) == (p.table, p.row)]
+        if len(same_row) < 2:
+            return set()
+        held = [encode_lock(self._lock_for(c)) for c in same_row]
+        puts = [put for c in same_row for put in self._data_puts(c)]
+        puts += [(f"{LOCK}:{c.column}", 0, h) for c, h in zip(same_row[1:], held[1:], strict=True)]
+        if not store.set_unless(p.table, p.row, f"{LOCK}:{p.column}", held[0],
+                                [g for c in same_row for g in self._guards(c)], puts):
+            return set()
+        for cell, value in zip(same_row, held, strict=True):
+            cell.held = value
+            self.locked.append(cell)
+        return {id(c) for c in same_row}
 
     def abort(self) -> None:
         """Release our locks (secondaries first); the data left at start_ts is never
@@ -299,7 +330,8 @@ class _Committer:
                 won = lock_cas(
                     self.store, p.table, p.row, column, p.held,
                     encode_lock(Free(self.start_ts, True)),
-                    write_cells(p.column, self.start_ts, commit_ts, delete, notify, p.inline),
+                    write_cells(p.column, self.start_ts, commit_ts, delete, notify, p.inline)
+                    + self._primary_row_releases(commit_ts),
                 )
             else:
                 decided = encode_lock(Committed(self.start_ts, commit_ts, delete, notify, p.inline))
@@ -320,12 +352,35 @@ class _Committer:
             except PercolatorError:
                 log.warning("committed %d but could not release its primary", self.start_ts)
 
+    def _primary_row_secondaries(self) -> list[_Cell]:
+        """The locked secondaries in the primary's row, where the store writes other
+        cells of a row atomically with a compare-and-set: the commit point releases
+        them itself."""
+        p = self.primary
+        if not self.store.atomic_row_cas:
+            return []
+        return [c for c in self.locked[1:] if (c.table, c.row) == (p.table, p.row)]
+
+    def _primary_row_releases(self, commit_ts: int) -> list[tuple[str, int, bytes]]:
+        """The commit point's puts for :meth:`_primary_row_secondaries`: each one's
+        write record (and notify cell) and a FREE lock. Written with the primary's
+        compare-and-set from our LOCKED value, they need no compare of their own:
+        only the holder changes a LOCKED cell until the primary is decided (DESIGN.md
+        section 5, invariant A), and this step is that decision."""
+        puts: list[tuple[str, int, bytes]] = []
+        for cell in self._primary_row_secondaries():
+            puts += write_cells(cell.column, self.start_ts, commit_ts, cell.value is None,
+                                cell.notify, cell.inline)
+            puts.append((f"{LOCK}:{cell.column}", 0, encode_lock(Free(self.start_ts, True))))
+        return puts
+
     def _committed_anyway(self, commit_ts: int, error: PercolatorError | None) -> bool:
         """:func:`committed_anyway` for this transaction's primary."""
         return committed_anyway(self.cluster, self._lock_for(self.primary), commit_ts, error)
 
     def commit_secondaries(self, commit_ts: int) -> None:
-        secondaries = self.locked[1:]
+        released = {id(c) for c in self._primary_row_secondaries()}
+        secondaries = [c for c in self.locked[1:] if id(c) not in released]
         recorded = not self.store.atomic_row_cas
         if recorded:  # all write records in one batch; each release then only frees
             by_table: dict[str, list[Mutation]] = {}
@@ -441,7 +496,7 @@ def _commit_one_phase(committer: _Committer) -> int | None:
     if steps is None:
         return None
     atomically, in_flight = steps
-    with in_flight() as draw, atomically():
+    with in_flight(atomically) as draw:
         found = _one_phase_check(committer)
         if found is None:
             return None
@@ -454,10 +509,11 @@ def _commit_one_phase(committer: _Committer) -> int | None:
 
 def one_phase_steps(cluster: Cluster) -> tuple[
         Callable[[], AbstractContextManager[None]],
-        Callable[[], AbstractContextManager[Callable[[int], range | None]]]] | None:
+        Callable[[Callable[[], AbstractContextManager[None]]],
+                 AbstractContextManager[Callable[[int], range | None]]]] | None:
     """Where *cluster* commits in one phase (the embedded store): the store's atomic
     step (``atomically``) and the timestamp source's publication of commit timestamps
-    in flight (``in_flight``); None elsewhere."""
+    in flight (``in_flight``, which enters the atomic step); None elsewhere."""
     atomically = getattr(cluster.store, "atomically", None)
     in_flight = getattr(cluster.timestamps, "in_flight", None)
     if atomically is None or in_flight is None or not cluster.one_phase_commit:
@@ -634,7 +690,7 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
         assert steps is not None
         atomically, in_flight = steps
         try:
-            with in_flight() as draw, atomically():
+            with in_flight(atomically) as draw:
                 # Every check first, then every draw and write: the commit timestamps
                 # are in flight (holding back other clients' start timestamps) only
                 # for the writes. A member that writes a cell an earlier member

@@ -2,12 +2,12 @@
 
 A pass (:func:`collect`, ``Cluster.gc``, ``percolator gc``):
 
-1. **Safe point.** ``P = min(oldest running transaction of every live client younger
-   than max_txn_age, the timestamp that was current retention seconds ago)``,
-   persisted only if it moves forward (:mod:`percolator._safe_point`). Then the pass
-   waits twice the largest safe-point refresh of a live client, so that every reader
-   or writer that could still use a version below ``P`` finds out before it returns
-   or commits.
+1. **Safe point.** ``P = min(start of every transaction running in a live client
+   that is younger than max_txn_age, the timestamp that was current retention
+   seconds ago)``, persisted only if it moves forward (:mod:`percolator._safe_point`).
+   Then the pass waits twice the largest safe-point refresh of a live client, so that
+   every reader or writer that could still use a version below ``P`` finds out before
+   it returns or commits.
 2. **Locks.** Every held lock of a transaction that started below ``P`` is resolved
    as a reader would (:func:`percolator._lock_resolver.resolve_lock`: roll forward,
    roll back, or leave a live one). All of them, over every table, before anything is
@@ -78,6 +78,7 @@ from percolator._encoding import (
 )
 from percolator._errors import InvalidArgument
 from percolator._lock_resolver import resolve_lock
+from percolator._safe_point import oldest_since
 from percolator._store import Cell, ConditionalDelete, Mutation, Read, RowCells
 
 if TYPE_CHECKING:
@@ -143,20 +144,17 @@ def _safe_point_bound(
     why = "retention"
     if candidate is None:
         return None, "retention (no timestamp logged that long ago yet)"
-    now = time.time()
+    since = time.time() - max_txn_age
     me = cluster.coordination.current_owner()
-    for holder in sp.holders(prune=prune):
-        if holder.owner == me:
-            continue  # its publication lags; this process's own count is below
-        if now - holder.began > max_txn_age:
+    clients = [(f"client {h.owner}", h.steps) for h in sp.holders(prune=prune) if h.owner != me]
+    # This process's own publication lags: its count taken now stands in for it.
+    for who, steps in [*clients, ("this process", sp.running())]:
+        held = oldest_since(steps, since)
+        if steps and (held is None or steps[0][0] < held):
             log.warning("transaction %d of %s is older than max_txn_age (%.0fs): no longer "
-                        "holding the safe point back", holder.start_ts, holder.owner, max_txn_age)
-            continue
-        if holder.start_ts < candidate:
-            candidate, why = holder.start_ts, f"client {holder.owner}"
-    own = sp.oldest_running()
-    if own is not None and now - own[1] <= max_txn_age and own[0] < candidate:
-        candidate, why = own[0], "this process"
+                        "holding the safe point back", steps[0][0], who, max_txn_age)
+        if held is not None and held < candidate:
+            candidate, why = held, who
     return candidate, why
 
 

@@ -308,7 +308,8 @@ class Interleaving:
 
         with Interleaving(cluster) as world:
             client = client_of(cluster)                 # made after: shares the gates
-            txn = Transaction(client); txn.set(...); txn.set(...)
+            txn = percolator.Transaction(client)
+            txn.set("bank", b"alice", "bal:v", b"40")
             committer = world.actor("T1", txn.commit, clients=[client])
             committer.run_until(lambda s: s.matches("check_and_set", column="_l:bal"))
             ...                                          # the test's own calls run now

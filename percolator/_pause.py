@@ -64,6 +64,7 @@ class PausePoint:
             return self._arrived.wait_for(lambda: self.arrivals > 0, timeout=timeout)
 
     def release(self) -> None:
+        """Let the parked threads carry on, and every later arrival pass."""
         self._released.set()
 
     def __enter__(self) -> PausePoint:

@@ -12,13 +12,21 @@ when its copy is older than :attr:`SafePoint.refresh` seconds (one store read pe
 interval per process, never one per transaction read).
 
 What holds it back. Every client publishes the start timestamp (and start time) of
-its oldest running transaction in the same row, ``m:client/<owner id>``, refreshed by
-a background thread every ``refresh / 2`` seconds while it changes. Garbage
-collection takes the minimum of those whose owner is alive (the coordinator's
-liveness: a pid check on the embedded store, the ZooKeeper session in a cluster;
-entries of dead owners are removed) and whose transaction is younger than
-``max_txn_age``, and of the timestamp that was current ``retention`` seconds ago
-(from a small log of ``(wall time, timestamp)`` pairs that each pass appends to).
+its oldest running transaction in the same row, ``m:client/<owner id>``, and in
+``m:younger/<owner id>`` those of its younger transactions that start below every
+transaction begun after them (:func:`staircase`), refreshed by a background thread
+every ``refresh / 2`` seconds while they change. Garbage collection takes the minimum
+of the start timestamps of those transactions that are younger than ``max_txn_age``
+and whose owner is alive (the coordinator's liveness: a pid check on the embedded
+store, the ZooKeeper session in a cluster; entries of dead owners are removed), and
+of the timestamp that was current ``retention`` seconds ago (from a small log of
+``(wall time, timestamp)`` pairs that each pass appends to). The younger ones are
+what a pass needs when a client's oldest transaction is past its ``max_txn_age``:
+whatever that age, the client's oldest transaction within it is one of them, so the
+pass overtakes only the transactions older than it. ``m:client/`` keeps the format
+that passes before ``m:younger/`` read (they see only the oldest), and a client
+before it publishes no ``m:younger/`` (its younger transactions do not hold a pass
+that overtakes its oldest).
 
 Why a reader never returns a removed version (the race "reader checks, GC advances
 and deletes, reader reads"). Correctness does not rest on the publications, which
@@ -64,7 +72,7 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -76,7 +84,7 @@ from percolator._store import Mutation, Read, Store
 if TYPE_CHECKING:
     from percolator._coordination import Coordination
 
-__all__ = ["Hold", "Holder", "Running", "SafePoint"]
+__all__ = ["Hold", "Holder", "Running", "SafePoint", "oldest_since", "staircase"]
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +92,13 @@ ROW = b"gc"
 SAFE_POINT = "m:safe_point"
 TS_LOG = "m:ts_log"
 CLIENT_PREFIX = "m:client/"
+YOUNGER_PREFIX = "m:younger/"
+"""A client's younger transactions that hold the safe point back (:func:`staircase`)."""
 REFRESH_PREFIX = "m:refresh/"
 """A client's :attr:`SafePoint.refresh`, announced before its first fetch."""
 _REFRESH = struct.Struct(">d")
 _RECORD = struct.Struct(">QQ")
-"""``(timestamp, wall time in ms)``: the safe point, or a client's oldest transaction."""
+"""``(timestamp, wall time in ms)``: the safe point, or a client's running transaction."""
 _IDLE = b"idle"
 """A client's publication while it runs no transaction."""
 TS_LOG_ENTRIES = 64
@@ -119,16 +129,44 @@ class Hold:
         self._closed = True
 
 
+def staircase(running: Iterable[tuple[int, float]]) -> list[tuple[int, float]]:
+    """Of the ``(start_ts, began)`` of running transactions, those that start below
+    every transaction that began after them, oldest first (both increase). For any
+    age limit, the oldest transaction that began within it is one of these:
+    :func:`oldest_since` finds it."""
+    steps: list[tuple[int, float]] = []
+    for start_ts, began in sorted(running, key=lambda r: (-r[1], r[0])):  # youngest first
+        if not steps or start_ts < steps[-1][0]:
+            steps.append((start_ts, began))
+    steps.reverse()
+    return steps
+
+
+def oldest_since(steps: Iterable[tuple[int, float]], since: float) -> int | None:
+    """The smallest start timestamp of the transactions that began at or after wall
+    time *since* (None: none did)."""
+    return min((start_ts for start_ts, began in steps if began >= since), default=None)
+
+
 @dataclass(frozen=True, slots=True)
 class Holder:
-    """A client's published oldest running transaction."""
+    """A client's published running transactions: its oldest, and the younger ones of
+    its :func:`staircase`."""
 
     owner: str
     start_ts: int
+    """The oldest transaction's."""
     began: float
-    """Wall time (seconds) when that transaction began."""
+    """Wall time (seconds) when the oldest transaction began."""
     alive: bool | None
     """The coordinator's word on the owner (None: unknown, e.g. another host)."""
+    younger: tuple[tuple[int, float], ...] = ()
+    """``(start_ts, began)`` of the younger transactions that hold the safe point back
+    once the oldest is past a pass's ``max_txn_age`` (none from older clients)."""
+
+    @property
+    def steps(self) -> tuple[tuple[int, float], ...]:
+        return ((self.start_ts, self.began), *self.younger)
 
 
 class SafePoint:
@@ -153,9 +191,12 @@ class SafePoint:
         self._drawing = 0
         self._waiting = 0
         """Transactions of this process between asking for a start timestamp and
-        being registered with it: :meth:`oldest_running` waits for them."""
+        being registered with it: :meth:`running` waits for them."""
         self._running: weakref.WeakSet[Running] = weakref.WeakSet()
-        self._published: tuple[int, int] | None = None
+        self._published: tuple[tuple[int, int], ...] | None = None
+        self._publishing = threading.Lock()
+        """One publication at a time: two interleaved could leave an older one stored
+        while :attr:`_published` says the newer, which would then never be written."""
         self._publisher: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -311,10 +352,10 @@ class SafePoint:
         )
         self._publisher.start()
 
-    def oldest_running(self) -> tuple[int, float] | None:
-        """``(start_ts, began)`` of this process's oldest open transaction, or None.
-        Call it after drawing the timestamp it is compared with: it waits for the
-        transactions drawing theirs (which may be smaller) to register."""
+    def running(self) -> list[tuple[int, float]]:
+        """The :func:`staircase` of this process's open transactions. Call it after
+        drawing the timestamp it is compared with: it waits for the transactions
+        drawing theirs (which may be smaller) to register."""
         with self._lock:
             while self._drawing:
                 self._waiting += 1
@@ -323,18 +364,27 @@ class SafePoint:
                 finally:
                     self._waiting -= 1
             live = [(t.start_ts, t._began) for t in self._running if not t._closed]
-        return min(live) if live else None
+        return staircase(live)
 
     def publish(self) -> None:
-        """Publish this client's oldest running transaction if it changed."""
-        oldest = self.oldest_running()
-        value = None if oldest is None else (oldest[0], int(oldest[1] * 1000))
-        if value == self._published:
+        """Publish this client's running transactions if they changed: the oldest in
+        ``m:client/`` (the format of passes that read nothing else), the rest of the
+        :func:`staircase` in ``m:younger/`` (absent when there is none)."""
+        with self._publishing:
+            self._publish()
+
+    def _publish(self) -> None:
+        steps = tuple((ts, int(began * 1000)) for ts, began in self.running()) or None
+        if steps == self._published:
             return
         owner = self.coordination.current_owner()
-        raw = _IDLE if value is None else _RECORD.pack(*value)
-        self.store.mutate_rows(META_TABLE, [Mutation(ROW, [(CLIENT_PREFIX + owner, 0, raw)])])
-        self._published = value
+        oldest = _IDLE if steps is None else _RECORD.pack(*steps[0])
+        younger = b"".join(_RECORD.pack(*step) for step in steps[1:]) if steps else b""
+        column = YOUNGER_PREFIX + owner
+        self.store.mutate_rows(META_TABLE, [Mutation(  # one row: a pass reads both of a moment
+            ROW, [(CLIENT_PREFIX + owner, 0, oldest)] + ([(column, 0, younger)] if younger else []),
+            deletes=[] if younger else [(column, 0)])])
+        self._published = steps
 
     def _publish_loop(self) -> None:
         stop = self._stop
@@ -342,31 +392,33 @@ class SafePoint:
             try:
                 self.publish()
             except Exception:  # the next round tries again; a pass only sees it later
-                log.debug("could not publish the oldest running transaction", exc_info=True)
+                log.debug("could not publish the running transactions", exc_info=True)
 
     def holders(self, *, prune: bool = False) -> list[Holder]:
-        """Every client's published oldest running transaction (idle ones left out);
-        with *prune*, the entries of owners known to be dead are removed."""
+        """Every client's published running transactions (idle ones left out); with
+        *prune*, the entries of owners known to be dead are removed."""
         cells = self.store.read_rows(META_TABLE, [ROW], [Read("m")]).get(ROW, {})
-        found = []
         dead = []
+        oldest: dict[str, tuple[int, float, bool | None]] = {}
+        younger: dict[str, tuple[tuple[int, float], ...]] = {}
         for column, versions in cells.items():
-            if column.startswith(REFRESH_PREFIX):
-                if prune and self.coordination.is_alive(column[len(REFRESH_PREFIX):]) is False:
-                    dead.append(column)
+            prefix = next((p for p in (CLIENT_PREFIX, YOUNGER_PREFIX, REFRESH_PREFIX)
+                           if column.startswith(p)), None)
+            if prefix is None or not versions or (prefix == REFRESH_PREFIX and not prune):
                 continue
-            if not column.startswith(CLIENT_PREFIX) or not versions:
-                continue
-            owner = column[len(CLIENT_PREFIX):]
+            owner = column[len(prefix):]
             alive = self.coordination.is_alive(owner)
             if alive is False:
                 dead.append(column)
                 continue
             raw = versions[0][1]
-            if raw == _IDLE:
-                continue
-            ts, wall_ms = _RECORD.unpack(raw)
-            found.append(Holder(owner, ts, wall_ms / 1000, alive))
+            if prefix == YOUNGER_PREFIX:
+                younger[owner] = tuple((ts, ms / 1000) for ts, ms in _RECORD.iter_unpack(raw))
+            elif prefix == CLIENT_PREFIX and raw != _IDLE:
+                ts, wall_ms = _RECORD.unpack(raw)
+                oldest[owner] = ts, wall_ms / 1000, alive
+        found = [Holder(owner, ts, began, alive, younger.get(owner, ()))
+                 for owner, (ts, began, alive) in oldest.items()]
         if prune and dead:
             self.store.mutate_rows(
                 META_TABLE, [Mutation(ROW, deletes=[(column, 0) for column in dead])]
@@ -382,7 +434,9 @@ class SafePoint:
             # The store closes next, and an SQLite connection closed under a write in
             # progress on another thread crashes the process (seen in a suite run).
             publisher.join(timeout=60)
-        withdrawn = [prefix for prefix, done in ((CLIENT_PREFIX, self._published is not None),
+        published = self._published is not None
+        withdrawn = [prefix for prefix, done in ((CLIENT_PREFIX, published),
+                                                 (YOUNGER_PREFIX, published),
                                                  (REFRESH_PREFIX, self._announced)) if done]
         if withdrawn:
             try:

@@ -27,7 +27,8 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Protocol
 
 from percolator import _forks
@@ -179,40 +180,6 @@ class _SidecarLock:
             fcntl.flock(source._fd, fcntl.LOCK_UN)
         finally:
             source._lock.release()
-
-
-class _InFlight:
-    """:meth:`HostTimestamps.in_flight`'s block: ``with source.in_flight() as draw``.
-    (A class, not a generator context manager: every one-phase commit enters one.)"""
-
-    __slots__ = ("_drawn", "_source")
-
-    def __init__(self, source: HostTimestamps) -> None:
-        self._source = source
-        self._drawn: list[int] = []
-
-    def __enter__(self) -> Callable[[int], range | None]:
-        return self.draw
-
-    def draw(self, n: int = 1) -> range | None:
-        source, drawn = self._source, self._drawn
-        with source._sidecar_lock:
-            source._validate()
-            taken = source._take_commit(n, first=not drawn)
-            if taken is None:
-                return None
-            if not drawn:
-                source._set_slot(taken[0], _forks.pid)
-        drawn.append(taken[0])
-        return taken
-
-    def __exit__(self, *exc: object) -> None:
-        drawn = self._drawn
-        if drawn:
-            source = self._source
-            with source._sidecar_lock:
-                if source._slot()[0] == drawn[0]:
-                    source._set_slot(0, 0)
 
 
 class HostTimestamps:
@@ -390,16 +357,55 @@ class HostTimestamps:
                     f"{self.IN_FLIGHT_DEADLINE:.0f} s; is that process stopped?")
             pause = min(0.001, pause * 2 or 0.00005)
 
-    def in_flight(self) -> _InFlight:
-        """For one-phase commits, around the store's write transaction: yields a
-        function that draws *n* commit timestamps inside the transaction (a group
-        sharing it draws one for each member) and publishes the first one drawn as in
+    @contextmanager
+    def in_flight(
+        self, atomically: Callable[[], AbstractContextManager[object]]
+    ) -> Iterator[Callable[[int], range | None]]:
+        """For one-phase commits: enters the store's write transaction (*atomically*)
+        and yields a function that draws *n* commit timestamps inside it (a group
+        sharing it draws one for each member). The first one drawn is published as in
         flight until this block ends, after the COMMIT: every later one is above it,
-        so a start timestamp above any of them waits for the whole group, and one from
-        the gap left below it waits for none. The draw writes nothing to the store; it
-        returns None when the persisted block has no room (the commit then takes the
-        two-phase path, whose draw persists room)."""
-        return _InFlight(self)
+        so a start timestamp above any of them waits for the whole group.
+
+        The gap left below the first one serves the draws made while the commit cannot
+        be seen: it is closed (``next`` raised to ``resume``) just before the COMMIT.
+        From the COMMIT on, anybody may read the commit's cells (a worker's scan of the
+        notify family reads them raw), and a draw made after such a read must be above
+        the commit, so from then on every draw waits for the commit instead.
+
+        The draw writes nothing to the store; it returns None when the persisted block
+        has no room (the commit then takes the two-phase path, whose draw persists
+        room)."""
+        drawn: list[int] = []
+
+        def draw(n: int = 1) -> range | None:
+            with self._locked():
+                self._validate()
+                taken = self._take_commit(n, first=not drawn)
+                if taken is None:
+                    return None
+                if not drawn:
+                    self._set_slot(taken[0], _forks.pid)
+            drawn.append(taken[0])
+            return taken
+
+        try:
+            with atomically():
+                yield draw
+                if drawn:  # the body returned: the COMMIT comes next
+                    self._close_gap()
+        finally:
+            if drawn:
+                with self._locked():
+                    if self._slot()[0] == drawn[0]:
+                        self._set_slot(0, 0)
+
+    def _close_gap(self) -> None:
+        """Hand out no more timestamps from the gap below the commit in flight: the
+        next draws come from ``resume``, above it, and wait until it is visible."""
+        with self._locked():
+            nxt, resume = self._counters()
+            _U64.pack_into(self._map, self._NEXT_AT, max(nxt, resume))
 
     def close(self) -> None:
         with self._lock:

@@ -73,8 +73,25 @@ class Snapshot:
     """Consistent reads at :attr:`start_ts`: every read sees exactly the transactions
     that committed before it (Percolator's snapshot isolation).
 
-    Reads block on (and resolve) locks of older transactions; they wait at most the
-    cluster's lock wait, then raise :class:`LockedError`.
+    The start timestamp is drawn when the snapshot is made, or given as *start_ts* (an
+    earlier snapshot's, to read the same state again). Reads block on (and resolve)
+    locks of older transactions; they wait at most the cluster's lock wait (seconds,
+    ``connect(lock_wait=...)``), then raise :class:`LockedError`.
+
+    Close it when done: until :meth:`close` (or the end of its ``with`` block, or until
+    nothing references it) it holds garbage collection's safe point at its start
+    timestamp. One that falls below the safe point anyway raises
+    :class:`SnapshotTooOldError` at its next read. A snapshot is for one thread at a
+    time; make one per thread (they are cheap: one timestamp).
+
+    ::
+
+        with percolator.Snapshot(cluster) as snap:
+            html = snap.get("documents", b"https://a.example/", "raw:html")
+
+    :raises InvalidArgument: when *cluster* is not a :class:`Cluster`.
+    :raises SnapshotTooOldError: when *start_ts* is below the safe point.
+    :raises OracleUnavailable: when no timestamp can be drawn.
     """
 
     _internal_columns = False
@@ -310,7 +327,12 @@ class Snapshot:
         """The value of (*table*, *row*, *column*) in this snapshot, or None.
 
         .. warning:: blocks while an older transaction holds a lock on the cell.
-        :raises LockedError: when that lock outlives the cluster's lock wait.
+        :raises LockedError: when that lock outlives the cluster's lock wait (seconds).
+        :raises UnknownTableError: when *table* does not exist.
+        :raises InvalidArgument: for a row that is not non-empty bytes, or a column that
+            is not ``"family:qualifier"``.
+        :raises SnapshotTooOldError: when garbage collection passed the start timestamp.
+        :raises TransactionClosedError: after :meth:`close` (or commit, or rollback).
         """
         self._check_cell(table, row, column)
         key = (table, row, column)
@@ -365,7 +387,8 @@ class Snapshot:
         return value
 
     def get_row(self, table: str, row: bytes, columns: Sequence[str]) -> dict[str, bytes]:
-        """The present values among *columns* of one row, in one store read."""
+        """The present values among *columns* of one row, in one store read: a column
+        with no value is left out of the result. Blocks and raises as :meth:`get`."""
         self._check_open()
         self.cluster.check_table_exists(table)
         check_row(row)
@@ -404,7 +427,8 @@ class Snapshot:
     ) -> dict[bytes, dict[str, bytes]]:
         """The present values among *columns* of each of *rows*, in one store read
         (plus one per row that meets a lock, as :meth:`get_row`). Every requested
-        row is a key of the result; a row with none of the columns maps to ``{}``."""
+        row is a key of the result; a row with none of the columns maps to ``{}``.
+        Blocks and raises as :meth:`get`."""
         self._check_open()
         self.cluster.check_table_exists(table)
         wanted = _check_columns(columns, internal=self._internal_columns)
@@ -455,7 +479,18 @@ class Snapshot:
         columns: Sequence[str] | None = None,
     ) -> Iterator[tuple[bytes, dict[str, bytes]]]:
         """Rows in ``[start, stop)`` in row order with their visible *columns* (all
-        user columns when None); rows with none of them are skipped."""
+        user columns when None); rows with none of them are skipped. *start* and *stop*
+        are row keys (None: the table's first, or past its last). The rows are read from
+        the store as the iteration goes, all at the snapshot's timestamp; a row that
+        meets a lock blocks and raises as :meth:`get`.
+
+        ::
+
+            with percolator.Snapshot(cluster) as snap:
+                for row, cells in snap.scan("documents", b"https://a.", b"https://b.",
+                                            ["raw:html"]):
+                    print(row, len(cells["raw:html"]))
+        """
         self._check_open()
         self.cluster.check_table_exists(table)
         _check_bound("start", start)
@@ -529,12 +564,21 @@ class TransactionBase(Snapshot):
         self.commit_ts: int | None = None
 
     def set(self, table: str, row: bytes, column: str, value: bytes) -> None:
-        """Write *value* to the cell at commit (buffered until then)."""
+        """Write *value* to the cell at commit (buffered until then; later reads of
+        this transaction see it).
+
+        :raises ValueTooLargeError: when *value* is over 4 MiB (:data:`MAX_VALUE_BYTES`)
+            or *row* over 4 KiB.
+        :raises InvalidArgument: when *value* is not bytes, or for a bad row or column
+            (as :meth:`get`); families starting with ``_`` are reserved.
+        :raises UnknownTableError: when *table* does not exist.
+        """
         self._check_cell(table, row, column)
         self._writes[(table, row, column)] = check_value(value)
 
     def delete(self, table: str, row: bytes, column: str) -> None:
-        """Delete the cell at commit."""
+        """Delete the cell at commit (later reads of this transaction see None).
+        Raises as :meth:`set`."""
         self._check_cell(table, row, column)
         self._writes[(table, row, column)] = None
 
@@ -596,11 +640,19 @@ def _merge_rows(
 class Transaction(TransactionBase):
     """A snapshot-isolation transaction over any number of rows and tables.
 
-    Takes its start timestamp when created. As a context manager it commits on a
-    clean exit and rolls back on an exception::
+    Takes its start timestamp when created. Reads see the snapshot at that timestamp
+    and the transaction's own writes; writes are buffered and reach the store at
+    :meth:`commit`, all or nothing. As a context manager it commits on a clean exit
+    and rolls back on an exception::
 
         with percolator.Transaction(cluster) as txn:
             txn.set("accounts", b"alice", "bal:amount", b"90")
+
+    A conflict at commit raises :class:`ConflictError`: run the whole transaction
+    again on a fresh snapshot, which :func:`transactional` does for you. A transaction
+    is for one thread at a time; many transactions may run at once, in any threads and
+    processes. Methods of a committed or rolled-back transaction raise
+    :class:`TransactionClosedError`.
     """
 
     def commit(self) -> int:

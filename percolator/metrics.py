@@ -7,7 +7,9 @@ a lock and an addition (no dependency); ``prometheus_client`` (the optional extr
 
     import percolator.metrics
     percolator.metrics.serve(9464)                 # http://127.0.0.1:9464/metrics
+
     # or, in a process that already exports metrics:
+    import prometheus_client
     prometheus_client.REGISTRY.register(percolator.metrics.collector())
 
 ``python -m observers --metrics-port N``, ``python -m oracle --metrics-port N`` and
@@ -58,7 +60,6 @@ _LATENCY = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
             5.0, 10.0, 30.0)
 _BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
-#: name -> (type, help, label names[, buckets]): every metric this library exports.
 METRICS: dict[str, tuple[Any, ...]] = {
     # transactions (kind: user, observer, bulk: one per bulk load, counted by its driver)
     "percolator_transactions_begun_total": (
@@ -126,6 +127,7 @@ METRICS: dict[str, tuple[Any, ...]] = {
     "percolator_loader_rejects_total": (
         "counter", "Input records rejected by committed bulk loads.", ()),
 }
+"""Every metric this library exports: name -> (type, help, label names[, buckets])."""
 
 
 class _Histogram:

@@ -1,23 +1,32 @@
 """A public test harness: embedded clusters, simulated committer crashes, and
 deterministic interleavings of actors (transactions, lock resolvers, workers) at
-their store calls, plus named pause points in components' own threads.
+their store calls, plus named pause points in components' own threads. A guide with
+examples that run: docs/testing.md.
 
 ::
 
-    from percolator.testing import temporary_cluster, crash_commit, CrashPoint
+    import percolator
+    from percolator.testing import (
+        CrashPoint, Interleaving, client_of, crash_commit, temporary_cluster)
 
-    with temporary_cluster() as cluster:
+    with temporary_cluster() as cluster:               # removed afterwards
+        cluster.create_table("bank")
+        client = client_of(cluster)                    # a second identity that can die
+        client.one_phase_commit = False                # a store call per commit step
         txn = percolator.Transaction(client)
-        ...
+        txn.set("bank", b"alice", "bal:v", b"40")
         crash_commit(txn, CrashPoint("commit_point"))  # dies right after its commit point
 
-    with Interleaving(cluster) as world:               # one store call at a time
-        t1 = world.actor("T1", txn.commit, clients=[client])
-        t1.run_until(lambda step: step.matches("timestamp"))
-        ...                                            # others run while T1 is parked
-        t1.finish()
+        with Interleaving(cluster) as world:           # one store call at a time
+            other = client_of(cluster)                 # inside: its calls are the world's
+            other.one_phase_commit = False
+            txn = percolator.Transaction(other)
+            txn.set("bank", b"bob", "bal:v", b"60")
+            t1 = world.actor("T1", txn.commit, clients=[other])
+            t1.run_until(lambda step: step.matches("timestamp"))
+            ...                                        # others run while T1 is parked
+            t1.finish()
 """
-
 from __future__ import annotations
 
 import shutil

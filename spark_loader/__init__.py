@@ -2,7 +2,11 @@
 
 ::
 
+    from pyspark.sql import SparkSession
     from spark_loader import load_dataframe
+
+    spark = SparkSession.builder.getOrCreate()
+    df = spark.read.json("crawl.jsonl")               # any DataFrame with url and html
     result = load_dataframe(df, "sqlite:///var/lib/app/repo.db", "documents",
                             row_key="url", columns={"html": "raw:html"})
     print(result.summary())

@@ -41,6 +41,7 @@ class ExportResult:
     seconds: float
 
     def summary(self) -> str:
+        """One line for people: rows, columns, start timestamp, where, how fast."""
         rate = self.rows / self.seconds if self.seconds > 0 else 0.0
         return (f"exported {self.rows} rows of {self.table!r} ({len(self.columns)} columns: "
                 f"{', '.join(self.columns)}) at start_ts {self.start_ts} to {self.output} "

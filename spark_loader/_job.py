@@ -92,6 +92,7 @@ class LoadResult:
         return self.cells / self.seconds if self.seconds > 0 else 0.0
 
     def summary(self) -> str:
+        """One line for people: the load id, rows, cells, rejects, time, commit timestamp."""
         head = "already loaded earlier (nothing written again): " if self.already_loaded else ""
         text = (f"{head}load {self.load_id[:16]} into {self.table!r}: rows={self.rows} "
                 f"cells={self.cells} rejects={self.rejects} seconds={self.seconds:.2f} "

@@ -31,6 +31,8 @@ class Reject:
     row: str | None = None
 
     def to_json(self) -> str:
+        """The reject as one line of JSON (``reason``, ``row``, ``line``), as the rejects
+        file holds it."""
         return json.dumps({"reason": self.reason, "row": self.row, "line": self.line},
                           ensure_ascii=False)
 

@@ -1,12 +1,17 @@
-"""HBase's Thrift1 server for the suite: the in-repo test server, or a real HBase.
+"""HBase's Thrift1 server for the suite: a real HBase, or the in-repo test server.
 
-``hbase_thrift`` (session scope) yields ``"host:port"`` of an HBase Thrift1 server:
-``PERCOLATOR_HBASE_THRIFT`` if set (a real HBase, e.g. from ``docker compose up``),
-otherwise the test server of ``tests/hbase_thrift_server`` started in its own process
-on a free loopback port and killed at the end of the session (and at interpreter exit,
-whatever happens). ``hbase_store_url(hostport, name)`` gives a store URL isolated from
-every other test (its own table prefix), so tests never assume an empty server.
-Missing happybase/thriftpy2 fails in CI and skips elsewhere.
+``hbase_thrift`` (session scope) yields ``"host:port"`` of a real HBase's Thrift1
+server: ``PERCOLATOR_HBASE_THRIFT`` if set (an HBase of your own, e.g. from ``docker
+compose up``), otherwise a standalone HBase 2.6 started by ``tests/_hbase_local.py``
+the first time a test asks for it (once per session, ~30 s) and killed at the end of
+the session. A failure to obtain or start it (Java, Maven, a port, the JVM's log)
+fails the run in CI and skips the test elsewhere, with that reason.
+``PERCOLATOR_HBASE_THRIFT=test-server`` runs the same tests against the Python test
+server of ``tests/hbase_thrift_server`` instead (no Java needed; the fault tests and
+``test_thrift_server.py``, which holds the test server to HBase's behaviour, use it
+anyway). ``hbase_store_url(hostport, name)`` gives a store URL isolated from every
+other test (its own table prefix), so tests never assume an empty server. Missing
+happybase/thriftpy2 fails in CI and skips elsewhere.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -100,16 +106,58 @@ def start_test_server(
     return proc, hostport
 
 
+TEST_SERVER = "test-server"
+"""The value of ``PERCOLATOR_HBASE_THRIFT`` that picks the Python test server."""
+_DISPOSABLE: set[str] = set()
+"""``host:port`` of the HBase this session started: it is thrown away whole at the end."""
+
+
+def leaves_tables(url: str) -> bool:
+    """Whether a test may leave its tables behind at teardown: on the HBase this
+    session started, which is discarded whole at its end and where a drop (disable,
+    delete) costs 0.5-2 s. On every other server tests drop what they made."""
+    parts = urlsplit(url)
+    return parts.scheme == "hbase" and parts.netloc in _DISPOSABLE
+
+
 @pytest.fixture(scope="session")
 def hbase_thrift() -> Iterator[str]:
-    """``host:port`` of an HBase Thrift1 server for the whole session."""
+    """``host:port`` of a real HBase's Thrift1 server for the whole session (or of the
+    test server with ``PERCOLATOR_HBASE_THRIFT=test-server``)."""
     require_hbase_client()
-    real = os.environ.get(ENV)
-    if real:
-        if not _answers(real):
-            service_missing(f"{ENV}={real} is set but no HBase Thrift1 server answers there")
-        yield real
+    chosen = os.environ.get(ENV)
+    if chosen == TEST_SERVER:
+        yield from _test_server_for_session()
         return
+    if chosen:
+        if not _answers(chosen):
+            service_missing(f"{ENV}={chosen} is set but no HBase Thrift1 server answers there")
+        yield chosen
+        return
+    from tests._hbase_local import HBaseStartError, LocalHBase
+
+    hbase = LocalHBase()
+    try:
+        hbase.start()
+    except HBaseStartError as e:
+        hbase.stop()
+        service_missing(f"could not start a standalone HBase: {e}")
+    _DISPOSABLE.add(hbase.hostport)
+    try:
+        yield hbase.hostport
+    finally:
+        _DISPOSABLE.discard(hbase.hostport)
+        hbase.stop()
+
+
+@pytest.fixture(scope="session")
+def hbase_test_server() -> Iterator[str]:
+    """``host:port`` of the Python test server (with the ``percolator_test``
+    namespace), for the tests that hold it to HBase's behaviour."""
+    yield from _test_server_for_session()
+
+
+def _test_server_for_session() -> Iterator[str]:
     proc, hostport = start_test_server("percolator_test")
     try:
         yield hostport
@@ -141,8 +189,8 @@ def hbase_faulty_thrift() -> Iterator[str]:
 
 
 def is_real_hbase() -> bool:
-    """Whether the suite runs against a real HBase (``PERCOLATOR_HBASE_THRIFT``)."""
-    return bool(os.environ.get(ENV))
+    """Whether ``hbase_thrift`` is a real HBase (the default) rather than the test server."""
+    return os.environ.get(ENV) != TEST_SERVER
 
 
 def unique_name(name: str) -> str:
@@ -168,3 +216,28 @@ def faulty_server(
         yield hostport
     finally:
         stop_process(proc)
+
+
+@contextlib.contextmanager
+def hbase_for_bench(kind: str = "hbase") -> Iterator[str]:
+    """``host:port`` of a Thrift1 server for a benchmark, for the duration of the
+    ``with``: *kind* ``"hbase"`` is ``PERCOLATOR_HBASE_THRIFT`` if set, otherwise a
+    standalone HBase of its own (``tests/_hbase_local.py``); ``"test-server"`` is the
+    Python test server."""
+    if kind == TEST_SERVER:
+        proc, hostport = start_test_server()
+        try:
+            yield hostport
+        finally:
+            stop_process(proc)
+        return
+    if kind != "hbase":
+        raise ValueError(f"kind must be 'hbase' or {TEST_SERVER!r}, got {kind!r}")
+    chosen = os.environ.get(ENV)
+    if chosen and chosen != TEST_SERVER:
+        yield chosen
+        return
+    from tests._hbase_local import LocalHBase
+
+    with LocalHBase() as hbase:
+        yield hbase.hostport

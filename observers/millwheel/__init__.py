@@ -16,6 +16,7 @@ position with what they inject::
             ctx.state.set_json("n", n)
             ctx.produce("counts", b"%d" % n, record.timestamp)
 
+    pairs = [(b"shoes", 1_000), (b"hats", 2_000)]        # (value, event time in ms)
     pipeline = mw.Pipeline(cluster, "clicks")
     pipeline.injector("source", mw.IterableSource(pairs), stream="clicks")
     pipeline.computation(Counter(), inputs={"clicks": lambda r: r.value})

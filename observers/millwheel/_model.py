@@ -48,7 +48,10 @@ class Source(Protocol):
     timestamp (records that break it are marked late). It must be replayable: reading
     again from a committed position gives the same records."""
 
-    def read(self, position: bytes | None, limit: int) -> tuple[list[Record], bytes, int]: ...
+    def read(self, position: bytes | None, limit: int) -> tuple[list[Record], bytes, int]:
+        """``(records, next position, low watermark in ms)``: up to *limit* records
+        after *position* (None: from the start)."""
+        ...
 
 
 class IterableSource:
@@ -63,6 +66,8 @@ class IterableSource:
             self._after[i] = min(self.records[i][1], self._after[i + 1])
 
     def read(self, position: bytes | None, limit: int) -> tuple[list[Record], bytes, int]:
+        """Up to *limit* pairs after *position* (their index, as decimal bytes), the
+        position after them, and the smallest timestamp still unread."""
         start = int(position or b"0")
         end = min(len(self.records), start + limit)
         records = [Record(v, t) for v, t in self.records[start:end]]
@@ -77,19 +82,24 @@ class State:
         self._run = run
 
     def get(self, name: str) -> bytes | None:
+        """The value of state cell *name*, or None (this run's own writes included)."""
         return self._run.state_get(name)
 
     def set(self, name: str, value: bytes) -> None:
+        """Set state cell *name* to *value* (committed with the run)."""
         self._run.state_set(name, value)
 
     def delete(self, name: str) -> None:
+        """Delete state cell *name* (committed with the run)."""
         self._run.state_set(name, None)
 
     def get_json(self, name: str, default: Any = None) -> Any:
+        """State cell *name* decoded from JSON, or *default* when it is absent."""
         raw = self.get(name)
         return default if raw is None else json.loads(raw)
 
     def set_json(self, name: str, value: Any) -> None:
+        """Set state cell *name* to *value* as compact JSON with sorted keys."""
         self.set(name, json.dumps(value, sort_keys=True, separators=(",", ":")).encode())
 
 
@@ -118,6 +128,7 @@ class Context:
         self._run.set_timer(tag, time_ms)
 
     def delete_timer(self, tag: str) -> None:
+        """Disarm timer *tag* of this key (nothing happens if it is not armed)."""
         self._run.delete_timer(tag)
 
     def produce(self, stream: str, value: bytes, timestamp: int, key: bytes | None = None

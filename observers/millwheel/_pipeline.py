@@ -58,6 +58,8 @@ __all__ = ["MAX_RECORDS_PER_RUN", "Pipeline", "Status"]
 log = logging.getLogger(__name__)
 
 MAX_RECORDS_PER_RUN = 500
+"""Most pending records of one key a key run handles; the rest wait for the next run,
+and a run that stopped there fires no timer (its window may not be complete)."""
 INJECT_BATCH = 500
 WAKE = "k:wake"
 LATE = "m:late"
@@ -127,10 +129,16 @@ class Status:
 class Pipeline:
     """Keyed computations connected by streams, fed by injectors (MillWheel, seed 004)::
 
+        from observers import Worker, millwheel as mw
+
+        class Windower(mw.Computation):      # counts per minute (docs/millwheel.md)
+            outputs = ("windows",)
+            ...
+
+        pairs = [(b"shoes", 1_000), (b"hats", 20_000)]   # (value, event time in ms)
         zeitgeist = mw.Pipeline(cluster, "zeitgeist")
         zeitgeist.injector("queries", mw.IterableSource(pairs), stream="queries")
         zeitgeist.computation(Windower(), inputs={"queries": lambda r: r.value})
-        zeitgeist.computation(DipDetector(), inputs={"windows": lambda r: r.key})
         zeitgeist.create()
         Worker(cluster, zeitgeist.observers(), tasks=zeitgeist.tasks()).run()
 
@@ -273,6 +281,9 @@ class Pipeline:
             yield _decode_record(cells["o:rec"], b"", row[len(prefix):].decode())
 
     def status(self) -> list[Status]:
+        """Each computation's watermarks, pending records, armed timers and late
+        records, in topological order, read at one snapshot
+        (``python -m observers.millwheel status``)."""
         found = []
         with Snapshot(self.cluster) as snap:
             for name in self.order():

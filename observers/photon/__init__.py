@@ -6,17 +6,22 @@ Photon needs a Paxos id registry, joiner tokens and an offline verifier because
 registering an event and writing its output are separate steps. Here both are one
 snapshot-isolation transaction, so exactly-once holds at every commit::
 
+    import time
     from observers import Worker, photon
 
     clicks = photon.JoinPipeline(cluster, "clicks", photon.JsonAdapter(
         foreign_id="click_id", primary_id="query_id", primary_ref="query_id", time="ts"),
         unjoinable_after=3600, retention_days=3)
     clicks.create()
+    ts = int(time.time() * 1000)                         # milliseconds
     clicks.log_primary(cluster, [{"query_id": "q1", "ts": ts, "text": "shoes"}])
     clicks.log_foreign(cluster, [{"click_id": "c1", "query_id": "q1", "ts": ts}])
     Worker(cluster, clicks.observers(), tasks=clicks.tasks()).start()
     ...
-    clicks.joined(percolator.Snapshot(cluster), b"c1")   # the joined output
+    with percolator.Snapshot(cluster) as snapshot:
+        clicks.joined(snapshot, b"c1")                   # the joined output
+
+docs/photon.md has this example in full, run by the test suite.
 
 ``python -m observers.photon run|ingest|status|verify|rejoin`` (see ``--help``).
 The design, and where it departs from the seed, is in docs/photon.md.

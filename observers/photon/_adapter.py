@@ -30,15 +30,34 @@ class Adapter(Protocol):
     quarantines it after ``max_failures``, leaving every other event alone.
     """
 
-    def foreign_id(self, event: bytes) -> bytes: ...
+    def foreign_id(self, event: bytes) -> bytes:
+        """The id of a foreign event (a click), unique per event.
 
-    def primary_id(self, event: bytes) -> bytes: ...
+        :raises BadEvent: when *event* cannot be read."""
+        ...
 
-    def primary_ref(self, foreign: bytes) -> bytes: ...
+    def primary_id(self, event: bytes) -> bytes:
+        """The id of a primary event (a query), unique per event.
 
-    def event_time(self, event: bytes) -> int | None: ...
+        :raises BadEvent: when *event* cannot be read."""
+        ...
 
-    def join(self, primary: bytes, foreign: bytes) -> bytes | None: ...
+    def primary_ref(self, foreign: bytes) -> bytes:
+        """The id of the primary event that the foreign event *foreign* references.
+
+        :raises BadEvent: when *foreign* cannot be read."""
+        ...
+
+    def event_time(self, event: bytes) -> int | None:
+        """The event's time in milliseconds since the epoch, or None if it has none.
+
+        :raises BadEvent: when *event* cannot be read."""
+        ...
+
+    def join(self, primary: bytes, foreign: bytes) -> bytes | None:
+        """The joined output of a pair, or None to skip it (not to be joined). Runs in
+        the joiner's transaction: it may run more than once, keep it pure."""
+        ...
 
 
 class JsonAdapter:
@@ -83,15 +102,21 @@ class JsonAdapter:
         return value.encode() if isinstance(value, str) else json.dumps(value).encode()
 
     def foreign_id(self, event: bytes) -> bytes:
+        """The *foreign_id* field (a string as UTF-8, another scalar as JSON)."""
         return self._field(event, "foreign_id")
 
     def primary_id(self, event: bytes) -> bytes:
+        """The *primary_id* field (a string as UTF-8, another scalar as JSON)."""
         return self._field(event, "primary_id")
 
     def primary_ref(self, foreign: bytes) -> bytes:
+        """The *primary_ref* field of the foreign event."""
         return self._field(foreign, "primary_ref")
 
     def event_time(self, event: bytes) -> int | None:
+        """The *time* field (milliseconds since the epoch), or None without *time*.
+
+        :raises BadEvent: when the field is not a non-negative integer."""
         field = self.fields["time"]
         if field is None:
             return None
@@ -102,6 +127,7 @@ class JsonAdapter:
         return value
 
     def join(self, primary: bytes, foreign: bytes) -> bytes | None:
+        """``{"foreign": ..., "primary": ...}`` as compact JSON with sorted keys."""
         return json.dumps({"primary": self._parse(primary), "foreign": self._parse(foreign)},
                           separators=(",", ":"), sort_keys=True).encode()
 

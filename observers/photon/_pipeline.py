@@ -6,9 +6,10 @@ the prefix spreading the rows over tablets):
 * ``photon.<p>.foreign``: ``ev:raw`` the foreign event (observed by the joiner),
   ``ev:t`` its time, ``j:state`` the registry cell (``J<ms>`` joined, ``U`` unjoinable,
   ``S`` skipped; absent: undecided), ``j:wait`` ``be64(deadline ms) + primary key``
-  while it waits for its primary;
+  while it waits for its primary, ``j:due`` once the sweep has fired its deadline;
 * ``photon.<p>.primary``: ``ev:raw`` the primary event, or :data:`PLACEHOLDER` while
   foreign events wait for it; ``ev:t``; ``j:waiters`` the keys of the waiting events;
+  ``j:held`` ``be64(ms)``, the latest deadline of a placeholder's waiters;
 * ``photon.<p>.joined``: ``ev:joined`` the adapter's output, one row per joined event;
 * ``photon.<p>.deadlines``: one row ``be64(deadline ms) + "/" + foreign key`` per
   waiting event;
@@ -31,9 +32,16 @@ Why every event is joined exactly once (docs/photon.md has the long form):
 * **At least once.** Every committed ingest leaves a notification (strong, or weak to
   a waiter), written before the commit point, so crashes do not lose it; the worker
   runs it until one run commits, or quarantines it (``verify`` lists those).
+* **Clocks decide when, never whether.** The sweep fires a deadline by its own clock;
+  it records that in the event's row (``j:due``) in the transaction that deletes the
+  deadline row, and the joiner takes ``j:due`` as the deadline having passed whatever
+  its own clock says. Without it a joiner whose clock lags the sweeper's would find
+  the event still in time, with no deadline row left to fire again.
 * **Retention.** The boundary only moves forward and is committed before anything
   older is deleted; an ingest reads it in its own transaction, so an event older than
-  it is refused (``too_late``) rather than joined again after its rows are gone.
+  it is refused (``too_late``) rather than joined again after its rows are gone. A
+  placeholder, which has no event time, ages by ``j:held``: once the boundary passes
+  its waiters' last deadline, no waiter needs it.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ import logging
 import struct
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,8 +70,8 @@ log = logging.getLogger(__name__)
 
 PLACEHOLDER = b"\x00photon:placeholder"
 """``ev:raw`` of a primary that foreign events wait for but that has not arrived."""
-RAW, TIME, STATE, WAIT, WAITERS, JOINED, DEADLINE = (
-    "ev:raw", "ev:t", "j:state", "j:wait", "j:waiters", "ev:joined", "d:x")
+RAW, TIME, STATE, WAIT, DUE, WAITERS, HELD, JOINED, DEADLINE = (
+    "ev:raw", "ev:t", "j:state", "j:wait", "j:due", "j:waiters", "j:held", "ev:joined", "d:x")
 BATCH = 500
 MAX_WAITERS = 10_000
 """Waiters remembered per primary; beyond it an event relies on its deadline alone."""
@@ -127,7 +135,8 @@ class VerifyReport:
     """Output rows whose event is not marked joined (or the reverse)."""
     missing: list[bytes] = field(default_factory=list)
     """Events nothing will process: undecided with no pending notification and not
-    quarantined, or waiting for a primary that is there."""
+    quarantined, or waiting (with none) for a primary that is there or without the
+    deadline row that would wake it."""
     quarantined: list[bytes] = field(default_factory=list)
     in_flight: int = 0
     """Undecided events with a pending notification (not a violation; workers busy)."""
@@ -149,19 +158,23 @@ class JoinPipeline:
     """Joins foreign events with the primary events they reference, exactly once
     (Photon, seed 000, on Percolator transactions)::
 
+        from observers import Worker, photon
+
         clicks = photon.JoinPipeline(cluster, "clicks", photon.JsonAdapter(
             foreign_id="click_id", primary_id="query_id", primary_ref="query_id",
             time="ts"), unjoinable_after=3 * 3600, retention_days=3)
         clicks.create()
-        clicks.log_primary(cluster, queries)
-        clicks.log_foreign(cluster, clicks_)
+        clicks.log_primary(cluster, [{"query_id": "q1", "ts": 1700000000000}])
+        clicks.log_foreign(cluster, [{"click_id": "c1", "query_id": "q1", "ts": 1700000000000}])
         Worker(cluster, clicks.observers(), tasks=clicks.tasks()).run()
 
     *unjoinable_after* (seconds after the foreign event's time, or after it first
     waited when it has none) is how long an event waits for its primary;
     *retention_days* (None: forever) how long events are kept and deduplicated: an
     event older than that is refused as too late. *sweep_interval* is how often
-    deadlines are checked.
+    deadlines are checked. *clock* (milliseconds since the epoch; default the host's)
+    is what this process's joiner, sweep and retention read: hosts may disagree, and
+    that changes only when an event is given up, never whether.
     """
 
     def __init__(
@@ -173,6 +186,7 @@ class JoinPipeline:
         unjoinable_after: float,
         retention_days: float | None = None,
         sweep_interval: float = 1.0,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         check_pipeline("JoinPipeline", cluster, name)
         if not isinstance(adapter, Adapter):
@@ -190,6 +204,9 @@ class JoinPipeline:
         self.unjoinable_after_ms = int(unjoinable_after * 1000)
         self.retention_days = retention_days
         self.sweep_interval = sweep_interval
+        if clock is not None and not callable(clock):
+            raise InvalidArgument(f"clock must be a callable returning ms, got {clock!r:.80}")
+        self.clock = clock or _now_ms
         prefix = f"photon.{name}."
         self.foreign, self.primary, self.joined_table, self.deadlines, self.meta = (
             prefix + part for part in ("foreign", "primary", "joined", "deadlines", "meta"))
@@ -262,7 +279,7 @@ class JoinPipeline:
         if isinstance(events, bytes | str | Mapping):
             raise InvalidArgument("events must be an iterable of events, not a single event")
         prepared, rejected = [], []
-        limit = _now_ms() + MAX_SKEW_MS
+        limit = self.clock() + MAX_SKEW_MS
         read_id = self.adapter.foreign_id if foreign else self.adapter.primary_id
         for i, event in enumerate(events):
             if isinstance(event, Mapping):
@@ -337,7 +354,7 @@ class JoinPipeline:
     def sweep(self, now_ms: int | None = None) -> int:
         """Wake every waiting event whose deadline has passed (the joiner then marks it
         unjoinable, or joins it if its primary came meanwhile). Returns how many."""
-        now = _now_ms() if now_ms is None else now_ms
+        now = self.clock() if now_ms is None else now_ms
         with Snapshot(self.cluster) as snap:
             due = [row for row, _ in snap.scan(self.deadlines, None, _MS.pack(now + 1),
                                                [DEADLINE])]
@@ -347,21 +364,20 @@ class JoinPipeline:
 
     def apply_retention(self, now_ms: int | None = None) -> int:
         """Move the retention boundary to now - retention_days (never back), then delete
-        every event older than it, with its output and deadline. Returns how many rows
-        went."""
+        every event older than it, with its output and deadline, and every placeholder
+        whose waiters' last deadline is older than it. Returns how many rows went."""
         if self.retention_days is None:
             return 0
-        now = _now_ms() if now_ms is None else now_ms
+        now = self.clock() if now_ms is None else now_ms
         boundary = _advance_boundary(self.cluster, self,
                                      now - int(self.retention_days * 86_400_000))
         removed = 0
         for table in (self.foreign, self.primary):
             with Snapshot(self.cluster) as snap:
-                old = [row for row, cells in snap.scan(table, None, None, [TIME])
-                       if _MS.unpack(cells[TIME])[0] < boundary]
+                old = [row for row, cells in snap.scan(table, None, None, [TIME, HELD])
+                       if _age(cells) < boundary]
             for start in range(0, len(old), 200):
-                _forget(self.cluster, self, table, old[start:start + 200])
-            removed += len(old)
+                removed += _forget(self.cluster, self, table, old[start:start + 200], boundary)
         return removed
 
     # --- operations ---------------------------------------------------------------------
@@ -378,6 +394,7 @@ class JoinPipeline:
         with Snapshot(cluster) as snap:
             outputs = {row for row, _ in snap.scan(self.joined_table, None, None, [JOINED])}
             events = list(snap.scan(self.foreign, None, None, [RAW, STATE, WAIT]))
+            deadlines = {row for row, _ in snap.scan(self.deadlines, None, None, [DEADLINE])}
             waited_on = {cells[WAIT][8:] for _, cells in events if WAIT in cells}
             primaries = {row for row in waited_on
                          if (p := snap.get(self.primary, row, RAW)) and p != PLACEHOLDER}
@@ -397,7 +414,9 @@ class JoinPipeline:
                     report.in_flight += 1
                 else:
                     report.missing.append(fid)
-            elif state is State.WAITING and cells[WAIT][8:] in primaries and row not in pending:
+            elif state is State.WAITING and row not in pending and (
+                    cells[WAIT][8:] in primaries
+                    or cells[WAIT][:8] + b"/" + row not in deadlines):
                 report.missing.append(fid)
         ingested = {row for row, _ in events}
         report.orphans += [row[3:] for row in outputs if row not in ingested]
@@ -438,6 +457,13 @@ def _id(value: bytes | str) -> bytes:
     if isinstance(value, bytes) and value:
         return value
     raise InvalidArgument(f"an event id must be non-empty bytes or str, got {value!r:.80}")
+
+
+def _age(cells: Mapping[str, bytes]) -> int:
+    """What retention compares with its boundary: an event's time, or a
+    placeholder's ``j:held``."""
+    age: int = _MS.unpack(cells[TIME] if TIME in cells else cells[HELD])[0]
+    return age
 
 
 def _state_of(cells: Mapping[str, bytes]) -> State | None:
@@ -518,7 +544,7 @@ def _ingest_primary(txn: TransactionBase, p: JoinPipeline, batch: Sequence[_Even
                     ) -> IngestResult:
     result = IngestResult()
     fresh = _admit(txn, p, batch, result)
-    found = txn.get_rows(p.primary, list(fresh), [RAW, WAITERS])
+    found = txn.get_rows(p.primary, list(fresh), [RAW, WAITERS, HELD])
     for key, event in fresh.items():
         cells = found[key]
         if cells.get(RAW, PLACEHOLDER) != PLACEHOLDER:
@@ -529,25 +555,31 @@ def _ingest_primary(txn: TransactionBase, p: JoinPipeline, batch: Sequence[_Even
             for waiter in cells[WAITERS].split(b"\n"):
                 txn.notify(p.foreign, waiter, RAW)
             txn.delete(p.primary, key, WAITERS)
+        if HELD in cells:
+            txn.delete(p.primary, key, HELD)
         result.written += 1
     return result
 
 
-def _hold_primary(txn: TransactionBase, p: JoinPipeline, primary_key: bytes) -> None:
+def _hold_primary(txn: TransactionBase, p: JoinPipeline, primary_key: bytes,
+                  primary: Mapping[str, bytes], deadline: int) -> None:
     """The race guard: a waiter writes the primary's ``ev:raw`` (a placeholder), so it
-    and a concurrent ingest of that primary cannot both commit (module docstring)."""
+    and a concurrent ingest of that primary cannot both commit (module docstring).
+    ``j:held`` keeps the latest deadline of its waiters, for retention."""
     txn.set(p.primary, primary_key, RAW, PLACEHOLDER)
+    if HELD not in primary or _MS.unpack(primary[HELD])[0] < deadline:
+        txn.set(p.primary, primary_key, HELD, _MS.pack(deadline))
 
 
 def join_event(txn: TransactionBase, p: JoinPipeline, row: bytes, now_ms: int) -> bool:
     """The joiner's transaction body for the foreign event in *row*; returns False
     when there was nothing to do (decided already: a wasted run)."""
-    cells = txn.get_row(p.foreign, row, [RAW, STATE, WAIT])
+    cells = txn.get_row(p.foreign, row, [RAW, TIME, STATE, WAIT, DUE])
     raw = cells.get(RAW)
     if raw is None or STATE in cells:
         return False
     primary_key = row_key(p.adapter.primary_ref(raw))
-    primary = txn.get_row(p.primary, primary_key, [RAW, WAITERS])
+    primary = txn.get_row(p.primary, primary_key, [RAW, WAITERS, HELD])
     wait = cells.get(WAIT)
     if primary.get(RAW, PLACEHOLDER) != PLACEHOLDER:
         output = p.adapter.join(primary[RAW], raw)
@@ -556,20 +588,22 @@ def join_event(txn: TransactionBase, p: JoinPipeline, row: bytes, now_ms: int) -
         else:
             txn.set(p.joined_table, row, JOINED, output)
             txn.set(p.foreign, row, STATE, b"J%d" % now_ms)
-        _stop_waiting(txn, p, row, wait)
+        _stop_waiting(txn, p, row, cells)
         return True
     if wait is not None:
         deadline = _MS.unpack(wait[:8])[0]
     else:
         when = cells.get(TIME)
         deadline = (_MS.unpack(when)[0] if when else now_ms) + p.unjoinable_after_ms
-    if now_ms >= deadline:
+    # The sweep's j:due decides, not this host's clock: it deleted the deadline row,
+    # so an event still "in time" here would never be woken again.
+    if DUE in cells or now_ms >= deadline:
         txn.set(p.foreign, row, STATE, b"U")
-        _stop_waiting(txn, p, row, wait)
+        _stop_waiting(txn, p, row, cells)
         return True
     if wait is not None:
         return False  # waiting already, and still in time
-    _hold_primary(txn, p, primary_key)
+    _hold_primary(txn, p, primary_key, primary, deadline)
     waiters = [w for w in primary.get(WAITERS, b"").split(b"\n") if w]
     if len(waiters) < MAX_WAITERS:
         txn.set(p.primary, primary_key, WAITERS, b"\n".join([*waiters, row]))
@@ -578,10 +612,16 @@ def join_event(txn: TransactionBase, p: JoinPipeline, row: bytes, now_ms: int) -
     return True
 
 
-def _stop_waiting(txn: TransactionBase, p: JoinPipeline, row: bytes, wait: bytes | None) -> None:
+def _stop_waiting(txn: TransactionBase, p: JoinPipeline, row: bytes,
+                  cells: Mapping[str, bytes]) -> None:
+    """Delete the wait of the event in *row* (its foreign *cells*): ``j:wait``,
+    ``j:due`` and the deadline row."""
+    wait = cells.get(WAIT)
     if wait is not None:
         txn.delete(p.foreign, row, WAIT)
         txn.delete(p.deadlines, wait[:8] + b"/" + row, DEADLINE)
+    if DUE in cells:
+        txn.delete(p.foreign, row, DUE)
 
 
 @transactional
@@ -590,19 +630,27 @@ def _fire_deadlines(txn: TransactionBase, p: JoinPipeline, rows: Sequence[bytes]
         if txn.get(p.deadlines, row, DEADLINE) is None:
             continue  # joined (or fired) meanwhile
         txn.delete(p.deadlines, row, DEADLINE)
+        txn.set(p.foreign, row[9:], DUE, row[:8])  # the decision the joiner obeys
         txn.notify(p.foreign, row[9:], RAW)
 
 
 @transactional
-def _forget(txn: TransactionBase, p: JoinPipeline, table: str, rows: Sequence[bytes]) -> None:
-    columns = [RAW, TIME, STATE, WAIT] if table == p.foreign else [RAW, TIME, WAITERS]
+def _forget(txn: TransactionBase, p: JoinPipeline, table: str, rows: Sequence[bytes],
+            boundary: int) -> int:
+    columns = ([RAW, TIME, STATE, WAIT, DUE] if table == p.foreign
+               else [RAW, TIME, WAITERS, HELD])
+    removed = 0
     for row, cells in txn.get_rows(table, rows, columns).items():
+        if (TIME not in cells and HELD not in cells) or _age(cells) >= boundary:
+            continue  # since the scan: gone, a newer waiter's placeholder, or its primary
+        removed += 1
         for column in cells:
             txn.delete(table, row, column)
         if table == p.foreign:
             txn.delete(p.joined_table, row, JOINED)
             if WAIT in cells:
                 txn.delete(p.deadlines, cells[WAIT][:8] + b"/" + row, DEADLINE)
+    return removed
 
 
 @transactional
@@ -624,7 +672,7 @@ class _Joiner(Observer):
         """Runs that found the event decided already (duplicate inputs, reruns)."""
 
     def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
-        if not join_event(txn, self.pipeline, row, _now_ms()):
+        if not join_event(txn, self.pipeline, row, self.pipeline.clock()):
             self.wasted += 1
 
 

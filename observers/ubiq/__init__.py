@@ -5,6 +5,7 @@ record boundaries; workers lease units, run the application and commit each unit
 once, its table output in the same transaction; file output is published only from
 the committed attempt; a record the application refuses is split off and quarantined::
 
+    import collections, json
     from observers import Worker, ubiq
 
     class CampaignCounts(ubiq.Application):

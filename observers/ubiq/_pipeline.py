@@ -26,8 +26,10 @@ Why every tracked byte is committed exactly once (docs/ubiq.md has the long form
   newer lease was committed) conflicts on ``u:lease`` and its output, written in the
   same transaction, never appears.
 * **Every unit committed or quarantined.** The processor's notification is written
-  with the unit; a lease of a dead owner (the liveness layer) is taken over at once,
-  one past its expiry after it; the lease sweep re-notifies both.
+  with the unit, and the processor's run that acknowledges it writes the unit's lease
+  in the same transaction: at every commit a pending unit has a notification or a
+  lease, whatever dies when. A lease of a dead owner (the liveness layer) is taken
+  over at once, one past its expiry after it; the lease sweep re-notifies both.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from percolator import (
     TransactionBase,
     transactional,
 )
+from percolator._notifications import pending_notifications
 
 __all__ = ["Application", "BadRecord", "LogPipeline", "Output", "Record", "WorkUnit"]
 
@@ -132,9 +135,11 @@ class Output:
     files: list[str] = field(default_factory=list)
 
     def set(self, table: str, row: bytes, column: str, value: bytes) -> None:
+        """Write a cell in the unit's commit transaction (the table must exist)."""
         self._txn.set(table, row, column, value)
 
     def delete(self, table: str, row: bytes, column: str) -> None:
+        """Delete a cell in the unit's commit transaction."""
         self._txn.delete(table, row, column)
 
     def file(self, name: str) -> IO[bytes]:
@@ -153,6 +158,9 @@ class Application:
     exception) for a record it cannot take: the unit is split around it."""
 
     def process(self, unit: WorkUnit, out: Output) -> None:
+        """Process the records of *unit*, writing through *out*.
+
+        :raises BadRecord: (or any exception) for a record it cannot take."""
         raise NotImplementedError
 
 
@@ -182,6 +190,12 @@ def _head(path: Path) -> bytes:
 class LogPipeline:
     """Processes growing log files, in several replicas ("sites"), exactly once, in
     work units (Ubiq, seed 003)::
+
+        from observers import Worker, ubiq
+
+        class CampaignCounts(ubiq.Application):     # docs/ubiq.md has it in full
+            def process(self, unit, out):
+                ...
 
         logs = ubiq.LogPipeline(cluster, "adlogs", app=CampaignCounts(),
                                 sites={"a": "/logs/a", "b": "/logs/b"}, pattern="*.jsonl",
@@ -290,18 +304,44 @@ class LogPipeline:
 
     def sweep_leases(self) -> int:
         """Re-notify pending units whose lease expired or whose owner is dead, so that
-        a worker takes them over. Returns how many."""
-        now, due = _now_ms(), []
+        a worker takes them over, and pending units with neither a lease nor a
+        notification (:meth:`stranded`). Returns how many."""
+        now, due, unleased = _now_ms(), [], []
         with Snapshot(self.cluster) as snap:
             for row, cells in snap.scan(self.units, None, None, ["u:state", "u:lease"]):
-                if cells.get("u:state") != b"P" or "u:lease" not in cells:
+                if cells.get("u:state") != b"P":
+                    continue
+                if "u:lease" not in cells:
+                    unleased.append(row)
                     continue
                 owner, expires = _lease(cells["u:lease"])
                 if expires <= now or self.cluster.coordination.is_alive(owner) is False:
                     due.append(row)
+        due += self._unnotified(unleased)
         if due:
             _renotify(self.cluster, self, due)
         return len(due)
+
+    def stranded(self) -> list[bytes]:
+        """Rows of pending units with neither a lease nor a pending notification:
+        nothing would process them but :meth:`sweep_leases`. Units are leased in the
+        transaction that acknowledges their notification, so none should be; a
+        unit left so by an older version is woken by the next sweep."""
+        with Snapshot(self.cluster) as snap:
+            unleased = [row for row, cells in snap.scan(self.units, None, None,
+                                                        ["u:state", "u:lease"])
+                        if cells.get("u:state") == b"P" and "u:lease" not in cells]
+        return self._unnotified(unleased)
+
+    def _unnotified(self, rows: list[bytes]) -> list[bytes]:
+        """Those of *rows* with no pending ``u:ready`` notification. Read after the
+        snapshot that found them unleased: a unit leased since then may be among them,
+        and re-notifying it costs a run that finds the lease and does nothing."""
+        if not rows:
+            return []
+        notified = {n.row for n in pending_notifications(self.cluster, [self.units])
+                    if n.column == "u:ready"}
+        return [row for row in rows if row not in notified]
 
     # --- operations ---------------------------------------------------------------------
 
@@ -317,19 +357,22 @@ class LogPipeline:
                 name, begin = parse_unit_row(row)
                 ranges.setdefault(name, []).append(
                     (begin, int(cells["u:range"]), cells.get("u:state", b"?")))
+        stranded = set(self.stranded())
         report: dict[str, list[str]] = {}
         for name, cells in files.items():
             problems = []
             size, cut = int(cells.get("f:size", b"0")), int(cells.get("f:cut", b"0"))
             done = sorted((b, e) for b, e, s in ranges.get(name, []) if s in (b"C", b"Q"))
             waiting = [(b, e) for b, e, s in ranges.get(name, []) if s == b"P"]
+            lost = sum(1 for b, _ in waiting if unit_row(name, b) in stranded)
             at = 0
             for begin, end in done:
                 if begin != at:
                     problems.append(f"{'gap' if begin > at else 'overlap'} at {min(at, begin)}")
                 at = max(at, end)
             if waiting:
-                problems.append(f"{len(waiting)} unit(s) pending")
+                problems.append(f"{len(waiting)} unit(s) pending" + (
+                    f", {lost} with neither a lease nor a notification" if lost else ""))
             elif at != size or cut != size:
                 problems.append(f"covered up to {at}, cut at {cut}, tracked {size}")
             report[name] = problems
@@ -459,22 +502,29 @@ def _new_unit(txn: TransactionBase, p: LogPipeline, name: str, begin: int, end: 
     txn.set(p.units, row, "u:ready", b"1")
 
 
-@transactional
-def _take_lease(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str,
-                now: int) -> tuple[str, int] | None:
-    """Lease the unit in *row* for *owner*: ``(file, end)`` when taken, None when it is
-    not pending, or leased by a live owner whose lease has not expired."""
+def _lease_unit(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str, now: int,
+                *, renew: bool) -> tuple[str, int] | None:
+    """Lease the unit in *row* for *owner* in *txn*: ``(file, end)`` when taken, None
+    when it is not pending, or leased by a live owner whose lease has not expired
+    (*renew*: *owner*'s own lease is taken again)."""
     cells = txn.get_row(p.units, row, ["u:range", "u:state", "u:lease"])
     if cells.get("u:state") != b"P":
         return None
     if "u:lease" in cells:
         holder, expires = _lease(cells["u:lease"])
-        if holder != owner and expires > now and \
+        if (holder != owner or not renew) and expires > now and \
                 p.cluster.coordination.is_alive(holder) is not False:
             return None
     txn.set(p.units, row, "u:lease", json.dumps(
         {"owner": owner, "expires": now + p.local_eta_ms}).encode())
     return parse_unit_row(row)[0], int(cells["u:range"])
+
+
+@transactional
+def _take_lease(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str,
+                now: int) -> tuple[str, int] | None:
+    """:func:`_lease_unit` in a transaction of its own, renewing *owner*'s lease."""
+    return _lease_unit(txn, p, row, owner, now, renew=True)
 
 
 @transactional
@@ -624,10 +674,18 @@ class _Cutter(Observer):
 
 
 class _Processor(Observer):
-    """Hands each ready unit to a processing thread and returns: the scanner's
+    """Leases each ready unit and hands it to a processing thread: the scanner's
     advisory lock on the row must not outlive the notification, or a live but stuck
     process would keep every other worker off the unit; the lease (with its expiry)
-    is what guards the unit while it is processed."""
+    is what guards the unit while it is processed.
+
+    The lease is written in this run's transaction, which is also the one that
+    acknowledges the notification: were it taken later (by the thread), a process
+    dying, or a lease transaction failing, between the two would leave a pending
+    unit with neither, which nothing wakes again. The thread then takes the lease
+    anew in a transaction of its own (the acknowledgement may still be committing):
+    it conflicts with this run's commit, and whichever loses sees the other's lease,
+    the same owner's."""
 
     def __init__(self, p: LogPipeline, site: str, parallel: int = 2) -> None:
         self.pipeline, self.site = p, site
@@ -637,12 +695,25 @@ class _Processor(Observer):
 
     def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
         self._slots.acquire()  # back-pressure: at most *parallel* units in flight
-        threading.Thread(target=self._run, args=(row,), daemon=True,
-                         name=f"ubiq-unit-{row[:40]!r}").start()
-
-    def _run(self, row: bytes) -> None:
         try:
             owner = self.pipeline.cluster.coordination.current_owner()
+            # Not renewing our own live lease: a thread of this process holds the unit
+            # (this is a rerun after a conflict with its lease, or a stray wake-up).
+            taken = _lease_unit(txn, self.pipeline, row, owner, _now_ms(), renew=False)
+        except BaseException:
+            self._slots.release()
+            raise
+        if taken is None:  # committed, quarantined or split, or leased by a live owner
+            self._slots.release()
+            return
+        self._start(row, owner)
+
+    def _start(self, row: bytes, owner: str) -> None:
+        threading.Thread(target=self._run, args=(row, owner), daemon=True,
+                         name=f"ubiq-unit-{row[:40]!r}").start()
+
+    def _run(self, row: bytes, owner: str) -> None:
+        try:
             process_unit(self.pipeline, self.site, row, owner)
         except Exception:  # its lease expires and the sweep hands the unit on
             log.exception("ubiq %s: processing %r failed", self.pipeline.name, row)

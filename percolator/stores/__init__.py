@@ -15,13 +15,15 @@ from percolator import metrics
 from percolator._errors import InvalidArgument
 from percolator._store import Store
 
-__all__ = ["BACKENDS", "REQUESTS", "open_store"]
+__all__ = ["BACKENDS", "open_store"]
 
 BACKENDS: dict[str, str] = {
     "sqlite": "percolator.stores.sqlite:open_sqlite_store",
     "hbase": "percolator.stores.hbase:open_hbase_store",
     "bigtable": "percolator.stores.bigtable:open_bigtable_store",
 }
+"""URL scheme -> ``module:function`` that opens a store of that scheme (imported only
+when a url of the scheme is opened, so optional dependencies stay optional)."""
 
 
 def open_store(url: str, **options: Any) -> Store:
@@ -71,3 +73,5 @@ class RequestCounters:
 
 
 REQUESTS = RequestCounters()
+"""The store request counters the backends step (internal to the backends: not in
+``__all__``)."""

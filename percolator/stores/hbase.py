@@ -196,6 +196,16 @@ def _dec(data: bytes) -> str:
     return data.decode("utf-8", "surrogateescape")
 
 
+def _batch_failed_on_missing_table(message: str, name: str) -> bool:
+    """Whether *message* is HBase 2.6's answer to a batch mutation of the missing table
+    *name*: the TableNotFoundException's message is the bare table name, quoted as the
+    cause of each failed action (seen on a real 2.6.1)."""
+    return re.search(
+        rf"RetriesExhaustedWithDetailsException: Failed \d+ actions?: {re.escape(name)}: "
+        r"\d+ times?", message,
+    ) is not None
+
+
 def _upper(max_ts: int | None) -> int:
     """Thrift1's exclusive upper bound for an inclusive *max_ts* (None: no bound)."""
     return _LATEST if max_ts is None or max_ts >= _LATEST - 1 else max_ts + 1
@@ -482,6 +492,7 @@ class HBaseStore:
         first = message.splitlines()[0] if message else repr(e)
         if table is not None and (
             "TableNotFoundException" in message or "table does not exist" in message
+            or _batch_failed_on_missing_table(message, _dec(self._name(table)))
         ):
             return UnknownTableError(table)
         if "Field is not a long" in message:  # increment of a cell that is no counter
@@ -907,9 +918,13 @@ class HBaseStore:
                     if connection is None:
                         connection = self._take() if not restarts else self._connect()
                     if scanner_id is None:
+                        begin = start if last is None else last + b"\0"
+                        if begin and stop and begin >= stop:
+                            # An empty range: HBase would read start == stop as a Get
+                            # of that row (Scan.isGetScan), and return it.
+                            return
                         scanner_id = self._open_scanner(
-                            connection.client, name, start if last is None else last + b"\0",
-                            stop, plan, batch_size,
+                            connection.client, name, begin, stop, plan, batch_size
                         )
                     results = connection.client.scannerGetList(scanner_id, batch_size)
                     if not results:

@@ -5,7 +5,7 @@
   initial ones moved by exactly the transfers recorded in the final state (a transfer
   and its balances commit together); every acknowledged transfer is there, no failed
   one is.
-* **list-append**: the Elle-style checker of ``tests/faults/_elle.py`` on every
+* **list-append**: the Elle-style checker of ``percolator/conformance/_elle.py`` on every
   transaction (committed with what it read; failed and indeterminate with their
   appends) plus the final read of every list; every acknowledged append is in its list.
 * **timestamps**: no timestamp is handed out twice (start and commit timestamps of
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.faults._elle import Txn, check
+from percolator.conformance._elle import Txn, check
 from tests.faults._workload import ACCOUNTS, INITIAL
 
 Record = dict[str, Any]
@@ -173,7 +173,7 @@ def check_append(streams: dict[str, list[Op]], final: dict[str, Any], report: Re
         if value not in final["lists"].get(key, []):
             report.add("append-lost", f"acknowledged append {value} to {key} is missing")
     report.notes.append(f"list-append: {len(history)} transactions, {elle.edges} "
-                        "dependency edges checked by _elle.py")
+                        "dependency edges checked by percolator/conformance/_elle.py")
 
 
 def check_timestamps(streams: dict[str, list[Op]], report: Report,

@@ -37,6 +37,7 @@ from typing import IO, Any
 import percolator
 from observers import Observer
 from percolator import TransactionBase
+from percolator.conformance._append import classify, list_ops
 
 ACCOUNTS = 8
 INITIAL = 100
@@ -49,17 +50,6 @@ OBS_ROWS = 6
 #: Pause between two operations of one thread: the machine is shared, the point is
 #: interleavings under faults, not load.
 THINK = float(os.environ.get("PERCOLATOR_NEMESIS_THINK", "0.02"))
-
-#: Errors the library documents as "did not commit" (raised before the commit point).
-DEFINITE = (
-    percolator.ConflictError,
-    percolator.LockedError,
-    percolator.OracleUnavailable,
-    percolator.CoordinationError,
-    percolator.StoreUnavailable,
-    percolator.SnapshotTooOldError,
-)
-
 
 def account(i: int) -> bytes:
     return b"acct%02d" % i
@@ -98,14 +88,6 @@ class Recorder:
         self._file.write(json.dumps(record) + "\n")
 
 
-def classify(error: BaseException) -> str:
-    if isinstance(error, percolator.CommitUnknownError):
-        return "info"
-    if isinstance(error, DEFINITE):
-        return "fail"
-    return "info"
-
-
 def run_op(rec: Recorder, op_id: str, kind: str, body: Any, cluster: percolator.Cluster,
            **fields: Any) -> None:
     """Invoke, run *body(txn)* in a transaction, commit, complete."""
@@ -137,19 +119,6 @@ def transfer(txn: TransactionBase, tid: str, src: int, dst: int, amount: int) ->
     txn.set("accounts", account(src), "bal:v", str(a - amount).encode())
     txn.set("accounts", account(dst), "bal:v", str(b + amount).encode())
     txn.set("transfers", tid.encode(), "t:move", f"{src} {dst} {amount}".encode())
-
-
-def list_ops(txn: TransactionBase, plan: list[tuple[bool, str]], values: dict[int, str]
-             ) -> list[list[Any]]:
-    ops: list[list[Any]] = []
-    for i, (is_read, key) in enumerate(plan):
-        current = json.loads(txn.get("lists", key.encode(), "l:v") or b"[]")
-        if is_read:
-            ops.append(["r", key, current])
-        else:
-            txn.set("lists", key.encode(), "l:v", json.dumps([*current, values[i]]).encode())
-            ops.append(["append", key, values[i]])
-    return ops
 
 
 def change(txn: TransactionBase, row: str, value: str) -> None:
@@ -187,8 +156,8 @@ def append(cluster: percolator.Cluster, rec: Recorder, node: str, seed: int, sto
         # the appended values are decided before the invoke record, so an unanswered
         # operation's appends are known to the checker
         values = {i: f"{op_id}.{i}" for i, (is_read, _) in enumerate(plan) if not is_read}
-        run_op(rec, op_id, "txn", partial(list_ops, plan=plan, values=values), cluster,
-               appends=[["append", plan[i][1], v] for i, v in values.items()])
+        run_op(rec, op_id, "txn", partial(list_ops, table="lists", plan=plan, values=values),
+               cluster, appends=[["append", plan[i][1], v] for i, v in values.items()])
         time.sleep(THINK)
 
 

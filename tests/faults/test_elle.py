@@ -1,4 +1,4 @@
-"""The Elle-style list-append checker (``tests/faults/_elle.py``, for issue 21's fault
+"""The Elle-style list-append checker (``percolator/conformance/_elle.py``, for issue 21's fault
 suite): each anomaly it must report, on a hand-made history that contains it and on
 nothing else; a clean history; SI's allowed write skew; and a real workload of
 concurrent list-append transactions on the embedded store, with zero anomalies."""
@@ -14,7 +14,7 @@ import pytest
 
 import percolator
 from percolator import Transaction
-from tests.faults._elle import Txn, check
+from percolator.conformance._elle import Txn, check
 
 
 def A(key: str, value: int) -> tuple[str, str, int]:

@@ -3,15 +3,20 @@
 What a pass removes and keeps (read back from the raw store), that a transaction left
 below the safe point gets SnapshotTooOldError instead of a missing or stale value
 (reads, commits, ``Snapshot(start_ts=...)``), the race between a reader and a pass
-(a reader parked at the exact step), and a long-running reader in another process
-that keeps its snapshot through passes.
+(a reader parked at the exact step, a fetch whose reply comes late, a pass that finds
+the safe point already persisted by a pass killed in its grace wait), the data of a
+commit across the safe point, a long-running reader in another process that keeps its
+snapshot through passes, and a young transaction that keeps its snapshot when an older
+one of its process is past max_txn_age (in this process, another, an older client).
 """
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,10 +25,11 @@ import pytest
 
 import percolator
 from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
+from percolator._encoding import META_TABLE
 from percolator._gc import collect
-from percolator._store import ConditionalDelete, Read
+from percolator._store import ConditionalDelete, Mutation, Read
 from percolator.testing import CrashPoint, client_of, crash_commit
-from tests._backends import make_store_url
+from tests._backends import drop_tables, make_store_url
 
 ROOT = Path(__file__).resolve().parents[2]
 T = "t"
@@ -42,8 +48,7 @@ def gc_cluster(url: str) -> Iterator[percolator.Cluster]:
     with percolator.connect(url, safe_point_refresh=REFRESH) as c:
         c.create_table(T)
         yield c
-        for table in c.tables():
-            c.drop_table(table)
+        drop_tables(c)
 
 
 def raw(cluster: percolator.Cluster, row: bytes) -> dict[str, list[tuple[int, bytes]]]:
@@ -101,6 +106,38 @@ def test_a_pass_keeps_the_newest_version_below_the_safe_point_and_removes_the_re
     assert percolator.Snapshot(c).get(T, b"gone", "c:x") == b"again"
     again = c.gc(retention=0)
     assert again.versions_removed == 0
+
+
+@pytest.mark.parametrize("pointer_by", ["committer", "lock-resolution"])
+def test_a_pass_keeps_the_data_of_a_commit_across_its_safe_point(
+    gc_cluster: percolator.Cluster, pointer_by: str,
+) -> None:
+    """A two-phase commit of a value too large to inline, to a new cell, starts below
+    the safe point and commits after the pass drew its timestamp: its data lies below
+    the safe point, the write record pointing to it above, and the cell has nothing
+    below the safe point to keep. The pass must keep that data, or the committed value
+    reads as absent. The record is written by the committer, or by lock resolution
+    rolling a secondary forward (here the pass's own: the committer died after its
+    commit point)."""
+    c = gc_cluster
+    c.one_phase_commit = False  # which inlines every value
+    rolled = pointer_by == "lock-resolution"
+    value = b"B" * 2000
+    writer = percolator.Transaction(client_of(c) if rolled else c)
+    if rolled:
+        writer.set(T, b"primary", "c:x", b"p")
+    writer.set(T, b"new", "c:x", value)
+
+    def commit_once() -> None:  # at the pass's first step, after it drew its timestamp
+        if writer.commit_ts is None:
+            assert crash_commit(writer, CrashPoint("commit", 0)) if rolled else writer.commit()
+
+    summary = collect(c, retention=0, max_txn_age=1e-9, before_step=commit_once)
+    assert writer.commit_ts is not None
+    assert writer.start_ts < summary.safe_point < writer.commit_ts
+    assert summary.locks_resolved == (1 if rolled else 0)
+    assert percolator.Snapshot(c).get(T, b"new", "c:x") == value
+    assert summary.versions_removed == 0
 
 
 def test_dry_run_counts_and_changes_nothing(gc_cluster: percolator.Cluster) -> None:
@@ -186,6 +223,117 @@ def test_a_snapshot_below_the_safe_point_raises_instead_of_reading(
     assert percolator.Snapshot(c).get(T, b"r", "c:x") == b"new"
 
 
+TWO_HOURS = 7200.0
+
+
+def test_a_young_transaction_holds_the_safe_point_back_past_an_older_one_overtaken(
+    gc_cluster: percolator.Cluster,
+) -> None:
+    """Two transactions of this process: one began two hours ago, the other now. A pass
+    with max_txn_age an hour overtakes the old one only; the young one keeps its
+    snapshot."""
+    c = gc_cluster
+    put(c, b"r", b"1")
+    old = percolator.Snapshot(c)
+    old._began -= TWO_HOURS
+    put(c, b"r", b"2")
+    young = percolator.Snapshot(c)
+    put(c, b"r", b"3")
+    summary = c.gc(retention=0, max_txn_age=3600)
+    assert summary.safe_point == young.start_ts
+    assert summary.held_back_by == "this process"
+    assert young.get(T, b"r", "c:x") == b"2"
+    with pytest.raises(percolator.SnapshotTooOldError):
+        old.get(T, b"r", "c:x")
+
+
+OLD_AND_YOUNG = """
+import sys, percolator
+cluster = percolator.connect(sys.argv[1], safe_point_refresh=float(sys.argv[2]))
+old = percolator.Snapshot(cluster)
+old._began -= 7200  # began two hours ago
+young = percolator.Snapshot(cluster)
+print(old.start_ts, young.start_ts, cluster.coordination.current_owner(), flush=True)
+sys.stdin.readline()
+print(young.get("t", b"r", "c:x").decode(), flush=True)
+try:
+    old.get("t", b"r", "c:x")
+except percolator.SnapshotTooOldError:
+    print("too old", flush=True)
+cluster.close()
+"""
+
+
+def test_a_young_transaction_in_another_process_holds_the_safe_point_back_past_an_older_one(
+    gc_cluster: percolator.Cluster, url: str,
+) -> None:
+    """The same across processes: a client holding a transaction that began two hours
+    ago and a young one publishes both, and a pass with max_txn_age an hour overtakes
+    the old one only. Its oldest stays in the entry that older passes read, in the
+    format they read."""
+    c = gc_cluster
+    put(c, b"r", b"1")
+    child = subprocess.Popen(
+        [sys.executable, "-c", OLD_AND_YOUNG, url, str(REFRESH)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT, text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        old_ts, young_ts, owner = child.stdout.readline().split()
+        deadline = time.monotonic() + 60
+        while True:  # its publisher may have run before the old one's start was set back
+            holder = next((h for h in c.safe_point.holders() if h.owner == owner), None)
+            if holder is not None and time.time() - holder.began > TWO_HOURS - 60 and \
+                    int(young_ts) in [ts for ts, _ in holder.younger]:
+                break
+            assert time.monotonic() < deadline, f"not published: {holder}"
+            threading.Event().wait(REFRESH)
+        assert holder.start_ts == int(old_ts)
+        cells = c.store.read_rows(META_TABLE, [b"gc"], [Read("m")])[b"gc"]
+        oldest = cells[f"m:client/{owner}"][0][1]
+        assert len(oldest) == 16 and struct.unpack(">Q", oldest[:8])[0] == int(old_ts)
+        put(c, b"r", b"2")
+        summary = c.gc(retention=0, max_txn_age=3600)
+        assert summary.safe_point == int(young_ts)
+        assert summary.held_back_by == f"client {owner}"
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "1"
+        assert child.stdout.readline().strip() == "too old"
+        assert child.wait(60) == 0
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_an_older_clients_entry_holds_the_safe_point_back_until_max_txn_age(
+    gc_cluster: percolator.Cluster,
+) -> None:
+    """A client from before ``m:younger/`` publishes its oldest transaction only: a pass
+    reads it as a client with nothing younger, held back by it within max_txn_age."""
+    c = gc_cluster
+    other = client_of(c).coordination
+    column = f"m:client/{other.current_owner()}"
+    put(c, b"r", b"1")
+    start_ts = c.timestamps.get_timestamp()
+    put(c, b"r", b"2")
+
+    def publish(began: float) -> None:
+        record = struct.pack(">QQ", start_ts, int(began * 1000))
+        c.store.mutate_rows(META_TABLE, [Mutation(b"gc", [(column, 0, record)])])
+
+    try:
+        publish(time.time())
+        (holder,) = c.safe_point.holders()
+        assert (holder.start_ts, holder.younger) == (start_ts, ())
+        summary = c.gc(retention=0, max_txn_age=3600)
+        assert (summary.safe_point, summary.held_back_by) == (start_ts, f"client {holder.owner}")
+        publish(time.time() - TWO_HOURS)
+        assert c.gc(retention=0, max_txn_age=3600).safe_point > start_ts
+    finally:
+        other.close()
+
+
 @pytest.mark.parametrize("one_phase", [True, False], ids=["one-phase", "two-phase"])
 def test_a_writer_overtaken_by_the_safe_point_never_commits(
     gc_cluster: percolator.Cluster, one_phase: bool,
@@ -206,28 +354,45 @@ def test_a_writer_overtaken_by_the_safe_point_never_commits(
 
 
 class ParkingStore:
-    """The cluster's real store, with a parking place: the chosen thread stops just
-    before its next read of the user table until the test lets it go."""
+    """The cluster's real store, with a parking place: the chosen thread (a thread, or
+    a thread's name) stops at its next call of one of *methods* on *table* until the
+    test lets it go: before the call, or with *after*, once the call has returned (a
+    reply that arrives late)."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(
+        self, store: Any, methods: tuple[str, ...] = ("read_rows", "set_unless"),
+        table: str = T, after: bool = False,
+    ) -> None:
         self._store = store
-        self.thread: threading.Thread | None = None
+        self._methods = methods  # read_rows and set_unless: Bigtable's prewrite reads nothing
+        self._table = table
+        self._after = after
+        self.thread: threading.Thread | str | None = None
         self.parked = threading.Event()
         self.go = threading.Event()
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)  # AttributeError where the store lacks it
-        if name not in ("read_rows", "set_unless"):  # Bigtable's prewrite reads nothing
+        if name not in self._methods:
             return attr
 
         def parking(table: str, *args: Any) -> Any:
-            if threading.current_thread() is self.thread and table == T:
+            me = threading.current_thread()
+            chosen = table == self._table and self.thread in (me, me.name)
+            if chosen:
                 self.thread = None
-                self.parked.set()
-                assert self.go.wait(60)
-            return attr(table, *args)
+            if chosen and not self._after:
+                self._park()
+            result = attr(table, *args)
+            if chosen and self._after:
+                self._park()
+            return result
 
         return parking
+
+    def _park(self) -> None:
+        self.parked.set()
+        assert self.go.wait(60)
 
 
 @pytest.mark.parametrize("collector_refresh", [0.5, 0.02], ids=["same", "faster-collector"])
@@ -275,6 +440,131 @@ def test_a_reader_parked_before_its_read_while_a_pass_removes_its_version(
         c.drop_table(T)
 
 
+def test_a_fetch_whose_reply_comes_late_counts_its_freshness_from_before_its_read(
+    url: str,
+) -> None:
+    """The reader's fetch reads the safe point before a pass persists it, and its reply
+    comes back only after the pass has waited its grace and removed the version (a
+    stalled store call, a paused process). The cached value is as old as the read, not
+    as the reply: stale by then, so the reader's check fetches again and raises
+    instead of returning the row without the removed version."""
+    refresh = 0.5
+    with percolator.connect(url, safe_point_refresh=refresh) as c, \
+            percolator.connect(url, safe_point_refresh=REFRESH) as collector:
+        c.create_table(T)
+        put(c, b"r", b"seen")
+        put(c, b"r", b"kept", column="c:y")
+        reader = percolator.Snapshot(c)
+        put(c, b"r", b"newer")
+        late = ParkingStore(c.safe_point.store, ("read_rows",), META_TABLE, after=True)
+        c.safe_point.store = late
+        outcome: list[object] = []
+
+        def read() -> None:
+            late.thread = threading.current_thread()
+            c.safe_point.fetch()  # reads the old safe point, returns after the pass
+            try:
+                outcome.append(reader.get_row(T, b"r", ["c:x", "c:y"]))
+            except percolator.SnapshotTooOldError as e:
+                outcome.append(e)
+
+        thread = threading.Thread(target=read)
+        thread.start()
+        try:
+            assert late.parked.wait(60)
+            summary = collect(collector, retention=0, max_txn_age=1e-9)
+            assert summary.safe_point > reader.start_ts and summary.versions_removed == 1
+        finally:
+            late.go.set()
+            thread.join(60)
+            c.safe_point.store = late._store
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], percolator.SnapshotTooOldError), outcome
+        c.drop_table(T)
+
+
+PASS = """
+import sys, percolator
+from percolator._gc import collect
+cluster = percolator.connect(sys.argv[1], safe_point_refresh=float(sys.argv[2]))
+print("ready", flush=True)
+sys.stdin.readline()
+collect(cluster, retention=0)
+"""
+
+
+class PassToKill:
+    """A pass in another process, started and ready ahead (importing takes a while);
+    :meth:`run_until` lets it go and kills it -9 once it has persisted the given safe
+    point. Its refresh is a minute: it is then in two minutes of grace, removing
+    nothing."""
+
+    def __init__(self, url: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", PASS, url, "60"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     cwd=ROOT, text=True)
+
+    def __enter__(self) -> PassToKill:
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def run_until(self, cluster: percolator.Cluster, safe_point: int) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + 60
+        while cluster.safe_point.fetch() != safe_point:
+            assert self.proc.poll() is None, "the pass ended before persisting the safe point"
+            assert time.monotonic() < deadline, "the pass did not persist the safe point"
+            threading.Event().wait(0.005)
+        self.proc.kill()
+        self.proc.wait()
+
+
+def test_a_pass_that_finds_the_safe_point_unchanged_still_waits_its_grace(url: str) -> None:
+    """A pass persists the safe point P and is killed in its grace wait (or a second
+    pass runs beside it). The next pass, held at P by the transaction that set it,
+    finds P unchanged: it must still wait the grace before removing anything below P,
+    or a reader below P whose cached safe point predates P but is still fresh reads the
+    row with a version missing instead of getting SnapshotTooOldError."""
+    refresh = 0.5
+    with percolator.connect(url, safe_point_refresh=refresh) as c, \
+            percolator.connect(url, safe_point_refresh=REFRESH) as collector:
+        # The reader's publications lag (parked): no pass sees it, so P overtakes it.
+        lagging = ParkingStore(c.safe_point.store, ("mutate_rows",), META_TABLE)
+        lagging.thread = "percolator-safe-point"
+        c.safe_point.store = lagging
+        try:
+            c.create_table(T)
+            put(c, b"r", b"seen")
+            put(c, b"r", b"kept", column="c:y")
+            reader = percolator.Snapshot(c)
+            put(c, b"r", b"newer")
+            holder = percolator.Snapshot(collector)  # P: the collector's running transaction
+            collector.safe_point.publish()
+            with PassToKill(url) as first:
+                c.safe_point.fetch()  # the reader's cache: fresh, from before P
+                first.run_until(collector, holder.start_ts)
+            assert raw(c, b"r")["w:c:x"][-1][1].endswith(b"seen"), "it removed nothing"
+            summary = collect(collector, retention=0)
+            assert summary.previous_safe_point == summary.safe_point == holder.start_ts
+            assert summary.held_back_by.startswith("unchanged")
+            assert summary.versions_removed == 1
+            assert collector.safe_point.grace() == 2 * refresh  # the dead pass's is ignored
+            with pytest.raises(percolator.SnapshotTooOldError):
+                row = reader.get_row(T, b"r", ["c:x", "c:y"])
+                pytest.fail(f"read {row!r}: a version was removed within the grace")
+            holder.close()
+        finally:
+            lagging.go.set()
+            c.safe_point.store = lagging._store
+        c.drop_table(T)
+
+
 class ParkingTimestamps:
     """The cluster's real timestamp source; the chosen thread stops before it enters
     ``in_flight()`` (where the embedded store's one-phase commit begins its atomic step)."""
@@ -288,12 +578,12 @@ class ParkingTimestamps:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._source, name)
 
-    def in_flight(self) -> Any:
+    def in_flight(self, atomically: Any) -> Any:
         if threading.current_thread() is self.thread:
             self.thread = None
             self.parked.set()
             assert self.go.wait(60)
-        return self._source.in_flight()
+        return self._source.in_flight(atomically)
 
 
 @pytest.mark.parametrize("one_phase", [False, True], ids=["two-phase", "one-phase"])

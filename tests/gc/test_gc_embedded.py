@@ -12,11 +12,15 @@ import os
 import sqlite3
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import percolator
 from percolator.__main__ import main as percolator_main
+from percolator._encoding import META_TABLE
+from percolator._safe_point import _RECORD, CLIENT_PREFIX, ROW, YOUNGER_PREFIX
+from percolator._store import Read
 
 CELLS = 20
 VALUE = b"x" * 100
@@ -112,3 +116,70 @@ def test_closing_waits_for_the_safe_point_publisher_to_finish_its_write(tmp_path
     assert not closer.is_alive()
     del snapshot
     cluster.close()
+
+
+class _TwoParkings:
+    """The safe point's store: thread ``A`` stops before its next write of the meta
+    table, thread ``B`` once its next write has returned, each until let go."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.parked = {"A": threading.Event(), "B": threading.Event()}
+        self.go = {"A": threading.Event(), "B": threading.Event()}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def mutate_rows(self, table: str, mutations: Any) -> None:
+        me = threading.current_thread().name
+        if me == "A":
+            self.parked["A"].set()
+            assert self.go["A"].wait(60)
+        self._store.mutate_rows(table, mutations)
+        if me == "B":
+            self.parked["B"].set()
+            assert self.go["B"].wait(60)
+
+
+def test_two_publications_at_once_leave_the_newest_stored(tmp_path: Path) -> None:
+    """A publication that computed its transactions (one snapshot) and waits to write
+    them, and a newer one (two snapshots) that writes first: once both are done, what
+    is stored is what the client believes it published, so the newer snapshot is
+    published now or at the next round. (Interleaved, the older write lands last while
+    the client records the newer one as published: the newer snapshot is never
+    published while nothing changes.)"""
+    with percolator.connect(f"sqlite:///{tmp_path}/db") as cluster:
+        sp = cluster.safe_point
+        sp.refresh = 3600.0  # the background publisher stays out of the way
+        older = percolator.Snapshot(cluster)
+        parkings = _TwoParkings(sp.store)
+        sp.store = parkings  # type: ignore[assignment]
+        a = threading.Thread(target=sp.publish, name="A")
+        a.start()
+        assert parkings.parked["A"].wait(10)
+        newer = percolator.Snapshot(cluster)
+        b = threading.Thread(target=sp.publish, name="B")
+        b.start()
+        parkings.parked["B"].wait(0.5)  # B writes first where nothing holds it back
+        parkings.go["A"].set()
+        a.join(10)
+        assert parkings.parked["B"].wait(10)
+        parkings.go["B"].set()
+        b.join(10)
+        sp.store = parkings._store
+        owner = cluster.coordination.current_owner()
+        cells = sp.store.read_rows(META_TABLE, [ROW], [Read("m")])[ROW]
+        stored = [cells[CLIENT_PREFIX + owner][0][1]]
+        if YOUNGER_PREFIX + owner in cells:
+            stored.append(cells[YOUNGER_PREFIX + owner][0][1])
+        published = sp._published
+        assert published is not None
+        assert b"".join(stored) == b"".join(_RECORD.pack(*step) for step in published)
+        sp.publish()  # what the next round does
+        cells = sp.store.read_rows(META_TABLE, [ROW], [Read("m")])[ROW]
+        raw = cells[CLIENT_PREFIX + owner][0][1]
+        raw += cells.get(YOUNGER_PREFIX + owner, [(0, b"")])[0][1]
+        stored_ts = {ts for ts, _ in _RECORD.iter_unpack(raw)}
+        assert {older.start_ts, newer.start_ts} <= stored_ts
+        older.close()
+        newer.close()

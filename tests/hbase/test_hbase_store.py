@@ -11,6 +11,7 @@ import pytest
 from percolator._errors import InvalidArgument, StoreUnavailable, UnknownTableError
 from percolator._store import Mutation, Read, Store
 from percolator.stores import open_store
+from tests._backends import drop_tables
 from tests._hbase import (
     hbase_store_url,
     is_real_hbase,
@@ -38,8 +39,7 @@ def store(hbase_thrift: str, request: pytest.FixtureRequest) -> Iterator[Store]:
     s = open_store(hbase_store_url(hbase_thrift, request.node.name))
     s.create_table("t", FAMILIES)
     yield s
-    for table in s.list_tables():
-        s.drop_table(table)
+    drop_tables(s)
     s.close()
 
 

@@ -1,9 +1,10 @@
 """HBase Thrift1 semantics the hbase backend relies on, checked through happybase and
 the raw Thrift client as a user would.
 
-These run against ``tests/hbase_thrift_server`` by default and against a real HBase
-when ``PERCOLATOR_HBASE_THRIFT=host:port`` is set, so the test server is held to the
-same expectations as HBase itself. Each test cites what it checks: the HBase Reference
+Each runs twice: against a real HBase (``hbase_thrift``: the standalone HBase the suite
+starts, or ``PERCOLATOR_HBASE_THRIFT``) and against ``tests/hbase_thrift_server``, so
+the test server, which the fault tests still use, is held to the same expectations as
+HBase itself. Each test cites what it checks: the HBase Reference
 Guide (https://hbase.apache.org/book.html), the Javadoc, the comments of ``Hbase.thrift``
 or the Thrift1 handler (``ThriftHBaseServiceHandler``, ``ThriftServerRunner`` in 1.x).
 """
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from thriftpy2.thrift import TApplicationException
 
 from tests._hbase import is_real_hbase, unique_name
 
@@ -30,9 +32,16 @@ except ImportError:  # pragma: no cover - depends on the environment
 hb: Any = sys.modules.get("Hbase_thrift")
 
 
+@pytest.fixture(params=["hbase", "test-server"])
+def server(request: pytest.FixtureRequest) -> str:
+    """Which server: a real HBase, or the Python test server."""
+    return str(request.param)
+
+
 @pytest.fixture
-def conn(hbase_thrift: str) -> Iterator[Any]:
-    host, _, port = hbase_thrift.rpartition(":")
+def conn(server: str, request: pytest.FixtureRequest) -> Iterator[Any]:
+    hostport = request.getfixturevalue("hbase_thrift" if server == "hbase" else "hbase_test_server")
+    host, _, port = hostport.rpartition(":")
     connection = happybase.Connection(host, int(port))
     yield connection
     connection.close()
@@ -214,9 +223,11 @@ def test_mutate_rows_ts_delete_is_at_or_below_the_timestamp(conn: Any, name: byt
 
 
 def test_put_of_a_family_without_qualifier_is_refused(conn: Any, name: bytes) -> None:
-    """mutateRowsTs: "Invalid famAndQf provided." (IllegalArgument)."""
+    """mutateRowsTs: "Invalid famAndQf provided.", an IllegalArgumentException HBase 2.6
+    throws outside the handler's catch, so the answer is Thrift's internal error (seen
+    on 2.6.1; the store refuses such columns before sending them)."""
     batch = hb.BatchMutation(row=b"r", mutations=[hb.Mutation(column=b"h", value=b"x")])
-    with pytest.raises(hb.IllegalArgument):
+    with pytest.raises(TApplicationException):
         conn.client.mutateRowsTs(name, [batch], 5, {})
 
 
@@ -398,12 +409,17 @@ def test_unknown_table_and_family_are_io_errors(conn: Any, name: bytes) -> None:
     """Reads and writes of a missing table fail with TableNotFoundException, of a missing
     family with NoSuchColumnFamilyException, both sent as IOError."""
     missing = unique_name("missing").encode()
-    with pytest.raises(hb.IOError):
+    with pytest.raises(hb.IOError, match="TableNotFoundException"):
         conn.client.getRow(missing, b"r", {})
-    with pytest.raises(hb.IOError):
-        conn.client.mutateRowsTs(
-            missing, [hb.BatchMutation(row=b"r", mutations=[hb.Mutation(column=b"f:a")])], 1, {}
-        )
+    # A batch names the missing table only as its failed actions' cause (HBase 2.6.1):
+    # the store recognises this form (hbase._batch_failed_on_missing_table).
+    batches = [
+        hb.BatchMutation(row=r, mutations=[hb.Mutation(column=b"f:a")]) for r in (b"a", b"b")
+    ]
+    with pytest.raises(hb.IOError) as raised:
+        conn.client.mutateRowsTs(missing, batches, 1, {})
+    assert (f"RetriesExhaustedWithDetailsException: Failed 2 actions: {missing.decode()}: "
+            "2 times") in raised.value.message.decode()
     with pytest.raises(hb.IOError):
         conn.client.getRowWithColumns(name, b"r", [b"nosuch:a"], {})
 
@@ -428,9 +444,10 @@ def test_table_in_a_missing_namespace_cannot_be_created(conn: Any) -> None:
         conn.client.createTable(table, [hb.ColumnDescriptor(name=b"f:")])
 
 
-@pytest.mark.skipif(is_real_hbase(), reason="needs the namespace the test server creates")
-def test_table_in_a_namespace_is_listed_with_it(conn: Any) -> None:
+def test_table_in_a_namespace_is_listed_with_it(conn: Any, server: str) -> None:
     """Reference Guide, "Namespace": tables outside ``default`` are named ``ns:table``."""
+    if server == "hbase" and is_real_hbase():
+        pytest.skip("needs the namespace the test server creates (Thrift1 cannot make one)")
     table = b"percolator_test:" + unique_name("ns").encode()
     conn.client.createTable(table, [hb.ColumnDescriptor(name=b"f:")])
     assert table in conn.client.getTableNames()
@@ -454,6 +471,15 @@ def test_scan_start_is_inclusive_stop_is_exclusive(conn: Any, name: bytes) -> No
     table = conn.table(name)
     assert [k for k, _ in table.scan(row_start=b"b", row_stop=b"d")] == [b"b", b"c"]
     assert [k for k, _ in table.scan(row_start=b"c")] == [b"c", b"d"]
+    assert [k for k, _ in table.scan(row_start=b"c", row_stop=b"b")] == []
+
+
+def test_scan_from_a_row_to_itself_reads_that_row(conn: Any, name: bytes) -> None:
+    """Scan.isGetScan: start == stop is read as a Get of that row, not an empty range
+    (seen on HBase 2.6.1; the store returns nothing for such a range without asking)."""
+    fill_rows(conn, name)
+    table = conn.table(name)
+    assert [k for k, _ in table.scan(row_start=b"b", row_stop=b"b")] == [b"b"]
 
 
 def test_scan_columns_select_families_or_columns(conn: Any, name: bytes) -> None:

@@ -34,7 +34,8 @@ resulting ``Get``/``Put``/``Delete``/``Scan``:
 * tables must be disabled before ``deleteTable``; a missing table is an ``IOError``
   (``TableNotFoundException``), a missing family too (``NoSuchColumnFamilyException``);
   ``createTable`` of an existing table raises ``AlreadyExists``;
-* scanners: ``startRow`` inclusive, ``stopRow`` exclusive, a snapshot taken when the
+* scanners: ``startRow`` inclusive, ``stopRow`` exclusive (but ``startRow == stopRow``
+  reads that one row, ``Scan.isGetScan``), a snapshot taken when the
   scanner opens (the region's MVCC read point), ``scannerGetList`` returns ``[]`` at the
   end, an unknown scanner id is an ``IllegalArgument``;
 * tables in namespaces (``ns:table``) need the namespace to exist; only ``default`` and
@@ -735,8 +736,11 @@ class HBaseHandler:
                 deletes.append(column)
             elif qualifier is None:
                 if batch:
-                    raise hb.IllegalArgument(
-                        message="java.lang.IllegalArgumentException: Invalid famAndQf provided."
+                    # HBase 2.6's handler throws IllegalArgumentException outside its
+                    # try/catch: Java Thrift answers an internal error, not IllegalArgument.
+                    raise TApplicationException(
+                        TApplicationException.INTERNAL_ERROR,
+                        "java.lang.IllegalArgumentException: Invalid famAndQf provided.",
                     )
                 logger.warning("No column qualifier specified; put of %r ignored", column)
             else:
@@ -779,6 +783,15 @@ class HBaseHandler:
     ) -> None:
         self._check_request_size(sum(self._size(b.row, b.mutations) for b in rowBatches or ()))
         with self._lock:
+            if self._normalise(tableName) not in self._tables:
+                # HBase 2.6 batches the puts: the cause, TableNotFoundException, is
+                # quoted by its message alone (the table name), once per row.
+                n = len(rowBatches or ())
+                raise io_error(
+                    "org.apache.hadoop.hbase.client.RetriesExhaustedWithDetailsException: "
+                    f"Failed {n} action{'s' * (n != 1)}: {tableName.decode()}: "
+                    f"{n} time{'s' * (n != 1)}, servers with issues: null"
+                )
             table = self._table(tableName)
             split = [
                 (b.row, *self._split_mutations(table, b.mutations, batch=True))
@@ -911,6 +924,8 @@ class HBaseHandler:
                 keys = sorted(candidates, reverse=reversed_)
             else:
                 keys = sorted(table.rows, reverse=reversed_)
+            if start and stop and start == stop and not reversed_:
+                stop = start + b"\0"  # HBase reads start == stop as a Get of that row
             results: list[Any] = []
             for key in keys:
                 if reversed_:

@@ -2,8 +2,9 @@
 (windowed counts per query, then dips) must equal a batch group-by of the same input
 exactly: with worker and injector processes killed with ``kill -9``, crash points in
 the injector's and the key run's commits, restarts that replay the source, random
-schedules (hypothesis: the watermark never goes back, no window fires early), late
-records, and bad topologies."""
+schedules (hypothesis: the watermark never goes back, no window fires early), a
+second windowed stage downstream driven step by step (no timer fires before what it
+waits for has reached it), late records, and bad topologies."""
 
 from __future__ import annotations
 
@@ -130,6 +131,8 @@ def test_workers_and_injectors_killed_with_sigkill_keep_counts_exact(
     env = {"MW_SEED": "4", "MW_RECORDS": "1200", "MW_BATCH": "20"}
     records = _app.make_input(4, 1200)
     rng = random.Random(17)
+    with percolator.connect(url) as cluster:  # a loaded machine may kill every worker
+        _app.build(cluster, records, inject_batch=20).create()  # before it gets this far
     workers = [_spawn(url, env) for _ in range(2)]
     kills = 0
     try:
@@ -238,6 +241,131 @@ def test_the_watermark_never_goes_back_and_no_window_fires_early(
         assert all(time_ms <= w_in for time_ms, w_in in _Recorder.fired)
         found, twice = _app.results(pipeline)
         assert found == _app.batch_windows(records) and twice == 0
+
+
+SPAN_MS = 2 * _app.WINDOW_MS
+
+
+class _Totals(mw.Computation):
+    """A second windowed stage, with timers of its own: the Windower's counts summed
+    per span of window ends (the span is the key), each total produced once, when
+    the span's timer fires."""
+
+    outputs = ("totals",)
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        ctx.state.set_json("n", ctx.state.get_json("n", 0) + json.loads(record.value)["n"])
+        ctx.set_timer("span", int(ctx.key) + SPAN_MS)
+
+    def process_timer(self, ctx: mw.Context, timer: mw.Timer) -> None:
+        total = {"start": timer.time - SPAN_MS, "n": ctx.state.get_json("n", 0)}
+        ctx.state.delete("n")
+        ctx.produce("totals", json.dumps(total).encode(), timer.time)
+
+
+def _span_of(record: mw.Record) -> bytes:
+    return b"%d" % (record.timestamp - record.timestamp % SPAN_MS)
+
+
+def _two_windowed_stages(cluster: Cluster, records: list[tuple[bytes, int]],
+                         inject_batch: int) -> tuple[mw.Pipeline, Worker]:
+    """Windower -> _Totals (and DipDetector), with a registered worker whose key runs
+    the test makes."""
+    pipeline = mw.Pipeline(cluster, "spans", inject_batch=inject_batch)
+    pipeline.injector("queries", mw.IterableSource(records), stream="queries")
+    pipeline.computation(_Recorder(), inputs={"queries": lambda r: r.value})
+    pipeline.computation(_Totals(), inputs={"windows": _span_of})
+    pipeline.computation(_app.DipDetector(),
+                         inputs={"windows": lambda r: json.loads(r.value)["q"].encode()})
+    pipeline.create()
+    worker = Worker(cluster, pipeline.observers(), threads=1)
+    worker.register()
+    return pipeline, worker
+
+
+def _run_keys(pipeline: mw.Pipeline, worker: Worker, name: str,
+              keys: list[bytes] | None = None) -> None:
+    """One run of each key (default: every key) of computation *name* with a
+    notification."""
+    node = pipeline.nodes[name]
+    if keys is None:
+        with Snapshot(pipeline.cluster) as snap:
+            keys = [k for k, _ in snap.scan(node.table)]
+    for key in keys:
+        worker._process_row(node.table, key)
+
+
+def _drain(pipeline: mw.Pipeline, worker: Worker) -> None:
+    for _ in range(50):
+        pipeline.advance()
+        for name in pipeline.order():
+            _run_keys(pipeline, worker, name)
+        if all(s.pending == 0 and s.timers == 0 and s.low_watermark >= END
+               for s in pipeline.status()):
+            return
+    raise AssertionError(f"the pipeline did not drain: {pipeline.status()}")
+
+
+def _assert_totals(pipeline: mw.Pipeline, records: list[tuple[bytes, int]]) -> None:
+    expected: dict[int, int] = {}
+    for (_, start), n in _app.batch_windows(records).items():
+        end = start + _app.WINDOW_MS
+        expected[end - end % SPAN_MS] = expected.get(end - end % SPAN_MS, 0) + n
+    with Snapshot(pipeline.cluster) as snap:
+        totals = [json.loads(r.value) for r in pipeline.output(snap, "totals")]
+    assert sorted(t["start"] for t in totals) == sorted(expected)  # each span once
+    assert {t["start"]: t["n"] for t in totals} == expected
+    assert pipeline.verify() == []
+
+
+def test_a_downstream_stage_fires_no_timer_before_the_upstream_windows_reach_it(
+    cluster: Cluster,
+) -> None:
+    """The low watermark must not pass a record still pending nor a timer still
+    armed upstream. Here the input is all injected at once (the source's watermark is
+    at the end of time): the Windower's low watermark is then held only by its
+    pending records, and once they are consumed, only by its armed window timers.
+    The steps: both queries' records consumed (timers armed), an advance, q0's
+    windows fired into _Totals, an advance, _Totals runs its keys; then everything
+    drains. Every span total must equal the batch sum, produced once. An advancer
+    that ignores timers (mutant 5 of issue 31) or pending records lets _Totals'
+    watermark jump to the end of time and fire its spans with q0's windows alone,
+    then again when q1's arrive."""
+    records = _app.make_input(5, 400, queries=2)
+    _Recorder.fired = []
+    pipeline, worker = _two_windowed_stages(cluster, records, inject_batch=500)
+    assert pipeline.inject("queries") == len(records)
+    pipeline.advance()
+    _run_keys(pipeline, worker, "Windower", [b"q0", b"q1"])  # consumed, timers armed
+    pipeline.advance()
+    _run_keys(pipeline, worker, "Windower", [b"q0"])  # q0's windows fired
+    assert any(True for _ in Snapshot(cluster).scan(pipeline.nodes["_Totals"].table))
+    pipeline.advance()
+    for _ in range(2):
+        _run_keys(pipeline, worker, "_Totals")
+    _drain(pipeline, worker)
+    _assert_totals(pipeline, records)
+
+
+def test_no_timer_fires_before_the_input_watermark_reaches_it(cluster: Cluster) -> None:
+    """The input comes 40 records at a time, so the watermark rises in steps and
+    records of a window keep arriving after the previous window's timer is armed.
+    Every timer fires at or below the input watermark its run read, every window
+    count is the batch count and every span total the batch sum. A key run that
+    fires timers up to 2 s past the watermark emits windows before their last
+    records came, and again after."""
+    records = _app.make_input(6, 400, queries=2)
+    _Recorder.fired = []
+    pipeline, worker = _two_windowed_stages(cluster, records, inject_batch=40)
+    while pipeline.inject("queries"):
+        pipeline.advance()
+        for name in pipeline.order():
+            _run_keys(pipeline, worker, name)
+    _drain(pipeline, worker)
+    assert _Recorder.fired and all(time_ms <= w_in for time_ms, w_in in _Recorder.fired)
+    found, twice = _app.results(pipeline)
+    assert found == _app.batch_windows(records) and twice == 0
+    _assert_totals(pipeline, records)
 
 
 class _LateSource:

@@ -80,3 +80,15 @@ class Hangs(Observer):
 OBSERVERS = [Indexer, Stage2, Pinger]
 HANGING = [Hangs]
 ALL = [Indexer, Stage2, Pinger, Flaky]
+
+
+class Copier(Observer):
+    """docs/raw:v -> docs/out:seen, nothing else: the stress tests' observer."""
+
+    table, column = "docs", "raw:v"
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        txn.set(self.table, row, "out:seen", txn.get(self.table, row, column) or b"<deleted>")
+
+
+COPIER = [Copier]

@@ -70,7 +70,7 @@ def write(cluster: percolator.Cluster, row: bytes, value: bytes, column: str = "
 def start_worker(
     url: str, tmp_path: Path, name: str, threads: int = 4, app: str = APP, **env: str
 ) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, OBSERVERS_TEST_SLEEP="0.01", PYTHONPATH=str(ROOT), **env)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **{"OBSERVERS_TEST_SLEEP": "0.01", **env})
     return subprocess.Popen(
         [sys.executable, "-m", "observers", "--cluster", url, "--observers", app,
          "--threads", str(threads), "--lock-ttl", "5", "--log-level", "WARNING",

@@ -163,7 +163,7 @@ def test_without_the_placeholder_write_the_race_loses_the_click(
 ) -> None:
     """The mutant: a waiter that does not write its primary's ``ev:raw``. Both
     transactions commit (write skew) and the click waits for a query that is there."""
-    monkeypatch.setattr(_pipeline, "_hold_primary", lambda txn, p, key: None)
+    monkeypatch.setattr(_pipeline, "_hold_primary", lambda *args: None)
     with percolator.connect(f"sqlite:///{tmp_path}/repo.db") as cluster:
         assert _race(cluster, joiner_first=True) is photon.State.WAITING
         report = photon.JoinPipeline.open(cluster, "clicks").verify()
@@ -186,6 +186,87 @@ def test_a_primary_that_never_comes_makes_the_event_unjoinable_once(cluster: Clu
         assert p.rejoin(photon.State.UNJOINABLE) == 1  # the operator's recovery
         wait_for_observers(cluster, 60)
     assert set(outputs(p)) == {b"c"}
+    assert p.verify().ok
+
+
+def _joiner_on(p: photon.JoinPipeline) -> Worker:
+    """A registered worker whose runs the test makes, one row at a time."""
+    worker = Worker(p.cluster, p.observers(), threads=1)
+    worker.register()
+    return worker
+
+
+def _wake(p: photon.JoinPipeline, row: bytes) -> None:
+    """A weak notification of the event in *row*, as a rerun or a stray wake-up."""
+    with Transaction(p.cluster) as txn:
+        txn.notify(p.foreign, row, "ev:raw")
+
+
+def test_a_sweeper_clock_ahead_of_the_joiners_still_ends_the_wait(cluster: Cluster) -> None:
+    """The sweeper's host is 5 ms ahead of the joiner's: it fires a deadline that the
+    joiner's clock says is 3 ms away, and deletes the deadline row. The joiner must
+    obey the sweep (the event ends unjoinable), not keep it waiting with nothing left
+    to wake it."""
+    t = now_ms()
+    joiner_now = [t]
+    p = pipeline(cluster, clock=lambda: joiner_now[0])
+    sweeper = photon.JoinPipeline.open(cluster, "clicks", clock=lambda: joiner_now[0] + 5)
+    p.log_foreign(cluster, [{"click": "c", "query": "q", "t": t}])
+    worker, row = _joiner_on(p), photon.row_key(b"c")
+    worker._process_row(p.foreign, row)
+    assert p.state(Snapshot(cluster), b"c") is photon.State.WAITING
+    joiner_now[0] = t + 600_000 - 3
+    assert sweeper.sweep() == 1
+    worker._process_row(p.foreign, row)
+    assert p.state(Snapshot(cluster), b"c") is photon.State.UNJOINABLE
+    with Snapshot(cluster) as snap:
+        assert list(snap.scan(p.deadlines, None, None, ["d:x"])) == []
+        assert snap.get_row(p.foreign, row, ["j:wait", "j:due"]) == {}
+    assert p.verify().ok
+
+
+def test_verify_reports_a_waiting_event_nothing_will_wake(cluster: Cluster) -> None:
+    """A waiting event whose deadline row is gone and that has no notification (what
+    a sweep without j:due left behind) can never end: verify says so."""
+    t = now_ms()
+    p = pipeline(cluster, clock=lambda: t)
+    p.log_foreign(cluster, [{"click": "c", "query": "q", "t": t}])
+    _joiner_on(p)._process_row(p.foreign, photon.row_key(b"c"))
+    assert p.verify().ok
+    with Transaction(cluster) as txn:
+        (deadline, _), = txn.scan(p.deadlines, None, None, ["d:x"])
+        txn.delete(p.deadlines, deadline, "d:x")
+    report = p.verify()
+    assert report.missing == [b"c"] and not report.ok
+
+
+def test_a_joiner_woken_in_the_deadline_millisecond_gives_up_as_the_sweep_does(
+    cluster: Cluster,
+) -> None:
+    """The sweep counts a deadline equal to its clock as passed; so must the joiner:
+    an event first seen in that millisecond is unjoinable at once (no wait), and a
+    waiting event woken then (not by the sweep) is given up, while one millisecond
+    earlier both leave it waiting."""
+    t = now_ms()
+    deadline = t + 600_000
+    joiner_now = [deadline]
+    p = pipeline(cluster, clock=lambda: joiner_now[0])
+    p.log_foreign(cluster, [{"click": "late", "query": "q", "t": t},
+                            {"click": "woken", "query": "q", "t": t}])
+    worker = _joiner_on(p)
+    worker._process_row(p.foreign, photon.row_key(b"late"))
+    assert p.state(Snapshot(cluster), b"late") is photon.State.UNJOINABLE
+    joiner_now[0] = t
+    worker._process_row(p.foreign, photon.row_key(b"woken"))
+    assert p.state(Snapshot(cluster), b"woken") is photon.State.WAITING
+    for now, state in ((deadline - 1, photon.State.WAITING),
+                       (deadline, photon.State.UNJOINABLE)):
+        assert p.sweep(now_ms=now - 1) == 0  # the sweep, a step behind, fires nothing
+        joiner_now[0] = now
+        _wake(p, photon.row_key(b"woken"))
+        worker._process_row(p.foreign, photon.row_key(b"woken"))
+        assert p.state(Snapshot(cluster), b"woken") is state, now - deadline
+    assert list(Snapshot(cluster).scan(p.deadlines, None, None, ["d:x"])) == []
     assert p.verify().ok
 
 
@@ -299,6 +380,64 @@ def test_the_retention_boundary_refuses_old_events_and_never_goes_back(
         wait_for_observers(cluster, 60)
     assert set(outputs(p)) == {c["click"].encode() for c in new_c}
     assert p.verify().ok
+
+
+def test_retention_removes_the_placeholders_of_primaries_that_never_came(
+    cluster: Cluster,
+) -> None:
+    """Two days ago, clicks waited for queries that never came (each left a
+    placeholder row, which has no event time) and one for a query that came; today a
+    click waits. Retention at today's boundary leaves only today's click, its
+    placeholder and its deadline: every table the pipeline writes is bounded."""
+    day = 86_400_000
+    t = now_ms()
+    clock = [t - 2 * day]
+    p = pipeline(cluster, retention_days=1, clock=lambda: clock[0])
+    old = [{"click": f"c{i}", "query": f"never{i}", "t": clock[0]} for i in range(4)]
+    with Worker(cluster, p.observers(), threads=1):
+        p.log_foreign(cluster, [*old, {"click": "d", "query": "comes", "t": clock[0]}])
+        wait_for_observers(cluster, 60)
+        assert len(list(Snapshot(cluster).scan(p.primary, None, None, ["ev:raw"]))) == 5
+        p.log_primary(cluster, [{"query": "comes", "t": clock[0]}])
+        wait_for_observers(cluster, 60)
+        clock[0] = t
+        p.log_foreign(cluster, [{"click": "e", "query": "later", "t": t}])
+        wait_for_observers(cluster, 60)
+    assert set(outputs(p)) == {b"d"}
+    assert p.apply_retention(t) == 10  # 5 clicks, 4 placeholders, 1 query
+    with Snapshot(cluster) as snap:
+        assert [r for r, _ in snap.scan(p.foreign, None, None, ["ev:raw"])] == [
+            photon.row_key(b"e")]
+        assert [r for r, _ in snap.scan(p.primary, None, None, ["ev:raw", "j:held"])] == [
+            photon.row_key(b"later")]
+        assert len(list(snap.scan(p.deadlines, None, None, ["d:x"]))) == 1
+        assert list(snap.scan(p.joined_table, None, None, ["ev:joined"])) == []
+    assert p.state(Snapshot(cluster), b"e") is photon.State.WAITING
+    assert p.verify().ok
+
+
+def test_a_primary_arriving_during_retention_outlives_its_old_placeholder(
+    cluster: Cluster,
+) -> None:
+    """The retention pass finds a placeholder past the boundary; before it deletes
+    it, the query arrives, with today's time. The pass must look again in its own
+    transaction and keep the query (the scan's verdict was about the placeholder)."""
+    day = 86_400_000
+    t = now_ms()
+    clock = [t - 2 * day]
+    p = pipeline(cluster, retention_days=1, clock=lambda: clock[0])
+    p.log_foreign(cluster, [{"click": "c", "query": "q", "t": clock[0]}])
+    _joiner_on(p)._process_row(p.foreign, photon.row_key(b"c"))
+    clock[0] = t
+    with Interleaving(cluster) as world:
+        retention = world.actor("retention", lambda: p.apply_retention(t))
+        retention.run_until(lambda s: s.matches("scan", table=p.primary))
+        retention.run_until(lambda s: s.op == "timestamp")  # the deletion's start
+        assert p.log_primary(cluster, [{"query": "q", "t": t}]).written == 1
+        assert retention.finish() == 1  # the click alone
+    with Snapshot(cluster) as snap:
+        assert snap.get_row(p.primary, photon.row_key(b"q"), ["ev:raw", "ev:t"]) != {}
+        assert p.state(snap, b"c") is None
 
 
 @pytest.mark.parametrize("joiner_first", [True, False], ids=["joiner-first", "retention-first"])

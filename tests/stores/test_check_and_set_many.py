@@ -28,6 +28,8 @@ from percolator._bulk import check_and_set_many
 from percolator._store import BatchedCas, CasItem, Read, Store
 from percolator.stores import open_store
 from percolator.stores.sqlite import _Writers
+from tests._backends import drop_tables
+from tests._hbase import leaves_tables
 
 ROOT = str(Path(__file__).resolve().parents[2])
 FAMILIES = {"d": 0, "w": 0, "l": 1, "n": 0}
@@ -40,8 +42,7 @@ VALUES = (b"A", b"B", b"C")
 def store(store_url: str) -> Iterator[Store]:
     s = open_store(store_url)
     yield s
-    for table in s.list_tables():
-        s.drop_table(table)
+    drop_tables(s)
     s.close()
 
 
@@ -90,8 +91,9 @@ def test_a_batch_is_the_same_calls_one_after_another(
             assert store.check_and_set(table, row, column, None, value)
     assert check_and_set_many(store, batched, items) == _replay(store, replayed, items)
     assert _state(store, batched) == _state(store, replayed)
-    for table in (batched, replayed):
-        store.drop_table(table)
+    if not leaves_tables(store.url):  # the examples' tables would pile up
+        for table in (batched, replayed):
+            store.drop_table(table)
 
 
 def test_the_cases_a_write_without_reading_would_get_wrong(store: Store) -> None:

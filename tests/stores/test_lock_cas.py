@@ -16,6 +16,7 @@ from percolator._cas import lock_cas
 from percolator._errors import StoreUnavailable
 from percolator._store import Read, Store
 from percolator.stores import open_store
+from tests._backends import drop_tables
 
 CELL = ("t", b"r", "l:c")
 
@@ -25,8 +26,7 @@ def store(store_url: str) -> Iterator[Store]:
     s = open_store(store_url)
     s.create_table("t", {"l": 1})
     yield s
-    for table in s.list_tables():
-        s.drop_table(table)
+    drop_tables(s)
     s.close()
 
 

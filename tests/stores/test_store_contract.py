@@ -32,6 +32,7 @@ from percolator._store import (
     Store,
 )
 from percolator.stores import open_store
+from tests._backends import drop_tables
 from tests._concurrency import run_concurrently
 
 T = "t"
@@ -57,8 +58,7 @@ def store(store_url: str) -> Iterator[Store]:
     s = open_store(store_url)
     s.create_table(T, FAMILIES)
     yield s
-    for table in s.list_tables():
-        s.drop_table(table)
+    drop_tables(s)
     s.close()
 
 

@@ -6,7 +6,9 @@ commit (after the primary's prewrite, after some secondaries, right after the co
 point, midway through the secondaries). A crashed transaction's owner is dead, so
 its locks are resolved by whoever meets them.
 
-The model is the list of committed write sets with their commit timestamps:
+The model (``percolator.conformance._si.Model``, which ``python -m
+percolator.conformance`` also checks a deployment's cluster against, without the
+garbage collection) is the list of committed write sets with their commit timestamps:
 
 * every read equals the model's snapshot at the reader's start_ts, overlaid with
   the reader's own writes (crashed transactions included once their locks are
@@ -31,6 +33,7 @@ from __future__ import annotations
 import collections
 import itertools
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pytest
@@ -41,8 +44,9 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_s
 import percolator
 from percolator import SnapshotTooOldError, Transaction
 from percolator._gc import GcSummary, collect
+from percolator.conformance._si import CRASH_POINTS, Model
 from percolator.testing import CrashPoint, client_of, crash_commit
-from tests._backends import WITH_FAULTS
+from tests._backends import WITH_FAULTS, drop_tables
 from tests._services import in_ci
 
 TABLES = ("ta", "tb")
@@ -50,15 +54,6 @@ ROWS = (b"r1", b"r2", b"r3")
 COLUMNS = ("c:x", "c:y")
 KEYS = [(t, r, c) for t in TABLES for r in ROWS for c in COLUMNS]
 Key = tuple[str, bytes, str]
-
-CRASH_POINTS = [
-    CrashPoint("prewrite", 0),
-    CrashPoint("prewrite", 1),
-    CrashPoint("prewrite", 2),
-    CrashPoint("commit_point"),
-    CrashPoint("commit", 0),
-    CrashPoint("commit", 1),
-]
 
 _names = itertools.count()
 exercised: collections.Counter[str] = collections.Counter()
@@ -80,33 +75,44 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+class FreshTables:
+    """New tables for the examples, made ahead in batches whose creations overlap:
+    on HBase a creation takes 1-2 s, mostly the master's procedures waiting, and two
+    per example made the state machine the suite's slowest test there. (One at a time
+    on the embedded store, where a creation is cheap and writes take turns anyway.)"""
+
+    def __init__(self, cluster: percolator.Cluster) -> None:
+        self.cluster = cluster
+        self.batch = 1 if cluster.store.url.startswith("sqlite") else 12
+        self.ready: list[str] = []
+
+    def take(self) -> str:
+        if not self.ready:
+            names = [f"x{next(_names)}" for _ in range(self.batch)]
+            with ThreadPoolExecutor(self.batch) as pool:
+                list(pool.map(self.cluster.create_table, names))
+            self.ready = names
+        return self.ready.pop()
+
+
 def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
+    fresh = FreshTables(cluster)
+
     class SnapshotIsolation(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            n = next(_names)
-            self.names = {t: f"{t}{n}" for t in TABLES}
-            for name in self.names.values():
-                cluster.create_table(name)
-            self.history: list[tuple[int, dict[Key, bytes | None]]] = []
+            self.names = {t: fresh.take() for t in TABLES}
+            self.model = Model()
             self.open: list[Open] = []
             self.safe_point = cluster.safe_point.fetch()
 
-        # --- the model ------------------------------------------------------------
+        # --- the model (percolator.conformance._si, shared with the conformance run) --
 
         def snapshot(self, handle: Open) -> dict[Key, bytes]:
-            state: dict[Key, bytes | None] = {}
-            for commit_ts, writes in sorted(self.history, key=lambda h: h[0]):
-                if commit_ts < handle.txn.start_ts:
-                    state.update(writes)
-            state.update(handle.writes)
-            return {k: v for k, v in state.items() if v is not None}
+            return self.model.snapshot(handle.txn.start_ts, handle.writes)
 
         def conflicts(self, handle: Open) -> bool:
-            return any(
-                commit_ts > handle.txn.start_ts and writes.keys() & handle.writes.keys()
-                for commit_ts, writes in self.history
-            )
+            return self.model.conflicts(handle.txn.start_ts, handle.writes)
 
         def pick(self, i: int) -> Open:
             return self.open[i % len(self.open)]
@@ -154,17 +160,13 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
         )
         def scan(self, i: int, table: str, start: bytes | None, stop: bytes | None) -> None:
             h = self.pick(i)
-            expected: dict[bytes, dict[str, bytes]] = {}
-            for (t, r, c), v in sorted(self.snapshot(h).items()):
-                if t == table and (start is None or r >= start) and (stop is None or r < stop):
-                    expected.setdefault(r, {})[c] = v
+            expected = self.model.rows(h.txn.start_ts, h.writes, table, start, stop)
             if self.too_old(h):
                 with pytest.raises(SnapshotTooOldError):
                     list(h.txn.scan(self.names[table], start, stop))
                 exercised["too old"] += 1
                 return
-            got = list(h.txn.scan(self.names[table], start, stop))
-            assert got == sorted(expected.items())
+            assert list(h.txn.scan(self.names[table], start, stop)) == expected
 
         @precondition(lambda self: self.open)
         @rule(
@@ -211,7 +213,7 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
             exercised["commit"] += 1
             if h.writes:
                 assert commit_ts > h.txn.start_ts
-                self.history.append((commit_ts, dict(h.writes)))
+            self.model.committed(commit_ts, h.writes)
 
         @precondition(lambda self: self.open)
         @rule(i=st.integers(0, 3))
@@ -242,7 +244,7 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
             if reached and h.writes:
                 assert not expect_conflict
                 assert h.txn.commit_ts is not None
-                self.history.append((h.txn.commit_ts, dict(h.writes)))
+                self.model.committed(h.txn.commit_ts, h.writes)
 
         @precondition(lambda self: self.open)  # else it would be every other step
         @rule(crash_at=st.none() | st.integers(0, 5), overtake=st.booleans())
@@ -323,8 +325,7 @@ def gc_cluster(store_url: str) -> Iterator[percolator.Cluster]:
     """A short safe-point refresh: every pass waits twice it."""
     with percolator.connect(store_url, safe_point_refresh=0.002) as c:
         yield c
-        for table in c.tables():
-            c.drop_table(table)
+        drop_tables(c)
 
 
 def test_snapshot_isolation_state_machine(gc_cluster: percolator.Cluster, backend: str) -> None:

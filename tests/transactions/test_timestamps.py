@@ -10,12 +10,16 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import percolator
+from percolator._encoding import WRITE
+from percolator._store import Read
 from percolator._timestamps import HostTimestamps, StoreTimestamps
 from percolator.stores import open_store
 from percolator.stores.sqlite import SqliteStore
@@ -50,6 +54,15 @@ def _calls(paths: list[Path]) -> list[tuple[str, int, int, int]]:
                     (f"{path.name}/{parts[0]}", int(parts[1]), int(parts[2]), int(parts[3]))
                 )
     return calls
+
+
+def _wait_for_lines(paths: list[Path], lines: int, timeout: float = 60) -> None:
+    """Wait until every file in *paths* holds at least *lines* lines (a loaded machine
+    may take seconds to start a process)."""
+    deadline = time.monotonic() + timeout
+    while any(not p.exists() or p.read_bytes().count(b"\n") < lines for p in paths):
+        assert time.monotonic() < deadline, f"fewer than {lines} lines in {paths}"
+        time.sleep(0.05)
 
 
 def check_linearizable(calls: list[tuple[str, int, int, int]]) -> None:
@@ -108,8 +121,9 @@ def test_kill_9_and_restart_never_reissue(tmp_path: Path) -> None:
     for round_ in range(3):
         out = tmp_path / f"round{round_}.txt"
         outs.append(out)
-        procs = [_worker(db, out.with_suffix(f".{i}"), threads=2, count=0) for i in range(2)]
-        time.sleep(0.6)
+        files = [out.with_suffix(f".{i}") for i in range(2)]
+        procs = [_worker(db, f, threads=2, count=0) for f in files]
+        _wait_for_lines(files, 40)  # each process has been drawing for a while
         for p in procs:
             os.kill(p.pid, signal.SIGKILL)
             p.wait()
@@ -464,3 +478,65 @@ def test_a_forked_child_does_not_share_its_parents_sidecar_lock(tmp_path: Path) 
         os.close(read_end)
         source.close()
         store.close()
+
+
+class _ParkedAfterCommitStore:
+    """The cluster's store; a one-phase commit of table ``t`` made by *thread* stops
+    after its COMMIT (the end of its atomic step), before its in-flight slot is
+    cleared, until *proceed* is set (at most 10 s)."""
+
+    def __init__(self, store: Any, thread: threading.Thread) -> None:
+        self._store = store
+        self.thread = thread
+        self.committed = threading.Event()
+        self.proceed = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    @contextmanager
+    def atomically(self) -> Iterator[None]:
+        with self._store.atomically():
+            yield
+        if threading.current_thread() is self.thread:
+            self.committed.set()
+            self.proceed.wait(10)
+
+
+def test_a_draw_after_a_commit_is_visible_is_above_it_even_while_its_slot_is_set(
+    tmp_path: Path,
+) -> None:
+    """Between a one-phase commit's COMMIT and the clearing of its in-flight slot,
+    anybody may read the commit's cells (a worker's scan of the notify family reads
+    them raw). A start timestamp drawn after such a read must be above the commit, so
+    that its snapshot holds what was read: the gap below the commit is closed before
+    the COMMIT, and the draw waits until the slot is cleared. (With the gap still
+    open, the draw returns at once, below the commit, and the snapshot misses the
+    value that was just read raw.)"""
+    cluster = percolator.connect(f"sqlite://{tmp_path}/db")
+    cluster.create_table("t")
+    commit_ts: list[int] = []
+
+    def write() -> None:
+        with percolator.Transaction(cluster) as txn:
+            txn.set("t", b"x", "c:v", b"new")
+        commit_ts.append(txn.commit_ts)
+
+    writer = threading.Thread(target=write)
+    parked = _ParkedAfterCommitStore(cluster.store, writer)
+    cluster.store = parked  # type: ignore[assignment]
+    with cluster:
+        writer.start()
+        assert parked.committed.wait(10)
+        raw = parked.read_rows("t", [b"x"], [Read(WRITE, ("c:v",))])
+        assert raw[b"x"], "the COMMIT is done: the write record can be read raw"
+        began: list[percolator.Transaction] = []
+        reader = threading.Thread(target=lambda: began.append(percolator.Transaction(cluster)))
+        reader.start()
+        reader.join(0.5)
+        assert not began, "a start timestamp was handed out while the commit's slot was set"
+        parked.proceed.set()
+        reader.join(10)
+        writer.join(10)
+        assert began[0].start_ts > commit_ts[0]
+        assert began[0].get("t", b"x", "c:v") == b"new"

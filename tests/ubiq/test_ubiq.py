@@ -21,7 +21,7 @@ from observers import Worker, ubiq, wait_for_observers
 from observers.ubiq import _pipeline
 from observers.ubiq.__main__ import main as ubiq_main
 from percolator import Cluster, Snapshot, Transaction
-from percolator.testing import CrashPoint, client_of, crash_commit
+from percolator.testing import CrashPoint, Interleaving, client_of, crash_commit
 from tests._backends import make_store_url
 from tests._concurrency import spawn_module
 from tests.ubiq import _app
@@ -130,6 +130,100 @@ def test_a_unit_commit_dying_at_any_point_lands_whole_or_not_at_all(
         with Snapshot(cluster) as snap:
             assert snap.get(_app.ATTEMPTS, b"one.jsonl@0-" + str(unit.end).encode(),
                             "a:owner") is not None
+
+
+def _kill_while_taking_a_unit(url: str, root: Path, kill_at: int, one_phase: bool) -> bool:
+    """Kill the processor's run on a fresh unit before its *kill_at*-th step (or once
+    it returned, with the thread it handed the unit to not yet run: the process
+    died); check that nothing is stranded and that a live worker then commits the
+    unit exactly once. Returns whether the run had returned."""
+    (root / "a").mkdir(parents=True)
+    (root / "b").mkdir()
+    (root / "a" / "one.jsonl").write_bytes(
+        b"".join(json.dumps({"k": f"k{i % 3}"}).encode() + b"\n" for i in range(30)))
+    row = _pipeline.unit_row("one.jsonl", 0)
+    with percolator.connect(url) as cluster:
+        p = _app.pipeline(cluster, root, max_unit_delay=0, local_eta=600)
+        p.create()
+        p.track("a")
+        with Transaction(cluster) as txn:
+            assert _pipeline.cut_file(txn, p, "one.jsonl", _pipeline._now_ms()) == 1
+        handed: list[bytes] = []
+        with Interleaving(cluster) as world:
+            dying = client_of(cluster)
+            dying.one_phase_commit = one_phase
+            observers = _app.pipeline(dying, root).observers("a")
+            processor = next(o for o in observers if isinstance(o, _pipeline._Processor))
+            processor._start = lambda row, owner: handed.append(row)  # type: ignore[method-assign]
+            worker = Worker(dying, observers, threads=1)
+            worker.register()
+            run = world.actor("processor", lambda: worker._process_row(p.units, row),
+                              clients=[dying])
+            for _ in range(kill_at):
+                run.step()
+                if run.done:
+                    break
+            returned = run.done
+            run.kill()
+        assert not returned or handed == [row]  # it did hand the unit on
+        assert p.stranded() == [], f"stranded when killed before step {kill_at}"
+        with Worker(cluster, [*p.observers("a"), _app.RollUp], tasks=p.tasks("a"),
+                    threads=1):
+            settle(p)
+        assert_exact(p, root)
+        for table in cluster.tables():
+            cluster.drop_table(table)
+    return returned
+
+
+@pytest.mark.parametrize("one_phase", [True, False], ids=["one-phase", "two-phase"])
+def test_a_worker_dying_at_any_step_of_taking_a_unit_strands_nothing(
+    store_url: str, tmp_path: Path, one_phase: bool
+) -> None:
+    """The processor's run on a ready unit (acknowledging its notification, handing
+    the unit to a thread) is killed before each of its store calls in turn, and
+    finally just after it returned, before the thread it started ran. Each time the
+    unit must keep a notification or a lease, and a live worker with the lease sweep
+    must then commit it exactly once. Fails when the lease is taken by the thread
+    rather than in the acknowledging transaction: killed after the acknowledgement,
+    the unit has neither, and is pending for ever."""
+    kill_at = 0
+    while not _kill_while_taking_a_unit(store_url, tmp_path / str(kill_at), kill_at, one_phase):
+        kill_at += 1
+    assert kill_at > 3
+
+
+def test_the_lease_sweep_wakes_a_unit_an_older_version_stranded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unit left as an older processor left it when its process died after the
+    acknowledgement (pending, no lease, no notification) is listed by stranded() and
+    coverage(), and the next lease sweep wakes it; a worker then commits it once."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "one.jsonl").write_bytes(b'{"k":"k"}\n' * 20)
+    row = _pipeline.unit_row("one.jsonl", 0)
+    with percolator.connect(f"sqlite:///{tmp_path}/repo.db") as cluster:
+        p = _app.pipeline(cluster, tmp_path, max_unit_delay=0)
+        p.create()
+        p.track("a")
+        with Transaction(cluster) as txn:
+            assert _pipeline.cut_file(txn, p, "one.jsonl", _pipeline._now_ms()) == 1
+        assert p.stranded() == [] and p.sweep_leases() == 0  # notified: not stranded
+        with monkeypatch.context() as old:  # the lease left to a thread that never ran
+            old.setattr(_pipeline, "_lease_unit", lambda *args, **kwargs: ("one.jsonl", 200))
+            old.setattr(_pipeline._Processor, "_start", lambda self, row, owner: None)
+            worker = Worker(cluster, p.observers("a"), threads=1)
+            worker.register()
+            worker._process_row(p.units, row)
+        assert p.stranded() == [row]
+        assert p.coverage()["one.jsonl"] == [
+            "1 unit(s) pending, 1 with neither a lease nor a notification"]
+        assert p.sweep_leases() == 1
+        assert p.stranded() == []
+        with Worker(cluster, [*p.observers("a"), _app.RollUp], threads=1):
+            settle(p)
+        assert_exact(p, tmp_path)
 
 
 def test_a_worker_at_a_lagging_site_reads_what_its_replica_lacks_elsewhere(

@@ -1,0 +1,51 @@
+"""The launcher of the suite's real HBase (``tests/_hbase_local.py``): each way it can
+fail to start says what failed, before any JVM runs. (That it starts, answers and
+leaves nothing running is checked by every hbase test and by test_hbase_real_faults.py.)"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from tests._hbase_local import HBaseStartError, LocalHBase, classpath, java
+
+pytestmark = pytest.mark.hbase
+
+
+def test_a_missing_java_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    with pytest.raises(HBaseStartError, match=f"JAVA_HOME={tmp_path} has no bin/java"):
+        java()
+
+
+def test_a_pom_maven_cannot_resolve_quotes_maven(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    if shutil.which("mvn") is None:
+        pytest.skip("mvn is not installed")
+    monkeypatch.setattr("tests._hbase_local.CACHE", tmp_path / "cache")
+    pom = tmp_path / "pom.xml"
+    pom.write_text("<project><modelVersion>4.0.0</modelVersion><groupId>x</groupId>"
+                   "<artifactId>y</artifactId><version>1</version><packaging>pom</packaging>"
+                   "<dependencies><dependency><groupId>percolator.nosuch</groupId>"
+                   "<artifactId>nosuch</artifactId><version>0.0.0</version></dependency>"
+                   "</dependencies></project>")
+    with pytest.raises(HBaseStartError, match=r"mvn could not resolve HBase from .*pom.xml") as e:
+        classpath(pom)
+    assert "nosuch" in str(e.value)  # Maven's own words follow
+
+
+def test_a_taken_port_is_named(tmp_path: Path) -> None:
+    hbase = LocalHBase(tmp_path)
+    try:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", hbase.zk_port))
+            s.listen()
+            with pytest.raises(HBaseStartError, match=f"port {hbase.zk_port} .* is taken"):
+                hbase.start()
+        assert hbase.hbase is None  # no JVM was started
+    finally:
+        hbase.stop()
