@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from percolator import metrics as _metrics
 from percolator._cas import lock_cas
 from percolator._encoding import (
     DATA,
@@ -130,13 +131,18 @@ class _Committer:
             _Cell(t, r, c, v, (t, c) in observed) for (t, r, c), v in txn._writes.items()
         ]
         self.primary = self.cells[0]
-        self.notifies = bool(txn._weak) or any(cell.notify for cell in self.cells)
+        self.notifies = bool(txn._weak) or (bool(observed) and any(c.notify for c in self.cells))
         """Whether the commit makes notifications (weak ones, or of observed columns)."""
         self.owner = self.cluster.coordination.current_owner()
         self.ttl_ms = int(self.cluster.lock_ttl * 1000)
         self.locked: list[_Cell] = []
         self.refreshed_at = time.monotonic()
-        self.recheck_after_lock = free_locks_may_stay(self.store)
+
+    @property
+    def recheck_after_lock(self) -> bool:
+        """Whether a lock taken from FREE needs its write records checked again
+        (:func:`free_locks_may_stay`): asked by two-phase prewrites only."""
+        return free_locks_may_stay(self.store)
 
     def _maybe_crash(self, phase: str, index: int) -> None:
         if self.crash is not None and self.crash == CrashPoint(phase, index):
@@ -525,7 +531,7 @@ def _one_phase_check(
     :raises ConflictError: a cell was written since the transaction's start.
     """
     if found is None:
-        found = committer._read_for_prewrite(committer.cells)
+        found = _read_prewrite_state([(committer, committer.cells)])
     # Inside the atomic step, after its reads: no GC deletion can fall between
     # this check and the writes (see percolator._safe_point).
     committer.cluster.safe_point.check(committer.start_ts)
@@ -586,8 +592,12 @@ def _read_prewrite_state(
     found: dict[int, tuple[bytes | None, list[Cell]]] = {}
     for table, group in by_table.items():
         store = group[0][0].store
-        rows = list(dict.fromkeys(c.row for _, c in group))
-        columns = tuple(dict.fromkeys(c.column for _, c in group))
+        columns: tuple[str, ...]
+        if len(group) == 1:  # a single-cell transaction: no duplicates to drop
+            rows, columns = [group[0][1].row], (group[0][1].column,)
+        else:
+            rows = list(dict.fromkeys(c.row for _, c in group))
+            columns = tuple(dict.fromkeys(c.column for _, c in group))
         # The newest record is, for each member, its newest at or above its own start
         # when it is at or above that start at all.
         reads = _PREWRITE_READS.get(columns)
@@ -610,14 +620,23 @@ def _read_prewrite_state(
     return found
 
 
+_COMMITTED: dict[str, Iterator[int]] = {}
+"""``percolator_transactions_committed_total`` by kind, stepped in line."""
+
+
 def _record(kind: str, began: float, error: BaseException | None) -> None:
     """The metrics of one commit that ended (with *error*, or committed)."""
-    if isinstance(error, ConflictError):
+    if error is None:
+        if _metrics._enabled:
+            committed = _COMMITTED.get(kind)
+            if committed is None:
+                committed = _COMMITTED.setdefault(kind, _metrics.counter(
+                    "percolator_transactions_committed_total", kind))
+            next(committed)
+    elif isinstance(error, ConflictError):
         _inc("percolator_transactions_conflicted_total", kind)
-    elif error is not None:
-        _inc("percolator_transactions_failed_total", kind)
     else:
-        _inc("percolator_transactions_committed_total", kind)
+        _inc("percolator_transactions_failed_total", kind)
     _observe("percolator_commit_duration_seconds", time.perf_counter() - began, kind)
 
 

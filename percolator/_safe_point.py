@@ -210,7 +210,9 @@ class SafePoint:
 
     def check(self, start_ts: int) -> None:
         """Raise :class:`SnapshotTooOldError` if *start_ts* is below the safe point."""
-        if start_ts < self.current():
+        if time.monotonic() - self._fetched > self.refresh:  # current(), in line
+            self.fetch()
+        if start_ts < self._value:
             raise SnapshotTooOldError(start_ts, self._value)
 
     def fetch(self) -> int:

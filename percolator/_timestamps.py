@@ -256,7 +256,7 @@ class HostTimestamps:
     def get_timestamps(self, n: int) -> range:
         n = _check_count(n)
         while True:
-            with self._locked():
+            with self._sidecar_lock:
                 self._validate()
                 in_flight, pid = self._slot()
                 taken = self._take(n, in_flight)
@@ -348,7 +348,7 @@ class HostTimestamps:
             with self._locked():
                 if self._slot()[0] != ts:
                     return
-                if pid != os.getpid() and not process_alive(pid):
+                if pid != _forks.pid and not process_alive(pid):
                     self._set_slot(0, 0)
                     return
             if time.monotonic() > deadline:
@@ -385,7 +385,7 @@ class HostTimestamps:
                 if taken is None:
                     return None
                 if not drawn:
-                    self._set_slot(taken[0], os.getpid())
+                    self._set_slot(taken[0], _forks.pid)
             drawn.append(taken[0])
             return taken
 

@@ -41,6 +41,7 @@ __all__ = ["Snapshot", "Transaction", "TransactionBase"]
 WriteKey = tuple[str, bytes, str]
 
 _monotonic = time.monotonic
+_perf_counter = time.perf_counter
 
 _LOCK_PREFIX, _WRITE_PREFIX, _DATA_PREFIX = f"{LOCK}:", f"{WRITE}:", f"{DATA}:"
 _ROLLBACK_TAG = WriteKind.ROLLBACK.value
@@ -116,6 +117,7 @@ class Snapshot:
             self.start_ts = start_ts
             self._safe_point.register(self)
         self._read_cache: dict[tuple[tuple[str, ...] | None, bool], list[Read]] = {}
+        self._cell_reads: dict[str, list[Read]] = {}  # by column: see _read_cell
         self._seen: dict[WriteKey, bytes | None] = {}
         """Cells this snapshot has read (``get``/``get_row``): the state at start_ts is
         fixed once a read has waited out the locks below it, so a second read of a
@@ -347,13 +349,41 @@ class Snapshot:
             return seen[key]
         extra = (self._predicted(table, row, column)
                  if (table, column) in self.cluster.read_predictions else ())
-        found, left_out = self._read_row_with(table, row, (column,), extra)
-        value = found.get(column)
+        census = self.cluster.lock_census
+        if not extra and census is not None and census.clean():
+            value = self._read_cell(table, row, column)
+        else:
+            found, left_out = self._read_row_with(table, row, (column,), extra)
+            value = found.get(column)
+            if len(seen) < _SEEN_MAX:
+                for other in extra:
+                    if other not in left_out:
+                        seen[(table, row, other)] = found.get(other)
         if len(seen) < _SEEN_MAX:
             seen[key] = value
-            for other in extra:
-                if other not in left_out:
-                    seen[(table, row, other)] = found.get(other)
+        return value
+
+    def _read_cell(self, table: str, row: bytes, column: str) -> bytes | None:
+        """:meth:`get`'s store read when no lock can be held (the lock census is clean,
+        asked after start_ts was drawn) and no prediction rides along: the write
+        record alone, no lock to wait for; the same answer as :meth:`_read_row_with`
+        in fewer steps (most reads are these)."""
+        reads = self._cell_reads.get(column)
+        if reads is None:
+            reads = [Read(WRITE, (column,), max_ts=self.start_ts)]
+            if len(self._cell_reads) < 64:
+                self._cell_reads[column] = reads
+        began = _perf_counter()
+        cells = self.cluster.store.read_rows(table, [row], reads).get(row)
+        value = None
+        if cells:
+            versions = cells.get(_WRITE_PREFIX + column)
+            if versions:
+                value = inline_value(versions[0][1])
+                if value is None:  # a rollback record, a deletion or a data pointer
+                    value = self._values(table, row, cells).get(column)
+        _observe("percolator_read_duration_seconds", _perf_counter() - began)
+        self._check_safe_point()
         return value
 
     def get_row(self, table: str, row: bytes, columns: Sequence[str]) -> dict[str, bytes]:
@@ -633,7 +663,8 @@ class Transaction(TransactionBase):
             nothing of this transaction remains.
         :raises CommitUnknownError: the store failed at the commit point itself.
         """
-        self._check_open()
+        if self._closed:
+            self._check_open()
         return commit_transaction(self)
 
     def rollback(self) -> None:
@@ -645,7 +676,8 @@ class Transaction(TransactionBase):
     close = rollback
 
     def __enter__(self) -> Transaction:
-        self._check_open()
+        if self._closed:
+            self._check_open()
         return self
 
     def __exit__(

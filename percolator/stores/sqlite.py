@@ -14,6 +14,11 @@ Every contract call is one SQLite statement or one
 ``scan``            one SELECT per batch of rows
 =================  ====================================================
 
+Next to the file: ``-wal`` and ``-shm`` (SQLite's), ``-write.lock`` (the writers' turn,
+taken only while another store object writes the file) and ``-writers`` (who does:
+see :class:`_Writers`); the timestamp sidecar ``-ts``, the lock census ``-census`` and
+the coordinator's ``-locks`` belong to the cluster.
+
 ``synchronous=NORMAL`` in WAL mode: a committed write survives ``kill -9`` of any
 process (the WAL is in the OS page cache); only a power cut may lose the last
 transactions, never corrupt the file.
@@ -32,7 +37,7 @@ import time
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, cast
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from percolator import _forks
@@ -317,7 +322,7 @@ class SqliteStore:
         """Make every call of this thread inside the block one SQLite write transaction:
         all of it or none of it, with no other writer in between (an optional
         capability: the one-phase commit of :mod:`percolator._commit` uses it)."""
-        return cast("AbstractContextManager[None]", _WriteStep(self, atomic=True))
+        return _WriteStep(self, atomic=True)  # type: ignore[return-value]  # enters as db
 
     def _write(self) -> _WriteStep:
         """``with self._write() as db``: one write transaction, or the enclosing
@@ -792,7 +797,8 @@ class SqliteStore:
                             if family in deletes:
                                 self._flush_deletes(db, table, {family: deletes.pop(family)})
                     _collect_puts(puts, mutation.row, mutation.puts)
-                self._flush_deletes(db, table, deletes)
+                if deletes:
+                    self._flush_deletes(db, table, deletes)
                 self._flush_puts(db, table, puts)
         except sqlite3.Error as e:
             raise self._error(table, e) from e
