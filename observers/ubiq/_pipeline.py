@@ -13,7 +13,8 @@ Tables of pipeline ``<p>``:
 * ``ubiq.<p>.units``, row = ``name NUL be64(begin)``: ``u:range`` (``end``),
   ``u:state`` (``P`` pending, ``C`` committed, ``Q`` quarantined, ``X`` split),
   ``u:lease`` (owner, expiry), ``u:fail`` (failed attempts), ``u:commit`` (the committed
-  attempt and its staged files), ``u:ready`` (**observed by the processor**),
+  attempt and its staged files), ``u:ready`` (**observed by the processor**; with a
+  *site_eta*, ``u:ready.<S>`` per site, and ``u:home``, ``u:born``),
   ``u:published`` (**``u:commit`` is observed by the dispatcher**);
 * ``ubiq.<p>.quarantine``, same rows: ``x:error``;
 * ``ubiq.<p>.pending``, same rows: ``p:u``, present exactly while the unit is pending
@@ -53,6 +54,7 @@ import struct
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -209,7 +211,12 @@ class LogPipeline:
     file that stopped growing is no longer tracked, and once all of it is committed,
     its units and row are garbage-collected (None: files are followed and kept for
     ever); a file must not grow again after that long a pause (it would be tracked
-    anew, from its first byte).
+    anew, from its first byte). *site_eta* (Ubiq's data-center ETA): each unit is
+    given to one site, among those whose replica holds its bytes, and only that
+    site's workers are notified of it; a unit not committed *site_eta* seconds after
+    it was cut is handed to every site by the lease sweep (a site down, or in
+    partial outage, loses its units to the others). None: every unit goes to every
+    site at once.
     """
 
     def __init__(self, cluster: Cluster, name: str, *, app: Application,
@@ -218,6 +225,7 @@ class LogPipeline:
                  local_eta: float = 60.0, track_interval: float = 1.0,
                  sink: str | os.PathLike[str] | None = None,
                  forget_after: float | None = 7 * 86400.0,
+                 site_eta: float | None = None,
                  on_commit: Callable[[WorkUnit], None] | None = None) -> None:
         check_pipeline("LogPipeline", cluster, name)
         if not isinstance(app, Application):
@@ -233,6 +241,12 @@ class LogPipeline:
             raise InvalidArgument(f"forget_after must be a positive number of seconds or "
                                   f"None, got {forget_after!r}")
         self.forget_after_ms = None if forget_after is None else int(forget_after * 1000)
+        if site_eta is not None and (
+                not isinstance(site_eta, int | float) or isinstance(site_eta, bool)
+                or site_eta <= 0):
+            raise InvalidArgument(f"site_eta must be a positive number of seconds or None, "
+                                  f"got {site_eta!r}")
+        self.site_eta_ms = None if site_eta is None else int(site_eta * 1000)
         self.cluster, self.name, self.app = cluster, name, app
         self.on_commit = on_commit
         self.sites = {s: Path(d) for s, d in sites.items()}
@@ -263,7 +277,8 @@ class LogPipeline:
             for start in range(0, len(rows), 200):
                 _index_pending(self.cluster, self, rows[start:start + 200])
         self.cluster.observe(self.files, "f:size")
-        self.cluster.observe(self.units, "u:ready")
+        for column in self.ready_columns():
+            self.cluster.observe(self.units, column)
         self.cluster.observe(self.units, "u:commit")
 
     def observers(self, site: str | None = None) -> list[Observer]:
@@ -324,19 +339,38 @@ class LogPipeline:
                 _nudge(self.cluster, self, name)  # a tail that stopped growing: cut it
         return grown
 
-    def sweep_leases(self) -> int:
+    def ready_columns(self, home: str | None = None) -> list[str]:
+        """The columns whose notification hands a unit to a site's processors: with
+        a *site_eta*, one per site (*home*'s only, when given), else one for all."""
+        if self.site_eta_ms is None:
+            return ["u:ready"]
+        return [f"u:ready.{home}"] if home in self.sites else [
+            f"u:ready.{s}" for s in self.sites]
+
+    def sweep_leases(self, now_ms: int | None = None) -> int:
         """Re-notify pending units whose lease expired or whose owner is dead, so that
         a worker takes them over, and pending units with neither a lease nor a
-        notification (:meth:`stranded`). Returns how many."""
-        now, due, unleased = _now_ms(), [], []
+        notification (:meth:`stranded`), to their site's workers; a unit past its
+        *site_eta* (not leased by a live owner in time), to every site's. Returns
+        how many."""
+        now = _now_ms() if now_ms is None else now_ms
+        due: list[tuple[bytes, list[str]]] = []
+        unleased = []
         for row, cells in self._pending_units():
-            if "u:lease" not in cells:
-                unleased.append(row)
-                continue
-            owner, expires = _lease(cells["u:lease"])
-            if expires <= now or self.cluster.coordination.is_alive(owner) is False:
-                due.append(row)
-        due += self._unnotified(unleased)
+            late = self.site_eta_ms is not None and (
+                now - int(cells.get("u:born", b"0")) >= self.site_eta_ms)
+            home = None if late else cells.get("u:home", b"").decode()
+            if "u:lease" in cells:
+                owner, expires = _lease(cells["u:lease"])
+                if expires > now and self.cluster.coordination.is_alive(owner) is not False:
+                    continue  # a live owner's lease in force: the unit is in hand
+                due.append((row, self.ready_columns(home)))
+            elif late:
+                due.append((row, self.ready_columns()))  # its site's time is up
+            else:
+                unleased.append((row, home))
+        stranded = set(self._unnotified([row for row, _ in unleased]))
+        due += [(row, self.ready_columns(home)) for row, home in unleased if row in stranded]
         if due:
             _renotify(self.cluster, self, due)
         return len(due)
@@ -354,7 +388,7 @@ class LogPipeline:
         the pending-units index (one snapshot: the index and the units agree)."""
         with Snapshot(self.cluster) as snap:
             rows = [row for row, _ in snap.scan(self.pending, None, None, ["p:u"])]
-            found = snap.get_rows(self.units, rows, ["u:state", "u:lease"])
+            found = snap.get_rows(self.units, rows, ["u:state", "u:lease", "u:home", "u:born"])
         return [(row, found[row]) for row in rows if found[row].get("u:state") == b"P"]
 
     def collect_garbage(self, now_ms: int | None = None) -> int:
@@ -390,16 +424,17 @@ class LogPipeline:
 
     def _acks(self, table: str) -> list[str]:
         """The acknowledgement columns of this pipeline's observers on *table*."""
-        return [ack_column(o.name, o.column) for o in self.observers() if o.table == table]
+        return sorted({ack_column(o.name, o.column) for site in self.sites
+                       for o in self.observers(site) if o.table == table})
 
     def _unnotified(self, rows: list[bytes]) -> list[bytes]:
-        """Those of *rows* with no pending ``u:ready`` notification. Read after the
+        """Those of *rows* with no pending ``u:ready`` notification (of any site). Read after the
         snapshot that found them unleased: a unit leased since then may be among them,
         and re-notifying it costs a run that finds the lease and does nothing."""
         if not rows:
             return []
         notified = {n.row for n in pending_notifications(self.cluster, [self.units])
-                    if n.column == "u:ready"}
+                    if n.column.startswith("u:ready")}
         return [row for row in rows if row not in notified]
 
     # --- operations ---------------------------------------------------------------------
@@ -521,7 +556,7 @@ def _forgettable(p: LogPipeline, cells: dict[str, bytes], now: int) -> bool:
 
 
 _FILE_COLUMNS = ("f:size", "f:head", "f:since", "f:cut", "f:grown", "f:refused")
-_UNIT_COLUMNS = ("u:range", "u:state", "u:lease", "u:fail", "u:commit", "u:ready")
+_UNIT_COLUMNS = ("u:range", "u:state", "u:lease", "u:fail", "u:commit", "u:home", "u:born")
 
 
 @transactional
@@ -533,7 +568,8 @@ def _forget_file(txn: TransactionBase, p: LogPipeline, row: bytes, now: int) -> 
     cells = txn.get_row(p.files, row, ["f:size", "f:cut", "f:grown", "f:since", "f:refused"])
     if not _forgettable(p, cells, now):
         return False
-    units = _units_of(txn, p, row.decode(), ["u:range", "u:state", "u:commit"])
+    ready = p.ready_columns()
+    units = _units_of(txn, p, row.decode(), ["u:range", "u:state", "u:commit", *ready])
     at = 0
     for unit, unit_cells in units:
         if unit_cells.get("u:state") != b"C" or parse_unit_row(unit)[1] != at:
@@ -545,7 +581,8 @@ def _forget_file(txn: TransactionBase, p: LogPipeline, row: bytes, now: int) -> 
         if "u:commit" in unit_cells:
             committed = json.loads(unit_cells["u:commit"])
             publish(p, unit, committed["attempt"], committed["files"])
-        for column in _UNIT_COLUMNS:
+        # Only the observed cells there: deleting one notifies its site's processors.
+        for column in (*_UNIT_COLUMNS, *(c for c in ready if c in unit_cells)):
             txn.delete(p.units, unit, column)
     for column in (*_FILE_COLUMNS, *(f"f:site.{s}" for s in p.sites)):
         txn.delete(p.files, row, column)
@@ -618,7 +655,8 @@ def cut_file(txn: TransactionBase, p: LogPipeline, name: str, now: int) -> int:
     """The cutter's body: cut ``[f:cut, f:size)`` of *name* into units at record
     boundaries. Returns how many units it made."""
     row = name.encode()
-    cells = txn.get_row(p.files, row, ["f:size", "f:cut", "f:since", "f:refused"])
+    cells = txn.get_row(p.files, row, ["f:size", "f:cut", "f:since", "f:refused",
+                                       *(f"f:site.{s}" for s in p.sites)])
     size, cut = int(cells.get("f:size", b"0")), int(cells.get("f:cut", b"0"))
     if "f:refused" in cells or cut >= size:
         return 0
@@ -631,7 +669,8 @@ def cut_file(txn: TransactionBase, p: LogPipeline, name: str, now: int) -> int:
             break  # a young tail waits to grow into a unit (or for max_unit_delay)
         end = size if size - cut <= p.unit_bytes else _record_boundary(
             p, name, cut + p.unit_bytes - 1, size)
-        _new_unit(txn, p, name, cut, end)
+        holding = [s for s in p.sites if int(cells.get(f"f:site.{s}", b"0")) >= end]
+        _new_unit(txn, p, name, cut, end, _home(name, cut, holding or list(p.sites)), now)
         cut, made = end, made + 1
     if made:
         txn.set(p.files, row, "f:cut", b"%d" % cut)
@@ -640,12 +679,23 @@ def cut_file(txn: TransactionBase, p: LogPipeline, name: str, now: int) -> int:
     return made
 
 
-def _new_unit(txn: TransactionBase, p: LogPipeline, name: str, begin: int, end: int) -> None:
+def _home(name: str, begin: int, sites: list[str]) -> str:
+    """The site a unit is given to: spread over *sites* (those holding its bytes)."""
+    return sites[zlib.crc32(unit_row(name, begin)) % len(sites)]
+
+
+def _new_unit(txn: TransactionBase, p: LogPipeline, name: str, begin: int, end: int,
+              home: str, born: int) -> None:
+    """A pending unit, given to *home* (cut at *born*, ms): its workers are notified."""
     row = unit_row(name, begin)
     txn.set(p.units, row, "u:range", b"%d" % end)
     txn.set(p.units, row, "u:state", b"P")
     txn.set(p.pending, row, "p:u", b"1")
-    txn.set(p.units, row, "u:ready", b"1")
+    if p.site_eta_ms is not None:
+        txn.set(p.units, row, "u:home", home.encode())
+        txn.set(p.units, row, "u:born", b"%d" % born)
+    for column in p.ready_columns(home):
+        txn.set(p.units, row, column, b"1")
 
 
 def _lease_unit(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str, now: int,
@@ -674,23 +724,32 @@ def _take_lease(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str,
 
 
 @transactional
-def _renotify(txn: TransactionBase, p: LogPipeline, rows: list[bytes]) -> None:
-    for row in rows:
-        txn.notify(p.units, row, "u:ready")
+def _renotify(txn: TransactionBase, p: LogPipeline, due: list[tuple[bytes, list[str]]]) -> None:
+    """Notify each unit's *columns* (its site's workers, or every site's)."""
+    for row, columns in due:
+        for column in columns:
+            txn.notify(p.units, row, column)
+
+
+def _notify_home(txn: TransactionBase, p: LogPipeline, row: bytes) -> None:
+    home = txn.get(p.units, row, "u:home") if p.site_eta_ms is not None else None
+    for column in p.ready_columns(home.decode() if home else None):
+        txn.notify(p.units, row, column)
 
 
 @transactional
 def _fail(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str, error: str) -> None:
     """Count a failed attempt; past MAX_FAILURES, split the unit (or quarantine a
     single record)."""
-    cells = txn.get_row(p.units, row, ["u:range", "u:state", "u:lease", "u:fail"])
+    cells = txn.get_row(p.units, row, ["u:range", "u:state", "u:lease", "u:fail", "u:home",
+                                       "u:born"])
     if not _pending_for(cells, owner):
         return
     failures = int(cells.get("u:fail", b"0")) + 1
     txn.delete(p.units, row, "u:lease")
     if failures < MAX_FAILURES:
         txn.set(p.units, row, "u:fail", b"%d" % failures)
-        txn.notify(p.units, row, "u:ready")
+        _notify_home(txn, p, row)
         return
     name, begin = parse_unit_row(row)
     end = int(cells["u:range"])
@@ -706,8 +765,11 @@ def _fail(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str, error: s
         return
     # Two pieces that partition the unit, in this one transaction: the first keeps the
     # row (it starts where the unit did), the second is a new unit.
-    _new_unit(txn, p, name, begin, middle)
-    _new_unit(txn, p, name, middle, end)
+    # The pieces stay with the unit's site and keep its age (its site's time runs on).
+    home = cells.get("u:home", b"").decode() or _home(name, begin, list(p.sites))
+    born = int(cells.get("u:born", b"%d" % _now_ms()))
+    _new_unit(txn, p, name, begin, middle, home, born)
+    _new_unit(txn, p, name, middle, end, home, born)
     txn.delete(p.units, row, "u:fail")
 
 
@@ -720,7 +782,7 @@ def _retry(txn: TransactionBase, p: LogPipeline, row: bytes) -> None:
     txn.set(p.units, row, "u:state", b"P")
     txn.set(p.pending, row, "p:u", b"1")
     txn.delete(p.units, row, "u:fail")
-    txn.notify(p.units, row, "u:ready")
+    _notify_home(txn, p, row)
 
 
 def process_unit(p: LogPipeline, site: str, row: bytes, owner: str) -> bool:
@@ -838,7 +900,7 @@ class _Processor(Observer):
 
     def __init__(self, p: LogPipeline, site: str, parallel: int = 2) -> None:
         self.pipeline, self.site = p, site
-        self.table, self.column = p.units, "u:ready"  # type: ignore[misc]
+        self.table, self.column = p.units, p.ready_columns(site)[0]  # type: ignore[misc]
         self.name = f"ubiq.{p.name}.processor"  # type: ignore[misc]
         self._slots = threading.BoundedSemaphore(parallel)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -17,8 +18,10 @@ from observers import Worker, wait_for_observers
 from observers.ubiq import LogPipeline, Output, WorkUnit, _pipeline
 from percolator import Cluster, Snapshot, Transaction
 from percolator._encoding import FAMILIES, FREE_TAG, LOCK
+from percolator._notifications import pending_notifications
 from percolator._store import Read
 from percolator.testing import CrashPoint, client_of, crash_commit
+from tests._concurrency import spawn_module
 from tests.ubiq import _app
 from tests.ubiq.test_ubiq import assert_exact, settle
 
@@ -146,12 +149,12 @@ def test_the_collector_forgets_old_committed_files_and_the_tracker_never_sees_th
     _write(tmp_path, "bad.jsonl", 20)
     (tmp_path / "a" / "bad.jsonl").open("ab").write(b"{not json\n")
     with percolator.connect(f"sqlite:///{tmp_path}/repo.db") as cluster:
-        p = _app.pipeline(cluster, tmp_path, unit_bytes=512, forget_after=30.0)
+        p = _app.pipeline(cluster, tmp_path, unit_bytes=512, forget_after=3600.0)
         p.create()
-        _committed_and_aged(p, tmp_path, 60)
+        _committed_and_aged(p, tmp_path, 7200)
         units = len(_rows(p, p.units))
-        assert p.collect_garbage() == 0  # it grew (was reported) less than 30 s ago
-        assert p.collect_garbage(_pipeline._now_ms() + 31_000) == 2
+        assert p.collect_garbage() == 0  # it grew (was reported) less than an hour ago
+        assert p.collect_garbage(_pipeline._now_ms() + 3_601_000) == 2
         assert sorted(_rows(p, p.files)) == [b"bad.jsonl"]
         kept = {_pipeline.parse_unit_row(row)[0] for row in _rows(p, p.units)}
         assert kept == {"bad.jsonl"} and len(_rows(p, p.units)) < units
@@ -189,7 +192,7 @@ def test_a_collector_dying_at_any_point_of_its_commit_leaves_all_or_nothing(
     _write(tmp_path, "one.jsonl", 60)
     with percolator.connect(store_url) as cluster:
         p = _app.pipeline(cluster, tmp_path, unit_bytes=1 << 20, max_unit_delay=0,
-                          forget_after=30.0, app=_app.Counts(files=True))
+                          forget_after=3600.0, app=_app.Counts(files=True))
         p.create()
         p.track("a")
         with Transaction(cluster) as txn:
@@ -205,9 +208,9 @@ def test_a_collector_dying_at_any_point_of_its_commit_leaves_all_or_nothing(
         txn.commit()  # and its process died: nothing published
         final = p.sink / "one.jsonl@0.counts.json"
         assert not final.exists() and (staging / "counts.json").exists()
-        old = time.time() - 60
+        old = time.time() - 7200
         os.utime(tmp_path / "a" / name, (old, old))
-        later = _pipeline._now_ms() + 31_000
+        later = _pipeline._now_ms() + 3_601_000
 
         if point is not None:
             dying = client_of(cluster)
@@ -245,3 +248,107 @@ def test_forget_after_is_checked(cluster: Cluster, tmp_path: Path) -> None:
     p = _app.pipeline(cluster, tmp_path, forget_after=None)
     assert p.collect_garbage() == 0
     assert not any(task.name.endswith(".gc") for task in p.tasks())
+
+
+# --- the data-center ETA ------------------------------------------------------------
+
+
+def _states(p: LogPipeline) -> dict[bytes, dict[str, bytes]]:
+    with Snapshot(p.cluster) as snap:
+        return dict(snap.scan(p.units, None, None, ["u:state", "u:home", "u:born", "u:lease"]))
+
+
+def _until(check: object, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_a_unit_whose_site_is_down_is_taken_over_after_its_site_eta(tmp_path: Path) -> None:
+    """Both sites hold the file, and its units are given to both; only site b's
+    worker runs (site a is down). b commits its own units and none of a's, and a
+    sweep short of a's units' site ETA hands them to nobody; a sweep at it hands
+    them to every site, and b commits them: exact counts. Fails when the sweep
+    ignores the site ETA (a's units are never taken over), or when units go to
+    every site at once (b takes a's units before their ETA)."""
+    _write(tmp_path, "one.jsonl", 200)
+    (tmp_path / "b" / "one.jsonl").write_bytes((tmp_path / "a" / "one.jsonl").read_bytes())
+    with percolator.connect(f"sqlite:///{tmp_path}/repo.db") as cluster:
+        p = _app.pipeline(cluster, tmp_path, unit_bytes=256, max_unit_delay=0,
+                          site_eta=600.0)
+        p.create()
+        p.track("a")
+        p.track("b")
+        with Transaction(cluster) as txn:
+            assert _pipeline.cut_file(txn, p, "one.jsonl", _pipeline._now_ms()) > 6
+        homes = {row: c["u:home"] for row, c in _states(p).items()}
+        at_a = {row for row, home in homes.items() if home == b"a"}
+        assert at_a and len(at_a) < len(homes)  # given to both sites
+        born = min(int(c["u:born"]) for c in _states(p).values())
+        with Worker(cluster, [*p.observers("b"), _app.RollUp], threads=1):
+            _until(lambda: all(c["u:state"] == b"C" for row, c in _states(p).items()
+                               if row not in at_a), "site b's own units")
+            assert p.sweep_leases(born + 600_000 - 1) == 0  # in a's hands until its ETA
+            assert all(c["u:state"] == b"P" and "u:lease" not in c
+                       for row, c in _states(p).items() if row in at_a)
+            assert p.sweep_leases(born + 600_000) == len(at_a)
+            _until(lambda: all(c["u:state"] == b"C" for c in _states(p).values()),
+                   "site a's units, taken over")
+            _until(lambda: _app.partial_totals(cluster) == _app.batch_counts(tmp_path / "a"),
+                   "the roll-up")
+        assert all(not problems for problems in p.coverage().values()), p.coverage()
+
+
+def test_units_of_a_paused_site_are_taken_over_by_a_live_one(tmp_path: Path) -> None:
+    """Site a's worker process is up (it commits a probe unit only its replica
+    holds), then SIGSTOPped while idle (a site in partial outage: alive, silent);
+    files arrive at both sites; site b's worker commits its own units, and with
+    the lease sweep takes over every one of a's once their site ETA (2 s) is past:
+    everything is committed once, exactly, a's units by b."""
+    url = f"sqlite:///{tmp_path}/repo.db"
+    _write(tmp_path, "probe.jsonl", 3)
+    with percolator.connect(url) as cluster:
+        p = _app.pipeline(cluster, tmp_path, unit_bytes=512, max_unit_delay=0,
+                          site_eta=2.0, local_eta=1.0)
+        p.create()
+        paused = spawn_module("observers.ubiq", "run", "--cluster", url, "--pipeline",
+                              "tests.ubiq._app:make", "--site", "a", "--threads", "1",
+                              env={"UBIQ_ROOT": str(tmp_path), "UBIQ_ETA": "1",
+                                   "UBIQ_SITE_ETA": "2"})
+        try:
+            _until(lambda: p.coverage().get("probe.jsonl") == [], "site a never came up")
+            _until(lambda: not list(pending_notifications(cluster, [p.files, p.units])),
+                   "site a never went idle")  # no row of any transaction in its hands
+            paused.send_signal(signal.SIGSTOP)
+            for i in range(4):
+                _write(tmp_path, f"log{i}.jsonl", 150)
+                (tmp_path / "b" / f"log{i}.jsonl").write_bytes(
+                    (tmp_path / "a" / f"log{i}.jsonl").read_bytes())
+            for site in "ab":
+                p.track(site)
+            # No periodic tasks: the stopped process may hold their (local, fcntl)
+            # singleton locks; the test sweeps the leases itself.
+            with Worker(cluster, [*p.observers("b"), _app.RollUp], threads=1):
+
+                def done() -> bool:
+                    p.sweep_leases()
+                    return not any(p.coverage().values())
+
+                _until(done, "site a's units never taken over", timeout=120)
+                _until(lambda: not list(pending_notifications(cluster, [_app.PARTIALS])),
+                       "the roll-up")
+            at_a = {row for row, c in _states(p).items()
+                    if c.get("u:home") == b"a" and not row.startswith(b"probe")}
+            assert at_a, "no unit given to site a"
+            with Snapshot(cluster) as snap:
+                for row in at_a:
+                    name, begin = _pipeline.parse_unit_row(row)
+                    end = int(snap.get(p.units, row, "u:range") or b"0")
+                    assert snap.get(_app.ATTEMPTS, f"{name}@{begin}-{end}".encode(),
+                                    "a:owner") == str(os.getpid()).encode()
+        finally:
+            paused.send_signal(signal.SIGCONT)
+            paused.kill()
+            paused.wait()
+        assert_exact(p, tmp_path)
