@@ -1,9 +1,12 @@
 """Ubiq on Percolator (issue 18), all in one run: records/s of one process against a
 batch pass over the same bytes (the same ``process`` and raw store writes), duplicate
 work without faults, append-to-commit latency against its own bound, and the freshness
-of an incremental update against a full batch re-aggregation.
+of an incremental update against a full batch re-aggregation; with ``--units N``
+(issue 35), the State Server's size after N small units with and without its garbage
+collector, and a lease sweep through the pending-units index against a scan of every
+unit (what the sweep read before the index).
 
-    python bench/ubiq.py [--records 20000] [--write]
+    python bench/ubiq.py [--records 20000] [--units 100000] [--write]
 
 ``--write`` replaces the section ``## Ubiq (bench/ubiq.py)`` of BENCHMARKS.md.
 Embedded store (SQLite), one worker process.
@@ -29,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 import percolator  # noqa: E402
 from bench._common import header, publish  # noqa: E402
 from observers import Worker, ubiq  # noqa: E402
-from percolator._store import Mutation  # noqa: E402
+from percolator._encoding import FAMILIES  # noqa: E402
+from percolator._store import Mutation, Read  # noqa: E402
 
 SECTION = "## Ubiq (bench/ubiq.py)"
 FILES = 10
@@ -72,14 +76,15 @@ def _write(directory: Path, n: int, seed: int) -> None:
         h.close()
 
 
-def _pipeline(tmp: Path, name: str, app: Counts, on_commit: Any = None
-              ) -> tuple[percolator.Cluster, ubiq.LogPipeline]:
+def _pipeline(tmp: Path, name: str, app: Counts, on_commit: Any = None,
+              **options: Any) -> tuple[percolator.Cluster, ubiq.LogPipeline]:
     (tmp / name / "a").mkdir(parents=True)
     cluster = percolator.connect(f"sqlite:///{tmp}/{name}.db")
     cluster.create_table("partials")
+    options.setdefault("unit_bytes", UNIT_BYTES)
     p = ubiq.LogPipeline(cluster, "bench", app=app, sites={"a": tmp / name / "a"},
-                         unit_bytes=UNIT_BYTES, max_unit_delay=TIMING["delay"],
-                         track_interval=TIMING["track"], on_commit=on_commit)
+                         max_unit_delay=TIMING["delay"], track_interval=TIMING["track"],
+                         on_commit=on_commit, **options)
     p.create()
     return cluster, p
 
@@ -183,15 +188,83 @@ def latency(tmp: Path, seconds: float, rate: float, base: int) -> dict[str, floa
             "appended": len(appended)}
 
 
+STATE_FILES = 200
+STATE_UNIT_BYTES = 1024
+FORGET_AFTER = 5.0
+
+
+def state_size(tmp: Path, units: int, forget: bool) -> dict[str, float]:
+    """About *units* units of about 1 KiB over STATE_FILES files (written first, then
+    processed by one worker), the garbage collector on (forget_after 5 s) or off; then
+    the State Server's live rows, and its stored rows once Percolator's own GC has
+    removed the versions no reader can see. Also one lease sweep (through the index)
+    against one scan of every unit's state and lease (what a sweep read before)."""
+    committed = [0]
+
+    def on_commit(unit: ubiq.WorkUnit) -> None:
+        committed[0] += 1
+
+    name = "gc" if forget else "nogc"
+    cluster, p = _pipeline(tmp, name, Counts(), on_commit, unit_bytes=STATE_UNIT_BYTES,
+                           forget_after=FORGET_AFTER if forget else None)
+    directory = p.sites["a"]
+    rng = random.Random(4)
+    per_file = units * (STATE_UNIT_BYTES + 50) // STATE_FILES
+    for f in range(STATE_FILES):
+        with open(directory / f"log{f:03d}.jsonl", "wb") as out:
+            at, i = 0, 0
+            while at < per_file:
+                line = _line(rng, i)
+                out.write(line)
+                at, i = at + len(line), i + 1
+    tables = [p.files, p.units, p.pending, p.quarantine]
+    with cluster:
+        began = time.perf_counter()
+        with Worker(cluster, p.observers(), tasks=p.tasks(), threads=2):
+            seen = -1
+            while True:  # done: every unit committed (and with GC, every file forgotten)
+                time.sleep(0.5)
+                if committed[0] == seen:  # a full check (O(units)) only once it is quiet
+                    if forget and committed[0] and not _live_rows(cluster, [p.files]):
+                        break
+                    if not forget and _committed(p)[0]:
+                        break
+                seen = committed[0]
+            seconds = time.perf_counter() - began
+        live = _live_rows(cluster, tables)
+        cluster.gc(retention=0)  # the deleted cells' versions go: a scan skips no tombstone
+        reads = [Read(family, None, versions=None) for family in FAMILIES]
+        stored = sum(sum(len(versions) for versions in cells.values())
+                     for t in tables for _, cells in cluster.store.scan(t, None, None, reads))
+        t0 = time.perf_counter()
+        p.sweep_leases()
+        sweep = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        with percolator.Snapshot(cluster) as snap:
+            sum(1 for _ in snap.scan(p.units, None, None, ["u:state", "u:lease"]))
+        scan = time.perf_counter() - t0
+    return {"units": committed[0], "seconds": seconds, "live": live, "stored": stored,
+            "sweep_s": sweep, "scan_s": scan}
+
+
+def _live_rows(cluster: percolator.Cluster, tables: list[str]) -> int:
+    with percolator.Snapshot(cluster) as snap:
+        return sum(sum(1 for _ in snap.scan(t)) for t in tables)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--records", type=int, default=20000)
     parser.add_argument("--track-interval", type=float, default=0.2)
     parser.add_argument("--max-unit-delay", type=float, default=0.3)
+    parser.add_argument("--units", type=int, default=0,
+                        help="also measure the State Server's size after this many units")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     TIMING.update(track=args.track_interval, delay=args.max_unit_delay)
     with tempfile.TemporaryDirectory(prefix="bench-ubiq-") as tmp:
+        sizes = [state_size(Path(tmp), args.units, forget) for forget in (False, True)] \
+            if args.units else []
         tp = throughput(Path(tmp), args.records)
         # 1% of the data appended over 4 s: the incremental path's freshness
         lat = latency(Path(tmp), 4.0, args.records / 100 / 4, args.records)
@@ -215,6 +288,23 @@ def main() -> int:
         f"{lat['batch_s']:.2f} s | >= 100x lower | **{lat['batch_s'] / lat['p50_s']:.0f}x** |",
         "",
     ]
+    if sizes:
+        off, on = sizes
+        lines += [
+            f"The State Server after {off['units']:,} units of about "
+            f"{STATE_UNIT_BYTES} bytes over {STATE_FILES} files (`--units {args.units}`), "
+            f"its garbage collector off, then on (forget_after {FORGET_AFTER:.0f} s):", "",
+            "| measure | GC off | GC on |", "|---|---|---|",
+            f"| units committed (seconds) | {off['units']:,} ({off['seconds']:.0f} s) | "
+            f"{on['units']:,} ({on['seconds']:.0f} s) |",
+            f"| live rows in files, units, pending, quarantine | {off['live']:,} | "
+            f"{on['live']:,} |",
+            f"| stored cell versions after `cluster.gc(retention=0)` | {off['stored']:,} | "
+            f"{on['stored']:,} |",
+            f"| after it: one lease sweep (pending-units index) vs one scan of every "
+            f"unit (the sweep before the index) | {off['sweep_s'] * 1000:.1f} ms vs "
+            f"{off['scan_s'] * 1000:.0f} ms | {on['sweep_s'] * 1000:.1f} ms vs "
+            f"{on['scan_s'] * 1000:.0f} ms |", ""]
     publish(SECTION, lines, args.write)
     return 0
 

@@ -8,13 +8,23 @@ Tables of pipeline ``<p>``:
   site; **observed by the cutter**), ``f:site.<S>`` (complete size at site S),
   ``f:head`` (sha256 of the first KiB, to tell a replaced file), ``f:since`` (ms when
   the oldest byte not yet in a unit was first reported), ``f:cut`` (bytes below it are
-  in units), ``f:refused`` (why the file is no longer followed: truncated or replaced);
+  in units), ``f:grown`` (ms of the last report that changed the row), ``f:refused``
+  (why the file is no longer followed: truncated or replaced);
 * ``ubiq.<p>.units``, row = ``name NUL be64(begin)``: ``u:range`` (``end``),
   ``u:state`` (``P`` pending, ``C`` committed, ``Q`` quarantined, ``X`` split),
   ``u:lease`` (owner, expiry), ``u:fail`` (failed attempts), ``u:commit`` (the committed
-  attempt and its staged files), ``u:ready`` (**observed by the processor**),
+  attempt and its staged files), ``u:ready`` (**observed by the processor**; with a
+  *site_eta*, ``u:ready.<S>`` per site, and ``u:home``, ``u:born``),
   ``u:published`` (**``u:commit`` is observed by the dispatcher**);
-* ``ubiq.<p>.quarantine``, same rows: ``x:error``.
+* ``ubiq.<p>.quarantine``, same rows: ``x:error``;
+* ``ubiq.<p>.pending``, same rows: ``p:u``, present exactly while the unit is pending
+  (written and deleted in the transactions that change ``u:state``): the lease sweep
+  reads it, so a sweep costs O(pending units), not O(every unit ever cut).
+
+The garbage collector forgets a file whose every byte is committed once it has not
+grown for *forget_after*: its units and its row go in one transaction. The tracker
+never reports a file that old (a file must stop growing before then, as Ubiq's
+trackers only follow files at most d days old), so a forgotten file is never seen anew.
 
 Why every tracked byte is committed exactly once (docs/ubiq.md has the long form):
 
@@ -42,6 +52,7 @@ import struct
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +72,7 @@ from percolator import (
     TransactionBase,
     transactional,
 )
-from percolator._notifications import pending_notifications
+from percolator._notifications import ack_column, pending_notifications
 
 __all__ = ["Application", "BadRecord", "LogPipeline", "Output", "Record", "WorkUnit"]
 
@@ -168,7 +179,16 @@ class LogPipeline:
     *max_unit_delay* seconds. *local_eta*: how long a lease of a live owner holds.
     *sink*: where file output is published (default: ``<first site>/../<name>.out``).
     *on_commit* is called with each unit this process commits, after its commit (for
-    metrics; an exception from it is logged).
+    metrics; an exception from it is logged). *forget_after*: seconds after which a
+    file that stopped growing is no longer tracked, and once all of it is committed,
+    its units and row are garbage-collected (None: files are followed and kept for
+    ever); a file must not grow again after that long a pause (it would be tracked
+    anew, from its first byte). *site_eta* (Ubiq's data-center ETA): each unit is
+    given to one site, among those whose replica holds its bytes, and only that
+    site's workers are notified of it; a unit not committed *site_eta* seconds after
+    it was cut is handed to every site by the lease sweep (a site down, or in
+    partial outage, loses its units to the others). None: every unit goes to every
+    site at once.
     """
 
     def __init__(self, cluster: Cluster, name: str, *, app: Application,
@@ -176,6 +196,8 @@ class LogPipeline:
                  unit_bytes: int = 1 << 20, max_unit_delay: float = 5.0,
                  local_eta: float = 60.0, track_interval: float = 1.0,
                  sink: str | os.PathLike[str] | None = None,
+                 forget_after: float | None = 7 * 86400.0,
+                 site_eta: float | None = None,
                  on_commit: Callable[[WorkUnit], None] | None = None) -> None:
         check_pipeline("LogPipeline", cluster, name)
         if not isinstance(app, Application):
@@ -185,6 +207,18 @@ class LogPipeline:
                                   f"got {sites!r:.80}")
         if not isinstance(unit_bytes, int) or unit_bytes <= 0:
             raise InvalidArgument(f"unit_bytes must be a positive int, got {unit_bytes!r}")
+        if forget_after is not None and (
+                not isinstance(forget_after, int | float) or isinstance(forget_after, bool)
+                or forget_after <= 0):
+            raise InvalidArgument(f"forget_after must be a positive number of seconds or "
+                                  f"None, got {forget_after!r}")
+        self.forget_after_ms = None if forget_after is None else int(forget_after * 1000)
+        if site_eta is not None and (
+                not isinstance(site_eta, int | float) or isinstance(site_eta, bool)
+                or site_eta <= 0):
+            raise InvalidArgument(f"site_eta must be a positive number of seconds or None, "
+                                  f"got {site_eta!r}")
+        self.site_eta_ms = None if site_eta is None else int(site_eta * 1000)
         self.cluster, self.name, self.app = cluster, name, app
         self.on_commit = on_commit
         self.sites = {s: Path(d) for s, d in sites.items()}
@@ -197,17 +231,26 @@ class LogPipeline:
         self.sink = Path(sink) if sink is not None else first.parent / f"{name}.out"
         self.staging = self.sink / ".staging"
         prefix = f"ubiq.{name}."
-        self.files, self.units, self.quarantine = (
-            prefix + t for t in ("files", "units", "quarantine"))
+        self.files, self.units, self.quarantine, self.pending = (
+            prefix + t for t in ("files", "units", "quarantine", "pending"))
 
     # --- set-up ---------------------------------------------------------------------
 
     def create(self) -> None:
-        """Create the tables and register the observed columns (idempotent)."""
-        for table in (self.files, self.units, self.quarantine):
+        """Create the tables and register the observed columns (idempotent). A
+        pipeline made before the pending-units index existed gets it filled in."""
+        indexed = self.pending in self.cluster.tables()
+        for table in (self.files, self.units, self.quarantine, self.pending):
             self.cluster.create_table(table)
+        if not indexed:
+            with Snapshot(self.cluster) as snap:
+                rows = [row for row, cells in snap.scan(self.units, None, None, ["u:state"])
+                        if cells.get("u:state") == b"P"]
+            for start in range(0, len(rows), 200):
+                _index_pending(self.cluster, self, rows[start:start + 200])
         self.cluster.observe(self.files, "f:size")
-        self.cluster.observe(self.units, "u:ready")
+        for column in self.ready_columns():
+            self.cluster.observe(self.units, column)
         self.cluster.observe(self.units, "u:commit")
 
     def observers(self, site: str | None = None) -> list[Observer]:
@@ -219,12 +262,16 @@ class LogPipeline:
         return [_Cutter(self), _Processor(self, site), _Dispatcher(self)]
 
     def tasks(self, site: str | None = None) -> list[Periodic]:
-        """The tracker of *site* (default: every site) and the lease sweep."""
+        """The tracker of *site* (default: every site), the lease sweep and the
+        garbage collector (:meth:`collect_garbage`, unless *forget_after* is None)."""
         sites = [site] if site else list(self.sites)
         found = [Periodic(self.cluster, f"ubiq.{self.name}.track.{s}", _bind(self.track, s),
                           interval=self.track_interval) for s in sites]
         found.append(Periodic(self.cluster, f"ubiq.{self.name}.leases", self.sweep_leases,
                               interval=max(self.track_interval, 0.5)))
+        if self.forget_after_ms is not None:
+            found.append(Periodic(self.cluster, f"ubiq.{self.name}.gc", self.collect_garbage,
+                                  interval=min(60.0, max(0.5, self.forget_after_ms / 4000))))
         return found
 
     # --- tracking ---------------------------------------------------------------------
@@ -252,32 +299,49 @@ class LogPipeline:
                 actual = path.stat().st_size
                 size = _complete_size(path, seen) if actual >= seen else actual
                 head = _head(path) if size else b""
+                modified = int(path.stat().st_mtime * 1000)
             except FileNotFoundError:
                 continue
             cut, total = int(cells.get("f:cut", b"0")), int(cells.get("f:size", b"0"))
             if size != seen or "f:size" not in cells:
-                if _report(self.cluster, self, name, site, size, head, now):
+                if _report(self.cluster, self, name, site, size, head, now, modified):
                     grown += 1
             elif cut < total and now - int(cells.get("f:since", b"0")) >= self.max_unit_delay_ms:
                 _nudge(self.cluster, self, name)  # a tail that stopped growing: cut it
         return grown
 
-    def sweep_leases(self) -> int:
+    def ready_columns(self, home: str | None = None) -> list[str]:
+        """The columns whose notification hands a unit to a site's processors: with
+        a *site_eta*, one per site (*home*'s only, when given), else one for all."""
+        if self.site_eta_ms is None:
+            return ["u:ready"]
+        return [f"u:ready.{home}"] if home in self.sites else [
+            f"u:ready.{s}" for s in self.sites]
+
+    def sweep_leases(self, now_ms: int | None = None) -> int:
         """Re-notify pending units whose lease expired or whose owner is dead, so that
         a worker takes them over, and pending units with neither a lease nor a
-        notification (:meth:`stranded`). Returns how many."""
-        now, due, unleased = _now_ms(), [], []
-        with Snapshot(self.cluster) as snap:
-            for row, cells in snap.scan(self.units, None, None, ["u:state", "u:lease"]):
-                if cells.get("u:state") != b"P":
-                    continue
-                if "u:lease" not in cells:
-                    unleased.append(row)
-                    continue
+        notification (:meth:`stranded`), to their site's workers; a unit past its
+        *site_eta* (not leased by a live owner in time), to every site's. Returns
+        how many."""
+        now = _now_ms() if now_ms is None else now_ms
+        due: list[tuple[bytes, list[str]]] = []
+        unleased = []
+        for row, cells in self._pending_units():
+            late = self.site_eta_ms is not None and (
+                now - int(cells.get("u:born", b"0")) >= self.site_eta_ms)
+            home = None if late else cells.get("u:home", b"").decode()
+            if "u:lease" in cells:
                 owner, expires = _lease(cells["u:lease"])
-                if expires <= now or self.cluster.coordination.is_alive(owner) is False:
-                    due.append(row)
-        due += self._unnotified(unleased)
+                if expires > now and self.cluster.coordination.is_alive(owner) is not False:
+                    continue  # a live owner's lease in force: the unit is in hand
+                due.append((row, self.ready_columns(home)))
+            elif late:
+                due.append((row, self.ready_columns()))  # its site's time is up
+            else:
+                unleased.append((row, home))
+        stranded = set(self._unnotified([row for row, _ in unleased]))
+        due += [(row, self.ready_columns(home)) for row, home in unleased if row in stranded]
         if due:
             _renotify(self.cluster, self, due)
         return len(due)
@@ -287,20 +351,61 @@ class LogPipeline:
         nothing would process them but :meth:`sweep_leases`. Units are leased in the
         transaction that acknowledges their notification, so none should be; a
         unit left so by an older version is woken by the next sweep."""
+        return self._unnotified([row for row, cells in self._pending_units()
+                                 if "u:lease" not in cells])
+
+    def _pending_units(self) -> list[tuple[bytes, dict[str, bytes]]]:
+        """Rows and ``u:state``/``u:lease`` cells of the pending units, found through
+        the pending-units index (one snapshot: the index and the units agree)."""
         with Snapshot(self.cluster) as snap:
-            unleased = [row for row, cells in snap.scan(self.units, None, None,
-                                                        ["u:state", "u:lease"])
-                        if cells.get("u:state") == b"P" and "u:lease" not in cells]
-        return self._unnotified(unleased)
+            rows = [row for row, _ in snap.scan(self.pending, None, None, ["p:u"])]
+            found = snap.get_rows(self.units, rows, ["u:state", "u:lease", "u:home", "u:born"])
+        return [(row, found[row]) for row in rows if found[row].get("u:state") == b"P"]
+
+    def collect_garbage(self, now_ms: int | None = None) -> int:
+        """The garbage collector: forget every file that has not grown for
+        *forget_after* and whose every byte is committed (no unit pending or
+        quarantined, nothing refused), its units and row in one transaction, which
+        leaves ``f:forgotten`` on the row; a committed unit's files are published
+        first (its committer may have died before it did). Deleting an observed cell
+        notifies its observer, whose run on the forgotten row acknowledges it: once
+        no notification of a forgotten file's rows is pending, a later pass deletes
+        those acknowledgements and ``f:forgotten``. Returns how many files it forgot.
+
+        A pass reads the file rows kept, the pending notifications and the units of
+        the files being forgotten: its cost follows the bounded state, not the
+        history."""
+        if self.forget_after_ms is None:
+            return 0
+        now = _now_ms() if now_ms is None else now_ms
+        # Read first: a forgotten row's notifications, once gone, never come back
+        # (nothing writes an observed cell of a forgotten row).
+        notified = {(n.table, n.row) for n in pending_notifications(
+            self.cluster, [self.files, self.units])}
+        with Snapshot(self.cluster) as snap:
+            rows = list(snap.scan(self.files, None, None, [
+                "f:size", "f:cut", "f:grown", "f:since", "f:refused", "f:forgotten"]))
+        forgotten = 0
+        for row, cells in rows:
+            if "f:forgotten" in cells and "f:size" not in cells:
+                _clear_forgotten(self.cluster, self, row, notified)
+            elif _forgettable(self, cells, now):
+                forgotten += _forget_file(self.cluster, self, row, now)
+        return forgotten
+
+    def _acks(self, table: str) -> list[str]:
+        """The acknowledgement columns of this pipeline's observers on *table*."""
+        return sorted({ack_column(o.name, o.column) for site in self.sites
+                       for o in self.observers(site) if o.table == table})
 
     def _unnotified(self, rows: list[bytes]) -> list[bytes]:
-        """Those of *rows* with no pending ``u:ready`` notification. Read after the
+        """Those of *rows* with no pending ``u:ready`` notification (of any site). Read after the
         snapshot that found them unleased: a unit leased since then may be among them,
         and re-notifying it costs a run that finds the lease and does nothing."""
         if not rows:
             return []
         notified = {n.row for n in pending_notifications(self.cluster, [self.units])
-                    if n.column == "u:ready"}
+                    if n.column.startswith("u:ready")}
         return [row for row in rows if row not in notified]
 
     # --- operations ---------------------------------------------------------------------
@@ -376,12 +481,18 @@ def _pending_for(cells: dict[str, bytes], owner: str) -> bool:
 
 @transactional
 def _report(txn: TransactionBase, p: LogPipeline, name: str, site: str, size: int,
-            head: bytes, now: int) -> bool:
+            head: bytes, now: int, modified: int) -> bool:
     row = name.encode()
     cells = txn.get_row(p.files, row,
                         [f"f:site.{site}", "f:size", "f:head", "f:since", "f:refused"])
     if "f:refused" in cells:
         return False
+    # The clock is read after this transaction's snapshot: a collector that forgot the
+    # file committed before it, having seen it quiet for forget_after then, so the
+    # file (modified no later than it last grew) is at least that old now.
+    if "f:size" not in cells and p.forget_after_ms is not None and (
+            _now_ms() - modified >= p.forget_after_ms):
+        return False  # too old to follow (or forgotten): never tracked anew
     seen = int(cells.get(f"f:site.{site}", b"0"))
     why = refusal(seen, size, cells.get("f:head"), head)
     if why:
@@ -392,6 +503,7 @@ def _report(txn: TransactionBase, p: LogPipeline, name: str, site: str, size: in
     if size <= seen and "f:size" in cells:
         return False
     txn.set(p.files, row, f"f:site.{site}", b"%d" % size)
+    txn.set(p.files, row, "f:grown", b"%d" % max(now, modified))  # never before its mtime
     if size >= HEAD_BYTES or "f:head" not in cells:
         txn.set(p.files, row, "f:head", head)
     if size > int(cells.get("f:size", b"0")) or "f:size" not in cells:
@@ -399,6 +511,87 @@ def _report(txn: TransactionBase, p: LogPipeline, name: str, site: str, size: in
         if "f:since" not in cells:  # the first byte not yet in a unit: its wait starts
             txn.set(p.files, row, "f:since", b"%d" % now)
     return True
+
+
+def _forgettable(p: LogPipeline, cells: dict[str, bytes], now: int) -> bool:
+    """Whether a file row (its ``f:`` cells) is cut to its end, refused nothing, and
+    has not grown for forget_after."""
+    return (p.forget_after_ms is not None and "f:refused" not in cells
+            and "f:since" not in cells and "f:grown" in cells
+            and cells.get("f:cut") == cells.get("f:size")
+            and now - int(cells["f:grown"]) >= p.forget_after_ms)
+
+
+_FILE_COLUMNS = ("f:size", "f:head", "f:since", "f:cut", "f:grown", "f:refused")
+_UNIT_COLUMNS = ("u:range", "u:state", "u:lease", "u:fail", "u:commit", "u:home", "u:born")
+
+
+@transactional
+def _forget_file(txn: TransactionBase, p: LogPipeline, row: bytes, now: int) -> bool:
+    """Delete the file in *row* and all its units if it is still forgettable and
+    every unit is committed, their ranges partitioning the file: the check and the
+    deletion in one transaction, so a tracker's report or a unit's state change
+    conflicts with it."""
+    cells = txn.get_row(p.files, row, ["f:size", "f:cut", "f:grown", "f:since", "f:refused"])
+    if not _forgettable(p, cells, now):
+        return False
+    ready = p.ready_columns()
+    units = _units_of(txn, p, row.decode(), ["u:range", "u:state", "u:commit", *ready])
+    at = 0
+    for unit, unit_cells in units:
+        if unit_cells.get("u:state") != b"C" or parse_unit_row(unit)[1] != at:
+            return False  # pending, quarantined or not a partition: an operator's case
+        at = int(unit_cells["u:range"])
+    if at != int(cells["f:size"]):
+        return False
+    for unit, unit_cells in units:
+        if "u:commit" in unit_cells:
+            committed = json.loads(unit_cells["u:commit"])
+            publish(p, unit, committed["attempt"], committed["files"])
+        # Only the observed cells there: deleting one notifies its site's processors.
+        for column in (*_UNIT_COLUMNS, *(c for c in ready if c in unit_cells)):
+            txn.delete(p.units, unit, column)
+    for column in (*_FILE_COLUMNS, *(f"f:site.{s}" for s in p.sites)):
+        txn.delete(p.files, row, column)
+    txn.set(p.files, row, "f:forgotten", b"%d" % now)
+    return True
+
+
+def _units_of(txn: TransactionBase, p: LogPipeline, name: str, columns: list[str]
+              ) -> list[tuple[bytes, dict[str, bytes]]]:
+    prefix = unit_row(name, 0)[:-8]
+    return list(txn.scan(p.units, prefix, prefix[:-1] + b"\x01", columns))
+
+
+@transactional
+def _clear_forgotten(txn: TransactionBase, p: LogPipeline, row: bytes,
+                     notified: set[tuple[str, bytes]]) -> bool:
+    """Delete the acknowledgements left on the forgotten file in *row* and its
+    units, and its ``f:forgotten``, unless a notification of one of them (in
+    *notified*) is pending: its observer's run is still to acknowledge it."""
+    txn._internal_columns = True  # type: ignore[attr-defined]
+    file_acks, unit_acks = p._acks(p.files), p._acks(p.units)
+    units = _units_of(txn, p, row.decode(), ["u:state", *unit_acks])
+    if (p.files, row) in notified or any((p.units, unit) in notified for unit, _ in units):
+        return False
+    for unit, cells in units:
+        if "u:state" in cells:
+            return False  # cut anew: not a forgotten file's (never, while tracked)
+        for ack in cells:
+            txn.delete(p.units, unit, ack)
+    for ack in file_acks:
+        txn.delete(p.files, row, ack)
+    txn.delete(p.files, row, "f:forgotten")
+    return True
+
+
+@transactional
+def _index_pending(txn: TransactionBase, p: LogPipeline, rows: list[bytes]) -> None:
+    """Fill the pending-units index for those of *rows* still pending (a unit that
+    changes state meanwhile conflicts on its index cell)."""
+    for row, cells in txn.get_rows(p.units, rows, ["u:state"]).items():
+        if cells.get("u:state") == b"P":
+            txn.set(p.pending, row, "p:u", b"1")
 
 
 @transactional
@@ -429,7 +622,8 @@ def cut_file(txn: TransactionBase, p: LogPipeline, name: str, now: int) -> int:
     """The cutter's body: cut ``[f:cut, f:size)`` of *name* into units at record
     boundaries. Returns how many units it made."""
     row = name.encode()
-    cells = txn.get_row(p.files, row, ["f:size", "f:cut", "f:since", "f:refused"])
+    cells = txn.get_row(p.files, row, ["f:size", "f:cut", "f:since", "f:refused",
+                                       *(f"f:site.{s}" for s in p.sites)])
     size, cut = int(cells.get("f:size", b"0")), int(cells.get("f:cut", b"0"))
     if "f:refused" in cells or cut >= size:
         return 0
@@ -442,7 +636,8 @@ def cut_file(txn: TransactionBase, p: LogPipeline, name: str, now: int) -> int:
             break  # a young tail waits to grow into a unit (or for max_unit_delay)
         end = size if size - cut <= p.unit_bytes else _record_boundary(
             p, name, cut + p.unit_bytes - 1, size)
-        _new_unit(txn, p, name, cut, end)
+        holding = [s for s in p.sites if int(cells.get(f"f:site.{s}", b"0")) >= end]
+        _new_unit(txn, p, name, cut, end, _home(name, cut, holding or list(p.sites)), now)
         cut, made = end, made + 1
     if made:
         txn.set(p.files, row, "f:cut", b"%d" % cut)
@@ -451,11 +646,23 @@ def cut_file(txn: TransactionBase, p: LogPipeline, name: str, now: int) -> int:
     return made
 
 
-def _new_unit(txn: TransactionBase, p: LogPipeline, name: str, begin: int, end: int) -> None:
+def _home(name: str, begin: int, sites: list[str]) -> str:
+    """The site a unit is given to: spread over *sites* (those holding its bytes)."""
+    return sites[zlib.crc32(unit_row(name, begin)) % len(sites)]
+
+
+def _new_unit(txn: TransactionBase, p: LogPipeline, name: str, begin: int, end: int,
+              home: str, born: int) -> None:
+    """A pending unit, given to *home* (cut at *born*, ms): its workers are notified."""
     row = unit_row(name, begin)
     txn.set(p.units, row, "u:range", b"%d" % end)
     txn.set(p.units, row, "u:state", b"P")
-    txn.set(p.units, row, "u:ready", b"1")
+    txn.set(p.pending, row, "p:u", b"1")
+    if p.site_eta_ms is not None:
+        txn.set(p.units, row, "u:home", home.encode())
+        txn.set(p.units, row, "u:born", b"%d" % born)
+    for column in p.ready_columns(home):
+        txn.set(p.units, row, column, b"1")
 
 
 def _lease_unit(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str, now: int,
@@ -484,23 +691,32 @@ def _take_lease(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str,
 
 
 @transactional
-def _renotify(txn: TransactionBase, p: LogPipeline, rows: list[bytes]) -> None:
-    for row in rows:
-        txn.notify(p.units, row, "u:ready")
+def _renotify(txn: TransactionBase, p: LogPipeline, due: list[tuple[bytes, list[str]]]) -> None:
+    """Notify each unit's *columns* (its site's workers, or every site's)."""
+    for row, columns in due:
+        for column in columns:
+            txn.notify(p.units, row, column)
+
+
+def _notify_home(txn: TransactionBase, p: LogPipeline, row: bytes) -> None:
+    home = txn.get(p.units, row, "u:home") if p.site_eta_ms is not None else None
+    for column in p.ready_columns(home.decode() if home else None):
+        txn.notify(p.units, row, column)
 
 
 @transactional
 def _fail(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str, error: str) -> None:
     """Count a failed attempt; past MAX_FAILURES, split the unit (or quarantine a
     single record)."""
-    cells = txn.get_row(p.units, row, ["u:range", "u:state", "u:lease", "u:fail"])
+    cells = txn.get_row(p.units, row, ["u:range", "u:state", "u:lease", "u:fail", "u:home",
+                                       "u:born"])
     if not _pending_for(cells, owner):
         return
     failures = int(cells.get("u:fail", b"0")) + 1
     txn.delete(p.units, row, "u:lease")
     if failures < MAX_FAILURES:
         txn.set(p.units, row, "u:fail", b"%d" % failures)
-        txn.notify(p.units, row, "u:ready")
+        _notify_home(txn, p, row)
         return
     name, begin = parse_unit_row(row)
     end = int(cells["u:range"])
@@ -509,14 +725,18 @@ def _fail(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str, error: s
         middle = _record_boundary(p, name, begin, end)
     if middle >= end:
         txn.set(p.units, row, "u:state", b"Q")
+        txn.delete(p.pending, row, "p:u")
         txn.set(p.quarantine, row, "x:end", b"%d" % end)
         txn.set(p.quarantine, row, "x:error", error.encode()[:2000])
         log.error("ubiq %s: quarantined %s [%d, %d): %s", p.name, name, begin, end, error)
         return
     # Two pieces that partition the unit, in this one transaction: the first keeps the
     # row (it starts where the unit did), the second is a new unit.
-    _new_unit(txn, p, name, begin, middle)
-    _new_unit(txn, p, name, middle, end)
+    # The pieces stay with the unit's site and keep its age (its site's time runs on).
+    home = cells.get("u:home", b"").decode() or _home(name, begin, list(p.sites))
+    born = int(cells.get("u:born", b"%d" % _now_ms()))
+    _new_unit(txn, p, name, begin, middle, home, born)
+    _new_unit(txn, p, name, middle, end, home, born)
     txn.delete(p.units, row, "u:fail")
 
 
@@ -527,8 +747,9 @@ def _retry(txn: TransactionBase, p: LogPipeline, row: bytes) -> None:
     txn.delete(p.quarantine, row, "x:end")
     txn.delete(p.quarantine, row, "x:error")
     txn.set(p.units, row, "u:state", b"P")
+    txn.set(p.pending, row, "p:u", b"1")
     txn.delete(p.units, row, "u:fail")
-    txn.notify(p.units, row, "u:ready")
+    _notify_home(txn, p, row)
 
 
 def process_unit(p: LogPipeline, site: str, row: bytes, owner: str) -> bool:
@@ -578,6 +799,7 @@ def finish_unit(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str, at
     if not _pending_for(cells, owner):
         return False
     txn.set(p.units, row, "u:state", b"C")
+    txn.delete(p.pending, row, "p:u")
     txn.delete(p.units, row, "u:lease")
     txn.delete(p.units, row, "u:fail")
     txn.set(p.units, row, "u:commit", json.dumps(
@@ -645,7 +867,7 @@ class _Processor(Observer):
 
     def __init__(self, p: LogPipeline, site: str, parallel: int = 2) -> None:
         self.pipeline, self.site = p, site
-        self.table, self.column = p.units, "u:ready"  # type: ignore[misc]
+        self.table, self.column = p.units, p.ready_columns(site)[0]  # type: ignore[misc]
         self.name = f"ubiq.{p.name}.processor"  # type: ignore[misc]
         self._slots = threading.BoundedSemaphore(parallel)
 

@@ -68,11 +68,15 @@ def pipeline(cluster: percolator.Cluster, root: Path, **options: object) -> ubiq
 
 
 def make(cluster: percolator.Cluster) -> ubiq.LogPipeline:
-    """The pipeline of worker processes: UBIQ_ROOT, UBIQ_SLOW, UBIQ_ETA, UBIQ_FILES."""
+    """The pipeline of worker processes: UBIQ_ROOT, UBIQ_SLOW, UBIQ_ETA, UBIQ_FILES,
+    UBIQ_SITE_ETA (with it, units of 512 bytes cut at once)."""
     app = Counts(files=bool(os.environ.get("UBIQ_FILES")),
                  slow=float(os.environ.get("UBIQ_SLOW", "0")))
+    site_eta = os.environ.get("UBIQ_SITE_ETA")
+    extra: dict[str, object] = {} if site_eta is None else {
+        "site_eta": float(site_eta), "unit_bytes": 512, "max_unit_delay": 0}
     return pipeline(cluster, Path(os.environ["UBIQ_ROOT"]), app=app,
-                    local_eta=float(os.environ.get("UBIQ_ETA", "30")))
+                    local_eta=float(os.environ.get("UBIQ_ETA", "30")), **extra)
 
 
 def partial_totals(cluster: percolator.Cluster) -> Counter[str]:
