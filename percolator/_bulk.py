@@ -93,9 +93,11 @@ __all__ = [
     "BulkLoad",
     "CasItem",
     "LoadTxn",
+    "begin_or_join",
     "check_and_set_many",
     "finish_rows",
     "prewrite_rows",
+    "refresh_primary",
 ]
 
 log = logging.getLogger(__name__)
@@ -430,6 +432,83 @@ def finish_rows(
     return released
 
 
+def _lost(txn: LoadTxn) -> ConflictError:
+    return ConflictError(
+        f"bulk load {txn.load_id!r} was rolled back by a cleaner (was nobody refreshing "
+        "it for longer than the lock ttl?); nothing is visible; run it again",
+        start_ts=txn.start_ts, table=LOADS_TABLE, row=txn.primary_row, column=LOAD_COLUMN,
+    )
+
+
+def refresh_primary(cluster: Cluster, txn: LoadTxn, held: bytes | None = None) -> bytes:
+    """Renew the wall time of the load's primary lock so cleaners know the load is at
+    work; returns the lock value written. Any number of processes may do this at
+    once (the Spark data source's write tasks do): a compare-and-set lost to another
+    refresher is retried from what it wrote, as long as the lock is still the load's.
+
+    :raises ConflictError: the primary is no longer locked by the load.
+    """
+    store = cluster.store
+    column = f"{LOCK}:{LOAD_COLUMN}"
+    while True:
+        if held is None:
+            cells = store.read_rows(LOADS_TABLE, [txn.primary_row], [
+                Read(LOCK, (LOAD_COLUMN,))]).get(txn.primary_row, {}).get(column)
+            held = cells[0][1] if cells else None
+            state = decode_lock(held) if held is not None else None
+            if not isinstance(state, Lock) or state.start_ts != txn.start_ts:
+                raise _lost(txn)
+        fresh = encode_lock(txn.lock(LOAD_COLUMN, int(time.time() * 1000)))
+        if lock_cas(store, LOADS_TABLE, txn.primary_row, column, held, fresh):
+            return fresh
+        held = None  # somebody else wrote it: read it again
+
+
+def begin_or_join(cluster: Cluster, table: str, load_id: str, owner: str,
+                  info: dict[str, Any]) -> LoadTxn | AlreadyLoaded:
+    """Begin the load *load_id* on behalf of *owner*, or join it if *owner* began it
+    already: for loads begun by whichever of many workers comes first (a Spark
+    streaming micro-batch, whose tasks are the only code that runs before its commit).
+
+    *owner* names the attempt (the Spark query's run) and is not a coordination
+    owner: its liveness is unknown to every reader, so only the lock's ttl, renewed
+    by :func:`refresh_primary`, keeps the load alive. A load still locked by another
+    owner is a dead attempt (the caller guarantees one attempt runs at a time): it is
+    rolled back and the load begun again. Returns :class:`AlreadyLoaded` when the
+    load committed before.
+    """
+    load = BulkLoad(cluster, table, load_id)
+    cluster.store.create_table(LOADS_TABLE, FAMILIES)
+    while True:
+        raw, writes, data = load._read_primary()
+        for ts, value in writes:
+            kind, data_ts = decode_write(value)
+            if kind is WriteKind.PUT:
+                return AlreadyLoaded(load_id, data_ts, ts, json.loads(data.get(data_ts, b"{}")))
+        state = decode_lock(raw) if raw is not None else None
+        if isinstance(state, Lock):
+            if state.owner == owner:
+                return _txn_of(cluster, table, load_id, state)
+            roll_back_primary(cluster, TxnStatus(state.start_ts, pending=state,
+                                                 pending_raw=raw))
+            continue
+        start_ts = cluster.timestamps.get_timestamp()
+        txn = _txn_of(cluster, table, load_id, Lock(
+            start_ts=start_ts, primary_table=LOADS_TABLE, primary_row=load.row,
+            primary_column=LOAD_COLUMN, owner=owner, wall_ms=int(time.time() * 1000),
+            ttl_ms=int(cluster.lock_ttl * 1000), notify=False))
+        body = json.dumps(info, sort_keys=True).encode()
+        if load._lock_primary(raw, encode_lock(txn.lock(LOAD_COLUMN)),
+                              [(f"{DATA}:{LOAD_COLUMN}", start_ts, body)]):
+            return txn
+
+
+def _txn_of(cluster: Cluster, table: str, load_id: str, primary: Lock) -> LoadTxn:
+    observed = frozenset(c for t, c in cluster.observed_columns() if t == table)
+    return LoadTxn(table=table, load_id=load_id, start_ts=primary.start_ts, owner=primary.owner,
+                   wall_ms=primary.wall_ms, ttl_ms=primary.ttl_ms, observed=observed)
+
+
 # --- the driver -----------------------------------------------------------------------
 
 
@@ -555,19 +634,30 @@ class BulkLoad:
         with self._mutex:
             if self._held is None:
                 return
-            fresh = encode_lock(self.txn.lock(LOAD_COLUMN, int(time.time() * 1000)))
-            if not lock_cas(
-                self.cluster.store, LOADS_TABLE, self.row, f"{LOCK}:{LOAD_COLUMN}", self._held,
-                fresh,
-            ):
-                raise ConflictError(
-                    f"bulk load {self.load_id!r} was rolled back by a cleaner (was the "
-                    "driver silent for longer than the lock ttl?); nothing is visible; "
-                    "run it again",
-                    start_ts=self.txn.start_ts, table=LOADS_TABLE, row=self.row,
-                    column=LOAD_COLUMN,
-                )
-            self._held = fresh
+            self._held = refresh_primary(self.cluster, self.txn, self._held)
+
+    def resume(self, txn: LoadTxn) -> None:
+        """Take over the load *txn* begun by another process (the Spark data source
+        begins a load in one Python worker and commits it in another), to
+        :meth:`commit` or :meth:`abort` it here. No refresher is started: the
+        writers keep the primary alive (:func:`refresh_primary`) until the commit.
+
+        :raises ConflictError: the load's primary is no longer locked by it (a
+            cleaner rolled it back).
+        """
+        raw, _, _ = self._read_primary()
+        state = decode_lock(raw) if raw is not None else None
+        if not isinstance(state, Lock) or state.start_ts != txn.start_ts:
+            raise _lost(txn)
+        self._txn, self._held = txn, raw
+
+    def detach(self) -> None:
+        """Stop keeping the primary alive from this process, leaving the load running
+        for another process to :meth:`resume` (nothing is committed or rolled back)."""
+        self._stop_refresher()
+        self._release_hold()
+        with self._mutex:
+            self._held = None
 
     def _stop_refresher(self) -> None:
         self._stop.set()

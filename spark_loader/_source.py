@@ -1,0 +1,765 @@
+"""``format("percolator")``: a Percolator table as a PySpark (4.0+) Python data source.
+
+Spark finds :class:`PercolatorDataSource` by itself through the top-level module
+``pyspark_percolator`` (it looks for ``pyspark_*`` modules exposing ``DefaultSource``);
+``spark.dataSource.register(PercolatorDataSource)`` works too. Where each piece runs
+(pyspark 4's ``pyspark/sql/worker``): ``schema()`` and ``reader()``/``partitions()``
+in short-lived Python workers the driver's JVM starts, ``read()`` in the executors'
+workers with the reader pickled there, so everything a reader carries is plain data
+(:class:`SourceOptions`, the start timestamp, the row ranges); nothing is shared with
+the Python process that built the query.
+
+Reading (see docs/spark.md): the start timestamp is drawn once, when Spark plans the
+scan (or given with ``startTs``), and every input partition reads at it through
+:class:`percolator.Snapshot`; partitions follow the store's cut points as
+:func:`spark_loader.read_table` does; row-key filters are pushed down when
+``spark.sql.python.filterPushdown.enabled`` is true.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import itertools
+import json
+import os
+import threading
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import datasource as D
+from pyspark.sql import types as T
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+
+import percolator
+from percolator._bulk import (
+    AlreadyLoaded,
+    BulkLoad,
+    LoadTxn,
+    begin_or_join,
+    prewrite_rows,
+    refresh_primary,
+)
+from percolator._encoding import check_column
+from percolator._errors import (
+    ConflictError,
+    InvalidArgument,
+    PercolatorError,
+    SnapshotTooOldError,
+)
+from percolator._tls import TlsConfig
+from spark_loader._job import MAX_REJECTS_KEPT, LoadError, executor_cluster
+from spark_loader._read import (
+    ROW_KEY,
+    Range,
+    _check_start_ts,
+    _read_error,
+    _snapshot,
+    _Spec,
+    plan_ranges,
+)
+from spark_loader._records import ColumnMap, Reject, to_cells
+
+__all__ = ["NAME", "PercolatorDataSource", "SourceOptions", "snapshot_ts"]
+
+NAME = "percolator"
+DEFAULT_PARTITIONS = 4
+"""Input partitions where the store reports no cut points and none are asked for
+(``numPartitions``); the planning worker cannot know the cluster's parallelism."""
+
+# Option names are case-insensitive (Spark lower-cases them). Aliases first: what
+# users of the HBase and Bigtable connectors and of JDBC would try.
+_URL_KEYS = ("url", "cluster", "percolator.url")
+_TABLE_KEYS = ("table", "dbtable", "path")
+_CONNECT_KEYS: dict[str, tuple[str, type]] = {
+    "oracle": ("oracle", str),
+    "oracledeadline": ("oracle_deadline", float),
+    "zookeeper": ("zookeeper", str),
+    "zookeeperauth": ("zookeeper_auth", str),
+    "zookeepersessiontimeout": ("zookeeper_session_timeout", float),
+    "lockttl": ("lock_ttl", float),
+    "lockwait": ("lock_wait", float),
+    "safepointrefresh": ("safe_point_refresh", float),
+}
+_TLS_KEYS = {"oracle.tls": "oracle_tls", "zookeeper.tls": "zookeeper_tls"}
+_OTHER_KEYS = ("columns", "rowkey", "startts", "numpartitions", "loadid", "maxrejects",
+               "rejectspath", "createtable", "observe", "batchcells", "queryid",
+               "checkpointlocation", "queryname")
+_KNOWN = {*_URL_KEYS, *_TABLE_KEYS, *_CONNECT_KEYS, *_OTHER_KEYS,
+          *(f"{prefix}.{part}" for prefix in _TLS_KEYS for part in ("ca", "cert", "key"))}
+
+
+def _bad(message: str) -> InvalidArgument:
+    return InvalidArgument(f"format({NAME!r}): {message}")
+
+
+def _parse(key: str, text: str, kind: type) -> Any:
+    if kind is str:
+        return text
+    if kind is bool:
+        if text.lower() not in ("true", "false"):
+            raise _bad(f"option {key} must be true or false, got {text!r}")
+        return text.lower() == "true"
+    try:
+        return kind(text)
+    except ValueError:
+        raise _bad(f"option {key} must be {'an integer' if kind is int else 'a number'}, "
+                   f"got {text!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    """The options of one ``format("percolator")`` read or write, checked (picklable:
+    it travels to every executor)."""
+
+    url: str
+    table: str
+    connect: tuple[tuple[str, Any], ...]
+    columns: tuple[str, ...] | None
+    row_key: str
+    raw: tuple[tuple[str, str], ...]
+    """Every option as given (lower-cased keys), for the readers' and writers' own."""
+
+    @classmethod
+    def of(cls, options: Mapping[str, str]) -> SourceOptions:
+        given = {str(k).lower(): str(v) for k, v in options.items()}
+        unknown = sorted(k for k in given if k not in _KNOWN)
+        if unknown:
+            raise _bad(f"unknown option(s) {unknown}; known: {sorted(_KNOWN)}")
+        url = next((given[k] for k in _URL_KEYS if given.get(k)), None)
+        if url is None:
+            raise _bad("option url (the cluster: sqlite:///path.db, hbase://host:port, "
+                       "bigtable://project/instance or a published zk://host:port/chroot) "
+                       "is required")
+        table = next((given[k] for k in _TABLE_KEYS if given.get(k)), None)
+        if table is None:
+            raise _bad("option table is required (or load(\"table\"))")
+        connect: dict[str, Any] = {}
+        for key, (name, kind) in _CONNECT_KEYS.items():
+            if key in given:
+                connect[name] = _parse(key, given[key], kind)
+        for prefix, name in _TLS_KEYS.items():
+            parts = {p: given[f"{prefix}.{p}"] for p in ("ca", "cert", "key")
+                     if f"{prefix}.{p}" in given}
+            if parts:
+                connect[name] = TlsConfig(**parts)
+        columns = None
+        if given.get("columns", "").strip():
+            names = [c.strip() for c in given["columns"].split(",") if c.strip()]
+            columns = tuple(check_column(c) for c in names)
+            if len(set(columns)) != len(columns):
+                raise _bad(f"option columns names a column twice: {list(columns)}")
+        return cls(url, table, tuple(sorted(connect.items())), columns,
+                   given.get("rowkey", ROW_KEY), tuple(sorted(given.items())))
+
+    def get(self, key: str, kind: type, default: Any = None) -> Any:
+        for k, v in self.raw:
+            if k == key:
+                return _parse(key, v, kind)
+        return default
+
+    def cluster(self) -> percolator.Cluster:
+        return percolator.connect(self.url, **dict(self.connect))
+
+
+def snapshot_ts(url: str, **connect_options: Any) -> int:
+    """A fresh start timestamp of the cluster at *url*: pass it as the ``startTs``
+    option of several reads to read them all at one snapshot (a repeatable read)."""
+    with percolator.connect(url, **connect_options) as cluster:
+        return cluster.timestamps.get_timestamp()
+
+
+# --- values <-> Spark types ----------------------------------------------------------------
+
+
+def _boolean(b: bytes) -> bool:
+    if b not in (b"true", b"false"):
+        raise ValueError("not true or false")
+    return b == b"true"
+
+
+_DECODERS: dict[str, Any] = {
+    "binary": bytes,
+    "string": lambda b: b.decode("utf-8"),
+    "long": int, "int": int, "short": int, "byte": int,
+    "double": float, "float": float,
+    "boolean": _boolean,
+    "date": lambda b: datetime.date.fromisoformat(b.decode()),
+    "timestamp": lambda b: datetime.datetime.fromisoformat(b.decode()),
+}
+"""How a stored value becomes a value of a Spark type, by its simple name (as the
+bulk loader encodes them: text as UTF-8, numbers as decimal text, booleans as
+true/false, dates and times in ISO 8601)."""
+
+
+def _type_name(dtype: T.DataType, field: str) -> str:
+    name = str(dtype.simpleString())
+    name = {"bigint": "long", "smallint": "short", "tinyint": "byte"}.get(name, name)
+    if name not in _DECODERS:
+        raise _bad(f"field {field!r} has type {dtype.simpleString()}: a Percolator value "
+                   f"reads as one of {sorted(_DECODERS)}")
+    return name
+
+
+def _row_key_type(schema: T.StructType, row_key: str) -> bool:
+    """True when the row key field is a string (else binary); checks the schema."""
+    if row_key not in schema.names:
+        raise _bad(f"the schema has no row key field {row_key!r} (fields {schema.names}); "
+                   "name it with option rowKey")
+    dtype = schema[row_key].dataType
+    if not isinstance(dtype, T.BinaryType | T.StringType):
+        raise _bad(f"row key field {row_key!r} must be binary or string, got "
+                   f"{dtype.simpleString()}")
+    return isinstance(dtype, T.StringType)
+
+
+def _value_fields(schema: T.StructType, row_key: str) -> list[str]:
+    fields = [f.name for f in schema.fields if f.name != row_key]
+    for name in fields:
+        try:
+            check_column(name)
+        except InvalidArgument as e:
+            raise _bad(f"field {name!r} is not a Percolator column: {e}; every field but "
+                       f"the row key ({row_key!r}) must be named 'family:qualifier'") from None
+    return fields
+
+
+# --- reading --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _KeyRange:
+    """What the pushed-down row-key filters leave: ``[start, stop)`` and, for ``=`` and
+    ``IN``, the exact keys (None: any key in the range)."""
+
+    start: bytes | None = None
+    stop: bytes | None = None
+    keys: frozenset[bytes] | None = None
+
+    def meet(self, other: _KeyRange) -> _KeyRange:
+        start = other.start if self.start is None or (
+            other.start is not None and other.start > self.start) else self.start
+        stop = other.stop if self.stop is None or (
+            other.stop is not None and other.stop < self.stop) else self.stop
+        keys = self.keys if other.keys is None else (
+            other.keys if self.keys is None else self.keys & other.keys)
+        return _KeyRange(start, stop, keys)
+
+    def clip(self, bounds: Range) -> Range | None:
+        """*bounds* narrowed to this range, None when they do not meet."""
+        start = bounds[0] if self.start is None or (
+            bounds[0] is not None and bounds[0] > self.start) else self.start
+        stop = bounds[1] if self.stop is None or (
+            bounds[1] is not None and bounds[1] < self.stop) else self.stop
+        if start is not None and stop is not None and start >= stop:
+            return None
+        return start, stop
+
+
+def _prefix_end(prefix: bytes) -> bytes | None:
+    """The smallest key above every key starting with *prefix* (None: none is)."""
+    stripped = prefix.rstrip(b"\xff")
+    return stripped[:-1] + bytes([stripped[-1] + 1]) if stripped else None
+
+
+def _pushed(flt: D.Filter, row_key: str, as_text: bool) -> _KeyRange | None:
+    """The key range a filter on the row key keeps, None when it is not one we take."""
+    if getattr(flt, "attribute", None) != (row_key,):  # Not, And... have none
+        return None
+
+    def key(value: Any) -> bytes | None:
+        if as_text and isinstance(value, str):
+            return value.encode()
+        if not as_text and isinstance(value, bytes | bytearray):
+            return bytes(value)
+        return None
+
+    if isinstance(flt, D.In):
+        keys = [key(v) for v in flt.value]
+        if any(k is None for k in keys):
+            return None
+        return _KeyRange(keys=frozenset(k for k in keys if k))
+    if not isinstance(flt, D.EqualTo | D.EqualNullSafe | D.GreaterThan | D.GreaterThanOrEqual
+                      | D.LessThan | D.LessThanOrEqual | D.StringStartsWith):
+        return None
+    value = key(flt.value)
+    if value is None:
+        return None
+    after = value + b"\x00"  # the smallest key above value
+    if isinstance(flt, D.EqualTo | D.EqualNullSafe):
+        return _KeyRange(keys=frozenset([value]) if value else frozenset())
+    if isinstance(flt, D.GreaterThan):
+        return _KeyRange(start=after)
+    if isinstance(flt, D.GreaterThanOrEqual):
+        return _KeyRange(start=value)
+    if isinstance(flt, D.LessThan):
+        return _KeyRange(stop=value)
+    if isinstance(flt, D.LessThanOrEqual):
+        return _KeyRange(stop=after)
+    if isinstance(flt, D.StringStartsWith) and as_text:
+        return _KeyRange(start=value, stop=_prefix_end(value))
+    return None
+
+
+class KeyRangePartition(InputPartition):  # type: ignore[misc]
+    """Rows ``[start, stop)`` of the table, or exactly *keys* when not None, read at
+    *start_ts*. The timestamp rides in every partition: Spark pickles the reader for
+    the executors before it asks for the partitions, so nothing the reader learns in
+    :meth:`PercolatorReader.partitions` reaches them otherwise."""
+
+    def __init__(self, start: bytes | None, stop: bytes | None,
+                 keys: tuple[bytes, ...] | None, start_ts: int) -> None:
+        super().__init__((start, stop, keys, start_ts))
+
+
+class _PushFilters:
+    """``reader.pushFilters``, presented so that Spark does not refuse the reader when
+    ``spark.sql.python.filterPushdown.enabled`` is false (the default): pyspark then
+    fails any reader whose ``pushFilters.__func__`` is not the base class's, to stop a
+    reader relying on pushdown from silently returning too much. Ours relies on
+    nothing: a filter not pushed is applied by Spark, so the read is right either way
+    and pushdown is only an optimisation, used when the user enables it."""
+
+    def __init__(self, reader: PercolatorReader) -> None:
+        self.reader = reader
+        self.__func__ = DataSourceReader.pushFilters
+
+    def __call__(self, filters: list[D.Filter]) -> Iterable[D.Filter]:
+        return self.reader.push_filters(filters)
+
+
+class PercolatorReader(DataSourceReader):  # type: ignore[misc]
+    """A batch read of the table at one snapshot (see the module's docstring)."""
+
+    def __init__(self, options: SourceOptions, schema: T.StructType) -> None:
+        self.options = options
+        self.as_text = _row_key_type(schema, options.row_key)
+        self.fields = [f.name for f in schema.fields]
+        self.columns = tuple(_value_fields(schema, options.row_key))
+        if not self.columns:
+            raise _bad("read at least one column (option columns or the schema)")
+        self.types = tuple(_type_name(f.dataType, f.name) for f in schema.fields)
+        self.range = _KeyRange()
+        self.start_ts = options.get("startts", int)
+
+    @property
+    def pushFilters(self) -> _PushFilters:
+        return _PushFilters(self)
+
+    def push_filters(self, filters: list[D.Filter]) -> Iterable[D.Filter]:
+        """Take the row-key filters (``=``, ``IN``, ``<``, ``<=``, ``>``, ``>=``, a
+        string prefix); give back the others for Spark to apply after the read."""
+        for flt in filters:
+            taken = _pushed(flt, self.options.row_key, self.as_text)
+            if taken is None:
+                yield flt  # Spark applies it after the read
+            else:
+                self.range = self.range.meet(taken)
+
+    def partitions(self) -> list[InputPartition]:
+        part = KeyRangePartition
+        options = self.options
+        with options.cluster() as cluster:
+            cluster.check_table_exists(options.table)
+            ts = _check_start_ts(self.start_ts, cluster)
+            if self.range.keys is not None:
+                keys = sorted(k for k in self.range.keys
+                              if self.range.clip((k, k + b"\x00")) is not None)
+                parts = [part(None, None, tuple(keys), ts)]
+            else:
+                splits = options.get("numpartitions", int)
+                ranges = plan_ranges(cluster, options.table, splits,
+                                     default_parts=DEFAULT_PARTITIONS,
+                                     columns=self.columns)
+                clipped = [c for r in ranges if (c := self.range.clip(r)) is not None]
+                parts = [part(s, e, None, ts) for s, e in clipped] or [part(None, None, (), ts)]
+            # An error every partition would meet (a snapshot too old for garbage
+            # collection, say) is raised here, on the driver, before tasks start.
+            start, stop, keys, _ = parts[0].value
+            probe = percolator.Snapshot(cluster, start_ts=ts)
+            if keys is not None:
+                probe.get_rows(options.table, keys[:1], self.columns)
+            else:
+                scan = probe.scan(options.table, start, stop, self.columns)
+                try:
+                    next(scan, None)
+                finally:
+                    getattr(scan, "close", lambda: None)()
+        return parts
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        start, stop, keys, start_ts = partition.value
+        spec = _Spec(self.options.url, self.options.connect, self.options.table,
+                     self.columns, start_ts)
+        where = f"rows {list(keys)[:3]!r}" if keys is not None else f"rows [{start!r}, {stop!r})"
+        decoders = [_DECODERS[t] for t in self.types]
+        yield from _read_rows(spec, start, stop, keys, self.fields, self.options.row_key,
+                              decoders, where)
+
+
+def _read_rows(spec: _Spec, start: bytes | None, stop: bytes | None,
+               keys: tuple[bytes, ...] | None, fields: list[str], row_key: str,
+               decoders: list[Any], where: str) -> Iterator[tuple[Any, ...]]:
+    snap = _snapshot(spec, where)
+    columns = spec.columns
+    assert columns is not None
+    try:
+        found: Iterable[tuple[bytes, dict[str, bytes]]]
+        if keys is not None:
+            got = snap.get_rows(spec.table, keys, columns) if keys else {}
+            found = ((k, got[k]) for k in keys if got.get(k))
+        else:
+            found = snap.scan(spec.table, start, stop, columns)
+        for row, values in found:
+            out: list[Any] = []
+            for name, decode in zip(fields, decoders, strict=True):
+                raw = row if name == row_key else values.get(name)
+                if raw is None:
+                    out.append(None)
+                    continue
+                try:
+                    out.append(decode(raw))
+                except ValueError as e:
+                    raise percolator.InvalidArgument(
+                        f"row {row!r}, column {name}: value {raw[:60]!r} does not read as "
+                        f"the field's type ({type(e).__name__}: {e}); read it as binary or "
+                        "string") from None
+            yield tuple(out)
+    except PercolatorError as e:
+        raise _read_error(spec, where, e) from e
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WriteReport(WriterCommitMessage):  # type: ignore[misc]
+    """What one write task did (its commit message to the driver)."""
+
+    rows: int
+    cells: int
+    rejects: int
+    samples: tuple[tuple[str, str, str | None], ...]
+    """The first rejects: ``(reason, record as JSON, row)``."""
+
+
+def _keep_alive(cluster: percolator.Cluster, txn: LoadTxn, stop: threading.Event,
+                lost: list[PercolatorError]) -> None:
+    period = max(txn.ttl_ms / 3000, 0.05)
+    while not stop.wait(period):
+        try:
+            refresh_primary(cluster, txn)
+        except PercolatorError as e:
+            lost.append(e)
+            return
+
+
+def _write_partition(options: SourceOptions, txn: LoadTxn, mapping: ColumnMap,
+                     batch_cells: int, rows: Iterator[Any]) -> WriteReport:
+    """Prewrite the cells of one Spark partition for the load *txn*, keeping the
+    load's primary alive meanwhile (the process that began the load has moved on)."""
+    cluster = executor_cluster(options.url, options.connect)
+    rejects: list[Reject] = []
+    counts = {"rows": 0, "cells": 0}
+
+    def parsed() -> Iterator[tuple[bytes, dict[str, bytes]]]:
+        for r in rows:
+            record = r.asDict(recursive=True)
+            got = to_cells(record, mapping, json.dumps(record, default=str, sort_keys=True))
+            if isinstance(got, Reject):
+                rejects.append(got)
+                continue
+            row, (cells, _) = got
+            counts["rows"] += 1
+            counts["cells"] += len(cells)
+            yield row, cells
+
+    stop, lost = threading.Event(), list[PercolatorError]()
+    refresher = threading.Thread(target=_keep_alive, args=(cluster, txn, stop, lost),
+                                 name=f"percolator-load-{txn.load_id}", daemon=True)
+    refresher.start()
+    try:
+        for _ in prewrite_rows(cluster, txn, parsed(), batch_cells=batch_cells):
+            if lost:
+                raise lost[0]
+    finally:
+        stop.set()
+        refresher.join()
+    if lost:
+        raise lost[0]
+    return WriteReport(counts["rows"], counts["cells"], len(rejects),
+                       tuple((r.reason, r.line, r.row) for r in rejects[:MAX_REJECTS_KEPT]))
+
+
+class PercolatorWriter(DataSourceWriter):  # type: ignore[misc]
+    """A batch write (mode append): the whole DataFrame is one Percolator transaction,
+    a bulk load (:mod:`percolator._bulk`). :meth:`PercolatorDataSource.writer` begins
+    it (prewrites its primary), every task prewrites its rows (:meth:`write`), and
+    :meth:`commit` commits the primary, the commit point, then releases the locks."""
+
+    def __init__(self, options: SourceOptions, schema: T.StructType) -> None:
+        self.options = options
+        fields = _value_fields(schema, options.row_key)
+        _row_key_type(schema, options.row_key)
+        self.mapping = ColumnMap.of(options.row_key, {f: f for f in fields})
+        self.load_id: str = options.get("loadid", str) or uuid.uuid4().hex
+        self.batch_cells: int = options.get("batchcells", int, 5000)
+        self.txn: LoadTxn | None = None
+        self.loaded: AlreadyLoaded | None = None
+        observe = [c.strip() for c in (options.get("observe", str) or "").split(",") if c.strip()]
+        with options.cluster() as cluster:
+            if options.get("createtable", bool, True):
+                cluster.create_table(options.table)
+            else:
+                cluster.check_table_exists(options.table)
+            for column in observe:
+                cluster.observe(options.table, column)
+            load = BulkLoad(cluster, options.table, self.load_id)
+            begun = load.begin(self._info())
+            if isinstance(begun, AlreadyLoaded):
+                self.loaded = begun
+            else:
+                self.txn = begun
+                load.detach()  # the write tasks keep it alive from now on
+
+    def _info(self, **counts: int) -> dict[str, Any]:
+        return {"source": "spark data source", "table": self.options.table,
+                "load_id": self.load_id, **counts}
+
+    def write(self, iterator: Iterator[Any]) -> WriteReport:
+        if self.txn is None:  # a rerun of a committed load: nothing to write
+            return WriteReport(0, 0, 0, ())
+        return _write_partition(self.options, self.txn, self.mapping, self.batch_cells,
+                                iterator)
+
+    def commit(self, messages: list[WriteReport | None]) -> None:
+        options = self.options
+        with options.cluster() as cluster:
+            load = BulkLoad(cluster, options.table, self.load_id)
+            if self.loaded is not None:
+                if not load.is_finished():
+                    load.finish_leftovers(self.loaded)
+                return
+            assert self.txn is not None
+            reports = [m for m in messages if m is not None]
+            rows = sum(m.rows for m in reports)
+            cells = sum(m.cells for m in reports)
+            rejected = sum(m.rejects for m in reports)
+            samples = sorted((Reject(*r) for m in reports for r in m.samples),
+                             key=lambda r: (r.line, r.reason))
+            path = options.get("rejectspath", str)
+            if path and samples:
+                path = path.replace("{load_id}", self.load_id[:12])
+                with open(path, "w", encoding="utf-8") as f:
+                    f.writelines(r.to_json() + "\n" for r in samples)
+            limit = options.get("maxrejects", int)
+            failure: str | None = None
+            try:
+                load.resume(self.txn)
+                if limit is not None and rejected > limit:
+                    failure = (f"{rejected} rejects, more than maxRejects {limit}"
+                               + (f" (see {path})" if path and samples else "")
+                               + (f"; first: {samples[0].reason}" if samples else ""))
+                    load.abort()
+                else:
+                    commit_ts = load.commit(self._info(rows=rows, cells=cells,
+                                                       rejects=rejected))
+                    load.finish_leftovers(AlreadyLoaded(self.load_id, self.txn.start_ts,
+                                                        commit_ts, {}))
+                    cluster.sweep_locks(force=True)
+            except (ConflictError, SnapshotTooOldError) as e:
+                load.abort()
+                failure = str(e)
+            if failure is not None:
+                raise LoadError(f"write {self.load_id[:16]} into {options.table!r} failed, "
+                                f"nothing of it is visible: {failure}")
+
+    def abort(self, messages: list[WriteReport | None]) -> None:
+        if self.txn is None:
+            return
+        with self.options.cluster() as cluster:
+            load = BulkLoad(cluster, self.options.table, self.load_id)
+            try:
+                load.resume(self.txn)
+            except ConflictError:
+                return  # rolled back already
+            load.abort()
+
+
+# --- streaming write -------------------------------------------------------------------------
+
+_PARK_AFTER_PREWRITE = "_PERCOLATOR_TEST_PARK_AFTER_PREWRITE"
+"""Tests only: a directory. If the file ``park-prewritten-N`` is there, a streaming
+write task of batch N that prewrote its rows writes ``prewritten-N`` and waits (to be
+killed with its driver mid-batch); ``park-committed-N`` parks the driver's commit of
+batch N after the commit point (before Spark records the batch done)."""
+
+
+def _park(point: str, batch: int) -> None:
+    park = os.environ.get(_PARK_AFTER_PREWRITE)
+    if park and os.path.exists(os.path.join(park, f"park-{point}-{batch}")):
+        with open(os.path.join(park, f"{point}-{batch}"), "w"):
+            pass
+        threading.Event().wait()
+
+
+@dataclass(frozen=True, slots=True)
+class StreamReport(WriterCommitMessage):  # type: ignore[misc]
+    """What one task of a micro-batch did: its share of the batch's load *txn* (None
+    for a task without rows, or a batch committed before)."""
+
+    load_id: str
+    txn: LoadTxn | None
+    report: WriteReport
+
+
+def _batch_of_task() -> tuple[str, int]:
+    """(run id, batch id) of the running task, from the local properties Spark's
+    micro-batch execution sets on its jobs (the job group is the query's run id)."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    run = ctx.getLocalProperty("spark.jobGroup.id") if ctx is not None else None
+    batch = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
+    if run is None or batch is None:
+        raise _bad("a streaming write task without Spark's micro-batch properties "
+                   "(spark.jobGroup.id, streaming.sql.batchId); continuous processing "
+                   "is not supported")
+    return str(run), int(batch)
+
+
+def _query_of(options: SourceOptions) -> str:
+    """What names the query across its restarts: option queryId, else its checkpoint
+    location (Spark's own query id does not reach the tasks)."""
+    query = options.get("queryid", str)
+    if query:
+        return str(query)
+    checkpoint = options.get("checkpointlocation", str)
+    if not checkpoint:
+        raise _bad("a streaming write needs .option(\"checkpointLocation\", ...) (or "
+                   "option queryId): it names the query, so that a micro-batch replayed "
+                   "after a restart finds its earlier commit")
+    return "cp" + hashlib.sha256(str(checkpoint).encode()).hexdigest()[:24]
+
+
+class PercolatorStreamWriter(DataSourceStreamWriter):  # type: ignore[misc]
+    """``writeStream.format("percolator")``, exactly once: every micro-batch is one
+    bulk load whose id is (query id, batch id) and whose primary, the load's marker
+    cell, records them; a batch Spark replays after a failure finds its load
+    committed and writes nothing. The tasks begin the load (the first one) or join
+    it, since no code of the source runs on the driver between batches before the
+    commit; an attempt of an earlier run of the query (its driver died mid-batch) is
+    rolled back by the first task of the replay."""
+
+    def __init__(self, options: SourceOptions, schema: T.StructType) -> None:
+        self.options = options
+        fields = _value_fields(schema, options.row_key)
+        _row_key_type(schema, options.row_key)
+        self.mapping = ColumnMap.of(options.row_key, {f: f for f in fields})
+        self.batch_cells: int = options.get("batchcells", int, 5000)
+        _query_of(options)
+
+    def write(self, iterator: Iterator[Any]) -> StreamReport:
+        run, batch = _batch_of_task()
+        query = _query_of(self.options)
+        load_id = f"stream-{query}-{batch}"
+        first = next(iterator, None)
+        if first is None:
+            return StreamReport(load_id, None, WriteReport(0, 0, 0, ()))
+        cluster = executor_cluster(self.options.url, self.options.connect)
+        begun = begin_or_join(cluster, self.options.table, load_id, f"spark-stream:{run}",
+                              {"source": "spark stream", "query": query, "batch": batch})
+        if isinstance(begun, AlreadyLoaded):
+            return StreamReport(load_id, None, WriteReport(0, 0, 0, ()))
+        report = _write_partition(self.options, begun, self.mapping, self.batch_cells,
+                                  itertools.chain([first], iterator))
+        _park("prewritten", batch)
+        return StreamReport(load_id, begun, report)
+
+    def commit(self, messages: list[StreamReport | None], batchId: int) -> None:
+        reports = [m for m in messages if m is not None]
+        txns = {m.txn.start_ts: m.txn for m in reports if m.txn is not None}
+        if not txns:
+            return  # an empty batch, or one committed before
+        if len(txns) > 1:
+            raise LoadError(f"micro-batch {batchId}: its tasks wrote under {len(txns)} "
+                            "load transactions (an attempt was rolled back while others "
+                            "ran); nothing of it is visible; restart the query to replay it")
+        (txn,) = txns.values()
+        rows = sum(m.report.rows for m in reports)
+        cells = sum(m.report.cells for m in reports)
+        with self.options.cluster() as cluster:
+            load = BulkLoad(cluster, self.options.table, txn.load_id)
+            try:
+                load.resume(txn)
+                commit_ts = load.commit({"source": "spark stream", "batch": batchId,
+                                         "load_id": txn.load_id, "rows": rows, "cells": cells})
+            except (ConflictError, SnapshotTooOldError) as e:
+                load.abort()
+                raise LoadError(f"micro-batch {batchId} into {self.options.table!r} failed, "
+                                f"nothing of it is visible: {e}") from e
+            load.finish_leftovers(AlreadyLoaded(txn.load_id, txn.start_ts, commit_ts, {}))
+        _park("committed", batchId)
+
+    def abort(self, messages: list[StreamReport | None], batchId: int) -> None:
+        txns = {m.txn.start_ts: m.txn for m in messages if m is not None and m.txn is not None}
+        with self.options.cluster() as cluster:
+            for txn in txns.values():
+                load = BulkLoad(cluster, self.options.table, txn.load_id)
+                try:
+                    load.resume(txn)
+                except ConflictError:
+                    continue
+                load.abort()
+
+
+# --- the data source -------------------------------------------------------------------------
+
+
+class PercolatorDataSource(DataSource):  # type: ignore[misc]
+    """``spark.read.format("percolator")`` and ``df.write.format("percolator")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        super().__init__(options)
+        self.checked = SourceOptions.of(options)
+
+    def schema(self) -> T.StructType:
+        columns = self.checked.columns
+        if columns is None:
+            raise _bad("name the columns to read: option columns "
+                       "(\"family:qualifier,...\"), or a schema with .schema(...) "
+                       f"(field {self.checked.row_key!r} for the row key, one field per "
+                       "column, typed binary, string, long, double, boolean...)")
+        return T.StructType([T.StructField(self.checked.row_key, T.BinaryType(), False),
+                             *[T.StructField(c, T.BinaryType(), True) for c in columns]])
+
+    def reader(self, schema: T.StructType) -> PercolatorReader:
+        return PercolatorReader(self.checked, schema)
+
+    def writer(self, schema: T.StructType, overwrite: bool) -> PercolatorWriter:
+        if overwrite:
+            raise _bad("mode overwrite is refused: a Percolator table is not replaced "
+                       "wholesale (it keeps every version, readers at older snapshots "
+                       "still see them, and observers react to each change); use "
+                       "mode(\"append\"), which writes the DataFrame's cells as one "
+                       "transaction over what is there, or write to a new table")
+        return PercolatorWriter(self.checked, schema)
+
+    def streamWriter(self, schema: T.StructType, overwrite: bool) -> PercolatorStreamWriter:
+        if overwrite:
+            raise _bad("output mode complete is refused: a Percolator table is not "
+                       "replaced wholesale; use outputMode(\"append\") or \"update\"")
+        return PercolatorStreamWriter(self.checked, schema)
