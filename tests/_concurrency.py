@@ -6,8 +6,10 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,3 +43,26 @@ def spawn_module(module: str, *args: str, env: dict[str, str] | None = None
         [sys.executable, "-m", module, *args], cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+class ParkedAfterCommit:
+    """A cluster's store whose one-phase commit made by *thread* stops after its
+    COMMIT (the end of its atomic step), before its in-flight slot is cleared, until
+    :attr:`proceed` is set (at most 10 s); :attr:`committed` tells it got there."""
+
+    def __init__(self, store: Any, thread: threading.Thread | None = None) -> None:
+        self._store = store
+        self.thread = thread
+        self.committed = threading.Event()
+        self.proceed = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    @contextmanager
+    def atomically(self) -> Iterator[None]:
+        with self._store.atomically():
+            yield
+        if threading.current_thread() is self.thread:
+            self.committed.set()
+            self.proceed.wait(10)

@@ -8,8 +8,6 @@ COMMIT on, a moment before its in-flight slot is cleared (docs/timestamps.md).""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ import percolator
 from observers import Observer, Worker
 from percolator import TransactionBase
 from percolator._notifications import pending_notifications
+from tests._concurrency import ParkedAfterCommit
 
 
 class Copy(Observer):
@@ -24,28 +23,6 @@ class Copy(Observer):
 
     def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
         txn.set(self.table, row, "out:v", txn.get(self.table, row, column) or b"")
-
-
-class ParkedAfterCommit:
-    """The cluster's store; the one-phase commit made by *thread* stops after its
-    COMMIT, before its in-flight slot is cleared, until *proceed* is set."""
-
-    def __init__(self, store: Any) -> None:
-        self._store = store
-        self.thread: threading.Thread | None = None
-        self.committed = threading.Event()
-        self.proceed = threading.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-    @contextmanager
-    def atomically(self) -> Iterator[None]:
-        with self._store.atomically():
-            yield
-        if threading.current_thread() is self.thread:
-            self.committed.set()
-            assert self.proceed.wait(10)
 
 
 class Drawing:

@@ -10,8 +10,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ from percolator._store import Read
 from percolator._timestamps import HostTimestamps, StoreTimestamps
 from percolator.stores import open_store
 from percolator.stores.sqlite import SqliteStore
+from tests._concurrency import ParkedAfterCommit
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -480,29 +479,6 @@ def test_a_forked_child_does_not_share_its_parents_sidecar_lock(tmp_path: Path) 
         store.close()
 
 
-class _ParkedAfterCommitStore:
-    """The cluster's store; a one-phase commit of table ``t`` made by *thread* stops
-    after its COMMIT (the end of its atomic step), before its in-flight slot is
-    cleared, until *proceed* is set (at most 10 s)."""
-
-    def __init__(self, store: Any, thread: threading.Thread) -> None:
-        self._store = store
-        self.thread = thread
-        self.committed = threading.Event()
-        self.proceed = threading.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-    @contextmanager
-    def atomically(self) -> Iterator[None]:
-        with self._store.atomically():
-            yield
-        if threading.current_thread() is self.thread:
-            self.committed.set()
-            self.proceed.wait(10)
-
-
 def test_a_draw_after_a_commit_is_visible_is_above_it_even_while_its_slot_is_set(
     tmp_path: Path,
 ) -> None:
@@ -523,7 +499,7 @@ def test_a_draw_after_a_commit_is_visible_is_above_it_even_while_its_slot_is_set
         commit_ts.append(txn.commit_ts)
 
     writer = threading.Thread(target=write)
-    parked = _ParkedAfterCommitStore(cluster.store, writer)
+    parked = ParkedAfterCommit(cluster.store, writer)
     cluster.store = parked  # type: ignore[assignment]
     with cluster:
         writer.start()
