@@ -77,6 +77,11 @@ class LogSource(_Tailing[LogRecord]):
     again. *value* makes a record's value from it (default: its bytes), *timestamp*
     its event time in ms (default: ingestion time; see :class:`_Tailing`)::
 
+        import json
+
+        from observers import millwheel as mw
+
+        pipeline = mw.Pipeline(cluster, "clicks")
         pipeline.injector("clicks", mw.LogSource("/logs/clicks", "*.jsonl",
                           timestamp=lambda r: json.loads(r.data)["ts"], disorder_ms=5000),
                           stream="clicks")

@@ -116,6 +116,9 @@ class LogFeed(_Feed[LogRecord]):
     events (*foreign*) or primary ones; *event* makes the event's bytes from a record
     (default: the line)::
 
+        from observers import Worker
+
+        clicks = photon.JoinPipeline.open(cluster, "clicks")
         clicks_feed = photon.LogFeed(clicks, "clicks", "/logs/clicks", "*.jsonl",
                                      foreign=True)
         Worker(cluster, clicks.observers(), tasks=[*clicks.tasks(), clicks_feed.task()])
