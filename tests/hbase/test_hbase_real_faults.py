@@ -35,6 +35,7 @@ from observers import Observer, Worker, wait_for_observers
 from percolator import Snapshot, StoreUnavailable, Transaction, TransactionBase
 from percolator._encoding import Lock, decode_lock
 from percolator._store import Mutation, Read
+from percolator.conformance._bank import account
 from percolator.stores import open_store
 from tests._hbase import ENV, TEST_SERVER, hbase_store_url, require_hbase_client
 
@@ -181,10 +182,10 @@ def test_bank_survives_kill_9_of_the_server(hbase: object, which: str, tmp_path:
     balances = {row: int(v["bal:v"]) for row, v in final.scan("accounts")}
     transfers = {row: v["t:move"] for row, v in final.scan("transfers")}
     expected = {b"acct%03d" % i: INITIAL for i in range(ACCOUNTS)}
-    for move in transfers.values():
-        src, dst, n = move.split()
-        expected[src] -= int(n)
-        expected[dst] += int(n)
+    for move in transfers.values():  # "src dst amount", accounts by number
+        src, dst, n = (int(part) for part in move.split())
+        expected[account(src)] -= n
+        expected[account(dst)] += n
     assert sum(balances.values()) == ACCOUNTS * INITIAL
     assert balances == expected, "a transfer was half-applied"
     acknowledged = set(log.read_bytes().split())
