@@ -23,11 +23,9 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import pytest
@@ -140,12 +138,9 @@ def hbase_thrift() -> Iterator[str]:
         hbase.stop()
         service_missing(f"could not start a standalone HBase: {e}")
     _SESSION_HBASE.append(hbase)
-    prefixes = _Prefixes(hbase.hostport)
-    _PREFIXES.append(prefixes)
     try:
         yield hbase.hostport
     finally:
-        _PREFIXES.remove(prefixes)
         _SESSION_HBASE.remove(hbase)
         hbase.stop()
 
@@ -213,51 +208,8 @@ def unique_name(name: str) -> str:
 
 def hbase_store_url(hostport: str, unique_name_: str) -> str:
     """An ``hbase://`` URL on *hostport* whose tables no other test sees: the table
-    prefix is derived from *unique_name_* plus a random suffix. On the HBase this
-    session started, the prefix comes from :class:`_Prefixes`, its meta table made."""
-    for pool in _PREFIXES:
-        if pool.hostport == hostport:
-            return pool.url(pool.take())
+    prefix is derived from *unique_name_* plus a random suffix."""
     return f"hbase://{hostport}?table_prefix={unique_name(unique_name_)}&pool_size=4"
-
-
-class _Prefixes:
-    """Table prefixes on the session's HBase whose meta table (``__percolator``, which
-    every ``connect`` creates) is made ahead, :attr:`BATCH` at a time and concurrently:
-    a creation takes 0.7 s of a quiet HBase, mostly its master's procedures waiting,
-    and it was a third of an hbase test's set-up."""
-
-    BATCH = 8
-
-    def __init__(self, hostport: str) -> None:
-        self.hostport = hostport
-        self.ready: list[str] = []
-        self.lock = threading.Lock()
-
-    def url(self, prefix: str) -> str:
-        return f"hbase://{self.hostport}?table_prefix={prefix}&pool_size=4"
-
-    def take(self) -> str:
-        with self.lock:
-            if not self.ready:
-                prefixes = [f"p_{uuid.uuid4().hex[:12]}" for _ in range(self.BATCH)]
-                with ThreadPoolExecutor(self.BATCH) as pool:
-                    list(pool.map(self._make, prefixes))
-                self.ready = prefixes
-            return self.ready.pop()
-
-    def _make(self, prefix: str) -> None:
-        from percolator._encoding import META_FAMILIES, META_TABLE
-        from percolator.stores import open_store
-
-        store = open_store(self.url(prefix))
-        try:
-            store.create_table(META_TABLE, META_FAMILIES)
-        finally:
-            store.close()
-
-
-_PREFIXES: list[_Prefixes] = []
 
 
 @contextlib.contextmanager
