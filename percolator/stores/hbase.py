@@ -20,6 +20,9 @@ to set them for a cluster):
   below libthrift's 100 MB ``maxMessageSize``).
 * ``compression``: of new families (``NONE``, the default, ``SNAPPY``, ``ZSTD``,
   ``LZ4``, ``GZ``...; the codec must be installed on every region server).
+* ``thrift2``: ``host:port`` of the cluster's Thrift2 server (``hbase thrift2 start``),
+  optional. Thrift1 has no conditional delete; with it, garbage collection removes a
+  deleted cell's last FREE lock too (``percolator/stores/_hbase_thrift2.py``).
 
 Failures a real cluster shows and how they are met:
 
@@ -155,7 +158,7 @@ FOREVER = 2**31 - 1  # HConstants.FOREVER: a family's time to live when it has n
 _LATEST = 2**63 - 1  # HConstants.LATEST_TIMESTAMP
 _OPTIONS = (
     "namespace", "table_prefix", "pool_size", "timeout", "idle_timeout", "transport",
-    "protocol", "max_request_bytes", "compression",
+    "protocol", "max_request_bytes", "compression", "thrift2",
 )
 _TRANSPORTS = ("buffered", "framed")
 _PROTOCOLS = ("binary", "compact")
@@ -991,13 +994,59 @@ class HBaseStore:
         self._pool.close()
 
 
+class HBaseStoreWithThrift2(HBaseStore):
+    """:class:`HBaseStore` that also reaches the cluster's Thrift2 server (*thrift2*:
+    ``(host, port)``) for what Thrift1 cannot say: the conditional delete
+    (:class:`percolator._store.ConditionalDelete`) with which garbage collection
+    removes a deleted cell's last FREE lock (``percolator/stores/_hbase_thrift2.py``)."""
+
+    def __init__(self, host: str, port: int, *, thrift2: tuple[str, int], **options: Any) -> None:
+        from percolator.stores._hbase_thrift2 import Thrift2Deletes
+
+        super().__init__(host, port, **options)
+        try:
+            self._thrift2 = Thrift2Deletes(
+                *thrift2, timeout_ms=self.timeout_ms, transport=self.transport,
+                protocol=self.protocol,
+            )
+        except BaseException:
+            super().close()
+            raise
+
+    def delete_if(self, table: str, row: bytes, column: str, expected: bytes) -> bool:
+        """Remove every version of ``(row, column)`` if its latest value is *expected*:
+        one Thrift2 ``checkAndMutate``.
+
+        :raises UnknownTableError: *table* does not exist.
+        :raises StoreUnavailable: the Thrift2 server could not be reached or failed; the
+            delete may or may not have been applied.
+        """
+        from percolator.stores._hbase_thrift2 import ANSWERED
+
+        name = self._name(table)
+        if ":" not in column:
+            raise InvalidArgument(f"column {column!r} must be 'family:qualifier'")
+        if self._closed:
+            raise StoreUnavailable(f"the store {self.url} is closed")
+        try:
+            return self._thrift2.delete_if(name, row, column, bytes(expected))
+        except ANSWERED as e:
+            raise self._answered(e, table) from e
+
+    def close(self) -> None:
+        self._thrift2.close()
+        super().close()
+
+
 def open_hbase_store(url: str, **options: Any) -> Store:
     """Open the HBase store at *url*
     (``hbase://host:port?namespace=NS&table_prefix=P&transport=framed&protocol=compact``).
 
     *options* may give any query option (``namespace``, ``table_prefix``, ``pool_size``,
     ``timeout`` and ``idle_timeout`` in milliseconds, ``transport``, ``protocol``,
-    ``max_request_bytes``, ``compression``) instead of, or over, the URL's query.
+    ``max_request_bytes``, ``compression``, ``thrift2``) instead of, or over, the URL's
+    query. ``thrift2=host:port`` names the cluster's Thrift2 server, through which
+    garbage collection removes the FREE lock of a deleted cell (Thrift1 cannot).
 
     :raises InvalidArgument: a malformed URL or option, or a Thrift transport that
         happybase cannot speak (HTTP, SASL/Kerberos).
@@ -1066,9 +1115,17 @@ def open_hbase_store(url: str, **options: Any) -> Store:
             raise InvalidArgument(f"option {key}={raw!r} in {url!r} must be an integer")
         if numbers[key] <= 0:
             raise InvalidArgument(f"option {key}={raw!r} in {url!r} must be positive")
-    return HBaseStore(
+    thrift2 = query.get("thrift2") or None
+    kind: type[HBaseStore] = HBaseStore
+    extra: dict[str, Any] = {}
+    if thrift2 is not None:
+        from percolator.stores._hbase_thrift2 import parse_address
+
+        kind, extra = HBaseStoreWithThrift2, {"thrift2": parse_address(thrift2, url)}
+    return kind(
         host,
         port,
+        **extra,
         namespace=namespace,
         table_prefix=prefix,
         pool_size=numbers["pool_size"],
