@@ -74,6 +74,7 @@ from percolator._notifications import (
     wait_until_idle,
 )
 from percolator._notify_index import migrate, scan_index, settle, uses_index
+from percolator._observer_hooks import Settlement
 from percolator._store import Mutation, Read, RowCells
 from percolator.metrics import inc as _inc
 from percolator.metrics import observe as _observe
@@ -716,9 +717,9 @@ class Worker:
             return
         self._count(_Outcome.COMMITTED)
         _inc("percolator_observer_runs_total", name, _Outcome.COMMITTED)
-        if not run.txn._settled:  # committed in two phases: the worker deletes it
-            assert run.txn._settles is not None
-            self._delete_notification(run.table, run.row, run.column, run.txn._settles[3])
+        settlement = run.txn.settlement
+        if settlement is not None and not settlement.done:  # committed in two phases
+            self._delete_notification(run.table, run.row, run.column, settlement.newest)
         self._committed(run.observer, run.table, run.row, run.column, run.change, outcome)
 
     def _delete_notification(self, table: str, row: bytes, column: str, newest: int) -> None:
@@ -883,16 +884,16 @@ class Worker:
         self, txn: ObserverTransaction, observer: Observer, table: str, row: bytes,
         column: str, weak: bool, settle: int | None, group: _Group | None,
     ) -> tuple[str, bool]:
-        txn._stop_waiting = self._stop
+        txn.stop_waiting_on(self._stop)
         ack = ack_column(observer.name, column)
-        txn._internal_columns = True
+        txn.internal_columns(True)
         values = txn.get_row(table, row, [column, ack])
         change = txn.change_version(table, row, column)
         acked = int(values.get(ack, b"0"))
         if change <= acked and not weak:
-            txn._closed = True
+            txn.close()  # nothing to commit
             return _Outcome.SKIPPED, False
-        txn._internal_columns = False
+        txn.internal_columns(False)
         turn = self._store_turn
         try:
             with (turn.observer_code(self._waits[observer.name], self._stop)
@@ -909,16 +910,16 @@ class Worker:
                 f"observer {observer.name} failed on {table}/{format_row(row)}/{column}: "
                 f"{type(e).__name__}: {e}"
             ) from e
-        txn._internal_columns = True
+        txn.internal_columns(True)
         txn.set(table, row, ack, str(max(change, acked)).encode())
         if settle is not None:
-            txn._settles = (table, row, f"{NOTIFY}:{column}", settle)
+            txn.settle_on_commit(Settlement(table, row, column, settle))
             if group is not None:
                 group.runs.append(_Run(txn, observer, table, row, column, change))
                 return _Outcome.DEFERRED, True
         commit_ts = commit_transaction(txn)
         self._committed(observer, table, row, column, change, commit_ts)
-        return _Outcome.COMMITTED, txn._settled
+        return _Outcome.COMMITTED, txn.settled
 
     def _failed(
         self, observer: Observer, table: str, row: bytes, column: str, weak: bool,

@@ -560,17 +560,17 @@ def _one_phase_write(committer: _Committer, found: dict[int, tuple[bytes | None,
             free = free or encode_lock(Free(start_ts, True))
             puts.append((f"{LOCK}:{cell.column}", 0, free))
         by_table.setdefault(cell.table, []).append(Mutation(cell.row, puts))
-    settles = getattr(committer.txn, "_settles", None)
-    if settles is not None:  # an observer run's notification, served by this commit
-        table, row, notify, newest = settles
-        by_table.setdefault(table, []).append(Mutation(row, deletes=[(notify, newest)]))
+    settlement = committer.txn._settlement  # see percolator._observer_hooks
+    if settlement is not None:  # an observer run's notification, served by this commit
+        by_table.setdefault(settlement.table, []).append(Mutation(
+            settlement.row, deletes=[(settlement.notify_column, settlement.newest)]))
     if batch is None:
         for table, mutations in by_table.items():
             cluster.store.mutate_rows(table, mutations)
     if committer.notifies:
         _write_notifications(committer.txn, committer.cells, commit_ts)
-    if settles is not None:
-        committer.txn._settled = True  # type: ignore[attr-defined]
+    if settlement is not None:
+        settlement.done = True
 
 
 _PREWRITE_READS: dict[tuple[str, ...], list[Read]] = {}
