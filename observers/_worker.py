@@ -75,7 +75,7 @@ from percolator._notifications import (
 )
 from percolator._notify_index import migrate, scan_index, settle, uses_index
 from percolator._observer_hooks import Settlement
-from percolator._store import Mutation, Read, RowCells
+from percolator._store import SINGLE_WRITER, SPLIT_KEYS, Mutation, Read, RowCells, declares, offered
 from percolator.metrics import inc as _inc
 from percolator.metrics import observe as _observe
 
@@ -324,7 +324,7 @@ class Worker:
         if not isinstance(cluster, Cluster):
             raise InvalidArgument(f"Worker needs a percolator.Cluster, got {cluster!r:.80}")
         if threads is None:
-            threads = 1 if getattr(cluster.store, "single_writer", False) else 4
+            threads = 1 if declares(cluster.store, SINGLE_WRITER) else 4
         if not isinstance(threads, int) or threads < 1:
             raise InvalidArgument(f"threads must be an int >= 1 or None, got {threads!r}")
         if not isinstance(max_failures, int) or max_failures < 1:
@@ -358,8 +358,8 @@ class Worker:
         for table, column in self._by_column:
             self._columns[table] = (*self._columns.get(table, ()), column)
         self.threads = threads
-        self._store_turn = (_StoreTurn() if threads > 1 and getattr(
-            cluster.store, "single_writer", False) else None)
+        self._store_turn = (_StoreTurn() if threads > 1 and declares(
+            cluster.store, SINGLE_WRITER) else None)
         self._waits = {o.name: _Waits() for o in self.observers}
         self.max_failures = max_failures
         self.retry_delay = retry_delay
@@ -502,15 +502,15 @@ class Worker:
     def _split_keys(self, table: str) -> list[bytes]:
         """The store's split keys of *table* (``split_keys``: Bigtable's SampleRowKeys,
         HBase's region start keys), asked again at most every SPLITS_REFRESH seconds."""
-        split_keys = getattr(self.cluster.store, "split_keys", None)
-        if split_keys is None:
+        splitting = offered(self.cluster.store, SPLIT_KEYS)
+        if splitting is None:
             return []
         asked, keys = self._splits.get(table, (None, []))
         now = time.monotonic()
         if asked is None or now - asked > SPLITS_REFRESH:
             self._splits[table] = (now, keys)  # one asker at a time, the others go on
             try:
-                keys = list(split_keys(table))
+                keys = list(splitting.split_keys(table))
             except PercolatorError as e:
                 log.debug("split keys of %s unknown (%s)", table, e)
             self._splits[table] = (now, keys)
