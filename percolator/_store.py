@@ -86,7 +86,7 @@ The embedded store (SQLite, ``percolator/_embedded_mode.py``) offers four more:
   call of the thread is one atomic write step: the one-phase commit
   (``percolator/_commit.py``) and garbage collection (``percolator/_gc.py``) use it.
 * :data:`SINGLE_WRITER` (a flag): one writer at a time; workers default to one scanner
-  thread and take turns at the store (``observers/_worker.py``).
+  thread and take turns at the store (``observers/_turns.py``).
 * :data:`EMBEDDED_FILE` (:class:`EmbeddedFile`): ``path``, the store's file, beside
   which the cluster keeps its sidecar files, and ``any_untagged(family, tag)``, the
   lock census's question (``percolator/_lock_census.py``).
@@ -173,11 +173,12 @@ class Mutation:
 P = TypeVar("P")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Capability(Generic[P]):
     """An optional capability of a store (see the module docstring): *name*, and the
     *members* (methods or attributes) that a store declaring it has. A flag has none.
-    The type parameter is the protocol :func:`offered` types the store as."""
+    The type parameter is the protocol :func:`offered` types the store as. Each is one
+    of the constants below, compared by identity (a set lookup per commit stays cheap)."""
 
     name: str
     members: tuple[str, ...] = ()
