@@ -62,9 +62,8 @@ from observers._recipes import check_pipeline
 from observers.photon._adapter import Adapter, BadEvent, JsonAdapter
 from observers.photon._events import LOGGED, EventStore
 from percolator import Cluster, InvalidArgument, Snapshot, TransactionBase, transactional
-from percolator._encoding import WRITE, WriteKind, decode_write
 from percolator._notifications import pending_notifications, quarantined
-from percolator._store import Read
+from percolator._recipe_support import committed_puts
 
 __all__ = ["PLACEHOLDER", "IngestResult", "JoinPipeline", "State", "VerifyReport", "row_key"]
 
@@ -432,15 +431,9 @@ class JoinPipeline:
                 report.missing.append(fid)
         ingested = {row for row, _ in events}
         report.orphans += [row[3:] for row in outputs if row not in ingested]
-        rows = sorted(outputs)
-        for start in range(0, len(rows), 200):
-            found = cluster.store.read_rows(self.joined_table, rows[start:start + 200],
-                                             [Read(WRITE, ("ev:joined",), versions=None)])
-            for row, families in found.items():
-                puts = [ts for ts, v in families.get(f"{WRITE}:ev:joined", [])
-                        if decode_write(v)[0] is WriteKind.PUT]
-                if len(puts) > 1:
-                    report.duplicates.append(row[3:])
+        puts = committed_puts(cluster, self.joined_table, sorted(outputs), JOINED)
+        report.duplicates += [row[3:] for row, commits in sorted(puts.items())
+                              if len(commits) > 1]
         return report
 
     def rejoin(self, state: State) -> int:

@@ -31,7 +31,7 @@ Failures a real cluster shows and how they are met:
   sent once more on a new one; ``checkAndPut`` and ``atomicIncrement`` are not (their
   failure is :class:`~percolator.StoreUnavailable`: the call may have applied);
 * ``checkAndPut`` is retried inside the Thrift server without a nonce, so False may
-  answer a replay of an attempt that applied: :attr:`HBaseStore.cas_answer_may_be_replayed`
+  answer a replay of an attempt that applied: its capability ``CAS_ANSWER_MAY_BE_REPLAYED``
   tells the protocol to read the cell again (``percolator/_cas.py``);
 * scanner ids belong to one Thrift server: a scan holds one connection for its
   scanner's life (behind a load balancer another connection may reach another
@@ -114,6 +114,11 @@ from percolator._errors import (
     ValueTooLargeError,
 )
 from percolator._store import (
+    CAS_ANSWER_MAY_BE_REPLAYED,
+    DELETE_IF,
+    INCREMENT,
+    SPLIT_KEYS,
+    Capability,
     Cell,
     Mutation,
     Read,
@@ -408,9 +413,12 @@ class HBaseStore:
     """
 
     atomic_row_cas = False
-    cas_answer_may_be_replayed = True
-    """The Thrift server's HBase client retries ``checkAndMutate`` without a nonce, so
-    a False may answer a retry of an attempt that applied (``percolator/_cas.py``)."""
+    capabilities: frozenset[Capability[Any]] = frozenset({
+        INCREMENT, SPLIT_KEYS,
+        # The Thrift server's HBase client retries checkAndMutate without a nonce, so a
+        # False may answer a retry of an attempt that applied (percolator/_cas.py).
+        CAS_ANSWER_MAY_BE_REPLAYED,
+    })
 
     def __init__(
         self,
@@ -1000,6 +1008,8 @@ class HBaseStoreWithThrift2(HBaseStore):
     ``(host, port)``) for what Thrift1 cannot say: the conditional delete
     (:class:`percolator._store.ConditionalDelete`) with which garbage collection
     removes a deleted cell's last FREE lock (``percolator/stores/_hbase_thrift2.py``)."""
+
+    capabilities = HBaseStore.capabilities | {DELETE_IF}
 
     def __init__(self, host: str, port: int, *, thrift2: tuple[str, int], **options: Any) -> None:
         from percolator.stores._hbase_thrift2 import Thrift2Deletes
