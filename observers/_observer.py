@@ -110,8 +110,9 @@ class ObserverTransaction(TransactionBase):
         self._write_versions: dict[tuple[str, bytes, str], list[tuple[int, bytes]]] = {}
         self._settles: tuple[str, bytes, str, int] | None = None
         """(table, row, notify column, newest version) of the notification this run
-        serves: a one-phase commit deletes it in its atomic step (``_settled``), saving
-        the worker its own write afterwards."""
+        serves: a one-phase commit deletes it in its atomic step, and so does a
+        two-phase commit point on Bigtable when it lies in the primary's row
+        (``_settled``), saving the worker its own write afterwards."""
         self._settled = False
 
     def _values(self, table: str, row: bytes, cells: RowCells) -> dict[str, bytes]:

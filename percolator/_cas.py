@@ -50,6 +50,7 @@ def lock_cas(
     expected: bytes | None,
     new: bytes,
     puts: Sequence[tuple[str, int, bytes]] = (),
+    deletes: Sequence[tuple[str, int]] = (),
 ) -> bool:
     """:meth:`Store.check_and_set` of a lock cell whose *new* value is its caller's own
     (see the module docstring): True when the cell holds *new* afterwards, even if the
@@ -59,7 +60,8 @@ def lock_cas(
         *new*, or cannot be read: whether the compare-and-set applied is unknown.
     """
     try:
-        if store.check_and_set(table, row, column, expected, new, puts):
+        if (store.check_and_set(table, row, column, expected, new, puts, deletes=deletes)
+                if deletes else store.check_and_set(table, row, column, expected, new, puts)):
             return True
     except StoreUnavailable as error:
         try:

@@ -325,6 +325,7 @@ class _Committer:
         self._refresh_primary()
         column = f"{LOCK}:{p.column}"
         delete, notify = p.value is None, p.notify
+        settles = self._settled_with_commit_point()
         try:
             if self.store.atomic_row_cas:
                 won = lock_cas(
@@ -332,7 +333,13 @@ class _Committer:
                     encode_lock(Free(self.start_ts, True)),
                     write_cells(p.column, self.start_ts, commit_ts, delete, notify, p.inline)
                     + self._primary_row_releases(commit_ts),
+                    settles,
                 )
+                if won and settles:
+                    # Left in place if a cleaner rolled the primary forward first
+                    # (lock_cas also answers True then): a later pass finds the
+                    # notification acknowledged and deletes it.
+                    self.txn._settled = True  # type: ignore[attr-defined]
             else:
                 decided = encode_lock(Committed(self.start_ts, commit_ts, delete, notify, p.inline))
                 won = lock_cas(self.store, p.table, p.row, column, p.held, decided)
@@ -351,6 +358,20 @@ class _Committer:
                         (commit_ts, delete, notify), inline=p.inline)
             except PercolatorError:
                 log.warning("committed %d but could not release its primary", self.start_ts)
+
+    def _settled_with_commit_point(self) -> list[tuple[str, int]]:
+        """The notification an observer run served (``_settles``), to delete in the
+        commit point's own compare-and-set where the store can (``cas_deletes``) and it
+        lies in the primary's row: one store call fewer per run than the worker's
+        deletion after the commit, and no window in which the run is committed and its
+        notification still pending. The versions at or below the newest one the run
+        read: a change committed meanwhile notifies again."""
+        settles = getattr(self.txn, "_settles", None)
+        p = self.primary
+        if settles is None or not getattr(self.store, "cas_deletes", False):
+            return []
+        table, row, notify, newest = settles
+        return [(notify, newest)] if (table, row) == (p.table, p.row) else []
 
     def _primary_row_secondaries(self) -> list[_Cell]:
         """The locked secondaries in the primary's row, where the store writes other
