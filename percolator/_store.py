@@ -286,6 +286,29 @@ class GuardedSet(Protocol):
         ...
 
 
+class CasDeletes(Protocol):
+    """A store whose :meth:`Store.check_and_set` also deletes cell versions of the row
+    in its atomic step (optional capability: ``cas_deletes`` is True; Bigtable)."""
+
+    cas_deletes: bool
+
+    def check_and_set(
+        self,
+        table: str,
+        row: bytes,
+        column: str,
+        expected: bytes | None,
+        new: bytes,
+        puts: Sequence[tuple[str, int, bytes]] = (),
+        *,
+        deletes: Sequence[tuple[str, int]] = (),
+    ) -> bool:
+        """:meth:`Store.check_and_set`, also deleting, when it sets, the versions at or
+        below ``max_ts`` of each ``(column, max_ts)`` of *deletes* (other cells of
+        *row*, as :class:`Mutation` deletes)."""
+        ...
+
+
 CasItem = tuple[bytes, str, bytes | None, bytes, Sequence[tuple[str, int, bytes]]]
 """One compare-and-set of a :meth:`BatchedCas.check_and_set_many` batch:
 ``(row, column, expected, new, puts)``, the arguments of :meth:`Store.check_and_set`."""
