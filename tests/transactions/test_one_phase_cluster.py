@@ -104,6 +104,8 @@ def test_a_reader_above_the_commit_timestamp_sees_the_commit(
             return step.op in ("set_unless", "check_and_set") or reads > 1
 
         r.run_until(read_or_write)
+        if commit is _two_phase:
+            assert reads > 1  # it met the writer's lock: the window is closed by it
         w.finish()
         reader_start = r.finish()
     assert writer.commit_ts is not None and writer.commit_ts < reader_start
