@@ -300,6 +300,21 @@ def test_check_and_set_puts_only_on_success(store: Any) -> None:
     }
 
 
+def test_check_and_set_deletes_at_or_below_only_on_success(store: Any) -> None:
+    """``deletes=`` (``cas_deletes``): the versions at or below each max_ts go with the
+    compare-and-set, in its atomic step, and only when it sets."""
+    assert store.cas_deletes
+    store.mutate_rows(T, [Mutation(b"r", [("n:doc:c", ts, b"") for ts in (3, 5, 8)])])
+    assert not store.check_and_set(T, b"r", "l:doc:c", b"nope", b"L", deletes=[("n:doc:c", 5)])
+    assert store.read_rows(T, [b"r"], [Read("n", versions=None)])[b"r"]["n:doc:c"] == [
+        (8, b""), (5, b""), (3, b"")]
+    assert store.check_and_set(T, b"r", "l:doc:c", None, b"L", puts=[("w:doc:c", 9, b"P")],
+                               deletes=[("n:doc:c", 5)])
+    assert store.read_rows(T, [b"r"], [Read("n", versions=None), Read("w"), Read("l")]) == {
+        b"r": {"n:doc:c": [(8, b"")], "w:doc:c": [(9, b"P")], "l:doc:c": [(0, b"L")]}
+    }
+
+
 def test_mutations_deletes_at_or_below_then_puts(store: Any) -> None:
     store.mutate_rows(
         T,
