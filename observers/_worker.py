@@ -73,7 +73,7 @@ from percolator._notifications import (
     record_failure,
     wait_until_idle,
 )
-from percolator._notify_index import migrate, scan_index, settle, uses_index
+from percolator._notify_index import migrate, scan_index, settle, settle_rows, uses_index
 from percolator._store import Mutation, Read, RowCells
 from percolator.metrics import inc as _inc
 from percolator.metrics import observe as _observe
@@ -89,6 +89,8 @@ _SAMPLE = 4096
 GROUP_MAX = 32
 """Observer transactions a scanner thread commits together on the embedded store
 (one SQLite write transaction for up to this many; see ``commit_group``)."""
+SETTLE_MAX = 32
+"""Processed rows whose notification index entries a scanner settles together."""
 SPLITS_REFRESH = 60.0
 """Seconds between two questions to the store for a table's split keys."""
 
@@ -598,7 +600,21 @@ class Worker:
 
     def _index_pass(self) -> bool:
         """One pass over the notification index from a random place, wrapping around
-        (anti-clumping as in :meth:`_family_pass`)."""
+        (anti-clumping as in :meth:`_family_pass`). The entries of rows it processed
+        are settled together, up to ``SETTLE_MAX`` rows at a time and at the end of the
+        pass (``settle_rows``: one deletion and one read per table for all of them,
+        where each row took both); an entry left a little longer, or left by a pass
+        that failed, only costs a later look (the index is a superset of the pending
+        notifications)."""
+        processed: list[tuple[str, bytes, dict[str, int]]] = []
+        worked = self._index_scan(processed)
+        if processed:
+            settle_rows(self.cluster, processed, look_first=False)
+        return worked
+
+    def _index_scan(self, processed: list[tuple[str, bytes, dict[str, int]]]) -> bool:
+        """:meth:`_index_pass` but the last settling: the rows it processed and did not
+        settle yet are left in *processed*."""
         start = b"%02x" % random.randrange(256)
         worked = False
         spread = _Spread(self.threads)
@@ -619,9 +635,15 @@ class Worker:
                     done = not self._backing_off_columns(table, row, mine) and (
                         self._process_row(table, row))
                     worked = worked or done
-                    settle(self.cluster, table, row, mine, look_first=not done)
+                    if done:
+                        processed.append((table, row, mine))
+                    else:
+                        settle(self.cluster, table, row, mine)
                 finally:
                     self.cluster.coordination.release_advisory_lock(key)
+                if len(processed) >= SETTLE_MAX:
+                    settle_rows(self.cluster, processed, look_first=False)
+                    processed.clear()
         return worked
 
     def _family_pass(self) -> bool:
