@@ -3,10 +3,12 @@ one-cell Copier of bench/observers.py, on the embedded store and on the Bigtable
 emulator; store calls counted by operation (the store metrics), client CPU from
 ``time.process_time``.
 
-    python bench/per_notification.py [--base CHECKOUT] [--write]
+    python bench/per_notification.py [--base CHECKOUT] [--threads N] [--write]
 
-``--base`` runs the same measurement with another checkout's code (a subprocess with
-its ``PYTHONPATH``), in the same sitting, for a before/after table.
+``--threads`` gives the worker N scanner threads (default 1): concurrent runs share
+timestamp requests (``percolator/_batching.py``). ``--base`` runs the same measurement
+with another checkout's code (a subprocess with its ``PYTHONPATH``), in the same
+sitting, for a before/after table.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Store calls and CPU per notification (bench/per_notification.py)"
 
 
-def measure(url: str, n: int) -> dict[str, float]:
+def measure(url: str, n: int, threads: int = 1) -> dict[str, float]:
     import percolator
     from bench.observers import Copier, load
     from observers import Worker
@@ -40,7 +42,7 @@ def measure(url: str, n: int) -> dict[str, float]:
         cluster.create_table("bench")
         cluster.observe("bench", "in:v")
         load(cluster, n, b"a")
-        worker = Worker(cluster, [Copier], threads=1)
+        worker = Worker(cluster, [Copier], threads=threads)
         worker.register()
         before, cpu0 = calls(), time.process_time()
         worker.start()
@@ -56,14 +58,15 @@ def measure(url: str, n: int) -> dict[str, float]:
 
 def child() -> None:
     """Measure with the code on this process's path; print one JSON line."""
-    url, n = sys.argv[2], int(sys.argv[3])
-    print(json.dumps(measure(url, n)))
+    url, n, threads = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    print(json.dumps(measure(url, n, threads)))
 
 
-def run(checkout: Path, url: str, n: int) -> dict[str, float]:
+def run(checkout: Path, url: str, n: int, threads: int) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, "-P", str(ROOT / "bench" / "per_notification.py"), "--child", url,
-         str(n)], cwd=checkout, env={**os.environ, "PYTHONPATH": f"{checkout}:{ROOT}"},
+         str(n), str(threads)],
+        cwd=checkout, env={**os.environ, "PYTHONPATH": f"{checkout}:{ROOT}"},
         check=True, capture_output=True, text=True).stdout
     result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
     return result
@@ -80,6 +83,7 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--base", type=Path, help="a checkout of the commit to compare")
+    parser.add_argument("--threads", type=int, default=1, help="scanner threads")
     parser.add_argument("--write", action="store_true")
     args = parser.parse_args()
     checkouts = [("this", ROOT)] + ([("base", args.base)] if args.base else [])
@@ -91,15 +95,16 @@ def main() -> int:
                 for name, checkout in checkouts:
                     url = (f"sqlite:///{tmp}/{name}.db" if store == "sqlite"
                            else _url("bigtable", hostport, f"pn{name}"))
-                    rows.append((store, name, run(checkout, url, n)))
+                    rows.append((store, name, run(checkout, url, n, args.threads)))
                     print(rows[-1], flush=True)
     finally:
         emulator.kill()
         emulator.wait()
     lines = [*header(SECTION, "python bench/per_notification.py"
-                     + (f" --base {args.base}" if args.base else ""),
-                     "one worker thread, the Copier; store calls per notification by "
-                     "operation, client CPU per notification"), "",
+                     + (f" --base {args.base}" if args.base else "")
+                     + (f" --threads {args.threads}" if args.threads != 1 else ""),
+                     f"{args.threads} worker thread(s), the Copier; store calls per "
+                     "notification by operation, client CPU per notification"), "",
              "| store | code | store calls | by operation | client CPU |", "|---|---|---|---|---|"]
     for store, name, r in rows:
         ops = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r.items())

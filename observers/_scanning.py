@@ -14,7 +14,7 @@ from observers._groups import GROUP_MAX, GroupCommits
 from observers._runs import Group
 from percolator._encoding import NOTIFY
 from percolator._errors import PercolatorError
-from percolator._notify_index import scan_index, settle
+from percolator._notify_index import scan_index, settle, settle_rows
 from percolator._store import SPLIT_KEYS, Read, offered
 from percolator.metrics import observe as _observe
 
@@ -26,6 +26,8 @@ SAMPLE = 4096
 """Rows of each table a worker remembers, to start passes at."""
 SPLITS_REFRESH = 60.0
 """Seconds between two questions to the store for a table's split keys."""
+SETTLE_MAX = 32
+"""Processed rows whose notification index entries a scanner settles together."""
 
 
 class Spread:
@@ -207,7 +209,21 @@ class ScanPasses(GroupCommits):
 
     def _index_pass(self) -> bool:
         """One pass over the notification index from a random place, wrapping around
-        (anti-clumping as in :meth:`_family_pass`)."""
+        (anti-clumping as in :meth:`_family_pass`). The entries of rows it processed
+        are settled together, up to ``SETTLE_MAX`` rows at a time and at the end of the
+        pass (``settle_rows``: one deletion and one read per table for all of them,
+        where each row took both); an entry left a little longer, or left by a pass
+        that failed, only costs a later look (the index is a superset of the pending
+        notifications)."""
+        processed: list[tuple[str, bytes, dict[str, int]]] = []
+        worked = self._index_scan(processed)
+        if processed:
+            settle_rows(self.cluster, processed, look_first=False)
+        return worked
+
+    def _index_scan(self, processed: list[tuple[str, bytes, dict[str, int]]]) -> bool:
+        """:meth:`_index_pass` but the last settling: the rows it processed and did not
+        settle yet are left in *processed*."""
         start = b"%02x" % random.randrange(256)
         worked = False
         spread = Spread(self.threads)
@@ -228,9 +244,15 @@ class ScanPasses(GroupCommits):
                     done = not self._backing_off_columns(table, row, mine) and (
                         self._process_row(table, row))
                     worked = worked or done
-                    settle(self.cluster, table, row, mine, look_first=not done)
+                    if done:
+                        processed.append((table, row, mine))
+                    else:
+                        settle(self.cluster, table, row, mine)
                 finally:
                     self.cluster.coordination.release_advisory_lock(key)
+                if len(processed) >= SETTLE_MAX:
+                    settle_rows(self.cluster, processed, look_first=False)
+                    processed.clear()
         return worked
 
     def _family_pass(self) -> bool:

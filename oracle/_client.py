@@ -1,29 +1,18 @@
 """The batching, linearizable timestamp oracle client.
 
-At most one RPC is in flight per client. A caller that finds none in flight sends one
-for itself; callers that arrive while it is out queue up, and the *next* RPC is sent for
-all of them (each gets its own range of the block). So batching grows with load, and a
-caller never receives a timestamp from an RPC sent before it arrived: if
-``get_timestamp()`` returned ``t`` (in any thread or process) before another call began,
-that call returns more than ``t``. Spare timestamps are discarded, never cached.
-
-An RPC counts as out until its block has been handed to all of its callers. The hand-out
-is a chain: the caller that sent the RPC wakes the second caller of its batch, which
-wakes the third, and so on; the last one wakes the first queued caller, which sends the
-next RPC for everybody queued by then. So each sleeping thread is woken exactly once and
-by one thread (no herd fighting for the GIL), and a caller that was just served and
-calls again at once joins the next RPC instead of being sent alone ahead of the callers
-still being woken: with T threads calling in a loop, RPCs carry T callers, not T/2.
+At most one RPC is in flight per client; callers that arrive while it is out share the
+next one (:class:`percolator._batching.BatchedDraws`, which says how), and a caller
+never receives a timestamp from an RPC sent before it arrived: if ``get_timestamp()``
+returned ``t`` (in any thread or process) before another call began, that call returns
+more than ``t``. Spare timestamps are discarded, never cached.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +30,7 @@ from oracle._target import (
     parse_target,
     zk_paths,
 )
+from percolator._batching import BatchedDraws
 from percolator._errors import InvalidArgument, OracleUnavailable, TlsError
 from percolator._tls import HTTP2_PREFACE, TlsConfig, check_tls, diagnose
 from percolator._zookeeper import make_client, start_client
@@ -77,21 +67,6 @@ class OracleStatus:
     allocations: int
     address: str
     mode: str
-
-
-class _Waiter:
-    """One call of get_timestamps: what it asked for, what it got, the lock it sleeps on."""
-
-    __slots__ = ("count", "drive", "error", "first", "next", "wake")
-
-    def __init__(self, count: int) -> None:
-        self.count = count
-        self.first = -1
-        self.error: BaseException | None = None
-        self.drive = False  # woken to send the next RPC rather than with a result
-        self.next: _Waiter | None = None  # the caller of the same RPC to wake after this one
-        self.wake = threading.Lock()  # held until this caller is woken
-        self.wake.acquire()
 
 
 class _Retry(Exception):
@@ -145,11 +120,11 @@ class OracleClient:
             )
         self.target = target
         self.deadline = float(deadline)
-        self._lock = threading.Lock()  # guards _pending, _busy, _closed
-        self._pending: deque[_Waiter] = deque()
-        # An RPC is out, or its block is still being handed out: callers queue in _pending.
-        self._busy = False
         self._closed = False
+        self._draws = BatchedDraws(
+            self._get_timestamps_rpc, MAX_COUNT,
+            lambda e: OracleUnavailable(f"the timestamp request was interrupted: {e!r}"),
+        )
         # Connection state, touched only by the thread driving the current RPC (or status()).
         self._conn_lock = threading.Lock()
         self._address: str | None = None
@@ -179,32 +154,15 @@ class OracleClient:
             is closed.
         """
         check_count(n)
-        w = _Waiter(n)
-        with self._lock:
-            if self._closed:
-                raise OracleUnavailable(f"the oracle client for {self.target!r} is closed")
-            self._pending.append(w)
-            drive = not self._busy
-            self._busy = True
-        interrupted: BaseException | None = None
-        if not drive:
-            interrupted = self._sleep(w)
-            drive = w.drive
-        if drive:
-            self._drive()  # w is first in the queue, so first in the batch it sends
-        self._hand_on(w)
-        if interrupted is not None:
-            raise interrupted
-        return self._result(w)
+        return self._draws.draw(n)
 
     def status(self) -> OracleStatus:
         """The status of the oracle server this client talks to (the leader, in ZooKeeper mode).
 
         :raises OracleUnavailable: if no oracle answered within the deadline.
         """
-        with self._lock:
-            if self._closed:
-                raise OracleUnavailable(f"the oracle client for {self.target!r} is closed")
+        if self._closed:
+            raise OracleUnavailable(f"the oracle client for {self.target!r} is closed")
         r = self._call(lambda stub, timeout: stub.Status(pb.StatusRequest(), timeout=timeout))
         return OracleStatus(
             leader=r.leader,
@@ -218,8 +176,8 @@ class OracleClient:
 
     def close(self) -> None:
         """Close the channel and the ZooKeeper session; later calls raise OracleUnavailable."""
-        with self._lock:
-            self._closed = True
+        self._closed = True
+        self._draws.close(OracleUnavailable(f"the oracle client for {self.target!r} is closed"))
         with self._conn_lock:
             self._drop_channel()
             if self._zk is not None:
@@ -238,74 +196,14 @@ class OracleClient:
     def __repr__(self) -> str:
         return f"OracleClient({self.target!r}, deadline={self.deadline})"
 
-    # -- batching ---------------------------------------------------------------------------
-
-    @staticmethod
-    def _result(w: _Waiter) -> range:
-        if w.error is not None:
-            raise w.error
-        return range(w.first, w.first + w.count)
-
-    @staticmethod
-    def _sleep(w: _Waiter) -> BaseException | None:
-        """Wait until *w* is woken; returns an exception that interrupted the wait, if any.
-
-        Other callers depend on this one to pass the block or the next RPC on, so an
-        interruption (KeyboardInterrupt in the main thread) is raised only after that.
-        """
-        interrupted: BaseException | None = None
-        while True:
-            try:
-                w.wake.acquire()
-                return interrupted
-            except BaseException as e:  # rare: keep waiting, raise it afterwards
-                interrupted = interrupted or e
-
-    def _drive(self) -> None:
-        """Send one RPC for the callers queued now and give each its range (or the error).
-
-        The first of them is the calling thread; :meth:`_hand_on` then wakes the others.
-        """
-        batch: list[_Waiter] = []
-        total = 0
-        with self._lock:
-            while self._pending and total + self._pending[0].count <= MAX_COUNT:
-                w = self._pending.popleft()
-                batch.append(w)
-                total += w.count
-        try:
-            first = self._call(
-                lambda stub, timeout: (
-                    stub.GetTimestamps(pb.GetTimestampsRequest(count=total), timeout=timeout).first
-                )
+    def _get_timestamps_rpc(self, count: int) -> int:
+        """One GetTimestamps RPC for *count* timestamps (the batch's): the first."""
+        first: int = self._call(
+            lambda stub, timeout: (
+                stub.GetTimestamps(pb.GetTimestampsRequest(count=count), timeout=timeout).first
             )
-            for w in batch:
-                w.first = first
-                first += w.count
-        except Exception as e:
-            for w in batch:
-                w.error = e
-        except BaseException as e:  # KeyboardInterrupt in the sending thread: its own
-            batch[0].error = e
-            for w in batch[1:]:
-                w.error = OracleUnavailable(f"the timestamp request was interrupted: {e!r}")
-        for a, b in itertools.pairwise(batch):
-            a.next = b
-
-    def _hand_on(self, w: _Waiter) -> None:
-        """*w* has its result: wake the next caller of its batch, or after the last one, the
-        first queued caller to send the next RPC (or mark the client idle)."""
-        nxt = w.next
-        if nxt is not None:
-            nxt.wake.release()
-            return
-        with self._lock:
-            if self._pending:
-                d = self._pending[0]
-                d.drive = True
-                d.wake.release()
-            else:
-                self._busy = False
+        )
+        return first
 
     # -- transport --------------------------------------------------------------------------
 

@@ -28,9 +28,10 @@ does not prove that it was ours.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 from percolator._errors import StoreUnavailable
-from percolator._store import CAS_ANSWER_MAY_BE_REPLAYED, Read, Store, declares
+from percolator._store import CAS_ANSWER_MAY_BE_REPLAYED, CasDeletes, Read, Store, declares
 
 __all__ = ["lock_cas"]
 
@@ -50,16 +51,20 @@ def lock_cas(
     expected: bytes | None,
     new: bytes,
     puts: Sequence[tuple[str, int, bytes]] = (),
+    deletes: Sequence[tuple[str, int]] = (),
 ) -> bool:
     """:meth:`Store.check_and_set` of a lock cell whose *new* value is its caller's own
     (see the module docstring): True when the cell holds *new* afterwards, even if the
-    store answered False (a replay) or failed (a lost answer).
+    store answered False (a replay) or failed (a lost answer). *deletes* go with the
+    puts, on a store that can (:class:`~percolator._store.CasDeletes`) only.
 
     :raises StoreUnavailable: the store failed and the cell, read again, does not hold
         *new*, or cannot be read: whether the compare-and-set applied is unknown.
     """
     try:
-        if store.check_and_set(table, row, column, expected, new, puts):
+        if (cast(CasDeletes, store).check_and_set(
+                table, row, column, expected, new, puts, deletes=deletes)
+                if deletes else store.check_and_set(table, row, column, expected, new, puts)):
             return True
     except StoreUnavailable as error:
         try:

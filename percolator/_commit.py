@@ -68,6 +68,7 @@ from percolator._lock_resolver import check_txn_status, release, resolve_lock, w
 from percolator._notify_index import write_entries
 from percolator._store import (
     ATOMICALLY,
+    CAS_DELETES,
     SET_UNLESS,
     Cell,
     Guard,
@@ -336,6 +337,7 @@ class _Committer:
         self._refresh_primary()
         column = f"{LOCK}:{p.column}"
         delete, notify = p.value is None, p.notify
+        settles = self._settled_with_commit_point()
         try:
             if self.store.atomic_row_cas:
                 won = lock_cas(
@@ -343,7 +345,14 @@ class _Committer:
                     encode_lock(Free(self.start_ts, True)),
                     write_cells(p.column, self.start_ts, commit_ts, delete, notify, p.inline)
                     + self._primary_row_releases(commit_ts),
+                    settles,
                 )
+                if won and settles:
+                    # Left in place if a cleaner rolled the primary forward first
+                    # (lock_cas also answers True then): a later pass finds the
+                    # notification acknowledged and deletes it.
+                    assert self.txn._settlement is not None
+                    self.txn._settlement.done = True
             else:
                 decided = encode_lock(Committed(self.start_ts, commit_ts, delete, notify, p.inline))
                 won = lock_cas(self.store, p.table, p.row, column, p.held, decided)
@@ -362,6 +371,21 @@ class _Committer:
                         (commit_ts, delete, notify), inline=p.inline)
             except PercolatorError:
                 log.warning("committed %d but could not release its primary", self.start_ts)
+
+    def _settled_with_commit_point(self) -> list[tuple[str, int]]:
+        """The notification an observer run served (its settlement), to delete in the
+        commit point's own compare-and-set where the store can (``CAS_DELETES``) and it
+        lies in the primary's row: one store call fewer per run than the worker's
+        deletion after the commit, and no window in which the run is committed and its
+        notification still pending. The versions at or below the newest one the run
+        read: a change committed meanwhile notifies again."""
+        settlement = self.txn._settlement  # see percolator._observer_hooks
+        p = self.primary
+        if settlement is None or not declares(self.store, CAS_DELETES):
+            return []
+        if (settlement.table, settlement.row) != (p.table, p.row):
+            return []
+        return [(settlement.notify_column, settlement.newest)]
 
     def _primary_row_secondaries(self) -> list[_Cell]:
         """The locked secondaries in the primary's row, where the store writes other

@@ -40,7 +40,7 @@ happens once per table.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -61,6 +61,7 @@ __all__ = [
     "parse_key",
     "scan_index",
     "settle",
+    "settle_rows",
     "uses_index",
     "write_entries",
 ]
@@ -124,35 +125,58 @@ def settle(
     without *look_first*, e.g. right after processing the row, when the cell is most
     likely settled) spares a busy cell's entry a deletion and a rewrite at a new
     timestamp, which would look like new work to the lookouts."""
-    columns = tuple(entries)
-    reads = [Read(NOTIFY, columns), Read(LOCK, columns, skip_tag=FREE_TAG)]
+    return settle_rows(cluster, [(table, row, entries)], look_first=look_first)[(table, row)]
 
-    def busy() -> set[str]:
-        cells = cluster.store.read_rows(table, [row], reads).get(row, {})
-        found = set()
-        for name, versions in cells.items():
-            family, _, column = name.partition(":")
-            if family == LOCK and versions:
-                state = decode_lock(versions[0][1])
-                if isinstance(state, Free):
-                    continue
-                resolve_lock(cluster, table, row, column, versions[0][1])
-            found.add(column)
+
+def settle_rows(
+    cluster: Cluster, items: Sequence[tuple[str, bytes, dict[str, int]]], *,
+    look_first: bool = True,
+) -> dict[tuple[str, bytes], list[str]]:
+    """:func:`settle` of several rows ``(table, row, entries)`` at once: one deletion
+    for all of them, and one read per table before (with *look_first*) and after it,
+    instead of those calls per row; each row is settled exactly as :func:`settle`
+    settles it alone. Returns, by ``(table, row)``, the columns whose entries stay."""
+    merged: dict[tuple[str, bytes], dict[str, int]] = {}
+    for table, row, entries in items:
+        merged.setdefault((table, row), {}).update(entries)
+
+    def busy(
+        wanted: Mapping[tuple[str, bytes], Iterable[str]],
+    ) -> dict[tuple[str, bytes], set[str]]:
+        by_table: dict[str, dict[bytes, tuple[str, ...]]] = {}
+        for (table, row), columns in wanted.items():
+            by_table.setdefault(table, {})[row] = tuple(columns)
+        found: dict[tuple[str, bytes], set[str]] = {key: set() for key in wanted}
+        for table, rows in by_table.items():
+            columns = tuple(dict.fromkeys(c for cs in rows.values() for c in cs))
+            reads = [Read(NOTIFY, columns), Read(LOCK, columns, skip_tag=FREE_TAG)]
+            result = cluster.store.read_rows(table, list(rows), reads)
+            for row, cells in result.items():
+                for name, versions in cells.items():
+                    family, _, column = name.partition(":")
+                    if column not in rows[row]:
+                        continue  # read for another row of the table
+                    if family == LOCK and versions:
+                        state = decode_lock(versions[0][1])
+                        if isinstance(state, Free):
+                            continue
+                        resolve_lock(cluster, table, row, column, versions[0][1])
+                    found[(table, row)].add(column)
         return found
 
-    keep = busy() if look_first else set()
-    settled = [c for c in columns if c not in keep]
-    if not settled:
-        return list(columns)
-    key = index_key(table, row)
-    cluster.store.mutate_rows(
-        INDEX_TABLE, [Mutation(key, deletes=[(f"n:{c}", entries[c]) for c in settled])]
-    )
-    again = busy() & set(settled)
-    if again:
-        write_entries(cluster, [(table, row, c) for c in again],
-                      cluster.timestamps.get_timestamp())
-    return sorted(keep | again)
+    keep = busy(merged) if look_first else {key: set() for key in merged}
+    settled = {key: [c for c in entries if c not in keep[key]]
+               for key, entries in merged.items()}
+    settled = {key: columns for key, columns in settled.items() if columns}
+    if settled:
+        cluster.store.mutate_rows(INDEX_TABLE, [
+            Mutation(index_key(*key), deletes=[(f"n:{c}", merged[key][c]) for c in columns])
+            for key, columns in settled.items()])
+    again = busy(settled) if settled else {}
+    back = [(table, row, c) for (table, row), columns in again.items() for c in columns]
+    if back:
+        write_entries(cluster, back, cluster.timestamps.get_timestamp())
+    return {key: sorted(keep[key] | again.get(key, set())) for key in merged}
 
 
 def indexed_cells(

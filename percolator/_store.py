@@ -331,6 +331,27 @@ class GuardedSet(Protocol):
         ...
 
 
+class CasDeletes(Protocol):
+    """A store whose :meth:`Store.check_and_set` also deletes cell versions of the row
+    in its atomic step (optional capability :data:`CAS_DELETES`; Bigtable)."""
+
+    def check_and_set(
+        self,
+        table: str,
+        row: bytes,
+        column: str,
+        expected: bytes | None,
+        new: bytes,
+        puts: Sequence[tuple[str, int, bytes]] = (),
+        *,
+        deletes: Sequence[tuple[str, int]] = (),
+    ) -> bool:
+        """:meth:`Store.check_and_set`, also deleting, when it sets, the versions at or
+        below ``max_ts`` of each ``(column, max_ts)`` of *deletes* (other cells of
+        *row*, as :class:`Mutation` deletes)."""
+        ...
+
+
 CasItem = tuple[bytes, str, bytes | None, bytes, Sequence[tuple[str, int, bytes]]]
 """One compare-and-set of a :meth:`BatchedCas.check_and_set_many` batch:
 ``(row, column, expected, new, puts)``, the arguments of :meth:`Store.check_and_set`."""
@@ -410,6 +431,7 @@ SET_UNLESS: Capability[GuardedSet] = Capability("set_unless", ("set_unless",))
 CHECK_AND_SET_MANY: Capability[BatchedCas] = Capability(
     "check_and_set_many", ("check_and_set_many",))
 DELETE_IF: Capability[ConditionalDelete] = Capability("delete_if", ("delete_if",))
+CAS_DELETES: Capability[CasDeletes] = Capability("cas_deletes")
 SPLIT_KEYS: Capability[SplitKeys] = Capability("split_keys", ("split_keys",))
 NOTIFY_INDEX: Capability[None] = Capability("notify_index")
 ATOMICALLY: Capability[AtomicSteps] = Capability("atomically", ("atomically",))
@@ -419,7 +441,7 @@ VACUUM: Capability[Vacuuming] = Capability("vacuum", ("vacuum",))
 
 CAPABILITIES: tuple[Capability[Any], ...] = (
     CAS_ANSWER_MAY_BE_REPLAYED, INCREMENT, SET_UNLESS, CHECK_AND_SET_MANY, DELETE_IF,
-    SPLIT_KEYS, NOTIFY_INDEX, ATOMICALLY, SINGLE_WRITER, EMBEDDED_FILE, VACUUM,
+    CAS_DELETES, SPLIT_KEYS, NOTIFY_INDEX, ATOMICALLY, SINGLE_WRITER, EMBEDDED_FILE, VACUUM,
 )
 """Every optional capability."""
 

@@ -32,6 +32,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Protocol
 
 from percolator import _forks
+from percolator._batching import BatchedDraws
 from percolator._encoding import META_FAMILIES, META_TABLE
 from percolator._errors import InvalidArgument, StoreUnavailable
 from percolator._store import INCREMENT, Read, Store, offered
@@ -100,32 +101,42 @@ class _Ceiling:
 
 
 class StoreTimestamps:
-    """Each call advances the persisted counter (the ceiling cell: the next timestamp to
-    hand out, 8-byte big-endian) by the number of timestamps taken: linearizable across
-    hosts. With the store's atomic ``increment`` (:class:`~percolator._store.Incrementing`)
-    that is one round trip; otherwise a read and a compare-and-set, two. Both ways work
-    on the same cell, so clients of either kind can share a store."""
+    """Each request advances the persisted counter (the ceiling cell: the next timestamp
+    to hand out, 8-byte big-endian) by the number of timestamps taken: linearizable
+    across hosts. With the store's atomic ``increment``
+    (:class:`~percolator._store.Incrementing`) that is one round trip; otherwise a read
+    and a compare-and-set, two. Both ways work on the same cell, so clients of either
+    kind can share a store. Concurrent draws of the process share one request
+    (:class:`~percolator._batching.BatchedDraws`, as the oracle client batches its
+    RPCs): a draw is served only by a request sent after it began."""
 
     def __init__(self, store: Store) -> None:
         self._ceiling = _Ceiling(store)
         counter = offered(store, INCREMENT)
         self._increment: Callable[[str, bytes, str, int], int] | None = (
             counter.increment if counter is not None else None)
+        self._draws = BatchedDraws(
+            self._advance, MAX_BATCH,
+            lambda e: StoreUnavailable(f"the timestamp request was interrupted: {e!r}"),
+        )
 
     def get_timestamp(self) -> int:
         return self.get_timestamps(1)[0]
 
     def get_timestamps(self, n: int) -> range:
-        n = _check_count(n)
+        return self._draws.draw(_check_count(n))
+
+    def _advance(self, n: int) -> int:
+        """Take *n* timestamps from the store's counter; the first of them."""
         while True:
             if self._increment is not None:
                 end = self._increment(META_TABLE, _ROW, _CEILING, n)
                 if end - n >= 1:  # an absent counter counts from 0; timestamps start at 1
-                    return range(end - n, end)
+                    return end - n
                 continue
             current, raw = self._ceiling.read()
             if self._ceiling.advance(raw, current + n):
-                return range(current, current + n)
+                return current
 
     def close(self) -> None:
         """Nothing to release: the store belongs to the cluster."""

@@ -70,6 +70,7 @@ from percolator._errors import (
     ValueTooLargeError,
 )
 from percolator._store import (
+    CAS_DELETES,
     CHECK_AND_SET_MANY,
     DELETE_IF,
     INCREMENT,
@@ -390,9 +391,10 @@ def _latest_value_is(family: str, qualifier: bytes, expected: bytes | None) -> A
     return _chain(steps)
 
 
-def _row_mutations(mutation: Mutation) -> list[Any]:
+def _delete_mutations(deletes: Iterable[tuple[str, int]]) -> list[Any]:
+    """``(column, max_ts)``: every version of the column at or below *max_ts*."""
     out = []
-    for delete in mutation.deletes:
+    for delete in deletes:
         try:
             column, max_ts = delete
         except (TypeError, ValueError):
@@ -400,8 +402,11 @@ def _row_mutations(mutation: Mutation) -> list[Any]:
         family, qualifier = _split_column(column)
         _check_ts(max_ts, "max_ts")
         out.append(_delete_column(family, qualifier, (max_ts + 1) * _TS_SCALE))
-    out.extend(_put_mutations(mutation.puts))
     return out
+
+
+def _row_mutations(mutation: Mutation) -> list[Any]:
+    return [*_delete_mutations(mutation.deletes), *_put_mutations(mutation.puts)]
 
 
 # ---------------------------------------------------------------------------
@@ -477,6 +482,10 @@ class BigtableStore:
         # A family-filtered scan reads every row on the server (Bigtable has no locality
         # groups to ask for): notifications are found through percolator/_notify_index.py.
         NOTIFY_INDEX,
+        # check_and_set also deletes versions of other cells of the row (deletes=) in
+        # its atomic step: a commit point deletes the notification its observer run
+        # served (percolator/_commit.py).
+        CAS_DELETES,
     })
 
     def __init__(
@@ -916,13 +925,17 @@ class BigtableStore:
         expected: bytes | None,
         new: bytes,
         puts: Sequence[tuple[str, int, bytes]] = (),
+        *,
+        deletes: Sequence[tuple[str, int]] = (),
     ) -> bool:
         """Compare-and-set of ``(row, column)`` in one ``CheckAndMutateRow`` request.
 
         If the latest value of the cell equals *expected* (``None``: the cell has no
         value), replace every version of it by *new* at timestamp 0, apply *puts*
-        (``(column, ts, value)`` of the same row) in the same atomic step, and return
-        True; otherwise change nothing and return False.
+        (``(column, ts, value)`` of the same row) and *deletes* (``(column, max_ts)``:
+        the versions at or below *max_ts*, as in :class:`~percolator._store.Mutation`)
+        in the same atomic step, and return True; otherwise change nothing and return
+        False (:attr:`cas_deletes`).
 
         :raises UnknownTableError: *table* does not exist.
         :raises StoreUnavailable: Bigtable could not be reached; the CAS may or may
@@ -936,7 +949,7 @@ class BigtableStore:
             _check_value(expected, column)
         return self._set_if(
             table, row, column, new, puts, _latest_value_is(family, qualifier, expected),
-            expected is not None,
+            expected is not None, deletes,
         )
 
     def delete_if(self, table: str, row: bytes, column: str, expected: bytes) -> bool:
@@ -992,14 +1005,17 @@ class BigtableStore:
         puts: Sequence[tuple[str, int, bytes]],
         predicate: Any,
         when_matched: bool,
+        deletes: Sequence[tuple[str, int]] = (),
     ) -> bool:
-        """Set *column* to *new* and apply *puts* if *predicate* outputs cells of *row*
-        (*when_matched*) or outputs none (not *when_matched*): one ``CheckAndMutateRow``."""
+        """Set *column* to *new* and apply *puts* and *deletes* if *predicate* outputs
+        cells of *row* (*when_matched*) or outputs none (not *when_matched*): one
+        ``CheckAndMutateRow``."""
         _check_row(row)
         family, qualifier = _split_column(column)
         _check_value(new, column)
         return self._check_and_mutate(
-            table, row, predicate, _replace_mutations(family, qualifier, new, puts),
+            table, row, predicate,
+            _replace_mutations(family, qualifier, new, puts) + _delete_mutations(deletes),
             when_matched, f"{column!r}",
         )
 

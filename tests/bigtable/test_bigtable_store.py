@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from percolator._errors import InvalidArgument, StoreUnavailable, UnknownTableError
-from percolator._store import Guard, Mutation, Read, Store
+from percolator._store import CAS_DELETES, Guard, Mutation, Read, Store, declares
 from percolator.stores import open_store
 from tests._bigtable import bigtable_store_url
 from tests._services import free_port
@@ -297,6 +297,21 @@ def test_check_and_set_puts_only_on_success(store: Any) -> None:
     assert not store.check_and_set(T, b"r", "l:doc:c", None, b"L2", puts=[("d:doc:c", 7, b"x")])
     assert store.read_rows(T, [b"r"], [Read("d", versions=None)]) == {
         b"r": {"d:doc:c": [(5, b"data@5")]}
+    }
+
+
+def test_check_and_set_deletes_at_or_below_only_on_success(store: Any) -> None:
+    """``deletes=`` (``cas_deletes``): the versions at or below each max_ts go with the
+    compare-and-set, in its atomic step, and only when it sets."""
+    assert declares(store, CAS_DELETES)
+    store.mutate_rows(T, [Mutation(b"r", [("n:doc:c", ts, b"") for ts in (3, 5, 8)])])
+    assert not store.check_and_set(T, b"r", "l:doc:c", b"nope", b"L", deletes=[("n:doc:c", 5)])
+    assert store.read_rows(T, [b"r"], [Read("n", versions=None)])[b"r"]["n:doc:c"] == [
+        (8, b""), (5, b""), (3, b"")]
+    assert store.check_and_set(T, b"r", "l:doc:c", None, b"L", puts=[("w:doc:c", 9, b"P")],
+                               deletes=[("n:doc:c", 5)])
+    assert store.read_rows(T, [b"r"], [Read("n", versions=None), Read("w"), Read("l")]) == {
+        b"r": {"n:doc:c": [(8, b"")], "w:doc:c": [(9, b"P")], "l:doc:c": [(0, b"L")]}
     }
 
 

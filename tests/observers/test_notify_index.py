@@ -18,8 +18,16 @@ from percolator import Snapshot, Transaction, TransactionBase
 from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
 from percolator._commit import _Committer, _write_notifications
 from percolator._notifications import WaitTimeout, pending_notifications
-from percolator._notify_index import INDEX_TABLE, migrate, scan_index, settle, uses_index
-from percolator._store import NOTIFY_INDEX, Read
+from percolator._notify_index import (
+    INDEX_TABLE,
+    migrate,
+    scan_index,
+    settle,
+    settle_rows,
+    uses_index,
+    write_entries,
+)
+from percolator._store import NOTIFY_INDEX, Mutation, Read
 from percolator.testing import CrashPoint, client_of, crash_commit
 from tests._backends import make_store_url
 
@@ -223,3 +231,89 @@ def test_status_and_wait_read_the_index_not_the_table(
         for row in (b"n2", b"n3", b"before"):
             assert Snapshot(cluster).get("docs", row, "out:v") is not None
         assert list(pending_notifications(cluster)) == []
+
+
+class CountingIndexWrites:
+    """The cluster's store, counting calls that delete index entries and reads of
+    the data table's notify cells."""
+
+    def __init__(self, store: object) -> None:
+        self._store = store
+        self.deletions = 0
+        self.reads = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    def mutate_rows(self, table: str, mutations: list[Mutation]) -> None:
+        if table == INDEX_TABLE and any(m.deletes for m in mutations):
+            self.deletions += 1
+        self._store.mutate_rows(table, mutations)  # type: ignore[attr-defined]
+
+    def read_rows(self, table: str, rows: list[bytes], reads: list[Read]) -> object:
+        self.reads += table == "docs" and any(r.family == "n" for r in reads)
+        return self._store.read_rows(table, rows, reads)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("look_first", [True, False], ids=["looked-first", "deleted-first"])
+def test_rows_settled_together_keep_the_entry_of_a_change_whose_lock_is_held(
+    cluster: percolator.Cluster, look_first: bool
+) -> None:
+    """settle_rows, several rows at once: the row whose committer holds its lock (entry
+    written, notify cell not yet) keeps its entry; the settled rows' entries go; one
+    deletion and one read for all of them (fails without the read after the
+    deletion: the held row's entry is lost)."""
+    Worker(cluster, [Copy]).register()
+    for row in (b"a", b"b"):
+        write(cluster, row, b"1")
+    with Worker(cluster, [Copy], threads=1):
+        wait_for_observers(cluster, 60)
+    write_entries(cluster, [("docs", b"a", "raw:v"), ("docs", b"b", "raw:v")],
+                  cluster.timestamps.get_timestamp())  # stale entries of settled cells
+    txn = Transaction(cluster)
+    txn.set("docs", b"other", "misc:x", b"primary")
+    txn.set("docs", b"k", "raw:v", b"late")
+    committer = _Committer(txn, None)
+    committer.prewrite()
+    commit_ts = cluster.timestamps.get_timestamp()
+    _write_notifications(txn, committer.cells, commit_ts)
+    seen = list(scan_index(cluster, None, None))
+    assert {r for _, r, _ in seen} == {b"a", b"b", b"k"}
+    counting = CountingIndexWrites(cluster.store)
+    cluster.store = counting  # type: ignore[assignment]
+    try:
+        kept = settle_rows(cluster, seen, look_first=look_first)
+    finally:
+        cluster.store = counting._store  # type: ignore[assignment]
+    assert kept == {("docs", b"a"): [], ("docs", b"b"): [], ("docs", b"k"): ["raw:v"]}
+    assert counting.deletions == 1 and counting.reads == (2 if look_first else 1)
+    assert entries(cluster) == {("docs", b"k"): {"raw:v"}}
+    committer.commit_point(commit_ts)
+    committer.commit_secondaries(commit_ts)
+    with Worker(cluster, [Copy], threads=2):
+        wait_for_observers(cluster, 60)
+    assert Snapshot(cluster).get("docs", b"k", "out:v") == b"late"
+    assert entries(cluster) == {}
+
+
+def test_a_pass_settles_the_entries_of_the_rows_it_processed_together(
+    cluster: percolator.Cluster
+) -> None:
+    """Twelve rows notified before the worker starts: its first pass processes them
+    all and deletes their entries in one call, not one per row (fails with
+    SETTLE_MAX = 1)."""
+    Worker(cluster, [Copy]).register()
+    with Transaction(cluster) as txn:
+        for i in range(12):
+            txn.set("docs", b"r%02d" % i, "raw:v", b"%d" % i)
+    counting = CountingIndexWrites(cluster.store)
+    cluster.store = counting  # type: ignore[assignment]
+    try:
+        with Worker(cluster, [Copy], threads=1):
+            wait_for_observers(cluster, 60)
+    finally:
+        cluster.store = counting._store  # type: ignore[assignment]
+    assert entries(cluster) == {}
+    assert 1 <= counting.deletions <= 2
+    assert all(Snapshot(cluster).get("docs", b"r%02d" % i, "out:v") == b"%d" % i
+               for i in range(12))

@@ -1,0 +1,133 @@
+"""The store's counter as the timestamp source (a cluster store without an oracle):
+concurrent draws of one process share one request to the store, and a draw is never
+served by a request sent before it began (docs/timestamps.md: a local block of the
+counter would break snapshot isolation across clients)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from percolator import Cluster
+from percolator._store import INCREMENT
+from percolator._timestamps import StoreTimestamps
+from tests._concurrency import run_concurrently
+
+
+class ParkedRequest:
+    """A store whose first ``increment`` (a request for timestamps) stops after the
+    store answered it, until :attr:`proceed`; :attr:`requests` counts increments."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.requests = 0
+        self.parked = threading.Event()
+        self.proceed = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def increment(self, table: str, row: bytes, column: str, amount: int) -> int:
+        result: int = self._store.increment(table, row, column, amount)
+        self.requests += 1
+        if not self.parked.is_set():
+            self.parked.set()
+            assert self.proceed.wait(10)
+        return result
+
+
+def _wait_for(condition: Any) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, "the draws never queued"
+        time.sleep(0.001)
+
+
+@pytest.fixture
+def parked(cluster: Cluster) -> ParkedRequest:
+    if INCREMENT not in cluster.store.capabilities:
+        pytest.skip("the store counts with a read and a compare-and-set, not an increment")
+    StoreTimestamps(cluster.store).get_timestamp()  # the counter exists: no retry below
+    return ParkedRequest(cluster.store)
+
+
+def test_a_draw_begun_during_a_request_waits_for_the_next_one(
+    cluster: Cluster, parked: ParkedRequest
+) -> None:
+    """A request of this process has been answered but not handed out; meanwhile
+    another client draws and returns, and then a second thread of this process begins
+    a draw: it must get more than the other client's timestamp (fails with a local
+    block: a spare timestamp of the first request would be below it)."""
+    mine = StoreTimestamps(parked)  # type: ignore[arg-type]
+    theirs = StoreTimestamps(cluster.store)
+    got: dict[str, int] = {}
+    first = threading.Thread(target=lambda: got.setdefault("first", mine.get_timestamp()))
+    first.start()
+    assert parked.parked.wait(10)
+    got["theirs"] = theirs.get_timestamp()  # returns before the second draw begins
+    second = threading.Thread(target=lambda: got.setdefault("second", mine.get_timestamp()))
+    second.start()
+    _wait_for(lambda: len(mine._draws._pending) == 1)
+    parked.proceed.set()
+    first.join(10)
+    second.join(10)
+    assert got["first"] < got["theirs"] < got["second"]
+    assert parked.requests == 2
+
+
+def test_draws_queued_behind_a_request_share_the_next(
+    cluster: Cluster, parked: ParkedRequest
+) -> None:
+    """Three draws queued while a request is out are served by one more request, each
+    its own range (fails when every draw sends its own request: four)."""
+    mine = StoreTimestamps(parked)  # type: ignore[arg-type]
+    got: list[range] = []
+    lock = threading.Lock()
+
+    def draw(n: int) -> None:
+        taken = mine.get_timestamps(n)
+        with lock:
+            got.append(taken)
+
+    threads = [threading.Thread(target=draw, args=(1,))]
+    threads[0].start()
+    assert parked.parked.wait(10)
+    threads += [threading.Thread(target=draw, args=(n,)) for n in (1, 2, 3)]
+    for thread in threads[1:]:
+        thread.start()
+    _wait_for(lambda: len(mine._draws._pending) == 3)
+    parked.proceed.set()
+    for thread in threads:
+        thread.join(10)
+    assert parked.requests == 2
+    taken = sorted(t for r in got for t in r)
+    assert len(taken) == 7 and len(set(taken)) == 7
+    assert sorted(len(r) for r in got) == [1, 1, 2, 3]
+
+
+def test_concurrent_draws_of_two_clients_are_unique(cluster: Cluster) -> None:
+    """Two clients of four threads each on one counter, with real threads."""
+    clients = [StoreTimestamps(cluster.store), StoreTimestamps(cluster.store)]
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def draw(i: int) -> None:
+        mine = [clients[i % 2].get_timestamp() for _ in range(25)]
+        assert mine == sorted(mine)  # a thread's draws are in its real-time order
+        with lock:
+            got.extend(mine)
+
+    run_concurrently(draw, 8)
+    assert len(got) == len(set(got)) == 200
+
+
+def test_a_draw_after_another_clients_draw_returned_is_above_it(cluster: Cluster) -> None:
+    """Real-time order across clients of one counter (fails with a local block of the
+    counter: the second draw of ``mine`` would come from the block its first took)."""
+    mine, theirs = StoreTimestamps(cluster.store), StoreTimestamps(cluster.store)
+    a = mine.get_timestamp()
+    b = theirs.get_timestamp()
+    assert a < b < mine.get_timestamp()
