@@ -94,7 +94,8 @@ def connect(
     anything (each announces its own; see :mod:`percolator._safe_point`).
     *store_options* are the store's own options, the same keys as its url's query
     (``busy_timeout`` for SQLite; ``timeout``, ``table_prefix``... for Bigtable and
-    HBase: docs/embedded.md, docs/bigtable.md, docs/hbase.md); the url's query wins.
+    HBase: docs/embedded.md, docs/bigtable.md, docs/hbase.md); on every store a keyword
+    overrides the same key in the url's query, and durations are seconds.
 
     The returned :class:`Cluster` is thread-safe: share one per process. Any number of
     processes (and, with a cluster store, hosts) may connect to one repository at once.

@@ -38,13 +38,13 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
 from percolator import _forks
 from percolator import metrics as _metrics
 from percolator._errors import InvalidArgument, StoreUnavailable, UnknownTableError
 from percolator._store import Mutation, Read, RowCells, check_skip_tag, drop_skipped
 from percolator.stores import REQUESTS
+from percolator.stores._url import check_scan, parse_store_url
 
 __all__ = ["SqliteStore", "open_sqlite_store"]
 
@@ -60,21 +60,15 @@ _FORMAT = 2
 
 def open_sqlite_store(url: str, **options: Any) -> SqliteStore:
     """Open ``sqlite:///absolute/path.db`` (``sqlite:///:memory:`` is refused: the
-    store is shared between connections). Query options: ``busy_timeout`` (s)."""
-    parts = urlsplit(url)
-    if parts.netloc or not parts.path.startswith("/") or parts.path == "/":
+    store is shared between connections). Option (query or keyword, the keyword
+    wins): ``busy_timeout`` (seconds, default 60)."""
+    parsed = parse_store_url(url, "sqlite", options, known=("busy_timeout",))
+    parts = parsed.parts
+    if parts.netloc or not parts.path.startswith("/") or parts.path == "/" or parts.fragment:
         raise InvalidArgument(
             f"bad sqlite url {url!r}: expected 'sqlite:///absolute/path/to/file.db'"
         )
-    query = dict(parse_qsl(parts.query))
-    query.update({k: str(v) for k, v in options.items()})
-    try:
-        busy = float(query.pop("busy_timeout", "60"))
-    except ValueError:
-        raise InvalidArgument(f"bad busy_timeout in {url!r}: expected seconds") from None
-    if query:
-        raise InvalidArgument(f"unknown sqlite store options {sorted(query)} in {url!r}")
-    return SqliteStore(parts.path, busy_timeout=busy)
+    return SqliteStore(parts.path, busy_timeout=parsed.seconds("busy_timeout", 60.0))
 
 
 def _collect_puts(
@@ -595,10 +589,22 @@ class SqliteStore:
     ) -> Iterator[tuple[bytes, RowCells]]:
         if _metrics._enabled:
             next(REQUESTS.scan)
-        if not reads:
-            return
-        names = [self._family(table, read.family) for read in reads]
+        check_scan(start, stop, batch_size)
         skips = [check_skip_tag(read) for read in reads]
+        if not reads:
+            return iter(())
+        return self._scan(table, start, stop, reads, skips, batch_size)
+
+    def _scan(
+        self,
+        table: str,
+        start: bytes | None,
+        stop: bytes | None,
+        reads: Sequence[Read],
+        skips: list[bytes | None],
+        batch_size: int,
+    ) -> Iterator[tuple[bytes, RowCells]]:
+        names = [self._family(table, read.family) for read in reads]
         # In a family of one version, skipping tagged versions is a WHERE term: with
         # the family's partial index (see any_untagged), a scan for held locks costs
         # the held locks instead of every lock cell. Elsewhere it is applied below.
