@@ -50,6 +50,7 @@ from typing import Any
 
 from observers._observer import Observer, ObserverTransaction, check_observer
 from observers._periodic import Periodic
+from observers._recipes import load_object
 from percolator._cluster import Cluster
 from percolator._commit import commit_group, commit_transaction, one_phase_steps
 from percolator._encoding import NOTIFY
@@ -1000,19 +1001,7 @@ def load_observers(spec: str) -> Sequence[Observer | type[Observer]]:
 
     :raises InvalidArgument: when *spec* is malformed or names nothing suitable.
     """
-    import importlib
-
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise InvalidArgument(f"bad observers spec {spec!r}: expected 'package.module:NAME'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise InvalidArgument(f"cannot import {module_name!r} from {spec!r}: {e}") from e
-    try:
-        value = getattr(module, attr)
-    except AttributeError:
-        raise InvalidArgument(f"module {module_name!r} has no attribute {attr!r}") from None
+    value = load_object(spec, "observers spec")
     if isinstance(value, Observer) or (isinstance(value, type) and issubclass(value, Observer)):
         return [value]
     if isinstance(value, list | tuple):

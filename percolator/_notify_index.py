@@ -44,7 +44,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from percolator._encoding import FREE_TAG, LOCK, META_TABLE, NOTIFY, Free, decode_lock
+from percolator._encoding import (
+    FREE_TAG,
+    LOCK,
+    META_TABLE,
+    NOTIFY,
+    Free,
+    decode_lock,
+    split_column,
+)
 from percolator._lock_resolver import resolve_lock
 from percolator._store import Mutation, Read
 
@@ -131,7 +139,7 @@ def settle(
         cells = cluster.store.read_rows(table, [row], reads).get(row, {})
         found = set()
         for name, versions in cells.items():
-            family, _, column = name.partition(":")
+            family, column = split_column(name)
             if family == LOCK and versions:
                 state = decode_lock(versions[0][1])
                 if isinstance(state, Free):
@@ -173,7 +181,7 @@ def indexed_cells(
         found = cluster.store.read_rows(table, list(rows), narrowed)
         for row, indexed in rows.items():
             cells = {name: versions for name, versions in found.get(row, {}).items()
-                     if name.partition(":")[2] in indexed}
+                     if split_column(name)[1] in indexed}
             if cells:
                 yield table, row, cells
 

@@ -62,6 +62,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 from percolator import metrics as _metrics
+from percolator._encoding import split_column
 from percolator._errors import (
     InvalidArgument,
     StoreUnavailable,
@@ -148,8 +149,8 @@ def _require_dependency() -> None:
 def _split_column(column: str) -> tuple[str, bytes]:
     if not isinstance(column, str):
         raise InvalidArgument(f"column must be a str 'family:qualifier', got {column!r}")
-    family, sep, qualifier = column.partition(":")
-    if not sep:
+    family, qualifier = split_column(column)
+    if ":" not in column:
         raise InvalidArgument(f"column must be 'family:qualifier', got {column!r}")
     _check_family(family)
     return family, qualifier.encode("utf-8")

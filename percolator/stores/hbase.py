@@ -101,7 +101,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from percolator import metrics as _metrics
-from percolator._encoding import LOCK, NOTIFY
+from percolator._encoding import LOCK, NOTIFY, split_column
 from percolator._errors import (
     InvalidArgument,
     PercolatorError,
@@ -212,7 +212,7 @@ def _upper(max_ts: int | None) -> int:
 
 
 def _selects(read: Read, column: str) -> bool:
-    family, _, qualifier = column.partition(":")
+    family, qualifier = split_column(column)
     return family == read.family and (read.qualifiers is None or qualifier in read.qualifiers)
 
 
@@ -695,7 +695,7 @@ class HBaseStore:
         pending: list[tuple[Read, bytes, str]] = []
         for row, cells in latest.items():
             for column, (ts, value) in cells.items():
-                family, _, qualifier = column.partition(":")
+                family, qualifier = split_column(column)
                 for read, qualifiers in plan.by_family.get(family, ()):
                     if (qualifiers is not None and qualifier not in qualifiers) or (
                         ts < read.min_ts

@@ -41,6 +41,7 @@ from typing import Any
 
 from percolator import _forks
 from percolator import metrics as _metrics
+from percolator._encoding import split_column
 from percolator._errors import InvalidArgument, StoreUnavailable, UnknownTableError
 from percolator._store import Mutation, Read, RowCells, check_skip_tag, drop_skipped
 from percolator.stores import REQUESTS
@@ -81,7 +82,7 @@ def _collect_puts(
             raise InvalidArgument(
                 f"timestamps must be integers >= 0, got {ts!r} for column {column!r}"
             )
-        family, _, qual = column.partition(":")
+        family, qual = split_column(column)
         by_family.setdefault(family, []).append((row, qual, ts, value))
 
 
@@ -793,13 +794,13 @@ class SqliteStore:
                 deletes: dict[str, list[tuple[bytes, str, int]]] = {}
                 for mutation in mutations:
                     for column, max_ts in mutation.deletes:
-                        family, _, qual = column.partition(":")
+                        family, qual = split_column(column)
                         if family in puts:
                             self._flush_puts(db, table, {family: puts.pop(family)})
                         deletes.setdefault(family, []).append((mutation.row, qual, max_ts))
                     if deletes:
                         for column, _, _ in mutation.puts:
-                            family = column.partition(":")[0]
+                            family = split_column(column)[0]
                             if family in deletes:
                                 self._flush_deletes(db, table, {family: deletes.pop(family)})
                     _collect_puts(puts, mutation.row, mutation.puts)
@@ -828,7 +829,7 @@ class SqliteStore:
     ) -> bool:
         if _metrics._enabled:
             next(REQUESTS.check_and_set)
-        family, _, qual = column.partition(":")
+        family, qual = split_column(column)
         try:
             name = self._family(table, family)
             # One conditional statement decides; a family of single versions has at most
@@ -865,7 +866,7 @@ class SqliteStore:
     def delete_if(self, table: str, row: bytes, column: str, expected: bytes) -> bool:
         """Remove the single-version cell ``(row, column)`` if its value is *expected*
         (:class:`percolator._store.ConditionalDelete`): one conditional statement."""
-        family, _, qual = column.partition(":")
+        family, qual = split_column(column)
         try:
             name = self._family(table, family)
             with self._write() as db:
@@ -982,7 +983,7 @@ class SqliteStore:
                 new_seen = new
             slot = compared.get(column)
             if slot is None:
-                family, _, qual = column.partition(":")
+                family, qual = split_column(column)
                 self._family(table, family)
                 if families[family] != 1:
                     return None
@@ -1002,7 +1003,7 @@ class SqliteStore:
                     ts_seen = ts
                 target = written.get(put_column)
                 if target is None:
-                    family, _, qual = put_column.partition(":")
+                    family, qual = split_column(put_column)
                     target = written[put_column] = (puts.setdefault(family, []), qual)
                 target[0].append((key, target[1], ts, bytearray(put_value)))
         if any(inserts[family] and updates[family] for family in inserts):
@@ -1059,7 +1060,7 @@ class SqliteStore:
         wanted: dict[str, list[tuple[bytes, str]]] = {}
         for row, column, _, _, _ in items:
             family, qual = split.get(column) or split.setdefault(
-                column, column.partition(":")[::2]
+                column, split_column(column)
             )
             key = (family, row, qual)
             if key not in current:
