@@ -31,7 +31,12 @@ from percolator._notify_index import INDEX_FAMILIES, INDEX_TABLE, uses_index
 from percolator._retry import LOCK_WAIT, RetryPolicy
 from percolator._safe_point import SafePoint
 from percolator._store import Mutation, Read, Store
-from percolator._timestamps import HostTimestamps, StoreTimestamps, TimestampSource
+from percolator._timestamps import (
+    HostTimestamps,
+    StoreTimestamps,
+    TimestampSource,
+    open_oracle,
+)
 from percolator._tls import TlsConfig, check_tls
 from percolator.metrics import record_gc_pass
 from percolator.stores import open_store
@@ -165,9 +170,7 @@ def connect(
             closers.append(coordination)
         timestamps: TimestampSource
         if oracle is not None:
-            from oracle import OracleClient
-
-            timestamps = OracleClient(
+            timestamps = open_oracle(
                 oracle, deadline=oracle_deadline, tls=oracle_tls, zookeeper_tls=zookeeper_tls
             )
         elif getattr(store, "path", None):
