@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+from percolator import InvalidArgument, TransactionBase
 from percolator._encoding import WRITE, WriteKind, check_column, check_table, decode_write
-from percolator._errors import InvalidArgument
 from percolator._store import Read, RowCells
-from percolator._transaction import TransactionBase
 
 if TYPE_CHECKING:
-    from percolator._cluster import Cluster
+    from percolator import Cluster
 
 __all__ = ["Observer"]
 

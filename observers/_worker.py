@@ -51,10 +51,8 @@ from typing import Any
 from observers._observer import Observer, ObserverTransaction, check_observer
 from observers._periodic import Periodic
 from observers._recipes import load_object
-from percolator._cluster import Cluster
-from percolator._commit import commit_group, commit_transaction, one_phase_steps
-from percolator._encoding import NOTIFY
-from percolator._errors import (
+from percolator import (
+    Cluster,
     CommitUnknownError,
     CoordinationError,
     InvalidArgument,
@@ -64,6 +62,8 @@ from percolator._errors import (
     StoreUnavailable,
     is_retryable,
 )
+from percolator._commit import commit_group, commit_transaction, one_phase_steps
+from percolator._encoding import NOTIFY
 from percolator._notifications import (
     NOTIFY_WEAK,
     Quarantined,

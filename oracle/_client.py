@@ -41,8 +41,8 @@ from oracle._target import (
     parse_target,
     zk_paths,
 )
-from percolator._errors import InvalidArgument, OracleUnavailable, TlsError
-from percolator._tls import HTTP2_PREFACE, TlsConfig, check_tls, diagnose
+from percolator import InvalidArgument, OracleUnavailable, TlsConfig, TlsError
+from percolator._tls import HTTP2_PREFACE, check_tls, diagnose
 from percolator._zk_client import make_client, start_client
 
 if TYPE_CHECKING:
