@@ -42,7 +42,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from percolator._encoding import (
     FREE_TAG,
@@ -53,11 +53,11 @@ from percolator._encoding import (
     decode_lock,
     split_column,
 )
-from percolator._lock_resolver import resolve_lock
+from percolator._lock_resolver import LockHost, resolve_lock
 from percolator._store import Mutation, Read
 
 if TYPE_CHECKING:
-    from percolator._cluster import Cluster
+    from percolator._timestamps import TimestampSource
 
 __all__ = [
     "INDEX_FAMILIES",
@@ -79,6 +79,14 @@ _ENTRY = b"1"
 _MIGRATED = b"notify-index/"
 
 
+class IndexHost(LockHost, Protocol):
+    """What the notification index uses of a cluster: what lock resolution does, and
+    its timestamps (entries it writes again, and the migration marker, take a fresh
+    timestamp)."""
+
+    @property
+    def timestamps(self) -> TimestampSource: ...
+
 def uses_index(store: object) -> bool:
     """Whether notifications on *store* are found through the index."""
     return bool(getattr(store, "notify_index", False))
@@ -97,7 +105,7 @@ def parse_key(key: bytes) -> tuple[str, bytes]:
     return name.decode(), row
 
 
-def write_entries(cluster: Cluster, cells: Iterable[tuple[str, bytes, str]], ts: int) -> None:
+def write_entries(cluster: IndexHost, cells: Iterable[tuple[str, bytes, str]], ts: int) -> None:
     """Write index entries for the notify cells ``(table, row, column)`` (a no-op on a
     store without the index)."""
     if not uses_index(cluster.store):
@@ -110,7 +118,7 @@ def write_entries(cluster: Cluster, cells: Iterable[tuple[str, bytes, str]], ts:
 
 
 def scan_index(
-    cluster: Cluster, start: bytes | None, stop: bytes | None, batch_size: int = 128
+    cluster: IndexHost, start: bytes | None, stop: bytes | None, batch_size: int = 128
 ) -> Iterator[tuple[str, bytes, dict[str, int]]]:
     """Index entries in ``[start, stop)``: ``(table, row, {column: newest entry ts})``."""
     for key, cells in cluster.store.scan(INDEX_TABLE, start, stop, [Read("n")],
@@ -120,7 +128,7 @@ def scan_index(
 
 
 def settle(
-    cluster: Cluster, table: str, row: bytes, entries: dict[str, int], *, look_first: bool = True
+    cluster: IndexHost, table: str, row: bytes, entries: dict[str, int], *, look_first: bool = True
 ) -> list[str]:
     """Delete the index entries *entries* (``{column: newest entry ts seen}``) of
     *row* whose cell is settled (no notify version, lock FREE), keeping the others;
@@ -164,7 +172,7 @@ def settle(
 
 
 def indexed_cells(
-    cluster: Cluster, tables: Iterable[str], reads: Iterable[Read], batch_rows: int = 100
+    cluster: IndexHost, tables: Iterable[str], reads: Iterable[Read], batch_rows: int = 100
 ) -> Iterator[tuple[str, bytes, dict[str, list[tuple[int, bytes]]]]]:
     """``(table, row, cells)`` of every indexed row of *tables*: *reads* (each
     restricted to the row's indexed columns) of the rows the index names, a batch of
@@ -195,7 +203,7 @@ def indexed_cells(
         yield from flush(table)
 
 
-def is_migrated(cluster: Cluster, table: str) -> bool:
+def is_migrated(cluster: IndexHost, table: str) -> bool:
     """Whether every pending notification of *table* has an index entry (see
     :func:`migrate`)."""
     marker = _marker(table)
@@ -206,7 +214,7 @@ def _marker(table: str) -> bytes:
     return _MIGRATED + table.encode()
 
 
-def migrate(cluster: Cluster, table: str) -> int:
+def migrate(cluster: IndexHost, table: str) -> int:
     """Give every pending notification of *table* an index entry, once per table (a
     marker in the meta table remembers it). Returns how many entries were written."""
     if not uses_index(cluster.store):
