@@ -1,7 +1,10 @@
-"""Garbage collection on the embedded store: space, foreground cost, speed.
+"""Garbage collection: space, foreground cost, speed (embedded store, or real HBase).
 
     python bench/gc.py                 # the three measurements below
     python bench/gc.py --soak          # also the soak test (tests/gc/test_gc_soak.py)
+    python bench/gc.py --backend hbase # on a standalone HBase 2.6 (or the one at
+                                       # PERCOLATOR_HBASE_THRIFT, with
+                                       # PERCOLATOR_HBASE_THRIFT2 its Thrift2 server)
 
 Measured in one run, as ratios:
 
@@ -17,6 +20,12 @@ Measured in one run, as ratios:
 * **GC speed**: versions removed per second by a pass, against raw store deletes
   of the same versions (one range delete per cell, batched the same way).
 
+On HBase, storage is not a file to weigh: the first measurement is instead the
+**residue** of cells written and then deleted, after one pass, through Thrift1 alone
+(whose ``checkAndPut`` cannot delete, so each cell's FREE lock stays) against with the
+Thrift2 server (``thrift2=`` store option: one ``checkAndMutate`` per lock), and what
+the pass cost in each case.
+
 Every client here uses a safe-point refresh of 10 ms, so a pass waits 20 ms of
 grace rather than the default 2 s: the numbers are the work, not the wait.
 """
@@ -24,6 +33,7 @@ grace rather than the default 2 s: the numbers are the work, not the wait.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -32,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -112,10 +123,8 @@ def storage(directory: Path, cells: int, updates: int) -> dict[str, float]:
     return sizes
 
 
-def foreground(directory: Path, rows: int, windows: int, window: float,
+def foreground(url: str, directory: Path, rows: int, windows: int, window: float,
                rate: float) -> tuple[float, float, float]:
-    path = directory / "foreground.db"
-    url = f"sqlite:///{path}"
     with percolator.connect(url, safe_point_refresh=REFRESH) as c:
         c.create_table("t")
         c.create_table("big")
@@ -149,12 +158,11 @@ def foreground(directory: Path, rows: int, windows: int, window: float,
         statistics.median(ratios)
 
 
-def speed(directory: Path, cells: int, versions: int) -> tuple[float, float]:
+def speed(urls: Callable[[str], str], cells: int, versions: int) -> tuple[float, float]:
     """Versions removed per second by a pass vs by raw deletes of the same cells."""
     rates = []
     for mode in ("gc", "raw"):
-        path = directory / f"speed-{mode}.db"
-        with percolator.connect(f"sqlite:///{path}", safe_point_refresh=REFRESH) as c:
+        with percolator.connect(urls(f"speed-{mode}"), safe_point_refresh=REFRESH) as c:
             c.create_table("t")
             update_rounds(c, "t", cells, versions, None)
             if mode == "gc":
@@ -181,6 +189,43 @@ def speed(directory: Path, cells: int, versions: int) -> tuple[float, float]:
     return rates[0], rates[1]
 
 
+def residue(urls: Callable[[str], str], thrift2: str | None, cells: int) -> dict[str, float]:
+    """Cells left after *cells* cells were written, deleted and collected, and the
+    pass's seconds, through Thrift1 alone and with the Thrift2 server."""
+    found: dict[str, float] = {}
+    for mode in ("thrift1", "thrift2"):
+        if mode == "thrift2" and thrift2 is None:
+            continue
+        url = urls(f"residue-{mode}") + (f"&thrift2={thrift2}" if mode == "thrift2" else "")
+        with percolator.connect(url, safe_point_refresh=REFRESH) as c:
+            c.create_table("t")
+            for start in range(0, cells, 500):
+                batch = range(start, min(start + 500, cells))
+                for delete in (False, True):
+                    with percolator.Transaction(c) as txn:
+                        for i in batch:
+                            if delete:
+                                txn.delete("t", b"cell%06d" % i, "c:v")
+                            else:
+                                txn.set("t", b"cell%06d" % i, "c:v", VALUE)
+            t0 = time.perf_counter()
+            c.gc(retention=0)
+            found[mode + " seconds"] = time.perf_counter() - t0 - 2 * REFRESH
+            found[mode + " cells"] = sum(
+                len(cols) for _, cols in c.store.scan("t", None, None, [Read("l"), Read("w")])
+            )
+    return found
+
+
+@contextlib.contextmanager
+def _hbase() -> Iterator[tuple[str, str | None]]:
+    """A real HBase's Thrift1 and (if it has one) Thrift2 ``host:port``."""
+    from tests._hbase import hbase_for_bench
+
+    with hbase_for_bench("hbase") as hostport:
+        yield hostport, os.environ.get("PERCOLATOR_HBASE_THRIFT2")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cells", type=int, default=1000)
@@ -194,17 +239,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=1.0, help="seconds per window")
     parser.add_argument("--soak", action="store_true", help="also run the soak test")
     parser.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
+    parser.add_argument("--backend", choices=("sqlite", "hbase"), default="sqlite")
     args = parser.parse_args(argv)
+    command = "python bench/gc.py" + (f" {' '.join(argv)}" if argv else
+                                      " " + " ".join(sys.argv[1:])).rstrip()
+    if args.backend == "hbase":
+        return main_hbase(args, command)
     directory = Path(tempfile.mkdtemp(prefix="percolator-bench-gc-"))
     try:
         sizes = storage(directory, args.cells, args.updates)
-        idle, busy, ratio = foreground(directory, args.rows, args.windows, args.window,
-                                       args.gc_rate)
-        gc_rate, raw_rate = speed(directory, args.cells, args.updates)
+        idle, busy, ratio = foreground(f"sqlite:///{directory / 'foreground.db'}", directory,
+                                       args.rows, args.windows, args.window, args.gc_rate)
+        gc_rate, raw_rate = speed(lambda name: f"sqlite:///{directory / name}.db",
+                                  args.cells, args.updates)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    command = "python bench/gc.py" + (f" {' '.join(argv)}" if argv else
-                                      " " + " ".join(sys.argv[1:])).rstrip()
     text = f"""## Garbage collection, sqlite (bench/gc.py)
 
 - machine: {os.cpu_count()} cores, {cpu_model()}, CPython {sys.version.split()[0]}
@@ -240,6 +289,52 @@ written between passes) | {sizes['with'] / sizes['live']:.2f} |
         return subprocess.call(
             [sys.executable, "-m", "pytest", "-q", "--run-slow", "-p", "no:cacheprovider",
              "tests/gc/test_gc_soak.py"], cwd=ROOT)
+    return 0
+
+
+def main_hbase(args: argparse.Namespace, command: str) -> int:
+    from tests._hbase import hbase_store_url
+
+    directory = Path(tempfile.mkdtemp(prefix="percolator-bench-gc-"))
+    try:
+        with _hbase() as (hostport, thrift2):
+            def urls(name: str) -> str:
+                return hbase_store_url(hostport, f"gc_{name}")
+            left = residue(urls, thrift2, args.cells)
+            idle, busy, ratio = foreground(urls("foreground"), directory, args.rows,
+                                           args.windows, args.window, args.gc_rate)
+            gc_rate, raw_rate = speed(urls, args.cells, args.updates)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    with_thrift2 = (
+        f"| cells left, with the Thrift2 server (`thrift2=`) | {left['thrift2 cells']:,.0f} |\n"
+        f"| the pass, with it (s) | {left['thrift2 seconds']:.2f} |\n"
+        if "thrift2 cells" in left else "| with the Thrift2 server | not run (no Thrift2) |\n"
+    )
+    text = f"""## Garbage collection, real HBase (bench/gc.py --backend hbase)
+
+- machine: {os.cpu_count()} cores, {cpu_model()}, CPython {sys.version.split()[0]}, \
+load average {os.getloadavg()[0]:.1f} at the end
+- date: {datetime.now(UTC).strftime("%Y-%m-%d %H:%M")} UTC
+- command: `{command.strip()}`
+
+| measurement | value |
+|---|---:|
+| cells written then deleted, then one pass | {args.cells:,} |
+| cells left, Thrift1 alone (each cell's FREE lock) | {left['thrift1 cells']:,.0f} |
+| the pass, Thrift1 alone (s) | {left['thrift1 seconds']:.2f} |
+{with_thrift2}| single-cell txn/s, no pass running | {idle:,.1f} |
+| single-cell txn/s, passes back to back over {args.rows:,} rows in another process, \
+{f"{args.gc_rate:,.0f} rows/s" if args.gc_rate else "no rate limit"} | {busy:,.1f} |
+| **txn/s while GC runs / without** (median of {args.windows} window pairs; target >= 0.9) \
+| **{ratio:.2f}** |
+| versions removed/s by a pass | {gc_rate:,.0f} |
+| versions removed/s by raw store deletes of the same cells | {raw_rate:,.0f} |
+| **pass / raw deletes** | **{gc_rate / raw_rate:.2f}** |
+"""
+    print(text)
+    if not args.no_write:
+        write_section("## Garbage collection, real HBase", text)
     return 0
 
 

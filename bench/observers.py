@@ -3,7 +3,8 @@ table size, commit-to-observer latency, and clumping of 2 processes x 8 threads.
 
     python bench/observers.py [--notifications 3000] [--big-rows 1000000] [--write]
     python bench/observers.py --metrics [--rounds 5] [--write]
-    python bench/observers.py --backend bigtable [--backend hbase] [--processes 1,2,4]
+    python bench/observers.py --backend bigtable [--backend hbase] [--backend hbase-real]
+        [--processes 1,2,4]
         [--notifications 1000] [--rounds 5] [--write]
 
 ``--write`` replaces the section ``## Observers (bench/observers.py)`` of BENCHMARKS.md
@@ -13,9 +14,10 @@ table size, commit-to-observer latency, and clumping of 2 processes x 8 threads.
 
 ``--backend`` measures how observer throughput grows with worker processes on a
 cluster store (issue 15): the Copier drained by each count of ``--processes`` worker
-processes on the Bigtable emulator or the HBase test server (started here, as the
-suite does), with the CPU of every process involved, to tell whether the store server,
-the clients or the protocol is the limit.
+processes on the Bigtable emulator, the HBase test server or (``hbase-real``) a
+standalone HBase 2.6 (started here, as the suite does), against raw single-cell puts
+per second on the same store in the same round, with the CPU of every process
+involved, to tell whether the store server, the clients or the protocol is the limit.
 
 ``--metrics`` measures what recording metrics costs (issue 20): single-thread worker
 throughput with metrics on (recording, an endpoint served and scraped every second)
@@ -211,17 +213,14 @@ def remote_curve(backend: str, processes: list[int], n: int, rounds: int) -> dic
     from bench.observers_remote import _cpu_seconds, _url
     from percolator._notifications import wait_until_idle
 
-    if backend == "bigtable":
-        from tests._bigtable import start_emulator as start
-    else:
-        from tests._hbase import start_test_server as start
-    server, hostport = start()
+    servers, hostport, stop = _start_store_server(backend)
     found: dict[int, list[dict[str, Any]]] = {}
     try:
         for r in range(rounds):
             for p in processes:
-                url = _url(backend, hostport, f"curve{r}x{p}")
+                url = _url(backend.removesuffix("-real"), hostport, f"curve{r}x{p}")
                 with percolator.connect(url) as cluster:
+                    raw_puts = _raw_puts_per_s(cluster, n)
                     cluster.create_table("bench")
                     cluster.observe("bench", "in:v")
                     procs = [subprocess.Popen(
@@ -233,25 +232,62 @@ def remote_curve(backend: str, processes: list[int], n: int, rounds: int) -> dic
                         load(cluster, n, b"c", per_txn=n)
                         t0, own0 = time.perf_counter(), time.process_time()
                         cpu0 = [_cpu_seconds(x.pid) for x in procs]
-                        srv0 = _cpu_seconds(server.pid)
+                        srv0 = sum(_cpu_seconds(x.pid) for x in servers)
                         wait_until_idle(cluster, 600, poll=0.2)
                         elapsed = time.perf_counter() - t0
                         cpu = [_cpu_seconds(x.pid) - c for x, c in zip(procs, cpu0, strict=True)]
-                        srv = _cpu_seconds(server.pid) - srv0
+                        srv = sum(_cpu_seconds(x.pid) for x in servers) - srv0
                         own = time.process_time() - own0
                     finally:
                         for x in procs:
                             x.send_signal(signal.SIGTERM)
                         for x in procs:
                             x.wait(60)
-                row = {"per_s": n / elapsed, "worker_cpu_pct": [100 * c / elapsed for c in cpu],
+                row = {"per_s": n / elapsed, "raw_puts_per_s": raw_puts,
+                       "worker_cpu_pct": [100 * c / elapsed for c in cpu],
                        "server_cpu_pct": 100 * srv / elapsed, "bench_cpu_pct": 100 * own / elapsed}
                 print(backend, p, row, flush=True)
                 found.setdefault(p, []).append(row)
     finally:
+        stop()
+    return {"backend": backend, "n": n, "rounds": rounds, "by_processes": found}
+
+
+def _start_store_server(backend: str) -> tuple[list[Any], str, Any]:
+    """The store's server processes (their CPU is measured), its ``host:port``, and
+    how to stop it: the Bigtable emulator, the HBase Thrift test server, or
+    (``hbase-real``) a standalone HBase 2.6 (its HBase and Thrift JVMs)."""
+    if backend == "hbase-real" and os.environ.get("PERCOLATOR_HBASE_THRIFT"):
+        # An HBase of the caller's (scripts/hbase): its CPU is not measured here.
+        return [], os.environ["PERCOLATOR_HBASE_THRIFT"], lambda: None
+    if backend == "hbase-real":
+        from tests._hbase_local import LocalHBase
+
+        hbase = LocalHBase().start()
+        return [hbase.hbase, hbase.thrift], hbase.hostport, hbase.stop
+    if backend == "bigtable":
+        from tests._bigtable import start_emulator as start
+    else:
+        from tests._hbase import start_test_server as start
+    server, hostport = start()
+
+    def stop() -> None:
         server.kill()
         server.wait()
-    return {"backend": backend, "n": n, "rounds": rounds, "by_processes": found}
+    return [server], hostport, stop
+
+
+def _raw_puts_per_s(cluster: percolator.Cluster, n: int) -> float:
+    """Single-cell raw store puts per second, one call each, as the drain's baseline."""
+    from percolator._store import Mutation
+
+    cluster.store.create_table("rawputs", {"c": 1})
+    t0 = time.perf_counter()
+    for i in range(n):
+        cluster.store.mutate_rows("rawputs", [Mutation(b"row%06d" % i, puts=[("c:v", 1, b"v")])])
+    rate = n / (time.perf_counter() - t0)
+    cluster.store.drop_table("rawputs")  # not a percolator table: the drain's scans skip none
+    return rate
 
 
 def remote_report(results: list[dict[str, Any]], command: str) -> str:
@@ -261,10 +297,11 @@ def remote_report(results: list[dict[str, Any]], command: str) -> str:
     lines = [*header(REMOTE_SECTION, command, "observer `Copier`; each worker process "
                      "with its default scanner threads (4 on remote stores); median of the "
                      "rounds; CPU as % of one core over the drain, measured from /proc"), "",
-             "| store | worker processes | notifications/s | vs 1 process | CPU per worker "
+             "| store | worker processes | notifications/s | vs 1 process | raw puts/s "
+             "(same round) | notifications / raw puts | CPU per worker "
              "process | store server CPU | bench process CPU | CPU ms per notification: "
              "workers + server | the machine's bound from CPU alone |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for result in results:
         rates = {p: statistics.median(r["per_s"] for r in rows)
                  for p, rows in result["by_processes"].items()}
@@ -273,11 +310,14 @@ def remote_report(results: list[dict[str, Any]], command: str) -> str:
             worker = statistics.median(c for r in rows for c in r["worker_cpu_pct"])
             server = statistics.median(r["server_cpu_pct"] for r in rows)
             own = statistics.median(r["bench_cpu_pct"] for r in rows)
+            raw = statistics.median(r["raw_puts_per_s"] for r in rows)
+            ratio = statistics.median(r["per_s"] / r["raw_puts_per_s"] for r in rows)
             client_ms = 10 * worker * p / rates[p]
             server_ms = 10 * server / rates[p]
             bound = 1000 * cores / (client_ms + server_ms + 10 * own / rates[p])
             lines.append(f"| {result['backend']} | {p} | {rates[p]:,.0f} | "
-                         f"{rates[p] / first:.2f}x | {worker:.0f}% | {server:.0f}% | "
+                         f"{rates[p] / first:.2f}x | {raw:,.0f} | {ratio:.2f} | "
+                         f"{worker:.0f}% | {server:.0f}% | "
                          f"{own:.0f}% | {client_ms:.1f} + {server_ms:.1f} | "
                          f"{bound:,.0f}/s |")
     lines += ["", "Reading: the last column is what this machine's cores could do if "
@@ -374,7 +414,8 @@ def main() -> int:
     parser.add_argument("--notifications", type=int, default=3000)
     parser.add_argument("--big-rows", type=int, default=1_000_000)
     parser.add_argument("--latency-writes", type=int, default=200)
-    parser.add_argument("--backend", action="append", choices=("bigtable", "hbase"),
+    parser.add_argument("--backend", action="append",
+                        choices=("bigtable", "hbase", "hbase-real"),
                         help="only the worker-process curve on this cluster store "
                              "(repeatable)")
     parser.add_argument("--processes", default="1,2,4",

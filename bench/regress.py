@@ -27,7 +27,8 @@ child uses only what every commit since the Figure 8 tables has (``connect``,
 ``Transaction``, the store's ``read_rows``/``mutate_rows``, ``observers.Worker``).
 
 This is a benchmark, not a test: it belongs to no test run. Run it before you stop
-whenever ``percolator/`` or ``observers/_worker.py`` changed (CONTRIBUTING.md).
+whenever ``percolator/`` or the observer worker (``observers/_worker.py`` and
+its parts) changed (CONTRIBUTING.md).
 """
 
 from __future__ import annotations

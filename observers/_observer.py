@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from percolator import InvalidArgument, TransactionBase
-from percolator._encoding import WRITE, WriteKind, check_column, check_table, decode_write
-from percolator._store import Read, RowCells
-
-if TYPE_CHECKING:
-    from percolator import Cluster
+from percolator._encoding import check_column, check_table
+from percolator._observer_hooks import ObserverRun
 
 __all__ = ["Observer"]
 
@@ -96,42 +93,8 @@ def check_observer(observer: Observer | type[Observer]) -> None:
         )
 
 
-class ObserverTransaction(TransactionBase):
+class ObserverTransaction(ObserverRun):
     """The observer's transaction: a :class:`TransactionBase` (no commit) that also
     remembers the commit timestamp of the newest write it read per cell, and that
-    the worker switches into reading and writing acknowledgement columns."""
-
-    _kind = "observer"
-
-    def __init__(self, cluster: Cluster) -> None:
-        super().__init__(cluster)
-        self._internal_columns = False
-        self._write_versions: dict[tuple[str, bytes, str], list[tuple[int, bytes]]] = {}
-        self._settles: tuple[str, bytes, str, int] | None = None
-        """(table, row, notify column, newest version) of the notification this run
-        serves: a one-phase commit deletes it in its atomic step (``_settled``), saving
-        the worker its own write afterwards."""
-        self._settled = False
-
-    def _values(self, table: str, row: bytes, cells: RowCells) -> dict[str, bytes]:
-        for name, writes in cells.items():
-            if name.startswith(f"{WRITE}:"):
-                self._write_versions[(table, row, name[2:])] = writes
-        return super()._values(table, row, cells)
-
-    def change_version(self, table: str, row: bytes, column: str) -> int:
-        """Commit timestamp of the newest PUT or DELETE of the cell at or below
-        start_ts (0: never written). Call after reading the cell."""
-        writes = self._write_versions.get((table, row, column))
-        if not writes:
-            return 0
-        ts, value = writes[0]
-        if decode_write(value)[0] is not WriteKind.ROLLBACK:
-            return ts
-        cells = self.cluster.store.read_rows(
-            table, [row], [Read(WRITE, (column,), max_ts=self.start_ts, versions=None)]
-        )
-        for ts, value in cells.get(row, {}).get(f"{WRITE}:{column}", []):
-            if decode_write(value)[0] is not WriteKind.ROLLBACK:
-                return ts
-        return 0
+    the worker switches into reading and writing acknowledgement columns (the
+    contract is :mod:`percolator._observer_hooks`)."""

@@ -14,21 +14,16 @@ from __future__ import annotations
 
 import logging
 import random
-import struct
 import threading
 import time
 from collections.abc import Callable
 
 from percolator import Cluster, InvalidArgument
-from percolator._encoding import META_TABLE
-from percolator._store import Mutation, Read
+from percolator._recipe_support import last_task_run, record_task_run
 
 __all__ = ["Periodic"]
 
 log = logging.getLogger(__name__)
-
-_ROW = b"periodic"
-_TIME = struct.Struct(">d")
 
 
 class Periodic:
@@ -68,15 +63,12 @@ class Periodic:
         self.interval = float(interval)
         self.runs = 0
         self.failures = 0
-        self._column = f"m:{name}"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def last_run(self) -> float | None:
         """Wall time when the task last finished anywhere in the cluster, or None."""
-        cells = self.cluster.store.read_rows(META_TABLE, [_ROW], [Read("m", (self.name,))])
-        versions = cells.get(_ROW, {}).get(self._column)
-        return _TIME.unpack(versions[0][1])[0] if versions else None
+        return last_task_run(self.cluster, self.name)
 
     def due(self) -> bool:
         """Whether *interval* seconds have passed since the last run by any process
@@ -106,8 +98,7 @@ class Periodic:
                               self.name, self.interval)
             # Recorded after a failure too: a failing task is not retried at once by
             # every worker in turn.
-            self.cluster.store.mutate_rows(META_TABLE, [
-                Mutation(_ROW, [(self._column, 0, _TIME.pack(time.time()))])])
+            record_task_run(self.cluster, self.name, time.time())
             return True
         finally:
             coordination.release_advisory_lock(key)

@@ -81,7 +81,7 @@ from percolator._lock_resolver import (
 )
 from percolator._notify_index import write_entries
 from percolator._safe_point import Hold
-from percolator._store import CasItem, Mutation, Read, Store
+from percolator._store import CHECK_AND_SET_MANY, CasItem, Mutation, Read, Store, offered
 
 if TYPE_CHECKING:
     from percolator._cluster import Cluster
@@ -115,10 +115,9 @@ def check_and_set_many(store: Store, table: str, items: Sequence[CasItem]) -> li
     one batch, then the cells are compared and set, as ``check_and_set`` documents."""
     if not items:
         return []
-    batched = getattr(store, "check_and_set_many", None)
+    batched = offered(store, CHECK_AND_SET_MANY)
     if batched is not None:
-        result: list[bool] = batched(table, items)
-        return result
+        return batched.check_and_set_many(table, items)
     if store.atomic_row_cas:
         return [store.check_and_set(table, r, c, e, n, p) for r, c, e, n, p in items]
     mutations = [Mutation(r, list(p)) for r, _, _, _, p in items if p]

@@ -8,9 +8,9 @@ outcome. So "the cell now holds the value I asked for" means "my compare-and-set
 applied" (or someone finished the same decision for me), whatever the store
 answered. Two answers need that check:
 
-* **False from a store that may replay an applied call** (``cas_answer_may_be_replayed``
-  on the store: HBase, whose Thrift server retries ``checkAndMutate`` inside its own
-  client without a nonce; when the first attempt applied and its response was lost,
+* **False from a store that may replay an applied call** (a store that declares
+  ``CAS_ANSWER_MAY_BE_REPLAYED``: HBase, whose Thrift server retries ``checkAndMutate``
+  inside its own client without a nonce; when the first attempt applied and its response was lost,
   the retry sees the new value and answers False);
 * **an error** (:class:`~percolator.StoreUnavailable`: a dropped connection, a
   timeout): the call may or may not have applied, on any store.
@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 from percolator._encoding import split_column
 from percolator._errors import StoreUnavailable
-from percolator._store import Read, Store
+from percolator._store import CAS_ANSWER_MAY_BE_REPLAYED, Read, Store, declares
 
 __all__ = ["lock_cas"]
 
@@ -69,6 +69,6 @@ def lock_cas(
         except StoreUnavailable:
             pass
         raise error
-    if not getattr(store, "cas_answer_may_be_replayed", False):
+    if not declares(store, CAS_ANSWER_MAY_BE_REPLAYED):
         return False
     return _holds(store, table, row, column, new)

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from percolator._coordination import Coordination, LocalCoordination
+from percolator import _embedded_mode
+from percolator._coordination import Coordination
 from percolator._encoding import (
     FAMILIES,
     FREE_TAG,
@@ -30,13 +31,8 @@ from percolator._lock_census import LockCensus
 from percolator._notify_index import INDEX_FAMILIES, INDEX_TABLE, uses_index
 from percolator._retry import LOCK_WAIT, RetryPolicy
 from percolator._safe_point import SafePoint
-from percolator._store import Mutation, Read, Store
-from percolator._timestamps import (
-    HostTimestamps,
-    StoreTimestamps,
-    TimestampSource,
-    open_oracle,
-)
+from percolator._store import EMBEDDED_FILE, Mutation, Read, Store, offered
+from percolator._timestamps import StoreTimestamps, TimestampSource, open_oracle
 from percolator._tls import TlsConfig, check_tls
 from percolator.metrics import record_gc_pass
 from percolator.stores import open_store
@@ -165,18 +161,15 @@ def connect(
         else:
             store = open_store(url, **store_options)
             closers.append(store)
-            path = getattr(store, "path", None)
-            coordination = LocalCoordination(f"{path}-locks" if path else None)
+            coordination = _embedded_mode.local_coordination(store)
             closers.append(coordination)
         timestamps: TimestampSource
         if oracle is not None:
             timestamps = open_oracle(
                 oracle, deadline=oracle_deadline, tls=oracle_tls, zookeeper_tls=zookeeper_tls
             )
-        elif getattr(store, "path", None):
-            timestamps = HostTimestamps(store, f"{store.path}-ts")  # type: ignore[attr-defined]
         else:
-            timestamps = StoreTimestamps(store)
+            timestamps = _embedded_mode.timestamps(store) or StoreTimestamps(store)
         return Cluster(
             store,
             timestamps,
@@ -253,11 +246,7 @@ class Cluster:
         self.wakeups: list[Callable[[], None]] = []
         """Called after each commit that makes a notification (workers of this process
         register here, so that a local change wakes their idle scanners at once)."""
-        # Every client of an embedded store must keep the census, however it was built.
-        path = getattr(store, "path", None)
-        self.lock_census: LockCensus | None = (
-            LockCensus(f"{path}-census") if path and hasattr(store, "any_untagged") else None
-        )
+        self.lock_census: LockCensus | None = _embedded_mode.lock_census(store)
         """Embedded store only: whether any lock may be held (reads skip the lock
         family when none can be; see :mod:`percolator._lock_census`)."""
 
@@ -441,8 +430,8 @@ class Cluster:
     def _any_lock_held(self) -> bool:
         """Embedded store: whether any lock cell of any table is not FREE (the census's
         question, answered from an index of the held locks)."""
-        held: bool = self.store.any_untagged(LOCK, FREE_TAG)  # type: ignore[attr-defined]
-        return held
+        file = offered(self.store, EMBEDDED_FILE)
+        return file is not None and file.any_untagged(LOCK, FREE_TAG)
 
     def __enter__(self) -> Cluster:
         return self

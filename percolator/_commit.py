@@ -66,7 +66,18 @@ from percolator._errors import (
 )
 from percolator._lock_resolver import check_txn_status, release, resolve_lock, write_cells
 from percolator._notify_index import write_entries
-from percolator._store import Cell, Guard, GuardedSet, Mutation, Read
+from percolator._store import (
+    ATOMICALLY,
+    SET_UNLESS,
+    Cell,
+    Guard,
+    GuardedSet,
+    Mutation,
+    Read,
+    Store,
+    declares,
+    offered,
+)
 from percolator.metrics import inc as _inc
 from percolator.metrics import observe as _observe
 
@@ -269,7 +280,7 @@ class _Committer:
             self._prewrite_all()
 
     def _prewrite_all(self) -> None:
-        guarded = self.store if isinstance(self.store, GuardedSet) else None
+        guarded = offered(self.store, SET_UNLESS)
         found: dict[int, tuple[bytes | None, list[Cell]]] = {}
         together = self._locked_together(guarded) if guarded is not None else set()
         for index, cell in enumerate(self.cells):
@@ -427,13 +438,13 @@ def committed_anyway(
     return False
 
 
-def free_locks_may_stay(store: object) -> bool:
+def free_locks_may_stay(store: Store) -> bool:
     """Whether a commit on *store* may leave an existing FREE lock as it was (the
     one-phase commit of a store that can write ``atomically``). There, a
     compare-and-set from FREE does not prove that nothing committed since the lock was
     read: who locks a cell that way must check its write records again once locked
     (nothing can commit past the lock)."""
-    return getattr(store, "atomically", None) is not None
+    return declares(store, ATOMICALLY)
 
 
 def _successor(tag: bytes) -> bytes:
@@ -514,11 +525,11 @@ def one_phase_steps(cluster: Cluster) -> tuple[
     """Where *cluster* commits in one phase (the embedded store): the store's atomic
     step (``atomically``) and the timestamp source's publication of commit timestamps
     in flight (``in_flight``, which enters the atomic step); None elsewhere."""
-    atomically = getattr(cluster.store, "atomically", None)
+    atomic = offered(cluster.store, ATOMICALLY)
     in_flight = getattr(cluster.timestamps, "in_flight", None)
-    if atomically is None or in_flight is None or not cluster.one_phase_commit:
+    if atomic is None or in_flight is None or not cluster.one_phase_commit:
         return None
-    return atomically, in_flight
+    return atomic.atomically, in_flight
 
 
 def _one_phase_check(
@@ -560,17 +571,17 @@ def _one_phase_write(committer: _Committer, found: dict[int, tuple[bytes | None,
             free = free or encode_lock(Free(start_ts, True))
             puts.append((f"{LOCK}:{cell.column}", 0, free))
         by_table.setdefault(cell.table, []).append(Mutation(cell.row, puts))
-    settles = getattr(committer.txn, "_settles", None)
-    if settles is not None:  # an observer run's notification, served by this commit
-        table, row, notify, newest = settles
-        by_table.setdefault(table, []).append(Mutation(row, deletes=[(notify, newest)]))
+    settlement = committer.txn._settlement  # see percolator._observer_hooks
+    if settlement is not None:  # an observer run's notification, served by this commit
+        by_table.setdefault(settlement.table, []).append(Mutation(
+            settlement.row, deletes=[(settlement.notify_column, settlement.newest)]))
     if batch is None:
         for table, mutations in by_table.items():
             cluster.store.mutate_rows(table, mutations)
     if committer.notifies:
         _write_notifications(committer.txn, committer.cells, commit_ts)
-    if settles is not None:
-        committer.txn._settled = True  # type: ignore[attr-defined]
+    if settlement is not None:
+        settlement.done = True
 
 
 _PREWRITE_READS: dict[tuple[str, ...], list[Read]] = {}

@@ -80,7 +80,18 @@ from percolator._encoding import (
 from percolator._errors import InvalidArgument
 from percolator._lock_resolver import resolve_lock
 from percolator._safe_point import oldest_since
-from percolator._store import Cell, ConditionalDelete, Mutation, Read, RowCells
+from percolator._store import (
+    ATOMICALLY,
+    DELETE_IF,
+    EMBEDDED_FILE,
+    VACUUM,
+    Cell,
+    Mutation,
+    Read,
+    RowCells,
+    Store,
+    offered,
+)
 
 if TYPE_CHECKING:
     from percolator._cluster import Cluster
@@ -329,9 +340,11 @@ def collect(
         if lowest is not None:
             below = min(below, lowest)
     rows = versions = cells_removed = removed_bytes = 0
-    can_delete_locks = isinstance(store, ConditionalDelete)
-    atomically: Callable[[], AbstractContextManager[None]] | None = getattr(
-        store, "atomically", None)
+    deleting = offered(store, DELETE_IF)
+    can_delete_locks = deleting is not None
+    atomic = offered(store, ATOMICALLY)
+    atomically: Callable[[], AbstractContextManager[None]] | None = (
+        atomic.atomically if atomic is not None else None)
     pace_start = time.monotonic()
     removed_by_table: dict[str, int] = {}
     for table in tables if below else ():
@@ -356,9 +369,8 @@ def collect(
                     for plan, (row, _) in zip(plans, chunk, strict=True):
                         for column, raw in plan.locks or ():
                             step()
-                            if not store.delete_if(  # type: ignore[attr-defined]
-                                table, row, column, raw
-                            ):
+                            assert deleting is not None  # plan_row plans none without it
+                            if not deleting.delete_if(table, row, column, raw):
                                 versions -= 1  # a writer took it meanwhile: it stays
             if progress is not None:
                 progress(len(chunk))
@@ -390,14 +402,15 @@ def collect(
     )
 
 
-def _vacuum(store: object) -> int | None:
+def _vacuum(store: Store) -> int | None:
     """Return free space to the file system where the store can; bytes freed."""
-    vacuum = getattr(store, "vacuum", None)
-    path = getattr(store, "path", None)
-    if vacuum is None:
+    vacuuming = offered(store, VACUUM)
+    if vacuuming is None:
         return None
+    file = offered(store, EMBEDDED_FILE)
+    path = file.path if file is not None else None
     before = _file_size(path)
-    vacuum()
+    vacuuming.vacuum()
     after = _file_size(path)
     return None if before is None or after is None else before - after
 

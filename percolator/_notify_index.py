@@ -6,7 +6,7 @@ indexes the family, and HBase keeps each column family in its own store files, s
 scan restricted to the ``n`` family reads only those files (plus one seek per region).
 Cloud Bigtable has no locality groups a client can ask for: a family-filtered scan
 reads every row of the table on the server and is billed for it. A store whose
-family-filtered scans cost O(rows) says so with ``notify_index = True``; for it,
+family-filtered scans cost O(rows) declares ``NOTIFY_INDEX`` (:mod:`percolator._store`); for it,
 every notify cell also has an **index entry** in the internal table ``__notify``:
 
 * row ``<bucket><table>\\0<row>`` (*bucket*: two hex digits of a hash of table and
@@ -54,7 +54,7 @@ from percolator._encoding import (
     split_column,
 )
 from percolator._lock_resolver import LockHost, resolve_lock
-from percolator._store import Mutation, Read
+from percolator._store import NOTIFY_INDEX, Mutation, Read, Store, declares
 
 if TYPE_CHECKING:
     from percolator._timestamps import TimestampSource
@@ -87,9 +87,10 @@ class IndexHost(LockHost, Protocol):
     @property
     def timestamps(self) -> TimestampSource: ...
 
-def uses_index(store: object) -> bool:
+
+def uses_index(store: Store) -> bool:
     """Whether notifications on *store* are found through the index."""
-    return bool(getattr(store, "notify_index", False))
+    return declares(store, NOTIFY_INDEX)
 
 
 def index_key(table: str, row: bytes) -> bytes:

@@ -37,45 +37,69 @@ notification asked for has happened; other stores merely run the observer once m
 (``tests/observers/test_weak_notifications.py``).
 
 Optional capabilities. A backend may offer more than the contract where its store does
-the same work in fewer round trips; callers check for it (``getattr``, or ``isinstance``
-with its protocol class) and fall back to the contract methods without it, so the
-protocol never depends on one:
+the same work in fewer round trips, or where it is embedded. Each backend states what
+it offers in :attr:`Store.capabilities`, a set of the :class:`Capability` constants
+below, and callers ask for one with :func:`offered` (the store, typed as the
+capability's protocol, or None) or :func:`declares` (a flag); they fall back to the
+contract methods without it, so the protocol never depends on one.
+``tests/stores/test_capabilities.py`` checks that every backend, and every test double
+that wraps one, declares exactly what it implements.
 
-* ``cas_answer_may_be_replayed = True``: a False from :meth:`Store.check_and_set` may
-  answer a retry, below us, of an attempt that applied (HBase's Thrift server retries
-  ``checkAndMutate`` without a nonce); lock-cell compare-and-sets then read the cell
-  again (``percolator/_cas.py``).
-* ``increment(table, row, column, amount) -> int`` (:class:`Incrementing`): an atomic
-  counter, one round trip (Bigtable ``ReadModifyWriteRow``, HBase ``atomicIncrement``).
-  :class:`~percolator._timestamps.StoreTimestamps` draws each timestamp with it.
-* ``set_unless(table, row, column, new, guards, puts) -> bool`` (:class:`GuardedSet`):
-  a conditional mutation whose condition is "no cell of the row matches any
-  :class:`Guard`", one round trip (Bigtable ``CheckAndMutateRow`` with a filter
-  predicate; HBase Thrift1's ``checkAndPut`` can only compare one value). The two-phase
-  prewrite folds its conflict check into it (``percolator/_commit.py``).
-* ``check_and_set_many(table, items) -> list[bool]`` (:class:`BatchedCas`): many
-  compare-and-sets in fewer round trips than one each, for bulk writers
-  (``percolator/_bulk.py``): SQLite decides a batch in one write transaction; Bigtable
-  sends one ``CheckAndMutateRow`` per row (its cells compared and set together, see
-  ``percolator/stores/_cas_rows.py``), several rows at a time. HBase Thrift1 cannot:
-  ``checkAndPut`` compares and sets one cell per call and has no batch form.
-* ``delete_if(table, row, column, expected) -> bool`` (:class:`ConditionalDelete`):
-  remove a single-version cell if its value is *expected*, one round trip (SQLite, a
-  conditional ``DELETE``; Bigtable ``CheckAndMutateRow`` with a ``DeleteFromColumn``).
-  Garbage collection removes the FREE lock cell of a deleted cell with it
-  (``percolator/_gc.py``); HBase Thrift1's ``checkAndPut`` can only put, so there that
-  lock cell stays (a few bytes).
-* ``split_keys(table) -> list[bytes]`` (:class:`SplitKeys`): row keys where the store
-  itself would cut the table for parallel reads (Bigtable ``SampleRowKeys``, HBase
-  Thrift1 ``getTableRegions``), for parallel readers (``spark_loader.read_table``);
-  without it (SQLite) they sample the row keys themselves.
+* :data:`CAS_ANSWER_MAY_BE_REPLAYED` (a flag, HBase): a False from
+  :meth:`Store.check_and_set` may answer a retry, below us, of an attempt that applied
+  (HBase's Thrift server retries ``checkAndMutate`` without a nonce); lock-cell
+  compare-and-sets then read the cell again (``percolator/_cas.py``).
+* :data:`INCREMENT` (:class:`Incrementing`): ``increment(table, row, column, amount)
+  -> int``, an atomic counter, one round trip (Bigtable ``ReadModifyWriteRow``, HBase
+  ``atomicIncrement``). :class:`~percolator._timestamps.StoreTimestamps` draws each
+  timestamp with it.
+* :data:`SET_UNLESS` (:class:`GuardedSet`): ``set_unless(table, row, column, new,
+  guards, puts) -> bool``, a conditional mutation whose condition is "no cell of the
+  row matches any :class:`Guard`", one round trip (Bigtable ``CheckAndMutateRow`` with a
+  filter predicate; HBase Thrift1's ``checkAndPut`` can only compare one value). The
+  two-phase prewrite folds its conflict check into it (``percolator/_commit.py``).
+* :data:`CHECK_AND_SET_MANY` (:class:`BatchedCas`): ``check_and_set_many(table, items)
+  -> list[bool]``, many compare-and-sets in fewer round trips than one each, for bulk
+  writers (``percolator/_bulk.py``): SQLite decides a batch in one write transaction;
+  Bigtable sends one ``CheckAndMutateRow`` per row (its cells compared and set
+  together, see ``percolator/stores/_cas_rows.py``), several rows at a time. HBase
+  Thrift1 cannot: ``checkAndPut`` compares and sets one cell per call and has no batch
+  form.
+* :data:`DELETE_IF` (:class:`ConditionalDelete`): ``delete_if(table, row, column,
+  expected) -> bool``, remove a single-version cell if its value is *expected*, one
+  round trip (SQLite, a conditional ``DELETE``; Bigtable ``CheckAndMutateRow`` with a
+  ``DeleteFromColumn``). Garbage collection removes the FREE lock cell of a deleted cell
+  with it (``percolator/_gc.py``); HBase Thrift1's ``checkAndPut`` can only put, so
+  there that lock cell stays (a few bytes).
+* :data:`SPLIT_KEYS` (:class:`SplitKeys`): ``split_keys(table) -> list[bytes]``, row
+  keys where the store itself would cut the table for parallel reads (Bigtable
+  ``SampleRowKeys``, HBase Thrift1 ``getTableRegions``), for parallel readers
+  (``spark_loader.read_table``) and the workers' scan starts; without it (SQLite) they
+  sample the row keys themselves.
+* :data:`NOTIFY_INDEX` (a flag, Bigtable): a family-filtered scan reads every row on
+  the server, so notifications are found through an index
+  (``percolator/_notify_index.py``).
+
+The embedded store (SQLite, ``percolator/_embedded_mode.py``) offers four more:
+
+* :data:`ATOMICALLY` (:class:`AtomicSteps`): ``atomically()``, a context in which every
+  call of the thread is one atomic write step: the one-phase commit
+  (``percolator/_commit.py``) and garbage collection (``percolator/_gc.py``) use it.
+* :data:`SINGLE_WRITER` (a flag): one writer at a time; workers default to one scanner
+  thread and take turns at the store (``observers/_turns.py``).
+* :data:`EMBEDDED_FILE` (:class:`EmbeddedFile`): ``path``, the store's file, beside
+  which the cluster keeps its sidecar files, and ``any_untagged(family, tag)``, the
+  lock census's question (``percolator/_lock_census.py``).
+* :data:`VACUUM` (:class:`Vacuuming`): ``vacuum()``, return free space to the file
+  system after garbage collection.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, cast, runtime_checkable
 
 from percolator._errors import InvalidArgument
 
@@ -146,12 +170,33 @@ class Mutation:
     deletes: Sequence[tuple[str, int]] = ()
 
 
+P = TypeVar("P")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Capability(Generic[P]):
+    """An optional capability of a store (see the module docstring): *name*, and the
+    *members* (methods or attributes) that a store declaring it has. A flag has none.
+    The type parameter is the protocol :func:`offered` types the store as. Each is one
+    of the constants below, compared by identity (a set lookup per commit stays cheap)."""
+
+    name: str
+    members: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"<capability {self.name}>"
+
+
+
 @runtime_checkable
 class Store(Protocol):
     """The store contract (DESIGN.md §4)."""
 
     url: str
     """Where the store lives, for messages (no secrets)."""
+
+    capabilities: frozenset[Capability[Any]]
+    """The optional capabilities this store offers (see the module docstring)."""
 
     atomic_row_cas: bool
     """True if :meth:`check_and_set` applies its ``puts`` in the same atomic step as
@@ -325,3 +370,66 @@ class SplitKeys(Protocol):
         store's own layout (regions, tablets, samples); empty when it has one range.
         Only a hint: any keys split a scan correctly."""
         ...
+
+
+@runtime_checkable
+class AtomicSteps(Protocol):
+    """A store whose calls can be grouped into one atomic write step (the embedded store)."""
+
+    def atomically(self) -> AbstractContextManager[None]:
+        """Make every call of this thread inside the block one atomic write step: all of
+        it or none of it, with no other writer in between."""
+        ...
+
+
+@runtime_checkable
+class EmbeddedFile(Protocol):
+    """A store in one local file (the embedded store), with the lock census's question."""
+
+    path: str
+    """The store's file; the cluster's sidecar files sit beside it."""
+
+    def any_untagged(self, family: str, tag: bytes) -> bool:
+        """Whether a cell of *family*, in any table that has it, holds a value that does
+        not start with the one-byte *tag*."""
+        ...
+
+
+@runtime_checkable
+class Vacuuming(Protocol):
+    """A store that can give free space back to the file system."""
+
+    def vacuum(self) -> None:
+        """Return the space of deleted cells to the file system (blocks writers)."""
+        ...
+
+
+CAS_ANSWER_MAY_BE_REPLAYED: Capability[None] = Capability("cas_answer_may_be_replayed")
+INCREMENT: Capability[Incrementing] = Capability("increment", ("increment",))
+SET_UNLESS: Capability[GuardedSet] = Capability("set_unless", ("set_unless",))
+CHECK_AND_SET_MANY: Capability[BatchedCas] = Capability(
+    "check_and_set_many", ("check_and_set_many",))
+DELETE_IF: Capability[ConditionalDelete] = Capability("delete_if", ("delete_if",))
+SPLIT_KEYS: Capability[SplitKeys] = Capability("split_keys", ("split_keys",))
+NOTIFY_INDEX: Capability[None] = Capability("notify_index")
+ATOMICALLY: Capability[AtomicSteps] = Capability("atomically", ("atomically",))
+SINGLE_WRITER: Capability[None] = Capability("single_writer")
+EMBEDDED_FILE: Capability[EmbeddedFile] = Capability("embedded_file", ("path", "any_untagged"))
+VACUUM: Capability[Vacuuming] = Capability("vacuum", ("vacuum",))
+
+CAPABILITIES: tuple[Capability[Any], ...] = (
+    CAS_ANSWER_MAY_BE_REPLAYED, INCREMENT, SET_UNLESS, CHECK_AND_SET_MANY, DELETE_IF,
+    SPLIT_KEYS, NOTIFY_INDEX, ATOMICALLY, SINGLE_WRITER, EMBEDDED_FILE, VACUUM,
+)
+"""Every optional capability."""
+
+
+def declares(store: Store, capability: Capability[Any]) -> bool:
+    """Whether *store* declares *capability*."""
+    return capability in store.capabilities
+
+
+def offered(store: Store, capability: Capability[P]) -> P | None:
+    """*store* as *capability*'s protocol if it declares it, else None (declaring means
+    implementing: ``tests/stores/test_capabilities.py``)."""
+    return cast(P, store) if capability in store.capabilities else None

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 from percolator import _forks
 from percolator._encoding import META_FAMILIES, META_TABLE
 from percolator._errors import InvalidArgument, StoreUnavailable
-from percolator._store import Read, Store
+from percolator._store import INCREMENT, Read, Store, offered
 
 __all__ = ["ORACLES", "HostTimestamps", "StoreTimestamps", "TimestampSource", "open_oracle"]
 
@@ -143,9 +143,9 @@ class StoreTimestamps:
 
     def __init__(self, store: Store) -> None:
         self._ceiling = _Ceiling(store)
-        self._increment: Callable[[str, bytes, str, int], int] | None = getattr(
-            store, "increment", None
-        )
+        counter = offered(store, INCREMENT)
+        self._increment: Callable[[str, bytes, str, int], int] | None = (
+            counter.increment if counter is not None else None)
 
     def get_timestamp(self) -> int:
         return self.get_timestamps(1)[0]

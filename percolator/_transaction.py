@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING
 
 from percolator import metrics as _metrics
 from percolator._cluster import Cluster
@@ -35,6 +36,9 @@ from percolator._retry import Attempts
 from percolator._store import Read, RowCells
 from percolator.metrics import inc as _inc
 from percolator.metrics import observe as _observe
+
+if TYPE_CHECKING:
+    from percolator._observer_hooks import Settlement
 
 __all__ = ["Snapshot", "Transaction", "TransactionBase"]
 
@@ -550,6 +554,8 @@ class TransactionBase(Snapshot):
     _kind = "user"
     """The ``kind`` label of this transaction's metrics."""
     _begun_by_kind: dict[str, Iterator[int]] = {}
+    _settlement: Settlement | None = None
+    """The notification an observer run's commit serves (:mod:`percolator._observer_hooks`)."""
 
     def __init__(self, cluster: Cluster, *, start_ts: int | None = None) -> None:
         super().__init__(cluster, start_ts=start_ts)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import percolator
 from percolator import InvalidArgument, PercolatorError
 from percolator._encoding import WRITE, check_column
-from percolator._store import Read, SplitKeys
+from percolator._store import SPLIT_KEYS, Read, offered
 from spark_loader._job import _require_pyspark, executor_cluster
 
 if TYPE_CHECKING:
@@ -148,8 +148,9 @@ def plan_ranges(cluster: percolator.Cluster, table: str, splits: int | Sequence[
     if isinstance(checked, list):
         return _ranges(checked)
     if checked is None:
-        if isinstance(cluster.store, SplitKeys):
-            store_keys = cluster.store.split_keys(table)
+        splitting = offered(cluster.store, SPLIT_KEYS)
+        if splitting is not None:
+            store_keys = splitting.split_keys(table)
             if store_keys:
                 return _ranges(store_keys)
         checked = default_parts

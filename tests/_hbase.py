@@ -158,6 +158,27 @@ def local_hbase(hbase_thrift: str) -> LocalHBase:
 
 
 @pytest.fixture(scope="session")
+def hbase_thrift2(hbase_thrift: str) -> str:
+    """``host:port`` of the session HBase's Thrift2 server (the store's ``thrift2=``
+    option), started the first time a test asks; with ``PERCOLATOR_HBASE_THRIFT``
+    naming another HBase, ``PERCOLATOR_HBASE_THRIFT2`` names its Thrift2 server."""
+    from tests._hbase_local import HBaseStartError
+
+    for hbase in _SESSION_HBASE:
+        if hbase.hostport == hbase_thrift:
+            try:
+                hbase.start_thrift2()
+            except HBaseStartError as e:
+                service_missing(f"could not start HBase's Thrift2 server: {e}")
+            return hbase.hostport2
+    chosen = os.environ.get(ENV + "2")
+    if not chosen:
+        pytest.skip(f"{ENV} names another HBase and {ENV}2 names no Thrift2 server for it "
+                    "(the Python test server has none)")
+    return chosen
+
+
+@pytest.fixture(scope="session")
 def hbase_test_server() -> Iterator[str]:
     """``host:port`` of the Python test server (with the ``percolator_test``
     namespace), for the tests that hold it to HBase's behaviour."""

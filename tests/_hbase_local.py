@@ -178,19 +178,25 @@ class LocalHBase:
     """A standalone HBase and its Thrift1 server in *data_dir* (a new temporary
     directory, removed at :meth:`stop`, if None). ``thrift_args`` are extra arguments
     of the Thrift server (e.g. ``["-f", "-c"]`` for framed transport and the compact
-    protocol); ``site`` overrides or adds ``hbase-site.xml`` properties."""
+    protocol); ``site`` overrides or adds ``hbase-site.xml`` properties. The Thrift
+    servers listen on *bind* (loopback unless told otherwise), on *thrift_port* and
+    *thrift2_port* or free ports; the Thrift2 server runs only once
+    :meth:`start_thrift2` is called (the store's ``thrift2=`` option)."""
 
     def __init__(
         self, data_dir: str | Path | None = None, *, thrift_args: Sequence[str] = (),
-        site: dict[str, str] | None = None,
+        site: dict[str, str] | None = None, bind: str = "127.0.0.1",
+        thrift_port: int | None = None, thrift2_port: int | None = None,
     ) -> None:
         self._own_dir = data_dir is None
         self.dir = Path(data_dir or tempfile.mkdtemp(prefix="percolator-hbase-"))
         self.thrift_args = list(thrift_args)
+        self.bind = bind
         self.zk_port = _free_port()
         self.master_port = _free_port()
         self.regionserver_port = _free_port()
-        self.thrift_port = _free_port()
+        self.thrift_port = thrift_port or _free_port()
+        self.thrift2_port = thrift2_port or _free_port()
         self.site = {
             "hbase.cluster.distributed": "false",
             "hbase.rootdir": f"file://{self.dir}/root",
@@ -228,6 +234,7 @@ class LocalHBase:
         }
         self.hbase: subprocess.Popen[bytes] | None = None
         self.thrift: subprocess.Popen[bytes] | None = None
+        self.thrift2: subprocess.Popen[bytes] | None = None
         self._cp = ""
         atexit.register(self.stop)
 
@@ -237,12 +244,21 @@ class LocalHBase:
         return f"127.0.0.1:{self.thrift_port}"
 
     @property
+    def hostport2(self) -> str:
+        """``host:port`` of the Thrift2 server (the store's ``thrift2=`` option)."""
+        return f"127.0.0.1:{self.thrift2_port}"
+
+    @property
     def hbase_log(self) -> Path:
         return self.dir / "logs" / "hbase.log"
 
     @property
     def thrift_log(self) -> Path:
         return self.dir / "logs" / "thrift.log"
+
+    @property
+    def thrift2_log(self) -> Path:
+        return self.dir / "logs" / "thrift2.log"
 
     # -- starting ------------------------------------------------------------------
 
@@ -304,9 +320,31 @@ class LocalHBase:
                                   f"(the Thrift server needs it)")
         self.thrift = self._jvm(
             THRIFT_HEAP, self.thrift_log, "org.apache.hadoop.hbase.thrift.ThriftServer",
-            "-b", "127.0.0.1", "-p", str(self.thrift_port), *self.thrift_args, "start",
+            "-b", self.bind, "-p", str(self.thrift_port), *self.thrift_args, "start",
         )
         self.wait_ready(timeout)
+
+    def start_thrift2(self, timeout: float = START_SECONDS) -> None:
+        """Start (or restart, on the same port) the Thrift2 server, with the Thrift1
+        server's transport and protocol, and wait until it accepts a connection (HBase
+        behind it is already serving: :meth:`start` waited for that)."""
+        if self.thrift2 is not None and self.thrift2.poll() is None:
+            return
+        if _port_taken(self.thrift2_port):
+            raise HBaseStartError(f"port {self.thrift2_port} on 127.0.0.1 is taken "
+                                  "(the Thrift2 server needs it)")
+        self.thrift2 = self._jvm(
+            THRIFT_HEAP, self.thrift2_log, "org.apache.hadoop.hbase.thrift2.ThriftServer",
+            "-b", self.bind, "-p", str(self.thrift2_port), *self.thrift_args, "start",
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(OSError):
+                socket.create_connection(("127.0.0.1", self.thrift2_port), timeout=1).close()
+                return
+            if self.thrift2.poll() is not None or time.monotonic() > deadline:
+                raise self._failed("the Thrift2 server", self.thrift2, self.thrift2_log)
+            time.sleep(0.3)
 
     def wait_ready(self, timeout: float = START_SECONDS) -> None:
         """Wait until the Thrift server answers a scan of ``hbase:meta`` (which needs
@@ -358,7 +396,8 @@ class LocalHBase:
         _kill(self.thrift)
 
     def stop(self) -> None:
-        """Kill both JVMs and remove the data directory if it was made here."""
+        """Kill the JVMs and remove the data directory if it was made here."""
+        _kill(self.thrift2)
         _kill(self.thrift)
         _kill(self.hbase)
         if self._own_dir and self.dir.exists() and not os.environ.get("PERCOLATOR_HBASE_KEEP"):
@@ -397,13 +436,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="scripts/hbase", description=__doc__.split("\n")[0])
     parser.add_argument("--dir", help="data directory (kept); default: a temporary one")
+    parser.add_argument("--thrift2", action="store_true",
+                        help="also start the Thrift2 server (the store's thrift2= option)")
+    parser.add_argument("--bind", default="127.0.0.1",
+                        help="address the Thrift servers listen on (0.0.0.0 in a container)")
+    parser.add_argument("--thrift-port", type=int, help="Thrift1 port (default: a free one)")
+    parser.add_argument("--thrift2-port", type=int, help="Thrift2 port (default: a free one)")
     parser.add_argument("thrift_args", nargs="*",
                         help="extra Thrift server arguments after --, e.g. -- -f -c")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    hbase = LocalHBase(args.dir, thrift_args=args.thrift_args)
+    hbase = LocalHBase(args.dir, thrift_args=args.thrift_args, bind=args.bind,
+                       thrift_port=args.thrift_port, thrift2_port=args.thrift2_port)
     try:
         hbase.start()
+        if args.thrift2:
+            hbase.start_thrift2()
     except HBaseStartError as e:
         print(f"scripts/hbase: {e}", file=sys.stderr)
         hbase.stop()
@@ -411,6 +459,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"HBase {hbase.dir} ready in {time.monotonic() - started:.1f} s; logs in "
           f"{hbase.dir / 'logs'}", flush=True)
     print(f"PERCOLATOR_HBASE_THRIFT={hbase.hostport}", flush=True)
+    if args.thrift2:
+        print(f"PERCOLATOR_HBASE_THRIFT2={hbase.hostport2}", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         while hbase.hbase is not None and hbase.hbase.poll() is None:

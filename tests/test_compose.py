@@ -111,10 +111,37 @@ def test_project_services_are_built_from_the_dockerfile() -> None:
 def test_zookeeper_and_hbase_images() -> None:
     zookeeper, hbase = services()["zookeeper"], services()["hbase"]
     assert zookeeper["image"].split(":")[0] == "zookeeper"
-    assert hbase["image"].split(":")[0] == "harisekhon/hbase"
-    assert {p["target"] for p in hbase["ports"]} >= {9090}  # Thrift1
+    assert {p["target"] for p in hbase["ports"]} >= {9090, 9091}  # Thrift1, Thrift2
     assert {p["target"] for p in zookeeper["ports"]} >= {2181}
     assert "healthcheck" in zookeeper and "healthcheck" in hbase
+
+
+def test_hbase_is_the_version_the_tests_run_started_by_their_launcher() -> None:
+    """The compose HBase is built from the suite's pom and started by its launcher
+    (tests/_hbase_local.py) on the ports the compose file publishes."""
+    import xml.etree.ElementTree as ET
+
+    hbase = services()["hbase"]
+    assert Path(hbase["build"]["context"]) == ROOT
+    dockerfile_path = ROOT / hbase["build"]["dockerfile"]
+    dockerfile = dockerfile_path.read_text()
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    pom = ET.parse(ROOT / "deploy" / "hbase" / "pom.xml").getroot()
+    version = pom.find("m:properties/m:hbase.version", ns).text  # type: ignore[union-attr]
+    assert hbase["image"] == f"percolator-hbase:{version}"
+    assert "COPY deploy/hbase/pom.xml deploy/hbase/pom.xml" in dockerfile
+    assert "COPY tests/_hbase_local.py tests/_hbase_local.py" in dockerfile
+    assert "!tests/_hbase_local.py" in (ROOT / ".dockerignore").read_text().splitlines()
+    cmd = ast.literal_eval(re.search(r"^CMD (\[.*?\])$", dockerfile, re.M | re.S)[1]
+                           .replace("\\\n", ""))  # type: ignore[index]
+    assert cmd[:3] == ["python", "-m", "tests._hbase_local"]
+    launcher = set(re.findall(r"--[a-z][-a-z0-9]*", option_help("tests._hbase_local")))
+    assert set(options_of(cmd)) <= launcher
+    assert value_of(cmd, "--bind") == "0.0.0.0"
+    assert value_of(cmd, "--thrift-port") == "9090" and value_of(cmd, "--thrift2-port") == "9091"
+    assert "--thrift2" in cmd
+    published = {p["target"] for p in hbase["ports"]}
+    assert {9090, 9091} <= published
 
 
 def test_oracle_replicas_match_the_oracle_cli() -> None:

@@ -25,13 +25,16 @@ docs/photon.md has this example in full, run by the test suite.
 
 Events can also be pulled in by feeds that commit their position with what they
 ingest: ``photon.LogFeed`` (growing log files) and ``photon.TableFeed`` (another
-table's committed changes).
+table's committed changes). An index ``LogFeed`` keeps where each primary sits in
+its log, not the event, and the joiner reads it back through a cache (the paper's
+EventStore).
 
 ``python -m observers.photon run|ingest|status|verify|rejoin`` (see ``--help``).
 The design, and where it departs from the seed, is in docs/photon.md.
 """
 
 from observers.photon._adapter import Adapter, BadEvent, JsonAdapter
+from observers.photon._events import EventStore, PrimaryUnreadable
 from observers.photon._feeds import FeedStatus, LogFeed, TableFeed
 from observers.photon._pipeline import (
     PLACEHOLDER,
@@ -46,11 +49,13 @@ __all__ = [
     "PLACEHOLDER",
     "Adapter",
     "BadEvent",
+    "EventStore",
     "FeedStatus",
     "IngestResult",
     "JoinPipeline",
     "JsonAdapter",
     "LogFeed",
+    "PrimaryUnreadable",
     "State",
     "TableFeed",
     "VerifyReport",

@@ -16,12 +16,14 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
 from observers import Periodic
 from observers._changes import Change, TableChanges
 from observers._logs import LogTail, decode_position, encode_position
 from observers._logs import Record as LogRecord
+from observers.photon._events import encode_ref
 from observers.photon._pipeline import JoinPipeline
 from percolator import Cluster, InvalidArgument, Snapshot, TransactionBase, transactional
 
@@ -68,6 +70,13 @@ class _Feed(Generic[T]):
         self.pipeline, self.name, self.reader = pipeline, name, reader
         self.foreign, self.event, self.batch, self.interval = foreign, event, batch, interval
         self.row = f"feed/{name}".encode()
+        self.directory: str | None = None
+        """Set by an index feed: its directory, committed as ``c:dir`` for joiners."""
+
+    def stored(self, items: Sequence[T]) -> list[bytes] | None:
+        """What the primaries' ``ev:raw`` keeps instead of the events (None: the
+        events themselves)."""
+        return None
 
     def step(self) -> int:
         """Read and ingest the next events, committing the position with them;
@@ -90,14 +99,16 @@ class _Feed(Generic[T]):
 @transactional
 def _step(txn: TransactionBase, feed: _Feed[Any]) -> int:
     p = feed.pipeline
-    cells = txn.get_row(p.meta, feed.row, ["c:pos", *(f"c:{c}" for c in COUNTERS)])
+    cells = txn.get_row(p.meta, feed.row, ["c:pos", "c:dir", *(f"c:{c}" for c in COUNTERS)])
     raw = cells.get("c:pos")
     items, after = feed.reader.read(decode_position(raw), feed.batch)
     encoded = encode_position(after)
     if not items and encoded == (raw or encode_position({})):
         return 0
     events = [feed.event(item) for item in items]
-    result = (p.log_foreign if feed.foreign else p.log_primary)(txn, events)
+    if feed.directory is not None and cells.get("c:dir") != feed.directory.encode():
+        txn.set(p.meta, feed.row, "c:dir", feed.directory.encode())
+    result = p._ingest(txn, events, foreign=feed.foreign, stored=feed.stored(items))
     for index, why in result.rejected:
         log.warning("photon %s feed %s: event refused: %s: %r", p.name, feed.name, why,
                     items[index])
@@ -126,10 +137,30 @@ class LogFeed(_Feed[LogRecord]):
 
     def __init__(self, pipeline: JoinPipeline, name: str,
                  directory: str | os.PathLike[str], pattern: str = "*.jsonl", *,
-                 foreign: bool, event: Callable[[LogRecord], bytes] = lambda r: r.data,
-                 batch: int = 500, interval: float = 0.5) -> None:
+                 foreign: bool, event: Callable[[LogRecord], bytes] | None = None,
+                 batch: int = 500, interval: float = 0.5, index: bool = False) -> None:
+        if not isinstance(index, bool):
+            raise InvalidArgument(f"index must be True or False, got {index!r}")
+        if index and (foreign is not False or event is not None):
+            raise InvalidArgument("an index LogFeed feeds primary events (foreign=False) "
+                                  "that are its lines as they are (no event=)")
         super().__init__(pipeline, name, LogTail(directory, pattern), foreign=foreign,
-                         event=event, batch=batch, interval=interval)
+                         event=event or _line, batch=batch, interval=interval)
+        if index:
+            self.directory = str(Path(directory).resolve())
+            pipeline.events.directories[name] = Path(self.directory)
+
+    def stored(self, items: Sequence[LogRecord]) -> list[bytes] | None:
+        if self.directory is None:
+            return None
+        refs = [encode_ref(self.name, r.file, r.offset, r.data) for r in items]
+        for ref, record in zip(refs, items, strict=True):  # the CacheEventStore's reader
+            self.pipeline.events.put(ref, record.data)
+        return refs
+
+
+def _line(record: LogRecord) -> bytes:
+    return record.data
 
 
 class TableFeed(_Feed[Change]):

@@ -54,21 +54,24 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from observers import Observer, Periodic
 from observers._recipes import check_pipeline
 from observers.photon._adapter import Adapter, BadEvent, JsonAdapter
+from observers.photon._events import LOGGED, EventStore
 from percolator import Cluster, InvalidArgument, Snapshot, TransactionBase, transactional
-from percolator._encoding import WRITE, WriteKind, decode_write
 from percolator._notifications import pending_notifications, quarantined
-from percolator._store import Read
+from percolator._recipe_support import committed_puts
 
 __all__ = ["PLACEHOLDER", "IngestResult", "JoinPipeline", "State", "VerifyReport", "row_key"]
 
 log = logging.getLogger(__name__)
 
 PLACEHOLDER = b"\x00photon:placeholder"
+RESERVED = b"\x00photon:"
+"""The prefix of photon's own ``ev:raw`` values (the placeholder, a log reference)."""
 """``ev:raw`` of a primary that foreign events wait for but that has not arrived."""
 RAW, TIME, STATE, WAIT, DUE, WAITERS, HELD, JOINED, DEADLINE = (
     "ev:raw", "ev:t", "j:state", "j:wait", "j:due", "j:waiters", "j:held", "ev:joined", "d:x")
@@ -152,6 +155,8 @@ class _Event:
     key: bytes
     raw: bytes
     time_ms: int | None
+    stored: bytes | None = None
+    """What ``ev:raw`` holds instead of *raw*: a log reference (``_events.py``)."""
 
 
 class JoinPipeline:
@@ -207,6 +212,9 @@ class JoinPipeline:
         if clock is not None and not callable(clock):
             raise InvalidArgument(f"clock must be a callable returning ms, got {clock!r:.80}")
         self.clock = clock or _now_ms
+        self.events = EventStore()
+        """Where the joiner looks up primaries kept as log references (an index
+        :class:`LogFeed`); replace it to size its cache."""
         prefix = f"photon.{name}."
         self.foreign, self.primary, self.joined_table, self.deadlines, self.meta = (
             prefix + part for part in ("foreign", "primary", "joined", "deadlines", "meta"))
@@ -274,7 +282,8 @@ class JoinPipeline:
 
     # --- ingest -------------------------------------------------------------------------
 
-    def _prepare(self, events: Iterable[bytes | str | Mapping[str, Any]], foreign: bool
+    def _prepare(self, events: Iterable[bytes | str | Mapping[str, Any]], foreign: bool,
+                 stored: Sequence[bytes] | None = None
                  ) -> tuple[list[_Event], list[tuple[int, str]]]:
         if isinstance(events, bytes | str | Mapping):
             raise InvalidArgument("events must be an iterable of events, not a single event")
@@ -302,13 +311,14 @@ class JoinPipeline:
                 continue
             if not isinstance(event_id, bytes) or not event_id:
                 rejected.append((i, f"the adapter gave an empty or non-bytes id {event_id!r}"))
-            elif raw == PLACEHOLDER:
-                rejected.append((i, "the event equals photon's reserved placeholder"))
+            elif raw.startswith(RESERVED):
+                rejected.append((i, f"the event begins with photon's reserved {RESERVED!r}"))
             elif when is not None and when > limit:
                 rejected.append((i, f"event time {when} is more than {MAX_SKEW_MS // 1000}s "
                                     "in the future (check the producer's clock)"))
             else:
-                prepared.append(_Event(i, row_key(event_id), raw, when))
+                prepared.append(_Event(i, row_key(event_id), raw, when,
+                                       stored[i] if stored is not None else None))
         return prepared, rejected
 
     def log_foreign(self, target: Cluster | TransactionBase,
@@ -323,10 +333,11 @@ class JoinPipeline:
         return self._ingest(target, events, foreign=False)
 
     def _ingest(self, target: Cluster | TransactionBase,
-                events: Iterable[bytes | str | Mapping[str, Any]], *, foreign: bool
-                ) -> IngestResult:
+                events: Iterable[bytes | str | Mapping[str, Any]], *, foreign: bool,
+                stored: Sequence[bytes] | None = None) -> IngestResult:
+        """*stored*: per event, what ``ev:raw`` keeps instead of it (a log reference)."""
         self._check_created()
-        prepared, rejected = self._prepare(events, foreign)
+        prepared, rejected = self._prepare(events, foreign, stored)
         result = IngestResult(rejected=rejected)
         body = _ingest_foreign if foreign else _ingest_primary
         for start in range(0, len(prepared), BATCH):
@@ -420,15 +431,9 @@ class JoinPipeline:
                 report.missing.append(fid)
         ingested = {row for row, _ in events}
         report.orphans += [row[3:] for row in outputs if row not in ingested]
-        rows = sorted(outputs)
-        for start in range(0, len(rows), 200):
-            found = cluster.store.read_rows(self.joined_table, rows[start:start + 200],
-                                             [Read(WRITE, ("ev:joined",), versions=None)])
-            for row, families in found.items():
-                puts = [ts for ts, v in families.get(f"{WRITE}:ev:joined", [])
-                        if decode_write(v)[0] is WriteKind.PUT]
-                if len(puts) > 1:
-                    report.duplicates.append(row[3:])
+        puts = committed_puts(cluster, self.joined_table, sorted(outputs), JOINED)
+        report.duplicates += [row[3:] for row, commits in sorted(puts.items())
+                              if len(commits) > 1]
         return report
 
     def rejoin(self, state: State) -> int:
@@ -519,7 +524,7 @@ def _admit(txn: TransactionBase, p: JoinPipeline, batch: Sequence[_Event],
 
 
 def _store(txn: TransactionBase, table: str, key: bytes, event: _Event) -> None:
-    txn.set(table, key, RAW, event.raw)
+    txn.set(table, key, RAW, event.raw if event.stored is None else event.stored)
     if event.time_ms is not None:
         txn.set(table, key, TIME, _MS.pack(event.time_ms))
 
@@ -582,7 +587,7 @@ def join_event(txn: TransactionBase, p: JoinPipeline, row: bytes, now_ms: int) -
     primary = txn.get_row(p.primary, primary_key, [RAW, WAITERS, HELD])
     wait = cells.get(WAIT)
     if primary.get(RAW, PLACEHOLDER) != PLACEHOLDER:
-        output = p.adapter.join(primary[RAW], raw)
+        output = p.adapter.join(_primary_event(txn, p, primary[RAW]), raw)
         if output is None:
             txn.set(p.foreign, row, STATE, b"S")
         else:
@@ -610,6 +615,19 @@ def join_event(txn: TransactionBase, p: JoinPipeline, row: bytes, now_ms: int) -
     txn.set(p.foreign, row, WAIT, _MS.pack(deadline) + primary_key)
     txn.set(p.deadlines, _MS.pack(deadline) + b"/" + row, DEADLINE, b"1")
     return True
+
+
+def _primary_event(txn: TransactionBase, p: JoinPipeline, stored: bytes) -> bytes:
+    """The primary event whose ``ev:raw`` is *stored*: itself, or looked up in the
+    log it references (through the pipeline's cache)."""
+    if not stored.startswith(LOGGED):
+        return stored
+
+    def directory_of(feed: str) -> Path | None:
+        found = txn.get(p.meta, b"feed/" + feed.encode(), "c:dir")
+        return Path(found.decode()) if found else None
+
+    return p.events.lookup(stored, directory_of)
 
 
 def _stop_waiting(txn: TransactionBase, p: JoinPipeline, row: bytes,

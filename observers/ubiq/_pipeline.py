@@ -73,6 +73,7 @@ from percolator import (
     transactional,
 )
 from percolator._notifications import ack_column, pending_notifications
+from percolator._observer_hooks import internal_columns
 
 __all__ = ["Application", "BadRecord", "LogPipeline", "Output", "Record", "WorkUnit"]
 
@@ -565,7 +566,7 @@ def _clear_forgotten(txn: TransactionBase, p: LogPipeline, row: bytes,
     """Delete the acknowledgements left on the forgotten file in *row* and its
     units, and its ``f:forgotten``, unless a notification of one of them (in
     *notified*) is pending: its observer's run is still to acknowledge it."""
-    txn._internal_columns = True  # type: ignore[attr-defined]
+    internal_columns(txn, True)  # the acknowledgements
     file_acks, unit_acks = p._acks(p.files), p._acks(p.units)
     units = _units_of(txn, p, row.decode(), ["u:state", *unit_acks])
     if (p.files, row) in notified or any((p.units, unit) in notified for unit, _ in units):

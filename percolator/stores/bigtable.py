@@ -70,6 +70,13 @@ from percolator._errors import (
     ValueTooLargeError,
 )
 from percolator._store import (
+    CHECK_AND_SET_MANY,
+    DELETE_IF,
+    INCREMENT,
+    NOTIFY_INDEX,
+    SET_UNLESS,
+    SPLIT_KEYS,
+    Capability,
     CasItem,
     Guard,
     Mutation,
@@ -466,9 +473,12 @@ class BigtableStore:
     """
 
     atomic_row_cas = True
-    notify_index = True
-    """A family-filtered scan reads every row on the server (Bigtable has no locality
-    groups to ask for): notifications are found through ``percolator/_notify_index.py``."""
+    capabilities: frozenset[Capability[Any]] = frozenset({
+        CHECK_AND_SET_MANY, DELETE_IF, INCREMENT, SET_UNLESS, SPLIT_KEYS,
+        # A family-filtered scan reads every row on the server (Bigtable has no locality
+        # groups to ask for): notifications are found through percolator/_notify_index.py.
+        NOTIFY_INDEX,
+    })
 
     def __init__(
         self,

@@ -20,6 +20,9 @@ to set them for a cluster):
   below libthrift's 100 MB ``maxMessageSize``).
 * ``compression``: of new families (``NONE``, the default, ``SNAPPY``, ``ZSTD``,
   ``LZ4``, ``GZ``...; the codec must be installed on every region server).
+* ``thrift2``: ``host:port`` of the cluster's Thrift2 server (``hbase thrift2 start``),
+  optional. Thrift1 has no conditional delete; with it, garbage collection removes a
+  deleted cell's last FREE lock too (``percolator/stores/_hbase_thrift2.py``).
 
 Failures a real cluster shows and how they are met:
 
@@ -28,7 +31,7 @@ Failures a real cluster shows and how they are met:
   sent once more on a new one; ``checkAndPut`` and ``atomicIncrement`` are not (their
   failure is :class:`~percolator.StoreUnavailable`: the call may have applied);
 * ``checkAndPut`` is retried inside the Thrift server without a nonce, so False may
-  answer a replay of an attempt that applied: :attr:`HBaseStore.cas_answer_may_be_replayed`
+  answer a replay of an attempt that applied: its capability ``CAS_ANSWER_MAY_BE_REPLAYED``
   tells the protocol to read the cell again (``percolator/_cas.py``);
 * scanner ids belong to one Thrift server: a scan holds one connection for its
   scanner's life (behind a load balancer another connection may reach another
@@ -110,6 +113,11 @@ from percolator._errors import (
     ValueTooLargeError,
 )
 from percolator._store import (
+    CAS_ANSWER_MAY_BE_REPLAYED,
+    DELETE_IF,
+    INCREMENT,
+    SPLIT_KEYS,
+    Capability,
     Cell,
     Mutation,
     Read,
@@ -155,7 +163,7 @@ FOREVER = 2**31 - 1  # HConstants.FOREVER: a family's time to live when it has n
 _LATEST = 2**63 - 1  # HConstants.LATEST_TIMESTAMP
 _OPTIONS = (
     "namespace", "table_prefix", "pool_size", "timeout", "idle_timeout", "transport",
-    "protocol", "max_request_bytes", "compression",
+    "protocol", "max_request_bytes", "compression", "thrift2",
 )
 _TRANSPORTS = ("buffered", "framed")
 _PROTOCOLS = ("binary", "compact")
@@ -199,9 +207,10 @@ def _dec(data: bytes) -> str:
 def _batch_failed_on_missing_table(message: str, name: str) -> bool:
     """Whether *message* is HBase 2.6's answer to a batch mutation of the missing table
     *name*: the TableNotFoundException's message is the bare table name, quoted as the
-    cause of each failed action (seen on a real 2.6.1)."""
+    cause of each failed action (seen on a real 2.6.1; its Thrift2 server drops the
+    exception's class name from the message)."""
     return re.search(
-        rf"RetriesExhaustedWithDetailsException: Failed \d+ actions?: {re.escape(name)}: "
+        rf"(?:RetriesExhaustedWithDetailsException: )?Failed \d+ actions?: {re.escape(name)}: "
         r"\d+ times?", message,
     ) is not None
 
@@ -404,9 +413,12 @@ class HBaseStore:
     """
 
     atomic_row_cas = False
-    cas_answer_may_be_replayed = True
-    """The Thrift server's HBase client retries ``checkAndMutate`` without a nonce, so
-    a False may answer a retry of an attempt that applied (``percolator/_cas.py``)."""
+    capabilities: frozenset[Capability[Any]] = frozenset({
+        INCREMENT, SPLIT_KEYS,
+        # The Thrift server's HBase client retries checkAndMutate without a nonce, so a
+        # False may answer a retry of an attempt that applied (percolator/_cas.py).
+        CAS_ANSWER_MAY_BE_REPLAYED,
+    })
 
     def __init__(
         self,
@@ -990,13 +1002,61 @@ class HBaseStore:
         self._pool.close()
 
 
+class HBaseStoreWithThrift2(HBaseStore):
+    """:class:`HBaseStore` that also reaches the cluster's Thrift2 server (*thrift2*:
+    ``(host, port)``) for what Thrift1 cannot say: the conditional delete
+    (:class:`percolator._store.ConditionalDelete`) with which garbage collection
+    removes a deleted cell's last FREE lock (``percolator/stores/_hbase_thrift2.py``)."""
+
+    capabilities = HBaseStore.capabilities | {DELETE_IF}
+
+    def __init__(self, host: str, port: int, *, thrift2: tuple[str, int], **options: Any) -> None:
+        from percolator.stores._hbase_thrift2 import Thrift2Deletes
+
+        super().__init__(host, port, **options)
+        try:
+            self._thrift2 = Thrift2Deletes(
+                *thrift2, timeout_ms=self.timeout_ms, transport=self.transport,
+                protocol=self.protocol,
+            )
+        except BaseException:
+            super().close()
+            raise
+
+    def delete_if(self, table: str, row: bytes, column: str, expected: bytes) -> bool:
+        """Remove every version of ``(row, column)`` if its latest value is *expected*:
+        one Thrift2 ``checkAndMutate``.
+
+        :raises UnknownTableError: *table* does not exist.
+        :raises StoreUnavailable: the Thrift2 server could not be reached or failed; the
+            delete may or may not have been applied.
+        """
+        from percolator.stores._hbase_thrift2 import ANSWERED
+
+        name = self._name(table)
+        if ":" not in column:
+            raise InvalidArgument(f"column {column!r} must be 'family:qualifier'")
+        if self._closed:
+            raise StoreUnavailable(f"the store {self.url} is closed")
+        try:
+            return self._thrift2.delete_if(name, row, column, bytes(expected))
+        except ANSWERED as e:
+            raise self._answered(e, table) from e
+
+    def close(self) -> None:
+        self._thrift2.close()
+        super().close()
+
+
 def open_hbase_store(url: str, **options: Any) -> Store:
     """Open the HBase store at *url*
     (``hbase://host:port?namespace=NS&table_prefix=P&transport=framed&protocol=compact``).
 
     *options* may give any query option (``namespace``, ``table_prefix``, ``pool_size``,
     ``timeout`` and ``idle_timeout`` in seconds, ``transport``, ``protocol``,
-    ``max_request_bytes``, ``compression``) instead of, or over, the URL's query.
+    ``max_request_bytes``, ``compression``, ``thrift2``) instead of, or over, the URL's
+    query. ``thrift2=host:port`` names the cluster's Thrift2 server, through which
+    garbage collection removes the FREE lock of a deleted cell (Thrift1 cannot).
 
     :raises InvalidArgument: a malformed URL or option, or a Thrift transport that
         happybase cannot speak (HTTP, SASL/Kerberos).
@@ -1045,9 +1105,17 @@ def open_hbase_store(url: str, **options: Any) -> Store:
     idle_timeout_ms = max(
         1, round(parsed.seconds("idle_timeout", DEFAULT_IDLE_TIMEOUT_MS / 1000) * 1000)
     )
-    return HBaseStore(
+    thrift2 = parsed.text("thrift2", "") or None
+    kind: type[HBaseStore] = HBaseStore
+    extra: dict[str, Any] = {}
+    if thrift2 is not None:
+        from percolator.stores._hbase_thrift2 import parse_address
+
+        kind, extra = HBaseStoreWithThrift2, {"thrift2": parse_address(thrift2, url)}
+    return kind(
         host,
         port,
+        **extra,
         namespace=namespace,
         table_prefix=prefix,
         pool_size=parsed.integer("pool_size", DEFAULT_POOL_SIZE),

@@ -41,9 +41,23 @@ from typing import Any
 
 from percolator import _forks
 from percolator import metrics as _metrics
+from percolator._embedded_mode import WRITE_LOCK_SUFFIX, WRITERS_SUFFIX
 from percolator._encoding import split_column
 from percolator._errors import InvalidArgument, StoreUnavailable, UnknownTableError
-from percolator._store import Mutation, Read, RowCells, check_skip_tag, drop_skipped
+from percolator._store import (
+    ATOMICALLY,
+    CHECK_AND_SET_MANY,
+    DELETE_IF,
+    EMBEDDED_FILE,
+    SINGLE_WRITER,
+    VACUUM,
+    Capability,
+    Mutation,
+    Read,
+    RowCells,
+    check_skip_tag,
+    drop_skipped,
+)
 from percolator.stores import REQUESTS
 from percolator.stores._url import check_scan, parse_store_url
 
@@ -122,10 +136,10 @@ class _Writers:
         self._checked = float("-inf")
         self._others = True
         try:
-            self.turn_fd = os.open(path + "-write.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            self.turn_fd = os.open(path + WRITE_LOCK_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
             if _OFD_GETLK < 0 or _OFD_SETLK < 0:
                 return
-            self.fd = os.open(path + "-writers", os.O_RDWR | os.O_CREAT, 0o644)
+            self.fd = os.open(path + WRITERS_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
             if os.fstat(self.fd).st_size < 8:
                 os.ftruncate(self.fd, 8)
             fcntl.fcntl(self.fd, _OFD_SETLK, _FLOCK.pack(fcntl.F_RDLCK, 0, 0, 1, 0))
@@ -228,8 +242,10 @@ class SqliteStore:
     """The store contract on one SQLite file (see the module docstring)."""
 
     atomic_row_cas = True
-    single_writer = True
-    """SQLite has one writer at a time: workers default to one scanner thread."""
+    capabilities: frozenset[Capability[Any]] = frozenset({
+        ATOMICALLY, CHECK_AND_SET_MANY, DELETE_IF, EMBEDDED_FILE, VACUUM,
+        SINGLE_WRITER,  # one writer at a time: workers default to one scanner thread
+    })
 
     def __init__(self, path: str, *, busy_timeout: float = 60.0) -> None:
         self.path = path

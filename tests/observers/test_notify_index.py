@@ -19,7 +19,7 @@ from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
 from percolator._commit import _Committer, _write_notifications
 from percolator._notifications import WaitTimeout, pending_notifications
 from percolator._notify_index import INDEX_TABLE, migrate, scan_index, settle, uses_index
-from percolator._store import Read
+from percolator._store import NOTIFY_INDEX, Read
 from percolator.testing import CrashPoint, client_of, crash_commit
 from tests._backends import make_store_url
 
@@ -117,7 +117,7 @@ def test_a_table_from_before_the_index_keeps_its_pending_notifications(url: str)
     """A notification written without an index entry (the layout before it, or a
     client that does not write it) is found by the migration a worker runs once."""
     with percolator.connect(url) as old:
-        old.store.notify_index = False  # type: ignore[attr-defined]
+        old.store.capabilities = old.store.capabilities - {NOTIFY_INDEX}  # an older client
         old.create_table("docs")
         Worker(old, [Copy]).register()
         write(old, b"before", b"pending")
@@ -184,7 +184,7 @@ def test_status_and_wait_read_the_index_not_the_table(
     the rows they name, never a scan of the table; a table not yet migrated is
     scanned, so a notification from before the index is still seen."""
     with percolator.connect(url) as old:
-        old.store.notify_index = False  # type: ignore[attr-defined]
+        old.store.capabilities = old.store.capabilities - {NOTIFY_INDEX}  # an older client
         old.create_table("docs")
         Worker(old, [Copy]).register()
         write(old, b"before", b"pending")

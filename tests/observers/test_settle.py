@@ -94,7 +94,7 @@ def test_two_observers_of_a_column_both_run_before_the_deletion(tmp_path: Path) 
 def test_a_scanner_commits_its_runs_in_groups(tmp_path: Path) -> None:
     """On the embedded store a scanner commits up to GROUP_MAX observer runs in one
     write transaction (``commit_group``), each run still exactly once."""
-    from observers._worker import GROUP_MAX
+    from observers._groups import GROUP_MAX
 
     steps = [0]
     with percolator.connect(f"sqlite://{tmp_path}/db") as cluster:

@@ -240,6 +240,27 @@ def test_verify_reports_a_waiting_event_nothing_will_wake(cluster: Cluster) -> N
     assert report.missing == [b"c"] and not report.ok
 
 
+def test_verify_reports_an_output_committed_twice(cluster: Cluster) -> None:
+    """verify counts an event's outputs from the write records of its output cell: a
+    second commit shows although it overwrote the first; a delete is no output."""
+    t = now_ms()
+    p = pipeline(cluster, clock=lambda: t)
+    p.log_primary(cluster, [{"query": "q", "t": t}])
+    p.log_foreign(cluster, [{"click": c, "query": "q", "t": t} for c in ("once", "twice")])
+    worker = _joiner_on(p)
+    for click in (b"once", b"twice"):
+        worker._process_row(p.foreign, photon.row_key(click))
+    assert p.verify().ok
+    joined = outputs(p)
+    with Transaction(cluster) as txn:  # "once": deleted, then written back
+        txn.delete(p.joined_table, photon.row_key(b"once"), "ev:joined")
+    with Transaction(cluster) as txn:
+        txn.set(p.joined_table, photon.row_key(b"once"), "ev:joined", joined[b"once"])
+        txn.set(p.joined_table, photon.row_key(b"twice"), "ev:joined", joined[b"twice"])
+    report = p.verify()
+    assert sorted(report.duplicates) == [b"once", b"twice"] and not report.ok
+
+
 def test_a_joiner_woken_in_the_deadline_millisecond_gives_up_as_the_sweep_does(
     cluster: Cluster,
 ) -> None:

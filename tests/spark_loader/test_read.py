@@ -19,7 +19,7 @@ import pytest
 import percolator
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._encoding import Free, decode_lock
-from percolator._store import Read
+from percolator._store import SPLIT_KEYS, Read, offered
 from spark_loader import (
     ReadError,
     decode_columns,
@@ -175,7 +175,8 @@ def test_ranges_spread_rows_and_export_round_trip(
         assert {bytes(r[0]): (bytes(r[1]), None if r[2] is None else bytes(r[2]))
                 for p in parts for r in p} == values
         # By default the store's own cut points, where it reports some.
-        store_keys = getattr(cluster.store, "split_keys", lambda t: [])("src")
+        splitting = offered(cluster.store, SPLIT_KEYS)
+        store_keys = splitting.split_keys("src") if splitting is not None else []
         assert bool(store_keys) == reports_split_keys(backend)  # regions, tablet samples
         default = read_table(spark, url, "src", ["f:a"]).rdd.getNumPartitions()
         if backend == "bigtable":  # the emulator's samples vary from call to call

@@ -14,7 +14,7 @@ import pytest
 
 from percolator._cas import lock_cas
 from percolator._errors import StoreUnavailable
-from percolator._store import Read, Store
+from percolator._store import CAS_ANSWER_MAY_BE_REPLAYED, Read, Store, declares
 from percolator.stores import open_store
 from tests._backends import drop_tables
 
@@ -67,9 +67,7 @@ def test_an_answer_lost_before_the_call_applied_is_still_an_error(store: Store) 
 
 def test_a_replayed_false_is_a_success_where_the_store_may_replay(store: Store) -> None:
     _answer(store, "replayed")
-    assert lock_cas(store, *CELL, None, b"mine") is getattr(
-        store, "cas_answer_may_be_replayed", False
-    )
+    assert lock_cas(store, *CELL, None, b"mine") is declares(store, CAS_ANSWER_MAY_BE_REPLAYED)
     assert _value(store) == b"mine"
 
 

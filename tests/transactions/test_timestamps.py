@@ -17,7 +17,7 @@ import pytest
 
 import percolator
 from percolator._encoding import WRITE
-from percolator._store import Read
+from percolator._store import INCREMENT, Read
 from percolator._timestamps import HostTimestamps, StoreTimestamps
 from percolator.stores import open_store
 from percolator.stores.sqlite import SqliteStore
@@ -206,6 +206,8 @@ class _Counted:
     def __getattr__(self, name: str) -> Any:
         if name == "increment" and not self._increment:
             raise AttributeError(name)
+        if name == "capabilities" and not self._increment:
+            return self._store.capabilities - {INCREMENT}
         attr = getattr(self._store, name)
         if not callable(attr):
             return attr

@@ -9,7 +9,10 @@ import json
 import os
 import signal
 import time
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -352,3 +355,70 @@ def test_units_of_a_paused_site_are_taken_over_by_a_live_one(tmp_path: Path) -> 
             paused.kill()
             paused.wait()
         assert_exact(p, tmp_path)
+
+
+class _RowsRead:
+    """A store that counts, per table, the rows its scans and reads return."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.rows: Counter[str] = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def read_rows(self, table: str, rows: Any, *args: Any, **kwargs: Any) -> Any:
+        found = self._store.read_rows(table, rows, *args, **kwargs)
+        self.rows[table] += sum(1 for cells in found.values() if cells)
+        return found
+
+    def scan(self, table: str, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        for item in self._store.scan(table, *args, **kwargs):
+            self.rows[table] += 1
+            yield item
+
+
+def _sweep_reads(root: Path, committed_records: int) -> tuple[int, Counter[str]]:
+    """A pipeline that committed the units of *committed_records* records, then cut
+    four more units (pending, leases expired): what one lease sweep re-notifies,
+    and the rows it read per table."""
+    root.mkdir()
+    _write(root, "old.jsonl", committed_records)
+    with percolator.connect(f"sqlite:///{root}/repo.db") as cluster:
+        p = _app.pipeline(cluster, root, unit_bytes=1024, max_unit_delay=0,
+                          forget_after=None)
+        p.create()
+        with Worker(cluster, [*p.observers("a"), _app.RollUp], tasks=p.tasks("a"),
+                    threads=1):
+            settle(p)
+        _write(root, "new.jsonl", 150)
+        p.track("a")
+        with Transaction(cluster) as txn:
+            assert _pipeline.cut_file(txn, p, "new.jsonl", _pipeline._now_ms()) == 4
+        assert len(_index(p)) == 4
+        _expire_every_lease(p, _index(p))
+        # The index rows of committed units are deleted, but their dead versions stay
+        # in the store, and a scan steps over them, until the library's GC removes them.
+        cluster.gc(retention=0)
+        counting = _RowsRead(cluster.store)
+        cluster.store = counting  # type: ignore[assignment]
+        try:
+            renotified = p.sweep_leases()
+        finally:
+            cluster.store = counting._store
+        return renotified, counting.rows
+
+
+def test_a_lease_sweep_reads_rows_of_the_pending_units_not_of_every_unit_ever_cut(
+    tmp_path: Path
+) -> None:
+    """Four pending units with expired leases, after some committed units and after
+    five times as many, the library's GC having run: the sweep re-notifies the four
+    and reads the same rows of the units, pending and files tables either way (at
+    most a few per pending unit). A sweep that scans the units table for the pending
+    ones reads every unit ever cut."""
+    few, few_rows = _sweep_reads(tmp_path / "few", 300)
+    many, many_rows = _sweep_reads(tmp_path / "many", 1500)
+    assert few == many == 4
+    for table in ("ubiq.logs.units", "ubiq.logs.pending", "ubiq.logs.files"):
+        assert few_rows[table] == many_rows[table] <= 3 * 4, (table, few_rows, many_rows)

@@ -1,0 +1,338 @@
+"""The observer run: for one dirty cell, per observer of its column, a transaction
+that reads the column and the observer's acknowledgement, calls ``process`` if the
+column changed since, writes the acknowledgement and commits (or leaves the run in a
+group, :mod:`observers._groups`); failures back off and, counted across the cluster,
+end in quarantine. The transaction's side of the contract is
+:mod:`percolator._observer_hooks`."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from observers._observer import Observer, ObserverTransaction
+from observers._turns import StoreTurn, Waits
+from percolator import (
+    Cluster,
+    CommitUnknownError,
+    CoordinationError,
+    ObserverError,
+    OracleUnavailable,
+    PercolatorError,
+    StoreUnavailable,
+    is_retryable,
+)
+from percolator._commit import commit_transaction
+from percolator._encoding import NOTIFY
+from percolator._notifications import (
+    NOTIFY_WEAK,
+    Quarantined,
+    ack_column,
+    clear_failures,
+    format_row,
+    quarantine,
+    record_failure,
+)
+from percolator._observer_hooks import Settlement
+from percolator._store import Mutation, Read, RowCells
+from percolator.metrics import inc as _inc
+from percolator.metrics import observe as _observe
+
+__all__ = ["CommitHook", "Failures", "Group", "ObserverRuns", "Outcome", "Run"]
+
+log = logging.getLogger("observers")
+
+CommitHook = Callable[[Observer, str, bytes, str, int, int], None]
+"""``on_commit(observer, table, row, column, change_ts, commit_ts)``."""
+
+
+@dataclass(slots=True)
+class Failures:
+    """This process's back-off for one failing cell: its failures, and when to try next."""
+
+    count: int
+    next_try: float
+
+
+class Outcome:
+    """How one observer run ended (the ``outcome`` label of its metrics)."""
+
+    DEFERRED = "deferred"  # left in a group, committed by _flush
+    COMMITTED = "committed"
+    SKIPPED = "skipped"  # its metrics label is "acked_already"
+    CONFLICT = "conflict"
+    TRANSIENT = "transient"
+    FAILED = "failed"
+
+
+@dataclass(slots=True)
+class Run:
+    """An observer run whose transaction waits in a group for its commit."""
+
+    txn: ObserverTransaction
+    observer: Observer
+    table: str
+    row: bytes
+    column: str
+    change: int
+
+
+@dataclass(slots=True)
+class Group:
+    """One scanner pass's observer transactions waiting to be committed together, and
+    the advisory locks of their rows (held until then)."""
+
+    runs: list[Run] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+
+
+class ObserverRuns:
+    """The observer runs of a :class:`~observers.Worker` (its base: the worker sets
+    these attributes)."""
+
+    cluster: Cluster
+    on_commit: CommitHook | None
+    max_failures: int
+    retry_delay: float
+    max_retry_delay: float
+    stats: Counter[str]
+    _stats_lock: threading.Lock
+    _by_column: dict[tuple[str, str], list[Observer]]
+    _columns: dict[str, tuple[str, ...]]
+    _failures: dict[tuple[str, bytes, str], Failures]
+    _failures_lock: threading.Lock
+    _store_turn: StoreTurn | None
+    _waits: dict[str, Waits]
+    _stop: threading.Event
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._stats_lock:
+            self.stats[key] += n
+
+    def _process_row(self, table: str, row: bytes, group: Group | None = None) -> bool:
+        """Run the observers of every dirty cell of *row*; True if anything was done.
+        With *group*, a run whose commit can delete its notification is left in the
+        group, to be committed with others (:meth:`_flush`)."""
+        cells = self.cluster.store.read_rows(
+            table, [row], [Read(NOTIFY, self._columns[table], versions=None)]
+        ).get(row, {})
+        worked = False
+        for name, versions in cells.items():
+            column = name[len(NOTIFY) + 1 :]
+            if not versions:
+                continue
+            newest = versions[0][0]
+            weak = any(value == NOTIFY_WEAK for _, value in versions)
+            key = (table, row, column)
+            if self._failures:
+                with self._failures_lock:
+                    failure = self._failures.get(key)
+                if failure is not None and failure.next_try > time.monotonic():
+                    continue
+            done = True
+            settled = False
+            observers = self._by_column[(table, column)]
+            # One observer and no failure to clear: its commit may delete the
+            # notification itself (one-phase commits do, in their atomic step).
+            settle = newest if len(observers) == 1 and not self._failures else None
+            for observer in observers:
+                began = time.perf_counter()
+                outcome, error, settled = self._run_observer(
+                    observer, table, row, column, weak, newest, settle,
+                    group if settle is not None else None)
+                _observe("percolator_observer_run_duration_seconds",
+                         time.perf_counter() - began, observer.name)
+                worked = True
+                if outcome == Outcome.DEFERRED:  # the caller holds the row for the group
+                    continue
+                _inc("percolator_observer_runs_total", observer.name,
+                     "acked_already" if outcome == Outcome.SKIPPED else outcome)
+                if outcome == Outcome.FAILED:
+                    done = False
+                    assert error is not None
+                    self._failed(observer, table, row, column, weak, newest, error)
+                    break
+                if outcome != Outcome.COMMITTED and outcome != Outcome.SKIPPED:
+                    done = False
+            if done and not settled:
+                if self._failures:
+                    with self._failures_lock:
+                        failed_here = self._failures.pop(key, None)
+                    if failed_here is not None:
+                        clear_failures(self.cluster, table, row, column)
+                self._delete_notification(table, row, column, newest)
+        return worked
+
+    def _run_observer(
+        self, observer: Observer, table: str, row: bytes, column: str, weak: bool,
+        newest: int, settle: int | None = None, group: Group | None = None,
+    ) -> tuple[str, BaseException | None, bool]:
+        """Run one observer transaction, retrying conflicts a few times, for the
+        notification versions up to *newest* (the newest one read). With *settle*
+        (the newest notification version read), its commit may delete the
+        notification; the third value tells whether it did (or, for a run left in
+        *group*, that the group's commit will see to it)."""
+        for attempt in range(4):
+            if attempt:
+                time.sleep(random.uniform(0, 0.005 * 2**attempt))
+            try:
+                outcome, settled = self._transaction(observer, table, row, column, weak,
+                                                     newest, settle, group)
+            except ObserverError as e:
+                return Outcome.FAILED, e.__cause__ or e, False
+            except CommitUnknownError:
+                log.warning("commit outcome of %s on %s/%s/%s unknown; will look again",
+                            observer.name, table, format_row(row), column)
+                return Outcome.TRANSIENT, None, False
+            except (StoreUnavailable, OracleUnavailable, CoordinationError) as e:
+                # Not the observer's fault: keep the notification, count no failure
+                # towards quarantine, and let the scanner back off.
+                log.warning("%s on %s/%s/%s: %s; will retry", observer.name, table,
+                            format_row(row), column, e)
+                time.sleep(0.1)
+                return Outcome.TRANSIENT, None, False
+            except PercolatorError as e:
+                if self._stop.is_set():  # a lock wait cut short: the next pass retries
+                    return Outcome.TRANSIENT, None, False
+                if not is_retryable(e):
+                    return Outcome.FAILED, e, False
+                self._count("conflicts")
+                continue
+            if outcome != Outcome.DEFERRED:
+                self._count(outcome)
+            return outcome, None, settled
+        return Outcome.CONFLICT, None, False
+
+    def _transaction(
+        self, observer: Observer, table: str, row: bytes, column: str, weak: bool,
+        newest: int, settle: int | None, group: Group | None = None,
+    ) -> tuple[str, bool]:
+        txn = ObserverTransaction(self.cluster)
+        if txn.start_ts < newest:
+            # The notification was read raw, from a commit newer than this snapshot:
+            # the run could not see the change it is for, and would skip it and
+            # delete its notification. Every timestamp source draws above what was
+            # read before the draw (docs/timestamps.md); should one not, the
+            # notification stays for a later pass rather than being lost.
+            txn.close()
+            log.error("%s on %s/%s/%s: snapshot %d is below the notification %d; "
+                      "leaving it for a later pass", observer.name, table, format_row(row),
+                      column, txn.start_ts, newest)
+            return Outcome.TRANSIENT, False
+        try:
+            return self._observe(txn, observer, table, row, column, weak, settle, group)
+        except BaseException:
+            # Its error travels on (to the log, whose handlers may keep the record and
+            # so the traceback's frames): the run must not hold the safe point meanwhile.
+            txn.close()
+            raise
+
+    def _observe(
+        self, txn: ObserverTransaction, observer: Observer, table: str, row: bytes,
+        column: str, weak: bool, settle: int | None, group: Group | None,
+    ) -> tuple[str, bool]:
+        txn.stop_waiting_on(self._stop)
+        ack = ack_column(observer.name, column)
+        txn.internal_columns(True)
+        values = txn.get_row(table, row, [column, ack])
+        change = txn.change_version(table, row, column)
+        acked = int(values.get(ack, b"0"))
+        if change <= acked and not weak:
+            txn.close()  # nothing to commit
+            return Outcome.SKIPPED, False
+        txn.internal_columns(False)
+        turn = self._store_turn
+        try:
+            with (turn.observer_code(self._waits[observer.name], self._stop)
+                  if turn is not None else contextlib.nullcontext()):
+                observer.process(txn, row, column)
+        except PercolatorError as e:
+            if is_retryable(e):
+                raise
+            raise ObserverError(
+                f"observer {observer.name} failed on {table}/{format_row(row)}/{column}: {e}"
+            ) from e
+        except Exception as e:
+            raise ObserverError(
+                f"observer {observer.name} failed on {table}/{format_row(row)}/{column}: "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        txn.internal_columns(True)
+        txn.set(table, row, ack, str(max(change, acked)).encode())
+        if settle is not None:
+            txn.settle_on_commit(Settlement(table, row, column, settle))
+            if group is not None:
+                group.runs.append(Run(txn, observer, table, row, column, change))
+                return Outcome.DEFERRED, True
+        commit_ts = commit_transaction(txn)
+        self._committed(observer, table, row, column, change, commit_ts)
+        return Outcome.COMMITTED, txn.settled
+
+    def _failed(
+        self, observer: Observer, table: str, row: bytes, column: str, weak: bool,
+        newest: int, error: BaseException,
+    ) -> None:
+        self._count("failures")
+        key = (table, row, column)
+        count = record_failure(self.cluster, table, row, column, newest)  # cluster-wide
+        with self._failures_lock:
+            failure = self._failures.get(key) or Failures(0, 0.0)
+            failure.count += 1  # this process's back-off
+            delay = min(self.retry_delay * 2 ** (failure.count - 1), self.max_retry_delay)
+            failure.next_try = time.monotonic() + delay * random.uniform(0.8, 1.2)
+            self._failures[key] = failure
+        where = f"{table}/{format_row(row)}/{column}"
+        if count < self.max_failures:
+            log.warning("observer %s failed on %s (%d/%d), retrying in %.2fs: %s",
+                        observer.name, where, count, self.max_failures, delay, error)
+            return
+        text = "".join(traceback.format_exception_only(type(error), error)).strip()
+        quarantine(
+            self.cluster,
+            Quarantined(table, row, column, observer.name, text, count, weak, time.time()),
+            newest,
+        )
+        with self._failures_lock:
+            self._failures.pop(key, None)
+        clear_failures(self.cluster, table, row, column)
+        self._count("quarantined")
+        _inc("percolator_observer_runs_total", observer.name, "quarantined")
+        log.error("observer %s failed %d times on %s: notification quarantined "
+                  "(see `percolator status`, `percolator retry`): %s",
+                  observer.name, count, where, text)
+
+    def _delete_notification(self, table: str, row: bytes, column: str, newest: int) -> None:
+        """Delete the notify versions of the cell at or below *newest*, the newest one
+        the runs just made served (a later notification stays)."""
+        self.cluster.store.mutate_rows(
+            table, [Mutation(row, deletes=[(f"{NOTIFY}:{column}", newest)])])
+
+    def _committed(self, observer: Observer, table: str, row: bytes, column: str,
+                   change: int, commit_ts: int) -> None:
+        """Tell the ``on_commit`` hook, if any, of a committed run."""
+        if self.on_commit is not None:
+            try:
+                self.on_commit(observer, table, row, column, change, commit_ts)
+            except Exception:
+                log.exception("on_commit hook failed")
+
+    def _backing_off(self, table: str, row: bytes, cells: RowCells) -> bool:
+        return self._backing_off_columns(table, row, [n[len(NOTIFY) + 1 :] for n in cells])
+
+    def _backing_off_columns(self, table: str, row: bytes, columns: Iterable[str]) -> bool:
+        if not self._failures:
+            return False
+        now = time.monotonic()
+        with self._failures_lock:
+            for column in columns:
+                failure = self._failures.get((table, row, column))
+                if failure is None or failure.next_try <= now:
+                    return False
+        return True

@@ -1,0 +1,300 @@
+"""Scan passes: scanner threads find dirty cells (the notify family, or the
+notification index) from random places, spread out when they meet (Percolator §2.4),
+sleep when idle and are woken by a lookout thread or a local commit."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Iterator
+
+from observers._groups import GROUP_MAX, GroupCommits
+from observers._runs import Group
+from percolator import PercolatorError
+from percolator._encoding import NOTIFY
+from percolator._notify_index import scan_index, settle
+from percolator._store import SPLIT_KEYS, Read, offered
+from percolator.metrics import observe as _observe
+
+__all__ = ["Bell", "ScanPasses", "Spread"]
+
+log = logging.getLogger("observers")
+
+SAMPLE = 4096
+"""Rows of each table a worker remembers, to start passes at."""
+SPLITS_REFRESH = 60.0
+"""Seconds between two questions to the store for a table's split keys."""
+
+
+class Spread:
+    """The anti-clumping state of one scan pass (Percolator §2.4): a scanner that meets
+    another on a row skips a random stretch ahead; after a few meetings it ends the
+    pass, so that the next one starts at a new random place."""
+
+    def __init__(self, threads: int, held: int = 1) -> None:
+        self.threads = threads
+        self.held = held  # rows another scanner may hold at once (a group: GROUP_MAX)
+        self.skip = 0
+        self.meetings = 0
+
+    def skipping(self) -> bool:
+        """Whether to pass this row by (inside a stretch being skipped)."""
+        if self.skip:
+            self.skip -= 1
+            return True
+        return False
+
+    def met(self) -> bool:
+        """Another scanner holds the row: True when the pass should end."""
+        self.meetings += 1
+        if self.meetings >= 4:
+            return True
+        self.skip = random.randint(self.held, self.held + 16 * self.threads)
+        return False
+
+
+class Bell:
+    """Wakes sleeping scanners: a counter of rings and a condition to wait on it."""
+
+    def __init__(self) -> None:
+        self.rung = 0
+        self._cond = threading.Condition()
+
+    def set(self) -> None:
+        with self._cond:
+            self.rung += 1
+            self._cond.notify_all()
+
+    def wait(self, seen: int, timeout: float) -> bool:
+        """Wait up to *timeout* seconds for a ring after the count *seen*; True if
+        one came."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.rung != seen, timeout)
+
+
+class ScanPasses(GroupCommits):
+    """The scanner and lookout threads of a :class:`~observers.Worker`."""
+
+    threads: int
+    idle_max: float
+    poll_interval: float
+    _sample: dict[str, list[bytes]]
+    _splits: dict[str, tuple[float, list[bytes]]]
+    _bell: Bell
+    _sleeping: int
+    _indexed: bool
+
+    def _remember(self, table: str, row: bytes) -> None:
+        sample = self._sample[table]
+        if len(sample) < SAMPLE:
+            sample.append(row)
+        else:
+            sample[random.randrange(SAMPLE)] = row
+
+    def _random_start(self, table: str) -> bytes | None:
+        """Where a pass over *table* begins: half the time (always, before any row is
+        seen) a random tablet or region boundary where the store tells them (Percolator
+        §2.4: scanners start at random tablets), else a random row seen before."""
+        splits = self._split_keys(table)
+        sample = self._sample[table]
+        if splits and (not sample or random.random() < 0.5):
+            self._count("split_starts")
+            return random.choice(splits)
+        try:
+            return random.choice(sample) if sample else None
+        except IndexError:
+            return None
+
+    def _split_keys(self, table: str) -> list[bytes]:
+        """The store's split keys of *table* (``split_keys``: Bigtable's SampleRowKeys,
+        HBase's region start keys), asked again at most every SPLITS_REFRESH seconds."""
+        splitting = offered(self.cluster.store, SPLIT_KEYS)
+        if splitting is None:
+            return []
+        asked, keys = self._splits.get(table, (None, []))
+        now = time.monotonic()
+        if asked is None or now - asked > SPLITS_REFRESH:
+            self._splits[table] = (now, keys)  # one asker at a time, the others go on
+            try:
+                keys = list(splitting.split_keys(table))
+            except PercolatorError as e:
+                log.debug("split keys of %s unknown (%s)", table, e)
+            self._splits[table] = (now, keys)
+        return keys
+
+    def _scanner(self) -> None:
+        while not self._stop.is_set():
+            rung = self._bell.rung
+            try:
+                began = time.perf_counter()
+                turn = self._store_turn
+                if turn is not None and not turn.take(self._stop):
+                    break  # stopping
+                try:
+                    worked = self._scan_pass()
+                finally:
+                    if turn is not None:
+                        turn.give()
+                _observe("percolator_notification_scan_duration_seconds",
+                         time.perf_counter() - began)
+            except PercolatorError:
+                log.warning("scan failed; backing off", exc_info=True)
+                worked = False
+            except Exception:
+                log.exception("scanner error; backing off")
+                worked = False
+            self._count("passes")
+            if worked:
+                continue
+            # Nothing to do: sleep long (the lookout or a local commit rings when work
+            # arrives), but be back when a failed notification may be tried again.
+            self._count("idle")
+            wait = random.uniform(self.idle_max / 2, self.idle_max)
+            if self._failures:
+                with self._failures_lock:
+                    due = min((f.next_try for f in self._failures.values()), default=None)
+                if due is not None:
+                    wait = min(wait, max(due - time.monotonic(), 0.0) + 0.001)
+            with self._stats_lock:
+                self._sleeping += 1
+            try:
+                self._bell.wait(rung, wait)
+            finally:
+                with self._stats_lock:
+                    self._sleeping -= 1
+
+    def _lookout(self) -> None:
+        """Every ``poll_interval`` seconds while a scanner sleeps, read what is pending
+        (O(pending notifications)) and wake the scanners if it holds a notification the
+        previous look did not: new work. Busy scanners need no lookout."""
+        seen: frozenset[tuple[str, bytes, str, int]] = frozenset()
+        while not self._stop.wait(self.poll_interval):
+            if not self._sleeping:
+                seen = frozenset()  # look afresh once they sleep again
+                continue
+            try:
+                found = frozenset(self._pending())
+            except PercolatorError:
+                log.debug("lookout failed", exc_info=True)
+                continue
+            if found - seen:
+                self._count("wakeups")
+                self._bell.set()
+            seen = found
+
+    def _pending(self) -> Iterator[tuple[str, bytes, str, int]]:
+        """``(table, row, column, newest notify or index timestamp)`` of the pending
+        notifications of the observed columns."""
+        if self._indexed:
+            for table, row, entries in scan_index(self.cluster, None, None, batch_size=1000):
+                observed = self._columns.get(table, ())
+                for column, ts in entries.items():
+                    if column in observed:
+                        yield table, row, column, ts
+            return
+        for table, columns in self._columns.items():
+            for row, cells in self.cluster.store.scan(table, None, None,
+                                                      [Read(NOTIFY, columns)], batch_size=1000):
+                for name, versions in cells.items():
+                    yield table, row, name[len(NOTIFY) + 1 :], versions[0][0]
+
+    def _scan_pass(self) -> bool:
+        if self._indexed:
+            return self._index_pass()
+        return self._family_pass()
+
+    def _index_pass(self) -> bool:
+        """One pass over the notification index from a random place, wrapping around
+        (anti-clumping as in :meth:`_family_pass`)."""
+        start = b"%02x" % random.randrange(256)
+        worked = False
+        spread = Spread(self.threads)
+        for lo, hi in ((start, None), (None, start)):
+            for table, row, entries in scan_index(self.cluster, lo, hi):
+                if self._stop.is_set():
+                    return worked
+                observed = self._columns.get(table, ())
+                mine = {c: ts for c, ts in entries.items() if c in observed}
+                if not mine or spread.skipping():
+                    continue
+                key = f"{table}/{row.hex()}"
+                if not self.cluster.coordination.try_advisory_lock(key):
+                    if self._met(spread):
+                        return True
+                    continue
+                try:
+                    done = not self._backing_off_columns(table, row, mine) and (
+                        self._process_row(table, row))
+                    worked = worked or done
+                    settle(self.cluster, table, row, mine, look_first=not done)
+                finally:
+                    self.cluster.coordination.release_advisory_lock(key)
+        return worked
+
+    def _family_pass(self) -> bool:
+        """One pass over the observed tables in random order, each from a random row,
+        wrapping around; it ends with the first table where it did work. Returns
+        whether it did any. (A pass over one random table only, then sleep, left work
+        in the other tables to the next wake-up: when observers watch several tables,
+        as a pipeline's stages do, a woken scanner often looked in the wrong one.)"""
+        tables = list(self._columns)
+        random.shuffle(tables)
+        return any(self._table_pass(table) for table in tables)
+
+    def _table_pass(self, table: str) -> bool:
+        """One pass over *table* from a random row, wrapping around. A scanner that
+        finds another on its row skips a random stretch ahead; after a few such
+        meetings in one pass it jumps to a new random place (a new pass), so scanners
+        spread out instead of clumping."""
+        group = Group() if self._commits_in_groups() else None
+        try:
+            return self._table_pass_rows(table, group)
+        finally:
+            if group is not None:
+                self._flush(group)
+
+    def _table_pass_rows(self, table: str, group: Group | None) -> bool:
+        reads = [Read(NOTIFY, self._columns[table], versions=None)]
+        start = self._random_start(table)
+        ranges = [(start, None), (None, start)] if start is not None else [(None, None)]
+        worked = False
+        spread = Spread(self.threads, GROUP_MAX if group is not None else 1)
+        coordination = self.cluster.coordination
+        for lo, hi in ranges:
+            for row, cells in self.cluster.store.scan(table, lo, hi, reads, batch_size=128):
+                if self._stop.is_set():
+                    return worked
+                self._remember(table, row)
+                if spread.skipping() or self._backing_off(table, row, cells):
+                    continue
+                key = f"{table}/{row.hex()}"
+                if not coordination.try_advisory_lock(key):
+                    if self._met(spread):
+                        return True  # a new pass starts at a new random place
+                    continue
+                deferred = False
+                waiting = len(group.runs) if group is not None else 0
+                try:
+                    if self._process_row(table, row, group):
+                        worked = True
+                    deferred = group is not None and len(group.runs) > waiting
+                finally:
+                    if deferred:  # held until the group is committed
+                        assert group is not None
+                        group.keys.append(key)
+                    else:
+                        coordination.release_advisory_lock(key)
+                if group is not None and len(group.runs) >= GROUP_MAX:
+                    self._flush(group)
+        return worked
+
+    def _met(self, spread: Spread) -> bool:
+        """Another scanner holds the row: count the meeting; True when the pass should
+        end (a jump)."""
+        self._count("meetings")
+        if spread.met():
+            self._count("jumps")
+            return True
+        return False

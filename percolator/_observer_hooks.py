@@ -1,0 +1,126 @@
+"""The observer-transaction contract (internal): everything the observer worker
+(``observers/_worker.py``) does to a percolator transaction beyond the public API,
+and everything percolator's commit does for it in return. Both sides import this
+module; neither sets nor reads the other's private attributes.
+
+A worker's run of observer *O* on the notification of ``(table, row, column)``, whose
+newest notify version it read raw is *N* (Percolator §2.4; DESIGN.md §7):
+
+1. It begins an :class:`ObserverRun` (a :class:`~percolator.TransactionBase` that
+   the framework commits) and hands it the worker's stop event
+   (:meth:`ObserverRun.stop_waiting_on`): a read that waits on a lock gives up at once
+   when the worker stops.
+2. With :meth:`ObserverRun.internal_columns` on, it reads *column* and *O*'s
+   acknowledgement ``_ack:<O>@<column>`` (columns of ``_`` families are refused to
+   user code). Every row read passes through :meth:`ObserverRun._values`, which keeps
+   the write records it saw, so :meth:`ObserverRun.change_version` tells the commit
+   timestamp of the change the run sees without another store call.
+3. Already acknowledged (and not a weak notification): it closes the run (nothing
+   to commit). Otherwise it switches internal columns off, calls ``O.process(txn,
+   row, column)``, switches them on again and writes the new acknowledgement.
+4. Where its commit may serve the notification itself it says so with
+   :meth:`ObserverRun.settle_on_commit` (a :class:`Settlement`: the notify versions
+   of the cell at or below *N*). A one-phase commit (the embedded store,
+   ``percolator/_commit.py``) deletes them in its atomic step, with the run's writes,
+   and marks the settlement :attr:`~Settlement.done`; a two-phase commit leaves them,
+   and the worker deletes them after the commit (:attr:`ObserverRun.settled` False).
+   A notification written meanwhile is above *N* and survives either way.
+
+The commit side reads only :attr:`TransactionBase._settlement` (None for every
+transaction that is not an observer run) and sets :attr:`Settlement.done`.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from percolator._cluster import Cluster
+from percolator._encoding import NOTIFY, WRITE, WriteKind, decode_write
+from percolator._store import Cell, Read, RowCells
+from percolator._transaction import Snapshot, TransactionBase
+
+__all__ = ["ObserverRun", "Settlement", "internal_columns"]
+
+_WRITE_PREFIX = f"{WRITE}:"
+
+
+@dataclass(slots=True)
+class Settlement:
+    """The notification an observer run serves: the notify versions of ``(table, row,
+    column)`` at or below *newest*. :attr:`done` is set by the commit that deleted
+    them in its own atomic step."""
+
+    table: str
+    row: bytes
+    column: str
+    newest: int
+    done: bool = False
+
+    @property
+    def notify_column(self) -> str:
+        """The notify cell's column in the store."""
+        return f"{NOTIFY}:{self.column}"
+
+
+def internal_columns(txn: Snapshot, on: bool) -> None:
+    """Let *txn* read and write the columns of ``_`` families (acknowledgements) while
+    *on*; user code never gets them."""
+    txn._internal_columns = on
+
+
+class ObserverRun(TransactionBase):
+    """A transaction run by an observer worker (see the module docstring): no commit
+    of its own (the worker commits it), internal columns on request, the commit
+    timestamps of the changes it read, and a notification its commit may serve."""
+
+    _kind = "observer"
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(cluster)
+        self._write_versions: dict[tuple[str, bytes, str], list[Cell]] = {}
+
+    def internal_columns(self, on: bool) -> None:
+        """:func:`internal_columns` of this run."""
+        internal_columns(self, on)
+
+    def stop_waiting_on(self, stop: threading.Event) -> None:
+        """Cut this run's lock waits short once *stop* is set (its worker stops)."""
+        self._stop_waiting = stop
+
+    def settle_on_commit(self, settlement: Settlement) -> None:
+        """Ask the commit to delete *settlement*'s notify versions where it can do so
+        atomically with the run's writes (see :attr:`settled`)."""
+        self._settlement = settlement
+
+    @property
+    def settled(self) -> bool:
+        """Whether the commit deleted the notification it was asked to settle."""
+        return self._settlement is not None and self._settlement.done
+
+    @property
+    def settlement(self) -> Settlement | None:
+        return self._settlement
+
+    def _values(self, table: str, row: bytes, cells: RowCells) -> dict[str, bytes]:
+        for name, writes in cells.items():
+            if name.startswith(_WRITE_PREFIX):
+                self._write_versions[(table, row, name[len(_WRITE_PREFIX):])] = writes
+        return super()._values(table, row, cells)
+
+    def change_version(self, table: str, row: bytes, column: str) -> int:
+        """Commit timestamp of the newest PUT or DELETE of the cell at or below
+        start_ts (0: never written). Call after reading the cell."""
+        writes = self._write_versions.get((table, row, column))
+        if not writes:
+            return 0
+        ts, value = writes[0]
+        if decode_write(value)[0] is not WriteKind.ROLLBACK:
+            return ts
+        cells = self.cluster.store.read_rows(
+            table, [row], [Read(WRITE, (column,), max_ts=self.start_ts, versions=None)]
+        )
+        for ts, value in cells.get(row, {}).get(f"{WRITE}:{column}", []):
+            if decode_write(value)[0] is not WriteKind.ROLLBACK:
+                return ts
+        return 0
