@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 
 from observers._runs import Group, ObserverRuns, Outcome, Run
+from percolator import PercolatorError, is_retryable
 from percolator._commit import commit_group, one_phase_steps
-from percolator._errors import PercolatorError, is_retryable
 from percolator._notifications import format_row
 from percolator.metrics import inc as _inc
 

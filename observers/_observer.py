@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from percolator import InvalidArgument, TransactionBase
 from percolator._encoding import check_column, check_table
-from percolator._errors import InvalidArgument
 from percolator._observer_hooks import ObserverRun
-from percolator._transaction import TransactionBase
 
 __all__ = ["Observer"]
 

@@ -1,16 +1,36 @@
-"""What the stream recipes (photon, millwheel, ubiq) share: their pipelines' checks
-and loading user code named on a command line (``package.module:NAME``)."""
+"""What the stream recipes (photon, millwheel, ubiq) share: their pipelines' checks,
+loading user code named on a command line (``package.module:NAME``) and how their
+commands end on an error."""
 
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Callable
 from typing import Any, TypeVar
 
-from percolator import Cluster, InvalidArgument
+from percolator import Cluster, InvalidArgument, PercolatorError
 
-__all__ = ["check_pipeline", "load_object", "load_pipeline"]
+__all__ = ["bind", "check_pipeline", "load_object", "load_pipeline", "run_command"]
 
 T = TypeVar("T")
+A = TypeVar("A")
+
+
+def bind(method: Callable[[A], T], arg: A) -> Callable[[], T]:
+    """*method* with its one argument bound (a task of :class:`observers.Periodic`)."""
+    return lambda: method(arg)
+
+
+def run_command(body: Callable[[], int], prefix: str = "error") -> int:
+    """Run a command's *body* and return its exit status: a library or OS error
+    (a bad url, an unreachable store, a missing file) is one line on stderr and
+    status 2, not a traceback."""
+    try:
+        return body()
+    except (PercolatorError, OSError) as e:
+        print(f"{prefix}: {e}", file=sys.stderr)
+        return 2
 
 
 def check_pipeline(kind: str, cluster: object, name: object) -> None:
@@ -40,6 +60,8 @@ def load_object(spec: str, flag: str) -> Any:
 
     :raises InvalidArgument: naming *flag*, when *spec* is malformed or names nothing.
     """
+    if not isinstance(spec, str):
+        raise InvalidArgument(f"{flag} must be a str 'package.module:NAME', got {spec!r}")
     module, sep, attr = spec.partition(":")
     if not sep or not module or not attr:
         raise InvalidArgument(f"bad {flag} {spec!r}: expected package.module:NAME")

@@ -19,10 +19,8 @@ from dataclasses import dataclass, field
 
 from observers._observer import Observer, ObserverTransaction
 from observers._turns import StoreTurn, Waits
-from percolator._cluster import Cluster
-from percolator._commit import commit_transaction
-from percolator._encoding import NOTIFY
-from percolator._errors import (
+from percolator import (
+    Cluster,
     CommitUnknownError,
     CoordinationError,
     ObserverError,
@@ -31,6 +29,8 @@ from percolator._errors import (
     StoreUnavailable,
     is_retryable,
 )
+from percolator._commit import commit_transaction
+from percolator._encoding import NOTIFY
 from percolator._notifications import (
     NOTIFY_WEAK,
     Quarantined,

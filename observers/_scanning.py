@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 from observers._groups import GROUP_MAX, GroupCommits
 from observers._runs import Group
+from percolator import PercolatorError
 from percolator._encoding import NOTIFY
-from percolator._errors import PercolatorError
 from percolator._notify_index import scan_index, settle, settle_rows
 from percolator._store import SPLIT_KEYS, Read, offered
 from percolator.metrics import observe as _observe

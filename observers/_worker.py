@@ -51,11 +51,11 @@ from typing import Any
 
 from observers._observer import Observer, check_observer
 from observers._periodic import Periodic
+from observers._recipes import load_object
 from observers._runs import CommitHook, Failures
 from observers._scanning import Bell, ScanPasses
 from observers._turns import StoreTurn, Waits
-from percolator._cluster import Cluster
-from percolator._errors import InvalidArgument
+from percolator import Cluster, InvalidArgument
 from percolator._notifications import wait_until_idle
 from percolator._notify_index import migrate, uses_index
 from percolator._store import SINGLE_WRITER, declares
@@ -309,19 +309,7 @@ def load_observers(spec: str) -> Sequence[Observer | type[Observer]]:
 
     :raises InvalidArgument: when *spec* is malformed or names nothing suitable.
     """
-    import importlib
-
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise InvalidArgument(f"bad observers spec {spec!r}: expected 'package.module:NAME'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise InvalidArgument(f"cannot import {module_name!r} from {spec!r}: {e}") from e
-    try:
-        value = getattr(module, attr)
-    except AttributeError:
-        raise InvalidArgument(f"module {module_name!r} has no attribute {attr!r}") from None
+    value = load_object(spec, "observers spec")
     if isinstance(value, Observer) or (isinstance(value, type) and issubclass(value, Observer)):
         return [value]
     if isinstance(value, list | tuple):

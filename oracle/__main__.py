@@ -10,8 +10,8 @@ import threading
 from types import FrameType
 
 from oracle._server import DEFAULT_BLOCK_SIZE, DEFAULT_SESSION_TIMEOUT, OracleServer
-from percolator._errors import InvalidArgument, PercolatorError, TlsError
-from percolator._tls import TlsConfig, add_zookeeper_tls_arguments, zookeeper_tls_from_arguments
+from percolator import InvalidArgument, PercolatorError, TlsConfig, TlsError
+from percolator._tls import add_zookeeper_tls_arguments, zookeeper_tls_from_arguments
 from percolator.metrics import add_arguments as add_metrics_arguments
 
 log = logging.getLogger("oracle")

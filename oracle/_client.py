@@ -30,10 +30,10 @@ from oracle._target import (
     parse_target,
     zk_paths,
 )
+from percolator import InvalidArgument, OracleUnavailable, TlsConfig, TlsError
 from percolator._batching import BatchedDraws
-from percolator._errors import InvalidArgument, OracleUnavailable, TlsError
-from percolator._tls import HTTP2_PREFACE, TlsConfig, check_tls, diagnose
-from percolator._zookeeper import make_client, start_client
+from percolator._tls import HTTP2_PREFACE, check_tls, diagnose
+from percolator._zk_client import make_client, start_client
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient

@@ -42,10 +42,10 @@ from oracle._target import (
     published_address,
     zk_paths,
 )
-from percolator._errors import InvalidArgument
+from percolator import InvalidArgument, TlsConfig
 from percolator._pause import pause_point
-from percolator._tls import TlsConfig, check_tls, describe_server, validity_problem
-from percolator._zookeeper import make_client, start_client
+from percolator._tls import check_tls, describe_server, validity_problem
+from percolator._zk_client import make_client, start_client
 from percolator.metrics import observe as _observe
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from percolator._errors import InvalidArgument
+from percolator import InvalidArgument
 
 MAX_COUNT = 10_000_000
 """Largest block a single ``GetTimestamps`` call (or ``get_timestamps(n)``) may ask for."""

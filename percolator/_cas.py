@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import cast
 
+from percolator._encoding import split_column
 from percolator._errors import StoreUnavailable
 from percolator._store import CAS_ANSWER_MAY_BE_REPLAYED, CasDeletes, Read, Store, declares
 
@@ -37,7 +38,7 @@ __all__ = ["lock_cas"]
 
 
 def _holds(store: Store, table: str, row: bytes, column: str, new: bytes) -> bool:
-    family, _, qualifier = column.partition(":")
+    family, qualifier = split_column(column)
     versions = store.read_rows(table, [row], [Read(family, (qualifier,))]).get(row, {})
     cell = versions.get(column)
     return cell is not None and len(cell) > 0 and cell[0][1] == new

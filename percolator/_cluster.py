@@ -32,7 +32,7 @@ from percolator._notify_index import INDEX_FAMILIES, INDEX_TABLE, uses_index
 from percolator._retry import LOCK_WAIT, RetryPolicy
 from percolator._safe_point import SafePoint
 from percolator._store import EMBEDDED_FILE, Mutation, Read, Store, offered
-from percolator._timestamps import StoreTimestamps, TimestampSource
+from percolator._timestamps import StoreTimestamps, TimestampSource, open_oracle
 from percolator._tls import TlsConfig, check_tls
 from percolator.metrics import record_gc_pass
 from percolator.stores import open_store
@@ -95,7 +95,8 @@ def connect(
     anything (each announces its own; see :mod:`percolator._safe_point`).
     *store_options* are the store's own options, the same keys as its url's query
     (``busy_timeout`` for SQLite; ``timeout``, ``table_prefix``... for Bigtable and
-    HBase: docs/embedded.md, docs/bigtable.md, docs/hbase.md); the url's query wins.
+    HBase: docs/embedded.md, docs/bigtable.md, docs/hbase.md); on every store a keyword
+    overrides the same key in the url's query, and durations are seconds.
 
     The returned :class:`Cluster` is thread-safe: share one per process. Any number of
     processes (and, with a cluster store, hosts) may connect to one repository at once.
@@ -164,9 +165,7 @@ def connect(
             closers.append(coordination)
         timestamps: TimestampSource
         if oracle is not None:
-            from oracle import OracleClient
-
-            timestamps = OracleClient(
+            timestamps = open_oracle(
                 oracle, deadline=oracle_deadline, tls=oracle_tls, zookeeper_tls=zookeeper_tls
             )
         else:

@@ -82,14 +82,22 @@ def check_row(row: object) -> bytes:
 _valid_columns: set[str] = set()
 
 
+def split_column(column: str) -> tuple[str, str]:
+    """``"family:qualifier"`` as ``(family, qualifier)``, split at the first ``:`` (a
+    qualifier may hold more). The one place a column name is split; :func:`check_column`
+    is the one place it is validated."""
+    family, _, qualifier = column.partition(":")
+    return family, qualifier
+
+
 def check_column(column: object, *, internal: bool = False) -> str:
     """Validate a ``"family:qualifier"`` user column name."""
     if column in _valid_columns and (internal or not column.startswith("_")):  # type: ignore[operator]
         return column  # type: ignore[return-value]
     if not isinstance(column, str):
         raise InvalidArgument(f"column must be a str, got {type(column).__name__}: {column!r}")
-    family, sep, qualifier = column.partition(":")
-    if not sep or not family or not qualifier:
+    family, qualifier = split_column(column)
+    if not family or not qualifier or ":" not in column:
         raise InvalidArgument(f"bad column name {column!r}: expected 'family:qualifier'")
     if not _FAMILY_RE.fullmatch(family):
         raise InvalidArgument(

@@ -75,6 +75,7 @@ from percolator._encoding import (
     WriteKind,
     decode_lock,
     decode_write,
+    split_column,
 )
 from percolator._errors import InvalidArgument
 from percolator._lock_resolver import resolve_lock
@@ -221,7 +222,7 @@ def plan_row(row: bytes, cells: RowCells, below: int, can_delete_locks: bool) ->
     plan = _Plan()
     deletes: list[tuple[str, int]] = []
     locks: list[tuple[str, bytes]] = []
-    columns = {name.partition(":")[2] for name in cells}
+    columns = {split_column(name)[1] for name in cells}
     for column in sorted(columns):
         lock = cells.get(f"{LOCK}:{column}")
         if lock and lock[0][1][:1] != FREE_TAG:

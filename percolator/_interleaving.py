@@ -37,7 +37,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from percolator._commit import SimulatedCrash
-from percolator._encoding import META_TABLE
+from percolator._encoding import META_TABLE, split_column
 from percolator._errors import InvalidArgument, PercolatorError
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class Step:
             and (table is None or self.table == table)
             and (row is None or row in self.rows)
             and (column is None or column in self.columns)
-            and (family is None or any(c.split(":", 1)[0] == family for c in self.columns))
+            and (family is None or any(split_column(c)[0] == family for c in self.columns))
         )
 
     def __str__(self) -> str:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import MutableMapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from percolator._cas import lock_cas
 from percolator._encoding import (
@@ -29,13 +30,28 @@ from percolator._encoding import (
     encode_lock,
     encode_write,
 )
-from percolator._store import Mutation, Read
+from percolator._store import Mutation, Read, Store
 from percolator.metrics import inc as _inc
 
 if TYPE_CHECKING:
-    from percolator._cluster import Cluster
+    from percolator._coordination import Coordination
 
-__all__ = ["TxnStatus", "check_txn_status", "resolve_lock", "write_cells"]
+__all__ = ["LockHost", "TxnStatus", "check_txn_status", "resolve_lock", "write_cells"]
+
+
+class LockHost(Protocol):
+    """What resolving a lock uses of a cluster: its store, its coordination (is the
+    lock's owner alive?) and its counters. :class:`~percolator.Cluster` is one; the
+    resolver needs nothing else of it (no transactions, no GC, no observers)."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def coordination(self) -> Coordination: ...
+
+    @property
+    def stats(self) -> MutableMapping[str, int]: ...
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +89,7 @@ def write_cells(
 
 
 def release(
-    cluster: Cluster,
+    cluster: LockHost,
     table: str,
     row: bytes,
     column: str,
@@ -102,7 +118,7 @@ def release(
     return lock_cas(store, table, row, f"{LOCK}:{column}", held, free, puts)
 
 
-def check_txn_status(cluster: Cluster, lock: Lock) -> TxnStatus:
+def check_txn_status(cluster: LockHost, lock: Lock) -> TxnStatus:
     """Read X's primary (lock cell first, then write records, in one row read) and
     tell whether X committed, rolled back, or is pending. Finishes the clean-up of a
     primary caught between its decision and FREE."""
@@ -142,7 +158,7 @@ def _expired(lock: Lock) -> bool:
     return time.time() * 1000 > lock.wall_ms + lock.ttl_ms
 
 
-def roll_back_primary(cluster: Cluster, status: TxnStatus) -> bool:
+def roll_back_primary(cluster: LockHost, status: TxnStatus) -> bool:
     """The cleaner's decision: CAS X's primary LOCKED -> ROLLED_BACK, then leave a
     ROLLBACK record at X.start_ts and free the cell. False if X moved first."""
     lock, raw = status.pending, status.pending_raw
@@ -162,7 +178,7 @@ def roll_back_primary(cluster: Cluster, status: TxnStatus) -> bool:
 
 
 def resolve_lock(
-    cluster: Cluster, table: str, row: bytes, column: str, raw: bytes
+    cluster: LockHost, table: str, row: bytes, column: str, raw: bytes
 ) -> bool:
     """Resolve the lock cell value *raw* found at (*table*, *row*, *column*).
 

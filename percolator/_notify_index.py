@@ -42,14 +42,22 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from percolator._encoding import FREE_TAG, LOCK, META_TABLE, NOTIFY, Free, decode_lock
-from percolator._lock_resolver import resolve_lock
+from percolator._encoding import (
+    FREE_TAG,
+    LOCK,
+    META_TABLE,
+    NOTIFY,
+    Free,
+    decode_lock,
+    split_column,
+)
+from percolator._lock_resolver import LockHost, resolve_lock
 from percolator._store import NOTIFY_INDEX, Mutation, Read, Store, declares
 
 if TYPE_CHECKING:
-    from percolator._cluster import Cluster
+    from percolator._timestamps import TimestampSource
 
 __all__ = [
     "INDEX_FAMILIES",
@@ -72,6 +80,15 @@ _ENTRY = b"1"
 _MIGRATED = b"notify-index/"
 
 
+class IndexHost(LockHost, Protocol):
+    """What the notification index uses of a cluster: what lock resolution does, and
+    its timestamps (entries it writes again, and the migration marker, take a fresh
+    timestamp)."""
+
+    @property
+    def timestamps(self) -> TimestampSource: ...
+
+
 def uses_index(store: Store) -> bool:
     """Whether notifications on *store* are found through the index."""
     return declares(store, NOTIFY_INDEX)
@@ -90,7 +107,7 @@ def parse_key(key: bytes) -> tuple[str, bytes]:
     return name.decode(), row
 
 
-def write_entries(cluster: Cluster, cells: Iterable[tuple[str, bytes, str]], ts: int) -> None:
+def write_entries(cluster: IndexHost, cells: Iterable[tuple[str, bytes, str]], ts: int) -> None:
     """Write index entries for the notify cells ``(table, row, column)`` (a no-op on a
     store without the index)."""
     if not uses_index(cluster.store):
@@ -103,7 +120,7 @@ def write_entries(cluster: Cluster, cells: Iterable[tuple[str, bytes, str]], ts:
 
 
 def scan_index(
-    cluster: Cluster, start: bytes | None, stop: bytes | None, batch_size: int = 128
+    cluster: IndexHost, start: bytes | None, stop: bytes | None, batch_size: int = 128
 ) -> Iterator[tuple[str, bytes, dict[str, int]]]:
     """Index entries in ``[start, stop)``: ``(table, row, {column: newest entry ts})``."""
     for key, cells in cluster.store.scan(INDEX_TABLE, start, stop, [Read("n")],
@@ -113,7 +130,7 @@ def scan_index(
 
 
 def settle(
-    cluster: Cluster, table: str, row: bytes, entries: dict[str, int], *, look_first: bool = True
+    cluster: IndexHost, table: str, row: bytes, entries: dict[str, int], *, look_first: bool = True
 ) -> list[str]:
     """Delete the index entries *entries* (``{column: newest entry ts seen}``) of
     *row* whose cell is settled (no notify version, lock FREE), keeping the others;
@@ -129,7 +146,7 @@ def settle(
 
 
 def settle_rows(
-    cluster: Cluster, items: Sequence[tuple[str, bytes, dict[str, int]]], *,
+    cluster: IndexHost, items: Sequence[tuple[str, bytes, dict[str, int]]], *,
     look_first: bool = True,
 ) -> dict[tuple[str, bytes], list[str]]:
     """:func:`settle` of several rows ``(table, row, entries)`` at once: one deletion
@@ -153,7 +170,7 @@ def settle_rows(
             result = cluster.store.read_rows(table, list(rows), reads)
             for row, cells in result.items():
                 for name, versions in cells.items():
-                    family, _, column = name.partition(":")
+                    family, column = split_column(name)
                     if column not in rows[row]:
                         continue  # read for another row of the table
                     if family == LOCK and versions:
@@ -180,7 +197,7 @@ def settle_rows(
 
 
 def indexed_cells(
-    cluster: Cluster, tables: Iterable[str], reads: Iterable[Read], batch_rows: int = 100
+    cluster: IndexHost, tables: Iterable[str], reads: Iterable[Read], batch_rows: int = 100
 ) -> Iterator[tuple[str, bytes, dict[str, list[tuple[int, bytes]]]]]:
     """``(table, row, cells)`` of every indexed row of *tables*: *reads* (each
     restricted to the row's indexed columns) of the rows the index names, a batch of
@@ -197,7 +214,7 @@ def indexed_cells(
         found = cluster.store.read_rows(table, list(rows), narrowed)
         for row, indexed in rows.items():
             cells = {name: versions for name, versions in found.get(row, {}).items()
-                     if name.partition(":")[2] in indexed}
+                     if split_column(name)[1] in indexed}
             if cells:
                 yield table, row, cells
 
@@ -211,7 +228,7 @@ def indexed_cells(
         yield from flush(table)
 
 
-def is_migrated(cluster: Cluster, table: str) -> bool:
+def is_migrated(cluster: IndexHost, table: str) -> bool:
     """Whether every pending notification of *table* has an index entry (see
     :func:`migrate`)."""
     marker = _marker(table)
@@ -222,7 +239,7 @@ def _marker(table: str) -> bytes:
     return _MIGRATED + table.encode()
 
 
-def migrate(cluster: Cluster, table: str) -> int:
+def migrate(cluster: IndexHost, table: str) -> int:
     """Give every pending notification of *table* an index entry, once per table (a
     marker in the meta table remembers it). Returns how many entries were written."""
     if not uses_index(cluster.store):

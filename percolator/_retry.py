@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
 from percolator._errors import InvalidArgument, is_retryable
 
 if TYPE_CHECKING:
-    from percolator._transaction import TransactionBase
+    from percolator._cluster import Cluster
+    from percolator._transaction import Transaction, TransactionBase
 
 __all__ = ["RetryPolicy", "transactional"]
 
@@ -97,6 +98,22 @@ LOCK_WAIT = RetryPolicy(max_tries=None, delay=0.001, backoff=1.6, max_delay=0.1,
 """Waiting for a live transaction's lock (the deadline is set from the lock ttl)."""
 
 
+def _classes() -> tuple[type[Cluster], type[Transaction], type[TransactionBase]]:
+    """Cluster, Transaction and TransactionBase, imported at the first call (they import
+    this module, so it cannot import them at its top) and kept, not looked up again at
+    every call of a transactional function."""
+    global _CLASSES
+    if _CLASSES is None:
+        from percolator._cluster import Cluster
+        from percolator._transaction import Transaction, TransactionBase
+
+        _CLASSES = (Cluster, Transaction, TransactionBase)
+    return _CLASSES
+
+
+_CLASSES: tuple[type[Cluster], type[Transaction], type[TransactionBase]] | None = None
+
+
 @overload
 def transactional(
     func: Callable[Concatenate[TransactionBase, P], R],
@@ -167,9 +184,7 @@ def transactional(
     ) -> Callable[Concatenate[Any, P], R]:
         @functools.wraps(body)
         def run(target: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
-            from percolator._cluster import Cluster
-            from percolator._transaction import Transaction, TransactionBase
-
+            Cluster, Transaction, TransactionBase = _classes()
             if isinstance(target, TransactionBase):
                 return body(target, *args, **kwargs)
             if not isinstance(target, Cluster):

@@ -21,6 +21,7 @@ be below that commit's timestamp, which nobody outside the commit has seen yet; 
 from __future__ import annotations
 
 import fcntl
+import importlib
 import mmap
 import os
 import struct
@@ -29,7 +30,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Protocol
+from typing import Any, Protocol
 
 from percolator import _forks
 from percolator._batching import BatchedDraws
@@ -37,7 +38,7 @@ from percolator._encoding import META_FAMILIES, META_TABLE
 from percolator._errors import InvalidArgument, StoreUnavailable
 from percolator._store import INCREMENT, Read, Store, offered
 
-__all__ = ["HostTimestamps", "StoreTimestamps", "TimestampSource"]
+__all__ = ["ORACLES", "HostTimestamps", "StoreTimestamps", "TimestampSource", "open_oracle"]
 
 _ROW = b"timestamps"
 _CEILING = "m:ceiling"
@@ -52,6 +53,40 @@ class TimestampSource(Protocol):
     def get_timestamps(self, n: int) -> range: ...
 
     def close(self) -> None: ...
+
+
+ORACLES: dict[str, str] = {
+    "grpc": "oracle:OracleClient",
+    "grpcs": "oracle:OracleClient",
+    "zk": "oracle:OracleClient",
+}
+"""Oracle target scheme -> ``module:callable`` that makes its client (a
+:class:`TimestampSource`), imported only when a target of the scheme is used: found
+the way :data:`percolator.stores.BACKENDS` finds store backends, so that the
+transaction library does not import the oracle package (whose gRPC it does not need
+otherwise)."""
+
+
+def open_oracle(target: str, **options: Any) -> TimestampSource:
+    """The client of the timestamp oracle at *target* (``grpc://``, ``grpcs://`` or
+    ``zk://``), made with *options* by the entry of :data:`ORACLES` for its scheme.
+
+    :raises InvalidArgument: *target* is not a str or its scheme has no entry."""
+    if not isinstance(target, str):
+        raise InvalidArgument(f"oracle target must be a str, got {type(target).__name__}: "
+                              f"{target!r}")
+    scheme = target.partition("://")[0]
+    entry = ORACLES.get(scheme)
+    if entry is None:
+        raise InvalidArgument(
+            f"oracle target {target!r} must look like "
+            + ", ".join(f"'{s}://...'" for s in ORACLES)
+        )
+    module_name, _, name = entry.partition(":")
+    client: TimestampSource = getattr(importlib.import_module(module_name), name)(
+        target, **options
+    )
+    return client
 
 
 def _check_count(n: object) -> int:

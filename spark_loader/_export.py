@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from percolator._errors import InvalidArgument
+from percolator import InvalidArgument
 from spark_loader._read import ROW_KEY, ReadError, read_table, start_ts_of
 
 if TYPE_CHECKING:

@@ -30,13 +30,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import percolator
+from percolator import ConflictError, PercolatorError, SnapshotTooOldError, UnknownTableError
 from percolator._bulk import AlreadyLoaded, BulkLoad, LoadTxn, finish_rows, prewrite_rows
-from percolator._errors import (
-    ConflictError,
-    PercolatorError,
-    SnapshotTooOldError,
-    UnknownTableError,
-)
 from percolator.metrics import inc as _inc
 from spark_loader._records import ColumnMap, Parsed, Reject, dedupe, parse_csv, parse_json, to_cells
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import percolator
+from percolator import InvalidArgument, PercolatorError
 from percolator._encoding import WRITE, check_column
-from percolator._errors import InvalidArgument, PercolatorError
 from percolator._store import SPLIT_KEYS, Read, offered
 from spark_loader._job import _require_pyspark, executor_cluster
 

@@ -16,8 +16,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from percolator._encoding import MAX_ROW_BYTES, MAX_VALUE_BYTES, check_column
-from percolator._errors import InvalidArgument
+from percolator import MAX_ROW_BYTES, MAX_VALUE_BYTES, InvalidArgument
+from percolator._encoding import check_column
 
 __all__ = ["ColumnMap", "Parsed", "Reject", "dedupe", "parse_csv", "parse_json", "to_cells"]
 

@@ -41,6 +41,13 @@ from pyspark.sql.datasource import (
 )
 
 import percolator
+from percolator import (
+    ConflictError,
+    InvalidArgument,
+    PercolatorError,
+    SnapshotTooOldError,
+    TlsConfig,
+)
 from percolator._bulk import (
     AlreadyLoaded,
     BulkLoad,
@@ -50,13 +57,6 @@ from percolator._bulk import (
     refresh_primary,
 )
 from percolator._encoding import check_column
-from percolator._errors import (
-    ConflictError,
-    InvalidArgument,
-    PercolatorError,
-    SnapshotTooOldError,
-)
-from percolator._tls import TlsConfig
 from spark_loader._job import MAX_REJECTS_KEPT, LoadError, executor_cluster
 from spark_loader._read import (
     ROW_KEY,

@@ -203,7 +203,7 @@ FAULTS = (
     "--servers", "2", "--idle-timeout", "2", "--scanner-expiry", "1",
 )
 """The faults of the ``hbase-faults`` backend (``tests/_backends.py``)."""
-FAULTY_OPTIONS = "&idle_timeout=1000"
+FAULTY_OPTIONS = "&idle_timeout=1"
 
 
 @pytest.fixture(scope="session")

@@ -20,10 +20,9 @@ import time
 
 import percolator
 from observers import Worker
-from observers._recipes import load_pipeline
+from observers._recipes import load_pipeline, run_command
 from observers.millwheel._model import END_OF_TIME
 from observers.millwheel._pipeline import Pipeline
-from percolator import PercolatorError
 
 
 def _mark(ms: int) -> str:
@@ -43,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
-    try:
+    def body() -> int:
         with percolator.connect(args.cluster) as cluster:
             pipeline = load_pipeline(args.pipeline, cluster, Pipeline)
             if args.command == "run":
@@ -64,9 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(problem)
             print("OK" if not problems else "VIOLATIONS FOUND")
             return 1 if problems else 0
-    except (PercolatorError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_command(body)
 
 
 if __name__ == "__main__":

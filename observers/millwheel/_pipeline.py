@@ -39,10 +39,9 @@ import logging
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from observers import Observer, Periodic
-from observers._recipes import check_pipeline
+from observers._recipes import bind, check_pipeline
 from observers.millwheel._model import (
     END_OF_TIME,
     Computation,
@@ -243,7 +242,7 @@ class Pipeline:
     def tasks(self) -> list[Periodic]:
         """The injectors and the watermark advancer, as periodic tasks."""
         found = [Periodic(self.cluster, f"mw.{self.name}.inject.{name}",
-                          _bind(self.inject, name), interval=self.interval)
+                          bind(self.inject, name), interval=self.interval)
                  for name in self.injectors]
         found.append(Periodic(self.cluster, f"mw.{self.name}.advance", self.advance,
                               interval=self.interval))
@@ -329,10 +328,6 @@ def _check_name(what: str, name: object) -> None:
     if not isinstance(name, str) or not name or not all(c.isalnum() or c in "_-." for c in name):
         raise InvalidArgument(f"{what} name must be letters, digits, '_', '-' or '.', "
                               f"got {name!r}")
-
-
-def _bind(method: Callable[[str], Any], name: str) -> Callable[[], Any]:
-    return lambda: method(name)
 
 
 def _read_marks(txn: Snapshot, p: Pipeline, row: str) -> tuple[int, int]:

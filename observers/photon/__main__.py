@@ -25,10 +25,10 @@ from typing import Any
 
 import percolator
 from observers import Worker
-from observers._recipes import load_object
+from observers._recipes import load_object, run_command
 from observers.photon._adapter import Adapter, JsonAdapter
 from observers.photon._pipeline import JoinPipeline, State, iter_jsonl
-from percolator import PercolatorError, Snapshot
+from percolator import Snapshot
 from percolator._notifications import quarantined
 
 
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     handlers: dict[str, Any] = {"ingest": _ingest, "status": _status, "verify": _verify,
                                 "rejoin": _rejoin, "run": _run}
-    try:
+    def body() -> int:
         with percolator.connect(args.cluster) as cluster:
             if args.command == "create":
                 if args.adapter is None and not (args.foreign_id and args.primary_id
@@ -150,9 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             pipeline = JoinPipeline.open(cluster, args.name, _adapter(args.adapter))
             result: int = handlers[args.command](pipeline, args)
             return result
-    except (PercolatorError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_command(body)
 
 
 if __name__ == "__main__":

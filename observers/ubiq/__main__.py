@@ -25,9 +25,9 @@ import threading
 
 import percolator
 from observers import Worker
-from observers._recipes import load_pipeline
+from observers._recipes import load_pipeline, run_command
 from observers.ubiq._pipeline import LogPipeline
-from percolator import InvalidArgument, PercolatorError, Snapshot
+from percolator import InvalidArgument, Snapshot
 
 
 def _track(p: LogPipeline, site: str) -> int:
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("range", nargs="*", help="retry-range: FILE BEGIN")
     args = parser.parse_intermixed_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
-    try:
+    def body() -> int:
         with percolator.connect(args.cluster) as cluster:
             p = load_pipeline(args.pipeline, cluster, LogPipeline)
             site = args.site or next(iter(p.sites))
@@ -107,9 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             p.retry_range(args.range[0], int(args.range[1]))
             print(f"{args.range[0]} from {args.range[1]} put back to work")
             return 0
-    except (PercolatorError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_command(body)
 
 
 if __name__ == "__main__":

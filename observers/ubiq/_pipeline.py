@@ -56,13 +56,13 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from observers import Observer, Periodic
 from observers._logs import HEAD_BYTES, Record, matching_files, read_records, refusal
 from observers._logs import complete_size as _complete_size
 from observers._logs import head_digest as _head
-from observers._recipes import check_pipeline
+from observers._recipes import bind, check_pipeline
 from percolator import (
     Cluster,
     ConflictError,
@@ -266,7 +266,7 @@ class LogPipeline:
         """The tracker of *site* (default: every site), the lease sweep and the
         garbage collector (:meth:`collect_garbage`, unless *forget_after* is None)."""
         sites = [site] if site else list(self.sites)
-        found = [Periodic(self.cluster, f"ubiq.{self.name}.track.{s}", _bind(self.track, s),
+        found = [Periodic(self.cluster, f"ubiq.{self.name}.track.{s}", bind(self.track, s),
                           interval=self.track_interval) for s in sites]
         found.append(Periodic(self.cluster, f"ubiq.{self.name}.leases", self.sweep_leases,
                               interval=max(self.track_interval, 0.5)))
@@ -459,10 +459,6 @@ class LogPipeline:
 
     def __repr__(self) -> str:
         return f"<ubiq.LogPipeline {self.name} on {self.cluster.store.url}>"
-
-
-def _bind(method: Any, arg: str) -> Any:
-    return lambda: method(arg)
 
 
 def _lease(raw: bytes) -> tuple[str, int]:

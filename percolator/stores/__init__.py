@@ -28,7 +28,9 @@ when a url of the scheme is opened, so optional dependencies stay optional)."""
 
 def open_store(url: str, **options: Any) -> Store:
     """Open the store at *url* (``sqlite:///abs/path.db``, ``hbase://host:9090``,
-    ``bigtable://project/instance``)."""
+    ``bigtable://project/instance``). *options* are the store's own (the keys of its
+    url's query); a keyword overrides the same key in the query, on every backend
+    (:mod:`percolator.stores._url`)."""
     if not isinstance(url, str):
         raise InvalidArgument(f"store url must be a str, got {type(url).__name__}: {url!r}")
     scheme = urlsplit(url).scheme

@@ -31,6 +31,7 @@ from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TException
 from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory
 
+from percolator._encoding import split_column
 from percolator._errors import InvalidArgument, StoreUnavailable
 
 _IDL = """
@@ -151,7 +152,7 @@ class Thrift2Deletes:
 
     def delete_if(self, table: bytes, row: bytes, column: str, expected: bytes) -> bool:
         """Delete every version of *column* in *row* if its newest value is *expected*."""
-        family, _, qualifier = column.partition(":")
+        family, qualifier = split_column(column)
         fam, qual = family.encode(), qualifier.encode("utf-8", "surrogateescape")
         delete = _thrift2.TDelete(
             row=row, columns=[_thrift2.TColumn(family=fam, qualifier=qual)],

@@ -60,9 +60,9 @@ import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NoReturn
-from urllib.parse import parse_qsl, urlsplit
 
 from percolator import metrics as _metrics
+from percolator._encoding import split_column
 from percolator._errors import (
     InvalidArgument,
     StoreUnavailable,
@@ -89,6 +89,7 @@ from percolator._store import (
 from percolator.stores import REQUESTS
 from percolator.stores._cas_rows import check_and_set_by_row
 from percolator.stores._memo import memo_by_reads
+from percolator.stores._url import check_scan, parse_store_url
 
 __all__ = ["BigtableStore", "open_bigtable_store"]
 
@@ -156,8 +157,8 @@ def _require_dependency() -> None:
 def _split_column(column: str) -> tuple[str, bytes]:
     if not isinstance(column, str):
         raise InvalidArgument(f"column must be a str 'family:qualifier', got {column!r}")
-    family, sep, qualifier = column.partition(":")
-    if not sep:
+    family, qualifier = split_column(column)
+    if ":" not in column:
         raise InvalidArgument(f"column must be 'family:qualifier', got {column!r}")
     _check_family(family)
     return family, qualifier.encode("utf-8")
@@ -773,11 +774,7 @@ class BigtableStore:
         if _metrics._enabled:
             next(REQUESTS.scan)
         self._check_open()
-        for bound in (start, stop):
-            if bound is not None and not isinstance(bound, bytes):
-                raise InvalidArgument(f"scan bounds must be bytes or None, got {bound!r}")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InvalidArgument(f"'batch_size' must be a positive integer, got {batch_size!r}")
+        check_scan(start, stop, batch_size)
         row_filter = _reads_filter(reads)
         table_path = self._table_path(table)
         return self._scan(table, table_path, start or None, stop or None, row_filter, batch_size)
@@ -1200,18 +1197,17 @@ def open_bigtable_store(url: str, **options: Any) -> BigtableStore:
     ``table_prefix=P`` (tables are named ``P_table``), ``timeout=seconds`` (deadline of
     one RPC, default 30) and ``app_profile_id=ID``. *options* may give the same
     keys, plus ``credentials`` (google-auth credentials) and ``interceptors`` (gRPC client
-    interceptors); URL query values win over *options*. Nothing is sent until the
+    interceptors); *options* win over the URL's query. Nothing is sent until the
     first call.
 
     :raises InvalidArgument: a malformed URL or unknown option, or the extra is missing
         (``pip install 'percolator-txn[bigtable]'``).
     """
     _require_dependency()
-    if not isinstance(url, str):
-        raise InvalidArgument(f"store url must be a str, got {url!r}")
-    parts = urlsplit(url)
-    if parts.scheme != "bigtable":
-        raise InvalidArgument(f"not a bigtable url: {url!r} (expected bigtable://project/instance)")
+    parsed = parse_store_url(
+        url, "bigtable", options, known=_OPTIONS, keyword_only=("credentials", "interceptors")
+    )
+    parts = parsed.parts
     project = parts.netloc
     instance = parts.path.strip("/")
     if (
@@ -1224,24 +1220,7 @@ def open_bigtable_store(url: str, **options: Any) -> BigtableStore:
             f"bigtable url {url!r} must be bigtable://project/instance with a lower-case project "
             "id and an instance id matching [a-z][-a-z0-9]*"
         )
-    unknown = set(options) - _OPTIONS
-    if unknown:
-        raise InvalidArgument(
-            f"unknown bigtable store option(s) {sorted(unknown)} for {url!r}; "
-            f"known: {sorted(_OPTIONS)}"
-        )
-    settings = dict(options)
-    try:
-        query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
-    except ValueError:
-        raise InvalidArgument(f"malformed query string in bigtable url {url!r}")
-    for key, value in query:
-        if key not in _OPTIONS - {"credentials", "interceptors"}:
-            raise InvalidArgument(
-                f"unknown query parameter {key!r} in bigtable url {url!r}; known: "
-                "emulator, table_prefix, timeout, app_profile_id"
-            )
-        settings[key] = value
+    settings = parsed.options
     emulator = settings.get("emulator") or os.environ.get(EMULATOR_ENV) or None
     if emulator is not None and (not isinstance(emulator, str) or ":" not in emulator):
         raise InvalidArgument(f"emulator must be 'host:port', got {emulator!r} (url {url!r})")
@@ -1250,18 +1229,14 @@ def open_bigtable_store(url: str, **options: Any) -> BigtableStore:
         raise InvalidArgument(
             f"table_prefix must match [_a-zA-Z0-9][-_.a-zA-Z0-9]*, got {prefix!r} (url {url!r})"
         )
-    raw_timeout = settings.get("timeout", DEFAULT_TIMEOUT)
-    try:
-        timeout = float(raw_timeout)
-    except (TypeError, ValueError):
-        timeout = -1.0
-    if not timeout > 0:
-        raise InvalidArgument(
-            f"timeout must be a positive number of seconds, got {raw_timeout!r} (url {url!r})"
-        )
+    timeout = parsed.seconds("timeout", DEFAULT_TIMEOUT)
     app_profile_id = settings.get("app_profile_id", "") or ""
     interceptors = settings.get("interceptors", ())
-    clean_query = "&".join(f"{k}={v}" for k, v in query)
+    # The options in effect (the keywords over the query), so that the url reopens
+    # this store.
+    clean_query = "&".join(
+        f"{k}={v}" for k, v in settings.items() if k not in ("credentials", "interceptors")
+    )
     shown = f"bigtable://{project}/{instance}" + (f"?{clean_query}" if clean_query else "")
     return BigtableStore(
         url=shown,

@@ -11,10 +11,10 @@ to set them for a cluster):
   the default, or ``compact``): those of the Thrift server (``hbase thrift start
   -f -c``). HTTP and SASL/Kerberos Thrift servers are refused with InvalidArgument:
   happybase cannot speak them.
-* ``timeout``: socket timeout in milliseconds, also for connecting (default 120000,
-  above what the Thrift server's own client spends retrying through a region move).
-* ``pool_size``: idle connections kept (default 8); ``idle_timeout``: milliseconds an
-  idle one is kept (default 50000, below the server's 60 s
+* ``timeout``: socket timeout in seconds, also for connecting (default 120, above
+  what the Thrift server's own client spends retrying through a region move).
+* ``pool_size``: idle connections kept (default 8); ``idle_timeout``: seconds an
+  idle one is kept (default 50, below the server's 60 s
   ``hbase.thrift.server.socket.read.timeout``). A caller who finds none idle opens one.
 * ``max_request_bytes``: mutation calls are split to stay under it (default 64 MiB,
   below libthrift's 100 MB ``maxMessageSize``).
@@ -102,10 +102,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlsplit
 
 from percolator import metrics as _metrics
-from percolator._encoding import LOCK, NOTIFY
+from percolator._encoding import LOCK, NOTIFY, split_column
 from percolator._errors import (
     InvalidArgument,
     PercolatorError,
@@ -130,6 +129,7 @@ from percolator._store import (
 )
 from percolator.stores import REQUESTS
 from percolator.stores._memo import memo_by_reads
+from percolator.stores._url import check_scan, parse_store_url
 
 try:
     import happybase
@@ -221,7 +221,7 @@ def _upper(max_ts: int | None) -> int:
 
 
 def _selects(read: Read, column: str) -> bool:
-    family, _, qualifier = column.partition(":")
+    family, qualifier = split_column(column)
     return family == read.family and (read.qualifiers is None or qualifier in read.qualifiers)
 
 
@@ -707,7 +707,7 @@ class HBaseStore:
         pending: list[tuple[Read, bytes, str]] = []
         for row, cells in latest.items():
             for column, (ts, value) in cells.items():
-                family, _, qualifier = column.partition(":")
+                family, qualifier = split_column(column)
                 for read, qualifiers in plan.by_family.get(family, ()):
                     if (qualifiers is not None and qualifier not in qualifiers) or (
                         ts < read.min_ts
@@ -899,8 +899,7 @@ class HBaseStore:
         if _metrics._enabled:
             next(REQUESTS.scan)
         name = self._name(table)
-        if not isinstance(batch_size, int) or batch_size <= 0:
-            raise InvalidArgument(f"batch_size must be a positive int: {batch_size!r}")
+        check_scan(start, stop, batch_size)
         if not reads:
             return iter(())
         return self._scan(table, name, start, stop, reads, batch_size)
@@ -1054,7 +1053,7 @@ def open_hbase_store(url: str, **options: Any) -> Store:
     (``hbase://host:port?namespace=NS&table_prefix=P&transport=framed&protocol=compact``).
 
     *options* may give any query option (``namespace``, ``table_prefix``, ``pool_size``,
-    ``timeout`` and ``idle_timeout`` in milliseconds, ``transport``, ``protocol``,
+    ``timeout`` and ``idle_timeout`` in seconds, ``transport``, ``protocol``,
     ``max_request_bytes``, ``compression``, ``thrift2``) instead of, or over, the URL's
     query. ``thrift2=host:port`` names the cluster's Thrift2 server, through which
     garbage collection removes the FREE lock of a deleted cell (Thrift1 cannot).
@@ -1063,9 +1062,8 @@ def open_hbase_store(url: str, **options: Any) -> Store:
         happybase cannot speak (HTTP, SASL/Kerberos).
     :raises StoreUnavailable: the Thrift server cannot be reached.
     """
-    parts = urlsplit(url)
-    if parts.scheme != "hbase":
-        raise InvalidArgument(f"not an hbase:// url: {url!r}")
+    parsed = parse_store_url(url, "hbase", options, known=_OPTIONS)
+    parts = parsed.parts
     try:
         host, port = parts.hostname, parts.port or DEFAULT_PORT
     except ValueError:
@@ -1074,23 +1072,13 @@ def open_hbase_store(url: str, **options: Any) -> Store:
         raise InvalidArgument(
             f"bad store url {url!r}: expected hbase://host:port?namespace=NS&table_prefix=P"
         )
-    try:
-        query = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False))
-    except ValueError:
-        raise InvalidArgument(f"bad query in store url {url!r}")
-    query.update({k: str(v) for k, v in options.items()})
-    unknown = sorted(set(query) - set(_OPTIONS))
-    if unknown:
-        raise InvalidArgument(
-            f"unknown option(s) {unknown} for {url!r}; expected some of {list(_OPTIONS)}"
-        )
-    namespace = query.get("namespace") or None
+    namespace = parsed.text("namespace", "") or None
     if namespace is not None and not _NAMESPACE.match(namespace):
         raise InvalidArgument(f"bad HBase namespace {namespace!r} in {url!r}")
-    prefix = query.get("table_prefix") or None
+    prefix = parsed.text("table_prefix", "") or None
     if prefix is not None and not _TABLE.match(prefix):
         raise InvalidArgument(f"bad table_prefix {prefix!r} in {url!r}")
-    transport = query.get("transport", "buffered").lower()
+    transport = parsed.text("transport", "buffered").lower()
     if transport in _UNSUPPORTED_TRANSPORTS:
         raise InvalidArgument(
             f"option transport={transport!r} in {url!r}: {_UNSUPPORTED_TRANSPORTS[transport]} "
@@ -1101,32 +1089,23 @@ def open_hbase_store(url: str, **options: Any) -> Store:
         raise InvalidArgument(
             f"option transport={transport!r} in {url!r} must be one of {list(_TRANSPORTS)}"
         )
-    protocol = query.get("protocol", "binary").lower()
+    protocol = parsed.text("protocol", "binary").lower()
     if protocol not in _PROTOCOLS:
         raise InvalidArgument(
             f"option protocol={protocol!r} in {url!r} must be one of {list(_PROTOCOLS)}"
         )
-    compression = query.get("compression", "NONE").upper()
+    compression = parsed.text("compression", "NONE").upper()
     if compression not in _COMPRESSIONS:
         raise InvalidArgument(
             f"option compression={compression!r} in {url!r} must be one of "
             f"{list(_COMPRESSIONS)} (and available on the region servers)"
         )
-    numbers: dict[str, int] = {}
-    for key, default in (
-        ("pool_size", DEFAULT_POOL_SIZE),
-        ("timeout", DEFAULT_TIMEOUT_MS),
-        ("idle_timeout", DEFAULT_IDLE_TIMEOUT_MS),
-        ("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES),
-    ):
-        raw = query.get(key)
-        try:
-            numbers[key] = default if raw is None else int(raw)
-        except ValueError:
-            raise InvalidArgument(f"option {key}={raw!r} in {url!r} must be an integer")
-        if numbers[key] <= 0:
-            raise InvalidArgument(f"option {key}={raw!r} in {url!r} must be positive")
-    thrift2 = query.get("thrift2") or None
+    # Thrift's sockets count milliseconds; the options, like the whole API, seconds.
+    timeout_ms = max(1, round(parsed.seconds("timeout", DEFAULT_TIMEOUT_MS / 1000) * 1000))
+    idle_timeout_ms = max(
+        1, round(parsed.seconds("idle_timeout", DEFAULT_IDLE_TIMEOUT_MS / 1000) * 1000)
+    )
+    thrift2 = parsed.text("thrift2", "") or None
     kind: type[HBaseStore] = HBaseStore
     extra: dict[str, Any] = {}
     if thrift2 is not None:
@@ -1139,11 +1118,11 @@ def open_hbase_store(url: str, **options: Any) -> Store:
         **extra,
         namespace=namespace,
         table_prefix=prefix,
-        pool_size=numbers["pool_size"],
-        timeout_ms=numbers["timeout"],
-        idle_timeout_ms=numbers["idle_timeout"],
+        pool_size=parsed.integer("pool_size", DEFAULT_POOL_SIZE),
+        timeout_ms=timeout_ms,
+        idle_timeout_ms=idle_timeout_ms,
         transport=transport,
         protocol=protocol,
-        max_request_bytes=numbers["max_request_bytes"],
+        max_request_bytes=parsed.integer("max_request_bytes", DEFAULT_MAX_REQUEST_BYTES),
         compression=compression,
     )

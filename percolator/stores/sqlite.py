@@ -38,11 +38,11 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
 from percolator import _forks
 from percolator import metrics as _metrics
 from percolator._embedded_mode import WRITE_LOCK_SUFFIX, WRITERS_SUFFIX
+from percolator._encoding import split_column
 from percolator._errors import InvalidArgument, StoreUnavailable, UnknownTableError
 from percolator._store import (
     ATOMICALLY,
@@ -59,6 +59,7 @@ from percolator._store import (
     drop_skipped,
 )
 from percolator.stores import REQUESTS
+from percolator.stores._url import check_scan, parse_store_url
 
 __all__ = ["SqliteStore", "open_sqlite_store"]
 
@@ -74,21 +75,15 @@ _FORMAT = 2
 
 def open_sqlite_store(url: str, **options: Any) -> SqliteStore:
     """Open ``sqlite:///absolute/path.db`` (``sqlite:///:memory:`` is refused: the
-    store is shared between connections). Query options: ``busy_timeout`` (s)."""
-    parts = urlsplit(url)
-    if parts.netloc or not parts.path.startswith("/") or parts.path == "/":
+    store is shared between connections). Option (query or keyword, the keyword
+    wins): ``busy_timeout`` (seconds, default 60)."""
+    parsed = parse_store_url(url, "sqlite", options, known=("busy_timeout",))
+    parts = parsed.parts
+    if parts.netloc or not parts.path.startswith("/") or parts.path == "/" or parts.fragment:
         raise InvalidArgument(
             f"bad sqlite url {url!r}: expected 'sqlite:///absolute/path/to/file.db'"
         )
-    query = dict(parse_qsl(parts.query))
-    query.update({k: str(v) for k, v in options.items()})
-    try:
-        busy = float(query.pop("busy_timeout", "60"))
-    except ValueError:
-        raise InvalidArgument(f"bad busy_timeout in {url!r}: expected seconds") from None
-    if query:
-        raise InvalidArgument(f"unknown sqlite store options {sorted(query)} in {url!r}")
-    return SqliteStore(parts.path, busy_timeout=busy)
+    return SqliteStore(parts.path, busy_timeout=parsed.seconds("busy_timeout", 60.0))
 
 
 def _collect_puts(
@@ -101,7 +96,7 @@ def _collect_puts(
             raise InvalidArgument(
                 f"timestamps must be integers >= 0, got {ts!r} for column {column!r}"
             )
-        family, _, qual = column.partition(":")
+        family, qual = split_column(column)
         by_family.setdefault(family, []).append((row, qual, ts, value))
 
 
@@ -611,10 +606,22 @@ class SqliteStore:
     ) -> Iterator[tuple[bytes, RowCells]]:
         if _metrics._enabled:
             next(REQUESTS.scan)
-        if not reads:
-            return
-        names = [self._family(table, read.family) for read in reads]
+        check_scan(start, stop, batch_size)
         skips = [check_skip_tag(read) for read in reads]
+        if not reads:
+            return iter(())
+        return self._scan(table, start, stop, reads, skips, batch_size)
+
+    def _scan(
+        self,
+        table: str,
+        start: bytes | None,
+        stop: bytes | None,
+        reads: Sequence[Read],
+        skips: list[bytes | None],
+        batch_size: int,
+    ) -> Iterator[tuple[bytes, RowCells]]:
+        names = [self._family(table, read.family) for read in reads]
         # In a family of one version, skipping tagged versions is a WHERE term: with
         # the family's partial index (see any_untagged), a scan for held locks costs
         # the held locks instead of every lock cell. Elsewhere it is applied below.
@@ -803,13 +810,13 @@ class SqliteStore:
                 deletes: dict[str, list[tuple[bytes, str, int]]] = {}
                 for mutation in mutations:
                     for column, max_ts in mutation.deletes:
-                        family, _, qual = column.partition(":")
+                        family, qual = split_column(column)
                         if family in puts:
                             self._flush_puts(db, table, {family: puts.pop(family)})
                         deletes.setdefault(family, []).append((mutation.row, qual, max_ts))
                     if deletes:
                         for column, _, _ in mutation.puts:
-                            family = column.partition(":")[0]
+                            family = split_column(column)[0]
                             if family in deletes:
                                 self._flush_deletes(db, table, {family: deletes.pop(family)})
                     _collect_puts(puts, mutation.row, mutation.puts)
@@ -838,7 +845,7 @@ class SqliteStore:
     ) -> bool:
         if _metrics._enabled:
             next(REQUESTS.check_and_set)
-        family, _, qual = column.partition(":")
+        family, qual = split_column(column)
         try:
             name = self._family(table, family)
             # One conditional statement decides; a family of single versions has at most
@@ -875,7 +882,7 @@ class SqliteStore:
     def delete_if(self, table: str, row: bytes, column: str, expected: bytes) -> bool:
         """Remove the single-version cell ``(row, column)`` if its value is *expected*
         (:class:`percolator._store.ConditionalDelete`): one conditional statement."""
-        family, _, qual = column.partition(":")
+        family, qual = split_column(column)
         try:
             name = self._family(table, family)
             with self._write() as db:
@@ -992,7 +999,7 @@ class SqliteStore:
                 new_seen = new
             slot = compared.get(column)
             if slot is None:
-                family, _, qual = column.partition(":")
+                family, qual = split_column(column)
                 self._family(table, family)
                 if families[family] != 1:
                     return None
@@ -1012,7 +1019,7 @@ class SqliteStore:
                     ts_seen = ts
                 target = written.get(put_column)
                 if target is None:
-                    family, _, qual = put_column.partition(":")
+                    family, qual = split_column(put_column)
                     target = written[put_column] = (puts.setdefault(family, []), qual)
                 target[0].append((key, target[1], ts, bytearray(put_value)))
         if any(inserts[family] and updates[family] for family in inserts):
@@ -1069,7 +1076,7 @@ class SqliteStore:
         wanted: dict[str, list[tuple[bytes, str]]] = {}
         for row, column, _, _, _ in items:
             family, qual = split.get(column) or split.setdefault(
-                column, column.partition(":")[::2]
+                column, split_column(column)
             )
             key = (family, row, qual)
             if key not in current:

@@ -22,7 +22,8 @@ import pytest
 import percolator
 from oracle import OracleClient, OracleServer
 from percolator import TlsConfig, TlsError
-from percolator._zookeeper import ZooKeeperCoordination, make_client, publish_config, start_client
+from percolator._zk_client import make_client, start_client
+from percolator._zookeeper import ZooKeeperCoordination, publish_config
 from tests._tls import TestCA
 from tests._zookeeper import TlsZooKeeper
 

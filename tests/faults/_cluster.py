@@ -149,7 +149,7 @@ class FaultCluster:
              "--port", "9090"], name="hbase", env=self.env(), cwd=str(ROOT))
         wait_until(lambda: node.can_connect(node.ip, 9090), 60, "the HBase test server")
         return (hbase_store_url(f"{node.ip}:9090", "nemesis")
-                + f"&timeout={int(s.store_timeout * 1000)}")
+                + f"&timeout={s.store_timeout:g}")
 
     def oracle_for(self, node: str) -> str:
         """The oracle target of the clients of *node*."""

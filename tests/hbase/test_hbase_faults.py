@@ -223,7 +223,7 @@ def test_framed_transport_and_compact_protocol_are_url_options() -> None:
             store.close()
         # happybase's defaults (buffered, binary) cannot talk to that server
         with pytest.raises(StoreUnavailable):
-            open_store(f"hbase://{hostport}?timeout=5000").list_tables()
+            open_store(f"hbase://{hostport}?timeout=5").list_tables()
 
 
 @pytest.mark.parametrize(
@@ -248,7 +248,7 @@ def test_the_client_timeout_is_a_url_option() -> None:
     # it fails, the default (120 s, above the Thrift server's own retries) waits.
     with faulty_server("--latency", "1") as hostport:
         with pytest.raises(StoreUnavailable, match="timed out"):
-            open_store(f"hbase://{hostport}?timeout=200").list_tables()
+            open_store(f"hbase://{hostport}?timeout=0.2").list_tables()
         store = open_store(f"hbase://{hostport}")
         try:
             assert store.list_tables() == []

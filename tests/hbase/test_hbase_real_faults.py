@@ -42,11 +42,11 @@ from tests._hbase import ENV, TEST_SERVER, hbase_store_url, require_hbase_client
 pytestmark = pytest.mark.hbase
 
 ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT_MS = 8000
+TIMEOUT = 8.0
 """The store's socket timeout in these tests: the Thrift server's own client waits up
 to 30 s for a dead HBase (hbase.client.operation.timeout in _hbase_local), so the
 store gives up first."""
-DEADLINE = 2 * TIMEOUT_MS / 1000 + 5
+DEADLINE = 2 * TIMEOUT + 5
 """A read meets the socket timeout twice (sent again once on a new connection); 5 s
 for connecting and a loaded machine."""
 ACCOUNTS = 8
@@ -108,7 +108,7 @@ def _kill(hbase: object, which: str) -> None:
 
 
 def _url(hbase: object, name: str) -> str:
-    return hbase_store_url(hbase.hostport, name) + f"&timeout={TIMEOUT_MS}"  # type: ignore[attr-defined]
+    return hbase_store_url(hbase.hostport, name) + f"&timeout={TIMEOUT:g}"  # type: ignore[attr-defined]
 
 
 def _bank_client(url: str, seed: int, log: Path) -> subprocess.Popen[bytes]:

@@ -347,7 +347,7 @@ def test_unknown_table(store: Store) -> None:
 def test_unreachable_server_names_it() -> None:
     port = free_port()
     with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{port}"):
-        open_store(f"hbase://127.0.0.1:{port}?timeout=2000")
+        open_store(f"hbase://127.0.0.1:{port}?timeout=2")
 
 
 def test_server_that_goes_away_is_unavailable() -> None:

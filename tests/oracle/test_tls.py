@@ -219,7 +219,7 @@ def test_client_ca_without_certificate_is_a_usage_error(ca: TestCA, tmp_path: ob
 
 
 def published(tls_zookeeper: TlsZooKeeper, chroot: str) -> str | None:
-    from percolator._zookeeper import make_client, start_client
+    from percolator._zk_client import make_client, start_client
 
     _, leader_path, _ = zk_paths(parse_zookeeper(chroot).chroot)
     zk = make_client(tls_zookeeper.hosts, session_timeout=10.0, tls=tls_zookeeper.tls)
