@@ -20,6 +20,9 @@ from percolator._errors import InvalidArgument
 
 __all__ = ["StoreUrl", "check_scan", "parse_store_url", "positive_int"]
 
+MAX_SECONDS = 86_400.0
+"""The longest store timeout taken (a day)."""
+
 
 def positive_int(name: str, value: object, where: str = "") -> int:
     """*value* as an int >= 1; a bool, a float or anything else is refused with
@@ -66,7 +69,9 @@ class StoreUrl:
         return positive_int(key, value, self._where())
 
     def seconds(self, key: str, default: float) -> float:
-        """Option *key* as a positive, finite number of seconds (*default* when absent)."""
+        """Option *key* as a positive, finite number of seconds (*default* when absent),
+        at most a day: more is a value in milliseconds, the unit HBase's ``timeout``
+        had before 0.1.0 (``?timeout=120000``), which would otherwise wait 33 hours."""
         value = self.options.get(key, default)
         number = math.nan
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -79,6 +84,11 @@ class StoreUrl:
         if not (number > 0 and math.isfinite(number)):
             raise InvalidArgument(
                 f"{key!r} must be a positive number of seconds, got {value!r}{self._where()}"
+            )
+        if number > MAX_SECONDS:
+            raise InvalidArgument(
+                f"{key!r} is {value!r} seconds, more than a day{self._where()}: store "
+                f"timeouts are in seconds (was this milliseconds? {number / 1000:g} s)"
             )
         return number
 

@@ -68,9 +68,10 @@ def test_a_keyword_overrides_the_url(
         ("", {"colour": "blue"}),
         ("{option}=1&{option}=2", {}),
         ("{option}", {}),
+        ("{option}=120000", {}),
     ],
     ids=["zero", "negative", "text", "nan", "bool", "keyword-text", "unknown-key",
-         "unknown-keyword", "twice", "malformed"],
+         "unknown-keyword", "twice", "malformed", "milliseconds"],
 )
 def test_bad_options_are_refused_alike(
     backend: str, store_url: str, query: str, keywords: dict[str, object]
@@ -79,6 +80,11 @@ def test_bad_options_are_refused_alike(
     url = with_query(store_url, query.format(option=option)) if query else store_url
     with pytest.raises(InvalidArgument):
         open_store(url, **{k.format(option=option): v for k, v in keywords.items()})
+
+
+def test_a_duration_that_looks_like_milliseconds_says_so(store_url: str, backend: str) -> None:
+    with pytest.raises(InvalidArgument, match=r"seconds \(was this milliseconds\? 120 s\)"):
+        open_store(with_query(store_url, f"{DEADLINE[backend]}=120000"))
 
 
 @pytest.mark.parametrize(
