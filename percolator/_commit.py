@@ -562,8 +562,12 @@ def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int,
             else:
                 mutations.append(Mutation(row, puts))
         settles = _settles_mutation(txn, by_table)
+        put_row = getattr(store, "put_row", None)
         for table, mutations in by_table.items():
-            store.mutate_rows(table, mutations)
+            if put_row is not None and len(mutations) == 1 and not mutations[0].deletes:
+                put_row(table, mutations[0].row, mutations[0].puts)  # one row: no batching
+            else:
+                store.mutate_rows(table, mutations)
         notifies = bool(txn._weak) or bool(strong)
         if notifies:
             _write_notifications_of(txn, strong, commit_ts)
