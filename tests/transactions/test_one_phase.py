@@ -85,9 +85,12 @@ def test_a_flat_commit_of_a_new_cell_leaves_a_free_lock_that_a_prewriter_recheck
     about to lock it; T2, begun after T1, writes the cell in one phase and commits;
     T1 then locks.
 
-    Guards the FREE lock of ``_one_phase_puts`` together with the prewriter's check
-    after a compare-and-set from it (``free_locks_may_stay``): T1 must see T2's
-    commit after its start and give up, leaving T2's value."""
+    T1 must see T2's commit after its start and give up, leaving T2's value. Either
+    of two lines makes it so: the FREE lock that ``_one_phase_puts`` writes where a
+    cell had none (T1's compare-and-set from no lock fails, and its read again finds
+    the commit), and the prewriter's check of the write records after a
+    compare-and-set (``recheck_after_lock``). With both removed T1 commits over T2;
+    with either one alone removed the test passes (checked by hand)."""
     new = b"new"
     with Interleaving(embedded) as world:
         client = two_phase(embedded)
