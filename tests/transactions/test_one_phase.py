@@ -130,3 +130,17 @@ def test_a_flat_commit_of_an_observed_column_makes_its_notification(
     found = [(p.table, p.row, p.column, p.strong, p.timestamps)
              for p in pending_notifications(embedded)]
     assert found == [(T, ROW, COL, True, (txn.commit_ts,))]
+
+
+def test_a_flat_commit_with_a_weak_notification_makes_it(embedded: Cluster) -> None:
+    """A one-phase commit that writes a cell and weakly notifies another (of a column
+    nobody observes) marks the other dirty, weakly, at its commit timestamp.
+
+    Guards ``txn._weak`` in ``_commit_one_phase``'s ``notifies``: without it the weak
+    notification is dropped (the write commits, nothing is marked)."""
+    with Transaction(embedded) as txn:
+        txn.set(T, ROW, COL, b"1")
+        txn.notify(T, b"other", COL)
+    found = [(p.table, p.row, p.column, p.weak, p.timestamps)
+             for p in pending_notifications(embedded)]
+    assert found == [(T, b"other", COL, True, (txn.commit_ts,))]
