@@ -9,7 +9,9 @@ the write records hidden under a rollback record by
 ``test_basics.py::test_a_rollback_record_does_not_hide_a_conflicting_commit``, the
 safe-point check inside the atomic step by
 ``tests/gc/test_gc.py::test_a_writer_parked_before_its_prewrite_while_a_pass_removes_its_conflict``,
-the gap and the in-flight slot by ``test_timestamps.py``.
+the gap and the in-flight slot by ``test_timestamps.py``, the notification an
+observer run serves by
+``tests/observers/test_settle.py::test_an_observer_commit_of_its_own_deletes_its_notification``.
 """
 
 from __future__ import annotations
