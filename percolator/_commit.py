@@ -22,8 +22,8 @@ reader whose start timestamp is above it, reading before it lands, finds neither
 lock nor a record (TiKV's one-phase commit relies on the store tracking the newest
 read timestamp, ``max_ts``, which Bigtable and HBase do not).
 
-One-phase commit (the embedded store, see :func:`_commit_one_phase`): one read and
-one write inside one SQLite write transaction, plus the two timestamps, for any N;
+One-phase commit (the embedded store, see :func:`_commit_one_phase`): one read per row and
+one write per table inside one SQLite write transaction, plus the two timestamps, for any N;
 only the writes and the COMMIT hold back start timestamps drawn meanwhile.
 
 Write records of a put carry the value (up to ``INLINE_MAX_BYTES`` in a two-phase
@@ -69,6 +69,7 @@ from percolator._notify_index import write_entries
 from percolator._store import (
     ATOMICALLY,
     CAS_DELETES,
+    PUT_ROW,
     SET_UNLESS,
     Cell,
     Guard,
@@ -84,6 +85,7 @@ from percolator.metrics import observe as _observe
 
 if TYPE_CHECKING:
     from percolator._cluster import Cluster
+    from percolator._observer_hooks import Settlement
     from percolator._transaction import TransactionBase
 
 __all__ = [
@@ -94,6 +96,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 NOTIFY_WEAK = b"w"
+_LOCK_PREFIX, _WRITE_PREFIX = f"{LOCK}:", f"{WRITE}:"
 _ROLLBACK_TAG = WriteKind.ROLLBACK.value
 """First byte of every rollback write record."""
 
@@ -129,6 +132,30 @@ class _Cell:
         """A small put's value: carried by the lock, then by the write record, with no
         data cell."""
         return inlined(self.value)
+
+
+def _conflict(start_ts: int, table: str, row: bytes, column: str, why: str,
+              ts: int | None) -> ConflictError:
+    return ConflictError(
+        f"write-write conflict on {table}/{row!r}/{column}: {why} (transaction {start_ts})",
+        start_ts=start_ts, conflict_ts=ts, table=table, row=row, column=column,
+    )
+
+
+def _check_writes(start_ts: int, table: str, row: bytes, column: str,
+                  writes: Sequence[Cell]) -> None:
+    """First committer wins: a change committed after *start_ts* is a conflict, and so
+    is a rollback record at it (the transaction was rolled back by a cleaner)."""
+    for ts, value in writes:
+        kind, _ = decode_write(value)
+        if kind is WriteKind.ROLLBACK:
+            if ts == start_ts:
+                raise _conflict(start_ts, table, row, column, "this transaction was rolled back",
+                                ts)
+            continue
+        if ts > start_ts:
+            raise _conflict(start_ts, table, row, column, f"committed at {ts} after our start",
+                            ts)
 
 
 class _Committer:
@@ -178,12 +205,7 @@ class _Committer:
     # --- prewrite ---------------------------------------------------------------------
 
     def _conflict(self, cell: _Cell, why: str, ts: int | None) -> ConflictError:
-        return ConflictError(
-            f"write-write conflict on {cell.table}/{cell.row!r}/{cell.column}: {why} "
-            f"(transaction {self.start_ts})",
-            start_ts=self.start_ts, conflict_ts=ts,
-            table=cell.table, row=cell.row, column=cell.column,
-        )
+        return _conflict(self.start_ts, cell.table, cell.row, cell.column, why, ts)
 
     def _read_for_prewrite(self, cells: list[_Cell]) -> dict[int, tuple[bytes | None, list[Cell]]]:
         """One batched read per table: each cell's lock and its newest write record at or
@@ -191,15 +213,7 @@ class _Committer:
         return _read_prewrite_state([(self, cells)])
 
     def _check_writes(self, cell: _Cell, writes: list[Cell]) -> None:
-        """First committer wins: a change committed after our start is a conflict."""
-        for ts, value in writes:
-            kind, _ = decode_write(value)
-            if kind is WriteKind.ROLLBACK:
-                if ts == self.start_ts:
-                    raise self._conflict(cell, "this transaction was rolled back", ts)
-                continue
-            if ts > self.start_ts:
-                raise self._conflict(cell, f"committed at {ts} after our start", ts)
+        _check_writes(self.start_ts, cell.table, cell.row, cell.column, writes)
 
     def _data_puts(self, cell: _Cell) -> list[tuple[str, int, bytes]]:
         """A large put's data cell; a small one travels in its lock (no data cell)."""
@@ -501,51 +515,111 @@ def _write_notifications(txn: TransactionBase, cells: list[_Cell], commit_ts: in
     notification the commit makes (``percolator/_notify_index.py``, stores that have
     it), so that whatever writes the strong notify cells later (this committer, or a
     cleaner rolling it forward) finds their entries there."""
+    _write_notifications_of(txn, [(c.table, c.row, c.column) for c in cells if c.notify],
+                            commit_ts)
+
+
+def _write_notifications_of(txn: TransactionBase, strong: list[tuple[str, bytes, str]],
+                            commit_ts: int) -> None:
+    """:func:`_write_notifications`, given the cells of the *strong* notifications."""
     if txn._weak:
         _write_weak_notifications(txn, commit_ts)
-    write_entries(
-        txn.cluster,
-        [*txn._weak, *((c.table, c.row, c.column) for c in cells if c.notify)],
-        commit_ts,
-    )
+    write_entries(txn.cluster, [*txn._weak, *strong], commit_ts)
 
 
-def _commit_one_phase(committer: _Committer) -> int | None:
-    """Commit in one atomic store step, where the store and the timestamp source allow.
+def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int, bool] | None:
+    """Commit *txn* in one atomic store step (the embedded store, :func:`one_phase_steps`).
 
-    On the embedded store, one SQLite write transaction checks every cell for
-    conflicts, then writes the write records, each carrying its value (no data cell),
-    at a commit timestamp drawn inside it, a FREE lock where a cell had no lock cell
-    yet (so a lock cell exists wherever a write record does), and the weak
-    notifications. An existing FREE lock is left as it was: a two-phase prewriter that
-    read it before this commit checks the cell again once it has locked it.
+    One SQLite write transaction checks every cell for conflicts, then writes the
+    write records, each carrying its value (no data cell), at a commit timestamp drawn
+    inside it, a FREE lock where a cell had no lock cell yet (so a lock cell exists
+    wherever a write record does), the notification an observer run served, and the
+    weak notifications. An existing FREE lock is left as it was: a two-phase prewriter
+    that read it before this commit checks the cell again once it has locked it.
     The commit timestamp is published as in flight from its draw until after the
     COMMIT (:meth:`~percolator._timestamps.HostTimestamps.in_flight`): a start
     timestamp drawn meanwhile is below the commit (from the gap left below it) or is
-    handed out once the commit is visible (see docs/timestamps.md). Returns None,
-    having written nothing, when a cell is locked by another transaction (the
-    two-phase path resolves it) or when the store or the timestamp source cannot do
-    this.
+    handed out once the commit is visible (see docs/timestamps.md).
+
+    The path every application transaction takes, so it is flat: the buffered writes
+    as they are, one store read per row, no committer or per-cell objects (those are
+    made only for the two-phase path). The checks and the writes are the group
+    commit's (:func:`_one_phase_cell_ok`, :func:`_one_phase_puts`). Returns the commit
+    timestamp and whether the commit made notifications, or None, having written
+    nothing, when a cell is locked by another transaction (the two-phase path
+    resolves it) or the persisted block of timestamps has no room.
+
+    :raises ConflictError: a cell was written since the transaction's start.
     """
-    steps = one_phase_steps(committer.cluster)
-    if steps is None:
-        return None
+    cluster, start_ts = txn.cluster, txn.start_ts
+    store = cluster.store
+    observed = cluster.observed_columns()
+    rows: dict[tuple[str, bytes], list[tuple[str, bytes | None]]] = {}
+    for (table, row, column), value in txn._writes.items():
+        cells = rows.get((table, row))
+        if cells is None:
+            rows[(table, row)] = [(column, value)]
+        else:
+            cells.append((column, value))
     atomically, in_flight = steps
     with in_flight(atomically) as draw:
-        found = _one_phase_check(committer)
-        if found is None:
-            return None
+        found = [
+            store.read_rows(table, [row], _prewrite_reads(tuple(c for c, _ in cells))).get(row, {})
+            for (table, row), cells in rows.items()
+        ]
+        # Inside the atomic step, after its reads: no GC deletion can fall between
+        # this check and the writes (see percolator._safe_point).
+        cluster.safe_point.check(start_ts)
+        for ((table, row), cells), row_cells in zip(rows.items(), found, strict=True):
+            for column, _ in cells:
+                writes = row_cells.get(_WRITE_PREFIX + column)
+                lock = row_cells.get(_LOCK_PREFIX + column)
+                if not _one_phase_cell_ok(
+                        start_ts, table, row, column, lock[0][1] if lock else None,
+                        _writes_since(store, table, row, column, start_ts, writes)
+                        if writes else ()):
+                    return None
         taken = draw(1)
         if taken is None:
             return None
-        _one_phase_write(committer, found, taken[0])
-        return taken[0]
+        commit_ts = taken[0]
+        strong: list[tuple[str, bytes, str]] = []
+        by_table: dict[str, list[Mutation]] = {}
+        for ((table, row), cells), row_cells in zip(rows.items(), found, strict=True):
+            puts: list[tuple[str, int, bytes]] = []
+            for column, value in cells:
+                notify = bool(observed) and (table, column) in observed
+                if notify:
+                    strong.append((table, row, column))
+                puts += _one_phase_puts(start_ts, commit_ts, column, value, notify,
+                                        _LOCK_PREFIX + column in row_cells)
+            mutations = by_table.get(table)
+            if mutations is None:
+                by_table[table] = [Mutation(row, puts)]
+            else:
+                mutations.append(Mutation(row, puts))
+        settles = _settles_mutation(txn, by_table)
+        row_put = offered(store, PUT_ROW)
+        for table, mutations in by_table.items():
+            if row_put is not None and len(mutations) == 1 and not mutations[0].deletes:
+                row_put.put_row(table, mutations[0].row, mutations[0].puts)  # no batching
+            else:
+                store.mutate_rows(table, mutations)
+        notifies = bool(txn._weak) or bool(strong)
+        if notifies:
+            _write_notifications_of(txn, strong, commit_ts)
+        if settles is not None:
+            settles.done = True
+        return commit_ts, notifies
 
 
-def one_phase_steps(cluster: Cluster) -> tuple[
-        Callable[[], AbstractContextManager[None]],
-        Callable[[Callable[[], AbstractContextManager[None]]],
-                 AbstractContextManager[Callable[[int], range | None]]]] | None:
+_OnePhaseSteps = tuple[
+    Callable[[], AbstractContextManager[None]],
+    Callable[[Callable[[], AbstractContextManager[None]]],
+             AbstractContextManager[Callable[[int], range | None]]]]
+
+
+def one_phase_steps(cluster: Cluster) -> _OnePhaseSteps | None:
     """Where *cluster* commits in one phase (the embedded store): the store's atomic
     step (``atomically``) and the timestamp source's publication of commit timestamps
     in flight (``in_flight``, which enters the atomic step); None elsewhere."""
@@ -556,70 +630,115 @@ def one_phase_steps(cluster: Cluster) -> tuple[
     return atomic.atomically, in_flight
 
 
+def _one_phase_cell_ok(start_ts: int, table: str, row: bytes, column: str,
+                       lock_raw: bytes | None, writes: Sequence[Cell]) -> bool:
+    """The one-phase checks of one cell, given its newest lock value and its write
+    records at or above *start_ts* (inside the atomic step, after the safe-point
+    check): False when another transaction holds its lock (or its primary is being
+    decided), which the two-phase path resolves.
+
+    :raises ConflictError: first committer wins (:func:`_check_writes`).
+    """
+    if writes:
+        _check_writes(start_ts, table, row, column, writes)
+    return lock_raw is None or lock_raw[:1] == FREE_TAG  # else held, or being decided
+
+
+def _one_phase_puts(start_ts: int, commit_ts: int, column: str, value: bytes | None,
+                    notify: bool, has_lock: bool) -> list[tuple[str, int, bytes]]:
+    """A one-phase commit's puts for one cell: its write record carrying the value (and
+    its notify cell), and a FREE lock where the cell had no lock cell."""
+    puts = write_cells(column, start_ts, commit_ts, value is None, notify, value)
+    if not has_lock:
+        puts.append((_LOCK_PREFIX + column, 0, encode_lock(Free(start_ts, True))))
+    return puts
+
+
+def _settles_mutation(
+    txn: TransactionBase, by_table: dict[str, list[Mutation]]
+) -> Settlement | None:
+    """Add to *by_table* the deletion of the notification an observer run serves, if
+    *txn* is such a run (its settlement, returned): its one-phase commit serves it in
+    the same atomic step."""
+    settlement = txn._settlement  # see percolator._observer_hooks
+    if settlement is not None:
+        by_table.setdefault(settlement.table, []).append(Mutation(
+            settlement.row, deletes=[(settlement.notify_column, settlement.newest)]))
+    return settlement
+
+
 def _one_phase_check(
-    committer: _Committer, found: dict[int, tuple[bytes | None, list[Cell]]] | None = None,
-) -> dict[int, tuple[bytes | None, list[Cell]]] | None:
-    """Inside the atomic step: read the cells' locks and write records (unless *found*
-    holds them, read for a whole group) and check them. Returns what was read, or
-    None when a cell is locked by another transaction.
+    committer: _Committer, found: dict[int, tuple[bytes | None, list[Cell]]],
+) -> bool:
+    """A group member's checks inside the atomic step (see :func:`_one_phase_cell_ok`),
+    given what :func:`_read_prewrite_state` read for the whole group. False when a
+    cell is locked by another transaction.
 
     :raises ConflictError: a cell was written since the transaction's start.
     """
-    if found is None:
-        found = _read_prewrite_state([(committer, committer.cells)])
     # Inside the atomic step, after its reads: no GC deletion can fall between
     # this check and the writes (see percolator._safe_point).
     committer.cluster.safe_point.check(committer.start_ts)
     for cell in committer.cells:
         lock_raw, writes = found[id(cell)]
-        if writes:
-            committer._check_writes(cell, writes)
-        if lock_raw is not None and lock_raw[:1] != FREE_TAG:  # held, or being decided
-            return None
-    return found
+        if not _one_phase_cell_ok(committer.start_ts, cell.table, cell.row, cell.column,
+                                  lock_raw, writes):
+            return False
+    return True
 
 
 def _one_phase_write(committer: _Committer, found: dict[int, tuple[bytes | None, list[Cell]]],
-                     commit_ts: int, batch: dict[str, list[Mutation]] | None = None) -> None:
-    """Inside the atomic step, after the checks: the write records (carrying the
-    values), a FREE lock where a cell had no lock cell, the notification an observer
-    run served, and the weak notifications. With *batch*, the row mutations are added
-    to it for the caller to write (a group writes all of its members' at once)."""
-    cluster, start_ts = committer.cluster, committer.start_ts
-    free = b""
-    by_table: dict[str, list[Mutation]] = {} if batch is None else batch
+                     commit_ts: int, batch: dict[str, list[Mutation]]) -> None:
+    """A group member's writes (:func:`_one_phase_puts`, and the notification an
+    observer run served), added to *batch* for the caller to write (a group writes all
+    of its members' at once), then its notifications."""
+    start_ts = committer.start_ts
     for cell in committer.cells:
-        puts = write_cells(cell.column, start_ts, commit_ts, cell.value is None, cell.notify,
-                           cell.value)
-        if found[id(cell)][0] is None:
-            free = free or encode_lock(Free(start_ts, True))
-            puts.append((f"{LOCK}:{cell.column}", 0, free))
-        by_table.setdefault(cell.table, []).append(Mutation(cell.row, puts))
-    settlement = committer.txn._settlement  # see percolator._observer_hooks
-    if settlement is not None:  # an observer run's notification, served by this commit
-        by_table.setdefault(settlement.table, []).append(Mutation(
-            settlement.row, deletes=[(settlement.notify_column, settlement.newest)]))
-    if batch is None:
-        for table, mutations in by_table.items():
-            cluster.store.mutate_rows(table, mutations)
+        batch.setdefault(cell.table, []).append(Mutation(cell.row, _one_phase_puts(
+            start_ts, commit_ts, cell.column, cell.value, cell.notify,
+            found[id(cell)][0] is not None)))
+    settles = _settles_mutation(committer.txn, batch)
     if committer.notifies:
         _write_notifications(committer.txn, committer.cells, commit_ts)
-    if settlement is not None:
-        settlement.done = True
+    if settles is not None:
+        settles.done = True
 
 
 _PREWRITE_READS: dict[tuple[str, ...], list[Read]] = {}
 """The reads of :func:`_read_prewrite_state` by columns (the same for every start)."""
 
 
+def _prewrite_reads(columns: tuple[str, ...]) -> list[Read]:
+    """The newest lock and the newest write record of each of *columns* (at any
+    timestamp: the same reads for every start, cached)."""
+    reads = _PREWRITE_READS.get(columns)
+    if reads is None:
+        reads = [Read(LOCK, columns), Read(WRITE, columns)]
+        if len(_PREWRITE_READS) < 1024:
+            _PREWRITE_READS[columns] = reads
+    return reads
+
+
+def _writes_since(store: Any, table: str, row: bytes, column: str, start_ts: int,
+                  newest: list[Cell]) -> list[Cell]:
+    """A cell's write records at or above *start_ts*, given the *newest* one read: it,
+    if at or above the start; only when it is a rollback above the start, which may
+    hide an older commit after the start, are all of them read."""
+    writes = [w for w in newest if w[0] >= start_ts]
+    if writes and writes[0][0] > start_ts and writes[0][1][:1] == _ROLLBACK_TAG:
+        writes = store.read_rows(
+            table, [row], [Read(WRITE, (column,), min_ts=start_ts, versions=None)],
+        ).get(row, {}).get(f"{WRITE}:{column}", [])
+    return writes
+
+
 def _read_prewrite_state(
     members: Sequence[tuple[_Committer, list[_Cell]]],
 ) -> dict[int, tuple[bytes | None, list[Cell]]]:
     """For each cell of each ``(committer, cells)`` (keyed by ``id(cell)``): its lock and
-    its newest write record at or above that committer's start_ts, read with one
-    store call per table for all of them (a group commit checks its members at once).
-    Only when that record is a rollback, which may hide an older commit after the
-    start, are all of the cell's records at or above the start read."""
+    its write records at or above that committer's start_ts (:func:`_writes_since`),
+    read with one store call per table for all of them (a group commit checks its
+    members at once)."""
     by_table: dict[str, list[tuple[_Committer, _Cell]]] = {}
     for committer, cells in members:
         for cell in cells:
@@ -635,22 +754,12 @@ def _read_prewrite_state(
             columns = tuple(dict.fromkeys(c.column for _, c in group))
         # The newest record is, for each member, its newest at or above its own start
         # when it is at or above that start at all.
-        reads = _PREWRITE_READS.get(columns)
-        if reads is None:
-            reads = [Read(LOCK, columns), Read(WRITE, columns)]
-            if len(_PREWRITE_READS) < 1024:
-                _PREWRITE_READS[columns] = reads
-        result = store.read_rows(table, rows, reads)
+        result = store.read_rows(table, rows, _prewrite_reads(columns))
         for committer, cell in group:
-            start_ts = committer.start_ts
             row_cells = result.get(cell.row, {})
             lock = row_cells.get(f"{LOCK}:{cell.column}")
-            writes = [w for w in row_cells.get(f"{WRITE}:{cell.column}", ()) if w[0] >= start_ts]
-            if writes and writes[0][0] > start_ts and writes[0][1][:1] == _ROLLBACK_TAG:
-                writes = store.read_rows(
-                    table, [cell.row],
-                    [Read(WRITE, (cell.column,), min_ts=start_ts, versions=None)],
-                ).get(cell.row, {}).get(f"{WRITE}:{cell.column}", [])
+            writes = _writes_since(store, table, cell.row, cell.column, committer.start_ts,
+                                   row_cells.get(f"{WRITE}:{cell.column}", []))
             found[id(cell)] = (lock[0][1] if lock else None, writes)
     return found
 
@@ -735,7 +844,7 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
                 state = _read_prewrite_state([(member, member.cells) for _, member in grouped])
                 for i, member in grouped:
                     try:
-                        found = _one_phase_check(member, state)
+                        unlocked = _one_phase_check(member, state)
                         cells = {(c.table, c.row, c.column) for c in member.cells}
                         if not taken.isdisjoint(cells):
                             raise member._conflict(
@@ -746,9 +855,9 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
                         cluster.stats["conflicts"] += 1
                         results[i] = e
                         continue
-                    if found is not None:
+                    if unlocked:
                         taken |= cells
-                        checked.append((i, member, found))
+                        checked.append((i, member, state))
                 batch: dict[str, list[Mutation]] = {}
                 # None: no room left in the block; they go on their own (two-phase).
                 stamps = draw(len(checked)) if checked else None
@@ -800,19 +909,21 @@ def _commit_transaction(txn: TransactionBase, crash: CrashPoint | None) -> int:
     # Before anything (an overtaken transaction is told so, not sent into conflicts
     # with what GC left), and again where it counts, after the prewrite.
     cluster.safe_point.check(txn.start_ts)
-    committer = _Committer(txn, crash)
-    if crash is None:
+    steps = one_phase_steps(cluster) if crash is None else None
+    if steps is not None:
         try:
-            one_phase = _commit_one_phase(committer)
+            one_phase = _commit_one_phase(txn, steps)
         except ConflictError:
             cluster.stats["conflicts"] += 1
             raise
         if one_phase is not None:
-            txn.commit_ts = one_phase
+            commit_ts, notifies = one_phase
+            txn.commit_ts = commit_ts
             cluster.stats["commits"] += 1
-            _wake(committer)
-            return one_phase
-    return _finish_two_phase(committer)
+            if notifies:
+                cluster.wake_observers()
+            return commit_ts
+    return _finish_two_phase(_Committer(txn, crash))
 
 
 def _finish_two_phase(committer: _Committer) -> int:

@@ -425,6 +425,16 @@ class Vacuuming(Protocol):
         ...
 
 
+@runtime_checkable
+class RowPut(Protocol):
+    """A store with a cheaper :meth:`Store.mutate_rows` of one row's puts (the embedded
+    store: straight on an atomic step's transaction)."""
+
+    def put_row(self, table: str, row: bytes, puts: Sequence[tuple[str, int, bytes]]) -> None:
+        """Write *puts* to *row* as ``mutate_rows(table, [Mutation(row, puts)])`` does."""
+        ...
+
+
 CAS_ANSWER_MAY_BE_REPLAYED: Capability[None] = Capability("cas_answer_may_be_replayed")
 INCREMENT: Capability[Incrementing] = Capability("increment", ("increment",))
 SET_UNLESS: Capability[GuardedSet] = Capability("set_unless", ("set_unless",))
@@ -438,10 +448,12 @@ ATOMICALLY: Capability[AtomicSteps] = Capability("atomically", ("atomically",))
 SINGLE_WRITER: Capability[None] = Capability("single_writer")
 EMBEDDED_FILE: Capability[EmbeddedFile] = Capability("embedded_file", ("path", "any_untagged"))
 VACUUM: Capability[Vacuuming] = Capability("vacuum", ("vacuum",))
+PUT_ROW: Capability[RowPut] = Capability("put_row", ("put_row",))
 
 CAPABILITIES: tuple[Capability[Any], ...] = (
     CAS_ANSWER_MAY_BE_REPLAYED, INCREMENT, SET_UNLESS, CHECK_AND_SET_MANY, DELETE_IF,
     CAS_DELETES, SPLIT_KEYS, NOTIFY_INDEX, ATOMICALLY, SINGLE_WRITER, EMBEDDED_FILE, VACUUM,
+    PUT_ROW,
 )
 """Every optional capability."""
 

@@ -28,8 +28,9 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Any, Protocol
 
 from percolator import _forks
@@ -228,6 +229,55 @@ class _SidecarLock:
             source._lock.release()
 
 
+class _InFlight:
+    """:meth:`HostTimestamps.in_flight` (a class, not a generator context manager: every
+    one-phase commit enters one)."""
+
+    __slots__ = ("_first", "_source", "_step")
+
+    def __init__(self, source: HostTimestamps,
+                 atomically: Callable[[], AbstractContextManager[object]]) -> None:
+        self._source = source
+        self._step = atomically()
+        self._first = 0
+        """The first commit timestamp drawn (0: none yet), published in the slot."""
+
+    def __enter__(self) -> Callable[[int], range | None]:
+        self._step.__enter__()
+        return self.draw
+
+    def draw(self, n: int = 1) -> range | None:
+        source = self._source
+        with source._sidecar_lock:
+            source._validate()
+            taken = source._take_commit(n, first=not self._first)
+            if taken is None:
+                return None
+            if not self._first:
+                source._set_slot(taken[0], _forks.pid)
+                self._first = taken[0]
+        return taken
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        first = self._first
+        try:
+            if first and exc_type is None:  # the body returned: the COMMIT comes next
+                try:
+                    self._source._close_gap()
+                except BaseException as e:
+                    if not self._step.__exit__(type(e), e, e.__traceback__):
+                        raise
+                    return
+            self._step.__exit__(exc_type, exc, tb)
+        finally:
+            if first:
+                source = self._source
+                with source._sidecar_lock:
+                    if source._slot()[0] == first:
+                        source._set_slot(0, 0)
+
+
 class HostTimestamps:
     """Timestamps shared by every process of one host (see the module docstring).
 
@@ -297,10 +347,12 @@ class HostTimestamps:
         return self._sidecar_lock
 
     def get_timestamp(self) -> int:
-        return self.get_timestamps(1)[0]
+        return self._draw(1)[0]  # every transaction's start: no count to check
 
     def get_timestamps(self, n: int) -> range:
-        n = _check_count(n)
+        return self._draw(_check_count(n))
+
+    def _draw(self, n: int) -> range:
         while True:
             with self._sidecar_lock:
                 self._validate()
@@ -403,10 +455,9 @@ class HostTimestamps:
                     f"{self.IN_FLIGHT_DEADLINE:.0f} s; is that process stopped?")
             pause = min(0.001, pause * 2 or 0.00005)
 
-    @contextmanager
     def in_flight(
         self, atomically: Callable[[], AbstractContextManager[object]]
-    ) -> Iterator[Callable[[int], range | None]]:
+    ) -> AbstractContextManager[Callable[[int], range | None]]:
         """For one-phase commits: enters the store's write transaction (*atomically*)
         and yields a function that draws *n* commit timestamps inside it (a group
         sharing it draws one for each member). The first one drawn is published as in
@@ -422,29 +473,7 @@ class HostTimestamps:
         The draw writes nothing to the store; it returns None when the persisted block
         has no room (the commit then takes the two-phase path, whose draw persists
         room)."""
-        drawn: list[int] = []
-
-        def draw(n: int = 1) -> range | None:
-            with self._locked():
-                self._validate()
-                taken = self._take_commit(n, first=not drawn)
-                if taken is None:
-                    return None
-                if not drawn:
-                    self._set_slot(taken[0], _forks.pid)
-            drawn.append(taken[0])
-            return taken
-
-        try:
-            with atomically():
-                yield draw
-                if drawn:  # the body returned: the COMMIT comes next
-                    self._close_gap()
-        finally:
-            if drawn:
-                with self._locked():
-                    if self._slot()[0] == drawn[0]:
-                        self._set_slot(0, 0)
+        return _InFlight(self, atomically)
 
     def _close_gap(self) -> None:
         """Hand out no more timestamps from the gap below the commit in flight: the

@@ -49,6 +49,7 @@ from percolator._store import (
     CHECK_AND_SET_MANY,
     DELETE_IF,
     EMBEDDED_FILE,
+    PUT_ROW,
     SINGLE_WRITER,
     VACUUM,
     Capability,
@@ -243,7 +244,7 @@ class SqliteStore:
 
     atomic_row_cas = True
     capabilities: frozenset[Capability[Any]] = frozenset({
-        ATOMICALLY, CHECK_AND_SET_MANY, DELETE_IF, EMBEDDED_FILE, VACUUM,
+        ATOMICALLY, CHECK_AND_SET_MANY, DELETE_IF, EMBEDDED_FILE, VACUUM, PUT_ROW,
         SINGLE_WRITER,  # one writer at a time: workers default to one scanner thread
     })
 
@@ -823,6 +824,22 @@ class SqliteStore:
                 if deletes:
                     self._flush_deletes(db, table, deletes)
                 self._flush_puts(db, table, puts)
+        except sqlite3.Error as e:
+            raise self._error(table, e) from e
+
+    def put_row(self, table: str, row: bytes, puts: Sequence[tuple[str, int, bytes]]) -> None:
+        """:meth:`mutate_rows` of one row's puts, in fewer steps: inside an
+        :meth:`atomically` block of this thread (the one-phase commit's writes) straight
+        on its transaction, else in a write transaction of its own."""
+        if _metrics._enabled:
+            next(REQUESTS.mutate_rows)
+        local = self._local
+        try:
+            if getattr(local, "atomic", False):
+                self._put(local.db, table, row, puts)
+            else:
+                with self._write() as db:
+                    self._put(db, table, row, puts)
         except sqlite3.Error as e:
             raise self._error(table, e) from e
 

@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import percolator
-from observers import Observer, Worker, wait_for_observers
+from observers import Observer, Worker, _groups, wait_for_observers
 from percolator import TransactionBase
 from percolator._notifications import pending_notifications
 from percolator._store import Mutation
@@ -71,6 +73,18 @@ def _run(tmp_path: Path, observers: list[type[Observer]], one_phase: bool) -> tu
 
 
 def test_a_one_phase_observer_commit_deletes_its_notification(tmp_path: Path) -> None:
+    outside, rows = _run(tmp_path, [Copy], one_phase=True)
+    assert outside == 0
+    assert {r: v["out:v"] for r, v in rows.items()} == {b"r%02d" % i: b"v%d" % i
+                                                        for i in range(40)}
+
+
+def test_an_observer_commit_of_its_own_deletes_its_notification(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs committed one by one (no groups): each through the flat one-phase commit
+    of ``commit_transaction``, which must serve the notification in its atomic step
+    as the group commit does (``_settles_mutation`` in ``_commit_one_phase``)."""
+    monkeypatch.setattr(_groups, "GROUP_MAX", 1)  # read by GroupCommits at each pass
     outside, rows = _run(tmp_path, [Copy], one_phase=True)
     assert outside == 0
     assert {r: v["out:v"] for r, v in rows.items()} == {b"r%02d" % i: b"v%d" % i

@@ -25,6 +25,7 @@ from percolator._store import (
     EMBEDDED_FILE,
     INCREMENT,
     NOTIFY_INDEX,
+    PUT_ROW,
     SET_UNLESS,
     SINGLE_WRITER,
     SPLIT_KEYS,
@@ -37,7 +38,7 @@ from tests._backends import drop_tables
 
 EXPECTED: dict[str, frozenset[Capability[Any]]] = {
     "sqlite": frozenset({ATOMICALLY, CHECK_AND_SET_MANY, DELETE_IF, EMBEDDED_FILE,
-                         SINGLE_WRITER, VACUUM}),
+                         PUT_ROW, SINGLE_WRITER, VACUUM}),
     "hbase": frozenset({CAS_ANSWER_MAY_BE_REPLAYED, INCREMENT, SPLIT_KEYS}),
     "bigtable": frozenset({CAS_DELETES, CHECK_AND_SET_MANY, DELETE_IF, INCREMENT,
                            NOTIFY_INDEX, SET_UNLESS, SPLIT_KEYS}),

@@ -1,0 +1,148 @@
+"""The flat one-phase commit of the embedded store (``percolator._commit._commit_one_phase``,
+issue 33) against the other writers of its cells, one store call at a time
+(``percolator.testing.Interleaving``: the one-phase commit is one atomic step).
+
+Each test names the check it guards: with that check removed, the test fails (checked
+by hand, one mutation at a time). The flat path's other checks are guarded elsewhere:
+first committer wins by ``test_basics.py::test_conflict_first_committer_wins_and_leaves_nothing``,
+the write records hidden under a rollback record by
+``test_basics.py::test_a_rollback_record_does_not_hide_a_conflicting_commit``, the
+safe-point check inside the atomic step by
+``tests/gc/test_gc.py::test_a_writer_parked_before_its_prewrite_while_a_pass_removes_its_conflict``,
+the gap and the in-flight slot by ``test_timestamps.py``, the notification an
+observer run serves by
+``tests/observers/test_settle.py::test_an_observer_commit_of_its_own_deletes_its_notification``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import percolator
+from observers import Observer, Worker
+from percolator import Cluster, ConflictError, Snapshot, Transaction, TransactionBase
+from percolator._notifications import pending_notifications
+from percolator.testing import Interleaving, Step, client_of
+
+T, COL = "cells", "c:v"
+ROW = b"r"
+
+
+@pytest.fixture
+def embedded(tmp_path: Path) -> Iterator[Cluster]:
+    with percolator.connect(f"sqlite:///{tmp_path}/one-phase.db") as cluster:
+        cluster.create_table(T)
+        with Transaction(cluster) as txn:
+            txn.set(T, ROW, COL, b"0")
+        yield cluster
+
+
+def two_phase(cluster: Cluster) -> Cluster:
+    """Another client, committing in two phases (one store call per step)."""
+    client = client_of(cluster)
+    client.one_phase_commit = False
+    return client
+
+
+def write(client: Cluster, value: bytes) -> Transaction:
+    txn = Transaction(client)
+    txn.set(T, ROW, COL, value)
+    return txn
+
+
+def is_timestamp(step: Step) -> bool:
+    return step.matches("timestamp")
+
+
+def value(cluster: Cluster) -> bytes | None:
+    with Snapshot(cluster) as snap:
+        return snap.get(T, ROW, COL)
+
+
+def test_a_flat_commit_gives_way_to_a_live_two_phase_lock(embedded: Cluster) -> None:
+    """T1 (two-phase) has locked the cell and is about to draw its commit timestamp;
+    T2 began after T1 and commits the cell in one phase; T1 then commits.
+
+    Guards the lock test of ``_one_phase_cell_ok`` (a lock that is not FREE sends the
+    commit to the two-phase path, which finds its holder alive): without it T2 writes
+    its record beside T1's lock and both commit, a lost update."""
+    with Interleaving(embedded) as world:
+        client = two_phase(embedded)
+        t1 = world.actor("T1", write(client, b"T1").commit, clients=[client])
+        t1.run_until(is_timestamp)  # locked; its commit timestamp is next
+        t2 = write(embedded, b"T2")  # the test's thread: not an actor, runs straight
+        with pytest.raises(ConflictError, match="locked by live transaction"):
+            t2.commit()
+        t1.finish()
+    assert value(embedded) == b"T1"
+
+
+def test_a_flat_commit_of_a_new_cell_leaves_a_free_lock_that_a_prewriter_rechecks(
+    embedded: Cluster,
+) -> None:
+    """T1 (two-phase) has read a new cell's lock and write records (none) and is
+    about to lock it; T2, begun after T1, writes the cell in one phase and commits;
+    T1 then locks.
+
+    T1 must see T2's commit after its start and give up, leaving T2's value. Either
+    of two lines makes it so: the FREE lock that ``_one_phase_puts`` writes where a
+    cell had none (T1's compare-and-set from no lock fails, and its read again finds
+    the commit), and the prewriter's check of the write records after a
+    compare-and-set (``recheck_after_lock``). With both removed T1 commits over T2;
+    with either one alone removed the test passes (checked by hand)."""
+    new = b"new"
+    with Interleaving(embedded) as world:
+        client = two_phase(embedded)
+        txn = Transaction(client)
+        txn.set(T, new, COL, b"T1")
+        t1 = world.actor("T1", txn.commit, clients=[client])
+        t1.run_until(lambda step: step.matches("check_and_set", row=new))
+        with Transaction(embedded) as t2:
+            t2.set(T, new, COL, b"T2")
+        with pytest.raises(ConflictError):
+            t1.finish()
+    with Snapshot(embedded) as snap:
+        assert snap.get(T, new, COL) == b"T2"
+
+
+def test_a_flat_commit_of_an_observed_column_makes_its_notification(
+    embedded: Cluster,
+) -> None:
+    """A one-phase commit of an observed column marks the cell dirty (a strong
+    notification at the commit timestamp); one of another column does not.
+
+    Guards ``notify`` in ``_commit_one_phase`` (computed from the observed columns):
+    without it the change is committed but no observer ever runs for it."""
+
+    class Copy(Observer):
+        table, column = T, COL
+
+        def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+            txn.set(T, row, "out:v", txn.get(T, row, column) or b"")
+
+    embedded.create_table("other")
+    Worker(embedded, [Copy]).register()
+    client = client_of(embedded)  # made after: reads the observed columns afresh
+    with Transaction(client) as txn:
+        txn.set(T, ROW, COL, b"1")
+        txn.set("other", ROW, COL, b"1")
+    found = [(p.table, p.row, p.column, p.strong, p.timestamps)
+             for p in pending_notifications(embedded)]
+    assert found == [(T, ROW, COL, True, (txn.commit_ts,))]
+
+
+def test_a_flat_commit_with_a_weak_notification_makes_it(embedded: Cluster) -> None:
+    """A one-phase commit that writes a cell and weakly notifies another (of a column
+    nobody observes) marks the other dirty, weakly, at its commit timestamp.
+
+    Guards ``txn._weak`` in ``_commit_one_phase``'s ``notifies``: without it the weak
+    notification is dropped (the write commits, nothing is marked)."""
+    with Transaction(embedded) as txn:
+        txn.set(T, ROW, COL, b"1")
+        txn.notify(T, b"other", COL)
+    found = [(p.table, p.row, p.column, p.weak, p.timestamps)
+             for p in pending_notifications(embedded)]
+    assert found == [(T, b"other", COL, True, (txn.commit_ts,))]
