@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from percolator._encoding import WRITE, WriteKind, check_column, check_table, decode_write
 from percolator._errors import InvalidArgument
@@ -41,9 +41,11 @@ class Observer:
     keep their runs of one change to a single commit.
     """
 
-    table: ClassVar[str]
-    column: ClassVar[str]
-    name: ClassVar[str] = ""
+    # Plain attributes, not ClassVar: a subclass usually sets them in its body, but
+    # the recipes bind them per instance (one class, one observer per pipeline).
+    table: str
+    column: str
+    name: str = ""
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)

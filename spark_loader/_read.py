@@ -25,6 +25,7 @@ import percolator
 from percolator._encoding import WRITE, check_column
 from percolator._errors import InvalidArgument, PercolatorError
 from percolator._store import Read, SplitKeys
+from spark_loader._compat import renamed_keyword
 from spark_loader._job import _require_pyspark, executor_cluster
 
 if TYPE_CHECKING:
@@ -206,9 +207,10 @@ def _columns_of_partition(spec: _Spec, bounds: Iterable[Range]) -> Iterator[str]
 # --- the driver ----------------------------------------------------------------------------
 
 
+@renamed_keyword("cluster_url", "url")
 def read_table(
     spark: SparkSession,
-    cluster_url: str,
+    url: str,
     table: str,
     columns: Sequence[str] | None = None,
     start_ts: int | None = None,
@@ -216,7 +218,7 @@ def read_table(
     *,
     connect_options: Mapping[str, Any] | None = None,
 ) -> DataFrame:
-    """*table* of the cluster at *cluster_url* as a DataFrame, read at one snapshot.
+    """*table* of the cluster at *url* as a DataFrame, read at one snapshot.
 
     One DataFrame row per Percolator row that has a visible value in *columns*: the
     row key in column ``row`` (binary), then one binary column per requested
@@ -258,7 +260,7 @@ def read_table(
         raise InvalidArgument(f"spark must be a SparkSession, got {type(spark).__name__}")
     wanted = _check_columns(columns)
     options = dict(connect_options or {})
-    with percolator.connect(cluster_url, **options) as cluster:
+    with percolator.connect(url, **options) as cluster:
         cluster.check_table_exists(table)
         ts = _check_start_ts(start_ts, cluster)
         sc = spark.sparkContext
@@ -273,7 +275,7 @@ def read_table(
             next(probe, None)
         finally:
             getattr(probe, "close", lambda: None)()  # an HBase scanner, say
-    spec = _Spec(cluster_url, tuple(sorted(options.items())), table, wanted, ts)
+    spec = _Spec(url, tuple(sorted(options.items())), table, wanted, ts)
     bounds = sc.parallelize(ranges, len(ranges))
     if wanted is None:
         sc.setJobDescription(f"percolator read {table}@{ts}: columns")

@@ -569,8 +569,8 @@ class _KeyRunner(Observer):
 
     def __init__(self, p: Pipeline, node: _Node) -> None:
         self.pipeline, self.node = p, node
-        self.table, self.column = node.table, WAKE  # type: ignore[misc]
-        self.name = f"mw.{p.name}.{node.computation.name}"  # type: ignore[misc]
+        self.table, self.column = node.table, WAKE
+        self.name = f"mw.{p.name}.{node.computation.name}"
 
     def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
         run = _KeyRun(txn, self.pipeline, self.node, row)

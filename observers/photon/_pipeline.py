@@ -666,8 +666,8 @@ class _Joiner(Observer):
 
     def __init__(self, pipeline: JoinPipeline) -> None:
         self.pipeline = pipeline
-        self.table, self.column = pipeline.foreign, RAW  # type: ignore[misc]
-        self.name = f"photon.{pipeline.name}.joiner"  # type: ignore[misc]
+        self.table, self.column = pipeline.foreign, RAW
+        self.name = f"photon.{pipeline.name}.joiner"
         self.wasted = 0
         """Runs that found the event decided already (duplicate inputs, reruns)."""
 

@@ -844,8 +844,8 @@ def publish(p: LogPipeline, row: bytes, attempt: str, files: list[str]) -> None:
 class _Cutter(Observer):
     def __init__(self, p: LogPipeline) -> None:
         self.pipeline = p
-        self.table, self.column = p.files, "f:size"  # type: ignore[misc]
-        self.name = f"ubiq.{p.name}.cutter"  # type: ignore[misc]
+        self.table, self.column = p.files, "f:size"
+        self.name = f"ubiq.{p.name}.cutter"
 
     def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
         cut_file(txn, self.pipeline, row.decode(), _now_ms())
@@ -867,8 +867,8 @@ class _Processor(Observer):
 
     def __init__(self, p: LogPipeline, site: str, parallel: int = 2) -> None:
         self.pipeline, self.site = p, site
-        self.table, self.column = p.units, p.ready_columns(site)[0]  # type: ignore[misc]
-        self.name = f"ubiq.{p.name}.processor"  # type: ignore[misc]
+        self.table, self.column = p.units, p.ready_columns(site)[0]
+        self.name = f"ubiq.{p.name}.processor"
         self._slots = threading.BoundedSemaphore(parallel)
 
     def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
@@ -904,8 +904,8 @@ class _Dispatcher(Observer):
 
     def __init__(self, p: LogPipeline) -> None:
         self.pipeline = p
-        self.table, self.column = p.units, "u:commit"  # type: ignore[misc]
-        self.name = f"ubiq.{p.name}.dispatcher"  # type: ignore[misc]
+        self.table, self.column = p.units, "u:commit"
+        self.name = f"ubiq.{p.name}.dispatcher"
 
     def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
         raw = txn.get(self.pipeline.units, row, "u:commit")
