@@ -13,12 +13,18 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar, overload
 from percolator._errors import InvalidArgument, is_retryable
 
 if TYPE_CHECKING:
+    from percolator._cluster import Cluster
     from percolator._transaction import TransactionBase
 
 __all__ = ["RetryPolicy", "transactional"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+# The transaction type the body declares. One signature, not overloads per type: mypy
+# makes an overloaded call Any when an argument's type holds Any (a body taking a
+# ``Feed[Any]``), which would switch the check off. Called with a Cluster the body gets
+# a Transaction, which is what every body but a worker's internal one declares.
+T = TypeVar("T", bound="TransactionBase")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +105,8 @@ LOCK_WAIT = RetryPolicy(max_tries=None, delay=0.001, backoff=1.6, max_delay=0.1,
 
 @overload
 def transactional(
-    func: Callable[Concatenate[TransactionBase, P], R],
-) -> Callable[Concatenate[Any, P], R]: ...
+    func: Callable[Concatenate[T, P], R],
+) -> Callable[Concatenate[Cluster | T, P], R]: ...
 
 
 @overload
@@ -110,11 +116,11 @@ def transactional(
     retry: RetryPolicy | None = None,
     retries: int | None = None,
     backoff: float | None = None,
-) -> Callable[[Callable[Concatenate[TransactionBase, P], R]], Callable[Concatenate[Any, P], R]]: ...
+) -> Callable[[Callable[Concatenate[T, P], R]], Callable[Concatenate[Cluster | T, P], R]]: ...
 
 
 def transactional(
-    func: Callable[Concatenate[TransactionBase, P], R] | None = None,
+    func: Callable[..., Any] | None = None,
     *,
     retry: RetryPolicy | None = None,
     retries: int | None = None,
@@ -145,6 +151,10 @@ def transactional(
         with percolator.Transaction(cluster) as txn:
             transfer(txn, b"alice", b"bob", 10)   # part of the caller's transaction
 
+    The wrapper's type is the body's with a :class:`Cluster` also accepted first (a
+    body of ``txn: Transaction`` gives ``(Cluster | Transaction, src: bytes, ...)``),
+    so a type checker catches a wrong call.
+
     Other exceptions (the body's own, or errors that a rerun would not fix, such as
     :class:`InvalidArgument`) propagate at once and nothing commits. Thread-safe: the
     wrapper keeps no state between calls.
@@ -163,7 +173,7 @@ def transactional(
         policy = policy.with_(backoff=backoff)
 
     def decorate(
-        body: Callable[Concatenate[TransactionBase, P], R],
+        body: Callable[Concatenate[Any, P], R],
     ) -> Callable[Concatenate[Any, P], R]:
         @functools.wraps(body)
         def run(target: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
