@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import percolator
 from bench._common import cpu_model, write_section
+from percolator._internals import internals
 from percolator._store import Mutation, Read
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -163,18 +164,19 @@ def speed(directory: Path, cells: int, versions: int) -> tuple[float, float]:
                 elapsed = time.perf_counter() - t0 - 2 * REFRESH  # less the grace wait
                 removed = summary.versions_removed
             else:
-                rows = [r for r, _ in c.store.scan("t", None, None, [Read("w")])]
+                rows = [r for r, _ in internals(c).store.scan("t", None, None, [Read("w")])]
                 t0 = time.perf_counter()
                 newest = {}
                 for start in range(0, len(rows), 200):  # read and delete as a pass does
                     chunk = rows[start:start + 200]
-                    cells_read = c.store.read_rows("t", chunk, [Read("w", versions=None)])
+                    cells_read = internals(c).store.read_rows(
+                        "t", chunk, [Read("w", versions=None)])
                     muts = []
                     for row in chunk:
                         kept = cells_read[row]["w:c:v"][0][0]
                         newest[row] = kept
                         muts.append(Mutation(row, deletes=[("w:c:v", kept - 1)]))
-                    c.store.mutate_rows("t", muts)
+                    internals(c).store.mutate_rows("t", muts)
                 elapsed = time.perf_counter() - t0
                 removed = cells * (versions - 1)
             rates.append(removed / elapsed)

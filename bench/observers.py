@@ -45,6 +45,7 @@ import percolator  # noqa: E402
 from bench._common import cpu_model, write_section  # noqa: E402
 from observers import Observer, Worker, wait_for_observers  # noqa: E402
 from percolator import TransactionBase  # noqa: E402
+from percolator._internals import internals  # noqa: E402
 from percolator._store import Mutation, Read  # noqa: E402
 
 SECTION = "## Observers (bench/observers.py)"
@@ -127,7 +128,7 @@ def scan_cost(tmp: str, big: int, dirty: int = 1000, repeats: int = 20) -> dict[
         url = f"sqlite:///{tmp}/scan-{name}.db"
         with percolator.connect(url) as cluster:
             cluster.create_table("t")
-            store = cluster.store
+            store = internals(cluster).store
             t0 = time.perf_counter()
             for i in range(0, rows, 20000):  # bulk: data + write cells, as if committed
                 store.mutate_rows("t", [
@@ -139,7 +140,7 @@ def scan_cost(tmp: str, big: int, dirty: int = 1000, repeats: int = 20) -> dict[
             build = time.perf_counter() - t0
         # measure on a fresh connection (as a worker would see it), after a checkpoint
         with percolator.connect(url) as cluster:
-            store = cluster.store
+            store = internals(cluster).store
             times = []
             for _ in range(repeats):
                 t1 = time.perf_counter()

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from percolator._encoding import WRITE, WriteKind, check_column, check_table, decode_write
 from percolator._errors import InvalidArgument
+from percolator._internals import internals
 from percolator._store import Read, RowCells
 from percolator._transaction import TransactionBase
 
@@ -131,7 +132,7 @@ class ObserverTransaction(TransactionBase):
         ts, value = writes[0]
         if decode_write(value)[0] is not WriteKind.ROLLBACK:
             return ts
-        cells = self.cluster.store.read_rows(
+        cells = internals(self.cluster).store.read_rows(
             table, [row], [Read(WRITE, (column,), max_ts=self.start_ts, versions=None)]
         )
         for ts, value in cells.get(row, {}).get(f"{WRITE}:{column}", []):

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from percolator import Cluster, InvalidArgument
 from percolator._encoding import META_TABLE
+from percolator._internals import internals
 from percolator._store import Mutation, Read
 
 __all__ = ["Periodic"]
@@ -74,7 +75,8 @@ class Periodic:
 
     def last_run(self) -> float | None:
         """Wall time when the task last finished anywhere in the cluster, or None."""
-        cells = self.cluster.store.read_rows(META_TABLE, [_ROW], [Read("m", (self.name,))])
+        store = internals(self.cluster).store
+        cells = store.read_rows(META_TABLE, [_ROW], [Read("m", (self.name,))])
         versions = cells.get(_ROW, {}).get(self._column)
         return _TIME.unpack(versions[0][1])[0] if versions else None
 
@@ -90,7 +92,7 @@ class Periodic:
 
         .. warning:: blocks while the task runs.
         """
-        coordination = self.cluster.coordination
+        coordination = internals(self.cluster).coordination
         key = f"periodic/{self.name}"
         if not coordination.try_advisory_lock(key):
             return False
@@ -106,7 +108,7 @@ class Periodic:
                               self.name, self.interval)
             # Recorded after a failure too: a failing task is not retried at once by
             # every worker in turn.
-            self.cluster.store.mutate_rows(META_TABLE, [
+            internals(self.cluster).store.mutate_rows(META_TABLE, [
                 Mutation(_ROW, [(self._column, 0, _TIME.pack(time.time()))])])
             return True
         finally:

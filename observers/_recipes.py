@@ -4,11 +4,13 @@ and loading user code named on a command line (``package.module:NAME``)."""
 from __future__ import annotations
 
 import importlib
+import math
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from percolator import Cluster, InvalidArgument
 
-__all__ = ["check_pipeline", "load_object", "load_pipeline"]
+__all__ = ["check_pipeline", "load_object", "load_pipeline", "seconds"]
 
 T = TypeVar("T")
 
@@ -21,6 +23,20 @@ def check_pipeline(kind: str, cluster: object, name: object) -> None:
         raise InvalidArgument(f"{kind} needs a percolator.Cluster, got {cluster!r:.80}")
     if not isinstance(name, str) or not name or not all(c.isalnum() or c in "_-" for c in name):
         raise InvalidArgument(f"pipeline name must be letters, digits, '_' or '-', got {name!r}")
+
+
+def seconds(name: str, value: object) -> float:
+    """*value*, a positive duration (a number of seconds or a :class:`timedelta`), in
+    seconds: the one unit of the recipes' durations.
+
+    :raises InvalidArgument: naming *name* when it is anything else."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if (isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+            or not math.isfinite(value)):
+        raise InvalidArgument(
+            f"{name} must be a positive number of seconds or a timedelta, got {value!r}")
+    return float(value)
 
 
 def load_pipeline(spec: str, cluster: Cluster, kind: type[T]) -> T:

@@ -63,6 +63,7 @@ from percolator._errors import (
     StoreUnavailable,
     is_retryable,
 )
+from percolator._internals import internals
 from percolator._notifications import (
     NOTIFY_WEAK,
     Quarantined,
@@ -323,7 +324,7 @@ class Worker:
         if not isinstance(cluster, Cluster):
             raise InvalidArgument(f"Worker needs a percolator.Cluster, got {cluster!r:.80}")
         if threads is None:
-            threads = 1 if getattr(cluster.store, "single_writer", False) else 4
+            threads = 1 if getattr(internals(cluster).store, "single_writer", False) else 4
         if not isinstance(threads, int) or threads < 1:
             raise InvalidArgument(f"threads must be an int >= 1 or None, got {threads!r}")
         if not isinstance(max_failures, int) or max_failures < 1:
@@ -358,7 +359,7 @@ class Worker:
             self._columns[table] = (*self._columns.get(table, ()), column)
         self.threads = threads
         self._store_turn = (_StoreTurn() if threads > 1 and getattr(
-            cluster.store, "single_writer", False) else None)
+            internals(cluster).store, "single_writer", False) else None)
         self._waits = {o.name: _Waits() for o in self.observers}
         self.max_failures = max_failures
         self.retry_delay = retry_delay
@@ -380,7 +381,7 @@ class Worker:
                 raise InvalidArgument(f"tasks must be observers.Periodic, got {task!r:.80}")
         self._bell = _Bell()
         self._sleeping = 0
-        self._indexed = uses_index(cluster.store)
+        self._indexed = uses_index(internals(cluster).store)
 
     # --- life cycle -----------------------------------------------------------------
 
@@ -404,7 +405,7 @@ class Worker:
         if self._threads:
             raise InvalidArgument("this worker is already started")
         self.register()
-        self.cluster.wakeups.append(self._bell.set)
+        internals(self.cluster).wakeups.append(self._bell.set)
         for i in range(self.threads):
             thread = threading.Thread(target=self._scanner, name=f"observers-scanner-{i}",
                                       daemon=True)
@@ -428,8 +429,8 @@ class Worker:
         for thread in self._threads:
             thread.join(timeout)
         self._threads = []
-        if self._bell.set in self.cluster.wakeups:
-            self.cluster.wakeups.remove(self._bell.set)
+        if self._bell.set in internals(self.cluster).wakeups:
+            internals(self.cluster).wakeups.remove(self._bell.set)
         log.info("worker stopped: %s", dict(self.stats))
 
     def run(self) -> None:
@@ -501,7 +502,7 @@ class Worker:
     def _split_keys(self, table: str) -> list[bytes]:
         """The store's split keys of *table* (``split_keys``: Bigtable's SampleRowKeys,
         HBase's region start keys), asked again at most every SPLITS_REFRESH seconds."""
-        split_keys = getattr(self.cluster.store, "split_keys", None)
+        split_keys = getattr(internals(self.cluster).store, "split_keys", None)
         if split_keys is None:
             return []
         asked, keys = self._splits.get(table, (None, []))
@@ -586,7 +587,7 @@ class Worker:
                         yield table, row, column, ts
             return
         for table, columns in self._columns.items():
-            for row, cells in self.cluster.store.scan(table, None, None,
+            for row, cells in internals(self.cluster).store.scan(table, None, None,
                                                       [Read(NOTIFY, columns)], batch_size=1000):
                 for name, versions in cells.items():
                     yield table, row, name[len(NOTIFY) + 1 :], versions[0][0]
@@ -611,7 +612,7 @@ class Worker:
                 if not mine or spread.skipping():
                     continue
                 key = f"{table}/{row.hex()}"
-                if not self.cluster.coordination.try_advisory_lock(key):
+                if not internals(self.cluster).coordination.try_advisory_lock(key):
                     if self._met(spread):
                         return True
                     continue
@@ -621,7 +622,7 @@ class Worker:
                     worked = worked or done
                     settle(self.cluster, table, row, mine, look_first=not done)
                 finally:
-                    self.cluster.coordination.release_advisory_lock(key)
+                    internals(self.cluster).coordination.release_advisory_lock(key)
         return worked
 
     def _family_pass(self) -> bool:
@@ -652,9 +653,10 @@ class Worker:
         ranges = [(start, None), (None, start)] if start is not None else [(None, None)]
         worked = False
         spread = _Spread(self.threads, GROUP_MAX if group is not None else 1)
-        coordination = self.cluster.coordination
+        coordination = internals(self.cluster).coordination
         for lo, hi in ranges:
-            for row, cells in self.cluster.store.scan(table, lo, hi, reads, batch_size=128):
+            store = internals(self.cluster).store
+            for row, cells in store.scan(table, lo, hi, reads, batch_size=128):
                 if self._stop.is_set():
                     return worked
                 self._remember(table, row)
@@ -700,7 +702,7 @@ class Worker:
                 self._account(run, outcome)
         finally:
             for key in keys:
-                self.cluster.coordination.release_advisory_lock(key)
+                internals(self.cluster).coordination.release_advisory_lock(key)
 
     def _account(self, run: _Run, outcome: int | PercolatorError) -> None:
         name = run.observer.name
@@ -724,7 +726,7 @@ class Worker:
     def _delete_notification(self, table: str, row: bytes, column: str, newest: int) -> None:
         """Delete the notify versions of the cell at or below *newest*, the newest one
         the runs just made served (a later notification stays)."""
-        self.cluster.store.mutate_rows(
+        internals(self.cluster).store.mutate_rows(
             table, [Mutation(row, deletes=[(f"{NOTIFY}:{column}", newest)])])
 
     def _committed(self, observer: Observer, table: str, row: bytes, column: str,
@@ -765,7 +767,7 @@ class Worker:
         """Run the observers of every dirty cell of *row*; True if anything was done.
         With *group*, a run whose commit can delete its notification is left in the
         group, to be committed with others (:meth:`_flush`)."""
-        cells = self.cluster.store.read_rows(
+        cells = internals(self.cluster).store.read_rows(
             table, [row], [Read(NOTIFY, self._columns[table], versions=None)]
         ).get(row, {})
         worked = False

@@ -72,6 +72,7 @@ from percolator._encoding import (
     with_value,
 )
 from percolator._errors import ConflictError, LockedError, PercolatorError
+from percolator._internals import internals
 from percolator._lock_resolver import (
     TxnStatus,
     release,
@@ -247,10 +248,10 @@ def _slow_prewrite(
     """Prewrite *cells* (whose optimistic CAS from "absent" failed) the careful way:
     read lock and newer write records, resolve foreign locks, CAS from what was read.
     Returns the cells that are already finished by this very load (a recomputation)."""
-    store = cluster.store
+    store = internals(cluster).store
     pending = dict(cells)
     done: set[tuple[bytes, str]] = set()
-    attempts = cluster.lock_wait_policy.attempts()
+    attempts = internals(cluster).lock_wait_policy.attempts()
     while pending:
         items: list[CasItem] = []
         waiting: list[tuple[bytes, str, Lock]] = []
@@ -332,7 +333,7 @@ def prewrite_rows(
     :raises ConflictError: a cell has a write record newer than the load's start.
     :raises LockedError: a live transaction kept a cell locked beyond the lock wait.
     """
-    with cluster.taking_locks():
+    with internals(cluster).taking_locks():
         yield from _prewrite_batches(cluster, txn, rows, batch_cells, after_batch)
 
 
@@ -343,7 +344,7 @@ def _prewrite_batches(
     batch_cells: int,
     after_batch: Any,
 ) -> Iterator[tuple[bytes, dict[str, bytes]]]:
-    store = cluster.store
+    store = internals(cluster).store
     batch: list[tuple[bytes, dict[str, bytes]]] = []
     size = 0
     prewrite_cell = txn.prewrite_cell
@@ -401,7 +402,7 @@ def finish_rows(
     ``INLINE_MAX_BYTES``, as their locks do) and notify cells of observed columns at
     *commit_ts*, or rolled back when *commit_ts* is None. Cells already cleaned by a
     reader are skipped. Returns how many cells this call released."""
-    store = cluster.store
+    store = internals(cluster).store
     free = encode_lock(Free(txn.start_ts, commit_ts is not None))
     released = 0
     items: list[CasItem] = []
@@ -448,7 +449,7 @@ def refresh_primary(cluster: Cluster, txn: LoadTxn, held: bytes | None = None) -
 
     :raises ConflictError: the primary is no longer locked by the load.
     """
-    store = cluster.store
+    store = internals(cluster).store
     column = f"{LOCK}:{LOAD_COLUMN}"
     while True:
         if held is None:
@@ -478,7 +479,7 @@ def begin_or_join(cluster: Cluster, table: str, load_id: str, owner: str,
     load committed before.
     """
     load = BulkLoad(cluster, table, load_id)
-    cluster.store.create_table(LOADS_TABLE, FAMILIES)
+    internals(cluster).store.create_table(LOADS_TABLE, FAMILIES)
     while True:
         raw, writes, data = load._read_primary()
         for ts, value in writes:
@@ -492,7 +493,7 @@ def begin_or_join(cluster: Cluster, table: str, load_id: str, owner: str,
             roll_back_primary(cluster, TxnStatus(state.start_ts, pending=state,
                                                  pending_raw=raw))
             continue
-        start_ts = cluster.timestamps.get_timestamp()
+        start_ts = internals(cluster).timestamps.get_timestamp()
         txn = _txn_of(cluster, table, load_id, Lock(
             start_ts=start_ts, primary_table=LOADS_TABLE, primary_row=load.row,
             primary_column=LOAD_COLUMN, owner=owner, wall_ms=int(time.time() * 1000),
@@ -541,7 +542,7 @@ class BulkLoad:
         return self._txn
 
     def _read_primary(self) -> tuple[bytes | None, list[tuple[int, bytes]], dict[int, bytes]]:
-        cells = self.cluster.store.read_rows(LOADS_TABLE, [self.row], [
+        cells = internals(self.cluster).store.read_rows(LOADS_TABLE, [self.row], [
             Read(LOCK, (LOAD_COLUMN,)), Read(WRITE, (LOAD_COLUMN,), versions=None),
             Read(DATA, ("load:marker",), versions=None),
         ]).get(self.row, {})
@@ -558,8 +559,8 @@ class BulkLoad:
         :raises LockedError: another live driver is running the same load.
         """
         cluster = self.cluster
-        cluster.store.create_table(LOADS_TABLE, FAMILIES)
-        attempts = cluster.lock_wait_policy.with_(deadline=5.0).attempts()
+        internals(cluster).store.create_table(LOADS_TABLE, FAMILIES)
+        attempts = internals(cluster).lock_wait_policy.with_(deadline=5.0).attempts()
         while True:
             raw, writes, data = self._read_primary()
             for ts, value in writes:
@@ -582,11 +583,12 @@ class BulkLoad:
                 continue
             self._release_hold()
             self._hold = Hold()
-            start_ts = cluster.safe_point.begin(self._hold, cluster.timestamps.get_timestamp)
+            parts = internals(cluster)
+            start_ts = parts.safe_point.begin(self._hold, parts.timestamps.get_timestamp)
             observed = frozenset(c for t, c in cluster.observed_columns() if t == self.table)
             txn = LoadTxn(
                 table=self.table, load_id=self.load_id, start_ts=start_ts,
-                owner=cluster.coordination.current_owner(), wall_ms=int(time.time() * 1000),
+                owner=parts.coordination.current_owner(), wall_ms=int(time.time() * 1000),
                 ttl_ms=int(cluster.lock_ttl * 1000), observed=observed,
             )
             held = encode_lock(txn.lock(LOAD_COLUMN))
@@ -604,9 +606,10 @@ class BulkLoad:
     def _lock_primary(
         self, raw: bytes | None, held: bytes, puts: list[tuple[str, int, bytes]]
     ) -> bool:
-        with self.cluster.taking_locks():
+        with internals(self.cluster).taking_locks():
             return lock_cas(
-                self.cluster.store, LOADS_TABLE, self.row, f"{LOCK}:{LOAD_COLUMN}", raw, held,
+                internals(self.cluster).store, LOADS_TABLE, self.row, f"{LOCK}:{LOAD_COLUMN}", raw,
+                held,
                 puts,
             )
 
@@ -683,9 +686,9 @@ class BulkLoad:
         assert held is not None
         # After every worker's prewrite (and its conflict reads) ended, before the
         # commit point: the writers' rule of percolator._safe_point.
-        self.cluster.safe_point.check(txn.start_ts)
-        commit_ts = self.cluster.timestamps.get_timestamp()
-        store = self.cluster.store
+        internals(self.cluster).safe_point.check(txn.start_ts)
+        commit_ts = internals(self.cluster).timestamps.get_timestamp()
+        store = internals(self.cluster).store
         column = f"{LOCK}:{LOAD_COLUMN}"
         body = [(f"{DATA}:{LOAD_COLUMN}", txn.start_ts, json.dumps(info, sort_keys=True).encode())]
         record = write_cells(LOAD_COLUMN, txn.start_ts, commit_ts, False, False)
@@ -735,12 +738,12 @@ class BulkLoad:
 
     def is_finished(self) -> bool:
         """Whether a committed load released all its locks (see :meth:`mark_finished`)."""
-        cells = self.cluster.store.read_rows(LOADS_TABLE, [self.row],
+        cells = internals(self.cluster).store.read_rows(LOADS_TABLE, [self.row],
                                              [Read(DATA, ("load:finished",))])
         return bool(cells.get(self.row))
 
     def mark_finished(self, commit_ts: int) -> None:
-        self.cluster.store.mutate_rows(
+        internals(self.cluster).store.mutate_rows(
             LOADS_TABLE, [Mutation(self.row, [(_FINISHED, commit_ts, b"1")])]
         )
 
@@ -752,7 +755,7 @@ class BulkLoad:
         txn = LoadTxn(self.table, self.load_id, loaded.start_ts, "", 0, 0, frozenset())
         left: list[tuple[bytes, str, bytes]] = []
         held = [Read(LOCK, skip_tag=FREE_TAG)]
-        for row, cells in self.cluster.store.scan(self.table, None, None, held):
+        for row, cells in internals(self.cluster).store.scan(self.table, None, None, held):
             for name, versions in cells.items():
                 state = decode_lock(versions[0][1])
                 if isinstance(state, Lock) and state.start_ts == loaded.start_ts:

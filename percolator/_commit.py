@@ -64,6 +64,7 @@ from percolator._errors import (
     InvalidArgument,
     PercolatorError,
 )
+from percolator._internals import internals
 from percolator._lock_resolver import check_txn_status, release, resolve_lock, write_cells
 from percolator._notify_index import write_entries
 from percolator._store import Cell, Guard, GuardedSet, Mutation, Read
@@ -123,7 +124,7 @@ class _Committer:
     def __init__(self, txn: TransactionBase, crash: CrashPoint | None) -> None:
         self.txn = txn
         self.cluster = txn.cluster
-        self.store = txn.cluster.store
+        self.store = internals(txn.cluster).store
         self.crash = crash
         self.start_ts = txn.start_ts
         observed = self.cluster.observed_columns()
@@ -133,7 +134,7 @@ class _Committer:
         self.primary = self.cells[0]
         self.notifies = bool(txn._weak) or (bool(observed) and any(c.notify for c in self.cells))
         """Whether the commit makes notifications (weak ones, or of observed columns)."""
-        self.owner = self.cluster.coordination.current_owner()
+        self.owner = internals(self.cluster).coordination.current_owner()
         self.ttl_ms = int(self.cluster.lock_ttl * 1000)
         self.locked: list[_Cell] = []
         self.refreshed_at = time.monotonic()
@@ -265,7 +266,7 @@ class _Committer:
         """Lock the primary, then the secondaries (one batched read for all of them),
         or, where the store can test the conflict conditions itself, one conditional
         mutation per cell, reading only a cell whose conditions held."""
-        with self.cluster.taking_locks():
+        with internals(self.cluster).taking_locks():
             self._prewrite_all()
 
     def _prewrite_all(self) -> None:
@@ -321,7 +322,7 @@ class _Committer:
         p = self.primary
         # Not under an identity whose session expired: others may treat its locks as
         # abandoned (raises CoordinationError; the caller releases the locks).
-        self.cluster.coordination.confirm_owner(self.owner)
+        internals(self.cluster).coordination.confirm_owner(self.owner)
         self._refresh_primary()
         column = f"{LOCK}:{p.column}"
         delete, notify = p.value is None, p.notify
@@ -343,7 +344,7 @@ class _Committer:
         if not won:
             raise self._conflict(p, "rolled back by a cleaner before the commit point", None)
         self.txn.commit_ts = commit_ts
-        self.cluster.stats["commits"] += 1
+        internals(self.cluster).stats["commits"] += 1
         self._maybe_crash("commit_point", 0)
         if not self.store.atomic_row_cas:
             try:
@@ -458,7 +459,7 @@ def _write_weak_notifications(txn: TransactionBase, commit_ts: int) -> None:
             Mutation(row, [(f"{NOTIFY}:{column}", commit_ts, NOTIFY_WEAK)])
         )
     for table, mutations in by_table.items():
-        txn.cluster.store.mutate_rows(table, mutations)
+        internals(txn.cluster).store.mutate_rows(table, mutations)
 
 
 def _write_notifications(txn: TransactionBase, cells: list[_Cell], commit_ts: int) -> None:
@@ -514,8 +515,8 @@ def one_phase_steps(cluster: Cluster) -> tuple[
     """Where *cluster* commits in one phase (the embedded store): the store's atomic
     step (``atomically``) and the timestamp source's publication of commit timestamps
     in flight (``in_flight``, which enters the atomic step); None elsewhere."""
-    atomically = getattr(cluster.store, "atomically", None)
-    in_flight = getattr(cluster.timestamps, "in_flight", None)
+    atomically = getattr(internals(cluster).store, "atomically", None)
+    in_flight = getattr(internals(cluster).timestamps, "in_flight", None)
     if atomically is None or in_flight is None or not cluster.one_phase_commit:
         return None
     return atomically, in_flight
@@ -534,7 +535,7 @@ def _one_phase_check(
         found = _read_prewrite_state([(committer, committer.cells)])
     # Inside the atomic step, after its reads: no GC deletion can fall between
     # this check and the writes (see percolator._safe_point).
-    committer.cluster.safe_point.check(committer.start_ts)
+    internals(committer.cluster).safe_point.check(committer.start_ts)
     for cell in committer.cells:
         lock_raw, writes = found[id(cell)]
         if writes:
@@ -566,7 +567,7 @@ def _one_phase_write(committer: _Committer, found: dict[int, tuple[bytes | None,
         by_table.setdefault(table, []).append(Mutation(row, deletes=[(notify, newest)]))
     if batch is None:
         for table, mutations in by_table.items():
-            cluster.store.mutate_rows(table, mutations)
+            internals(cluster).store.mutate_rows(table, mutations)
     if committer.notifies:
         _write_notifications(committer.txn, committer.cells, commit_ts)
     if settles is not None:
@@ -679,7 +680,7 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
             if not txn._writes or txn._closed:
                 continue
             try:
-                cluster.safe_point.check(txn.start_ts)
+                internals(cluster).safe_point.check(txn.start_ts)
             except PercolatorError as e:
                 txn._closed = True
                 results[i] = e
@@ -708,7 +709,7 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
                                      if (c.table, c.row, c.column) in taken),
                                 "written by a transaction committed with it", None)
                     except ConflictError as e:
-                        cluster.stats["conflicts"] += 1
+                        internals(cluster).stats["conflicts"] += 1
                         results[i] = e
                         continue
                     if found is not None:
@@ -721,7 +722,7 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
                     _one_phase_write(member, found, commit_ts, batch)
                     results[i] = commit_ts
                 for table, mutations in batch.items():  # one write per table for all
-                    cluster.store.mutate_rows(table, mutations)
+                    internals(cluster).store.mutate_rows(table, mutations)
         except PercolatorError as e:  # rolled back: none of the group committed
             for i, _ in grouped:
                 if not isinstance(results[i], ConflictError):
@@ -734,7 +735,7 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
         if isinstance(result, int):
             assert committer is not None
             txn.commit_ts = result
-            cluster.stats["commits"] += 1
+            internals(cluster).stats["commits"] += 1
             _wake(committer)
         elif result is None:  # not grouped, or met a lock: on its own
             try:
@@ -755,26 +756,26 @@ def _commit_transaction(txn: TransactionBase, crash: CrashPoint | None) -> int:
     txn._closed = True
     if not txn._writes:
         if txn._weak:
-            commit_ts = cluster.timestamps.get_timestamp()
+            commit_ts = internals(cluster).timestamps.get_timestamp()
             _write_notifications(txn, [], commit_ts)
-            cluster.wake_observers()
+            internals(cluster).wake_observers()
         else:
             commit_ts = txn.start_ts
         txn.commit_ts = commit_ts
         return commit_ts
     # Before anything (an overtaken transaction is told so, not sent into conflicts
     # with what GC left), and again where it counts, after the prewrite.
-    cluster.safe_point.check(txn.start_ts)
+    internals(cluster).safe_point.check(txn.start_ts)
     committer = _Committer(txn, crash)
     if crash is None:
         try:
             one_phase = _commit_one_phase(committer)
         except ConflictError:
-            cluster.stats["conflicts"] += 1
+            internals(cluster).stats["conflicts"] += 1
             raise
         if one_phase is not None:
             txn.commit_ts = one_phase
-            cluster.stats["commits"] += 1
+            internals(cluster).stats["commits"] += 1
             _wake(committer)
             return one_phase
     return _finish_two_phase(committer)
@@ -787,16 +788,16 @@ def _finish_two_phase(committer: _Committer) -> int:
     except SimulatedCrash:
         raise  # a dead committer sweeps nothing
     except BaseException:
-        cluster.sweep_locks()
+        internals(cluster).sweep_locks()
         raise
-    cluster.sweep_locks()
+    internals(cluster).sweep_locks()
     _wake(committer)
     return commit_ts
 
 
 def _wake(committer: _Committer) -> None:
     if committer.notifies:
-        committer.cluster.wake_observers()
+        internals(committer.cluster).wake_observers()
 
 
 def _commit_two_phase(committer: _Committer) -> int:
@@ -805,9 +806,9 @@ def _commit_two_phase(committer: _Committer) -> int:
         committer.prewrite()
         # After the prewrite, before the commit point: a transaction overtaken by the
         # GC safe point never commits (see percolator._safe_point).
-        cluster.safe_point.check(txn.start_ts)
+        internals(cluster).safe_point.check(txn.start_ts)
     except ConflictError:
-        cluster.stats["conflicts"] += 1
+        internals(cluster).stats["conflicts"] += 1
         committer.abort()
         raise
     except SimulatedCrash:
@@ -816,7 +817,7 @@ def _commit_two_phase(committer: _Committer) -> int:
         committer.abort()
         raise
     try:
-        commit_ts = cluster.timestamps.get_timestamp()
+        commit_ts = internals(cluster).timestamps.get_timestamp()
         # Weak notifications go before the commit point, so a committer that dies after
         # it cannot lose them (nothing else would write them); one that fails at the
         # commit point leaves a spurious one, which only runs an observer for nothing.
@@ -829,7 +830,7 @@ def _commit_two_phase(committer: _Committer) -> int:
     try:
         committer.commit_point(commit_ts)
     except ConflictError:
-        cluster.stats["conflicts"] += 1
+        internals(cluster).stats["conflicts"] += 1
         committer.abort()
         raise
     except CoordinationError:  # raised before the commit point's write: nothing committed

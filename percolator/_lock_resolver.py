@@ -29,6 +29,7 @@ from percolator._encoding import (
     encode_lock,
     encode_write,
 )
+from percolator._internals import internals
 from percolator._store import Mutation, Read
 from percolator.metrics import inc as _inc
 
@@ -92,7 +93,7 @@ def release(
     row CAS the caller already wrote them (in a batch), so only the lock is freed.
     *inline*: the put's value, carried in its write record. Returns whether the CAS won.
     """
-    store = cluster.store
+    store = internals(cluster).store
     free = encode_lock(Free(start_ts, commit is not None))
     puts = write_cells(column, start_ts, *commit, inline) if commit is not None else []
     if puts and not store.atomic_row_cas:
@@ -108,7 +109,7 @@ def check_txn_status(cluster: Cluster, lock: Lock) -> TxnStatus:
     primary caught between its decision and FREE."""
     table, row, column = lock.primary_table, lock.primary_row, lock.primary_column
     start_ts = lock.start_ts
-    cells = cluster.store.read_rows(
+    cells = internals(cluster).store.read_rows(
         table,
         [row],
         [Read(LOCK, (column,)), Read(WRITE, (column,), min_ts=start_ts, versions=None)],
@@ -149,9 +150,9 @@ def roll_back_primary(cluster: Cluster, status: TxnStatus) -> bool:
     assert lock is not None and raw is not None
     table, row, column = lock.primary_table, lock.primary_row, lock.primary_column
     decided = encode_lock(RolledBack(lock.start_ts))
-    if not lock_cas(cluster.store, table, row, f"{LOCK}:{column}", raw, decided):
+    if not lock_cas(internals(cluster).store, table, row, f"{LOCK}:{column}", raw, decided):
         return False
-    cluster.store.mutate_rows(
+    internals(cluster).store.mutate_rows(
         table,
         [Mutation(row, [(f"{WRITE}:{column}", lock.start_ts,
                          encode_write(WriteKind.ROLLBACK, lock.start_ts))])],
@@ -182,13 +183,13 @@ def resolve_lock(
     status = check_txn_status(cluster, state)
     if status.pending is not None:
         primary = status.pending
-        alive = cluster.coordination.is_alive(primary.owner)
+        alive = internals(cluster).coordination.is_alive(primary.owner)
         if alive is not False and not _expired(primary):
             return False
         if not roll_back_primary(cluster, status):
             return True  # X moved (committed, refreshed or cleaned): look again
         status = TxnStatus(state.start_ts, rolled_back=True)
-        cluster.stats["locks_resolved"] += 1
+        internals(cluster).stats["locks_resolved"] += 1
         _inc("percolator_locks_resolved_total", "rolled_back")
     if state.is_primary(table, row, column):
         return True  # check_txn_status or roll_back_primary already cleaned it
@@ -197,7 +198,7 @@ def resolve_lock(
                 (status.commit_ts, state.delete, state.notify), inline=state.value)
     else:
         release(cluster, table, row, column, raw, state.start_ts, None)
-    cluster.stats["locks_resolved"] += 1
+    internals(cluster).stats["locks_resolved"] += 1
     _inc("percolator_locks_resolved_total",
          "rolled_forward" if status.commit_ts is not None else "rolled_back")
     return True

@@ -45,6 +45,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from percolator._encoding import FREE_TAG, LOCK, META_TABLE, NOTIFY, Free, decode_lock
+from percolator._internals import internals
 from percolator._lock_resolver import resolve_lock
 from percolator._store import Mutation, Read
 
@@ -92,20 +93,20 @@ def parse_key(key: bytes) -> tuple[str, bytes]:
 def write_entries(cluster: Cluster, cells: Iterable[tuple[str, bytes, str]], ts: int) -> None:
     """Write index entries for the notify cells ``(table, row, column)`` (a no-op on a
     store without the index)."""
-    if not uses_index(cluster.store):
+    if not uses_index(internals(cluster).store):
         return
     rows: dict[bytes, list[tuple[str, int, bytes]]] = {}
     for table, row, column in cells:
         rows.setdefault(index_key(table, row), []).append((f"n:{column}", ts, _ENTRY))
     if rows:
-        cluster.store.mutate_rows(INDEX_TABLE, [Mutation(k, p) for k, p in rows.items()])
+        internals(cluster).store.mutate_rows(INDEX_TABLE, [Mutation(k, p) for k, p in rows.items()])
 
 
 def scan_index(
     cluster: Cluster, start: bytes | None, stop: bytes | None, batch_size: int = 128
 ) -> Iterator[tuple[str, bytes, dict[str, int]]]:
     """Index entries in ``[start, stop)``: ``(table, row, {column: newest entry ts})``."""
-    for key, cells in cluster.store.scan(INDEX_TABLE, start, stop, [Read("n")],
+    for key, cells in internals(cluster).store.scan(INDEX_TABLE, start, stop, [Read("n")],
                                          batch_size=batch_size):
         table, row = parse_key(key)
         yield table, row, {name[2:]: versions[0][0] for name, versions in cells.items()}
@@ -128,7 +129,7 @@ def settle(
     reads = [Read(NOTIFY, columns), Read(LOCK, columns, skip_tag=FREE_TAG)]
 
     def busy() -> set[str]:
-        cells = cluster.store.read_rows(table, [row], reads).get(row, {})
+        cells = internals(cluster).store.read_rows(table, [row], reads).get(row, {})
         found = set()
         for name, versions in cells.items():
             family, _, column = name.partition(":")
@@ -145,13 +146,13 @@ def settle(
     if not settled:
         return list(columns)
     key = index_key(table, row)
-    cluster.store.mutate_rows(
+    internals(cluster).store.mutate_rows(
         INDEX_TABLE, [Mutation(key, deletes=[(f"n:{c}", entries[c]) for c in settled])]
     )
     again = busy() & set(settled)
     if again:
         write_entries(cluster, [(table, row, c) for c in again],
-                      cluster.timestamps.get_timestamp())
+                      internals(cluster).timestamps.get_timestamp())
     return sorted(keep | again)
 
 
@@ -170,7 +171,7 @@ def indexed_cells(
         rows = batch.pop(table)
         columns = tuple(sorted(set().union(*rows.values())))
         narrowed = [replace(r, qualifiers=columns) for r in reads]
-        found = cluster.store.read_rows(table, list(rows), narrowed)
+        found = internals(cluster).store.read_rows(table, list(rows), narrowed)
         for row, indexed in rows.items():
             cells = {name: versions for name, versions in found.get(row, {}).items()
                      if name.partition(":")[2] in indexed}
@@ -191,7 +192,8 @@ def is_migrated(cluster: Cluster, table: str) -> bool:
     """Whether every pending notification of *table* has an index entry (see
     :func:`migrate`)."""
     marker = _marker(table)
-    return marker in cluster.store.read_rows(META_TABLE, [marker], [Read("m", ("migrated",))])
+    store = internals(cluster).store
+    return marker in store.read_rows(META_TABLE, [marker], [Read("m", ("migrated",))])
 
 
 def _marker(table: str) -> bytes:
@@ -201,17 +203,17 @@ def _marker(table: str) -> bytes:
 def migrate(cluster: Cluster, table: str) -> int:
     """Give every pending notification of *table* an index entry, once per table (a
     marker in the meta table remembers it). Returns how many entries were written."""
-    if not uses_index(cluster.store):
+    if not uses_index(internals(cluster).store):
         return 0
     if is_migrated(cluster, table):
         return 0
     marker = _marker(table)
-    ts = cluster.timestamps.get_timestamp()
+    ts = internals(cluster).timestamps.get_timestamp()
     found = [
         (table, row, name[len(NOTIFY) + 1 :])
-        for row, cells in cluster.store.scan(table, None, None, [Read(NOTIFY)])
+        for row, cells in internals(cluster).store.scan(table, None, None, [Read(NOTIFY)])
         for name in cells
     ]
     write_entries(cluster, found, ts)
-    cluster.store.mutate_rows(META_TABLE, [Mutation(marker, [("m:migrated", 0, b"1")])])
+    internals(cluster).store.mutate_rows(META_TABLE, [Mutation(marker, [("m:migrated", 0, b"1")])])
     return len(found)

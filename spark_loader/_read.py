@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import percolator
 from percolator._encoding import WRITE, check_column
 from percolator._errors import InvalidArgument, PercolatorError
+from percolator._internals import internals
 from percolator._store import Read, SplitKeys
 from spark_loader._compat import renamed_keyword
 from spark_loader._job import _require_pyspark, executor_cluster
@@ -75,7 +76,7 @@ def _check_columns(columns: object) -> tuple[str, ...] | None:
 
 
 def _check_start_ts(start_ts: object, cluster: percolator.Cluster) -> int:
-    now = cluster.timestamps.get_timestamp()
+    now = internals(cluster).timestamps.get_timestamp()
     if start_ts is None:
         return now
     if isinstance(start_ts, bool) or not isinstance(start_ts, int) or start_ts <= 0:
@@ -126,7 +127,7 @@ def _sample_keys(cluster: percolator.Cluster, table: str, columns: tuple[str, ..
     rng = random.Random(0)
     sample: list[bytes] = []
     read = Read(WRITE, columns)  # rows with a committed (or resolved) change
-    for seen, (row, _) in enumerate(cluster.store.scan(table, None, None, [read])):
+    for seen, (row, _) in enumerate(internals(cluster).store.scan(table, None, None, [read])):
         if seen < size:
             sample.append(row)
         else:
@@ -149,8 +150,9 @@ def plan_ranges(cluster: percolator.Cluster, table: str, splits: int | Sequence[
     if isinstance(checked, list):
         return _ranges(checked)
     if checked is None:
-        if isinstance(cluster.store, SplitKeys):
-            store_keys = cluster.store.split_keys(table)
+        store = internals(cluster).store
+        if isinstance(store, SplitKeys):
+            store_keys = store.split_keys(table)
             if store_keys:
                 return _ranges(store_keys)
         checked = default_parts
@@ -261,7 +263,7 @@ def read_table(
     wanted = _check_columns(columns)
     options = dict(connect_options or {})
     with percolator.connect(url, **options) as cluster:
-        cluster.check_table_exists(table)
+        internals(cluster).require_table(table)
         ts = _check_start_ts(start_ts, cluster)
         sc = spark.sparkContext
         ranges = plan_ranges(cluster, table, splits, default_parts=2 * sc.defaultParallelism,

@@ -7,6 +7,7 @@ import threading
 import pytest
 
 import percolator
+from percolator._internals import internals
 from percolator.testing import (
     Interleaving,
     InterleavingError,
@@ -20,10 +21,10 @@ def test_closing_a_client_declares_it_dead_and_leaves_the_cluster_open() -> None
     with temporary_cluster() as cluster:
         cluster.create_table("t")
         client = client_of(cluster)
-        owner = client.coordination.current_owner()
-        assert cluster.coordination.is_alive(owner)
+        owner = internals(client).coordination.current_owner()
+        assert internals(cluster).coordination.is_alive(owner)
         client.close()
-        assert cluster.coordination.is_alive(owner) is False
+        assert internals(cluster).coordination.is_alive(owner) is False
         with percolator.Transaction(cluster) as txn:  # the shared store is still open
             txn.set("t", b"r", "c:q", b"v")
         assert percolator.Transaction(cluster).get("t", b"r", "c:q") == b"v"
@@ -100,14 +101,14 @@ def test_actors_are_made_inside_the_block_only() -> None:
 def test_a_scan_is_a_step_per_row_and_the_store_is_restored_after() -> None:
     with temporary_cluster() as cluster:
         _bank(cluster)
-        store = cluster.store
+        store = internals(cluster).store
         with Interleaving(cluster) as world:
             scanner = world.actor(
                 "S", lambda: list(percolator.Snapshot(cluster).scan("t", columns=["c:v"]))
             )
             assert len(scanner.finish()) == 2
             assert [s.op for s in scanner.steps].count("scan") == 3  # the call, then a row each
-        assert cluster.store is store
+        assert internals(cluster).store is store
 
 
 def test_a_pause_point_parks_the_first_arrivals_until_released() -> None:

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from observers import Observer, Periodic
+from observers import Observer, Periodic, VerifyReport
 from observers._recipes import check_pipeline
 from observers.millwheel._model import (
     END_OF_TIME,
@@ -53,6 +53,7 @@ from observers.millwheel._model import (
     Timer,
 )
 from percolator import Cluster, InvalidArgument, Snapshot, TransactionBase, transactional
+from percolator._internals import internals
 
 __all__ = ["MAX_RECORDS_PER_RUN", "Pipeline", "Status"]
 
@@ -296,9 +297,10 @@ class Pipeline:
                 found.append(Status(name, w_in, w_low, pending, timers, late))
         return found
 
-    def verify(self) -> list[str]:
-        """Problems found: the pending index and the ``in:`` cells, the timer index and
-        the ``t:`` cells must match exactly. Empty when all is well."""
+    def verify(self) -> VerifyReport:
+        """Check over a snapshot that the pending index and the ``in:`` cells, and the
+        timer index and the ``t:`` cells, match exactly; a problem per node and index
+        that do not."""
         problems = []
         with Snapshot(self.cluster) as snap:
             for name, node in self.nodes.items():
@@ -319,10 +321,10 @@ class Pipeline:
                 if cells_t != index_t:
                     problems.append(f"{name}: {len(cells_t ^ index_t)} timer(s) and index "
                                     "rows disagree")
-        return problems
+        return VerifyReport(problems)
 
     def __repr__(self) -> str:
-        return f"<millwheel.Pipeline {self.name} on {self.cluster.store.url}>"
+        return f"<millwheel.Pipeline {self.name} on {internals(self.cluster).store.url}>"
 
 
 def _check_name(what: str, name: object) -> None:

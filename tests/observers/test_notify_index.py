@@ -17,6 +17,7 @@ from observers import Observer, Worker, wait_for_observers
 from percolator import Snapshot, Transaction, TransactionBase
 from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
 from percolator._commit import _Committer, _write_notifications
+from percolator._internals import internals
 from percolator._notifications import WaitTimeout, pending_notifications
 from percolator._notify_index import INDEX_TABLE, migrate, scan_index, settle, uses_index
 from percolator._store import Read
@@ -57,7 +58,7 @@ def write(cluster: percolator.Cluster, row: bytes, value: bytes) -> None:
 def test_entries_follow_notifications_and_go_once_processed(
     cluster: percolator.Cluster,
 ) -> None:
-    assert uses_index(cluster.store)
+    assert uses_index(internals(cluster).store)
     Worker(cluster, [Copy]).register()
     write(cluster, b"a", b"1")
     with Transaction(cluster) as txn:  # a weak notification gets an entry too
@@ -83,7 +84,7 @@ def test_a_worker_keeps_the_entry_of_a_change_whose_lock_is_held(
     txn.set("docs", b"k", "raw:v", b"late")
     committer = _Committer(txn, None)
     committer.prewrite()
-    commit_ts = cluster.timestamps.get_timestamp()
+    commit_ts = internals(cluster).timestamps.get_timestamp()
     _write_notifications(txn, committer.cells, commit_ts)
     seen = {c: ts for t, r, e in scan_index(cluster, None, None) if r == b"k" for c, ts in
             e.items()}
@@ -103,7 +104,7 @@ def test_a_stale_entry_of_a_rolled_back_change_is_deleted(cluster: percolator.Cl
     txn.set("docs", b"r", "raw:v", b"never")
     committer = _Committer(txn, None)
     committer.prewrite()
-    _write_notifications(txn, committer.cells, cluster.timestamps.get_timestamp())
+    _write_notifications(txn, committer.cells, internals(cluster).timestamps.get_timestamp())
     committer.abort()
     assert ("docs", b"r") in entries(cluster)
     with Worker(cluster, [Copy], threads=2) as worker:
@@ -117,11 +118,11 @@ def test_a_table_from_before_the_index_keeps_its_pending_notifications(url: str)
     """A notification written without an index entry (the layout before it, or a
     client that does not write it) is found by the migration a worker runs once."""
     with percolator.connect(url) as old:
-        old.store.notify_index = False  # type: ignore[attr-defined]
+        internals(old).store.notify_index = False  # type: ignore[attr-defined]
         old.create_table("docs")
         Worker(old, [Copy]).register()
         write(old, b"before", b"pending")
-        notify = old.store.read_rows("docs", [b"before"], [Read("n")])
+        notify = internals(old).store.read_rows("docs", [b"before"], [Read("n")])
         assert notify[b"before"]  # the old layout: a notify cell, no entry
     with percolator.connect(url) as cluster:
         assert entries(cluster) == {}
@@ -184,7 +185,7 @@ def test_status_and_wait_read_the_index_not_the_table(
     the rows they name, never a scan of the table; a table not yet migrated is
     scanned, so a notification from before the index is still seen."""
     with percolator.connect(url) as old:
-        old.store.notify_index = False  # type: ignore[attr-defined]
+        internals(old).store.notify_index = False  # type: ignore[attr-defined]
         old.create_table("docs")
         Worker(old, [Copy]).register()
         write(old, b"before", b"pending")
@@ -203,13 +204,13 @@ def test_status_and_wait_read_the_index_not_the_table(
         assert crash_commit(crashed, CrashPoint("commit_point"))  # a secondary stays locked
 
         scanned: list[str] = []
-        scan = cluster.store.scan
+        scan = internals(cluster).store.scan
 
         def recording_scan(table: str, *args: object, **kwargs: object) -> object:
             scanned.append(table)
             return scan(table, *args, **kwargs)
 
-        monkeypatch.setattr(cluster.store, "scan", recording_scan)
+        monkeypatch.setattr(internals(cluster).store, "scan", recording_scan)
         pending = {p.row for p in pending_notifications(cluster)}
         with pytest.raises(WaitTimeout) as timed_out:
             wait_for_observers(cluster, timeout=0)
