@@ -13,6 +13,7 @@ from percolator.testing import (
     InterleavingError,
     PausePoint,
     client_of,
+    kill_client,
     temporary_cluster,
 )
 
@@ -22,12 +23,35 @@ def test_closing_a_client_declares_it_dead_and_leaves_the_cluster_open() -> None
         cluster.create_table("t")
         client = client_of(cluster)
         owner = internals(client).coordination.current_owner()
-        assert internals(cluster).coordination.is_alive(owner)
+        mine = internals(cluster).coordination.current_owner()
+        assert owner != mine and internals(cluster).coordination.is_alive(owner)
+        assert internals(client).stats is not internals(cluster).stats
+        assert internals(client).store is internals(cluster).store
         client.close()
         assert internals(cluster).coordination.is_alive(owner) is False
+        assert internals(cluster).coordination.is_alive(mine)  # only the client died
         with percolator.Transaction(cluster) as txn:  # the shared store is still open
             txn.set("t", b"r", "c:q", b"v")
         assert percolator.Transaction(cluster).get("t", b"r", "c:q") == b"v"
+
+
+def test_kill_client_declares_it_dead_and_its_locks_are_resolved() -> None:
+    with temporary_cluster() as cluster:
+        cluster.create_table("t")
+        with Interleaving(cluster) as world:
+            client = client_of(cluster)  # made inside: its store calls are the world's
+            client.one_phase_commit = False
+            txn = percolator.Transaction(client)
+            txn.set("t", b"r", "c:q", b"v")
+            t1 = world.actor("T1", txn.commit, clients=[client])
+            t1.run_until(lambda step: step.matches("timestamp"))  # locked, not committed
+            kill_client(client)
+            with percolator.Snapshot(cluster) as snap:  # meets the dead owner's lock
+                assert snap.get("t", b"r", "c:q") is None
+            with pytest.raises(percolator.CoordinationError):
+                t1.finish()
+        mine = internals(cluster).coordination.current_owner()
+        assert internals(cluster).coordination.is_alive(mine)  # only the client died
 
 
 # --- Interleaving and PausePoint ---------------------------------------------------------
