@@ -4,8 +4,9 @@ they are merged.
 
 Every place where mypy reports ``"Cluster" has no attribute "X"`` for a moved X becomes
 ``internals(<expr>).X`` (``check_table_exists`` becomes ``require_table``), and the file
-imports ``internals``. What mypy cannot see (lines under ``type: ignore``, code in
-strings, untyped receivers) is listed for a hand edit; ruff then sorts the imports::
+imports ``internals``; a receiver too complex to rewrite is listed for a hand edit.
+What mypy cannot see (lines under ``type: ignore``, code in strings, untyped
+receivers) is left: grep for the moved names after. ruff then sorts the imports::
 
     python scripts/migrate_internals.py percolator observers spark_loader oracle
     python scripts/migrate_internals.py --check-untyped-defs --follow-imports=silent tests
