@@ -45,6 +45,7 @@ sys.path.insert(0, ROOT)
 import percolator  # noqa: E402
 from bench._common import cpu_model, write_section  # noqa: E402
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction  # noqa: E402
+from percolator._internals import internals  # noqa: E402
 from tests._zookeeper import ZooKeeperServer, four_letter  # noqa: E402
 
 SECTION = "## ZooKeeper coordination (bench/coordination.py)"
@@ -125,7 +126,7 @@ def ops_per_transaction(zk: ZooKeeperServer, transactions: int) -> dict[str, flo
         for i in range(20):  # warm up: watches set, caches filled
             with cluster.transaction() as txn:
                 txn.set("t", b"w%d" % i, "c:v", b"x")
-        coord: Any = cluster.coordination
+        coord: Any = internals(cluster).coordination
         ops0, recv0, t0 = coord.stats["zk_ops"], received(zk), time.monotonic()
         for i in range(transactions):
             with cluster.transaction() as txn:

@@ -50,6 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import percolator
 from bench._common import cpu_model, write_section
+from percolator._internals import internals
 from percolator._store import Mutation, Read
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,18 +172,19 @@ def speed(urls: Callable[[str], str], cells: int, versions: int) -> tuple[float,
                 elapsed = time.perf_counter() - t0 - 2 * REFRESH  # less the grace wait
                 removed = summary.versions_removed
             else:
-                rows = [r for r, _ in c.store.scan("t", None, None, [Read("w")])]
+                rows = [r for r, _ in internals(c).store.scan("t", None, None, [Read("w")])]
                 t0 = time.perf_counter()
                 newest = {}
                 for start in range(0, len(rows), 200):  # read and delete as a pass does
                     chunk = rows[start:start + 200]
-                    cells_read = c.store.read_rows("t", chunk, [Read("w", versions=None)])
+                    cells_read = internals(c).store.read_rows(
+                        "t", chunk, [Read("w", versions=None)])
                     muts = []
                     for row in chunk:
                         kept = cells_read[row]["w:c:v"][0][0]
                         newest[row] = kept
                         muts.append(Mutation(row, deletes=[("w:c:v", kept - 1)]))
-                    c.store.mutate_rows("t", muts)
+                    internals(c).store.mutate_rows("t", muts)
                 elapsed = time.perf_counter() - t0
                 removed = cells * (versions - 1)
             rates.append(removed / elapsed)
@@ -211,9 +213,8 @@ def residue(urls: Callable[[str], str], thrift2: str | None, cells: int) -> dict
             t0 = time.perf_counter()
             c.gc(retention=0)
             found[mode + " seconds"] = time.perf_counter() - t0 - 2 * REFRESH
-            found[mode + " cells"] = sum(
-                len(cols) for _, cols in c.store.scan("t", None, None, [Read("l"), Read("w")])
-            )
+            scan = internals(c).store.scan("t", None, None, [Read("l"), Read("w")])
+            found[mode + " cells"] = sum(len(cols) for _, cols in scan)
     return found
 
 

@@ -182,7 +182,7 @@ def three_stages(tmp: str, n: int, weak: bool = False) -> dict[str, float]:
         elapsed = time.perf_counter() - t0
         wait_for_observers(cluster, 60)
         worker.stop()
-        assert p.verify() == []
+        assert p.verify().problems == []
         with percolator.Snapshot(cluster) as snap:
             last = sum(1 for _ in snap.scan(p.nodes["c2"].table, None, None, ["s:last"]))
         assert last == n, (last, n)  # every record reached the last stage

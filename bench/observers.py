@@ -47,6 +47,7 @@ import percolator  # noqa: E402
 from bench._common import cpu_model, write_section  # noqa: E402
 from observers import Observer, Worker, wait_for_observers  # noqa: E402
 from percolator import TransactionBase  # noqa: E402
+from percolator._internals import internals  # noqa: E402
 from percolator._store import Mutation, Read  # noqa: E402
 
 SECTION = "## Observers (bench/observers.py)"
@@ -129,7 +130,7 @@ def scan_cost(tmp: str, big: int, dirty: int = 1000, repeats: int = 20) -> dict[
         url = f"sqlite:///{tmp}/scan-{name}.db"
         with percolator.connect(url) as cluster:
             cluster.create_table("t")
-            store = cluster.store
+            store = internals(cluster).store
             t0 = time.perf_counter()
             for i in range(0, rows, 20000):  # bulk: data + write cells, as if committed
                 store.mutate_rows("t", [
@@ -141,7 +142,7 @@ def scan_cost(tmp: str, big: int, dirty: int = 1000, repeats: int = 20) -> dict[
             build = time.perf_counter() - t0
         # measure on a fresh connection (as a worker would see it), after a checkpoint
         with percolator.connect(url) as cluster:
-            store = cluster.store
+            store = internals(cluster).store
             times = []
             for _ in range(repeats):
                 t1 = time.perf_counter()
@@ -281,12 +282,13 @@ def _raw_puts_per_s(cluster: percolator.Cluster, n: int) -> float:
     """Single-cell raw store puts per second, one call each, as the drain's baseline."""
     from percolator._store import Mutation
 
-    cluster.store.create_table("rawputs", {"c": 1})
+    store = internals(cluster).store
+    store.create_table("rawputs", {"c": 1})
     t0 = time.perf_counter()
     for i in range(n):
-        cluster.store.mutate_rows("rawputs", [Mutation(b"row%06d" % i, puts=[("c:v", 1, b"v")])])
+        store.mutate_rows("rawputs", [Mutation(b"row%06d" % i, puts=[("c:v", 1, b"v")])])
     rate = n / (time.perf_counter() - t0)
-    cluster.store.drop_table("rawputs")  # not a percolator table: the drain's scans skip none
+    store.drop_table("rawputs")  # not a percolator table: the drain's scans skip none
     return rate
 
 

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 import percolator  # noqa: E402
 from bench._common import cpu_model, write_section  # noqa: E402
+from percolator._internals import internals  # noqa: E402
 from percolator._notify_index import write_entries  # noqa: E402
 from percolator._store import Mutation, Read  # noqa: E402
 
@@ -77,7 +78,7 @@ def scan_cost(kind: str, hostport: str, big: int, dirty: int = 1000,
     for name, rows in (("small", dirty), ("big", big)):
         with percolator.connect(_url(kind, hostport, f"scan{name}")) as cluster:
             cluster.create_table("t")
-            store = cluster.store
+            store = internals(cluster).store
             t0 = time.perf_counter()
             for i in range(0, rows, 5000):  # data + write cells, as if committed
                 store.mutate_rows("t", [
@@ -133,7 +134,7 @@ def _preload(url: str, rows: int) -> None:
         for table in ("documents", "clusters", "links"):
             cluster.create_table(table)
         for i in range(0, rows, 5000):
-            cluster.store.mutate_rows("documents", [
+            internals(cluster).store.mutate_rows("documents", [
                 Mutation(b"http://site/%08d" % j, [("d:raw:html", 5000, b"<html/>" * 20),
                                                    ("w:raw:html", 6000, b"P" + bytes(8))])
                 for j in range(i, min(rows, i + 5000))])
@@ -173,7 +174,7 @@ def per_run_cost(hostport: str, emulator_pid: int, documents: int = 300) -> dict
         read = [Read("w")]
         c0, e0 = time.process_time(), _cpu_seconds(emulator_pid)
         for i in range(n):
-            cluster.store.read_rows("documents", [b"http://site/%d" % (i % 50)], read)
+            internals(cluster).store.read_rows("documents", [b"http://site/%d" % (i % 50)], read)
         c1, e1 = time.process_time(), _cpu_seconds(emulator_pid)
     return {"runs": runs, "round_trips_per_run": round_trips,
             "client_ms_per_call": 1000 * (c1 - c0) / n,

@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import percolator
 from bench._common import cpu_model
+from percolator._internals import internals
 from percolator._store import Mutation, Read
 from percolator._timestamps import StoreTimestamps
 
@@ -193,16 +194,16 @@ def standalone_oracle() -> Iterator[str]:
 
 
 def measure(args: argparse.Namespace, cluster: percolator.Cluster) -> int:
-    store = CountingStore(cluster.store)
-    cluster.store = store  # type: ignore[assignment]
-    timestamps = cluster.timestamps
+    store = CountingStore(internals(cluster).store)
+    internals(cluster).store = store  # type: ignore[assignment]
+    timestamps = internals(cluster).timestamps
     # Timestamps drawn from the store (no oracle) go through the counting proxy
     # too, so that their round trips (increment, or read + check_and_set) are
     # counted; "timestamp" counts the draws themselves.
     counted_source: Any = (
         StoreTimestamps(store) if isinstance(timestamps, StoreTimestamps) else timestamps  # type: ignore[arg-type]
     )
-    cluster.timestamps = CountingTimestamps(counted_source, store.calls)
+    internals(cluster).timestamps = CountingTimestamps(counted_source, store.calls)
     cluster.create_table(TABLE)
     # the raw side goes through the same counting proxy as the transactions, so that
     # its round trips are counted too (the timing below runs without the proxies)
@@ -261,8 +262,8 @@ def measure(args: argparse.Namespace, cluster: percolator.Cluster) -> int:
         trips[name] = ", ".join(f"{k} {v / 100:g}" for k, v in sorted(store.calls.items()))
     # Timed without the counting proxies: their cost, the same on both sides, would
     # pull every ratio towards 1.
-    cluster.store, cluster.timestamps = store._store, timestamps
-    raw = cluster.store
+    internals(cluster).store, internals(cluster).timestamps = store._store, timestamps
+    raw = internals(cluster).store
     pairs = {
         "txn read": "raw read",
         "txn read, own txn": "raw read",

@@ -27,6 +27,7 @@ def main() -> int:
     import percolator
     from bench.observers_remote import _url
     from percolator._commit import _Committer
+    from percolator._internals import internals
     from percolator._store import GuardedSet
     from tests._bigtable import start_emulator
 
@@ -39,7 +40,7 @@ def main() -> int:
         with percolator.connect(_url("bigtable", hostport, "pp")) as cluster, \
                 ThreadPoolExecutor(8) as pool:
             cluster.create_table("b")
-            store = cluster.store
+            store = internals(cluster).store
             assert isinstance(store, GuardedSet)
             print("| rows | sequential: wall ms | parallel: wall ms | sequential: CPU ms "
                   "| parallel: CPU ms |\n|---:|---:|---:|---:|---:|")

@@ -45,6 +45,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from percolator._internals import internals
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -262,7 +264,7 @@ class PythonSide:
         return self.rows[random.randrange(ROWS)]
 
     def timestamp(self) -> None:
-        self.cluster.timestamps.get_timestamp()
+        internals(self.cluster).timestamps.get_timestamp()
 
     def raw_put(self) -> None:
         self.raw.put(self.row(), {b"f:value": self.value()})
@@ -301,7 +303,7 @@ class PythonSide:
         one gateway to Thrift (``_call``; a ``check_and_set`` that carries puts is two)."""
         from bench.overhead import CountingStore, CountingTimestamps
 
-        store, timestamps = self.cluster.store, self.cluster.timestamps
+        store, timestamps = internals(self.cluster).store, internals(self.cluster).timestamps
         counting = CountingStore(store)
         thrift_call = store._call  # type: ignore[attr-defined]
 
@@ -310,13 +312,13 @@ class PythonSide:
             return thrift_call(*args, **kwargs)
 
         store._call = counted_call  # type: ignore[attr-defined]
-        self.cluster.store = counting  # type: ignore[assignment]
-        self.cluster.timestamps = CountingTimestamps(timestamps, counting.calls)
+        internals(self.cluster).store = counting  # type: ignore[assignment]
+        internals(self.cluster).timestamps = CountingTimestamps(timestamps, counting.calls)
         try:
             for _ in range(n):
                 op()
         finally:
-            self.cluster.store, self.cluster.timestamps = store, timestamps
+            internals(self.cluster).store, internals(self.cluster).timestamps = store, timestamps
             del store._call  # type: ignore[attr-defined]
         oracle = counting.calls.pop("timestamp", 0) / n
         thrift = counting.calls.pop("thrift", 0) / n

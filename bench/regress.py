@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from percolator._internals import internals
+
 ROOT = Path(__file__).resolve().parents[1]
 
 RATES = ("raw read", "txn read", "txn read, own txn", "raw write", "txn write", "transfer txn")
@@ -64,7 +66,7 @@ def _figure8(ops: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="percolator-regress-") as tmp, \
             percolator.connect(f"sqlite:///{tmp}/bench.db") as cluster:
         cluster.create_table("bench")
-        store = cluster.store
+        store = internals(cluster).store
         store.create_table("raw", {"d": 0})
         rows = [b"row%06d" % i for i in range(1000)]
         with percolator.Transaction(cluster) as txn:

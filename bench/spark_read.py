@@ -34,6 +34,7 @@ if ROOT not in sys.path:
 import percolator  # noqa: E402
 from bench._common import cpu_model, write_section  # noqa: E402
 from percolator._encoding import WRITE  # noqa: E402
+from percolator._internals import internals  # noqa: E402
 from percolator._store import Read  # noqa: E402
 
 SECTION = "## Spark reads (bench/spark_read.py)"
@@ -48,7 +49,7 @@ def raw_frame(spark: Any, url: str, table: str, ranges: list[Any]) -> Any:
     def scan(bounds: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
         from spark_loader._job import executor_cluster
 
-        store = executor_cluster(url, ()).store
+        store = internals(executor_cluster(url, ())).store
         reads = [Read(WRITE, qualifiers)]
         for start, stop in bounds:
             for row, cells in store.scan(table, start, stop, reads):

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import percolator
 from percolator import metrics
 from percolator._encoding import check_column, check_row
+from percolator._internals import internals
 from percolator._store import Mutation, Read
 from percolator.stores import REQUESTS
 
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="percolator-path-") as tmp, \
             percolator.connect(f"sqlite:///{tmp}/path.db") as cluster:
         cluster.create_table("bench")
-        store = cluster.store
+        store = internals(cluster).store
         store.create_table("raw", {"d": 0})
         rows = [b"row%06d" % i for i in range(1000)]
         with percolator.Transaction(cluster) as txn:
@@ -62,15 +63,16 @@ def main(argv: list[str] | None = None) -> int:
         store.mutate_rows("raw", [Mutation(r, [("d:c:value", 1, b"x" * 100)]) for r in rows])
         time.sleep(1.1)  # the lock census's first sweep may clear the flag
         percolator.Transaction(cluster).get("bench", rows[0], "c:value")
-        clean = cluster.lock_census is not None and cluster.lock_census.clean()
+        census = internals(cluster).lock_census
+        clean = census is not None and census.clean()
         value = b"y" * 100
         stamps = iter(range(10, 10**12))
         db = store._db()  # type: ignore[attr-defined]
         select, _ = store._plan_newest(  # type: ignore[attr-defined]
             "bench", [Read("l", ("c:value",)), Read("w", ("c:value",))])
         insert = store._put_sql("bench", "w")  # type: ignore[attr-defined]
-        timestamps = cluster.timestamps
-        safe_point = cluster.safe_point
+        timestamps = internals(cluster).timestamps
+        safe_point = internals(cluster).safe_point
         turn = store._turn  # type: ignore[attr-defined]
         fd = os.open(f"{tmp}/probe.lock", os.O_RDWR | os.O_CREAT)
         reader = [percolator.Transaction(cluster)]
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                 next(counter)
 
         def validate(i: int) -> None:
-            cluster.check_table_exists("bench")
+            internals(cluster).require_table("bench")
             check_row(rows[i % 1000])
             check_column("c:value")
 
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             ("raw read, total", "", raw_read),
             ("txn read, total (a transaction per 100 reads)", "", txn_read),
             ("lock census check", "reads skip the lock family while no lock is held",
-             lambda i: cluster.lock_census.clean()),  # type: ignore[union-attr]
+             lambda i: internals(cluster).lock_census.clean()),  # type: ignore[union-attr]
             ("histogram (read duration) + 2 clock reads", "metrics", lambda i: (
                 time.perf_counter(), time.perf_counter(),
                 metrics.observe("percolator_read_duration_seconds", 0.001))),

@@ -33,6 +33,7 @@ import percolator  # noqa: E402
 from bench._common import header, publish  # noqa: E402
 from observers import Worker, ubiq  # noqa: E402
 from percolator._encoding import FAMILIES  # noqa: E402
+from percolator._internals import internals  # noqa: E402
 from percolator._store import Mutation, Read  # noqa: E402
 
 SECTION = "## Ubiq (bench/ubiq.py)"
@@ -119,7 +120,7 @@ def batch_pass(directory: Path, cluster: percolator.Cluster, app: Counts) -> flo
             raw = Raw()
             out = ubiq.Output(raw, directory / ".staging")  # type: ignore[arg-type]
             app.process(ubiq.WorkUnit(path.name, at, end, path, "a"), out)
-            cluster.store.mutate_rows("partials", raw.rows)
+            internals(cluster).store.mutate_rows("partials", raw.rows)
             at = end
     return time.perf_counter() - began
 
@@ -235,7 +236,8 @@ def state_size(tmp: Path, units: int, forget: bool) -> dict[str, float]:
         cluster.gc(retention=0)  # the deleted cells' versions go: a scan skips no tombstone
         reads = [Read(family, None, versions=None) for family in FAMILIES]
         stored = sum(sum(len(versions) for versions in cells.values())
-                     for t in tables for _, cells in cluster.store.scan(t, None, None, reads))
+                     for t in tables
+                     for _, cells in internals(cluster).store.scan(t, None, None, reads))
         t0 = time.perf_counter()
         p.sweep_leases()
         sweep = time.perf_counter() - t0

@@ -20,6 +20,7 @@ the cluster at a time (:class:`Periodic`).
 
 from observers._observer import Observer
 from observers._periodic import Periodic
+from observers._verify import VerifyReport
 from observers._worker import CommitHook, Worker, load_observers, wait_for_observers
 from percolator._notifications import Quarantined, WaitTimeout, ack_column
 
@@ -28,6 +29,7 @@ __all__ = [
     "Observer",
     "Periodic",
     "Quarantined",
+    "VerifyReport",
     "WaitTimeout",
     "Worker",
     "ack_column",

@@ -9,6 +9,7 @@ import logging
 from observers._runs import Group, ObserverRuns, Outcome, Run
 from percolator import PercolatorError, is_retryable
 from percolator._commit import commit_group, one_phase_steps
+from percolator._internals import internals
 from percolator._notifications import format_row
 from percolator.metrics import inc as _inc
 
@@ -43,7 +44,7 @@ class GroupCommits(ObserverRuns):
                 self._account(run, outcome)
         finally:
             for key in keys:
-                self.cluster.coordination.release_advisory_lock(key)
+                internals(self.cluster).coordination.release_advisory_lock(key)
 
     def _account(self, run: Run, outcome: int | PercolatorError) -> None:
         name = run.observer.name

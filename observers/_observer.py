@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from percolator import InvalidArgument, TransactionBase
 from percolator._encoding import check_column, check_table
 from percolator._observer_hooks import ObserverRun
@@ -37,9 +35,11 @@ class Observer:
     keep their runs of one change to a single commit.
     """
 
-    table: ClassVar[str]
-    column: ClassVar[str]
-    name: ClassVar[str] = ""
+    # Plain attributes, not ClassVar: a subclass usually sets them in its body, but
+    # the recipes bind them per instance (one class, one observer per pipeline).
+    table: str
+    column: str
+    name: str = ""
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from percolator import Cluster, InvalidArgument
+from percolator._internals import internals
 from percolator._recipe_support import last_task_run, record_task_run
 
 __all__ = ["Periodic"]
@@ -82,7 +83,7 @@ class Periodic:
 
         .. warning:: blocks while the task runs.
         """
-        coordination = self.cluster.coordination
+        coordination = internals(self.cluster).coordination
         key = f"periodic/{self.name}"
         if not coordination.try_advisory_lock(key):
             return False

@@ -5,13 +5,15 @@ commands end on an error."""
 from __future__ import annotations
 
 import importlib
+import math
 import sys
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from percolator import Cluster, InvalidArgument, PercolatorError
 
-__all__ = ["bind", "check_pipeline", "load_object", "load_pipeline", "run_command"]
+__all__ = ["bind", "check_pipeline", "load_object", "load_pipeline", "run_command", "seconds"]
 
 T = TypeVar("T")
 A = TypeVar("A")
@@ -41,6 +43,20 @@ def check_pipeline(kind: str, cluster: object, name: object) -> None:
         raise InvalidArgument(f"{kind} needs a percolator.Cluster, got {cluster!r:.80}")
     if not isinstance(name, str) or not name or not all(c.isalnum() or c in "_-" for c in name):
         raise InvalidArgument(f"pipeline name must be letters, digits, '_' or '-', got {name!r}")
+
+
+def seconds(name: str, value: object) -> float:
+    """*value*, a positive duration (a number of seconds or a :class:`timedelta`), in
+    seconds: the one unit of the recipes' durations.
+
+    :raises InvalidArgument: naming *name* when it is anything else."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if (isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+            or not math.isfinite(value)):
+        raise InvalidArgument(
+            f"{name} must be a positive number of seconds or a timedelta, got {value!r}")
+    return float(value)
 
 
 def load_pipeline(spec: str, cluster: Cluster, kind: type[T]) -> T:

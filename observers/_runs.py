@@ -31,6 +31,7 @@ from percolator import (
 )
 from percolator._commit import commit_transaction
 from percolator._encoding import NOTIFY
+from percolator._internals import internals
 from percolator._notifications import (
     NOTIFY_WEAK,
     Quarantined,
@@ -120,7 +121,7 @@ class ObserverRuns:
         """Run the observers of every dirty cell of *row*; True if anything was done.
         With *group*, a run whose commit can delete its notification is left in the
         group, to be committed with others (:meth:`_flush`)."""
-        cells = self.cluster.store.read_rows(
+        cells = internals(self.cluster).store.read_rows(
             table, [row], [Read(NOTIFY, self._columns[table], versions=None)]
         ).get(row, {})
         worked = False
@@ -311,7 +312,7 @@ class ObserverRuns:
     def _delete_notification(self, table: str, row: bytes, column: str, newest: int) -> None:
         """Delete the notify versions of the cell at or below *newest*, the newest one
         the runs just made served (a later notification stays)."""
-        self.cluster.store.mutate_rows(
+        internals(self.cluster).store.mutate_rows(
             table, [Mutation(row, deletes=[(f"{NOTIFY}:{column}", newest)])])
 
     def _committed(self, observer: Observer, table: str, row: bytes, column: str,

@@ -14,6 +14,7 @@ from observers._groups import GROUP_MAX, GroupCommits
 from observers._runs import Group
 from percolator import PercolatorError
 from percolator._encoding import NOTIFY
+from percolator._internals import internals
 from percolator._notify_index import scan_index, settle, settle_rows
 from percolator._store import SPLIT_KEYS, Read, offered
 from percolator.metrics import observe as _observe
@@ -112,7 +113,7 @@ class ScanPasses(GroupCommits):
     def _split_keys(self, table: str) -> list[bytes]:
         """The store's split keys of *table* (``split_keys``: Bigtable's SampleRowKeys,
         HBase's region start keys), asked again at most every SPLITS_REFRESH seconds."""
-        splitting = offered(self.cluster.store, SPLIT_KEYS)
+        splitting = offered(internals(self.cluster).store, SPLIT_KEYS)
         if splitting is None:
             return []
         asked, keys = self._splits.get(table, (None, []))
@@ -190,14 +191,15 @@ class ScanPasses(GroupCommits):
         """``(table, row, column, newest notify or index timestamp)`` of the pending
         notifications of the observed columns."""
         if self._indexed:
-            for table, row, entries in scan_index(self.cluster, None, None, batch_size=1000):
+            host = internals(self.cluster)
+            for table, row, entries in scan_index(host, None, None, batch_size=1000):
                 observed = self._columns.get(table, ())
                 for column, ts in entries.items():
                     if column in observed:
                         yield table, row, column, ts
             return
         for table, columns in self._columns.items():
-            for row, cells in self.cluster.store.scan(table, None, None,
+            for row, cells in internals(self.cluster).store.scan(table, None, None,
                                                       [Read(NOTIFY, columns)], batch_size=1000):
                 for name, versions in cells.items():
                     yield table, row, name[len(NOTIFY) + 1 :], versions[0][0]
@@ -218,7 +220,7 @@ class ScanPasses(GroupCommits):
         processed: list[tuple[str, bytes, dict[str, int]]] = []
         worked = self._index_scan(processed)
         if processed:
-            settle_rows(self.cluster, processed, look_first=False)
+            settle_rows(internals(self.cluster), processed, look_first=False)
         return worked
 
     def _index_scan(self, processed: list[tuple[str, bytes, dict[str, int]]]) -> bool:
@@ -228,7 +230,7 @@ class ScanPasses(GroupCommits):
         worked = False
         spread = Spread(self.threads)
         for lo, hi in ((start, None), (None, start)):
-            for table, row, entries in scan_index(self.cluster, lo, hi):
+            for table, row, entries in scan_index(internals(self.cluster), lo, hi):
                 if self._stop.is_set():
                     return worked
                 observed = self._columns.get(table, ())
@@ -236,7 +238,7 @@ class ScanPasses(GroupCommits):
                 if not mine or spread.skipping():
                     continue
                 key = f"{table}/{row.hex()}"
-                if not self.cluster.coordination.try_advisory_lock(key):
+                if not internals(self.cluster).coordination.try_advisory_lock(key):
                     if self._met(spread):
                         return True
                     continue
@@ -247,11 +249,11 @@ class ScanPasses(GroupCommits):
                     if done:
                         processed.append((table, row, mine))
                     else:
-                        settle(self.cluster, table, row, mine)
+                        settle(internals(self.cluster), table, row, mine)
                 finally:
-                    self.cluster.coordination.release_advisory_lock(key)
+                    internals(self.cluster).coordination.release_advisory_lock(key)
                 if len(processed) >= SETTLE_MAX:
-                    settle_rows(self.cluster, processed, look_first=False)
+                    settle_rows(internals(self.cluster), processed, look_first=False)
                     processed.clear()
         return worked
 
@@ -283,9 +285,10 @@ class ScanPasses(GroupCommits):
         ranges = [(start, None), (None, start)] if start is not None else [(None, None)]
         worked = False
         spread = Spread(self.threads, GROUP_MAX if group is not None else 1)
-        coordination = self.cluster.coordination
+        coordination = internals(self.cluster).coordination
+        store = internals(self.cluster).store
         for lo, hi in ranges:
-            for row, cells in self.cluster.store.scan(table, lo, hi, reads, batch_size=128):
+            for row, cells in store.scan(table, lo, hi, reads, batch_size=128):
                 if self._stop.is_set():
                     return worked
                 self._remember(table, row)

@@ -56,6 +56,7 @@ from observers._runs import CommitHook, Failures
 from observers._scanning import Bell, ScanPasses
 from observers._turns import StoreTurn, Waits
 from percolator import Cluster, InvalidArgument
+from percolator._internals import internals
 from percolator._notifications import wait_until_idle
 from percolator._notify_index import migrate, uses_index
 from percolator._store import SINGLE_WRITER, declares
@@ -154,7 +155,7 @@ class Worker(ScanPasses):
         if not isinstance(cluster, Cluster):
             raise InvalidArgument(f"Worker needs a percolator.Cluster, got {cluster!r:.80}")
         if threads is None:
-            threads = 1 if declares(cluster.store, SINGLE_WRITER) else 4
+            threads = 1 if declares(internals(cluster).store, SINGLE_WRITER) else 4
         if not isinstance(threads, int) or threads < 1:
             raise InvalidArgument(f"threads must be an int >= 1 or None, got {threads!r}")
         if not isinstance(max_failures, int) or max_failures < 1:
@@ -189,7 +190,7 @@ class Worker(ScanPasses):
             self._columns[table] = (*self._columns.get(table, ()), column)
         self.threads = threads
         self._store_turn = (StoreTurn() if threads > 1 and declares(
-            cluster.store, SINGLE_WRITER) else None)
+            internals(cluster).store, SINGLE_WRITER) else None)
         self._waits = {o.name: Waits() for o in self.observers}
         self.max_failures = max_failures
         self.retry_delay = retry_delay
@@ -211,7 +212,7 @@ class Worker(ScanPasses):
                 raise InvalidArgument(f"tasks must be observers.Periodic, got {task!r:.80}")
         self._bell = Bell()
         self._sleeping = 0
-        self._indexed = uses_index(cluster.store)
+        self._indexed = uses_index(internals(cluster).store)
 
     # --- life cycle -----------------------------------------------------------------
 
@@ -221,7 +222,7 @@ class Worker(ScanPasses):
             self.cluster.create_table(table)
             self.cluster.observe(table, column)
         for table in self._columns:
-            found = migrate(self.cluster, table)
+            found = migrate(internals(self.cluster), table)
             if found:
                 log.info("indexed %d pending notification(s) of %s", found, table)
 
@@ -235,7 +236,7 @@ class Worker(ScanPasses):
         if self._threads:
             raise InvalidArgument("this worker is already started")
         self.register()
-        self.cluster.wakeups.append(self._bell.set)
+        internals(self.cluster).wakeups.append(self._bell.set)
         for i in range(self.threads):
             thread = threading.Thread(target=self._scanner, name=f"observers-scanner-{i}",
                                       daemon=True)
@@ -259,8 +260,8 @@ class Worker(ScanPasses):
         for thread in self._threads:
             thread.join(timeout)
         self._threads = []
-        if self._bell.set in self.cluster.wakeups:
-            self.cluster.wakeups.remove(self._bell.set)
+        if self._bell.set in internals(self.cluster).wakeups:
+            internals(self.cluster).wakeups.remove(self._bell.set)
         log.info("worker stopped: %s", dict(self.stats))
 
     def run(self) -> None:

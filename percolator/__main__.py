@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from percolator._cluster import Cluster, connect
 from percolator._errors import InvalidArgument, PercolatorError
 from percolator._gc import DEFAULT_MAX_TXN_AGE, DEFAULT_RETENTION, GcSummary
+from percolator._internals import internals
 from percolator._notifications import (
     WaitTimeout,
     format_row,
@@ -40,7 +41,7 @@ from percolator._tls import add_zookeeper_tls_arguments, zookeeper_tls_from_argu
 def _status(cluster: Cluster) -> int:
     tables = cluster.tables()
     observed = sorted(cluster.observed_columns())
-    print(f"cluster {cluster.store.url}")
+    print(f"cluster {internals(cluster).store.url}")
     print(f"tables ({len(tables)}): {', '.join(tables) or '-'}")
     print("observed columns: " + (", ".join(f"{t}/{c}" for t, c in observed) or "-"))
     pending: Counter[tuple[str, str]] = Counter()
@@ -63,10 +64,11 @@ def _status(cluster: Cluster) -> int:
               f"by transaction {getattr(state, 'start_ts', '?')}{age}")
     if len(locks) > 20:
         print(f"  ... and {len(locks) - 20} more")
-    if cluster.lock_census is not None:
+    parts = internals(cluster)
+    if parts.lock_census is not None:
         if not locks:
-            cluster.sweep_locks(force=True)
-        print("lock census: " + ("clear (reads skip the lock family)" if cluster.lock_census.clean()
+            parts.sweep_locks(force=True)
+        print("lock census: " + ("clear (reads skip the lock family)" if parts.lock_census.clean()
                                  else "set (reads check locks until a sweep finds none held)"))
     _safe_point_status(cluster)
     records = quarantined(cluster)
@@ -82,7 +84,8 @@ def _status(cluster: Cluster) -> int:
 
 
 def _safe_point_status(cluster: Cluster) -> None:
-    sp = cluster.safe_point
+    parts = internals(cluster)
+    sp = parts.safe_point
     record = sp.read_record()
     if record is None:
         print("gc safe point: none (no garbage collection has run)")
@@ -90,7 +93,7 @@ def _safe_point_status(cluster: Cluster) -> None:
         ts, wall_ms = record
         age = time.time() - wall_ms / 1000
         print(f"gc safe point: {ts}, set {_duration(age)} ago")
-    holders = [h for h in sp.holders() if h.owner != cluster.coordination.current_owner()]
+    holders = [h for h in sp.holders() if h.owner != parts.coordination.current_owner()]
     if not holders:
         print("  held back by: no running transaction (only the retention limits it)")
     for h in holders[:5]:

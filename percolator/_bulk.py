@@ -72,6 +72,7 @@ from percolator._encoding import (
     with_value,
 )
 from percolator._errors import ConflictError, LockedError, PercolatorError
+from percolator._internals import internals
 from percolator._lock_resolver import (
     TxnStatus,
     release,
@@ -246,10 +247,10 @@ def _slow_prewrite(
     """Prewrite *cells* (whose optimistic CAS from "absent" failed) the careful way:
     read lock and newer write records, resolve foreign locks, CAS from what was read.
     Returns the cells that are already finished by this very load (a recomputation)."""
-    store = cluster.store
+    store = internals(cluster).store
     pending = dict(cells)
     done: set[tuple[bytes, str]] = set()
-    attempts = cluster.lock_wait_policy.attempts()
+    attempts = internals(cluster).lock_wait_policy.attempts()
     while pending:
         items: list[CasItem] = []
         waiting: list[tuple[bytes, str, Lock]] = []
@@ -284,7 +285,7 @@ def _slow_prewrite(
                     isinstance(state, Lock) and state.start_ts != txn.start_ts
                 ):
                     assert raw is not None
-                    if resolve_lock(cluster, txn.table, row, column, raw):
+                    if resolve_lock(internals(cluster), txn.table, row, column, raw):
                         progressed = True
                     elif isinstance(state, Lock):
                         waiting.append((row, column, state))
@@ -331,7 +332,7 @@ def prewrite_rows(
     :raises ConflictError: a cell has a write record newer than the load's start.
     :raises LockedError: a live transaction kept a cell locked beyond the lock wait.
     """
-    with cluster.taking_locks():
+    with internals(cluster).taking_locks():
         yield from _prewrite_batches(cluster, txn, rows, batch_cells, after_batch)
 
 
@@ -342,7 +343,7 @@ def _prewrite_batches(
     batch_cells: int,
     after_batch: Any,
 ) -> Iterator[tuple[bytes, dict[str, bytes]]]:
-    store = cluster.store
+    store = internals(cluster).store
     batch: list[tuple[bytes, dict[str, bytes]]] = []
     size = 0
     prewrite_cell = txn.prewrite_cell
@@ -369,7 +370,7 @@ def _prewrite_batches(
                 if left:
                     locked.append((row, left))
         if txn.observed:  # index entries while the locks are held, before the commit point
-            write_entries(cluster, [(txn.table, row, c) for row, values in locked
+            write_entries(internals(cluster), [(txn.table, row, c) for row, values in locked
                                     for c in values if c in txn.observed], txn.start_ts)
         yield from locked
         if after_batch is not None:
@@ -400,7 +401,7 @@ def finish_rows(
     ``INLINE_MAX_BYTES``, as their locks do) and notify cells of observed columns at
     *commit_ts*, or rolled back when *commit_ts* is None. Cells already cleaned by a
     reader are skipped. Returns how many cells this call released."""
-    store = cluster.store
+    store = internals(cluster).store
     free = encode_lock(Free(txn.start_ts, commit_ts is not None))
     released = 0
     items: list[CasItem] = []
@@ -447,7 +448,7 @@ def refresh_primary(cluster: Cluster, txn: LoadTxn, held: bytes | None = None) -
 
     :raises ConflictError: the primary is no longer locked by the load.
     """
-    store = cluster.store
+    store = internals(cluster).store
     column = f"{LOCK}:{LOAD_COLUMN}"
     while True:
         if held is None:
@@ -477,7 +478,7 @@ def begin_or_join(cluster: Cluster, table: str, load_id: str, owner: str,
     load committed before.
     """
     load = BulkLoad(cluster, table, load_id)
-    cluster.store.create_table(LOADS_TABLE, FAMILIES)
+    internals(cluster).store.create_table(LOADS_TABLE, FAMILIES)
     while True:
         raw, writes, data = load._read_primary()
         for ts, value in writes:
@@ -488,10 +489,10 @@ def begin_or_join(cluster: Cluster, table: str, load_id: str, owner: str,
         if isinstance(state, Lock):
             if state.owner == owner:
                 return _txn_of(cluster, table, load_id, state)
-            roll_back_primary(cluster, TxnStatus(state.start_ts, pending=state,
+            roll_back_primary(internals(cluster), TxnStatus(state.start_ts, pending=state,
                                                  pending_raw=raw))
             continue
-        start_ts = cluster.timestamps.get_timestamp()
+        start_ts = internals(cluster).timestamps.get_timestamp()
         txn = _txn_of(cluster, table, load_id, Lock(
             start_ts=start_ts, primary_table=LOADS_TABLE, primary_row=load.row,
             primary_column=LOAD_COLUMN, owner=owner, wall_ms=int(time.time() * 1000),
@@ -540,7 +541,7 @@ class BulkLoad:
         return self._txn
 
     def _read_primary(self) -> tuple[bytes | None, list[tuple[int, bytes]], dict[int, bytes]]:
-        cells = self.cluster.store.read_rows(LOADS_TABLE, [self.row], [
+        cells = internals(self.cluster).store.read_rows(LOADS_TABLE, [self.row], [
             Read(LOCK, (LOAD_COLUMN,)), Read(WRITE, (LOAD_COLUMN,), versions=None),
             Read(DATA, ("load:marker",), versions=None),
         ]).get(self.row, {})
@@ -557,8 +558,8 @@ class BulkLoad:
         :raises LockedError: another live driver is running the same load.
         """
         cluster = self.cluster
-        cluster.store.create_table(LOADS_TABLE, FAMILIES)
-        attempts = cluster.lock_wait_policy.with_(deadline=5.0).attempts()
+        internals(cluster).store.create_table(LOADS_TABLE, FAMILIES)
+        attempts = internals(cluster).lock_wait_policy.with_(deadline=5.0).attempts()
         while True:
             raw, writes, data = self._read_primary()
             for ts, value in writes:
@@ -568,7 +569,8 @@ class BulkLoad:
                     return AlreadyLoaded(self.load_id, data_ts, ts, json.loads(stored))
             state = decode_lock(raw) if raw is not None else None
             if state is not None and not isinstance(state, Free):
-                if not resolve_lock(cluster, LOADS_TABLE, self.row, LOAD_COLUMN, raw or b""):
+                if not resolve_lock(internals(cluster), LOADS_TABLE, self.row, LOAD_COLUMN,
+                                    raw or b""):
                     if attempts.wait():
                         continue
                     raise LockedError(
@@ -581,11 +583,12 @@ class BulkLoad:
                 continue
             self._release_hold()
             self._hold = Hold()
-            start_ts = cluster.safe_point.begin(self._hold, cluster.timestamps.get_timestamp)
+            parts = internals(cluster)
+            start_ts = parts.safe_point.begin(self._hold, parts.timestamps.get_timestamp)
             observed = frozenset(c for t, c in cluster.observed_columns() if t == self.table)
             txn = LoadTxn(
                 table=self.table, load_id=self.load_id, start_ts=start_ts,
-                owner=cluster.coordination.current_owner(), wall_ms=int(time.time() * 1000),
+                owner=parts.coordination.current_owner(), wall_ms=int(time.time() * 1000),
                 ttl_ms=int(cluster.lock_ttl * 1000), observed=observed,
             )
             held = encode_lock(txn.lock(LOAD_COLUMN))
@@ -603,9 +606,10 @@ class BulkLoad:
     def _lock_primary(
         self, raw: bytes | None, held: bytes, puts: list[tuple[str, int, bytes]]
     ) -> bool:
-        with self.cluster.taking_locks():
+        with internals(self.cluster).taking_locks():
             return lock_cas(
-                self.cluster.store, LOADS_TABLE, self.row, f"{LOCK}:{LOAD_COLUMN}", raw, held,
+                internals(self.cluster).store, LOADS_TABLE, self.row, f"{LOCK}:{LOAD_COLUMN}", raw,
+                held,
                 puts,
             )
 
@@ -682,9 +686,9 @@ class BulkLoad:
         assert held is not None
         # After every worker's prewrite (and its conflict reads) ended, before the
         # commit point: the writers' rule of percolator._safe_point.
-        self.cluster.safe_point.check(txn.start_ts)
-        commit_ts = self.cluster.timestamps.get_timestamp()
-        store = self.cluster.store
+        internals(self.cluster).safe_point.check(txn.start_ts)
+        commit_ts = internals(self.cluster).timestamps.get_timestamp()
+        store = internals(self.cluster).store
         column = f"{LOCK}:{LOAD_COLUMN}"
         body = [(f"{DATA}:{LOAD_COLUMN}", txn.start_ts, json.dumps(info, sort_keys=True).encode())]
         record = write_cells(LOAD_COLUMN, txn.start_ts, commit_ts, False, False)
@@ -701,7 +705,7 @@ class BulkLoad:
         else:
             won = won or committed_anyway(self.cluster, txn.lock(LOAD_COLUMN), commit_ts, None)
         if won and not store.atomic_row_cas:
-            release(self.cluster, LOADS_TABLE, self.row, LOAD_COLUMN, decided,
+            release(internals(self.cluster), LOADS_TABLE, self.row, LOAD_COLUMN, decided,
                     txn.start_ts, (commit_ts, False, False))
         if not won:
             raise ConflictError(
@@ -726,7 +730,7 @@ class BulkLoad:
         lock = decode_lock(held)
         assert isinstance(lock, Lock)
         try:
-            roll_back_primary(self.cluster, TxnStatus(lock.start_ts, pending=lock,
+            roll_back_primary(internals(self.cluster), TxnStatus(lock.start_ts, pending=lock,
                                                       pending_raw=held))
         except PercolatorError:
             log.warning("bulk load %s: could not roll back its primary; readers will",
@@ -734,12 +738,12 @@ class BulkLoad:
 
     def is_finished(self) -> bool:
         """Whether a committed load released all its locks (see :meth:`mark_finished`)."""
-        cells = self.cluster.store.read_rows(LOADS_TABLE, [self.row],
+        cells = internals(self.cluster).store.read_rows(LOADS_TABLE, [self.row],
                                              [Read(DATA, ("load:finished",))])
         return bool(cells.get(self.row))
 
     def mark_finished(self, commit_ts: int) -> None:
-        self.cluster.store.mutate_rows(
+        internals(self.cluster).store.mutate_rows(
             LOADS_TABLE, [Mutation(self.row, [(_FINISHED, commit_ts, b"1")])]
         )
 
@@ -751,7 +755,7 @@ class BulkLoad:
         txn = LoadTxn(self.table, self.load_id, loaded.start_ts, "", 0, 0, frozenset())
         left: list[tuple[bytes, str, bytes]] = []
         held = [Read(LOCK, skip_tag=FREE_TAG)]
-        for row, cells in self.cluster.store.scan(self.table, None, None, held):
+        for row, cells in internals(self.cluster).store.scan(self.table, None, None, held):
             for name, versions in cells.items():
                 state = decode_lock(versions[0][1])
                 if isinstance(state, Lock) and state.start_ts == loaded.start_ts:
@@ -760,7 +764,7 @@ class BulkLoad:
         for row, column, raw in left:
             state = decode_lock(raw)
             assert isinstance(state, Lock)
-            if release(self.cluster, txn.table, row, column, raw, loaded.start_ts,
+            if release(internals(self.cluster), txn.table, row, column, raw, loaded.start_ts,
                        (loaded.commit_ts, False, state.notify), inline=state.value):
                 done += 1
         self.mark_finished(loaded.commit_ts)

@@ -6,15 +6,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from percolator import _embedded_mode
 from percolator._coordination import Coordination
 from percolator._encoding import (
     FAMILIES,
-    FREE_TAG,
-    LOCK,
     META_FAMILIES,
     META_TABLE,
     check_column,
@@ -27,18 +24,18 @@ from percolator._errors import (
     UnknownTableError,
 )
 from percolator._gc import DEFAULT_MAX_TXN_AGE, DEFAULT_RETENTION, GcSummary, collect
-from percolator._lock_census import LockCensus
+from percolator._internals import Internals
 from percolator._notify_index import INDEX_FAMILIES, INDEX_TABLE, uses_index
-from percolator._retry import LOCK_WAIT, RetryPolicy
+from percolator._retry import LOCK_WAIT
 from percolator._safe_point import SafePoint
-from percolator._store import EMBEDDED_FILE, Mutation, Read, Store, offered
+from percolator._store import Mutation, Read, Store
 from percolator._timestamps import StoreTimestamps, TimestampSource, open_oracle
 from percolator._tls import TlsConfig, check_tls
 from percolator.metrics import record_gc_pass
 from percolator.stores import open_store
 
 if TYPE_CHECKING:
-    from percolator._transaction import Transaction
+    from percolator._transaction import Snapshot, Transaction
 
 __all__ = ["Cluster", "connect"]
 
@@ -185,8 +182,9 @@ def connect(
 
 
 class Cluster:
-    """A connection to one repository: tables, transactions, observed columns. Made by
-    :func:`connect`, never directly.
+    """A connection to one repository: tables, transactions and snapshots, observed
+    columns, garbage collection. Made by :func:`connect`, the way in: the constructor's
+    arguments are internal parts (``percolator._internals``) and change with the library.
 
     Thread-safe: share one per process, from any number of threads. A child process
     that inherits one by ``fork`` reopens what it must not share (SQLite connections,
@@ -212,13 +210,11 @@ class Cluster:
         config_refresh: float = 0.5,
         safe_point_refresh: float = 1.0,
     ) -> None:
-        self.store = store
-        self.timestamps = timestamps
-        self.coordination = coordination
         self.lock_ttl = lock_ttl
+        """Seconds a lock of a live but silent client is honoured (``connect(lock_ttl=)``)."""
         self.one_phase_commit = True
-        """Commit in one atomic store step where the store and timestamps allow it."""
-        self.lock_wait_policy: RetryPolicy = LOCK_WAIT.with_(deadline=lock_wait)
+        """Commit in one atomic store step where the store and timestamps allow it (set
+        False to see every step of the paper's two-phase commit, as tests do)."""
         self._config_refresh = config_refresh
         self._tables: set[str] = set()
         self._observed: frozenset[tuple[str, str]] = frozenset()
@@ -230,59 +226,64 @@ class Cluster:
         self._registry: Any = (
             coordination if hasattr(coordination, "register_observed") else None
         )
-        self.stats: dict[str, int] = {
-            "commits": 0, "conflicts": 0, "rollbacks": 0, "locks_resolved": 0,
-        }
-        self.read_predictions: dict[tuple[str, str], tuple[str, ...]] = {}
-        """(table, a row's first column read) -> the columns transactions went on to
-        read in that row: a later first read of the column fetches them with it in one
-        store call (Percolator §2.5). Learned by this client, never persisted."""
         store.create_table(META_TABLE, META_FAMILIES)
-        self.safe_point = SafePoint(store, coordination, refresh=safe_point_refresh)
-        """The garbage-collection safe point and this client's publication of its oldest
-        running transaction (:mod:`percolator._safe_point`)."""
+        safe_point = SafePoint(store, coordination, refresh=safe_point_refresh)
         if uses_index(store):
             store.create_table(INDEX_TABLE, INDEX_FAMILIES)
-        self.wakeups: list[Callable[[], None]] = []
-        """Called after each commit that makes a notification (workers of this process
-        register here, so that a local change wakes their idle scanners at once)."""
-        self.lock_census: LockCensus | None = _embedded_mode.lock_census(store)
-        """Embedded store only: whether any lock may be held (reads skip the lock
-        family when none can be; see :mod:`percolator._lock_census`)."""
+        # Every client of an embedded store must keep the census, however it was built.
+        census = _embedded_mode.lock_census(store)
+        self._internals = Internals(
+            self, store, timestamps, coordination,
+            lock_wait_policy=LOCK_WAIT.with_(deadline=lock_wait),
+            safe_point=safe_point,
+            lock_census=census,
+        )
+        """The parts below the public face: :func:`percolator._internals.internals`."""
 
     # --- tables -----------------------------------------------------------------
 
     def create_table(self, name: str) -> None:
         """Create table *name* (idempotent)."""
         self._check_open()
-        self.store.create_table(check_table(name), FAMILIES)
+        parts = self._internals
+        parts.store.create_table(check_table(name), FAMILIES)
         self._tables.add(name)
-        if self.lock_census is not None:
+        if parts.lock_census is not None:
             # Asked once now, while the table is empty, so that the store indexes the
             # lock cells that sweeps look for before the first lock is written.
-            self._any_lock_held()
+            parts.any_lock_held()
 
     def drop_table(self, name: str) -> None:
         """Delete table *name* and everything in it."""
         self._check_open()
-        self.store.drop_table(check_table(name))
+        self._internals.store.drop_table(check_table(name))
         self._tables.discard(name)
 
     def tables(self) -> list[str]:
         """The user tables, sorted."""
         self._check_open()
-        return [t for t in self.store.list_tables() if not t.startswith("_")]
+        return [t for t in self._internals.store.list_tables() if not t.startswith("_")]
 
-    def check_table_exists(self, name: str) -> str:
-        """Validate *name* and raise :class:`UnknownTableError` unless it exists."""
+    def table_exists(self, name: str) -> bool:
+        """Whether table *name* exists.
+
+        :raises InvalidArgument: for a malformed name."""
+        try:
+            self._require_table(name)
+        except UnknownTableError:
+            return False
+        return True
+
+    def _require_table(self, name: str) -> str:
+        """*name*, once it is known to exist (cached: a table once seen is not asked
+        about again; see :meth:`Internals.require_table`)."""
         if name in self._tables:
             return name
         check_table(name)
-        if name not in self._tables:
-            known = set(self.tables())
-            self._tables = known
-            if name not in known:
-                raise UnknownTableError(name)
+        known = set(self.tables())
+        self._tables = known
+        if name not in known:
+            raise UnknownTableError(name)
         return name
 
     # --- observed columns -----------------------------------------------------------
@@ -295,9 +296,9 @@ class Cluster:
 
         :raises CoordinationError: when ZooKeeper refuses the registration.
         """
-        self.check_table_exists(table)
+        self._require_table(table)
         check_column(column)
-        self.store.mutate_rows(
+        self._internals.store.mutate_rows(
             META_TABLE, [Mutation(_OBSERVED_ROW, [(f"m:{table}/{column}", 0, b"1")])]
         )
         if self._registry is not None:
@@ -312,7 +313,7 @@ class Cluster:
             return observed
         now = time.monotonic()
         if now - self._observed_at > self._config_refresh:
-            cells = self.store.read_rows(META_TABLE, [_OBSERVED_ROW], [Read("m")])
+            cells = self._internals.store.read_rows(META_TABLE, [_OBSERVED_ROW], [Read("m")])
             found = set()
             for column, versions in cells.get(_OBSERVED_ROW, {}).items():
                 if versions and versions[0][1] == b"1":
@@ -381,12 +382,26 @@ class Cluster:
 
         return Transaction(self)
 
+    def snapshot(self, *, start_ts: int | None = None) -> Snapshot:
+        """A new :class:`~percolator.Snapshot` (same as ``Snapshot(cluster)``): close
+        it, or use it as a context manager, as it holds garbage collection back."""
+        from percolator._transaction import Snapshot
+
+        return Snapshot(self, start_ts=start_ts)
+
+    @property
+    def url(self) -> str:
+        """The store's url (the one given to :func:`connect`, or learnt from ZooKeeper)."""
+        url: str = self._internals.store.url
+        return url
+
     def _check_open(self) -> None:
         if self._closed:
             raise PercolatorError("the cluster is closed")
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
         return self._closed
 
     def close(self) -> None:
@@ -395,43 +410,15 @@ class Cluster:
             if self._closed:
                 return
             self._closed = True
-        for part in (self.safe_point, self.timestamps, self.coordination, self.lock_census,
-                     self.store):
+        parts = self._internals
+        for part in (parts.safe_point, parts.timestamps, parts.coordination,
+                     parts.lock_census, parts.store):
             if part is None:
                 continue
             try:
                 part.close()
             except Exception:  # closing must go on whatever one part says
                 log.exception("closing %r failed", part)
-
-    def wake_observers(self) -> None:
-        """Wake this process's idle workers: a commit made a notification."""
-        for wake in list(self.wakeups):
-            wake()
-
-    def taking_locks(self) -> AbstractContextManager[None]:
-        """Around writing new lock cells (two-phase prewrites, bulk loads): tells the
-        lock census, if any, that a lock may be held."""
-        census = self.lock_census
-        return census.taking() if census is not None else nullcontext()
-
-    def sweep_locks(self, *, force: bool = False) -> None:
-        """Embedded store: clear the lock census if no lock is held any more (rate
-        limited, see :meth:`LockCensus.sweep`). Called after two-phase commits, lock
-        resolution and bulk loads."""
-        census = self.lock_census
-        if census is None or census.clean():
-            return
-        try:
-            census.sweep(lambda: not self._any_lock_held(), force=force)
-        except PercolatorError:
-            log.warning("lock census sweep failed; reads keep checking locks", exc_info=True)
-
-    def _any_lock_held(self) -> bool:
-        """Embedded store: whether any lock cell of any table is not FREE (the census's
-        question, answered from an index of the held locks)."""
-        file = offered(self.store, EMBEDDED_FILE)
-        return file is not None and file.any_untagged(LOCK, FREE_TAG)
 
     def __enter__(self) -> Cluster:
         return self
@@ -440,4 +427,4 @@ class Cluster:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<percolator.Cluster {self.store.url}{' closed' if self._closed else ''}>"
+        return f"<percolator.Cluster {self.url}{' closed' if self._closed else ''}>"

@@ -64,6 +64,7 @@ from percolator._errors import (
     InvalidArgument,
     PercolatorError,
 )
+from percolator._internals import internals
 from percolator._lock_resolver import check_txn_status, release, resolve_lock, write_cells
 from percolator._notify_index import write_entries
 from percolator._store import (
@@ -162,7 +163,7 @@ class _Committer:
     def __init__(self, txn: TransactionBase, crash: CrashPoint | None) -> None:
         self.txn = txn
         self.cluster = txn.cluster
-        self.store = txn.cluster.store
+        self.store = internals(txn.cluster).store
         self.crash = crash
         self.start_ts = txn.start_ts
         observed = self.cluster.observed_columns()
@@ -172,7 +173,7 @@ class _Committer:
         self.primary = self.cells[0]
         self.notifies = bool(txn._weak) or (bool(observed) and any(c.notify for c in self.cells))
         """Whether the commit makes notifications (weak ones, or of observed columns)."""
-        self.owner = self.cluster.coordination.current_owner()
+        self.owner = internals(self.cluster).coordination.current_owner()
         self.ttl_ms = int(self.cluster.lock_ttl * 1000)
         self.locked: list[_Cell] = []
         self.refreshed_at = time.monotonic()
@@ -255,7 +256,8 @@ class _Committer:
             if lock_raw is not None and not isinstance(state, Free):
                 # Another transaction holds it (or its primary awaits clean-up): clean it
                 # up if its fate is decided or its owner is dead, else give way.
-                if not resolve_lock(self.cluster, cell.table, cell.row, cell.column, lock_raw):
+                if not resolve_lock(internals(self.cluster), cell.table, cell.row, cell.column,
+                                    lock_raw):
                     raise self._conflict(
                         cell, f"locked by live transaction {getattr(state, 'start_ts', '?')}",
                         getattr(state, "start_ts", None),
@@ -291,7 +293,7 @@ class _Committer:
         """Lock the primary, then the secondaries (one batched read for all of them),
         or, where the store can test the conflict conditions itself, one conditional
         mutation per cell, reading only a cell whose conditions held."""
-        with self.cluster.taking_locks():
+        with internals(self.cluster).taking_locks():
             self._prewrite_all()
 
     def _prewrite_all(self) -> None:
@@ -335,7 +337,7 @@ class _Committer:
         referenced by a write record, so it stays invisible."""
         for cell in reversed(self.locked):
             try:
-                release(self.cluster, cell.table, cell.row, cell.column, cell.held,
+                release(internals(self.cluster), cell.table, cell.row, cell.column, cell.held,
                         self.start_ts, None)
             except PercolatorError:
                 log.warning("could not release lock of %d on %s/%r/%s; readers will clean it",
@@ -347,7 +349,7 @@ class _Committer:
         p = self.primary
         # Not under an identity whose session expired: others may treat its locks as
         # abandoned (raises CoordinationError; the caller releases the locks).
-        self.cluster.coordination.confirm_owner(self.owner)
+        internals(self.cluster).coordination.confirm_owner(self.owner)
         self._refresh_primary()
         column = f"{LOCK}:{p.column}"
         delete, notify = p.value is None, p.notify
@@ -377,11 +379,11 @@ class _Committer:
         if not won:
             raise self._conflict(p, "rolled back by a cleaner before the commit point", None)
         self.txn.commit_ts = commit_ts
-        self.cluster.stats["commits"] += 1
+        internals(self.cluster).stats["commits"] += 1
         self._maybe_crash("commit_point", 0)
         if not self.store.atomic_row_cas:
             try:
-                release(self.cluster, p.table, p.row, p.column, decided, self.start_ts,
+                release(internals(self.cluster), p.table, p.row, p.column, decided, self.start_ts,
                         (commit_ts, delete, notify), inline=p.inline)
             except PercolatorError:
                 log.warning("committed %d but could not release its primary", self.start_ts)
@@ -441,7 +443,8 @@ class _Committer:
                 self.store.mutate_rows(table, mutations)
         for index, cell in enumerate(secondaries):
             self._maybe_crash("commit", index)
-            release(self.cluster, cell.table, cell.row, cell.column, cell.held, self.start_ts,
+            release(internals(self.cluster), cell.table, cell.row, cell.column, cell.held,
+                    self.start_ts,
                     (commit_ts, cell.value is None, cell.notify), recorded=recorded,
                     inline=cell.inline)
         self._maybe_crash("commit", len(secondaries))
@@ -462,7 +465,7 @@ def committed_anyway(
     unknown = (f"the store failed at the commit point of transaction {lock.start_ts}: "
                f"{error}; it may or may not have committed")
     try:
-        status = check_txn_status(cluster, lock)
+        status = check_txn_status(internals(cluster), lock)
     except PercolatorError as e:
         raise CommitUnknownError(
             unknown if error is not None else
@@ -507,7 +510,7 @@ def _write_weak_notifications(txn: TransactionBase, commit_ts: int) -> None:
             Mutation(row, [(f"{NOTIFY}:{column}", commit_ts, NOTIFY_WEAK)])
         )
     for table, mutations in by_table.items():
-        txn.cluster.store.mutate_rows(table, mutations)
+        internals(txn.cluster).store.mutate_rows(table, mutations)
 
 
 def _write_notifications(txn: TransactionBase, cells: list[_Cell], commit_ts: int) -> None:
@@ -524,7 +527,7 @@ def _write_notifications_of(txn: TransactionBase, strong: list[tuple[str, bytes,
     """:func:`_write_notifications`, given the cells of the *strong* notifications."""
     if txn._weak:
         _write_weak_notifications(txn, commit_ts)
-    write_entries(txn.cluster, [*txn._weak, *strong], commit_ts)
+    write_entries(internals(txn.cluster), [*txn._weak, *strong], commit_ts)
 
 
 def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int, bool] | None:
@@ -552,7 +555,7 @@ def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int,
     :raises ConflictError: a cell was written since the transaction's start.
     """
     cluster, start_ts = txn.cluster, txn.start_ts
-    store = cluster.store
+    store = internals(cluster).store
     observed = cluster.observed_columns()
     rows: dict[tuple[str, bytes], list[tuple[str, bytes | None]]] = {}
     for (table, row, column), value in txn._writes.items():
@@ -569,7 +572,7 @@ def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int,
         ]
         # Inside the atomic step, after its reads: no GC deletion can fall between
         # this check and the writes (see percolator._safe_point).
-        cluster.safe_point.check(start_ts)
+        internals(cluster).safe_point.check(start_ts)
         for ((table, row), cells), row_cells in zip(rows.items(), found, strict=True):
             for column, _ in cells:
                 writes = row_cells.get(_WRITE_PREFIX + column)
@@ -623,8 +626,8 @@ def one_phase_steps(cluster: Cluster) -> _OnePhaseSteps | None:
     """Where *cluster* commits in one phase (the embedded store): the store's atomic
     step (``atomically``) and the timestamp source's publication of commit timestamps
     in flight (``in_flight``, which enters the atomic step); None elsewhere."""
-    atomic = offered(cluster.store, ATOMICALLY)
-    in_flight = getattr(cluster.timestamps, "in_flight", None)
+    atomic = offered(internals(cluster).store, ATOMICALLY)
+    in_flight = getattr(internals(cluster).timestamps, "in_flight", None)
     if atomic is None or in_flight is None or not cluster.one_phase_commit:
         return None
     return atomic.atomically, in_flight
@@ -678,7 +681,7 @@ def _one_phase_check(
     """
     # Inside the atomic step, after its reads: no GC deletion can fall between
     # this check and the writes (see percolator._safe_point).
-    committer.cluster.safe_point.check(committer.start_ts)
+    internals(committer.cluster).safe_point.check(committer.start_ts)
     for cell in committer.cells:
         lock_raw, writes = found[id(cell)]
         if not _one_phase_cell_ok(committer.start_ts, cell.table, cell.row, cell.column,
@@ -823,7 +826,7 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
             if not txn._writes or txn._closed:
                 continue
             try:
-                cluster.safe_point.check(txn.start_ts)
+                internals(cluster).safe_point.check(txn.start_ts)
             except PercolatorError as e:
                 txn._closed = True
                 results[i] = e
@@ -852,7 +855,7 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
                                      if (c.table, c.row, c.column) in taken),
                                 "written by a transaction committed with it", None)
                     except ConflictError as e:
-                        cluster.stats["conflicts"] += 1
+                        internals(cluster).stats["conflicts"] += 1
                         results[i] = e
                         continue
                     if unlocked:
@@ -865,7 +868,7 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
                     _one_phase_write(member, found, commit_ts, batch)
                     results[i] = commit_ts
                 for table, mutations in batch.items():  # one write per table for all
-                    cluster.store.mutate_rows(table, mutations)
+                    internals(cluster).store.mutate_rows(table, mutations)
         except PercolatorError as e:  # rolled back: none of the group committed
             for i, _ in grouped:
                 if not isinstance(results[i], ConflictError):
@@ -878,7 +881,7 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
         if isinstance(result, int):
             assert committer is not None
             txn.commit_ts = result
-            cluster.stats["commits"] += 1
+            internals(cluster).stats["commits"] += 1
             _wake(committer)
         elif result is None:  # not grouped, or met a lock: on its own
             try:
@@ -899,29 +902,29 @@ def _commit_transaction(txn: TransactionBase, crash: CrashPoint | None) -> int:
     txn._closed = True
     if not txn._writes:
         if txn._weak:
-            commit_ts = cluster.timestamps.get_timestamp()
+            commit_ts = internals(cluster).timestamps.get_timestamp()
             _write_notifications(txn, [], commit_ts)
-            cluster.wake_observers()
+            internals(cluster).wake_observers()
         else:
             commit_ts = txn.start_ts
         txn.commit_ts = commit_ts
         return commit_ts
     # Before anything (an overtaken transaction is told so, not sent into conflicts
     # with what GC left), and again where it counts, after the prewrite.
-    cluster.safe_point.check(txn.start_ts)
+    internals(cluster).safe_point.check(txn.start_ts)
     steps = one_phase_steps(cluster) if crash is None else None
     if steps is not None:
         try:
             one_phase = _commit_one_phase(txn, steps)
         except ConflictError:
-            cluster.stats["conflicts"] += 1
+            internals(cluster).stats["conflicts"] += 1
             raise
         if one_phase is not None:
             commit_ts, notifies = one_phase
             txn.commit_ts = commit_ts
-            cluster.stats["commits"] += 1
+            internals(cluster).stats["commits"] += 1
             if notifies:
-                cluster.wake_observers()
+                internals(cluster).wake_observers()
             return commit_ts
     return _finish_two_phase(_Committer(txn, crash))
 
@@ -933,16 +936,16 @@ def _finish_two_phase(committer: _Committer) -> int:
     except SimulatedCrash:
         raise  # a dead committer sweeps nothing
     except BaseException:
-        cluster.sweep_locks()
+        internals(cluster).sweep_locks()
         raise
-    cluster.sweep_locks()
+    internals(cluster).sweep_locks()
     _wake(committer)
     return commit_ts
 
 
 def _wake(committer: _Committer) -> None:
     if committer.notifies:
-        committer.cluster.wake_observers()
+        internals(committer.cluster).wake_observers()
 
 
 def _commit_two_phase(committer: _Committer) -> int:
@@ -951,9 +954,9 @@ def _commit_two_phase(committer: _Committer) -> int:
         committer.prewrite()
         # After the prewrite, before the commit point: a transaction overtaken by the
         # GC safe point never commits (see percolator._safe_point).
-        cluster.safe_point.check(txn.start_ts)
+        internals(cluster).safe_point.check(txn.start_ts)
     except ConflictError:
-        cluster.stats["conflicts"] += 1
+        internals(cluster).stats["conflicts"] += 1
         committer.abort()
         raise
     except SimulatedCrash:
@@ -962,7 +965,7 @@ def _commit_two_phase(committer: _Committer) -> int:
         committer.abort()
         raise
     try:
-        commit_ts = cluster.timestamps.get_timestamp()
+        commit_ts = internals(cluster).timestamps.get_timestamp()
         # Weak notifications go before the commit point, so a committer that dies after
         # it cannot lose them (nothing else would write them); one that fails at the
         # commit point leaves a spurious one, which only runs an observer for nothing.
@@ -975,7 +978,7 @@ def _commit_two_phase(committer: _Committer) -> int:
     try:
         committer.commit_point(commit_ts)
     except ConflictError:
-        cluster.stats["conflicts"] += 1
+        internals(cluster).stats["conflicts"] += 1
         committer.abort()
         raise
     except CoordinationError:  # raised before the commit point's write: nothing committed

@@ -78,6 +78,7 @@ from percolator._encoding import (
     split_column,
 )
 from percolator._errors import InvalidArgument
+from percolator._internals import internals
 from percolator._lock_resolver import resolve_lock
 from percolator._safe_point import oldest_since
 from percolator._store import (
@@ -151,13 +152,13 @@ def _safe_point_bound(
     cluster: Cluster, retention: float, max_txn_age: float, now_ts: int, prune: bool
 ) -> tuple[int | None, str]:
     """The candidate safe point and what set it (None: nothing allows a move yet)."""
-    sp = cluster.safe_point
+    sp = internals(cluster).safe_point
     candidate = now_ts if retention == 0 else sp.timestamp_before(retention)
     why = "retention"
     if candidate is None:
         return None, "retention (no timestamp logged that long ago yet)"
     since = time.time() - max_txn_age
-    me = cluster.coordination.current_owner()
+    me = internals(cluster).coordination.current_owner()
     clients = [(f"client {h.owner}", h.steps) for h in sp.holders(prune=prune) if h.owner != me]
     # This process's own publication lags: its count taken now stands in for it.
     for who, steps in [*clients, ("this process", sp.running())]:
@@ -178,7 +179,7 @@ def _resolve_locks(
     resolved = left = 0
     lowest: int | None = None
     for table in tables:
-        for row, cells in cluster.store.scan(
+        for row, cells in internals(cluster).store.scan(
             table, None, None, [Read(LOCK, skip_tag=FREE_TAG)]
         ):
             for name, versions in cells.items():
@@ -189,7 +190,7 @@ def _resolve_locks(
                     continue
                 if not dry_run:
                     step()
-                    if resolve_lock(cluster, table, row, name[len(LOCK) + 1:], raw):
+                    if resolve_lock(internals(cluster), table, row, name[len(LOCK) + 1:], raw):
                         resolved += 1
                         continue
                 elif isinstance(state, Committed | RolledBack):
@@ -198,7 +199,7 @@ def _resolve_locks(
                 left += 1
                 lowest = start if lowest is None else min(lowest, start)
     if resolved:
-        cluster.sweep_locks()
+        internals(cluster).sweep_locks()
     return resolved, left, lowest
 
 
@@ -312,9 +313,9 @@ def collect(
         raise InvalidArgument(f"rows_per_second must be positive or None, got {rows_per_second!r}")
     began = time.monotonic()
     step = before_step or (lambda: None)
-    sp = cluster.safe_point
-    store = cluster.store
-    now_ts = cluster.timestamps.get_timestamp()
+    sp = internals(cluster).safe_point
+    store = internals(cluster).store
+    now_ts = internals(cluster).timestamps.get_timestamp()
     previous = sp.fetch()
     if not dry_run:
         step()

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from percolator._commit import SimulatedCrash
 from percolator._encoding import META_TABLE, split_column
 from percolator._errors import InvalidArgument, PercolatorError
+from percolator._internals import internals
 
 if TYPE_CHECKING:
     from percolator._cluster import Cluster
@@ -245,7 +246,7 @@ class Actor(Generic[T]):
             self._go.release()
             self._world._await(self, lambda: self.done)
         for client in self._clients:
-            client.coordination.close()
+            internals(client).coordination.close()
 
     def __repr__(self) -> str:
         state = "done" if self.done else f"before {self.pending}"
@@ -337,10 +338,11 @@ class Interleaving:
 
     def __enter__(self) -> Interleaving:
         for cluster in self._clusters:
-            self._saved.append((cluster, cluster.store, cluster.timestamps, cluster.lock_census))
-            cluster.lock_census = None
-            cluster.store = _GatedStore(cluster.store, self)  # type: ignore[assignment]
-            cluster.timestamps = _GatedTimestamps(cluster.timestamps, self)  # type: ignore[assignment]
+            parts = internals(cluster)
+            self._saved.append((cluster, parts.store, parts.timestamps, parts.lock_census))
+            parts.lock_census = None
+            parts.store = _GatedStore(parts.store, self)  # type: ignore[assignment]
+            parts.timestamps = _GatedTimestamps(parts.timestamps, self)  # type: ignore[assignment]
         return self
 
     def __exit__(
@@ -358,9 +360,8 @@ class Interleaving:
                         pass  # blocked outside a step: its daemon thread is abandoned
         finally:
             for cluster, store, timestamps, census in self._saved:
-                cluster.store = store
-                cluster.timestamps = timestamps
-                cluster.lock_census = census
+                parts = internals(cluster)
+                parts.store, parts.timestamps, parts.lock_census = store, timestamps, census
                 if census is not None:
                     with census.taking():  # locks were taken unannounced: sweep anew
                         pass

@@ -35,6 +35,7 @@ from percolator._encoding import (
     decode_lock,
 )
 from percolator._errors import InvalidArgument, PercolatorError
+from percolator._internals import internals
 from percolator._lock_resolver import resolve_lock
 from percolator._notify_index import indexed_cells, is_migrated, uses_index, write_entries
 from percolator._store import Mutation, Read
@@ -152,12 +153,12 @@ def _dirty_cells(
     """``(table, row, cells)`` of *reads* over the rows that may hold a notification:
     through the index for the tables it covers, by a scan of the table otherwise."""
     scanned = tables
-    if uses_index(cluster.store):
-        indexed = [t for t in tables if is_migrated(cluster, t)]
-        yield from indexed_cells(cluster, indexed, reads)
+    if uses_index(internals(cluster).store):
+        indexed = [t for t in tables if is_migrated(internals(cluster), t)]
+        yield from indexed_cells(internals(cluster), indexed, reads)
         scanned = [t for t in tables if t not in indexed]
     for table in scanned:
-        for row, cells in cluster.store.scan(table, None, None, reads):
+        for row, cells in internals(cluster).store.scan(table, None, None, reads):
             yield table, row, cells
 
 
@@ -183,7 +184,7 @@ def _notifying_locks(cluster: Cluster) -> Iterator[HeldLock]:
 def held_locks(cluster: Cluster, tables: Iterable[str] | None = None) -> Iterator[HeldLock]:
     """Every lock cell of *tables* that is not FREE."""
     return _held((table, row, cells) for table in _tables(cluster, tables)
-                 for row, cells in cluster.store.scan(table, None, None, [_HELD]))
+                 for row, cells in internals(cluster).store.scan(table, None, None, [_HELD]))
 
 
 # --- quarantine -------------------------------------------------------------------
@@ -213,7 +214,7 @@ def _failures_key(table: str, row: bytes) -> bytes:
 
 
 def _read_failures(cluster: Cluster, key: bytes, column: str) -> bytes | None:
-    versions = cluster.store.read_rows(META_TABLE, [key], [Read("m", (column,))]).get(
+    versions = internals(cluster).store.read_rows(META_TABLE, [key], [Read("m", (column,))]).get(
         key, {}
     ).get(f"m:{column}")
     return versions[0][1] if versions else None
@@ -228,7 +229,7 @@ def record_failure(cluster: Cluster, table: str, row: bytes, column: str, notify
         raw = _read_failures(cluster, key, column)
         seen_ts, count = _FAILURE.unpack(raw) if raw is not None else (0, 0)
         count = count + 1 if seen_ts == notify_ts else 1
-        if cluster.store.check_and_set(
+        if internals(cluster).store.check_and_set(
             META_TABLE, key, f"m:{column}", raw, _FAILURE.pack(notify_ts, count)
         ):
             return count
@@ -242,7 +243,7 @@ def clear_failures(cluster: Cluster, table: str, row: bytes, column: str) -> Non
     key = _failures_key(table, row)
     raw = _read_failures(cluster, key, column)
     if raw is not None and raw != _NO_FAILURES:
-        cluster.store.check_and_set(META_TABLE, key, f"m:{column}", raw, _NO_FAILURES)
+        internals(cluster).store.check_and_set(META_TABLE, key, f"m:{column}", raw, _NO_FAILURES)
 
 
 def quarantine(cluster: Cluster, record: Quarantined, notify_ts: int) -> None:
@@ -255,12 +256,12 @@ def quarantine(cluster: Cluster, record: Quarantined, notify_ts: int) -> None:
     value = json.dumps(body, sort_keys=True).encode()
     # A fresh timestamp, above any earlier delete of the record: on HBase a delete
     # hides every later put at or below its timestamp.
-    ts = cluster.timestamps.get_timestamp()
-    cluster.store.mutate_rows(
+    ts = internals(cluster).timestamps.get_timestamp()
+    internals(cluster).store.mutate_rows(
         META_TABLE,
         [Mutation(_record_key(record.table, record.row), [(f"m:{record.column}", ts, value)])],
     )
-    cluster.store.mutate_rows(
+    internals(cluster).store.mutate_rows(
         record.table, [Mutation(record.row, deletes=[(f"{NOTIFY}:{record.column}", notify_ts)])]
     )
 
@@ -281,7 +282,7 @@ def quarantined(
         start = _record_key(table, row)
         stop = start + b"\0"
     found = []
-    for key, cells in cluster.store.scan(META_TABLE, start, stop, [Read("m")]):
+    for key, cells in internals(cluster).store.scan(META_TABLE, start, stop, [Read("m")]):
         t, _, r = key[len(_QUARANTINE) :].partition(b"/")
         for name, versions in cells.items():
             c = name[2:]
@@ -303,14 +304,14 @@ def retry_quarantined(
     the record. Returns the notifications put back."""
     records = quarantined(cluster, table, row, column)
     for record in records:
-        ts = cluster.timestamps.get_timestamp()
+        ts = internals(cluster).timestamps.get_timestamp()
         kind = NOTIFY_WEAK if record.weak else NOTIFY_STRONG
-        cluster.store.mutate_rows(
+        internals(cluster).store.mutate_rows(
             record.table, [Mutation(record.row, [(f"{NOTIFY}:{record.column}", ts, kind)])]
         )
         # After the notify cell, as a weak notification's (percolator/_notify_index.py).
-        write_entries(cluster, [(record.table, record.row, record.column)], ts)
-        cluster.store.mutate_rows(
+        write_entries(internals(cluster), [(record.table, record.row, record.column)], ts)
+        internals(cluster).store.mutate_rows(
             META_TABLE,
             [Mutation(_record_key(record.table, record.row), deletes=[(f"m:{record.column}", ts)])],
         )
@@ -362,12 +363,12 @@ def wait_until_idle(cluster: Cluster, timeout: float | None, poll: float = 0.05)
         raise InvalidArgument(f"timeout must be a number of seconds >= 0, got {timeout!r}")
     deadline = None if timeout is None else time.monotonic() + timeout
     clean = 0
-    indexed = uses_index(cluster.store)
+    indexed = uses_index(internals(cluster).store)
     while True:
         pending = list(pending_notifications(cluster))
         locks = list(_notifying_locks(cluster) if indexed else held_locks(cluster))
         for lk in locks:
-            resolve_lock(cluster, lk.table, lk.row, lk.column, lk.raw)
+            resolve_lock(internals(cluster), lk.table, lk.row, lk.column, lk.raw)
         if not pending and not locks:
             clean += 1
             if clean >= 2:

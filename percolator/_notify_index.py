@@ -232,7 +232,8 @@ def is_migrated(cluster: IndexHost, table: str) -> bool:
     """Whether every pending notification of *table* has an index entry (see
     :func:`migrate`)."""
     marker = _marker(table)
-    return marker in cluster.store.read_rows(META_TABLE, [marker], [Read("m", ("migrated",))])
+    store = cluster.store
+    return marker in store.read_rows(META_TABLE, [marker], [Read("m", ("migrated",))])
 
 
 def _marker(table: str) -> bytes:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from percolator._cluster import Cluster
 from percolator._encoding import NOTIFY, WRITE, WriteKind, decode_write
+from percolator._internals import internals
 from percolator._store import Cell, Read, RowCells
 from percolator._transaction import Snapshot, TransactionBase
 
@@ -117,7 +118,7 @@ class ObserverRun(TransactionBase):
         ts, value = writes[0]
         if decode_write(value)[0] is not WriteKind.ROLLBACK:
             return ts
-        cells = self.cluster.store.read_rows(
+        cells = internals(self.cluster).store.read_rows(
             table, [row], [Read(WRITE, (column,), max_ts=self.start_ts, versions=None)]
         )
         for ts, value in cells.get(row, {}).get(f"{WRITE}:{column}", []):

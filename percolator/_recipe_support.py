@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from percolator._cluster import Cluster
 from percolator._encoding import META_TABLE, WRITE, WriteKind, check_column, decode_write
+from percolator._internals import internals
 from percolator._store import Mutation, Read
 
 __all__ = ["committed_puts", "last_task_run", "record_task_run"]
@@ -34,14 +35,15 @@ def last_task_run(cluster: Cluster, name: str) -> float | None:
     """Wall time (seconds since the epoch) recorded by the last :func:`record_task_run`
     of task *name* anywhere in the cluster, or None."""
     column = f"{_TASKS_FAMILY}:{name}"
-    cells = cluster.store.read_rows(META_TABLE, [_TASKS_ROW], [Read(_TASKS_FAMILY, (name,))])
+    cells = internals(cluster).store.read_rows(
+        META_TABLE, [_TASKS_ROW], [Read(_TASKS_FAMILY, (name,))])
     versions = cells.get(_TASKS_ROW, {}).get(column)
     return _TIME.unpack(versions[0][1])[0] if versions else None
 
 
 def record_task_run(cluster: Cluster, name: str, when: float) -> None:
     """Record that task *name* finished a run at wall time *when* (seconds)."""
-    cluster.store.mutate_rows(META_TABLE, [
+    internals(cluster).store.mutate_rows(META_TABLE, [
         Mutation(_TASKS_ROW, [(f"{_TASKS_FAMILY}:{name}", 0, _TIME.pack(when))])])
 
 
@@ -58,7 +60,7 @@ def committed_puts(
     name = f"{WRITE}:{column}"
     found: dict[bytes, list[int]] = {}
     for start in range(0, len(rows), _BATCH_ROWS):
-        cells = cluster.store.read_rows(
+        cells = internals(cluster).store.read_rows(
             table, rows[start:start + _BATCH_ROWS], [Read(WRITE, (column,), versions=None)])
         for row, columns in cells.items():
             puts = [ts for ts, value in columns.get(name, ())

@@ -20,6 +20,11 @@ __all__ = ["RetryPolicy", "transactional"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+# The transaction type the body declares. One signature, not overloads per type: mypy
+# makes an overloaded call Any when an argument's type holds Any (a body taking a
+# ``Feed[Any]``), which would switch the check off. Called with a Cluster the body gets
+# a Transaction, which is what every body but a worker's internal one declares.
+T = TypeVar("T", bound="TransactionBase")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +121,8 @@ _CLASSES: tuple[type[Cluster], type[Transaction], type[TransactionBase]] | None 
 
 @overload
 def transactional(
-    func: Callable[Concatenate[TransactionBase, P], R],
-) -> Callable[Concatenate[Any, P], R]: ...
+    func: Callable[Concatenate[T, P], R],
+) -> Callable[Concatenate[Cluster | T, P], R]: ...
 
 
 @overload
@@ -127,11 +132,11 @@ def transactional(
     retry: RetryPolicy | None = None,
     retries: int | None = None,
     backoff: float | None = None,
-) -> Callable[[Callable[Concatenate[TransactionBase, P], R]], Callable[Concatenate[Any, P], R]]: ...
+) -> Callable[[Callable[Concatenate[T, P], R]], Callable[Concatenate[Cluster | T, P], R]]: ...
 
 
 def transactional(
-    func: Callable[Concatenate[TransactionBase, P], R] | None = None,
+    func: Callable[..., Any] | None = None,
     *,
     retry: RetryPolicy | None = None,
     retries: int | None = None,
@@ -162,6 +167,10 @@ def transactional(
         with percolator.Transaction(cluster) as txn:
             transfer(txn, b"alice", b"bob", 10)   # part of the caller's transaction
 
+    The wrapper's type is the body's with a :class:`Cluster` also accepted first (a
+    body of ``txn: Transaction`` gives ``(Cluster | Transaction, src: bytes, ...)``),
+    so a type checker catches a wrong call.
+
     Other exceptions (the body's own, or errors that a rerun would not fix, such as
     :class:`InvalidArgument`) propagate at once and nothing commits. Thread-safe: the
     wrapper keeps no state between calls.
@@ -180,7 +189,7 @@ def transactional(
         policy = policy.with_(backoff=backoff)
 
     def decorate(
-        body: Callable[Concatenate[TransactionBase, P], R],
+        body: Callable[Concatenate[Any, P], R],
     ) -> Callable[Concatenate[Any, P], R]:
         @functools.wraps(body)
         def run(target: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:

@@ -31,6 +31,7 @@ from percolator._encoding import (
     inline_value,
 )
 from percolator._errors import InvalidArgument, LockedError, TransactionClosedError
+from percolator._internals import internals
 from percolator._lock_resolver import resolve_lock
 from percolator._retry import Attempts
 from percolator._store import Read, RowCells
@@ -110,12 +111,13 @@ class Snapshot:
             )
         cluster._check_open()
         self.cluster = cluster
+        self._parts = internals(cluster)
         self._closed = False
         self._began = time.time()
-        self._safe_point = cluster.safe_point
+        self._safe_point = self._parts.safe_point
         self.start_ts: int
         if start_ts is None:
-            self._safe_point.begin(self, cluster.timestamps.get_timestamp)
+            self._safe_point.begin(self, self._parts.timestamps.get_timestamp)
         else:
             self._safe_point.check(start_ts)
             self.start_ts = start_ts
@@ -153,7 +155,7 @@ class Snapshot:
         if self._closed:
             self._check_open()
         if table not in self.cluster._tables:
-            self.cluster.check_table_exists(table)
+            self._parts.require_table(table)
         if type(row) is not bytes or not row or len(row) > MAX_ROW_BYTES:
             check_row(row)
         check_column(column, internal=self._internal_columns)
@@ -162,11 +164,11 @@ class Snapshot:
 
     def _reads(self, columns: Sequence[str] | None) -> list[Read]:
         qualifiers = None if columns is None else tuple(columns)
-        census = self.cluster.lock_census
+        census = self._parts.lock_census
         # Asked after start_ts was drawn, as the census requires.
         no_locks = census is not None and census.clean()
         if census is not None and not no_locks:
-            self.cluster.sweep_locks()  # rate limited
+            self._parts.sweep_locks()  # rate limited
         reads = self._read_cache.get((qualifiers, no_locks))
         if reads is None:
             # No data cells: a write record carries its value, except one written by
@@ -201,12 +203,12 @@ class Snapshot:
         progressed = False
         _inc("percolator_locks_met_total", amount=len(blocked))
         for column, raw in blocked:
-            if resolve_lock(self.cluster, table, row, column, raw):
+            if resolve_lock(internals(self.cluster), table, row, column, raw):
                 progressed = True
         if progressed:
             return attempts
         if attempts is None:
-            attempts = self.cluster.lock_wait_policy.attempts(self._stop_waiting)
+            attempts = self._parts.lock_wait_policy.attempts(self._stop_waiting)
         waited = time.monotonic()
         done_waiting = not attempts.wait()
         _inc("percolator_lock_wait_seconds_total", amount=time.monotonic() - waited)
@@ -233,7 +235,7 @@ class Snapshot:
         left unread. A lock on an extra column is not waited for: that column is left
         out (read when asked for), so a wrong prediction never makes a read wait."""
         attempts: Attempts | None = None
-        store = self.cluster.store
+        store = self._parts.store
         reads = self._reads(columns if not extra or columns is None else [*columns, *extra])
         began = time.perf_counter()
         while True:
@@ -261,7 +263,7 @@ class Snapshot:
         """Columns of *row* that transactions which first read *column* of a row of
         *table* went on to read there (Percolator §2.5: reads prefetched by
         prediction), less those this snapshot knows already."""
-        learned = self.cluster.read_predictions.get((table, column))
+        learned = self._parts.read_predictions.get((table, column))
         if not learned:
             return []
         writes, seen = self._writes, self._seen
@@ -274,7 +276,7 @@ class Snapshot:
         first = self._first_read.setdefault((table, row), column)
         if first == column:
             return
-        predictions = self.cluster.read_predictions
+        predictions = self._parts.read_predictions
         learned = predictions.get((table, first), ())
         if column not in learned and len(learned) < PREDICTED_MAX:
             predictions[(table, first)] = (*learned, column)
@@ -303,7 +305,7 @@ class Snapshot:
             if kind is WriteKind.PUT:
                 pointers.append(Read(DATA, (column,), min_ts=data_ts, max_ts=data_ts))
         if pointers:
-            data = self.cluster.store.read_rows(table, [row], pointers).get(row, {})
+            data = self._parts.store.read_rows(table, [row], pointers).get(row, {})
             for read in pointers:
                 assert read.qualifiers is not None
                 column = read.qualifiers[0]
@@ -314,7 +316,7 @@ class Snapshot:
 
     def _newest_write(self, table: str, row: bytes, column: str) -> bytes | None:
         """The newest PUT/DELETE record at or below start_ts, skipping ROLLBACK records."""
-        cells = self.cluster.store.read_rows(
+        cells = self._parts.store.read_rows(
             table, [row], [Read(WRITE, (column,), max_ts=self.start_ts, versions=None)]
         )
         for _, record in cells.get(row, {}).get(f"{WRITE}:{column}", []):
@@ -352,8 +354,8 @@ class Snapshot:
             self._check_safe_point()  # a snapshot GC overtook reads nothing more
             return seen[key]
         extra = (self._predicted(table, row, column)
-                 if (table, column) in self.cluster.read_predictions else ())
-        census = self.cluster.lock_census
+                 if (table, column) in self._parts.read_predictions else ())
+        census = self._parts.lock_census
         if not extra and census is not None and census.clean():
             value = self._read_cell(table, row, column)
         else:
@@ -378,7 +380,7 @@ class Snapshot:
             if len(self._cell_reads) < 64:
                 self._cell_reads[column] = reads
         began = _perf_counter()
-        cells = self.cluster.store.read_rows(table, [row], reads).get(row)
+        cells = self._parts.store.read_rows(table, [row], reads).get(row)
         value = None
         if cells:
             versions = cells.get(_WRITE_PREFIX + column)
@@ -394,7 +396,7 @@ class Snapshot:
         """The present values among *columns* of one row, in one store read: a column
         with no value is left out of the result. Blocks and raises as :meth:`get`."""
         self._check_open()
-        self.cluster.check_table_exists(table)
+        self._parts.require_table(table)
         check_row(row)
         wanted = _check_columns(columns, internal=self._internal_columns)
         result: dict[str, bytes] = {}
@@ -434,7 +436,7 @@ class Snapshot:
         row is a key of the result; a row with none of the columns maps to ``{}``.
         Blocks and raises as :meth:`get`."""
         self._check_open()
-        self.cluster.check_table_exists(table)
+        self._parts.require_table(table)
         wanted = _check_columns(columns, internal=self._internal_columns)
         if isinstance(rows, bytes | str):
             raise InvalidArgument(f"rows must be an iterable of bytes rows, got {rows!r:.80}")
@@ -458,7 +460,7 @@ class Snapshot:
         # writes cover some of them must not see the stored values of those.
         missing = [c for c in wanted if any(c in cols for cols in to_read.values())]
         began = time.perf_counter()
-        stored = self.cluster.store.read_rows(table, list(to_read), self._reads(missing))
+        stored = self._parts.store.read_rows(table, list(to_read), self._reads(missing))
         for row, columns_left in to_read.items():
             cells = stored.get(row)
             if not cells:
@@ -496,7 +498,7 @@ class Snapshot:
                     print(row, len(cells["raw:html"]))
         """
         self._check_open()
-        self.cluster.check_table_exists(table)
+        self._parts.require_table(table)
         _check_bound("start", start)
         _check_bound("stop", stop)
         wanted = None if columns is None else _check_columns(
@@ -507,7 +509,7 @@ class Snapshot:
     def _scan(
         self, table: str, start: bytes | None, stop: bytes | None, columns: list[str] | None
     ) -> Iterator[tuple[bytes, dict[str, bytes]]]:
-        stored = self.cluster.store.scan(table, start, stop, self._reads(columns))
+        stored = self._parts.store.scan(table, start, stop, self._reads(columns))
         for row, cells in stored:
             if self._blocking(cells):
                 values = self._read_row(table, row, columns)

@@ -39,6 +39,7 @@ from percolator._cluster import Cluster, connect
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._coordination import LocalCoordination
 from percolator._interleaving import Actor, Interleaving, InterleavingError, Step
+from percolator._internals import internals
 from percolator._pause import PausePoint
 from percolator._transaction import TransactionBase
 
@@ -52,6 +53,7 @@ __all__ = [
     "Step",
     "client_of",
     "crash_commit",
+    "kill_client",
     "temporary_cluster",
 ]
 
@@ -75,7 +77,7 @@ class _Client(Cluster):
             if self._closed:
                 return
             self._closed = True
-        self.coordination.close()
+        internals(self).coordination.close()
 
 
 def client_of(cluster: Cluster) -> Cluster:
@@ -85,9 +87,15 @@ def client_of(cluster: Cluster) -> Cluster:
     client = _Client.__new__(_Client)
     client.__dict__.update(cluster.__dict__)
     client._lock = threading.Lock()
-    client.coordination = LocalCoordination()
-    client.stats = dict.fromkeys(cluster.stats, 0)
+    client._internals = internals(cluster).for_client(client, LocalCoordination())
     return client
+
+
+def kill_client(client: Cluster) -> None:
+    """Declare *client* (one from :func:`client_of`) dead, as if its process were
+    killed: its liveness ends, so a reader meeting its locks resolves them at once, and
+    its own next commit step raises :class:`CoordinationError`."""
+    internals(client).coordination.close()
 
 
 def crash_commit(txn: TransactionBase, point: CrashPoint) -> bool:
@@ -101,6 +109,6 @@ def crash_commit(txn: TransactionBase, point: CrashPoint) -> bool:
     try:
         commit_transaction(txn, point)
     except SimulatedCrash:
-        txn.cluster.coordination.close()
+        kill_client(txn.cluster)
         return txn.commit_ts is not None
     return True

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from percolator import InvalidArgument
+from spark_loader._compat import renamed_keyword
 from spark_loader._read import ROW_KEY, ReadError, read_table, start_ts_of
 
 if TYPE_CHECKING:
@@ -66,9 +67,10 @@ def _json_lines(columns: tuple[str, ...],
         yield json.dumps(record, ensure_ascii=False, sort_keys=True)
 
 
+@renamed_keyword("cluster_url", "url")
 def export_table(
     spark: SparkSession,
-    cluster_url: str,
+    url: str,
     table: str,
     fmt: str,
     output: str,
@@ -94,7 +96,7 @@ def export_table(
     if "://" not in local and os.path.exists(local):
         raise InvalidArgument(f"output {output!r} exists already; remove it or name another")
     began = time.monotonic()
-    df = read_table(spark, cluster_url, table, columns, start_ts, splits,
+    df = read_table(spark, url, table, columns, start_ts, splits,
                     connect_options=connect_options)
     ts = start_ts_of(df)
     names = tuple(df.columns[1:])

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import percolator
 from percolator import ConflictError, PercolatorError, SnapshotTooOldError, UnknownTableError
 from percolator._bulk import AlreadyLoaded, BulkLoad, LoadTxn, finish_rows, prewrite_rows
+from percolator._internals import internals
 from percolator.metrics import inc as _inc
 from spark_loader._records import ColumnMap, Parsed, Reject, dedupe, parse_csv, parse_json, to_cells
 
@@ -257,7 +258,7 @@ def _run(
             cluster.create_table(table)
         else:
             try:
-                cluster.check_table_exists(table)
+                internals(cluster).require_table(table)
             except UnknownTableError as e:
                 raise LoadError(f"unknown table: {e}") from e
         for column in observe:
@@ -336,7 +337,8 @@ def _run(
             log.debug("load %s: release took %.2fs", load_id[:12], time.monotonic() - released)
             if committed is not None:
                 load.mark_finished(committed)
-            cluster.sweep_locks(force=True)  # the load's locks are gone: reads skip locks again
+            # The load's locks are gone: reads skip locks again.
+            internals(cluster).sweep_locks(force=True)
             if failure is not None:
                 result.seconds = time.monotonic() - began
                 raise LoadError(f"load {load_id[:16]} into {table!r} failed, nothing of it "

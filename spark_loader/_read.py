@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any
 import percolator
 from percolator import InvalidArgument, PercolatorError
 from percolator._encoding import WRITE, check_column
+from percolator._internals import internals
 from percolator._store import SPLIT_KEYS, Read, offered
+from spark_loader._compat import renamed_keyword
 from spark_loader._job import _require_pyspark, executor_cluster
 
 if TYPE_CHECKING:
@@ -74,7 +76,7 @@ def _check_columns(columns: object) -> tuple[str, ...] | None:
 
 
 def _check_start_ts(start_ts: object, cluster: percolator.Cluster) -> int:
-    now = cluster.timestamps.get_timestamp()
+    now = internals(cluster).timestamps.get_timestamp()
     if start_ts is None:
         return now
     if isinstance(start_ts, bool) or not isinstance(start_ts, int) or start_ts <= 0:
@@ -125,7 +127,7 @@ def _sample_keys(cluster: percolator.Cluster, table: str, columns: tuple[str, ..
     rng = random.Random(0)
     sample: list[bytes] = []
     read = Read(WRITE, columns)  # rows with a committed (or resolved) change
-    for seen, (row, _) in enumerate(cluster.store.scan(table, None, None, [read])):
+    for seen, (row, _) in enumerate(internals(cluster).store.scan(table, None, None, [read])):
         if seen < size:
             sample.append(row)
         else:
@@ -148,7 +150,7 @@ def plan_ranges(cluster: percolator.Cluster, table: str, splits: int | Sequence[
     if isinstance(checked, list):
         return _ranges(checked)
     if checked is None:
-        splitting = offered(cluster.store, SPLIT_KEYS)
+        splitting = offered(internals(cluster).store, SPLIT_KEYS)
         if splitting is not None:
             store_keys = splitting.split_keys(table)
             if store_keys:
@@ -207,9 +209,10 @@ def _columns_of_partition(spec: _Spec, bounds: Iterable[Range]) -> Iterator[str]
 # --- the driver ----------------------------------------------------------------------------
 
 
+@renamed_keyword("cluster_url", "url")
 def read_table(
     spark: SparkSession,
-    cluster_url: str,
+    url: str,
     table: str,
     columns: Sequence[str] | None = None,
     start_ts: int | None = None,
@@ -217,7 +220,7 @@ def read_table(
     *,
     connect_options: Mapping[str, Any] | None = None,
 ) -> DataFrame:
-    """*table* of the cluster at *cluster_url* as a DataFrame, read at one snapshot.
+    """*table* of the cluster at *url* as a DataFrame, read at one snapshot.
 
     One DataFrame row per Percolator row that has a visible value in *columns*: the
     row key in column ``row`` (binary), then one binary column per requested
@@ -259,8 +262,8 @@ def read_table(
         raise InvalidArgument(f"spark must be a SparkSession, got {type(spark).__name__}")
     wanted = _check_columns(columns)
     options = dict(connect_options or {})
-    with percolator.connect(cluster_url, **options) as cluster:
-        cluster.check_table_exists(table)
+    with percolator.connect(url, **options) as cluster:
+        internals(cluster).require_table(table)
         ts = _check_start_ts(start_ts, cluster)
         sc = spark.sparkContext
         ranges = plan_ranges(cluster, table, splits, default_parts=2 * sc.defaultParallelism,
@@ -274,7 +277,7 @@ def read_table(
             next(probe, None)
         finally:
             getattr(probe, "close", lambda: None)()  # an HBase scanner, say
-    spec = _Spec(cluster_url, tuple(sorted(options.items())), table, wanted, ts)
+    spec = _Spec(url, tuple(sorted(options.items())), table, wanted, ts)
     bounds = sc.parallelize(ranges, len(ranges))
     if wanted is None:
         sc.setJobDescription(f"percolator read {table}@{ts}: columns")

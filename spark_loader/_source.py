@@ -57,6 +57,7 @@ from percolator._bulk import (
     refresh_primary,
 )
 from percolator._encoding import check_column
+from percolator._internals import internals
 from spark_loader._job import MAX_REJECTS_KEPT, LoadError, executor_cluster
 from spark_loader._read import (
     ROW_KEY,
@@ -175,7 +176,7 @@ def snapshot_ts(url: str, **connect_options: Any) -> int:
     """A fresh start timestamp of the cluster at *url*: pass it as the ``startTs``
     option of several reads to read them all at one snapshot (a repeatable read)."""
     with percolator.connect(url, **connect_options) as cluster:
-        return cluster.timestamps.get_timestamp()
+        return internals(cluster).timestamps.get_timestamp()
 
 
 # --- values <-> Spark types ----------------------------------------------------------------
@@ -369,7 +370,7 @@ class PercolatorReader(DataSourceReader):  # type: ignore[misc]
         part = KeyRangePartition
         options = self.options
         with options.cluster() as cluster:
-            cluster.check_table_exists(options.table)
+            internals(cluster).require_table(options.table)
             ts = _check_start_ts(self.start_ts, cluster)
             if self.range.keys is not None:
                 keys = sorted(k for k in self.range.keys
@@ -520,7 +521,7 @@ class PercolatorWriter(DataSourceWriter):  # type: ignore[misc]
             if options.get("createtable", bool, True):
                 cluster.create_table(options.table)
             else:
-                cluster.check_table_exists(options.table)
+                internals(cluster).require_table(options.table)
             for column in observe:
                 cluster.observe(options.table, column)
             load = BulkLoad(cluster, options.table, self.load_id)
@@ -575,7 +576,7 @@ class PercolatorWriter(DataSourceWriter):  # type: ignore[misc]
                                                        rejects=rejected))
                     load.finish_leftovers(AlreadyLoaded(self.load_id, self.txn.start_ts,
                                                         commit_ts, {}))
-                    cluster.sweep_locks(force=True)
+                    internals(cluster).sweep_locks(force=True)
             except (ConflictError, SnapshotTooOldError) as e:
                 load.abort()
                 failure = str(e)

@@ -6,8 +6,12 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+import percolator
+from percolator._internals import internals
 
 
 def _isort_key(name: str) -> tuple[int, str]:
@@ -41,3 +45,35 @@ def test_embedded_default_imports_no_optional_dependency() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+CLUSTER_SURFACE = {
+    # what an application does with a repository (as FoundationDB's Database): tables,
+    # transactions and snapshots, observed columns, garbage collection, its options, close
+    "close", "closed", "create_table", "drop_table", "gc", "is_observed", "lock_ttl",
+    "observe", "observed_columns", "one_phase_commit", "snapshot", "table_exists", "tables",
+    "transaction", "url",
+}
+
+
+def test_the_cluster_shows_an_application_only_its_surface(tmp_path: Path) -> None:
+    """The store, timestamps, coordination, counters and the worker's hooks are reached
+    through percolator._internals.internals(cluster), not as public attributes: a new
+    public name on Cluster fails here until it is added on purpose."""
+    with percolator.connect(f"sqlite:///{tmp_path}/repo.db") as cluster:
+        public = {n for n in dir(cluster) if not n.startswith("_")}
+        assert public == CLUSTER_SURFACE
+        parts = internals(cluster)
+        assert parts is internals(cluster) and parts.cluster is cluster
+        assert cluster.url == parts.store.url == f"sqlite:///{tmp_path}/repo.db"
+        cluster.create_table("t")
+        assert cluster.table_exists("t") is True
+        assert cluster.table_exists("nope") is False
+        with pytest.raises(percolator.InvalidArgument):
+            cluster.table_exists("bad name")
+        with pytest.raises(percolator.UnknownTableError):
+            parts.require_table("nope")
+        with cluster.snapshot() as snap:
+            assert snap.get("t", b"r", "c:q") is None
+    with pytest.raises(percolator.InvalidArgument, match=r"needs a percolator\.Cluster"):
+        internals(object())  # type: ignore[arg-type]

@@ -7,11 +7,13 @@ import threading
 import pytest
 
 import percolator
+from percolator._internals import internals
 from percolator.testing import (
     Interleaving,
     InterleavingError,
     PausePoint,
     client_of,
+    kill_client,
     temporary_cluster,
 )
 
@@ -20,13 +22,36 @@ def test_closing_a_client_declares_it_dead_and_leaves_the_cluster_open() -> None
     with temporary_cluster() as cluster:
         cluster.create_table("t")
         client = client_of(cluster)
-        owner = client.coordination.current_owner()
-        assert cluster.coordination.is_alive(owner)
+        owner = internals(client).coordination.current_owner()
+        mine = internals(cluster).coordination.current_owner()
+        assert owner != mine and internals(cluster).coordination.is_alive(owner)
+        assert internals(client).stats is not internals(cluster).stats
+        assert internals(client).store is internals(cluster).store
         client.close()
-        assert cluster.coordination.is_alive(owner) is False
+        assert internals(cluster).coordination.is_alive(owner) is False
+        assert internals(cluster).coordination.is_alive(mine)  # only the client died
         with percolator.Transaction(cluster) as txn:  # the shared store is still open
             txn.set("t", b"r", "c:q", b"v")
         assert percolator.Transaction(cluster).get("t", b"r", "c:q") == b"v"
+
+
+def test_kill_client_declares_it_dead_and_its_locks_are_resolved() -> None:
+    with temporary_cluster() as cluster:
+        cluster.create_table("t")
+        with Interleaving(cluster) as world:
+            client = client_of(cluster)  # made inside: its store calls are the world's
+            client.one_phase_commit = False
+            txn = percolator.Transaction(client)
+            txn.set("t", b"r", "c:q", b"v")
+            t1 = world.actor("T1", txn.commit, clients=[client])
+            t1.run_until(lambda step: step.matches("timestamp"))  # locked, not committed
+            kill_client(client)
+            with percolator.Snapshot(cluster) as snap:  # meets the dead owner's lock
+                assert snap.get("t", b"r", "c:q") is None
+            with pytest.raises(percolator.CoordinationError):
+                t1.finish()
+        mine = internals(cluster).coordination.current_owner()
+        assert internals(cluster).coordination.is_alive(mine)  # only the client died
 
 
 # --- Interleaving and PausePoint ---------------------------------------------------------
@@ -100,14 +125,14 @@ def test_actors_are_made_inside_the_block_only() -> None:
 def test_a_scan_is_a_step_per_row_and_the_store_is_restored_after() -> None:
     with temporary_cluster() as cluster:
         _bank(cluster)
-        store = cluster.store
+        store = internals(cluster).store
         with Interleaving(cluster) as world:
             scanner = world.actor(
                 "S", lambda: list(percolator.Snapshot(cluster).scan("t", columns=["c:v"]))
             )
             assert len(scanner.finish()) == 2
             assert [s.op for s in scanner.steps].count("scan") == 3  # the call, then a row each
-        assert cluster.store is store
+        assert internals(cluster).store is store
 
 
 def test_a_pause_point_parks_the_first_arrivals_until_released() -> None:

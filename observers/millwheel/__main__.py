@@ -23,6 +23,7 @@ from observers import Worker
 from observers._recipes import load_pipeline, run_command
 from observers.millwheel._model import END_OF_TIME
 from observers.millwheel._pipeline import Pipeline
+from percolator._internals import internals
 
 
 def _mark(ms: int) -> str:
@@ -51,18 +52,18 @@ def main(argv: list[str] | None = None) -> int:
                        threads=args.threads).run()
                 return 0
             if args.command == "status":
-                print(f"millwheel pipeline {pipeline.name} on {cluster.store.url}")
+                print(f"millwheel pipeline {pipeline.name} on {internals(cluster).store.url}")
                 for s in pipeline.status():
                     print(f"{s.name}:\n  input watermark: {_mark(s.input_watermark)}\n"
                           f"  low watermark:   {_mark(s.low_watermark)}\n"
                           f"  pending records: {s.pending}\n  armed timers:    {s.timers}\n"
                           f"  late records:    {s.late}")
                 return 0
-            problems = pipeline.verify()
-            for problem in problems:
+            report = pipeline.verify()
+            for problem in report.problems:
                 print(problem)
-            print("OK" if not problems else "VIOLATIONS FOUND")
-            return 1 if problems else 0
+            print("OK" if report.ok else "VIOLATIONS FOUND")
+            return 0 if report.ok else 1
     return run_command(body)
 
 

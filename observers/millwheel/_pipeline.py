@@ -40,7 +40,7 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from observers import Observer, Periodic
+from observers import Observer, Periodic, VerifyReport
 from observers._recipes import bind, check_pipeline
 from observers.millwheel._model import (
     END_OF_TIME,
@@ -52,6 +52,7 @@ from observers.millwheel._model import (
     Timer,
 )
 from percolator import Cluster, InvalidArgument, Snapshot, TransactionBase, transactional
+from percolator._internals import internals
 
 __all__ = ["MAX_RECORDS_PER_RUN", "Pipeline", "Status"]
 
@@ -295,9 +296,10 @@ class Pipeline:
                 found.append(Status(name, w_in, w_low, pending, timers, late))
         return found
 
-    def verify(self) -> list[str]:
-        """Problems found: the pending index and the ``in:`` cells, the timer index and
-        the ``t:`` cells must match exactly. Empty when all is well."""
+    def verify(self) -> VerifyReport:
+        """Check over a snapshot that the pending index and the ``in:`` cells, and the
+        timer index and the ``t:`` cells, match exactly; a problem per node and index
+        that do not."""
         problems = []
         with Snapshot(self.cluster) as snap:
             for name, node in self.nodes.items():
@@ -318,10 +320,10 @@ class Pipeline:
                 if cells_t != index_t:
                     problems.append(f"{name}: {len(cells_t ^ index_t)} timer(s) and index "
                                     "rows disagree")
-        return problems
+        return VerifyReport(problems)
 
     def __repr__(self) -> str:
-        return f"<millwheel.Pipeline {self.name} on {self.cluster.store.url}>"
+        return f"<millwheel.Pipeline {self.name} on {internals(self.cluster).store.url}>"
 
 
 def _check_name(what: str, name: object) -> None:
@@ -564,8 +566,8 @@ class _KeyRunner(Observer):
 
     def __init__(self, p: Pipeline, node: _Node) -> None:
         self.pipeline, self.node = p, node
-        self.table, self.column = node.table, WAKE  # type: ignore[misc]
-        self.name = f"mw.{p.name}.{node.computation.name}"  # type: ignore[misc]
+        self.table, self.column = node.table, WAKE
+        self.name = f"mw.{p.name}.{node.computation.name}"
 
     def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
         run = _KeyRun(txn, self.pipeline, self.node, row)

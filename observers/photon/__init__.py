@@ -7,11 +7,12 @@ registering an event and writing its output are separate steps. Here both are on
 snapshot-isolation transaction, so exactly-once holds at every commit::
 
     import time
+    from datetime import timedelta
     from observers import Worker, photon
 
     clicks = photon.JoinPipeline(cluster, "clicks", photon.JsonAdapter(
         foreign_id="click_id", primary_id="query_id", primary_ref="query_id", time="ts"),
-        unjoinable_after=3600, retention_days=3)
+        unjoinable_after=3600, retention=timedelta(days=3))
     clicks.create()
     ts = int(time.time() * 1000)                         # milliseconds
     clicks.log_primary(cluster, [{"query_id": "q1", "ts": ts, "text": "shoes"}])

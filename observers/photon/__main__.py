@@ -21,6 +21,7 @@ import logging
 import struct
 import sys
 import time
+from datetime import timedelta
 from typing import Any
 
 import percolator
@@ -29,6 +30,7 @@ from observers._recipes import load_object, run_command
 from observers.photon._adapter import Adapter, JsonAdapter
 from observers.photon._pipeline import JoinPipeline, State, iter_jsonl
 from percolator import Snapshot
+from percolator._internals import internals
 from percolator._notifications import quarantined
 
 
@@ -44,8 +46,9 @@ def _create(cluster: percolator.Cluster, args: argparse.Namespace) -> int:
     adapter = _adapter(args.adapter) or JsonAdapter(
         foreign_id=args.foreign_id, primary_id=args.primary_id, primary_ref=args.primary_ref,
         time=args.time)
+    retention = None if args.retention_days is None else timedelta(days=args.retention_days)
     JoinPipeline(cluster, args.name, adapter, unjoinable_after=args.unjoinable_after,
-                 retention_days=args.retention_days).create()
+                 retention=retention).create()
     print(f"created photon pipeline {args.name}")
     return 0
 
@@ -68,7 +71,7 @@ def _status(p: JoinPipeline, args: argparse.Namespace) -> int:
     with Snapshot(p.cluster) as snap:
         boundary = p.boundary_ms(snap)
         waiting = [row for row, _ in snap.scan(p.deadlines, None, None, ["d:x"])]
-    print(f"photon pipeline {p.name} on {p.cluster.store.url}")
+    print(f"photon pipeline {p.name} on {internals(p.cluster).store.url}")
     print(f"events: {report.events}")
     for state in State:
         print(f"  {state.value}: {report.by_state.get(state.value, 0)}")
@@ -87,10 +90,8 @@ def _verify(p: JoinPipeline, args: argparse.Namespace) -> int:
     report = p.verify()
     print(f"events: {report.events} {report.by_state}; in flight: {report.in_flight}; "
           f"quarantined: {len(report.quarantined)}")
-    for label, ids in (("duplicate output", report.duplicates),
-                       ("output and state disagree", report.orphans),
-                       ("never to be processed", report.missing)):
-        print(f"{label}: {len(ids)}" + "".join(f"\n  {i!r}" for i in ids[:20]))
+    for line in report.counts():
+        print(line)
     print("OK" if report.ok else "VIOLATIONS FOUND")
     return 0 if report.ok else 1
 

@@ -51,17 +51,21 @@ import json
 import logging
 import struct
 import time
+import warnings
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from observers import Observer, Periodic
-from observers._recipes import check_pipeline
+from observers import VerifyReport as _SharedReport
+from observers._recipes import check_pipeline, seconds
 from observers.photon._adapter import Adapter, BadEvent, JsonAdapter
 from observers.photon._events import LOGGED, EventStore
 from percolator import Cluster, InvalidArgument, Snapshot, TransactionBase, transactional
+from percolator._internals import internals
 from percolator._notifications import pending_notifications, quarantined
 from percolator._recipe_support import committed_puts
 
@@ -88,8 +92,40 @@ def row_key(event_id: bytes) -> bytes:
     return b"%02x/" % (zlib.crc32(event_id) & 0xFF) + event_id
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
+def _deprecated_options(
+    options: dict[str, Any], retention: float | timedelta | None,
+    now: Callable[[], float] | None,
+) -> tuple[float | timedelta | None, Callable[[], float] | None]:
+    """*retention* and *now* with the first release's ``retention_days`` (days) and
+    ``clock`` (milliseconds) folded in, each with a warning."""
+    if "retention_days" in options:
+        days = options.pop("retention_days")
+        if retention is not None:
+            raise InvalidArgument("pass retention (seconds or a timedelta), not also "
+                                  "its old form retention_days")
+        warnings.warn("JoinPipeline(retention_days=N) is deprecated: pass "
+                      "retention=timedelta(days=N) (or seconds)", DeprecationWarning,
+                      stacklevel=3)
+        if days is not None:
+            if isinstance(days, bool) or not isinstance(days, int | float) or days <= 0:
+                raise InvalidArgument(f"retention_days must be positive or None, got {days!r}")
+            retention = timedelta(days=days)
+    if "clock" in options:
+        clock = options.pop("clock")
+        if now is not None:
+            raise InvalidArgument("pass now (seconds), not also its old form clock")
+        warnings.warn("JoinPipeline(clock=...) (milliseconds) is deprecated: pass now=... "
+                      "returning seconds, as time.time", DeprecationWarning, stacklevel=3)
+        if clock is not None:
+            if not callable(clock):
+                raise InvalidArgument(f"clock must be a callable returning ms, got {clock!r:.80}")
+            def now_of_clock() -> float:  # _now_ms's round() gives clock()'s ms back
+                return float(clock()) / 1000
+
+            now = now_of_clock
+    if options:
+        raise InvalidArgument(f"JoinPipeline got unknown option(s) {sorted(options)}")
+    return retention, now
 
 
 class State(enum.Enum):
@@ -127,8 +163,10 @@ class IngestResult:
 
 
 @dataclass
-class VerifyReport:
-    """What :meth:`JoinPipeline.verify` found; :attr:`ok` when no invariant is broken."""
+class VerifyReport(_SharedReport):
+    """What :meth:`JoinPipeline.verify` found: the shared report's :attr:`problems`
+    (one line per kind of violation, naming up to 20 ids) with the ids and counts behind
+    them; :attr:`ok` when no invariant is broken."""
 
     events: int = 0
     by_state: dict[str, int] = field(default_factory=dict)
@@ -144,9 +182,23 @@ class VerifyReport:
     in_flight: int = 0
     """Undecided events with a pending notification (not a violation; workers busy)."""
 
-    @property
-    def ok(self) -> bool:
-        return not (self.duplicates or self.orphans or self.missing)
+    def counts(self) -> list[str]:
+        """One line per kind of violation, with its count (0 too) and up to 20 ids:
+        what ``python -m observers.photon verify`` prints."""
+        return [_violation(label, ids) for label, ids in self._kinds()]
+
+    def _kinds(self) -> tuple[tuple[str, list[bytes]], ...]:
+        return (("duplicate output", self.duplicates),
+                ("output and state disagree", self.orphans),
+                ("never to be processed", self.missing))
+
+    def _found(self) -> None:
+        """Fill :attr:`problems`: a line per kind of violation found."""
+        self.problems[:] = [_violation(label, ids) for label, ids in self._kinds() if ids]
+
+
+def _violation(label: str, ids: list[bytes]) -> str:
+    return f"{label}: {len(ids)}" + "".join(f"\n  {i!r}" for i in ids[:20])
 
 
 @dataclass(frozen=True)
@@ -163,23 +215,31 @@ class JoinPipeline:
     """Joins foreign events with the primary events they reference, exactly once
     (Photon, seed 000, on Percolator transactions)::
 
+        from datetime import timedelta
         from observers import Worker, photon
 
         clicks = photon.JoinPipeline(cluster, "clicks", photon.JsonAdapter(
             foreign_id="click_id", primary_id="query_id", primary_ref="query_id",
-            time="ts"), unjoinable_after=3 * 3600, retention_days=3)
+            time="ts"), unjoinable_after=3 * 3600, retention=timedelta(days=3))
         clicks.create()
         clicks.log_primary(cluster, [{"query_id": "q1", "ts": 1700000000000}])
         clicks.log_foreign(cluster, [{"click_id": "c1", "query_id": "q1", "ts": 1700000000000}])
         Worker(cluster, clicks.observers(), tasks=clicks.tasks()).run()
 
-    *unjoinable_after* (seconds after the foreign event's time, or after it first
-    waited when it has none) is how long an event waits for its primary;
-    *retention_days* (None: forever) how long events are kept and deduplicated: an
-    event older than that is refused as too late. *sweep_interval* is how often
-    deadlines are checked. *clock* (milliseconds since the epoch; default the host's)
-    is what this process's joiner, sweep and retention read: hosts may disagree, and
-    that changes only when an event is given up, never whether.
+    Durations are seconds (int or float) or :class:`~datetime.timedelta`:
+    *unjoinable_after* (after the foreign event's time, or after it first waited when
+    it has none) is how long an event waits for its primary; *retention* (None:
+    forever) how long events are kept and deduplicated: an event older than that is
+    refused as too late. *sweep_interval* is how often deadlines are checked. *now*
+    (seconds since the epoch, as :func:`time.time`, which is the default) is the clock
+    this process's joiner, sweep and retention read: hosts may disagree, and that
+    changes only when an event is given up, never whether. (Event times, in the events
+    and in :meth:`sweep` and :meth:`apply_retention`, are milliseconds since the epoch.)
+
+    The old ``retention_days=`` (days) and ``clock=`` (a callable returning
+    milliseconds) still work, with a :class:`DeprecationWarning`.
+
+    :raises InvalidArgument: for a bad argument, naming it.
     """
 
     def __init__(
@@ -188,30 +248,26 @@ class JoinPipeline:
         name: str,
         adapter: Adapter,
         *,
-        unjoinable_after: float,
-        retention_days: float | None = None,
-        sweep_interval: float = 1.0,
-        clock: Callable[[], int] | None = None,
+        unjoinable_after: float | timedelta,
+        retention: float | timedelta | None = None,
+        sweep_interval: float | timedelta = 1.0,
+        now: Callable[[], float] | None = None,
+        **deprecated: Any,
     ) -> None:
         check_pipeline("JoinPipeline", cluster, name)
         if not isinstance(adapter, Adapter):
             raise InvalidArgument(f"adapter must implement photon.Adapter, got {adapter!r:.80}")
-        if not isinstance(unjoinable_after, int | float) or unjoinable_after <= 0:
-            raise InvalidArgument(f"unjoinable_after must be a positive number of seconds, "
-                                  f"got {unjoinable_after!r}")
-        if retention_days is not None and (
-                not isinstance(retention_days, int | float) or retention_days <= 0):
-            raise InvalidArgument(
-                f"retention_days must be positive or None, got {retention_days!r}")
+        retention, now = _deprecated_options(deprecated, retention, now)
         self.cluster = cluster
         self.name = name
         self.adapter = adapter
-        self.unjoinable_after_ms = int(unjoinable_after * 1000)
-        self.retention_days = retention_days
-        self.sweep_interval = sweep_interval
-        if clock is not None and not callable(clock):
-            raise InvalidArgument(f"clock must be a callable returning ms, got {clock!r:.80}")
-        self.clock = clock or _now_ms
+        self.unjoinable_after = seconds("unjoinable_after", unjoinable_after)
+        self.retention = None if retention is None else seconds("retention", retention)
+        self.sweep_interval = seconds("sweep_interval", sweep_interval)
+        if now is not None and not callable(now):
+            raise InvalidArgument(f"now must be a callable returning seconds, got {now!r:.80}")
+        self.now: Callable[[], float] = now or time.time
+        self._unjoinable_after_ms = round(self.unjoinable_after * 1000)
         self.events = EventStore()
         """Where the joiner looks up primaries kept as log references (an index
         :class:`LogFeed`); replace it to size its cache."""
@@ -219,6 +275,10 @@ class JoinPipeline:
         self.foreign, self.primary, self.joined_table, self.deadlines, self.meta = (
             prefix + part for part in ("foreign", "primary", "joined", "deadlines", "meta"))
         self._created = False
+
+    def _now_ms(self) -> int:
+        """*now* in the events' unit, milliseconds since the epoch."""
+        return round(self.now() * 1000)
 
     # --- set-up -----------------------------------------------------------------------
 
@@ -229,8 +289,10 @@ class JoinPipeline:
         for table in (self.foreign, self.primary, self.joined_table, self.deadlines, self.meta):
             self.cluster.create_table(table)
         self.cluster.observe(self.foreign, RAW)
-        config: dict[str, Any] = {"unjoinable_after_ms": self.unjoinable_after_ms,
-                  "retention_days": self.retention_days}
+        # The stored keys and units are the first release's: pipelines made by it open.
+        config: dict[str, Any] = {
+            "unjoinable_after_ms": self._unjoinable_after_ms,
+            "retention_days": None if self.retention is None else self.retention / 86_400}
         if isinstance(self.adapter, JsonAdapter):
             config["json_adapter"] = self.adapter.fields
         _write_config(self.cluster, self.meta, json.dumps(config, sort_keys=True).encode())
@@ -243,7 +305,7 @@ class JoinPipeline:
         *adapter* is given)."""
         meta = f"photon.{name}.meta"
         if meta not in cluster.tables():
-            raise InvalidArgument(f"no photon pipeline {name!r} in {cluster.store.url}: "
+            raise InvalidArgument(f"no photon pipeline {name!r} in {internals(cluster).store.url}: "
                                   "create() it first")
         raw = Snapshot(cluster).get(meta, b"config", "m:config")
         config = json.loads(raw or b"{}")
@@ -254,7 +316,9 @@ class JoinPipeline:
                                       "(--adapter package.module:NAME)")
             adapter = JsonAdapter(**fields)
         options.setdefault("unjoinable_after", config.get("unjoinable_after_ms", 3_600_000) / 1000)
-        options.setdefault("retention_days", config.get("retention_days"))
+        if "retention_days" not in options:  # an old caller's, which warns
+            days = config.get("retention_days")
+            options.setdefault("retention", None if days is None else days * 86_400)
         pipeline = cls(cluster, name, adapter, **options)
         pipeline._created = True
         return pipeline
@@ -275,7 +339,7 @@ class JoinPipeline:
         retention pass (hourly), for ``Worker(..., tasks=...)``."""
         found = [Periodic(self.cluster, f"photon.{self.name}.sweep", self.sweep,
                           interval=self.sweep_interval)]
-        if self.retention_days is not None:
+        if self.retention is not None:
             found.append(Periodic(self.cluster, f"photon.{self.name}.retention",
                                   self.apply_retention, interval=3600))
         return found
@@ -288,7 +352,7 @@ class JoinPipeline:
         if isinstance(events, bytes | str | Mapping):
             raise InvalidArgument("events must be an iterable of events, not a single event")
         prepared, rejected = [], []
-        limit = self.clock() + MAX_SKEW_MS
+        limit = self._now_ms() + MAX_SKEW_MS
         read_id = self.adapter.foreign_id if foreign else self.adapter.primary_id
         for i, event in enumerate(events):
             if isinstance(event, Mapping):
@@ -365,7 +429,7 @@ class JoinPipeline:
     def sweep(self, now_ms: int | None = None) -> int:
         """Wake every waiting event whose deadline has passed (the joiner then marks it
         unjoinable, or joins it if its primary came meanwhile). Returns how many."""
-        now = self.clock() if now_ms is None else now_ms
+        now = self._now_ms() if now_ms is None else now_ms
         with Snapshot(self.cluster) as snap:
             due = [row for row, _ in snap.scan(self.deadlines, None, _MS.pack(now + 1),
                                                [DEADLINE])]
@@ -374,14 +438,14 @@ class JoinPipeline:
         return len(due)
 
     def apply_retention(self, now_ms: int | None = None) -> int:
-        """Move the retention boundary to now - retention_days (never back), then delete
+        """Move the retention boundary to now - retention (never back), then delete
         every event older than it, with its output and deadline, and every placeholder
         whose waiters' last deadline is older than it. Returns how many rows went."""
-        if self.retention_days is None:
+        if self.retention is None:
             return 0
-        now = self.clock() if now_ms is None else now_ms
+        now = self._now_ms() if now_ms is None else now_ms
         boundary = _advance_boundary(self.cluster, self,
-                                     now - int(self.retention_days * 86_400_000))
+                                     now - round(self.retention * 1000))
         removed = 0
         for table in (self.foreign, self.primary):
             with Snapshot(self.cluster) as snap:
@@ -434,6 +498,7 @@ class JoinPipeline:
         puts = committed_puts(cluster, self.joined_table, sorted(outputs), JOINED)
         report.duplicates += [row[3:] for row, commits in sorted(puts.items())
                               if len(commits) > 1]
+        report._found()
         return report
 
     def rejoin(self, state: State) -> int:
@@ -450,7 +515,7 @@ class JoinPipeline:
         return len(rows)
 
     def __repr__(self) -> str:
-        return f"<photon.JoinPipeline {self.name} on {self.cluster.store.url}>"
+        return f"<photon.JoinPipeline {self.name} on {internals(self.cluster).store.url}>"
 
 
 _STATE_TAG = {State.UNJOINABLE: b"U", State.SKIPPED: b"S"}
@@ -599,7 +664,7 @@ def join_event(txn: TransactionBase, p: JoinPipeline, row: bytes, now_ms: int) -
         deadline = _MS.unpack(wait[:8])[0]
     else:
         when = cells.get(TIME)
-        deadline = (_MS.unpack(when)[0] if when else now_ms) + p.unjoinable_after_ms
+        deadline = (_MS.unpack(when)[0] if when else now_ms) + p._unjoinable_after_ms
     # The sweep's j:due decides, not this host's clock: it deleted the deadline row,
     # so an event still "in time" here would never be woken again.
     if DUE in cells or now_ms >= deadline:
@@ -684,13 +749,13 @@ class _Joiner(Observer):
 
     def __init__(self, pipeline: JoinPipeline) -> None:
         self.pipeline = pipeline
-        self.table, self.column = pipeline.foreign, RAW  # type: ignore[misc]
-        self.name = f"photon.{pipeline.name}.joiner"  # type: ignore[misc]
+        self.table, self.column = pipeline.foreign, RAW
+        self.name = f"photon.{pipeline.name}.joiner"
         self.wasted = 0
         """Runs that found the event decided already (duplicate inputs, reruns)."""
 
     def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
-        if not join_event(txn, self.pipeline, row, self.pipeline.clock()):
+        if not join_event(txn, self.pipeline, row, self.pipeline._now_ms()):
             self.wasted += 1
 
 

@@ -27,10 +27,19 @@ is exactly-once: docs/ubiq.md.
 from observers.ubiq._pipeline import (
     Application,
     BadRecord,
+    CoverageReport,
     LogPipeline,
     Output,
     Record,
     WorkUnit,
 )
 
-__all__ = ["Application", "BadRecord", "LogPipeline", "Output", "Record", "WorkUnit"]
+__all__ = [
+    "Application",
+    "BadRecord",
+    "CoverageReport",
+    "LogPipeline",
+    "Output",
+    "Record",
+    "WorkUnit",
+]

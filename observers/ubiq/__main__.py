@@ -28,6 +28,7 @@ from observers import Worker
 from observers._recipes import load_pipeline, run_command
 from observers.ubiq._pipeline import LogPipeline
 from percolator import InvalidArgument, Snapshot
+from percolator._internals import internals
 
 
 def _track(p: LogPipeline, site: str) -> int:
@@ -49,7 +50,7 @@ def _status(p: LogPipeline) -> int:
             state = cells.get("u:state", b"?").decode()
             states[state] = states.get(state, 0) + 1
             leased += "u:lease" in cells
-    print(f"ubiq pipeline {p.name} on {p.cluster.store.url}")
+    print(f"ubiq pipeline {p.name} on {internals(p.cluster).store.url}")
     print(f"files: {len(files)}, bytes tracked: "
           f"{sum(int(c.get('f:size', b'0')) for _, c in files):,}, cut: "
           f"{sum(int(c.get('f:cut', b'0')) for _, c in files):,}")
@@ -65,12 +66,11 @@ def _status(p: LogPipeline) -> int:
 
 
 def _verify(p: LogPipeline) -> int:
-    report = p.coverage()
-    bad = {name: problems for name, problems in report.items() if problems}
-    for name, problems in sorted(bad.items()):
-        print(f"{name}: " + "; ".join(problems))
-    print(f"{len(report)} file(s); " + ("OK" if not bad else "VIOLATIONS FOUND"))
-    return 1 if bad else 0
+    report = p.verify()
+    for problem in report.problems:
+        print(problem)
+    print(f"{len(report.files)} file(s); " + ("OK" if report.ok else "VIOLATIONS FOUND"))
+    return 0 if report.ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from observers import Observer, Periodic
+from observers import Observer, Periodic, VerifyReport
 from observers._logs import HEAD_BYTES, Record, matching_files, read_records, refusal
 from observers._logs import complete_size as _complete_size
 from observers._logs import head_digest as _head
@@ -72,10 +72,13 @@ from percolator import (
     TransactionBase,
     transactional,
 )
+from percolator._internals import internals
 from percolator._notifications import ack_column, pending_notifications
 from percolator._observer_hooks import internal_columns
 
-__all__ = ["Application", "BadRecord", "LogPipeline", "Output", "Record", "WorkUnit"]
+__all__ = [
+    "Application", "BadRecord", "CoverageReport", "LogPipeline", "Output", "Record", "WorkUnit",
+]
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +148,15 @@ class Output:
         self._staging.mkdir(parents=True, exist_ok=True)
         self.files.append(name)
         return open(self._staging / name, "wb")
+
+
+@dataclass
+class CoverageReport(VerifyReport):
+    """What :meth:`LogPipeline.verify` found: the shared report's :attr:`problems`
+    (a line per file whose coverage is wrong) and :attr:`files`, every tracked file
+    with what is wrong with it (:meth:`LogPipeline.coverage`)."""
+
+    files: dict[str, list[str]] = field(default_factory=dict)
 
 
 class Application:
@@ -334,7 +346,8 @@ class LogPipeline:
             home = None if late else cells.get("u:home", b"").decode()
             if "u:lease" in cells:
                 owner, expires = _lease(cells["u:lease"])
-                if expires > now and self.cluster.coordination.is_alive(owner) is not False:
+                if expires > now and (
+                        internals(self.cluster).coordination.is_alive(owner) is not False):
                     continue  # a live owner's lease in force: the unit is in hand
                 due.append((row, self.ready_columns(home)))
             elif late:
@@ -444,6 +457,15 @@ class LogPipeline:
             report[name] = problems
         return report
 
+    def verify(self) -> CoverageReport:
+        """:meth:`coverage` as the recipes' report: a problem per file not exactly
+        covered."""
+        files = self.coverage()
+        return CoverageReport(
+            [f"{name}: " + "; ".join(found) for name, found in sorted(files.items()) if found],
+            files,
+        )
+
     def quarantined(self) -> list[tuple[str, int, int, str]]:
         """``(file, begin, end, error)`` of every quarantined range."""
         found = []
@@ -458,7 +480,7 @@ class LogPipeline:
         _retry(self.cluster, self, unit_row(name, begin))
 
     def __repr__(self) -> str:
-        return f"<ubiq.LogPipeline {self.name} on {self.cluster.store.url}>"
+        return f"<ubiq.LogPipeline {self.name} on {internals(self.cluster).store.url}>"
 
 
 def _lease(raw: bytes) -> tuple[str, int]:
@@ -673,7 +695,7 @@ def _lease_unit(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str, no
     if "u:lease" in cells:
         holder, expires = _lease(cells["u:lease"])
         if (holder != owner or not renew) and expires > now and \
-                p.cluster.coordination.is_alive(holder) is not False:
+                internals(p.cluster).coordination.is_alive(holder) is not False:
             return None
     txn.set(p.units, row, "u:lease", json.dumps(
         {"owner": owner, "expires": now + p.local_eta_ms}).encode())
@@ -841,8 +863,8 @@ def publish(p: LogPipeline, row: bytes, attempt: str, files: list[str]) -> None:
 class _Cutter(Observer):
     def __init__(self, p: LogPipeline) -> None:
         self.pipeline = p
-        self.table, self.column = p.files, "f:size"  # type: ignore[misc]
-        self.name = f"ubiq.{p.name}.cutter"  # type: ignore[misc]
+        self.table, self.column = p.files, "f:size"
+        self.name = f"ubiq.{p.name}.cutter"
 
     def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
         cut_file(txn, self.pipeline, row.decode(), _now_ms())
@@ -864,14 +886,14 @@ class _Processor(Observer):
 
     def __init__(self, p: LogPipeline, site: str, parallel: int = 2) -> None:
         self.pipeline, self.site = p, site
-        self.table, self.column = p.units, p.ready_columns(site)[0]  # type: ignore[misc]
-        self.name = f"ubiq.{p.name}.processor"  # type: ignore[misc]
+        self.table, self.column = p.units, p.ready_columns(site)[0]
+        self.name = f"ubiq.{p.name}.processor"
         self._slots = threading.BoundedSemaphore(parallel)
 
     def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
         self._slots.acquire()  # back-pressure: at most *parallel* units in flight
         try:
-            owner = self.pipeline.cluster.coordination.current_owner()
+            owner = internals(self.pipeline.cluster).coordination.current_owner()
             # Not renewing our own live lease: a thread of this process holds the unit
             # (this is a rerun after a conflict with its lease, or a stray wake-up).
             taken = _lease_unit(txn, self.pipeline, row, owner, _now_ms(), renew=False)
@@ -901,8 +923,8 @@ class _Dispatcher(Observer):
 
     def __init__(self, p: LogPipeline) -> None:
         self.pipeline = p
-        self.table, self.column = p.units, "u:commit"  # type: ignore[misc]
-        self.name = f"ubiq.{p.name}.dispatcher"  # type: ignore[misc]
+        self.table, self.column = p.units, "u:commit"
+        self.name = f"ubiq.{p.name}.dispatcher"
 
     def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
         raw = txn.get(self.pipeline.units, row, "u:commit")

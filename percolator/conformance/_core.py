@@ -11,6 +11,7 @@ from typing import Any
 
 from percolator._cluster import Cluster, connect
 from percolator._encoding import Lock, decode_lock
+from percolator._internals import internals
 from percolator._store import Read
 from percolator._tls import TlsConfig, add_zookeeper_tls_arguments, zookeeper_tls_from_arguments
 
@@ -140,7 +141,7 @@ def unresolved_locks(cluster: Cluster, tables: list[str], start: bytes | None = 
     """
     found = []
     for table in tables:
-        for row, cells in cluster.store.scan(table, start, stop, [Read("l")]):
+        for row, cells in internals(cluster).store.scan(table, start, stop, [Read("l")]):
             for column, versions in cells.items():
                 state = decode_lock(versions[0][1])
                 if isinstance(state, Lock):

@@ -23,6 +23,7 @@ import time
 
 import percolator
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
+from percolator._internals import internals
 
 
 def lock(store: str, zookeeper: str, ttl: float) -> None:
@@ -37,7 +38,7 @@ def lock(store: str, zookeeper: str, ttl: float) -> None:
         commit_transaction(txn, CrashPoint("prewrite", 1))
     except SimulatedCrash:
         pass
-    print("LOCKED", cluster.coordination.current_owner(), flush=True)
+    print("LOCKED", internals(cluster).coordination.current_owner(), flush=True)
     sys.stdin.read()  # the parent kills us (or lets us go by closing stdin)
 
 

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 
 import percolator
 from percolator._encoding import LOCK, Lock, decode_lock
+from percolator._internals import internals
 from percolator._store import Read
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -51,7 +52,7 @@ def read_line(proc: subprocess.Popen[str], prefix: str) -> str:
 
 def lock_of(cluster: percolator.Cluster, table: str, row: bytes, column: str) -> Lock | None:
     """The LOCKED state of a cell's lock, or None if the cell is not locked."""
-    cells = cluster.store.read_rows(table, [row], [Read(LOCK, (column,))]).get(row, {})
+    cells = internals(cluster).store.read_rows(table, [row], [Read(LOCK, (column,))]).get(row, {})
     versions = cells.get(f"{LOCK}:{column}")
     if not versions:
         return None

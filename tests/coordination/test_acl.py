@@ -7,6 +7,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
 import percolator
+from percolator._internals import internals
 from percolator._zookeeper import publish_config
 
 pytestmark = pytest.mark.zk
@@ -16,7 +17,7 @@ def test_namespace_is_writable_only_with_the_credentials(store_url: str, zk_chro
     publish_config(zk_chroot, store=store_url, zookeeper_auth="app:secret")
     with percolator.connect("zk://" + zk_chroot, zookeeper_auth="app:secret") as cluster:
         cluster.observe("t", "c:v")
-        assert cluster.coordination.try_advisory_lock("t/1")
+        assert internals(cluster).coordination.try_advisory_lock("t/1")
         hosts, _, chroot = zk_chroot.partition("/")
         stranger = KazooClient(hosts=hosts)
         stranger.start(timeout=10)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 import percolator
+from percolator._internals import internals
 from percolator._zookeeper import publish_config
 from tests.coordination._helpers import child, read_line
 
@@ -20,11 +21,11 @@ def test_a_client_learns_the_store_from_the_zookeeper_address_alone(
         percolator.connect("zk://" + zk_chroot)
     publish_config(zk_chroot, store=store_url)
     with percolator.connect("zk://" + zk_chroot) as cluster:
-        assert cluster.store.url == store_url
-        assert type(cluster.coordination).__name__ == "ZooKeeperCoordination"
+        assert internals(cluster).store.url == store_url
+        assert type(internals(cluster).coordination).__name__ == "ZooKeeperCoordination"
         with cluster.transaction() as txn:
             assert txn.get("t", b"r1", "c:v") == b"old"
-        assert cluster.coordination.config() == {"store": store_url, "oracle": None}
+        assert internals(cluster).coordination.config() == {"store": store_url, "oracle": None}
 
 
 def test_bad_arguments_are_refused_at_the_door(zk_chroot: str) -> None:
@@ -55,5 +56,5 @@ def test_two_processes_see_a_newly_observed_column_without_restarting(
             # A commit to the newly observed column now sets its notify cell.
             with cluster.transaction() as txn:
                 txn.set("t", b"r1", "c:v", b"new")
-            cells = cluster.store.read_rows("t", [b"r1"], [percolator._store.Read("n")])
+            cells = internals(cluster).store.read_rows("t", [b"r1"], [percolator._store.Read("n")])
             assert cells[b"r1"].get("n:c:v")

@@ -8,6 +8,7 @@ import time
 import pytest
 
 import percolator
+from percolator._internals import internals
 from percolator._retry import LOCK_WAIT
 from tests.coordination._helpers import child, lock_of, read_line
 
@@ -24,7 +25,7 @@ def test_killed_owner_is_resolved_within_the_session_timeout_not_the_ttl(
         primary = lock_of(cluster, "t", b"r1", "c:v")
         assert primary is not None and primary.owner == owner
         assert primary.ttl_ms == 60_000
-        assert cluster.coordination.is_alive(owner) is True
+        assert internals(cluster).coordination.is_alive(owner) is True
 
         proc.send_signal(signal.SIGKILL)  # mid-commit: both cells locked, nothing committed
         proc.wait()
@@ -34,10 +35,10 @@ def test_killed_owner_is_resolved_within_the_session_timeout_not_the_ttl(
             assert txn.get("t", b"r1", "c:v") == b"old"
         # ... which happened long before the lock's ttl ran out.
         assert time.time() * 1000 < primary.wall_ms + primary.ttl_ms
-        assert cluster.coordination.is_alive(owner) is False
+        assert internals(cluster).coordination.is_alive(owner) is False
         assert lock_of(cluster, "t", b"r1", "c:v") is None
         assert lock_of(cluster, "t", b"r2", "c:v") is None
-        assert cluster.stats["locks_resolved"] >= 2
+        assert internals(cluster).stats["locks_resolved"] >= 2
 
 
 def test_slow_but_live_owner_is_not_rolled_back_before_its_ttl(
@@ -53,45 +54,45 @@ def test_slow_but_live_owner_is_not_rolled_back_before_its_ttl(
         with pytest.raises(percolator.LockedError):  # alive and within its ttl: left alone
             cluster.transaction().get("t", b"r2", "c:v")
         assert lock_of(cluster, "t", b"r1", "c:v") == primary
-        assert cluster.coordination.is_alive(owner) is True
+        assert internals(cluster).coordination.is_alive(owner) is True
 
-        cluster.lock_wait_policy = LOCK_WAIT.with_(deadline=30.0)
+        internals(cluster).lock_wait_policy = LOCK_WAIT.with_(deadline=30.0)
         with cluster.transaction() as txn:
             assert txn.get("t", b"r2", "c:v") == b"old"
         # Rolled back only once its wall time was past the ttl, its owner still running.
         assert time.time() * 1000 >= primary.wall_ms + primary.ttl_ms
         assert proc.poll() is None
-        assert cluster.coordination.is_alive(owner) is True
+        assert internals(cluster).coordination.is_alive(owner) is True
         assert lock_of(cluster, "t", b"r1", "c:v") is None
 
 
 def test_closed_owner_is_dead_at_once(store_url: str, zk_chroot: str) -> None:
     with percolator.connect(store_url, zookeeper=zk_chroot) as observer:
         other = percolator.connect(store_url, zookeeper=zk_chroot)
-        owner = other.coordination.current_owner()
-        assert observer.coordination.is_alive(owner) is True
+        owner = internals(other).coordination.current_owner()
+        assert internals(observer).coordination.is_alive(owner) is True
         other.close()
         deadline = time.monotonic() + 10
-        while observer.coordination.is_alive(owner) and time.monotonic() < deadline:
+        while internals(observer).coordination.is_alive(owner) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert observer.coordination.is_alive(owner) is False
+        assert internals(observer).coordination.is_alive(owner) is False
 
 
 def test_liveness_is_served_from_the_watch_cache(store_url: str, zk_chroot: str) -> None:
     with percolator.connect(store_url, zookeeper=zk_chroot) as a, percolator.connect(
         store_url, zookeeper=zk_chroot
     ) as b:
-        owner = b.coordination.current_owner()
-        while a.coordination.is_alive(owner) is not True:
+        owner = internals(b).coordination.current_owner()
+        while internals(a).coordination.is_alive(owner) is not True:
             time.sleep(0.01)
-        ops = a.coordination.stats["zk_ops"]
+        ops = internals(a).coordination.stats["zk_ops"]
         for _ in range(1000):
-            assert a.coordination.is_alive(owner) is True
-            assert a.coordination.current_owner()
+            assert internals(a).coordination.is_alive(owner) is True
+            assert internals(a).coordination.current_owner()
         for i in range(20):
             with a.transaction() as txn:
                 txn.set("t", b"r%d" % i, "c:v", b"x")
-        assert a.coordination.stats["zk_ops"] == ops
+        assert internals(a).coordination.stats["zk_ops"] == ops
         # Owners of other namespaces, and embedded owners, are unknown rather than dead.
-        assert a.coordination.is_alive("zk/otherclusterid/o-123") is None
-        assert a.coordination.is_alive("local/h/b/1/2/x") is None
+        assert internals(a).coordination.is_alive("zk/otherclusterid/o-123") is None
+        assert internals(a).coordination.is_alive("local/h/b/1/2/x") is None

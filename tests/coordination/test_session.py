@@ -11,6 +11,7 @@ import pytest
 
 import percolator
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
+from percolator._internals import internals
 from tests._zookeeper import ZooKeeperServer
 from tests.coordination._helpers import child, lock_of, read_line
 
@@ -32,7 +33,7 @@ def test_expired_session_drops_the_identity_and_registers_a_new_one(
     with percolator.connect(
         store_url, zookeeper=chroot, zookeeper_session_timeout=2.0
     ) as worker, percolator.connect(store_url, zookeeper=chroot) as other:
-        old = worker.coordination.current_owner()
+        old = internals(worker).coordination.current_owner()
         # A transaction of the old identity is stranded mid-commit.
         txn = worker.transaction()
         txn.set("t", b"r1", "c:v", b"stranded")
@@ -40,13 +41,14 @@ def test_expired_session_drops_the_identity_and_registers_a_new_one(
             commit_transaction(txn, CrashPoint("prewrite", 0))
         assert lock_of(worker, "t", b"r1", "c:v") is not None
 
-        live_zookeeper.expire_session(worker.coordination.client)
-        _wait(lambda: worker.coordination.stats["sessions_lost"] == 1, "LOST")
-        new = worker.coordination.current_owner()  # waits for the re-registration
+        live_zookeeper.expire_session(internals(worker).coordination.client)
+        _wait(lambda: internals(worker).coordination.stats["sessions_lost"] == 1, "LOST")
+        new = internals(worker).coordination.current_owner()  # waits for the re-registration
         assert new != old
-        assert worker.coordination.stats["registrations"] == 2
-        _wait(lambda: other.coordination.is_alive(old) is False, "the old owner to be dead")
-        assert other.coordination.is_alive(new) is True
+        assert internals(worker).coordination.stats["registrations"] == 2
+        _wait(lambda: internals(other).coordination.is_alive(old) is False,
+              "the old owner to be dead")
+        assert internals(other).coordination.is_alive(new) is True
 
         # Its stranded lock is rolled back at once; the worker carries on as the new owner.
         with other.transaction() as reader:
@@ -73,7 +75,8 @@ def test_a_client_paused_past_its_session_cannot_commit_its_locks(
         owner = read_line(proc, "HELD")
         assert lock_of(other, "t", b"r1", "c:v") is not None
         proc.send_signal(signal.SIGSTOP)
-        _wait(lambda: other.coordination.is_alive(owner) is False, "its session to expire")
+        _wait(lambda: internals(other).coordination.is_alive(owner) is False,
+              "its session to expire")
         assert lock_of(other, "t", b"r1", "c:v") is not None  # untouched
         proc.send_signal(signal.SIGCONT)
         assert proc.stdin is not None
@@ -132,7 +135,8 @@ def test_zookeeper_restart_loses_nothing_and_rolls_back_no_live_lock(
         _wait(lambda: min(committed) >= 5, "commits before the restart")
         before = list(committed)
         live_zookeeper.restart()
-        _wait(lambda: all(c.coordination.suspended is False for c in clusters), "reconnection")
+        _wait(lambda: all(internals(c).coordination.suspended is False for c in clusters),
+              "reconnection")
         _wait(lambda: all(a > b + 5 for a, b in zip(committed, before, strict=True)),
               "commits after the restart")
     finally:
@@ -142,12 +146,12 @@ def test_zookeeper_restart_loses_nothing_and_rolls_back_no_live_lock(
     try:
         assert not errors, errors
         for i, cluster in enumerate(clusters):
-            assert cluster.coordination.stats["sessions_lost"] == 0
-            assert cluster.coordination.stats["registrations"] == 1
+            assert internals(cluster).coordination.stats["sessions_lost"] == 0
+            assert internals(cluster).coordination.stats["registrations"] == 1
             with cluster.transaction() as txn:  # nothing lost
                 assert txn.get("t", b"counter%d" % i, "c:n") == b"%d" % committed[i]
         assert not [r for r in caplog.records if "rolled back transaction" in r.getMessage()]
-        assert any(c.coordination.stats["suspended"] for c in clusters)
+        assert any(internals(c).coordination.stats["suspended"] for c in clusters)
     finally:
         for cluster in clusters:
             cluster.close()

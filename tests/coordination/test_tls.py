@@ -22,6 +22,7 @@ import pytest
 import percolator
 from oracle import OracleClient, OracleServer
 from percolator import TlsConfig, TlsError
+from percolator._internals import internals
 from percolator._zk_client import make_client, start_client
 from percolator._zookeeper import ZooKeeperCoordination, publish_config
 from tests._tls import TestCA
@@ -87,7 +88,7 @@ def test_liveness_locks_and_config_over_tls(
     with percolator.connect("zk://" + chroot, zookeeper_tls=zk_tls) as a, \
             percolator.connect("zk://" + chroot, zookeeper_tls=zk_tls) as b:
         # Config: store and oracle (with its TLS files) learnt from the TLS ZooKeeper.
-        assert isinstance(a.timestamps, OracleClient)
+        assert isinstance(internals(a).timestamps, OracleClient)
         with percolator.Transaction(a) as txn:
             txn.set("t", b"r3", "c:v", b"new")
         with percolator.Transaction(b) as txn:
@@ -97,7 +98,7 @@ def test_liveness_locks_and_config_over_tls(
         a.observe("t", "c:v")
         wait_for(lambda: ("t", "c:v") in b.observed_columns())
         # Advisory locks: a bucket leased by one process is refused to the other.
-        ca_, cb = a.coordination, b.coordination
+        ca_, cb = internals(a).coordination, internals(b).coordination
         assert ca_.try_advisory_lock("t/r1")
         assert not cb.try_advisory_lock("t/r1")
         # Liveness: each sees the other alive; a closed client is dead at once.

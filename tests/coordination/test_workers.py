@@ -13,6 +13,7 @@ import pytest
 import percolator
 from observers import Observer, Worker, wait_for_observers
 from percolator import TransactionBase
+from percolator._internals import internals
 from percolator._notifications import quarantined
 from tests._zookeeper import ZooKeeperServer
 
@@ -81,7 +82,7 @@ def test_worker_survives_zookeeper_restart_and_session_expiry(
                 time.sleep(3.5)
                 live_zookeeper.start()
             if i == 40:
-                client = worker_cluster.coordination.client  # type: ignore[attr-defined]
+                client = internals(worker_cluster).coordination.client  # type: ignore[attr-defined]
                 reconnected = time.monotonic() + 30
                 while (
                     not (client.connected and client.client_id) and time.monotonic() < reconnected

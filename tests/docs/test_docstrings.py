@@ -85,3 +85,16 @@ def test_docstring_examples_name_nothing_undefined(tmp_path: Path) -> None:
         problems.append(f"{path}: {found['message']}\n{textwrap.indent(code, '    ')}")
     assert not problems, "docstring examples that cannot run as written:\n" + "\n".join(
         problems)
+
+
+@pytest.mark.parametrize("module", ["percolator.testing"])
+def test_module_docstring_examples_run(module: str, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The examples of modules whose example needs no service or fixed path are run,
+    not only checked for names: a guide's first example must work as written."""
+    examples = list(_LITERAL.finditer(importlib.import_module(module).__doc__ or ""))
+    assert examples, f"{module}'s docstring has no example"
+    monkeypatch.chdir(tmp_path)
+    for found in examples:
+        code = textwrap.dedent(found["body"])
+        exec(compile(code, f"{module} docstring", "exec"), {"__name__": "__example__"})

@@ -15,6 +15,7 @@ import pytest
 
 import percolator
 from observers import Worker
+from percolator._internals import internals
 from tests.docs._examples import (
     EXAMPLE_DIR,
     PYTHON,
@@ -63,7 +64,7 @@ def _left_open(namespace: dict[str, Any]) -> list[str]:
         if isinstance(value, Worker) and any(t.is_alive() for t in value._threads):
             problems.append(f"worker {name!r} is still running")
         if isinstance(value, percolator.Cluster) and not value._closed:
-            running = value.safe_point.running()
+            running = internals(value).safe_point.running()
             if running:
                 problems.append(f"a transaction or snapshot of {name!r} is still open "
                                 f"(start_ts {running[0][0]}): it holds garbage collection back")

@@ -32,6 +32,7 @@ from typing import Any
 
 import percolator
 from percolator import _commit
+from percolator._internals import internals
 from tests.faults._workload import connect
 
 
@@ -46,7 +47,7 @@ def hold(config: dict[str, Any], out: str, mode: str, value: str, prefix: str) -
     original = _commit._Committer.commit_point
 
     def held_commit_point(self: _commit._Committer, commit_ts: int) -> None:
-        zk = getattr(cluster.coordination, "_zk", None)
+        zk = getattr(internals(cluster).coordination, "_zk", None)
         write(out + ".held", {"start_ts": self.start_ts, "commit_ts": commit_ts,
                               "owner": self.owner,
                               "session": zk.client_id[0] if zk is not None and

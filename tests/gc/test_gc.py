@@ -27,6 +27,7 @@ import percolator
 from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
 from percolator._encoding import META_TABLE
 from percolator._gc import collect
+from percolator._internals import internals
 from percolator._store import ConditionalDelete, Mutation, Read
 from percolator.testing import CrashPoint, client_of, crash_commit
 from tests._backends import drop_tables, make_store_url
@@ -52,7 +53,7 @@ def gc_cluster(url: str) -> Iterator[percolator.Cluster]:
 
 
 def raw(cluster: percolator.Cluster, row: bytes) -> dict[str, list[tuple[int, bytes]]]:
-    return cluster.store.read_rows(T, [row], ALL).get(row, {})
+    return internals(cluster).store.read_rows(T, [row], ALL).get(row, {})
 
 
 def put(cluster: percolator.Cluster, row: bytes, value: bytes | None, column: str = "c:x") -> int:
@@ -87,13 +88,13 @@ def test_a_pass_keeps_the_newest_version_below_the_safe_point_and_removes_the_re
     assert len(large["w:c:x"]) == 1 and [v for _, v in large["d:c:x"]] == [big + b"4"]
     assert len(back["w:c:x"]) == 1
     gone = raw(c, b"gone")
-    if isinstance(c.store, ConditionalDelete):
+    if isinstance(internals(c).store, ConditionalDelete):
         assert gone == {}, "a deleted cell with nothing newer goes entirely, lock included"
     else:
         assert list(gone) == ["l:c:x"]  # HBase Thrift1 cannot delete conditionally
     # 4 older small records, 4 older large records + 4 data, 2 records of "gone"
     # (+ its lock where it can go), 2 older records of "back".
-    expected = 4 + 8 + 2 + 2 + (1 if isinstance(c.store, ConditionalDelete) else 0)
+    expected = 4 + 8 + 2 + 2 + (1 if isinstance(internals(c).store, ConditionalDelete) else 0)
     assert summary.versions_removed == expected
     assert summary.cells_removed == 1
     with percolator.Transaction(c) as txn:
@@ -148,7 +149,7 @@ def test_dry_run_counts_and_changes_nothing(gc_cluster: percolator.Cluster) -> N
     dry = c.gc(retention=0, dry_run=True)
     assert dry.dry_run and dry.versions_removed == 2
     assert raw(c, b"r") == before
-    assert c.safe_point.fetch() == 0, "a dry run persists no safe point"
+    assert internals(c).safe_point.fetch() == 0, "a dry run persists no safe point"
     assert c.gc(retention=0).versions_removed == 2
 
 
@@ -249,11 +250,12 @@ def test_a_young_transaction_holds_the_safe_point_back_past_an_older_one_overtak
 
 OLD_AND_YOUNG = """
 import sys, percolator
+from percolator._internals import internals
 cluster = percolator.connect(sys.argv[1], safe_point_refresh=float(sys.argv[2]))
 old = percolator.Snapshot(cluster)
 old._began -= 7200  # began two hours ago
 young = percolator.Snapshot(cluster)
-print(old.start_ts, young.start_ts, cluster.coordination.current_owner(), flush=True)
+print(old.start_ts, young.start_ts, internals(cluster).coordination.current_owner(), flush=True)
 sys.stdin.readline()
 print(young.get("t", b"r", "c:x").decode(), flush=True)
 try:
@@ -282,14 +284,14 @@ def test_a_young_transaction_in_another_process_holds_the_safe_point_back_past_a
         old_ts, young_ts, owner = child.stdout.readline().split()
         deadline = time.monotonic() + 60
         while True:  # its publisher may have run before the old one's start was set back
-            holder = next((h for h in c.safe_point.holders() if h.owner == owner), None)
+            holder = next((h for h in internals(c).safe_point.holders() if h.owner == owner), None)
             if holder is not None and time.time() - holder.began > TWO_HOURS - 60 and \
                     int(young_ts) in [ts for ts, _ in holder.younger]:
                 break
             assert time.monotonic() < deadline, f"not published: {holder}"
             threading.Event().wait(REFRESH)
         assert holder.start_ts == int(old_ts)
-        cells = c.store.read_rows(META_TABLE, [b"gc"], [Read("m")])[b"gc"]
+        cells = internals(c).store.read_rows(META_TABLE, [b"gc"], [Read("m")])[b"gc"]
         oldest = cells[f"m:client/{owner}"][0][1]
         assert len(oldest) == 16 and struct.unpack(">Q", oldest[:8])[0] == int(old_ts)
         put(c, b"r", b"2")
@@ -312,19 +314,19 @@ def test_an_older_clients_entry_holds_the_safe_point_back_until_max_txn_age(
     """A client from before ``m:younger/`` publishes its oldest transaction only: a pass
     reads it as a client with nothing younger, held back by it within max_txn_age."""
     c = gc_cluster
-    other = client_of(c).coordination
+    other = internals(client_of(c)).coordination
     column = f"m:client/{other.current_owner()}"
     put(c, b"r", b"1")
-    start_ts = c.timestamps.get_timestamp()
+    start_ts = internals(c).timestamps.get_timestamp()
     put(c, b"r", b"2")
 
     def publish(began: float) -> None:
         record = struct.pack(">QQ", start_ts, int(began * 1000))
-        c.store.mutate_rows(META_TABLE, [Mutation(b"gc", [(column, 0, record)])])
+        internals(c).store.mutate_rows(META_TABLE, [Mutation(b"gc", [(column, 0, record)])])
 
     try:
         publish(time.time())
-        (holder,) = c.safe_point.holders()
+        (holder,) = internals(c).safe_point.holders()
         assert (holder.start_ts, holder.younger) == (start_ts, ())
         summary = c.gc(retention=0, max_txn_age=3600)
         assert (summary.safe_point, summary.held_back_by) == (start_ts, f"client {holder.owner}")
@@ -413,12 +415,12 @@ def test_a_reader_parked_before_its_read_while_a_pass_removes_its_version(
         put(c, b"r", b"kept", column="c:y")
         reader = percolator.Snapshot(c)
         put(c, b"r", b"newer")
-        parking = ParkingStore(c.store)
-        c.store = parking
+        parking = ParkingStore(internals(c).store)
+        internals(c).store = parking
         outcome: list[object] = []
 
         def read() -> None:
-            c.safe_point.fetch()  # fresh when it parks
+            internals(c).safe_point.fetch()  # fresh when it parks
             parking.thread = threading.current_thread()
             try:
                 outcome.append(reader.get_row(T, b"r", ["c:x", "c:y"]))
@@ -431,12 +433,12 @@ def test_a_reader_parked_before_its_read_while_a_pass_removes_its_version(
         # Another client (its own cache) runs the pass.
         summary = collect(collector, retention=0, max_txn_age=1e-9)
         assert summary.safe_point > reader.start_ts and summary.versions_removed == 1
-        assert collector.safe_point.grace() == 2 * refresh
+        assert internals(collector).safe_point.grace() == 2 * refresh
         parking.go.set()
         thread.join(60)
         assert len(outcome) == 1
         assert isinstance(outcome[0], percolator.SnapshotTooOldError), outcome
-        c.store = parking._store
+        internals(c).store = parking._store
         c.drop_table(T)
 
 
@@ -456,13 +458,13 @@ def test_a_fetch_whose_reply_comes_late_counts_its_freshness_from_before_its_rea
         put(c, b"r", b"kept", column="c:y")
         reader = percolator.Snapshot(c)
         put(c, b"r", b"newer")
-        late = ParkingStore(c.safe_point.store, ("read_rows",), META_TABLE, after=True)
-        c.safe_point.store = late
+        late = ParkingStore(internals(c).safe_point.store, ("read_rows",), META_TABLE, after=True)
+        internals(c).safe_point.store = late
         outcome: list[object] = []
 
         def read() -> None:
             late.thread = threading.current_thread()
-            c.safe_point.fetch()  # reads the old safe point, returns after the pass
+            internals(c).safe_point.fetch()  # reads the old safe point, returns after the pass
             try:
                 outcome.append(reader.get_row(T, b"r", ["c:x", "c:y"]))
             except percolator.SnapshotTooOldError as e:
@@ -477,7 +479,7 @@ def test_a_fetch_whose_reply_comes_late_counts_its_freshness_from_before_its_rea
         finally:
             late.go.set()
             thread.join(60)
-            c.safe_point.store = late._store
+            internals(c).safe_point.store = late._store
         assert len(outcome) == 1
         assert isinstance(outcome[0], percolator.SnapshotTooOldError), outcome
         c.drop_table(T)
@@ -517,7 +519,7 @@ class PassToKill:
         self.proc.stdin.write("go\n")
         self.proc.stdin.flush()
         deadline = time.monotonic() + 60
-        while cluster.safe_point.fetch() != safe_point:
+        while internals(cluster).safe_point.fetch() != safe_point:
             assert self.proc.poll() is None, "the pass ended before persisting the safe point"
             assert time.monotonic() < deadline, "the pass did not persist the safe point"
             threading.Event().wait(0.005)
@@ -535,9 +537,9 @@ def test_a_pass_that_finds_the_safe_point_unchanged_still_waits_its_grace(url: s
     with percolator.connect(url, safe_point_refresh=refresh) as c, \
             percolator.connect(url, safe_point_refresh=REFRESH) as collector:
         # The reader's publications lag (parked): no pass sees it, so P overtakes it.
-        lagging = ParkingStore(c.safe_point.store, ("mutate_rows",), META_TABLE)
+        lagging = ParkingStore(internals(c).safe_point.store, ("mutate_rows",), META_TABLE)
         lagging.thread = "percolator-safe-point"
-        c.safe_point.store = lagging
+        internals(c).safe_point.store = lagging
         try:
             c.create_table(T)
             put(c, b"r", b"seen")
@@ -545,23 +547,24 @@ def test_a_pass_that_finds_the_safe_point_unchanged_still_waits_its_grace(url: s
             reader = percolator.Snapshot(c)
             put(c, b"r", b"newer")
             holder = percolator.Snapshot(collector)  # P: the collector's running transaction
-            collector.safe_point.publish()
+            internals(collector).safe_point.publish()
             with PassToKill(url) as first:
-                c.safe_point.fetch()  # the reader's cache: fresh, from before P
+                internals(c).safe_point.fetch()  # the reader's cache: fresh, from before P
                 first.run_until(collector, holder.start_ts)
             assert raw(c, b"r")["w:c:x"][-1][1].endswith(b"seen"), "it removed nothing"
             summary = collect(collector, retention=0)
             assert summary.previous_safe_point == summary.safe_point == holder.start_ts
             assert summary.held_back_by.startswith("unchanged")
             assert summary.versions_removed == 1
-            assert collector.safe_point.grace() == 2 * refresh  # the dead pass's is ignored
+            # the dead pass's is ignored
+            assert internals(collector).safe_point.grace() == 2 * refresh
             with pytest.raises(percolator.SnapshotTooOldError):
                 row = reader.get_row(T, b"r", ["c:x", "c:y"])
                 pytest.fail(f"read {row!r}: a version was removed within the grace")
             holder.close()
         finally:
             lagging.go.set()
-            c.safe_point.store = lagging._store
+            internals(c).safe_point.store = lagging._store
         c.drop_table(T)
 
 
@@ -603,15 +606,17 @@ def test_a_writer_parked_before_its_prewrite_while_a_pass_removes_its_conflict(
         writer = percolator.Transaction(c)
         writer.set(T, b"r", "c:x", b"lost update")
         put(c, b"r", None)  # a conflict: committed after the writer's start
-        parking: Any = ParkingTimestamps(c.timestamps) if one_phase else ParkingStore(c.store)
+        parts = internals(c)
+        parking: Any = (ParkingTimestamps(parts.timestamps) if one_phase
+                        else ParkingStore(parts.store))
         if one_phase:
-            c.timestamps = parking
+            internals(c).timestamps = parking
         else:
-            c.store = parking
+            internals(c).store = parking
         outcome: list[object] = []
 
         def commit() -> None:
-            c.safe_point.fetch()  # fresh when it parks
+            internals(c).safe_point.fetch()  # fresh when it parks
             parking.thread = threading.current_thread()
             try:
                 outcome.append(writer.commit())
@@ -627,9 +632,9 @@ def test_a_writer_parked_before_its_prewrite_while_a_pass_removes_its_conflict(
         parking.go.set()
         thread.join(60)
         if one_phase:
-            c.timestamps = parking._source
+            internals(c).timestamps = parking._source
         else:
-            c.store = parking._store
+            internals(c).store = parking._store
         assert len(outcome) == 1
         assert isinstance(outcome[0], percolator.SnapshotTooOldError), outcome
         assert percolator.Snapshot(c).get(T, b"r", "c:x") is None
@@ -661,7 +666,7 @@ def test_a_long_running_reader_in_another_process_keeps_its_snapshot(
         start_ts, first = child.stdout.readline().split()
         assert first == "v0"
         # Its publication (refreshed in the background) is what protects it.
-        while not any(h.start_ts == int(start_ts) for h in c.safe_point.holders()):
+        while not any(h.start_ts == int(start_ts) for h in internals(c).safe_point.holders()):
             threading.Event().wait(REFRESH)
         for i in range(1, 4):
             put(c, b"r", b"v%d" % i)
@@ -727,8 +732,8 @@ def test_a_pass_waits_for_a_transaction_of_its_process_drawing_its_start(url: st
     with percolator.connect(url, safe_point_refresh=REFRESH) as c:
         c.create_table(T)
         put(c, b"r", b"1")
-        parking = DrawParking(c.timestamps)
-        c.timestamps = parking
+        parking = DrawParking(internals(c).timestamps)
+        internals(c).timestamps = parking
         started: list[percolator.Snapshot] = []
         passes: list[object] = []
         begin = threading.Thread(target=lambda: started.append(percolator.Snapshot(c)))
@@ -741,7 +746,7 @@ def test_a_pass_waits_for_a_transaction_of_its_process_drawing_its_start(url: st
         parking.go.set()
         begin.join(60)
         gc.join(60)
-        c.timestamps = parking._source
+        internals(c).timestamps = parking._source
         (snapshot,) = started
         (summary,) = passes
         assert isinstance(summary, percolator._gc.GcSummary)

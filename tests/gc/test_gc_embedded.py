@@ -19,6 +19,7 @@ import pytest
 import percolator
 from percolator.__main__ import main as percolator_main
 from percolator._encoding import META_TABLE
+from percolator._internals import internals
 from percolator._safe_point import _RECORD, CLIENT_PREFIX, ROW, YOUNGER_PREFIX
 from percolator._store import Read
 
@@ -70,18 +71,19 @@ def test_the_gc_and_status_commands(tmp_path: Path, capsys: pytest.CaptureFixtur
         c.create_table("t")
         _updates(c, 3)
         reader = percolator.Snapshot(c)
-        c.safe_point.publish()  # as its background thread would, within half a second
+        internals(c).safe_point.publish()  # as its background thread would, within half a second
         assert percolator_main(["status", "--cluster", url]) == 0
         out = capsys.readouterr().out
         assert "gc safe point: none" in out
         assert percolator_main(["gc", "--cluster", url, "--retention", "0", "--dry-run"]) == 0
         out = capsys.readouterr().out
-        assert f"safe point: {reader.start_ts} (was 0; client {c.coordination.current_owner()})" \
+        owner = internals(c).coordination.current_owner()
+        assert f"safe point: {reader.start_ts} (was 0; client {owner})" \
             in out
         # The reader sees the last of the 3 versions: the 2 older ones can go.
         assert f"would remove: {CELLS * 2} versions" in out and "dry run" in out
         del reader
-        c.safe_point.publish()
+        internals(c).safe_point.publish()
         assert percolator_main(["gc", "--cluster", url, "--retention", "0"]) == 0
         out = capsys.readouterr().out
         assert f"removed: {CELLS * 2} versions" in out
@@ -95,7 +97,7 @@ def test_closing_waits_for_the_safe_point_publisher_to_finish_its_write(tmp_path
     inside a store write would then use a closed SQLite connection (a crash, once seen
     as SIGSEGV). close() must wait for it."""
     cluster = percolator.connect(f"sqlite:///{tmp_path}/repo.db", safe_point_refresh=0.01)
-    sp = cluster.safe_point
+    sp = internals(cluster).safe_point
     inside, release = threading.Event(), threading.Event()
     publish = sp.publish
 
@@ -149,7 +151,7 @@ def test_two_publications_at_once_leave_the_newest_stored(tmp_path: Path) -> Non
     the client records the newer one as published: the newer snapshot is never
     published while nothing changes.)"""
     with percolator.connect(f"sqlite:///{tmp_path}/db") as cluster:
-        sp = cluster.safe_point
+        sp = internals(cluster).safe_point
         sp.refresh = 3600.0  # the background publisher stays out of the way
         older = percolator.Snapshot(cluster)
         parkings = _TwoParkings(sp.store)
@@ -167,7 +169,7 @@ def test_two_publications_at_once_leave_the_newest_stored(tmp_path: Path) -> Non
         parkings.go["B"].set()
         b.join(10)
         sp.store = parkings._store
-        owner = cluster.coordination.current_owner()
+        owner = internals(cluster).coordination.current_owner()
         cells = sp.store.read_rows(META_TABLE, [ROW], [Read("m")])[ROW]
         stored = [cells[CLIENT_PREFIX + owner][0][1]]
         if YOUNGER_PREFIX + owner in cells:

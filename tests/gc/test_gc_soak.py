@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import percolator
+from percolator._internals import internals
 from percolator._store import Read
 
 SCALE = float(os.environ.get("PERCOLATOR_SOAK_SCALE", "1"))
@@ -60,10 +61,11 @@ def test_soak_hot_cell_and_churning_rows(tmp_path: Path) -> None:
             collector.join()
         assert len(passes) >= 2 and sum(p.versions_removed for p in passes) > 0
         final = c.gc(retention=0)
-        writes = c.store.read_rows("t", [b"hot"], [Read("w", versions=None)])[b"hot"]["w:c:v"]
+        store = internals(c).store
+        writes = store.read_rows("t", [b"hot"], [Read("w", versions=None)])[b"hot"]["w:c:v"]
         newer = [ts for ts, _ in writes if ts >= final.safe_point]
         assert len(writes) <= len(newer) + 1
-        left = [row for row, _ in c.store.scan("t", None, None, [Read("w"), Read("l")])
+        left = [row for row, _ in internals(c).store.scan("t", None, None, [Read("w"), Read("l")])
                 if row != b"hot"]
         assert left == [], "deleted rows go entirely"
         assert percolator.Snapshot(c).get("t", b"hot", "c:v") == b"%d" % (HOT_UPDATES - 1)

@@ -20,6 +20,7 @@ from percolator._errors import (
     StoreUnavailable,
     ValueTooLargeError,
 )
+from percolator._internals import internals
 from percolator._store import Mutation, Read
 from percolator.stores import open_store
 from percolator.stores.hbase import _peer_closed
@@ -271,8 +272,8 @@ def test_a_lost_commit_answer_after_a_cleaner_rolled_the_commit_forward_is_a_com
     # (the primary becomes FREE): the cell no longer holds the committer's value, and
     # only the primary's write record tells that the commit happened.
     with _bank("--fault", fault) as cluster:
-        cleaner = percolator.connect(cluster.store.url)
-        store = cluster.store
+        cleaner = percolator.connect(internals(cluster).store.url)
+        store = internals(cluster).store
         read_rows = store.read_rows
         cleaned = []
 

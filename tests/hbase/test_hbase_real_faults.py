@@ -34,6 +34,7 @@ import percolator
 from observers import Observer, Worker, wait_for_observers
 from percolator import Snapshot, StoreUnavailable, Transaction, TransactionBase
 from percolator._encoding import Lock, decode_lock
+from percolator._internals import internals
 from percolator._store import Mutation, Read
 from percolator.conformance._bank import account
 from percolator.stores import open_store
@@ -191,7 +192,7 @@ def test_bank_survives_kill_9_of_the_server(hbase: object, which: str, tmp_path:
     acknowledged = set(log.read_bytes().split())
     assert acknowledged <= set(transfers), "an acknowledged transfer was lost"
     for table in ("accounts", "transfers"):
-        for _, cells in cluster.store.scan(table, None, None, [Read("l")]):
+        for _, cells in internals(cluster).store.scan(table, None, None, [Read("l")]):
             for versions in cells.values():
                 state = decode_lock(versions[0][1])
                 assert not isinstance(state, Lock), f"a lock was left unresolved: {state}"

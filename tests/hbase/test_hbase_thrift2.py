@@ -15,6 +15,7 @@ import pytest
 
 import percolator
 from percolator import InvalidArgument, StoreUnavailable, UnknownTableError
+from percolator._internals import internals
 from percolator._store import DELETE_IF, ConditionalDelete, Mutation, Read
 from percolator.stores import open_store
 from tests._hbase import hbase_store_url
@@ -99,9 +100,9 @@ def test_a_pass_removes_deleted_cells_entirely_locks_included(url: str) -> None:
             txn.set("g", b"kept", "c:x", b"v")
         summary = c.gc(retention=0)
         assert summary.cells_removed == len(rows)
-        left = dict(c.store.scan("g", None, None, [Read("l"), Read("w")]))
+        left = dict(internals(c).store.scan("g", None, None, [Read("l"), Read("w")]))
         assert list(left) == [b"kept"], "only the live cell has a lock and records left"
         with percolator.Transaction(c) as txn:  # a removed cell is written again
             txn.set("g", rows[0], "c:x", b"again")
         assert percolator.Snapshot(c).get("g", rows[0], "c:x") == b"again"
-        c.store.drop_table("g")
+        internals(c).store.drop_table("g")

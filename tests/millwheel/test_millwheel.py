@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import percolator
-from observers import Worker, wait_for_observers
+from observers import VerifyReport, Worker, wait_for_observers
 from observers import millwheel as mw
 from observers.millwheel import _pipeline
 from observers.millwheel.__main__ import main as mw_main
@@ -55,7 +55,7 @@ def assert_exact(pipeline: mw.Pipeline, records: list[tuple[bytes, int]]) -> Non
         dips = {(json.loads(r.value)["q"], json.loads(r.value)["start"])
                 for r in pipeline.output(snap, "dips")}
     assert dips == _app.batch_dips(reference)
-    assert pipeline.verify() == []
+    assert pipeline.verify().problems == []
     assert all((s.pending, s.timers, s.late) == (0, 0, 0) for s in pipeline.status())
 
 
@@ -316,7 +316,7 @@ def _assert_totals(pipeline: mw.Pipeline, records: list[tuple[bytes, int]]) -> N
         totals = [json.loads(r.value) for r in pipeline.output(snap, "totals")]
     assert sorted(t["start"] for t in totals) == sorted(expected)  # each span once
     assert {t["start"]: t["n"] for t in totals} == expected
-    assert pipeline.verify() == []
+    assert pipeline.verify().problems == []
 
 
 def test_a_downstream_stage_fires_no_timer_before_the_upstream_windows_reach_it(
@@ -466,8 +466,13 @@ def test_the_cli_shows_status_and_verifies(
         assert_exact(pipeline, records)
         with Transaction(cluster) as txn:  # an index row without its record
             txn.set(pipeline.pending, b"Windower\0" + b"\0" * 10 + b"x", "p:x", b"")
+        report = pipeline.verify()  # the recipes' one report shape
+        assert isinstance(report, VerifyReport) and not report and not report.ok
+        assert report.problems == ["Windower: 1 pending record(s) and index rows disagree"]
     assert mw_main(["verify", *args]) == 1
-    assert "disagree" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.endswith("OK\nWindower: 1 pending record(s) and index rows disagree\n"
+                        "VIOLATIONS FOUND\n"), out
     assert mw_main(["status", "--cluster", url, "--pipeline", "tests.millwheel._app:nope"]) == 2
 
 

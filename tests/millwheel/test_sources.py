@@ -71,7 +71,7 @@ def test_a_log_source_injects_complete_records_once_as_files_grow(
     expected = [b"v00001", b"v00002", b"v00003", b"v00004", b"v00010", b"v00020",
                 b"v00021", b"v00022"]
     assert _app.tallies(pipeline) == dict.fromkeys(expected, 1)
-    assert pipeline.verify() == []
+    assert pipeline.verify().problems == []
 
 
 def test_a_table_source_reads_each_committed_change_once(cluster: Cluster) -> None:
@@ -159,4 +159,4 @@ def test_a_log_source_process_killed_with_sigkill_resumes_where_it_committed(
             proc.wait()
         _drain(pipeline)
         assert _app.tallies(pipeline) == dict.fromkeys(lines, 1)
-        assert pipeline.verify() == []
+        assert pipeline.verify().problems == []

@@ -63,7 +63,7 @@ def test_a_relay_dying_in_its_commit_duplicates_if_weak_and_loses_nothing(
     counts = _app.tallies(pipeline)
     twice = mine if weak and not committed else set()
     assert counts == {v: 2 if v in twice else 1 for v, _ in records}
-    assert pipeline.verify() == []
+    assert pipeline.verify().problems == []
 
 
 class _FlakyTally(_app.Tally):
@@ -101,7 +101,7 @@ def test_a_failed_hand_off_fails_the_weak_run_that_made_it(cluster: Cluster) -> 
     run_to_the_end(pipeline)
     counts = _app.tallies(pipeline)
     assert set(counts) == {v for v, _ in records} and counts[b"v00007"] == 1
-    assert pipeline.verify() == []
+    assert pipeline.verify().problems == []
 
 
 def _progress(pipeline: mw.Pipeline) -> int:
@@ -159,7 +159,7 @@ def test_relay_workers_killed_with_sigkill_lose_nothing(
             assert all(n >= 1 for n in counts.values())
             if not weak:
                 assert set(counts.values()) == {1}
-            assert pipeline.verify() == []
+            assert pipeline.verify().problems == []
         finally:
             for proc in workers:
                 proc.kill()

@@ -9,6 +9,7 @@ import logging
 
 import percolator
 from observers import Observer, Worker, wait_for_observers
+from percolator._internals import internals
 from percolator.testing import temporary_cluster
 
 
@@ -43,6 +44,6 @@ def test_a_failed_run_is_closed_although_its_error_is_kept() -> None:
                 isinstance(a, ValueError) for a in (r.args or ()))]
             assert kept, "the worker no longer logs the error object: this test needs another"
             gc.collect()
-            assert cluster.safe_point.running() == []
+            assert internals(cluster).safe_point.running() == []
     finally:
         log.removeHandler(keeper)

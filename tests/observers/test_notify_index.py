@@ -17,6 +17,7 @@ from observers import Observer, Worker, wait_for_observers
 from percolator import Snapshot, Transaction, TransactionBase
 from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
 from percolator._commit import _Committer, _write_notifications
+from percolator._internals import internals
 from percolator._notifications import WaitTimeout, pending_notifications
 from percolator._notify_index import (
     INDEX_TABLE,
@@ -54,7 +55,7 @@ def cluster(url: str) -> Iterator[percolator.Cluster]:
 
 
 def entries(cluster: percolator.Cluster) -> dict[tuple[str, bytes], set[str]]:
-    return {(t, r): set(cols) for t, r, cols in scan_index(cluster, None, None)}
+    return {(t, r): set(cols) for t, r, cols in scan_index(internals(cluster), None, None)}
 
 
 def write(cluster: percolator.Cluster, row: bytes, value: bytes) -> None:
@@ -65,7 +66,7 @@ def write(cluster: percolator.Cluster, row: bytes, value: bytes) -> None:
 def test_entries_follow_notifications_and_go_once_processed(
     cluster: percolator.Cluster,
 ) -> None:
-    assert uses_index(cluster.store)
+    assert uses_index(internals(cluster).store)
     Worker(cluster, [Copy]).register()
     write(cluster, b"a", b"1")
     with Transaction(cluster) as txn:  # a weak notification gets an entry too
@@ -91,12 +92,12 @@ def test_a_worker_keeps_the_entry_of_a_change_whose_lock_is_held(
     txn.set("docs", b"k", "raw:v", b"late")
     committer = _Committer(txn, None)
     committer.prewrite()
-    commit_ts = cluster.timestamps.get_timestamp()
+    commit_ts = internals(cluster).timestamps.get_timestamp()
     _write_notifications(txn, committer.cells, commit_ts)
-    seen = {c: ts for t, r, e in scan_index(cluster, None, None) if r == b"k" for c, ts in
-            e.items()}
+    seen = {c: ts for t, r, e in scan_index(internals(cluster), None, None) if r == b"k"
+            for c, ts in e.items()}
     # a worker finds the entry, no notify cell yet: the entry must stay
-    assert settle(cluster, "docs", b"k", seen, look_first=look_first) == ["raw:v"]
+    assert settle(internals(cluster), "docs", b"k", seen, look_first=look_first) == ["raw:v"]
     committer.commit_point(commit_ts)
     committer.commit_secondaries(commit_ts)
     assert ("docs", b"k") in entries(cluster)
@@ -111,7 +112,7 @@ def test_a_stale_entry_of_a_rolled_back_change_is_deleted(cluster: percolator.Cl
     txn.set("docs", b"r", "raw:v", b"never")
     committer = _Committer(txn, None)
     committer.prewrite()
-    _write_notifications(txn, committer.cells, cluster.timestamps.get_timestamp())
+    _write_notifications(txn, committer.cells, internals(cluster).timestamps.get_timestamp())
     committer.abort()
     assert ("docs", b"r") in entries(cluster)
     with Worker(cluster, [Copy], threads=2) as worker:
@@ -125,18 +126,19 @@ def test_a_table_from_before_the_index_keeps_its_pending_notifications(url: str)
     """A notification written without an index entry (the layout before it, or a
     client that does not write it) is found by the migration a worker runs once."""
     with percolator.connect(url) as old:
-        old.store.capabilities = old.store.capabilities - {NOTIFY_INDEX}  # an older client
+        store = internals(old).store
+        store.capabilities = store.capabilities - {NOTIFY_INDEX}  # an older client
         old.create_table("docs")
         Worker(old, [Copy]).register()
         write(old, b"before", b"pending")
-        notify = old.store.read_rows("docs", [b"before"], [Read("n")])
+        notify = internals(old).store.read_rows("docs", [b"before"], [Read("n")])
         assert notify[b"before"]  # the old layout: a notify cell, no entry
     with percolator.connect(url) as cluster:
         assert entries(cluster) == {}
         with Worker(cluster, [Copy], threads=2):
             wait_for_observers(cluster, 60)
         assert Snapshot(cluster).get("docs", b"before", "out:v") == b"pending"
-        assert migrate(cluster, "docs") == 0  # once per table
+        assert migrate(internals(cluster), "docs") == 0  # once per table
         assert entries(cluster) == {}
 
 
@@ -192,7 +194,8 @@ def test_status_and_wait_read_the_index_not_the_table(
     the rows they name, never a scan of the table; a table not yet migrated is
     scanned, so a notification from before the index is still seen."""
     with percolator.connect(url) as old:
-        old.store.capabilities = old.store.capabilities - {NOTIFY_INDEX}  # an older client
+        store = internals(old).store
+        store.capabilities = store.capabilities - {NOTIFY_INDEX}  # an older client
         old.create_table("docs")
         Worker(old, [Copy]).register()
         write(old, b"before", b"pending")
@@ -211,13 +214,13 @@ def test_status_and_wait_read_the_index_not_the_table(
         assert crash_commit(crashed, CrashPoint("commit_point"))  # a secondary stays locked
 
         scanned: list[str] = []
-        scan = cluster.store.scan
+        scan = internals(cluster).store.scan
 
         def recording_scan(table: str, *args: object, **kwargs: object) -> object:
             scanned.append(table)
             return scan(table, *args, **kwargs)
 
-        monkeypatch.setattr(cluster.store, "scan", recording_scan)
+        monkeypatch.setattr(internals(cluster).store, "scan", recording_scan)
         pending = {p.row for p in pending_notifications(cluster)}
         with pytest.raises(WaitTimeout) as timed_out:
             wait_for_observers(cluster, timeout=0)
@@ -268,23 +271,23 @@ def test_rows_settled_together_keep_the_entry_of_a_change_whose_lock_is_held(
         write(cluster, row, b"1")
     with Worker(cluster, [Copy], threads=1):
         wait_for_observers(cluster, 60)
-    write_entries(cluster, [("docs", b"a", "raw:v"), ("docs", b"b", "raw:v")],
-                  cluster.timestamps.get_timestamp())  # stale entries of settled cells
+    write_entries(internals(cluster), [("docs", b"a", "raw:v"), ("docs", b"b", "raw:v")],
+                  internals(cluster).timestamps.get_timestamp())  # stale entries of settled cells
     txn = Transaction(cluster)
     txn.set("docs", b"other", "misc:x", b"primary")
     txn.set("docs", b"k", "raw:v", b"late")
     committer = _Committer(txn, None)
     committer.prewrite()
-    commit_ts = cluster.timestamps.get_timestamp()
+    commit_ts = internals(cluster).timestamps.get_timestamp()
     _write_notifications(txn, committer.cells, commit_ts)
-    seen = list(scan_index(cluster, None, None))
+    seen = list(scan_index(internals(cluster), None, None))
     assert {r for _, r, _ in seen} == {b"a", b"b", b"k"}
-    counting = CountingIndexWrites(cluster.store)
-    cluster.store = counting  # type: ignore[assignment]
+    counting = CountingIndexWrites(internals(cluster).store)
+    internals(cluster).store = counting  # type: ignore[assignment]
     try:
-        kept = settle_rows(cluster, seen, look_first=look_first)
+        kept = settle_rows(internals(cluster), seen, look_first=look_first)
     finally:
-        cluster.store = counting._store  # type: ignore[assignment]
+        internals(cluster).store = counting._store  # type: ignore[assignment]
     assert kept == {("docs", b"a"): [], ("docs", b"b"): [], ("docs", b"k"): ["raw:v"]}
     assert counting.deletions == 1 and counting.reads == (2 if look_first else 1)
     assert entries(cluster) == {("docs", b"k"): {"raw:v"}}
@@ -306,13 +309,13 @@ def test_a_pass_settles_the_entries_of_the_rows_it_processed_together(
     with Transaction(cluster) as txn:
         for i in range(12):
             txn.set("docs", b"r%02d" % i, "raw:v", b"%d" % i)
-    counting = CountingIndexWrites(cluster.store)
-    cluster.store = counting  # type: ignore[assignment]
+    counting = CountingIndexWrites(internals(cluster).store)
+    internals(cluster).store = counting  # type: ignore[assignment]
     try:
         with Worker(cluster, [Copy], threads=1):
             wait_for_observers(cluster, 60)
     finally:
-        cluster.store = counting._store  # type: ignore[assignment]
+        internals(cluster).store = counting._store  # type: ignore[assignment]
     assert entries(cluster) == {}
     assert 1 <= counting.deletions <= 2
     assert all(Snapshot(cluster).get("docs", b"r%02d" % i, "out:v") == b"%d" % i

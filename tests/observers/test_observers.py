@@ -24,6 +24,7 @@ from observers import Observer, WaitTimeout, Worker, wait_for_observers
 from percolator import Snapshot, Transaction
 from percolator.__main__ import main as percolator_main
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
+from percolator._internals import internals
 from percolator._notifications import held_locks, pending_notifications, quarantined
 from percolator.testing import client_of, crash_commit
 from tests._backends import make_store_url
@@ -110,7 +111,7 @@ def test_observer_checks_its_attributes() -> None:
 def test_the_default_thread_count_follows_the_store(cluster: percolator.Cluster) -> None:
     """1 scanner thread on the embedded store (its commits are serial: one thread
     measured fastest), 4 on remote stores; an explicit count wins."""
-    embedded = cluster.store.url.startswith("sqlite")
+    embedded = internals(cluster).store.url.startswith("sqlite")
     assert Worker(cluster, [_app.Indexer]).threads == (1 if embedded else 4)
     assert Worker(cluster, [_app.Indexer], threads=3).threads == 3
     with pytest.raises(percolator.InvalidArgument, match="threads"):
@@ -295,7 +296,7 @@ def test_change_committed_by_crashed_writer_is_rolled_forward_and_observed(
         txn.set("docs", b"crashed", "raw:v", b"after-commit-point")  # a secondary
         with pytest.raises(SimulatedCrash):
             commit_transaction(txn, CrashPoint("commit_point"))
-        doomed.coordination.close()  # its owner is now dead
+        internals(doomed).coordination.close()  # its owner is now dead
     with worker:
         wait_for_observers(cluster, timeout=60)
     assert (b"crashed", b"after-commit-point") in log_rows(cluster, "idx")
@@ -314,7 +315,7 @@ def test_observers_never_see_uncommitted_or_rolled_back_data(
         txn.set("docs", b"doc2", "raw:v", b"uncommitted")
         with pytest.raises(SimulatedCrash):
             commit_transaction(txn, CrashPoint("prewrite", 1))
-        doomed.coordination.close()
+        internals(doomed).coordination.close()
     rolled = Transaction(cluster)
     rolled.set("docs", b"doc3", "raw:v", b"rolled-back")
     rolled.rollback()

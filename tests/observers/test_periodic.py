@@ -10,6 +10,7 @@ import pytest
 
 import percolator
 from observers import Periodic, Worker
+from percolator._internals import internals
 from percolator._store import Read
 from tests.observers import _app
 
@@ -25,9 +26,9 @@ def test_run_once_runs_when_due_and_not_held(cluster: percolator.Cluster) -> Non
     task = Periodic(cluster, "t", lambda: ran.append(1), interval=3600)
     assert task.last_run() is None and task.due()
     key = "periodic/t"
-    assert cluster.coordination.try_advisory_lock(key)  # someone else is running it
+    assert internals(cluster).coordination.try_advisory_lock(key)  # someone else is running it
     assert not task.run_once() and ran == []
-    cluster.coordination.release_advisory_lock(key)
+    internals(cluster).coordination.release_advisory_lock(key)
     assert task.run_once() and ran == [1]
     # Its last run is in the store: another process's task of the same name waits too.
     other = Periodic(cluster, "t", lambda: ran.append(2), interval=3600)
@@ -91,7 +92,7 @@ def test_a_worker_collects_garbage_while_it_runs(cluster: percolator.Cluster) ->
             txn.set("docs", b"other", "c:v", b"%d" % i)
 
     def versions() -> int:
-        cells = cluster.store.read_rows("docs", [b"other"], [Read("w", versions=None)])
+        cells = internals(cluster).store.read_rows("docs", [b"other"], [Read("w", versions=None)])
         return len(cells[b"other"]["w:c:v"])
 
     assert versions() == 5

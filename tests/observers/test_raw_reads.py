@@ -14,6 +14,7 @@ from typing import Any
 import percolator
 from observers import Observer, Worker
 from percolator import TransactionBase
+from percolator._internals import internals
 from percolator._notifications import pending_notifications
 from tests._concurrency import ParkedAfterCommit
 
@@ -67,10 +68,10 @@ def test_a_run_begun_between_a_commits_COMMIT_and_its_slot_clearing_serves_it(
                 txn.set("t", b"r", "in:v", b"new")
 
         writer = threading.Thread(target=write)
-        parked = ParkedAfterCommit(cluster.store)
+        parked = ParkedAfterCommit(internals(cluster).store)
         parked.thread = writer
-        drawing = Drawing(cluster.timestamps, writer)
-        cluster.store, cluster.timestamps = parked, drawing  # type: ignore[assignment]
+        drawing = Drawing(internals(cluster).timestamps, writer)
+        internals(cluster).store, internals(cluster).timestamps = parked, drawing  # type: ignore[assignment]
         writer.start()
         assert parked.committed.wait(10)
         assert list(pending_notifications(cluster)), "the scan can read the notification"
@@ -80,7 +81,7 @@ def test_a_run_begun_between_a_commits_COMMIT_and_its_slot_clearing_serves_it(
         parked.proceed.set()
         run.join(10)
         writer.join(10)
-        cluster.store, cluster.timestamps = parked._store, drawing._source
+        internals(cluster).store, internals(cluster).timestamps = parked._store, drawing._source
         assert _out(cluster) == b"new"
         assert not list(pending_notifications(cluster))
 
@@ -112,7 +113,7 @@ def test_a_run_whose_snapshot_is_below_the_notification_leaves_it(tmp_path: Path
         with percolator.Transaction(cluster) as txn:
             txn.set("t", b"r", "in:v", b"new")
         assert txn.commit_ts is not None
-        cluster.timestamps = Below(cluster.timestamps, txn.commit_ts - 1)  # type: ignore[assignment]
+        internals(cluster).timestamps = Below(internals(cluster).timestamps, txn.commit_ts - 1)  # type: ignore[assignment]
         worker._process_row("t", b"r")
         assert _out(cluster) is None
         assert list(pending_notifications(cluster)), "the notification was deleted unserved"

@@ -15,6 +15,7 @@ import pytest
 import percolator
 from observers import Observer, Worker, _groups, wait_for_observers
 from percolator import TransactionBase
+from percolator._internals import internals
 from percolator._notifications import pending_notifications
 from percolator._store import Mutation
 
@@ -62,11 +63,11 @@ def _run(tmp_path: Path, observers: list[type[Observer]], one_phase: bool) -> tu
         with percolator.Transaction(cluster) as txn:
             for i in range(40):
                 txn.set("t", b"r%02d" % i, "in:v", b"v%d" % i)
-        counting = NotifyWrites(cluster.store)
-        cluster.store = counting  # type: ignore[assignment]
+        counting = NotifyWrites(internals(cluster).store)
+        internals(cluster).store = counting  # type: ignore[assignment]
         with Worker(cluster, observers, threads=2):
             wait_for_observers(cluster, 60)
-        cluster.store = counting._store
+        internals(cluster).store = counting._store
         assert not list(pending_notifications(cluster))
         rows = dict(percolator.Transaction(cluster).scan("t"))
     return counting.outside, rows
@@ -117,7 +118,7 @@ def test_a_scanner_commits_its_runs_in_groups(tmp_path: Path) -> None:
         with percolator.Transaction(cluster) as txn:
             for i in range(200):
                 txn.set("t", b"r%03d" % i, "in:v", b"v%d" % i)
-        store = cluster.store
+        store = internals(cluster).store
         atomically = store.atomically
 
         def counted() -> Any:

@@ -14,6 +14,7 @@ import pytest
 import percolator
 from observers import Observer, Worker, wait_for_observers
 from percolator import Cluster, TransactionBase
+from percolator._internals import internals
 from percolator._notifications import pending_notifications
 from percolator._notify_index import INDEX_TABLE
 from percolator._store import CAS_DELETES, Mutation, declares
@@ -40,7 +41,7 @@ class NotifyDeletes:
 
 @pytest.fixture
 def cas_deletes(cluster: Cluster) -> Cluster:
-    if not declares(cluster.store, CAS_DELETES):
+    if not declares(internals(cluster).store, CAS_DELETES):
         pytest.skip("the store's compare-and-set deletes no other cell")
     cluster.create_table("t")
     cluster.observe("t", "in:v")
@@ -52,13 +53,13 @@ def test_the_commit_point_deletes_the_served_notification(cas_deletes: Cluster) 
     with percolator.Transaction(cluster) as txn:
         for i in range(10):
             txn.set("t", b"r%02d" % i, "in:v", b"v%d" % i)
-    counting = NotifyDeletes(cluster.store)
-    cluster.store = counting  # type: ignore[assignment]
+    counting = NotifyDeletes(internals(cluster).store)
+    internals(cluster).store = counting  # type: ignore[assignment]
     try:
         with Worker(cluster, [Copy], threads=1):
             wait_for_observers(cluster, 60)
     finally:
-        cluster.store = counting._store
+        internals(cluster).store = counting._store
     assert not list(pending_notifications(cluster))
     assert counting.deletions == 0  # every one deleted by its run's commit point
     rows = dict(percolator.Transaction(cluster).scan("t"))
@@ -81,13 +82,13 @@ def test_a_run_whose_primary_is_another_row_leaves_the_deletion_to_the_worker(
     cluster = cas_deletes
     with percolator.Transaction(cluster) as txn:
         txn.set("t", b"r", "in:v", b"v")
-    counting = NotifyDeletes(cluster.store)
-    cluster.store = counting  # type: ignore[assignment]
+    counting = NotifyDeletes(internals(cluster).store)
+    internals(cluster).store = counting  # type: ignore[assignment]
     try:
         with Worker(cluster, [Elsewhere], threads=1):
             wait_for_observers(cluster, 60)
     finally:
-        cluster.store = counting._store
+        internals(cluster).store = counting._store
     assert not list(pending_notifications(cluster))
     assert counting.deletions == 1
     assert percolator.Transaction(cluster).get("t", b"out-r", "out:v") == b"v"

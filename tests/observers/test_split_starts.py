@@ -11,6 +11,7 @@ import pytest
 import percolator
 from observers import Observer, Worker
 from percolator import TransactionBase
+from percolator._internals import internals
 from tests._backends import WITH_FAULTS, make_store_url, reports_split_keys
 
 
@@ -32,7 +33,7 @@ def test_a_fresh_worker_starts_at_the_stores_split_keys(
         with percolator.Transaction(cluster) as txn:
             for i in range(300):
                 txn.set("t", b"r%04d" % i, "in:v", b"x")
-        splits = getattr(cluster.store, "split_keys", lambda table: [])("t")
+        splits = getattr(internals(cluster).store, "split_keys", lambda table: [])("t")
         assert bool(splits) == reports_split_keys(backend), splits  # regions; samples
         worker = Worker(cluster, [Touch], threads=1)
         starts = {worker._random_start("t") for _ in range(50)}  # nothing seen yet
@@ -49,5 +50,5 @@ def test_a_fresh_worker_starts_at_the_stores_split_keys(
         mixed = {worker._random_start("t") for _ in range(200)}
         assert b"r0150" in mixed and (not splits or len(mixed) > 1)
         if backend != "sqlite":
-            for table in cluster.store.list_tables():
-                cluster.store.drop_table(table)
+            for table in internals(cluster).store.list_tables():
+                internals(cluster).store.drop_table(table)

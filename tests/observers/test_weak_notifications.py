@@ -22,6 +22,7 @@ import pytest
 import percolator
 from observers import Observer, Worker
 from percolator import Transaction, TransactionBase
+from percolator._internals import internals
 from percolator._notifications import NOTIFY_WEAK, pending_notifications
 from percolator._store import Mutation
 
@@ -64,7 +65,7 @@ def clusters(store_url: str) -> Iterator[tuple[percolator.Cluster, percolator.Cl
 def _park_weak_writes(cluster: percolator.Cluster) -> tuple[threading.Event, threading.Event]:
     """Make *cluster*'s store stop before writing a weak notification until released."""
     arrived, go = threading.Event(), threading.Event()
-    store = cluster.store
+    store = internals(cluster).store
     mutate_rows = store.mutate_rows
 
     def parked(table: str, mutations: Sequence[Mutation]) -> None:

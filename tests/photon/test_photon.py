@@ -15,13 +15,15 @@ import random
 import signal
 import subprocess
 import time
+import warnings
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import percolator
-from observers import Worker, photon, wait_for_observers
+from observers import VerifyReport, Worker, photon, wait_for_observers
 from observers.photon import _pipeline
 from observers.photon.__main__ import main as photon_main
 from percolator import Cluster, Snapshot, Transaction
@@ -33,6 +35,7 @@ from tests._concurrency import spawn_module
 ROOT = Path(__file__).resolve().parents[2]
 ADAPTER = photon.JsonAdapter(foreign_id="click", primary_id="query", primary_ref="query",
                              time="t")
+DAY = timedelta(days=1)
 
 
 def now_ms() -> int:
@@ -209,8 +212,8 @@ def test_a_sweeper_clock_ahead_of_the_joiners_still_ends_the_wait(cluster: Clust
     to wake it."""
     t = now_ms()
     joiner_now = [t]
-    p = pipeline(cluster, clock=lambda: joiner_now[0])
-    sweeper = photon.JoinPipeline.open(cluster, "clicks", clock=lambda: joiner_now[0] + 5)
+    p = pipeline(cluster, now=lambda: joiner_now[0] / 1000)
+    sweeper = photon.JoinPipeline.open(cluster, "clicks", now=lambda: (joiner_now[0] + 5) / 1000)
     p.log_foreign(cluster, [{"click": "c", "query": "q", "t": t}])
     worker, row = _joiner_on(p), photon.row_key(b"c")
     worker._process_row(p.foreign, row)
@@ -229,7 +232,7 @@ def test_verify_reports_a_waiting_event_nothing_will_wake(cluster: Cluster) -> N
     """A waiting event whose deadline row is gone and that has no notification (what
     a sweep without j:due left behind) can never end: verify says so."""
     t = now_ms()
-    p = pipeline(cluster, clock=lambda: t)
+    p = pipeline(cluster, now=lambda: t / 1000)
     p.log_foreign(cluster, [{"click": "c", "query": "q", "t": t}])
     _joiner_on(p)._process_row(p.foreign, photon.row_key(b"c"))
     assert p.verify().ok
@@ -271,7 +274,7 @@ def test_a_joiner_woken_in_the_deadline_millisecond_gives_up_as_the_sweep_does(
     t = now_ms()
     deadline = t + 600_000
     joiner_now = [deadline]
-    p = pipeline(cluster, clock=lambda: joiner_now[0])
+    p = pipeline(cluster, now=lambda: joiner_now[0] / 1000)
     p.log_foreign(cluster, [{"click": "late", "query": "q", "t": t},
                             {"click": "woken", "query": "q", "t": t}])
     worker = _joiner_on(p)
@@ -380,7 +383,7 @@ def test_the_retention_boundary_refuses_old_events_and_never_goes_back(
 ) -> None:
     day = 86_400_000
     now = now_ms()
-    p = pipeline(cluster, retention_days=1)
+    p = pipeline(cluster, retention=DAY)
     old_q, old_c = generate(random.Random(8), 3, 3, orphans=0, t=now - 2 * day)
     new_q, new_c = generate(random.Random(9), 3, 3, orphans=0, t=now)
     new_q = [{**q, "query": "n" + q["query"]} for q in new_q]
@@ -413,7 +416,7 @@ def test_retention_removes_the_placeholders_of_primaries_that_never_came(
     day = 86_400_000
     t = now_ms()
     clock = [t - 2 * day]
-    p = pipeline(cluster, retention_days=1, clock=lambda: clock[0])
+    p = pipeline(cluster, retention=DAY, now=lambda: clock[0] / 1000)
     old = [{"click": f"c{i}", "query": f"never{i}", "t": clock[0]} for i in range(4)]
     with Worker(cluster, p.observers(), threads=1):
         p.log_foreign(cluster, [*old, {"click": "d", "query": "comes", "t": clock[0]}])
@@ -446,7 +449,7 @@ def test_a_primary_arriving_during_retention_outlives_its_old_placeholder(
     day = 86_400_000
     t = now_ms()
     clock = [t - 2 * day]
-    p = pipeline(cluster, retention_days=1, clock=lambda: clock[0])
+    p = pipeline(cluster, retention=DAY, now=lambda: clock[0] / 1000)
     p.log_foreign(cluster, [{"click": "c", "query": "q", "t": clock[0]}])
     _joiner_on(p)._process_row(p.foreign, photon.row_key(b"c"))
     clock[0] = t
@@ -470,7 +473,7 @@ def test_retention_racing_a_join_of_the_same_event_leaves_no_output(
     they finish in, the event and its output are gone and nothing was committed twice."""
     day = 86_400_000
     now = now_ms()
-    p = pipeline(cluster, retention_days=1)
+    p = pipeline(cluster, retention=DAY)
     qs, cs = generate(random.Random(13), 1, 1, orphans=0, t=now - 2 * day)
     p.log_primary(cluster, qs)
     p.log_foreign(cluster, cs)
@@ -532,6 +535,42 @@ def test_bad_input_is_reported_not_written(tmp_path: Path) -> None:
                 photon.JoinPipeline(cluster, args.pop("name"), args.pop("adapter"), **args)
 
 
+def test_durations_are_seconds_or_timedeltas_and_the_old_names_warn(tmp_path: Path) -> None:
+    with percolator.connect(f"sqlite:///{tmp_path}/repo.db") as cluster:
+        p = photon.JoinPipeline(cluster, "clicks", ADAPTER, unjoinable_after=timedelta(minutes=2),
+                                retention=DAY, sweep_interval=timedelta(milliseconds=250))
+        assert (p.unjoinable_after, p.retention, p.sweep_interval) == (120.0, 86_400.0, 0.25)
+        p.create()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # what create() stored opens without the old names
+            opened = photon.JoinPipeline.open(cluster, "clicks")
+        assert (opened.unjoinable_after, opened.retention) == (120.0, 86_400.0)
+        assert opened._now_ms() == pytest.approx(now_ms(), abs=60_000)
+        with pytest.warns(DeprecationWarning, match="retention=timedelta"):
+            old = photon.JoinPipeline(cluster, "clicks", ADAPTER, unjoinable_after=1,
+                                      retention_days=2)
+        assert old.retention == 2 * 86_400.0
+        with pytest.warns(DeprecationWarning, match="returning seconds"):
+            old = photon.JoinPipeline.open(cluster, "clicks", clock=lambda: 1_700_000_000_003)
+        assert old._now_ms() == 1_700_000_000_003  # the old clock's milliseconds, exactly
+        for bad, message in (
+                ({"retention": DAY, "retention_days": 1}, "not also its old form"),
+                ({"now": time.time, "clock": now_ms}, "not also its old form clock"),
+                ({"retention": -1}, "retention must be a positive number of seconds"),
+                ({"retention": timedelta(0)}, "retention must be a positive"),
+                ({"sweep_interval": "1"}, "sweep_interval must be a positive"),
+                ({"unjoinable_after": True}, "unjoinable_after must be a positive"),
+                ({"unjoinable_after": float("inf")}, "unjoinable_after must be a positive"),
+                ({"unjoinable_after": float("nan")}, "unjoinable_after must be a positive"),
+                ({"now": 5}, "now must be a callable"),
+                ({"retention_seconds": 5}, r"unknown option\(s\) \['retention_seconds'\]")):
+            args: dict[str, Any] = {"unjoinable_after": 1, **bad}
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                with pytest.raises(percolator.InvalidArgument, match=message):
+                    photon.JoinPipeline(cluster, "clicks", ADAPTER, **args)
+
+
 # --- processes: the CLI, and kill -9 ------------------------------------------------------
 
 
@@ -563,8 +602,15 @@ def test_the_cli_creates_ingests_reports_and_verifies(
     with percolator.connect(url) as cluster, Transaction(cluster) as txn:
         # an output without its registration
         txn.set("photon.clicks.joined", photon.row_key(b"forged"), "ev:joined", b"x")
+    with percolator.connect(url) as cluster:
+        report = photon.JoinPipeline.open(cluster, "clicks").verify()
+    assert isinstance(report, VerifyReport) and not report and not report.ok
+    assert report.orphans == [b"forged"]
+    assert report.problems == ["output and state disagree: 1\n  b'forged'"]
     assert _cli("verify", *base) == 1
-    assert "VIOLATIONS" in capsys.readouterr().out
+    out = capsys.readouterr().out  # every kind with its count, 0 too, as before
+    assert ("duplicate output: 0\noutput and state disagree: 1\n  b'forged'\n"
+            "never to be processed: 0\nVIOLATIONS FOUND\n") in out
     assert _cli("status", "--cluster", url, "--name", "nope") == 2
     assert "create() it first" in capsys.readouterr().err
 

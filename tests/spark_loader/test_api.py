@@ -92,3 +92,18 @@ def test_row_ranges_cover_the_table_and_spread_its_rows(tmp_path: Any) -> None:
                              ([b""], "non-empty bytes"), (True, "splits must be None")):
             with pytest.raises(percolator.InvalidArgument, match=message):
                 plan_ranges(cluster, "t", bad, default_parts=2)  # type: ignore[arg-type]
+
+
+def test_the_old_cluster_url_keyword_still_works_with_a_warning() -> None:
+    from spark_loader import export_table, read_table
+
+    # Refused for the bad session before anything connects: the url reached the body.
+    with (pytest.warns(DeprecationWarning, match=r"read_table\(cluster_url=...\) is deprecated"),
+          pytest.raises(percolator.InvalidArgument, match="spark must be a SparkSession")):
+        read_table(None, cluster_url="sqlite:///nowhere.db", table="t")  # type: ignore[call-arg]
+    with (pytest.warns(DeprecationWarning, match="call it url="),
+          pytest.raises(percolator.InvalidArgument, match="unknown export format")):
+        export_table(None, cluster_url="sqlite:///x.db", table="t",  # type: ignore[call-arg]
+                     fmt="csv", output="o")
+    with pytest.raises(percolator.InvalidArgument, match="both 'url' and its old name"):
+        read_table(None, url="a", cluster_url="b", table="t")  # type: ignore[call-arg]

@@ -21,6 +21,7 @@ import percolator
 from percolator._bulk import LOADS_TABLE, BulkLoad, LoadTxn, prewrite_rows
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._encoding import MAX_VALUE_BYTES, Free, Lock, decode_lock, decode_write
+from percolator._internals import internals
 from percolator._store import Read
 from spark_loader import LoadError, load_dataframe, load_files
 from tests._services import free_port
@@ -71,7 +72,8 @@ def expected(recs: list[dict[str, Any]]) -> dict[bytes, dict[str, bytes]]:
 
 def assert_clean(cluster: percolator.Cluster, table: str = "docs") -> None:
     """No lock left and every cell has exactly one PUT write record."""
-    for row, cells in cluster.store.scan(table, None, None, [Read("l"), Read("w", versions=None)]):
+    store = internals(cluster).store
+    for row, cells in store.scan(table, None, None, [Read("l"), Read("w", versions=None)]):
         for name, versions in cells.items():
             if name.startswith("l:"):
                 assert isinstance(decode_lock(versions[0][1]), Free), (row, name)
@@ -174,7 +176,7 @@ def _locks_of_load(cluster: percolator.Cluster) -> int:
     if "docs" not in cluster.tables():
         return 0
     n = 0
-    for _, cells in cluster.store.scan("docs", None, None, [Read("l")]):
+    for _, cells in internals(cluster).store.scan("docs", None, None, [Read("l")]):
         n += sum(isinstance(decode_lock(v[0][1]), Lock) for v in cells.values())
     return n
 
@@ -345,9 +347,9 @@ def test_observe_option_writes_notify_cells(spark: Any, tmp_path: Path, url: str
     result = load_files(spark, path, "jsonl", url, "docs", "url", COLUMNS,
                         observe=["meta:lang"])
     assert ("docs", "meta:lang") in cluster.observed_columns()
-    notified = {row for row, _ in cluster.store.scan("docs", None, None, [Read("n")])}
+    notified = {row for row, _ in internals(cluster).store.scan("docs", None, None, [Read("n")])}
     assert len(notified) == 20
-    cells = cluster.store.scan("docs", None, None, [Read("n")])
+    cells = internals(cluster).store.scan("docs", None, None, [Read("n")])
     assert all(set(c) == {"n:meta:lang"} and c["n:meta:lang"][0][0] == result.commit_ts
                for _, c in cells)
     assert LOADS_TABLE not in cluster.tables()  # internal, hidden from users
@@ -389,10 +391,10 @@ def test_load_into_hbase(spark: Any, tmp_path: Path, hbase_thrift: str) -> None:
     with percolator.connect(remote) as c:
         assert visible(c) == expected(recs)
         assert_clean(c)
-        notified = {row for row, _ in c.store.scan("docs", None, None, [Read("n")])}
+        notified = {row for row, _ in internals(c).store.scan("docs", None, None, [Read("n")])}
         assert notified == set(expected(recs))
-        for table in c.store.list_tables():
-            c.store.drop_table(table)
+        for table in internals(c).store.list_tables():
+            internals(c).store.drop_table(table)
 
 
 # --- as a new user starts it ------------------------------------------------------------------

@@ -19,6 +19,7 @@ import pytest
 import percolator
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._encoding import Free, decode_lock
+from percolator._internals import internals
 from percolator._store import SPLIT_KEYS, Read, offered
 from spark_loader import (
     ReadError,
@@ -146,7 +147,7 @@ def test_locks_of_killed_writers_are_resolved(spark: Any, tmp_path: Path) -> Non
 
 
 def _all_free(cluster: percolator.Cluster) -> bool:
-    locks = cluster.store.scan("t", None, None, [Read("l")])
+    locks = internals(cluster).store.scan("t", None, None, [Read("l")])
     return all(isinstance(decode_lock(c["l:f:v"][0][1]), Free) for _, c in locks)
 
 
@@ -175,7 +176,7 @@ def test_ranges_spread_rows_and_export_round_trip(
         assert {bytes(r[0]): (bytes(r[1]), None if r[2] is None else bytes(r[2]))
                 for p in parts for r in p} == values
         # By default the store's own cut points, where it reports some.
-        splitting = offered(cluster.store, SPLIT_KEYS)
+        splitting = offered(internals(cluster).store, SPLIT_KEYS)
         store_keys = splitting.split_keys("src") if splitting is not None else []
         assert bool(store_keys) == reports_split_keys(backend)  # regions, tablet samples
         default = read_table(spark, url, "src", ["f:a"]).rdd.getNumPartitions()
@@ -192,8 +193,8 @@ def test_ranges_spread_rows_and_export_round_trip(
         assert loaded.rows == 300
         assert _rows(read_table(spark, url, "copy")) == values
         if backend != "sqlite":
-            for table in cluster.store.list_tables():
-                cluster.store.drop_table(table)
+            for table in internals(cluster).store.list_tables():
+                internals(cluster).store.drop_table(table)
 
 
 def test_export_cli_jsonl_round_trip_with_a_foreign_python3_on_path(
@@ -248,7 +249,7 @@ def test_bad_input_is_refused_before_spark_starts(
         cluster.create_table("t")
         with percolator.Transaction(cluster) as txn:
             txn.set("t", b"r", "f:v", b"\xff")
-        now = cluster.timestamps.get_timestamp()
+        now = internals(cluster).timestamps.get_timestamp()
     jobs = _jobs(spark)
     with pytest.raises(percolator.UnknownTableError, match="'nope' does not exist"):
         read_table(spark, url, "nope")

@@ -23,6 +23,7 @@ import percolator
 from percolator._bulk import LOADS_TABLE
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._gc import collect
+from percolator._internals import internals
 from percolator._store import Read
 
 pytestmark = [
@@ -221,7 +222,7 @@ def test_a_snapshot_below_the_gc_safe_point_fails_while_planning(
         cluster.create_table("t")
         with percolator.Transaction(cluster) as txn:
             txn.set("t", b"r", "f:v", b"1")
-        old = cluster.timestamps.get_timestamp()
+        old = internals(cluster).timestamps.get_timestamp()
         with percolator.Transaction(cluster) as txn:
             txn.set("t", b"r", "f:v", b"2")
         summary = collect(cluster, retention=0)
@@ -385,8 +386,8 @@ def test_a_stream_killed_mid_batch_and_restarted_writes_every_row_once(tmp_path:
         got = {r: v["v:n"] for r, v in snap.scan("t", None, None, ["v:n"])}
         assert got == {f"k{b}-{i}".encode(): str(b * 100 + i).encode()
                        for b in range(3) for i in range(10)}
-        writes = cluster.store.scan("t", None, None, [Read("w", versions=None)])
+        writes = internals(cluster).store.scan("t", None, None, [Read("w", versions=None)])
         assert all(len(versions) == 1 for _, cells in writes for versions in cells.values())
-        loads = [r for r, _ in cluster.store.scan(LOADS_TABLE, None, None,
+        loads = [r for r, _ in internals(cluster).store.scan(LOADS_TABLE, None, None,
                                                   [Read("w", versions=None)])]
         assert len([r for r in loads if r.startswith(b"stream-")]) == 3

@@ -15,6 +15,7 @@ import pytest
 
 import percolator
 from percolator._interleaving import Interleaving
+from percolator._internals import internals
 from percolator._store import (
     ATOMICALLY,
     CAPABILITIES,
@@ -175,6 +176,6 @@ def _gated(tmp_path: Path) -> Iterator[percolator.Cluster]:
 
 def test_the_interleaving_harness_store_declares_what_it_implements(tmp_path: Path) -> None:
     with _gated(tmp_path) as cluster:
-        assert type(cluster.store).__name__ == "_GatedStore"
-        assert cluster.store.capabilities == EXPECTED["sqlite"]
-        check_declarations(cluster.store)
+        assert type(internals(cluster).store).__name__ == "_GatedStore"
+        assert internals(cluster).store.capabilities == EXPECTED["sqlite"]
+        check_declarations(internals(cluster).store)

@@ -8,6 +8,7 @@ import pytest
 
 import percolator
 from percolator import Cluster, Transaction
+from percolator._internals import internals
 
 
 @pytest.fixture
@@ -18,7 +19,7 @@ def db(sqlite_cluster: Cluster) -> Cluster:
 
 def _nothing_written(db: Cluster) -> None:
     assert list(Transaction(db).scan("t")) == []
-    assert list(db.store.scan("t", None, None, [percolator._store.Read("l")])) == []
+    assert list(internals(db).store.scan("t", None, None, [percolator._store.Read("l")])) == []
 
 
 @pytest.mark.parametrize(

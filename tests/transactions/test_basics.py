@@ -6,6 +6,7 @@ import pytest
 
 import percolator
 from percolator import Cluster, Transaction
+from percolator._internals import internals
 from percolator.testing import CrashPoint, client_of, crash_commit
 
 
@@ -200,14 +201,14 @@ def test_get_rows_reads_many_rows_in_one_store_call(
     txn = Transaction(accounts)
     txn.set("accounts", b"r2", "bal:amount", b"own")
     txn.delete("accounts", b"r3", "bal:amount")
-    read_rows = accounts.store.read_rows
+    read_rows = internals(accounts).store.read_rows
     calls = []
 
     def counted(*args: object, **kwargs: object) -> object:
         calls.append(args)
         return read_rows(*args, **kwargs)
 
-    monkeypatch.setattr(accounts.store, "read_rows", counted)
+    monkeypatch.setattr(internals(accounts).store, "read_rows", counted)
     found = txn.get_rows("accounts", [b"r0", b"r1", b"r2", b"r3", b"nobody", b"r1"],
                          ["bal:amount", "bal:note"])
     assert found == {

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from percolator import Cluster, ConflictError, Snapshot, Transaction
 from percolator._commit import SimulatedCrash, commit_group, commit_transaction
+from percolator._internals import internals
 from percolator._store import ATOMICALLY, declares
 from percolator.testing import CrashPoint, client_of
 
@@ -56,14 +57,14 @@ def test_a_group_commits_each_member_as_if_alone(table: Cluster) -> None:
     members[1].set(T, b"b", COL, b"m1")  # the same cell as member 0: conflicts with it
     members[2].set(T, b"c", COL, b"m2")
     members[3].get(T, b"a", COL)  # reads only
-    atomic = declares(table.store, ATOMICALLY)
-    counting = CountingSteps(table.store)
+    atomic = declares(internals(table).store, ATOMICALLY)
+    counting = CountingSteps(internals(table).store)
     if atomic:
-        table.store = counting  # type: ignore[assignment]
+        internals(table).store = counting  # type: ignore[assignment]
     try:
         outcomes = commit_group([before, *members])
     finally:
-        table.store = counting._store if atomic else table.store
+        internals(table).store = counting._store if atomic else internals(table).store
     assert isinstance(outcomes[0], ConflictError)
     assert isinstance(outcomes[1], int)
     assert isinstance(outcomes[2], ConflictError)

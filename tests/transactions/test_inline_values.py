@@ -17,6 +17,7 @@ import percolator
 from percolator import Cluster, Transaction
 from percolator._bulk import BulkLoad, LoadTxn, prewrite_rows
 from percolator._encoding import DATA, INLINE_MAX_BYTES, LOCK, WRITE, inline_value
+from percolator._internals import internals
 from percolator._store import Read
 from percolator.testing import CrashPoint, client_of, crash_commit
 
@@ -24,7 +25,7 @@ T, C = "accounts", "bal:amount"
 
 
 def _newest(cluster: Cluster, row: bytes, family: str) -> tuple[int, bytes] | None:
-    found = cluster.store.read_rows(T, [row], [Read(family, (C,))]).get(row, {})
+    found = internals(cluster).store.read_rows(T, [row], [Read(family, (C,))]).get(row, {})
     versions = found.get(f"{family}:{C}")
     return versions[0] if versions else None
 
@@ -164,7 +165,9 @@ def test_a_one_phase_commit_between_a_prewriters_read_and_lock_is_a_conflict(
     embedded.one_phase_commit = False
     mine = Transaction(embedded)
     mine.set(T, b"alice", C, b"mine")
-    embedded.store = _CommitAfterFirstRead(embedded.store, _commit_elsewhere(tmp_path, b"theirs"))  # type: ignore[assignment]
+    parts = internals(embedded)
+    parts.store = _CommitAfterFirstRead(  # type: ignore[assignment]
+        parts.store, _commit_elsewhere(tmp_path, b"theirs"))
     with pytest.raises(percolator.ConflictError, match="after our start"):
         mine.commit()
     assert Transaction(embedded).get(T, b"alice", C) == b"theirs"
@@ -180,7 +183,9 @@ def test_a_one_phase_commit_between_a_loads_read_and_lock_fails_the_load(
     load = BulkLoad(embedded, T, "race")
     txn = load.begin({})
     assert isinstance(txn, LoadTxn)
-    embedded.store = _CommitAfterFirstRead(embedded.store, _commit_elsewhere(tmp_path, b"theirs"))  # type: ignore[assignment]
+    parts = internals(embedded)
+    parts.store = _CommitAfterFirstRead(  # type: ignore[assignment]
+        parts.store, _commit_elsewhere(tmp_path, b"theirs"))
     with pytest.raises(percolator.ConflictError, match="after the load started"):
         list(prewrite_rows(embedded, txn, [(b"alice", {C: b"loaded"})]))
     load.abort()

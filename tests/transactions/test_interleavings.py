@@ -16,6 +16,7 @@ import pytest
 
 import percolator
 from percolator import Cluster, ConflictError, Snapshot, Transaction
+from percolator._internals import internals
 from percolator.testing import CrashPoint, Interleaving, Step, client_of, crash_commit
 
 T, COL = "bank", "bal:v"
@@ -71,7 +72,7 @@ def test_a_commit_point_lost_to_a_cleaner_leaves_nothing_visible(bank: Cluster) 
         t1 = world.actor("T1", transfer(client).commit, clients=[client])
         t1.run_until(is_timestamp)  # both cells locked; its commit timestamp is next
         t1.run_until(lambda step: step.matches("check_and_set", row=ALICE))
-        client.coordination.close()  # its session expires while it is paused
+        internals(client).coordination.close()  # its session expires while it is paused
         assert balances(bank) == (b"100", b"0")  # the reader rolled it back
         with pytest.raises(ConflictError):
             t1.finish()
@@ -91,7 +92,7 @@ def test_a_committer_whose_session_expired_does_not_reach_its_commit_point(
         client = committer(bank)
         t1 = world.actor("T1", transfer(client).commit, clients=[client])
         t1.run_until(is_timestamp)
-        client.coordination.close()
+        internals(client).coordination.close()
         with pytest.raises(percolator.CoordinationError, match="not committing"):
             t1.finish()
     assert balances(bank) == (b"100", b"0")
@@ -140,7 +141,7 @@ def test_a_prewrite_rolls_a_committed_primary_forward_before_locking_it(
     with Transaction(bank) as t2:
         t2.set(T, ALICE, COL, b"41")
     assert balances(bank) == (b"41", b"60")
-    history = Snapshot(bank, start_ts=bank.timestamps.get_timestamp())
+    history = Snapshot(bank, start_ts=internals(bank).timestamps.get_timestamp())
     assert history.get(T, BOB, COL) == b"60"
 
 
@@ -177,7 +178,7 @@ def test_a_cleaner_that_loses_its_rollback_cas_leaves_the_commit_whole(
         # At its commit point's CAS, its session confirmed; then the session expires
         # and it does not know yet.
         t1.run_until(lambda s: s.matches("check_and_set", row=ALICE))
-        client.coordination.close()
+        internals(client).coordination.close()
         reader = Transaction(bank)
         r = world.actor("reader", lambda: reader.get(T, BOB, COL))
         r.run_until(lambda s: s.matches("check_and_set", row=ALICE))  # the rollback CAS
@@ -219,7 +220,7 @@ def test_a_secondary_rolled_forward_under_a_paused_committer_is_not_written_twic
         t1.run_until(is_timestamp)
         t1.step()
         t1.run_until(lambda s: ALICE not in s.rows)  # committed, bob still locked
-        client.coordination.close()
+        internals(client).coordination.close()
         t2 = Transaction(committer(bank))
         assert t2.get(T, BOB, COL) == b"60"  # rolled forward by the reader
         t2.set(T, BOB, COL, b"61")

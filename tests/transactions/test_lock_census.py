@@ -21,6 +21,7 @@ import percolator
 from percolator import Cluster, Transaction
 from percolator import _lock_census as lock_census_module
 from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
+from percolator._internals import internals
 from percolator._lock_census import LockCensus
 from percolator.testing import CrashPoint, client_of, crash_commit
 
@@ -44,23 +45,23 @@ class _FamiliesRead:
 
 
 def _families_of_a_get(cluster: Cluster, row: bytes) -> tuple[bytes | None, tuple[str, ...]]:
-    proxy = _FamiliesRead(cluster.store)
-    cluster.store = proxy  # type: ignore[assignment]
+    proxy = _FamiliesRead(internals(cluster).store)
+    internals(cluster).store = proxy  # type: ignore[assignment]
     try:
         value = Transaction(cluster).get(T, row, C)
     finally:
-        cluster.store = proxy._store
+        internals(cluster).store = proxy._store
     return value, proxy.families[0]
 
 
 def test_reads_skip_locks_only_while_none_can_be_held(sqlite_cluster: Cluster) -> None:
     cluster = sqlite_cluster
-    census = cluster.lock_census
+    census = internals(cluster).lock_census
     assert census is not None
     cluster.create_table(T)
     with Transaction(cluster) as txn:  # one phase: no lock
         txn.set(T, b"alice", C, b"1")
-    cluster.sweep_locks(force=True)
+    internals(cluster).sweep_locks(force=True)
     assert census.clean()
     assert _families_of_a_get(cluster, b"alice") == (b"1", ("w",))
 
@@ -69,11 +70,11 @@ def test_reads_skip_locks_only_while_none_can_be_held(sqlite_cluster: Cluster) -
     dying.set(T, b"alice", C, b"2")  # a secondary, left locked by the crash
     assert crash_commit(dying, CrashPoint("commit_point")) is True
     assert not census.clean()
-    cluster.sweep_locks(force=True)  # a lock is left: the census stays set
+    internals(cluster).sweep_locks(force=True)  # a lock is left: the census stays set
     assert not census.clean()
     # the read looks at the lock and rolls the committed secondary forward
     assert _families_of_a_get(cluster, b"alice") == (b"2", ("l", "w"))
-    cluster.sweep_locks(force=True)
+    internals(cluster).sweep_locks(force=True)
     assert census.clean()
     assert _families_of_a_get(cluster, b"alice") == (b"2", ("w",))
 
@@ -82,21 +83,21 @@ def test_a_load_keeps_the_census_set_until_its_locks_are_released(
     sqlite_cluster: Cluster,
 ) -> None:
     cluster = sqlite_cluster
-    census = cluster.lock_census
+    census = internals(cluster).lock_census
     assert census is not None
     cluster.create_table(T)
     load = BulkLoad(cluster, T, "census")
     txn = load.begin({})
     assert isinstance(txn, LoadTxn)
     locked = list(prewrite_rows(cluster, txn, [(b"alice", {C: b"loaded"})]))
-    cluster.sweep_locks(force=True)
+    internals(cluster).sweep_locks(force=True)
     assert not census.clean()
     commit_ts = load.commit({})
-    cluster.sweep_locks(force=True)
+    internals(cluster).sweep_locks(force=True)
     assert not census.clean()  # the cell is still locked (committed, not released)
     assert Transaction(cluster).get(T, b"alice", C) == b"loaded"  # rolls it forward
     finish_rows(cluster, txn, locked, commit_ts)
-    cluster.sweep_locks(force=True)
+    internals(cluster).sweep_locks(force=True)
     assert census.clean()
     assert Transaction(cluster).get(T, b"alice", C) == b"loaded"
 
@@ -177,7 +178,7 @@ def test_a_census_written_before_a_reboot_starts_set(tmp_path: Path) -> None:
 
 
 def test_remote_stores_have_no_census(cluster: Cluster, backend: str) -> None:
-    assert (cluster.lock_census is not None) == (backend == "sqlite")
+    assert (internals(cluster).lock_census is not None) == (backend == "sqlite")
 
 
 def test_sweeps_are_rate_limited_unless_forced_and_back_off_while_locks_are_left(
@@ -231,7 +232,7 @@ def test_status_shows_the_census_and_sweeps_when_no_lock_is_held(tmp_path: Path)
         assert Transaction(cluster).get(T, b"alice", C) is None  # rolls the lock back
         shown = status()
         assert "locks held: 0" in shown and "lock census: clear" in shown
-        assert cluster.lock_census is not None and cluster.lock_census.clean()
+        assert internals(cluster).lock_census is not None and internals(cluster).lock_census.clean()
 
 
 def test_a_child_forked_while_its_parent_takes_holds_the_census_itself(
@@ -270,8 +271,9 @@ def test_a_child_forked_while_its_parent_takes_holds_the_census_itself(
 def test_a_cluster_built_by_hand_on_the_embedded_store_keeps_the_census(
     sqlite_cluster: Cluster,
 ) -> None:
-    by_hand = Cluster(sqlite_cluster.store, sqlite_cluster.timestamps,
-                      sqlite_cluster.coordination)
-    assert by_hand.lock_census is not None
-    assert by_hand.lock_census.path == f"{sqlite_cluster.store.path}-census"  # type: ignore[attr-defined]
-    by_hand.lock_census.close()
+    by_hand = Cluster(internals(sqlite_cluster).store, internals(sqlite_cluster).timestamps,
+                      internals(sqlite_cluster).coordination)
+    assert internals(by_hand).lock_census is not None
+    assert internals(by_hand).lock_census.path == (  # type: ignore[union-attr]
+        f"{internals(sqlite_cluster).store.path}-census")  # type: ignore[attr-defined]
+    internals(by_hand).lock_census.close()

@@ -17,6 +17,7 @@ import pytest
 
 import percolator
 from percolator import Transaction
+from percolator._internals import internals
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,7 +63,7 @@ def test_dead_owner_is_rolled_back_at_once(url: str, holder: Any) -> None:
     with percolator.connect(url, lock_wait=3600) as cluster:
         txn = Transaction(cluster)
         assert txn.get("t", b"r2", "c:v") == b"old"  # no wait for the hour-long ttl
-        assert cluster.stats["locks_resolved"] >= 1
+        assert internals(cluster).stats["locks_resolved"] >= 1
 
 
 def test_live_owner_blocks_readers_until_its_ttl(url: str, holder: Any) -> None:
@@ -105,7 +106,7 @@ class SlowStore:
 def test_long_commit_refreshes_its_primary(url: str) -> None:
     ttl = 1.0  # refreshed every ttl/3: only a stall of 2/3 s could fail this test
     slow = percolator.connect(url, lock_ttl=ttl)
-    slow.store = SlowStore(slow.store, 0.025)  # type: ignore[assignment]
+    internals(slow).store = SlowStore(internals(slow).store, 0.025)  # type: ignore[assignment]
     slow.one_phase_commit = False  # the two-phase path is the one that refreshes
     reader_cluster = percolator.connect(url, lock_wait=30)
     txn = Transaction(slow)

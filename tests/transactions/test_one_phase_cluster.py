@@ -23,6 +23,7 @@ import percolator
 from percolator import Cluster, Transaction
 from percolator._commit import _Committer
 from percolator._encoding import LOCK, Free, encode_lock
+from percolator._internals import internals
 from percolator._lock_resolver import write_cells
 from percolator._store import GuardedSet
 from percolator.testing import Interleaving, Step, client_of
@@ -36,9 +37,9 @@ def _one_phase_mutant(txn: Transaction) -> None:
     prewrite (live locks, newer writes, our rollback) that writes the write records
     and FREE locks at once."""
     committer = _Committer(txn, None)
-    store = txn.cluster.store
+    store = internals(txn.cluster).store
     assert isinstance(store, GuardedSet)
-    commit_ts = txn.cluster.timestamps.get_timestamp()
+    commit_ts = internals(txn.cluster).timestamps.get_timestamp()
     free = encode_lock(Free(txn.start_ts, True))
     puts: list[tuple[str, int, bytes]] = []
     for cell in committer.cells:
@@ -72,7 +73,7 @@ def _add(txn: Transaction, amount: int) -> None:
 def test_a_reader_above_the_commit_timestamp_sees_the_commit(
     cluster: Cluster, commit: Callable[[Transaction], None]
 ) -> None:
-    if not isinstance(cluster.store, GuardedSet):
+    if not isinstance(internals(cluster).store, GuardedSet):
         pytest.skip("the one-phase form needs a conditional mutation with guards (Bigtable)")
     cluster.create_table(T)
     cluster.one_phase_commit = False

@@ -13,6 +13,7 @@ import pytest
 import percolator
 from percolator import Cluster, LockedError, RetryPolicy, Transaction
 from percolator._commit import SimulatedCrash, commit_transaction
+from percolator._internals import internals
 from percolator.testing import CrashPoint, client_of
 
 T = "t"
@@ -44,19 +45,19 @@ def rows(cluster: Cluster) -> Cluster:
 
 
 def _reads_of(cluster: Cluster, row: bytes) -> tuple[int, tuple[bytes | None, ...]]:
-    counting = CountingReads(cluster.store)
-    cluster.store = counting  # type: ignore[assignment]
+    counting = CountingReads(internals(cluster).store)
+    internals(cluster).store = counting  # type: ignore[assignment]
     try:
         snap = percolator.Snapshot(cluster)
         values = (snap.get(T, row, "c:a"), snap.get(T, row, "c:b"))
     finally:
-        cluster.store = counting._store
+        internals(cluster).store = counting._store
     return counting.reads, values
 
 
 def test_a_column_read_after_another_comes_with_it_next_time(rows: Cluster) -> None:
     assert _reads_of(rows, b"r0") == (2, (b"a0", b"b0"))  # nothing learned yet
-    assert rows.read_predictions[(T, "c:a")] == ("c:b",)
+    assert internals(rows).read_predictions[(T, "c:a")] == ("c:b",)
     assert _reads_of(rows, b"r1") == (1, (b"a1", b"b1"))  # b came with a
     # A transaction's own write of the predicted column wins over the prefetch.
     with Transaction(rows) as txn:
@@ -75,7 +76,7 @@ def test_a_lock_on_a_predicted_column_is_not_waited_for(rows: Cluster) -> None:
     txn.set(T, b"r1", "c:b", b"new")
     with pytest.raises(SimulatedCrash):  # stopped after locking; its owner lives on
         commit_transaction(txn, CrashPoint("prewrite", 0))
-    rows.lock_wait_policy = RetryPolicy(max_tries=2, delay=0.01, max_delay=0.01,
+    internals(rows).lock_wait_policy = RetryPolicy(max_tries=2, delay=0.01, max_delay=0.01,
                                         deadline=None)
     snap = percolator.Snapshot(rows)
     assert snap.get(T, b"r1", "c:a") == b"a1"

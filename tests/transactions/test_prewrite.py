@@ -14,6 +14,7 @@ import percolator
 from percolator import Cluster, Transaction
 from percolator._commit import commit_transaction
 from percolator._encoding import META_TABLE
+from percolator._internals import internals
 from percolator._timestamps import StoreTimestamps
 from percolator.testing import CrashPoint, SimulatedCrash, client_of, crash_commit
 
@@ -131,9 +132,9 @@ CALLS = {
 def test_store_calls_of_a_commit(accounts: Cluster, backend: str, cells: int) -> None:
     if backend not in CALLS:
         pytest.skip("the embedded store commits in one phase (its own tests count it)")
-    counted = _Counted(accounts.store)
-    accounts.store = counted  # type: ignore[assignment]
-    accounts.timestamps = StoreTimestamps(counted)  # type: ignore[arg-type]
+    counted = _Counted(internals(accounts).store)
+    internals(accounts).store = counted  # type: ignore[assignment]
+    internals(accounts).timestamps = StoreTimestamps(counted)  # type: ignore[arg-type]
     for _ in range(2):  # the second time over existing cells, FREE locks, older records
         txn = Transaction(accounts)
         for i in range(cells):

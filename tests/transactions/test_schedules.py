@@ -47,6 +47,7 @@ from percolator import (
     Snapshot,
     Transaction,
 )
+from percolator._internals import internals
 from percolator.testing import Interleaving, client_of
 
 T = "sched"
@@ -90,13 +91,14 @@ class Run:
     def client(self) -> Cluster:
         client = client_of(self.cluster)
         client.one_phase_commit = False
-        client.lock_wait_policy = RetryPolicy(max_tries=3, delay=0, max_delay=0, deadline=None)
+        internals(client).lock_wait_policy = RetryPolicy(
+            max_tries=3, delay=0, max_delay=0, deadline=None)
         if self.dead:
-            client.coordination.close()
+            internals(client).coordination.close()
             # Its session expired after it confirmed it at the commit point (the window
             # between that check and the commit point's CAS): it commits unaware, and
             # races the cleaners that know it dead.
-            client.coordination.confirm_owner = lambda owner: None  # type: ignore[method-assign]
+            internals(client).coordination.confirm_owner = lambda owner: None  # type: ignore[method-assign]
         return client
 
     def writer(

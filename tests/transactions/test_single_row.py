@@ -16,6 +16,7 @@ import percolator
 from percolator import Cluster, Transaction
 from percolator._commit import CrashPoint
 from percolator._encoding import LOCK, Free, decode_lock
+from percolator._internals import internals
 from percolator._store import GuardedSet, Read
 from percolator.testing import Interleaving, client_of, crash_commit
 
@@ -49,17 +50,17 @@ def two_phase(cluster: Cluster) -> Cluster:
 
 
 def _locks(cluster: Cluster) -> dict[str, Any]:
-    cells = cluster.store.read_rows(T, [ROW], [Read(LOCK)]).get(ROW, {})
+    cells = internals(cluster).store.read_rows(T, [ROW], [Read(LOCK)]).get(ROW, {})
     return {name: decode_lock(versions[0][1]) for name, versions in cells.items() if versions}
 
 
 def test_one_row_is_locked_and_committed_in_one_step_each(two_phase: Cluster) -> None:
-    counting = Counting(two_phase.store)
-    two_phase.store = counting  # type: ignore[assignment]
+    counting = Counting(internals(two_phase).store)
+    internals(two_phase).store = counting  # type: ignore[assignment]
     with Transaction(two_phase) as txn:
         for column in ("c:a", "c:b", "c:c"):
             txn.set(T, ROW, column, b"1")
-    two_phase.store = counting._store
+    internals(two_phase).store = counting._store
     guarded = isinstance(counting._store, GuardedSet)
     if guarded:
         assert counting.calls["set_unless"] == 1  # every lock of the row at once

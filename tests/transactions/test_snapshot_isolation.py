@@ -44,6 +44,7 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_s
 import percolator
 from percolator import SnapshotTooOldError, Transaction
 from percolator._gc import GcSummary, collect
+from percolator._internals import internals
 from percolator.conformance._si import CRASH_POINTS, Model
 from percolator.testing import CrashPoint, client_of, crash_commit
 from tests._backends import WITH_FAULTS, drop_tables
@@ -83,7 +84,7 @@ class FreshTables:
 
     def __init__(self, cluster: percolator.Cluster) -> None:
         self.cluster = cluster
-        self.batch = 1 if cluster.store.url.startswith("sqlite") else 12
+        self.batch = 1 if internals(cluster).store.url.startswith("sqlite") else 12
         self.ready: list[str] = []
 
     def take(self) -> str:
@@ -104,7 +105,7 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
             self.names = {t: fresh.take() for t in TABLES}
             self.model = Model()
             self.open: list[Open] = []
-            self.safe_point = cluster.safe_point.fetch()
+            self.safe_point = internals(cluster).safe_point.fetch()
 
         # --- the model (percolator.conformance._si, shared with the conformance run) --
 
@@ -266,7 +267,7 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
                 if not overtake:
                     assert all(summary.safe_point <= h.txn.start_ts
                                for h in self.open if not self.too_old(h))
-            self.safe_point = cluster.safe_point.fetch()
+            self.safe_point = internals(cluster).safe_point.fetch()
 
         def teardown(self) -> None:
             for h in self.open:
@@ -292,7 +293,7 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
                 }
                 assert got == {k: v for k, v in snapshot.items() if k[0] == table}
             for table in TABLES:
-                locks = cluster.store.scan(
+                locks = internals(cluster).store.scan(
                     self.names[table], None, None, [percolator._store.Read("l")]
                 )
                 for _, cells in locks:
@@ -304,7 +305,7 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
             # timestamp range: they go once a newer version is kept).
             for table in TABLES:
                 name = self.names[table]
-                for row, cells in cluster.store.scan(
+                for row, cells in internals(cluster).store.scan(
                     name, None, None, [percolator._store.Read("w", versions=None),
                                        percolator._store.Read("d", versions=None)]
                 ):

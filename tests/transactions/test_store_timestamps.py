@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from percolator import Cluster
+from percolator._internals import internals
 from percolator._store import INCREMENT
 from percolator._timestamps import StoreTimestamps
 from tests._concurrency import run_concurrently
@@ -48,10 +49,10 @@ def _wait_for(condition: Any) -> None:
 
 @pytest.fixture
 def parked(cluster: Cluster) -> ParkedRequest:
-    if INCREMENT not in cluster.store.capabilities:
+    if INCREMENT not in internals(cluster).store.capabilities:
         pytest.skip("the store counts with a read and a compare-and-set, not an increment")
-    StoreTimestamps(cluster.store).get_timestamp()  # the counter exists: no retry below
-    return ParkedRequest(cluster.store)
+    StoreTimestamps(internals(cluster).store).get_timestamp()  # the counter exists: no retry below
+    return ParkedRequest(internals(cluster).store)
 
 
 def test_a_draw_begun_during_a_request_waits_for_the_next_one(
@@ -62,7 +63,7 @@ def test_a_draw_begun_during_a_request_waits_for_the_next_one(
     a draw: it must get more than the other client's timestamp (fails with a local
     block: a spare timestamp of the first request would be below it)."""
     mine = StoreTimestamps(parked)  # type: ignore[arg-type]
-    theirs = StoreTimestamps(cluster.store)
+    theirs = StoreTimestamps(internals(cluster).store)
     got: dict[str, int] = {}
     first = threading.Thread(target=lambda: got.setdefault("first", mine.get_timestamp()))
     first.start()
@@ -110,7 +111,7 @@ def test_draws_queued_behind_a_request_share_the_next(
 
 def test_concurrent_draws_of_two_clients_are_unique(cluster: Cluster) -> None:
     """Two clients of four threads each on one counter, with real threads."""
-    clients = [StoreTimestamps(cluster.store), StoreTimestamps(cluster.store)]
+    clients = [StoreTimestamps(internals(cluster).store), StoreTimestamps(internals(cluster).store)]
     got: list[int] = []
     lock = threading.Lock()
 
@@ -127,7 +128,8 @@ def test_concurrent_draws_of_two_clients_are_unique(cluster: Cluster) -> None:
 def test_a_draw_after_another_clients_draw_returned_is_above_it(cluster: Cluster) -> None:
     """Real-time order across clients of one counter (fails with a local block of the
     counter: the second draw of ``mine`` would come from the block its first took)."""
-    mine, theirs = StoreTimestamps(cluster.store), StoreTimestamps(cluster.store)
+    store = internals(cluster).store
+    mine, theirs = StoreTimestamps(store), StoreTimestamps(store)
     a = mine.get_timestamp()
     b = theirs.get_timestamp()
     assert a < b < mine.get_timestamp()

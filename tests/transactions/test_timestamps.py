@@ -17,6 +17,7 @@ import pytest
 
 import percolator
 from percolator._encoding import WRITE
+from percolator._internals import internals
 from percolator._store import INCREMENT, Read
 from percolator._timestamps import HostTimestamps, StoreTimestamps
 from percolator.stores import open_store
@@ -306,9 +307,9 @@ def _slow_two_cell_commit(tmp_path: Path, gap: int) -> tuple[
     with percolator.Transaction(cluster) as txn:
         txn.set("t", b"x", "c:v", b"old")
         txn.set("t", b"y", "c:v", b"old")
-    cluster.timestamps.GAP = gap  # type: ignore[attr-defined]
-    slow = _SlowCommitStore(cluster.store)
-    cluster.store = slow  # type: ignore[assignment]
+    internals(cluster).timestamps.GAP = gap  # type: ignore[attr-defined]
+    slow = _SlowCommitStore(internals(cluster).store)
+    internals(cluster).store = slow  # type: ignore[assignment]
     committed = threading.Event()
     commit_ts: list[int] = []
 
@@ -441,7 +442,7 @@ with percolator.connect(f"sqlite://{db}") as cluster:
         for i in range(40):
             with percolator.Transaction(cluster) as txn:
                 txn.set("t", f"{me}-{thread}-{i}".encode(), "c:v", b"1")
-            cluster.timestamps.get_timestamps(2)
+            internals(cluster).timestamps.get_timestamps(2)
     threads = [threading.Thread(target=work, args=(t,)) for t in range(3)]
     for t in threads: t.start()
     for t in threads: t.join()
@@ -501,8 +502,8 @@ def test_a_draw_after_a_commit_is_visible_is_above_it_even_while_its_slot_is_set
         commit_ts.append(txn.commit_ts)
 
     writer = threading.Thread(target=write)
-    parked = ParkedAfterCommit(cluster.store, writer)
-    cluster.store = parked  # type: ignore[assignment]
+    parked = ParkedAfterCommit(internals(cluster).store, writer)
+    internals(cluster).store = parked  # type: ignore[assignment]
     with cluster:
         writer.start()
         assert parked.committed.wait(10)

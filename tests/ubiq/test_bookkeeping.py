@@ -21,6 +21,7 @@ from observers import Worker, wait_for_observers
 from observers.ubiq import LogPipeline, Output, WorkUnit, _pipeline
 from percolator import Cluster, Snapshot, Transaction
 from percolator._encoding import FAMILIES, FREE_TAG, LOCK
+from percolator._internals import internals
 from percolator._notifications import pending_notifications
 from percolator._store import Read
 from percolator.testing import CrashPoint, client_of, crash_commit
@@ -61,7 +62,7 @@ def _stored(p: LogPipeline) -> dict[str, list[str]]:
     only put)."""
     p.cluster.gc(retention=0)
     reads = [Read(family, None, versions=None) for family in FAMILIES]
-    return {table: [f"{row!r}/{column}" for row, cells in p.cluster.store.scan(
+    return {table: [f"{row!r}/{column}" for row, cells in internals(p.cluster).store.scan(
         table, None, None, reads) for column, versions in cells.items()
         if not (column.startswith(f"{LOCK}:")
                 and all(v.startswith(FREE_TAG) for _, v in versions))]
@@ -70,7 +71,7 @@ def _stored(p: LogPipeline) -> dict[str, list[str]]:
 
 def _expire_every_lease(p: LogPipeline, rows: set[bytes]) -> None:
     """Lease each of *rows* to this (live) process, already expired."""
-    owner = p.cluster.coordination.current_owner()
+    owner = internals(p.cluster).coordination.current_owner()
     for row in rows:
         assert _pipeline._take_lease(p.cluster, p, row, owner, _pipeline._now_ms()
                                      - 2 * p.local_eta_ms)
@@ -93,7 +94,7 @@ def test_the_pending_index_holds_exactly_the_pending_units_and_the_sweep_finds_t
         with Transaction(cluster) as txn:
             assert _pipeline.cut_file(txn, p, "one.jsonl", _pipeline._now_ms()) > 2
         assert _index(p) == _pending_by_scan(p) and len(_index(p)) > 2
-        owner = cluster.coordination.current_owner()
+        owner = internals(cluster).coordination.current_owner()
         while p.quarantined() == []:  # split down to the bad record, the file's last
             last = max(_index(p))
             for _ in range(_pipeline.MAX_FAILURES):
@@ -201,7 +202,7 @@ def test_a_collector_dying_at_any_point_of_its_commit_leaves_all_or_nothing(
         with Transaction(cluster) as txn:
             assert _pipeline.cut_file(txn, p, "one.jsonl", _pipeline._now_ms()) == 1
         row = _pipeline.unit_row("one.jsonl", 0)
-        owner = cluster.coordination.current_owner()
+        owner = internals(cluster).coordination.current_owner()
         name, end = _pipeline._take_lease(cluster, p, row, owner, _pipeline._now_ms()) or ("", 0)
         staging = p.staging / row.hex() / "attempt"
         txn = Transaction(cluster)
@@ -400,12 +401,12 @@ def _sweep_reads(root: Path, committed_records: int) -> tuple[int, Counter[str]]
         # The index rows of committed units are deleted, but their dead versions stay
         # in the store, and a scan steps over them, until the library's GC removes them.
         cluster.gc(retention=0)
-        counting = _RowsRead(cluster.store)
-        cluster.store = counting  # type: ignore[assignment]
+        counting = _RowsRead(internals(cluster).store)
+        internals(cluster).store = counting  # type: ignore[assignment]
         try:
             renotified = p.sweep_leases()
         finally:
-            cluster.store = counting._store
+            internals(cluster).store = counting._store
         return renotified, counting.rows
 
 

@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 import percolator
-from observers import Worker, ubiq, wait_for_observers
+from observers import VerifyReport, Worker, ubiq, wait_for_observers
 from observers.ubiq import _pipeline
 from observers.ubiq.__main__ import main as ubiq_main
 from percolator import Cluster, Snapshot, Transaction
+from percolator._internals import internals
 from percolator.testing import CrashPoint, Interleaving, client_of, crash_commit
 from tests._backends import make_store_url
 from tests._concurrency import spawn_module
@@ -116,7 +117,7 @@ def test_a_unit_commit_dying_at_any_point_lands_whole_or_not_at_all(
         row = _pipeline.unit_row("one.jsonl", 0)
         dying = client_of(cluster)
         dying.one_phase_commit = False
-        owner = dying.coordination.current_owner()
+        owner = internals(dying).coordination.current_owner()
         assert _pipeline._take_lease(dying, p, row, owner, _pipeline._now_ms())
         txn = Transaction(dying)
         unit = ubiq.WorkUnit("one.jsonl", 0, 30 * 11, tmp_path / "a" / "one.jsonl", "a")
@@ -391,6 +392,13 @@ def test_the_cli_reports_and_verifies(
     out = capsys.readouterr().out
     assert "quarantined log" in out and "committed" in out
     assert ubiq_main(["retry-range", *args, name, str(begin)]) == 0
+    with percolator.connect(url) as cluster:
+        report = _app.pipeline(cluster, tmp_path).verify()
+    assert isinstance(report, VerifyReport) and not report and not report.ok
+    gap = f"{name}: gap at {begin}; 1 unit(s) pending"
+    assert report.problems == [gap] and report.files[name] == gap.split(": ", 1)[1].split("; ")
+    assert len(report.files) == 2
     assert ubiq_main(["verify", *args]) == 1  # a range back to pending: not covered yet
-    assert "pending" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.endswith(f"{gap}\n2 file(s); VIOLATIONS FOUND\n"), out
     assert ubiq_main(["retry-range", *args, "nope", "0"]) == 2
