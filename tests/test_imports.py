@@ -19,6 +19,8 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
     "percolator._bulk": ({"spark_loader"}, "the bulk-load protocol, made for the loader"),
     "percolator._commit": ({"observers"}, "the worker commits its observers' transactions"),
     "percolator._encoding": ({"observers", "spark_loader"}, "the column layout and codecs"),
+    "percolator._internals": ({"observers", "spark_loader"},
+                               "a cluster's parts below its public face (store, timestamps)"),
     "percolator._notifications": ({"observers"}, "notifications, acks and quarantine"),
     "percolator._notify_index": ({"observers"}, "the notification index the worker scans"),
     "percolator._observer_hooks": ({"observers"}, "the observer-transaction contract"),
