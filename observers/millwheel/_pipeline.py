@@ -440,21 +440,21 @@ def _hold(txn: TransactionBase, p: Pipeline, name: str, stream: str, record_id: 
     txn.set(p.held, row, "h:rec", encoded)
 
 
-def _adopt(txn: TransactionBase, p: Pipeline, node: _Node, limit: int) -> int | None:
-    """Move up to *limit* held records of *node* into its rows (as pending records);
-    returns the timestamp of the oldest held record, or None."""
-    oldest = None
-    for n, (row, cells) in enumerate(txn.scan(p.held, *node.index_range(), ["h:rec"])):
-        if n == limit:
+def _adopt(txn: TransactionBase, p: Pipeline, node: _Node, limit: int) -> int:
+    """Move the oldest *limit* held records of *node* into its rows, as pending
+    records; returns how many."""
+    moved = 0
+    for row, cells in txn.scan(p.held, *node.index_range(), ["h:rec"]):
+        if moved == limit:
             break
         ts, stream, record_id = _parse_index_row(node, row)
-        oldest = ts if oldest is None else oldest
         record = _decode_record(cells["h:rec"], b"", record_id.decode())
         target = _target(node, stream.decode(), record.id, record.value, ts, record.late,
                          None)
         _deliver_to(txn, node, target, record.id, ts, cells["h:rec"])
         txn.delete(p.held, row, "h:rec")
-    return oldest
+        moved += 1
+    return moved
 
 
 def _target(node: _Node, stream: str, record_id: str, value: bytes, ts: int, late: bool,
@@ -505,11 +505,10 @@ def _advance(txn: TransactionBase, p: Pipeline, name: str) -> tuple[int, int]:
     old_in, old_low = _read_marks(txn, p, f"wm/{name}")
     w_in = max(old_in, upstream)
     oldest = w_in
-    # Held records are pending ones whose keys are not known yet: moved into the
-    # rows here, and counted at their time (the scan below does not see the move).
-    held = _adopt(txn, p, node, p.inject_batch)
-    if held is not None:
-        oldest = min(oldest, held)
+    # Held records are pending ones whose keys were not known: moved into the rows
+    # (oldest first) before the scan below, which reads this transaction's writes, so
+    # the oldest held record counts as pending (the ones left held are newer).
+    _adopt(txn, p, node, p.inject_batch)
     for table, column in ((node.pending, "p:x"), (node.timers, "t:x")):
         for row, _ in txn.scan(table, *node.index_range(), [column]):  # the first: the oldest
             oldest = min(oldest, _parse_index_row(node, row)[0])

@@ -32,18 +32,18 @@ def _drain(pipeline: mw.Pipeline) -> None:
 
 def test_a_production_lands_on_one_side_of_the_subscription(cluster: Cluster) -> None:
     """Three injections by a process of the old topology (no Second): one committed
-    before the subscription, one whose transaction starts before it and commits after,
-    one after. Only the last reaches Second (held, then moved by the new topology's
-    advancer, whose low watermark stays at or below the held records); the Tally gets
-    all of them once."""
+    before the subscription, one whose transaction starts before it and reads and
+    commits after it, one after. Only the last reaches Second (held, then moved by
+    the new topology's advancer, whose low watermark stays at or below the held
+    records); the Tally gets all of them once."""
     records = _app.relay_input(30)
     old = _app.build_fanout(cluster, mw.IterableSource(records), False, inject_batch=10)
     new = _app.build_fanout(cluster, mw.IterableSource(records), True, inject_batch=10)
     old.create()
     assert old.inject("values") == 10
     with Transaction(cluster) as txn:  # its snapshot precedes the change, its commit not
-        assert _pipeline._inject(txn, old, old.injectors["values"], 10) == 10
         new.create()
+        assert _pipeline._inject(txn, old, old.injectors["values"], 10) == 10
     with Snapshot(cluster) as snap:
         assert new.subscriptions(snap) == {"values": ["Second", "Tally"]}
     assert old.inject("values") == 10
