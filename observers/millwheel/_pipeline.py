@@ -387,24 +387,30 @@ def _read_marks(txn: Snapshot, p: Pipeline, row: str) -> tuple[int, int]:
 
 @transactional
 def _subscribe(txn: TransactionBase, p: Pipeline) -> None:
-    """Store the subscriptions of *p*'s computations that are not stored yet: the
-    commit of this transaction is the change of topology."""
-    for stream in sorted(p.subscribers):
+    """Store the subscriptions of *p*'s computations that are not stored yet, and mark
+    every stream they read or produce as known (``x:stream``): the commit of this
+    transaction is the change of topology."""
+    streams = {*p.subscribers, *(i.stream for i in p.injectors.values()),
+               *(s for n in p.nodes.values() for s in n.computation.outputs)}
+    for stream in sorted(streams):
         row = f"sub/{stream}".encode()
-        stored = txn.get_row(p.meta, row, [f"c:{n.computation.name}"
-                                           for n in p.subscribers[stream]])
-        for node in p.subscribers[stream]:
-            if f"c:{node.computation.name}" not in stored:
-                txn.set(p.meta, row, f"c:{node.computation.name}", b"")
+        nodes = p.subscribers.get(stream, [])
+        wanted = ["x:stream", *(f"c:{n.computation.name}" for n in nodes)]
+        stored = txn.get_row(p.meta, row, wanted)
+        for column in wanted:
+            if column not in stored:
+                txn.set(p.meta, row, column, b"")
 
 
 def _subscribed(txn: TransactionBase, p: Pipeline, stream: str) -> list[str]:
     """The computations subscribed to *stream*, read in *txn*'s snapshot: this read is
-    what puts each production on one side of a change of topology."""
+    what puts each production on one side of a change of topology. A stream with no
+    row at all belongs to a pipeline created before subscriptions were stored (until
+    its next ``create()``): its subscribers are this process's."""
     row = f"sub/{stream}".encode()
     for _, cells in txn.scan(p.meta, row, row + b"\x00"):
         return sorted(c[2:] for c in cells if c.startswith("c:"))
-    return []
+    return [node.computation.name for node in p.subscribers.get(stream, [])]
 
 
 def _deliver(txn: TransactionBase, p: Pipeline, stream: str, subscribers: list[str],
