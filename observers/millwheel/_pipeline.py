@@ -13,8 +13,9 @@ Tables of pipeline ``<p>`` (per computation ``<C>``):
 * ``mw.<p>.meta``: ``wm/<C>`` (``w:in``, ``w:low``), ``inj/<name>`` (``c:pos``,
   ``w:low``), ``sub/<stream>`` (``c:<C>`` per subscribed computation: the topology);
 * ``mw.<p>.held``: records for a subscriber the delivering process has no code for,
-  row ``<C> NUL be64(ts) be16(len stream) stream id``, ``h:rec`` the record, until a
-  process that runs ``<C>`` moves them into its rows;
+  row ``<C> NUL be64(ts) be16(len stream) stream id``, ``h:rec`` the record (``h:key``
+  the producer's explicit key), until a process that runs ``<C>`` moves them into its
+  rows;
 * ``mw.<p>.out``: records produced on streams nobody subscribes to (the pipeline's
   output), row ``<stream>/<record id>``.
 
@@ -425,7 +426,7 @@ def _deliver(txn: TransactionBase, p: Pipeline, stream: str, subscribers: list[s
     for name in subscribers:
         node = p.nodes.get(name)
         if node is None or stream not in node.inputs:
-            _hold(txn, p, name, stream, record_id, ts, encoded)
+            _hold(txn, p, name, stream, record_id, ts, encoded, key)
         else:
             _deliver_to(txn, node, _target(node, stream, record_id, value, ts, late, key),
                         record_id, ts, encoded)
@@ -439,28 +440,37 @@ def _deliver_to(txn: TransactionBase, node: _Node, target: bytes, record_id: str
 
 
 def _hold(txn: TransactionBase, p: Pipeline, name: str, stream: str, record_id: str,
-          ts: int, encoded: bytes) -> None:
+          ts: int, encoded: bytes, key: bytes | None) -> None:
     """Keep a record for computation *name*, whose key extractor this process lacks,
-    indexed by time like a pending record (its advancer counts it as one)."""
+    indexed by time like a pending record (its advancer counts it as one); *key*, the
+    producer's explicit key if it gave one."""
     row = _prefixed_row(name.encode() + b"\0", ts, stream.encode(), record_id.encode())
     txn.set(p.held, row, "h:rec", encoded)
+    if key is not None:
+        txn.set(p.held, row, "h:key", key)
 
 
-def _adopt(txn: TransactionBase, p: Pipeline, node: _Node, limit: int) -> int:
+def _adopt(txn: TransactionBase, p: Pipeline, node: _Node, limit: int) -> int | None:
     """Move the oldest *limit* held records of *node* into its rows, as pending
-    records; returns how many."""
-    moved = 0
-    for row, cells in txn.scan(p.held, *node.index_range(), ["h:rec"]):
+    records. Returns the time of the oldest held record left (None: none or newer
+    than those moved), which the watermark must not pass: one on a stream this
+    process's version of the computation does not read stays for a process that has
+    the newer code."""
+    for moved, (row, cells) in enumerate(
+            txn.scan(p.held, *node.index_range(), ["h:rec", "h:key"])):
+        ts, stream, record_id = _parse_index_row(node, row)
+        if stream.decode() not in node.inputs:
+            return ts
         if moved == limit:
             break
-        ts, stream, record_id = _parse_index_row(node, row)
         record = _decode_record(cells["h:rec"], b"", record_id.decode())
         target = _target(node, stream.decode(), record.id, record.value, ts, record.late,
-                         None)
+                         cells.get("h:key"))
         _deliver_to(txn, node, target, record.id, ts, cells["h:rec"])
         txn.delete(p.held, row, "h:rec")
-        moved += 1
-    return moved
+        if "h:key" in cells:
+            txn.delete(p.held, row, "h:key")
+    return None
 
 
 def _target(node: _Node, stream: str, record_id: str, value: bytes, ts: int, late: bool,
@@ -513,8 +523,11 @@ def _advance(txn: TransactionBase, p: Pipeline, name: str) -> tuple[int, int]:
     oldest = w_in
     # Held records are pending ones whose keys were not known: moved into the rows
     # (oldest first) before the scan below, which reads this transaction's writes, so
-    # the oldest held record counts as pending (the ones left held are newer).
-    _adopt(txn, p, node, p.inject_batch)
+    # the oldest held record counts as pending (the ones left held are newer, or
+    # their time is returned).
+    left = _adopt(txn, p, node, p.inject_batch)
+    if left is not None:
+        oldest = min(oldest, left)
     for table, column in ((node.pending, "p:x"), (node.timers, "t:x")):
         for row, _ in txn.scan(table, *node.index_range(), [column]):  # the first: the oldest
             oldest = min(oldest, _parse_index_row(node, row)[0])
