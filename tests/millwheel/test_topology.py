@@ -134,3 +134,40 @@ def test_a_computation_added_in_a_new_process_gets_the_rest_of_the_log_once(
         assert second.keys() == set(lines[lines.index(first):])  # a contiguous run
         assert lines.index(first) <= after
         assert view.verify() == []
+
+
+class _Keyer(mw.Computation):
+    """Forwards each record with an explicit key, not its consumer's extractor's."""
+
+    outputs = ("keyed",)
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        ctx.produce("keyed", record.value, record.timestamp, key=b"K")
+
+
+def test_a_held_record_keeps_the_key_its_producer_gave(cluster: Cluster) -> None:
+    """A key run of the old topology produces, with an explicit key, for a consumer it
+    has no code for: the record is held with its key, and the new topology's advancer
+    delivers it to that key, not to the one the consumer's extractor gives."""
+    records = _app.relay_input(6)
+
+    def build(with_tally: bool) -> mw.Pipeline:
+        pipeline = mw.Pipeline(cluster, "keyed", interval=0.05)
+        pipeline.injector("values", mw.IterableSource(records), stream="values")
+        pipeline.computation(_Keyer(), inputs={"values": lambda r: r.value[-1:]})
+        if with_tally:
+            pipeline.computation(_app.Tally(), inputs={"keyed": lambda r: r.value[-1:]})
+        return pipeline
+
+    old, new = build(False), build(True)
+    old.create()
+    new.create()
+    assert old.inject("values") == 6
+    _drain(old)
+    assert _held(new) == 6
+    new.advance()
+    _drain(new)
+    with Snapshot(cluster) as snap:
+        keys = {key for key, _ in snap.scan(new.nodes["Tally"].table, None, None, ["s:n/v00000"])}
+    assert keys == {b"K"}
+    assert _app.tallies(new) == {v: 1 for v, _ in records}
