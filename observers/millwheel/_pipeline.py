@@ -11,7 +11,11 @@ Tables of pipeline ``<p>`` (per computation ``<C>``):
 * ``mw.<p>.timers``: one row ``<C> NUL be64(time) be16(len key) key tag`` per armed timer
   (one table each per pipeline, not per computation: Bigtable table ids are short);
 * ``mw.<p>.meta``: ``wm/<C>`` (``w:in``, ``w:low``), ``inj/<name>`` (``c:pos``,
-  ``w:low``);
+  ``w:low``), ``sub/<stream>`` (``c:<C>`` per subscribed computation: the topology);
+* ``mw.<p>.held``: records for a subscriber the delivering process has no code for,
+  row ``<C> NUL be64(ts) be16(len stream) stream id``, ``h:rec`` the record (``h:key``
+  the producer's explicit key), until a process that runs ``<C>`` moves them into its
+  rows;
 * ``mw.<p>.out``: records produced on streams nobody subscribes to (the pipeline's
   output), row ``<stream>/<record id>``.
 
@@ -21,6 +25,12 @@ writes the records it produces into the subscribers' rows: all of it commits or 
 does, so internal edges need no record-id deduplication, and two runs of one key
 conflict on the cells they both delete (per-key serialisation, zombie fencing).
 Injectors commit their source position with the records they inject.
+
+**The subscriptions are stored** (``sub/<stream>``), and every delivering transaction
+reads them in its own snapshot, so the topology can grow while processes run: a
+production goes to the subscribers its transaction sees, and a computation added by
+:meth:`Pipeline.create` receives exactly the records whose producing transaction
+started after the subscription committed (docs/millwheel.md, "Adding a computation").
 
 **The low watermark** of a computation is computed in one transaction, so from one
 consistent snapshot: ``w:in = max(old, min over inputs of the producers' w:low)`` and
@@ -70,7 +80,11 @@ _HEAD = struct.Struct(">QBH")  # timestamp, late flag, length of the stream name
 
 
 def _index_row(node: _Node, time_ms: int, key: bytes, suffix: bytes) -> bytes:
-    return (node.prefix + _TS.pack(max(0, min(time_ms, END_OF_TIME))) + _LEN.pack(len(key))
+    return _prefixed_row(node.prefix, time_ms, key, suffix)
+
+
+def _prefixed_row(prefix: bytes, time_ms: int, key: bytes, suffix: bytes) -> bytes:
+    return (prefix + _TS.pack(max(0, min(time_ms, END_OF_TIME))) + _LEN.pack(len(key))
             + key + suffix)
 
 
@@ -117,7 +131,8 @@ class _Node:
 
 @dataclass
 class Status:
-    """A computation's progress (``python -m observers.millwheel status``)."""
+    """A computation's progress (``python -m observers.millwheel status``); *pending*
+    counts its held records too."""
 
     name: str
     input_watermark: int
@@ -159,6 +174,7 @@ class Pipeline:
         self.out = f"mw.{name}.out"
         self.pending = f"mw.{name}.pending"
         self.timers = f"mw.{name}.timers"
+        self.held = f"mw.{name}.held"
         self.injectors: dict[str, _Injector] = {}
         self.nodes: dict[str, _Node] = {}
         self.subscribers: dict[str, list[_Node]] = {}
@@ -226,15 +242,38 @@ class Pipeline:
         return ordered
 
     def create(self) -> None:
-        """Create the tables and register the key runs' columns (idempotent).
+        """Create the tables, register the key runs' columns and store the
+        subscriptions of this object's computations (idempotent; never removes one).
+
+        On a running pipeline this is how a computation, or a consumer of an existing
+        stream, is added: declare it with :meth:`computation` in the new processes'
+        code and call this (``python -m observers.millwheel run`` does). It receives
+        every record whose producing transaction starts after the subscription
+        commits, and none before (docs/millwheel.md, "Adding a computation").
 
         :raises InvalidArgument: a cycle, or an input stream nobody produces."""
         self.order()
-        for table in (self.meta, self.out, self.pending, self.timers):
+        for table in (self.meta, self.out, self.pending, self.timers, self.held):
             self.cluster.create_table(table)
         for node in self.nodes.values():
             self.cluster.create_table(node.table)
             self.cluster.observe(node.table, WAKE)
+        # Tables first: a delivering transaction that sees the subscription writes there.
+        _subscribe(self.cluster, self)
+
+    def add_computation(self, computation: Computation,
+                        inputs: dict[str, Callable[[Record], bytes]]) -> None:
+        """:meth:`computation` then :meth:`create`: add *computation* to the pipeline,
+        running or not, from the change onwards."""
+        self.computation(computation, inputs)
+        self.create()
+
+    def subscriptions(self, snapshot: Snapshot) -> dict[str, list[str]]:
+        """The stored topology: stream -> the computations subscribed to it."""
+        found: dict[str, list[str]] = {}
+        for row, cells in snapshot.scan(self.meta, b"sub/", b"sub0"):
+            found[row[4:].decode()] = sorted(c[2:] for c in cells if c.startswith("c:"))
+        return found
 
     def observers(self) -> list[Observer]:
         """One key-run observer per computation, for a :class:`~observers.Worker`."""
@@ -245,8 +284,11 @@ class Pipeline:
         found = [Periodic(self.cluster, f"mw.{self.name}.inject.{name}",
                           bind(self.inject, name), interval=self.interval)
                  for name in self.injectors]
-        found.append(Periodic(self.cluster, f"mw.{self.name}.advance", self.advance,
-                              interval=self.interval))
+        # One advancer per computation, named by it: a process of an older topology
+        # holding the task would never advance (or adopt records for) a new one.
+        found += [Periodic(self.cluster, f"mw.{self.name}.advance.{name}",
+                           bind(self._advance_one, name), interval=self.interval)
+                  for name in self.order()]
         return found
 
     # --- injectors and the advancer ---------------------------------------------------
@@ -260,7 +302,10 @@ class Pipeline:
     def advance(self) -> dict[str, tuple[int, int]]:
         """Advance every computation's watermarks (in topological order) and wake the
         keys whose timers are due. Returns ``{computation: (w:in, w:low)}``."""
-        return {name: _advance(self.cluster, self, name) for name in self.order()}
+        return {name: self._advance_one(name) for name in self.order()}
+
+    def _advance_one(self, name: str) -> tuple[int, int]:
+        return _advance(self.cluster, self, name)
 
     # --- reading ----------------------------------------------------------------------
 
@@ -291,6 +336,7 @@ class Pipeline:
                 node = self.nodes[name]
                 w_in, w_low = self.watermarks(snap, name)
                 pending = sum(1 for _ in snap.scan(self.pending, *node.index_range(), ["p:x"]))
+                pending += sum(1 for _ in snap.scan(self.held, *node.index_range(), ["h:rec"]))
                 timers = sum(1 for _ in snap.scan(self.timers, *node.index_range(), ["t:x"]))
                 late = sum(int(c[LATE]) for _, c in snap.scan(node.table, None, None, [LATE]))
                 found.append(Status(name, w_in, w_low, pending, timers, late))
@@ -337,20 +383,91 @@ def _read_marks(txn: Snapshot, p: Pipeline, row: str) -> tuple[int, int]:
     return int(cells.get("w:in", b"0")), int(cells.get("w:low", b"0"))
 
 
-def _deliver(txn: TransactionBase, p: Pipeline, stream: str, record_id: str, value: bytes,
-             ts: int, late: bool, key: bytes | None) -> None:
+@transactional
+def _subscribe(txn: TransactionBase, p: Pipeline) -> None:
+    """Store the subscriptions of *p*'s computations that are not stored yet, and mark
+    every stream they read or produce as known (``x:stream``): the commit of this
+    transaction is the change of topology."""
+    streams = {*p.subscribers, *(i.stream for i in p.injectors.values()),
+               *(s for n in p.nodes.values() for s in n.computation.outputs)}
+    for stream in sorted(streams):
+        row = f"sub/{stream}".encode()
+        nodes = p.subscribers.get(stream, [])
+        wanted = ["x:stream", *(f"c:{n.computation.name}" for n in nodes)]
+        stored = txn.get_row(p.meta, row, wanted)
+        for column in wanted:
+            if column not in stored:
+                txn.set(p.meta, row, column, b"")
+
+
+def _subscribed(txn: TransactionBase, p: Pipeline, stream: str) -> list[str]:
+    """The computations subscribed to *stream*, read in *txn*'s snapshot: this read is
+    what puts each production on one side of a change of topology. A stream with no
+    row at all belongs to a pipeline created before subscriptions were stored (until
+    its next ``create()``): its subscribers are this process's."""
+    row = f"sub/{stream}".encode()
+    for _, cells in txn.scan(p.meta, row, row + b"\x00"):
+        return sorted(c[2:] for c in cells if c.startswith("c:"))
+    return [node.computation.name for node in p.subscribers.get(stream, [])]
+
+
+def _deliver(txn: TransactionBase, p: Pipeline, stream: str, subscribers: list[str],
+             record_id: str, value: bytes, ts: int, late: bool, key: bytes | None) -> None:
     """Write one produced record into the row of every subscriber of *stream* (or the
-    pipeline's output table), with its index row and a wake-up of the key."""
-    subscribers = p.subscribers.get(stream)
+    pipeline's output table), with its index row and a wake-up of the key; a
+    subscriber this process has no code for gets it in the held table."""
     encoded = _encode_record(stream, value, ts, late)
     if not subscribers:
         txn.set(p.out, f"{stream}/{record_id}".encode(), "o:rec", encoded)
         return
-    for node in subscribers:
-        target = _target(node, stream, record_id, value, ts, late, key)
-        txn.set(node.table, target, f"in:{record_id}", encoded)
-        txn.set(node.pending, _index_row(node, ts, target, record_id.encode()), "p:x", b"")
-        txn.notify(node.table, target, WAKE)
+    for name in subscribers:
+        node = p.nodes.get(name)
+        if node is None or stream not in node.inputs:
+            _hold(txn, p, name, stream, record_id, ts, encoded, key)
+        else:
+            _deliver_to(txn, node, _target(node, stream, record_id, value, ts, late, key),
+                        record_id, ts, encoded)
+
+
+def _deliver_to(txn: TransactionBase, node: _Node, target: bytes, record_id: str, ts: int,
+                encoded: bytes) -> None:
+    txn.set(node.table, target, f"in:{record_id}", encoded)
+    txn.set(node.pending, _index_row(node, ts, target, record_id.encode()), "p:x", b"")
+    txn.notify(node.table, target, WAKE)
+
+
+def _hold(txn: TransactionBase, p: Pipeline, name: str, stream: str, record_id: str,
+          ts: int, encoded: bytes, key: bytes | None) -> None:
+    """Keep a record for computation *name*, whose key extractor this process lacks,
+    indexed by time like a pending record (its advancer counts it as one); *key*, the
+    producer's explicit key if it gave one."""
+    row = _prefixed_row(name.encode() + b"\0", ts, stream.encode(), record_id.encode())
+    txn.set(p.held, row, "h:rec", encoded)
+    if key is not None:
+        txn.set(p.held, row, "h:key", key)
+
+
+def _adopt(txn: TransactionBase, p: Pipeline, node: _Node, limit: int) -> int | None:
+    """Move the oldest *limit* held records of *node* into its rows, as pending
+    records. Returns the time of the oldest held record left (None: none or newer
+    than those moved), which the watermark must not pass: one on a stream this
+    process's version of the computation does not read stays for a process that has
+    the newer code."""
+    for moved, (row, cells) in enumerate(
+            txn.scan(p.held, *node.index_range(), ["h:rec", "h:key"])):
+        ts, stream, record_id = _parse_index_row(node, row)
+        if stream.decode() not in node.inputs:
+            return ts
+        if moved == limit:
+            break
+        record = _decode_record(cells["h:rec"], b"", record_id.decode())
+        target = _target(node, stream.decode(), record.id, record.value, ts, record.late,
+                         cells.get("h:key"))
+        _deliver_to(txn, node, target, record.id, ts, cells["h:rec"])
+        txn.delete(p.held, row, "h:rec")
+        if "h:key" in cells:
+            txn.delete(p.held, row, "h:key")
+    return None
 
 
 def _target(node: _Node, stream: str, record_id: str, value: bytes, ts: int, late: bool,
@@ -384,9 +501,10 @@ def _inject(txn: TransactionBase, p: Pipeline, injector: _Injector, limit: int) 
     if not records and mark <= old_mark and after == position:
         return 0
     tag = _position_tag(position or b"")
+    subscribers = _subscribed(txn, p, injector.stream) if records else []
     for n, record in enumerate(records):
-        _deliver(txn, p, injector.stream, f"{injector.name}/{tag}/{n}", record.value,
-                 record.timestamp, record.timestamp < old_mark, None)
+        _deliver(txn, p, injector.stream, subscribers, f"{injector.name}/{tag}/{n}",
+                 record.value, record.timestamp, record.timestamp < old_mark, None)
     txn.set(p.meta, row, "c:pos", after)
     txn.set(p.meta, row, "w:low", b"%d" % max(old_mark, mark))
     return len(records)
@@ -400,6 +518,13 @@ def _advance(txn: TransactionBase, p: Pipeline, name: str) -> tuple[int, int]:
     old_in, old_low = _read_marks(txn, p, f"wm/{name}")
     w_in = max(old_in, upstream)
     oldest = w_in
+    # Held records are pending ones whose keys were not known: moved into the rows
+    # (oldest first) before the scan below, which reads this transaction's writes, so
+    # the oldest held record counts as pending (the ones left held are newer, or
+    # their time is returned).
+    left = _adopt(txn, p, node, p.inject_batch)
+    if left is not None:
+        oldest = min(oldest, left)
     for table, column in ((node.pending, "p:x"), (node.timers, "t:x")):
         for row, _ in txn.scan(table, *node.index_range(), [column]):  # the first: the oldest
             oldest = min(oldest, _parse_index_row(node, row)[0])
@@ -432,6 +557,8 @@ class _KeyRun:
         self.weak = node.computation.productions == "weak"
         self.outbox: dict[tuple[str, bytes], list[Record]] = {}
         """Weak productions not yet handed: (subscriber, its key) -> records."""
+        self.subscribers: dict[str, list[str]] = {}
+        """Stream -> subscribers, read once per run (in its snapshot)."""
 
     @property
     def input_watermark(self) -> int:
@@ -480,10 +607,17 @@ class _KeyRun:
         record_id = f"{self.node.computation.name}/{self.txn.start_ts}/{self.produced}"
         self.produced += 1
         late = ts < self.current_time
-        if not self.weak or not self.p.subscribers.get(stream):
-            _deliver(self.txn, self.p, stream, record_id, value, ts, late, key)
+        if stream not in self.subscribers:
+            self.subscribers[stream] = _subscribed(self.txn, self.p, stream)
+        names = self.subscribers[stream]
+        known = [self.p.nodes[n] for n in names
+                 if n in self.p.nodes and stream in self.p.nodes[n].inputs]
+        if not self.weak or not names or len(known) < len(names):
+            # Strong, or a subscriber without code here: a hand-off needs its key
+            # extractor, so the whole production is checkpointed (held for it).
+            _deliver(self.txn, self.p, stream, names, record_id, value, ts, late, key)
             return
-        for node in self.p.subscribers[stream]:
+        for node in known:
             target = _target(node, stream, record_id, value, ts, late, key)
             self.outbox.setdefault((node.computation.name, target), []).append(
                 Record(value, ts, target, record_id, stream, late))

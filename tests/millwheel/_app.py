@@ -154,11 +154,11 @@ def make_relay(cluster: percolator.Cluster) -> mw.Pipeline:
                        inject_batch=int(os.environ.get("MW_BATCH", "500")))
 
 
-def tallies(pipeline: mw.Pipeline) -> dict[bytes, int]:
-    """value -> how many times it reached the Tally."""
+def tallies(pipeline: mw.Pipeline, computation: str = "Tally") -> dict[bytes, int]:
+    """value -> how many times it reached the Tally (or another Tally class)."""
     found: dict[bytes, int] = {}
     with percolator.Snapshot(pipeline.cluster) as snap:
-        for _, cells in snap.scan(pipeline.nodes["Tally"].table):
+        for _, cells in snap.scan(pipeline.nodes[computation].table):
             for column, n in cells.items():
                 if column.startswith("s:n/"):
                     found[column[4:].encode()] = int(n)
@@ -169,3 +169,29 @@ def make_log_relay(cluster: percolator.Cluster) -> mw.Pipeline:
     """The relay pipeline fed by a LogSource tailing MW_LOG_DIR (``*.log``), strong."""
     return build_relay(cluster, [], False, inject_batch=int(os.environ.get("MW_BATCH", "50")),
                        source=mw.LogSource(os.environ["MW_LOG_DIR"]))
+
+
+class Second(Tally):
+    """A second consumer of the values, added while the pipeline runs."""
+
+    name = "Second"
+
+
+def build_fanout(cluster: percolator.Cluster, source: mw.Source, second: bool,
+                 inject_batch: int = 500) -> mw.Pipeline:
+    """source -> Tally, and with *second* (the new topology) source -> Second too, keyed
+    differently."""
+    pipeline = mw.Pipeline(cluster, "fanout", interval=0.05, inject_batch=inject_batch)
+    pipeline.injector("values", source, stream="values")
+    pipeline.computation(Tally(), inputs={"values": lambda r: r.value[-1:]})
+    if second:
+        pipeline.computation(Second(), inputs={"values": lambda r: r.value[-2:-1]})
+    return pipeline
+
+
+def make_fanout(cluster: percolator.Cluster) -> mw.Pipeline:
+    """The fan-out pipeline fed by a LogSource tailing MW_LOG_DIR; MW_SECOND=1 for the
+    new topology (a process started with it adds Second by its ``create()``)."""
+    return build_fanout(cluster, mw.LogSource(os.environ["MW_LOG_DIR"]),
+                        os.environ.get("MW_SECOND") == "1",
+                        inject_batch=int(os.environ.get("MW_BATCH", "20")))

@@ -1,0 +1,173 @@
+"""Adding a computation to a running MillWheel pipeline (issue 35): the subscriptions
+are stored and read by every delivering transaction, so each record lands on one side
+of the change; processes without the new computation's code hold its records until
+one with it moves them into its rows. The new consumer gets every record from the
+change onwards exactly once, the old ones everything exactly once."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import percolator
+from observers import Worker, wait_for_observers
+from observers import millwheel as mw
+from observers.millwheel import _pipeline
+from percolator import Cluster, Snapshot, Transaction
+from tests._concurrency import spawn_module
+from tests.millwheel import _app
+
+
+def _held(pipeline: mw.Pipeline) -> int:
+    with Snapshot(pipeline.cluster) as snap:
+        return sum(1 for _ in snap.scan(pipeline.held, None, None, ["h:rec"]))
+
+
+def _drain(pipeline: mw.Pipeline) -> None:
+    with Worker(pipeline.cluster, pipeline.observers(), threads=1):
+        wait_for_observers(pipeline.cluster, 120)
+
+
+def test_a_production_lands_on_one_side_of_the_subscription(cluster: Cluster) -> None:
+    """Three injections by a process of the old topology (no Second): one committed
+    before the subscription, one whose transaction starts before it and reads and
+    commits after it, one after. Only the last reaches Second (held, then moved by
+    the new topology's advancer, whose low watermark stays at or below the held
+    records); the Tally gets all of them once."""
+    records = _app.relay_input(30)
+    old = _app.build_fanout(cluster, mw.IterableSource(records), False, inject_batch=10)
+    new = _app.build_fanout(cluster, mw.IterableSource(records), True, inject_batch=10)
+    old.create()
+    assert old.inject("values") == 10
+    with Transaction(cluster) as txn:  # its snapshot precedes the change, its commit not
+        new.create()
+        assert _pipeline._inject(txn, old, old.injectors["values"], 10) == 10
+    with Snapshot(cluster) as snap:
+        assert new.subscriptions(snap) == {"values": ["Second", "Tally"]}
+    assert old.inject("values") == 10
+    assert _held(new) == 10  # old knows no Second: it holds them
+    _, low = new.advance()["Second"]
+    assert low <= records[20][1]  # held records count as pending
+    assert _held(new) == 0
+    _drain(new)
+    assert _app.tallies(new) == {v: 1 for v, _ in records}
+    assert _app.tallies(new, "Second") == {v: 1 for v, _ in records[20:]}
+    assert new.verify() == []
+    assert all(s.pending == 0 for s in new.status())
+
+
+def test_a_computation_added_in_a_new_process_gets_the_rest_of_the_log_once(
+    tmp_path: Path,
+) -> None:
+    """Two processes of the old topology (source -> Tally) run while a log grows; a
+    process of the new one (source -> Tally and Second) starts and adds Second. Old
+    and new processes are killed with SIGKILL during the change; while the only new
+    process is dead, the old ones inject and hold Second's records. At the end the
+    Tally has every line once and Second a run of the log's last lines, once each,
+    including every line appended after the subscription committed."""
+    url = f"sqlite:///{tmp_path}/repo.db"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    lines = [b"v%05d" % i for i in range(800)]
+    written = 0
+
+    def append(n: int) -> None:
+        nonlocal written
+        with open(logs / "000.log", "ab") as f:
+            f.write(b"".join(line + b"\n" for line in lines[written:written + n]))
+        written += n
+
+    def spawn(second: bool) -> subprocess.Popen[bytes]:
+        return spawn_module("observers.millwheel", "run", "--cluster", url, "--pipeline",
+                            "tests.millwheel._app:make_fanout", "--threads", "2",
+                            env={"MW_LOG_DIR": str(logs), "MW_SECOND": "1" if second else "0"})
+
+    def wait(what: str, done: object) -> None:
+        deadline = time.monotonic() + 240
+        while not done():  # type: ignore[operator]
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+
+    with percolator.connect(url) as cluster:
+        view = _app.build_fanout(cluster, mw.LogSource(logs), True)
+        old = _app.build_fanout(cluster, mw.LogSource(logs), False)
+        old.create()
+
+        def subscribed() -> bool:
+            with Snapshot(cluster) as snap:
+                return "Second" in view.subscriptions(snap).get("values", [])
+
+        procs = [spawn(False), spawn(False)]
+        try:
+            append(200)
+            wait("the Tally got no records", lambda: len(_app.tallies(old)) >= 100)
+            procs.append(spawn(True))  # adds Second when it starts
+            for _ in range(10):  # lines straddling the change, an old process killed
+                append(20)
+                time.sleep(0.05)
+                if written == 300:
+                    procs[0].send_signal(signal.SIGKILL)
+                    procs[0].wait()
+                    procs[0] = spawn(False)
+            wait("Second was never subscribed", subscribed)
+            after = written  # every line from here on is injected after the change
+            procs[2].send_signal(signal.SIGKILL)  # the only process with Second's code
+            procs[2].wait()
+            append(200)
+            wait("the old processes did not go on", lambda: len(_app.tallies(old)) == written)
+            assert _held(view) >= 200  # held for Second, by processes without its code
+            procs[2] = spawn(True)
+            append(200)
+            wait("Second did not get the last line",
+                 lambda: lines[-1] in _app.tallies(view, "Second") and _held(view) == 0
+                 and all(s.pending == 0 for s in view.status()))
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait()
+        tally, second = _app.tallies(view), _app.tallies(view, "Second")
+        assert tally == dict.fromkeys(lines, 1)
+        assert set(second.values()) == {1}
+        first = min(second)
+        assert second.keys() == set(lines[lines.index(first):])  # a contiguous run
+        assert lines.index(first) <= after
+        assert view.verify() == []
+
+
+class _Keyer(mw.Computation):
+    """Forwards each record with an explicit key, not its consumer's extractor's."""
+
+    outputs = ("keyed",)
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        ctx.produce("keyed", record.value, record.timestamp, key=b"K")
+
+
+def test_a_held_record_keeps_the_key_its_producer_gave(cluster: Cluster) -> None:
+    """A key run of the old topology produces, with an explicit key, for a consumer it
+    has no code for: the record is held with its key, and the new topology's advancer
+    delivers it to that key, not to the one the consumer's extractor gives."""
+    records = _app.relay_input(6)
+
+    def build(with_tally: bool) -> mw.Pipeline:
+        pipeline = mw.Pipeline(cluster, "keyed", interval=0.05)
+        pipeline.injector("values", mw.IterableSource(records), stream="values")
+        pipeline.computation(_Keyer(), inputs={"values": lambda r: r.value[-1:]})
+        if with_tally:
+            pipeline.computation(_app.Tally(), inputs={"keyed": lambda r: r.value[-1:]})
+        return pipeline
+
+    old, new = build(False), build(True)
+    old.create()
+    new.create()
+    assert old.inject("values") == 6
+    _drain(old)
+    assert _held(new) == 6
+    new.advance()
+    _drain(new)
+    with Snapshot(cluster) as snap:
+        keys = {key for key, _ in snap.scan(new.nodes["Tally"].table, None, None, ["s:n/v00000"])}
+    assert keys == {b"K"}
+    assert _app.tallies(new) == {v: 1 for v, _ in records}
