@@ -68,12 +68,13 @@ from spark_loader._read import (
     _read_error,
     _snapshot,
     _Spec,
+    is_connect,
     plan_ranges,
 )
 from spark_loader._records import ColumnMap, Reject, to_cells
 
 __all__ = ["NAME", "PercolatorChangeFeed", "PercolatorDataSource", "SourceOptions",
-           "change_schema", "snapshot_ts"]
+           "change_schema", "is_connect", "snapshot_ts", "source_options"]
 
 NAME = "percolator"
 DEFAULT_PARTITIONS = 4
@@ -173,6 +174,25 @@ class SourceOptions:
 
     def cluster(self) -> percolator.Cluster:
         return percolator.connect(self.url, **dict(self.connect))
+
+
+def source_options(connect_options: Mapping[str, Any]) -> dict[str, str]:
+    """The data source's options for :func:`percolator.connect`'s keyword arguments
+    (what ``read_table`` and the loader take as ``connect_options``)."""
+    names = {name: key for key, (name, _) in _CONNECT_KEYS.items()}
+    tls = {name: prefix for prefix, name in _TLS_KEYS.items()}
+    out: dict[str, str] = {}
+    for name, value in connect_options.items():
+        if name in names:
+            out[names[name]] = str(value)
+        elif name in tls and isinstance(value, TlsConfig):
+            for part in ("ca", "cert", "key"):
+                if getattr(value, part, None) is not None:
+                    out[f"{tls[name]}.{part}"] = str(getattr(value, part))
+        else:
+            raise _bad(f"connect option {name}={value!r:.60} has no data source option "
+                       f"(known: {sorted([*names, *tls])})")
+    return out
 
 
 def snapshot_ts(url: str, **connect_options: Any) -> int:
