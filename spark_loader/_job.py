@@ -62,6 +62,56 @@ def _require_pyspark() -> None:
         ) from None
 
 
+_PROBE = """
+def probe(_):
+    import importlib, sys
+    missing = []
+    for name in ("percolator", "spark_loader"):
+        try:
+            importlib.import_module(name)
+        except Exception as e:
+            missing.append(f"{name} ({type(e).__name__}: {e})")
+    yield sys.executable, sys.version.split()[0], missing
+"""
+"""What a worker is asked before a job: compiled outside any module of ours, so that
+Spark's pickling sends it by value and a worker without the package can run it."""
+
+_checked_apps: set[str] = set()
+
+
+def check_workers(spark: SparkSession) -> None:
+    """Fail fast, on the driver, when Spark's Python workers cannot import this
+    package: run a one-task probe job (once per Spark application) and raise with the
+    interpreter they run, what it could not import and the fix. Without it the first
+    job fails with a ``ModuleNotFoundError`` deep in a Java stack trace.
+
+    :raises InvalidArgument: the workers' Python lacks ``percolator`` or ``spark_loader``.
+    """
+    sc = spark.sparkContext
+    app = str(sc.applicationId)
+    if app in _checked_apps:
+        return
+    namespace: dict[str, Any] = {"__name__": "percolator_worker_probe"}
+    exec(compile(_PROBE, "<percolator worker probe>", "exec"), namespace)
+    sc.setJobDescription("percolator: can the Python workers import percolator?")
+    try:
+        ((executable, version, missing),) = (
+            sc.parallelize([0], 1).mapPartitions(namespace["probe"]).collect())
+    finally:
+        sc.setJobDescription(None)  # type: ignore[arg-type]
+    if missing:
+        import sys
+
+        raise percolator.InvalidArgument(
+            f"Spark's Python workers run {executable} (Python {version}), which cannot import "
+            f"{' nor '.join(missing)}. Install percolator-txn for that interpreter (on every "
+            "executor), or have Spark run one that has it: set PYSPARK_PYTHON (e.g. "
+            f"PYSPARK_PYTHON={sys.executable}) before the SparkSession starts, or "
+            f".config(\"spark.pyspark.python\", {sys.executable!r}) when you build it; on a "
+            "cluster, ship the package (spark-submit --py-files, or install it on the nodes)")
+    _checked_apps.add(app)
+
+
 class LoadError(PercolatorError):
     """The load failed; nothing of it is visible. ``result`` holds what was counted."""
 
@@ -249,6 +299,7 @@ def _run(
 ) -> LoadResult:
     from pyspark import StorageLevel
 
+    check_workers(spark)
     began = time.monotonic()
     result = LoadResult(table=table, load_id=load_id)
     if rejects_path:

@@ -25,7 +25,7 @@ import percolator
 from percolator._encoding import WRITE, check_column
 from percolator._errors import InvalidArgument, PercolatorError
 from percolator._store import Read, SplitKeys
-from spark_loader._job import _require_pyspark, executor_cluster
+from spark_loader._job import _require_pyspark, check_workers, executor_cluster
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -265,6 +265,7 @@ def read_table(
     if not hasattr(spark, "sparkContext"):
         raise InvalidArgument(f"spark must be a SparkSession, got {type(spark).__name__}")
     wanted = _check_columns(columns)
+    check_workers(spark)
     options = dict(connect_options or {})
     with percolator.connect(cluster_url, **options) as cluster:
         cluster.check_table_exists(table)
