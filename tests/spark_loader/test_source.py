@@ -501,6 +501,7 @@ def test_the_change_feed_delivers_every_commit_once_across_kills_and_restarts(
     assert newest == final
 
 
+@pytest.mark.timeout(1200)
 def test_a_stream_written_then_read_back_through_the_change_feed(
     session: Any, tmp_path: Path
 ) -> None:
