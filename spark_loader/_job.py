@@ -79,6 +79,17 @@ Spark's pickling sends it by value and a worker without the package can run it."
 _checked_apps: set[str] = set()
 
 
+def _require_classic(spark: object, what: str) -> None:
+    from spark_loader._read import is_connect
+
+    if is_connect(spark):
+        raise percolator.InvalidArgument(
+            f"{what} needs a classic SparkSession (it runs on RDDs), got a Spark Connect "
+            "session; there, write with df.write.format(\"percolator\").mode(\"append\")"
+            ".option(\"url\", ...).option(\"table\", ...).option(\"loadId\", ...).save(), "
+            "the same one-transaction load (see docs/spark.md)")
+
+
 def check_workers(spark: SparkSession) -> None:
     """Fail fast, on the driver, when Spark's Python workers cannot import this
     package: run a one-task probe job (once per Spark application) and raise with the
@@ -105,10 +116,11 @@ def check_workers(spark: SparkSession) -> None:
         raise percolator.InvalidArgument(
             f"Spark's Python workers run {executable} (Python {version}), which cannot import "
             f"{' nor '.join(missing)}. Install percolator-txn for that interpreter (on every "
-            "executor), or have Spark run one that has it: set PYSPARK_PYTHON (e.g. "
-            f"PYSPARK_PYTHON={sys.executable}) before the SparkSession starts, or "
-            f".config(\"spark.pyspark.python\", {sys.executable!r}) when you build it; on a "
-            "cluster, ship the package (spark-submit --py-files, or install it on the nodes)")
+            "executor), or have Spark run one that has it: set PYSPARK_PYTHON in the "
+            f"environment before the SparkSession starts (e.g. PYSPARK_PYTHON={sys.executable}"
+            "; a session built in Python reads only that), or spark.pyspark.python with "
+            "spark-submit; on a cluster, ship the package (spark-submit --py-files, or "
+            "install it on the nodes)")
     _checked_apps.add(app)
 
 
@@ -442,6 +454,7 @@ def load_dataframe(
         a cell kept locked, an unreachable store); nothing of it is then visible.
     """
     _require_pyspark()
+    _require_classic(df.sparkSession, "load_dataframe")
     mapping = ColumnMap.of(row_key, columns)
     missing = [f for f in mapping.fields() if f not in df.columns]
     if missing:
@@ -490,6 +503,7 @@ def load_files(
     files' paths, sizes and modification times.
     """
     _require_pyspark()
+    _require_classic(spark, "load_files")
     if fmt not in FORMATS:
         raise percolator.InvalidArgument(f"unknown format {fmt!r}: expected one of {FORMATS}")
     mapping = ColumnMap.of(row_key, columns)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import percolator
-from spark_loader import export_table, read_table, start_ts_of
+from spark_loader import export_table, load_dataframe, read_table, start_ts_of
 
 pytestmark = [
     pytest.mark.spark,
@@ -48,3 +48,12 @@ def test_read_table_and_export_table_on_spark_connect(spark_connect: Any, tmp_pa
         {"row": "a", "f:v": "1", "g:w": "é"}, {"row": "b", "f:v": "2"}]
     parquet = export_table(spark_connect, url, "t", "parquet", str(tmp_path / "pq"))
     assert parquet.rows == 3
+
+
+def test_load_dataframe_on_spark_connect_names_the_data_source_instead(
+    spark_connect: Any, tmp_path: Path
+) -> None:
+    df = spark_connect.createDataFrame([("a", "1")], "k string, v string")
+    with pytest.raises(percolator.InvalidArgument, match=r"load_dataframe needs a classic "
+                       r"SparkSession .* df\.write\.format\(\"percolator\"\)"):
+        load_dataframe(df, f"sqlite://{tmp_path}/l.db", "t", "k", {"v": "f:v"})

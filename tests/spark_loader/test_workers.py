@@ -30,7 +30,6 @@ SCRIPT = textwrap.dedent("""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         spark = (SparkSession.builder.master("local[1]")
-                 .config("spark.pyspark.python", {worker!r})
                  .config("spark.ui.enabled", "false").getOrCreate())
     spark.sparkContext.setLogLevel("OFF")
     rows = spark.createDataFrame([("a", "1")], "k string, v string")
@@ -56,6 +55,7 @@ def test_workers_without_the_package_are_refused_on_the_driver(tmp_path: Path) -
     (next(venv.glob("lib/python*/site-packages")) / "spark.pth").write_text(
         site.getsitepackages()[0] + "\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON")}
+    env["PYSPARK_PYTHON"] = str(worker)  # what a session built in a script reads
     for module, status in (("pyspark", 0), ("percolator", 1)):
         assert subprocess.run([str(worker), "-c", f"import {module}"], cwd=tmp_path, env=env,
                               capture_output=True).returncode == status, module
@@ -64,11 +64,12 @@ def test_workers_without_the_package_are_refused_on_the_driver(tmp_path: Path) -
         cluster.create_table("t")
     env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT.format(root=str(ROOT), worker=str(worker), url=url)],
+        [sys.executable, "-c", SCRIPT.format(root=str(ROOT), url=url)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=500)
     refused = [line for line in done.stdout.splitlines() if line.startswith("REFUSED")]
     assert len(refused) == 2, done.stdout[-3000:] + done.stderr[-6000:].replace("\r", "")
     for line in refused:
         assert f"Spark's Python workers run {worker}" in line
         assert "cannot import percolator (ModuleNotFoundError" in line
-        assert f"PYSPARK_PYTHON={sys.executable}" in line and "spark.pyspark.python" in line
+        assert f"PYSPARK_PYTHON={sys.executable}" in line
+        assert "Install percolator-txn for that interpreter" in line
