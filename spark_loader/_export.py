@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from percolator import InvalidArgument
 from spark_loader._compat import renamed_keyword
-from spark_loader._read import ROW_KEY, ReadError, read_table, start_ts_of
+from spark_loader._read import ROW_KEY, ReadError, is_connect, read_table, start_ts_of
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 __all__ = ["EXPORT_FORMATS", "ExportResult", "export_table"]
 
@@ -100,6 +100,8 @@ def export_table(
                     connect_options=connect_options)
     ts = start_ts_of(df)
     names = tuple(df.columns[1:])
+    if is_connect(spark):
+        return _export_over_connect(spark, df, table, fmt, output, ts, names, began)
     sc = spark.sparkContext
     counted = sc.accumulator(0)
 
@@ -121,3 +123,26 @@ def export_table(
         sc.setJobDescription(None)  # type: ignore[arg-type]
     return ExportResult(table, output, fmt, ts, names, int(counted.value),
                         df.rdd.getNumPartitions(), time.monotonic() - began)
+
+
+def _export_over_connect(spark: SparkSession, df: DataFrame, table: str, fmt: str, output: str,
+                         ts: int, names: tuple[str, ...], began: float) -> ExportResult:
+    """:func:`export_table` on Spark Connect (no RDDs, no accumulators): DataFrame
+    writers only; a value that is not UTF-8 fails a JSON export through Spark's
+    ``validate_utf8``; the rows are counted from what was written."""
+    from pyspark.sql import functions as F
+
+    if fmt == "parquet":
+        df.write.parquet(output)
+        written = spark.read.parquet(output)
+    else:
+        fields = sorted([ROW_KEY, *names])
+        record = F.struct(*[F.validate_utf8(F.col(f"`{n}`").cast("string")).alias(n)
+                            for n in fields])
+        df.select(F.to_json(record).alias("value")).write.text(output)
+        written = spark.read.text(output)
+    local = output[len("file://"):] if output.startswith("file://") else output
+    parts = (len([n for n in os.listdir(local) if n.startswith("part-")])
+             if "://" not in local else 0)
+    return ExportResult(table, output, fmt, ts, names, written.count(), parts,
+                        time.monotonic() - began)

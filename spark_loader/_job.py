@@ -58,6 +58,68 @@ def _require_pyspark() -> None:
         ) from None
 
 
+_PROBE = """
+def probe(_):
+    import importlib, sys
+    missing = []
+    for name in ("percolator", "spark_loader"):
+        try:
+            importlib.import_module(name)
+        except Exception as e:
+            missing.append(f"{name} ({type(e).__name__}: {e})")
+    yield sys.executable, sys.version.split()[0], missing
+"""
+"""What a worker is asked before a job: compiled outside any module of ours, so that
+Spark's pickling sends it by value and a worker without the package can run it."""
+
+_checked_apps: set[str] = set()
+
+
+def _require_classic(spark: object, what: str) -> None:
+    from spark_loader._read import is_connect
+
+    if is_connect(spark):
+        raise percolator.InvalidArgument(
+            f"{what} needs a classic SparkSession (it runs on RDDs), got a Spark Connect "
+            "session; there, write with df.write.format(\"percolator\").mode(\"append\")"
+            ".option(\"url\", ...).option(\"table\", ...).option(\"loadId\", ...).save(), "
+            "the same one-transaction load (see docs/spark.md)")
+
+
+def check_workers(spark: SparkSession) -> None:
+    """Fail fast, on the driver, when Spark's Python workers cannot import this
+    package: run a one-task probe job (once per Spark application) and raise with the
+    interpreter they run, what it could not import and the fix. Without it the first
+    job fails with a ``ModuleNotFoundError`` deep in a Java stack trace.
+
+    :raises InvalidArgument: the workers' Python lacks ``percolator`` or ``spark_loader``.
+    """
+    sc = spark.sparkContext
+    app = str(sc.applicationId)
+    if app in _checked_apps:
+        return
+    namespace: dict[str, Any] = {"__name__": "percolator_worker_probe"}
+    exec(compile(_PROBE, "<percolator worker probe>", "exec"), namespace)
+    sc.setJobDescription("percolator: can the Python workers import percolator?")
+    try:
+        ((executable, version, missing),) = (
+            sc.parallelize([0], 1).mapPartitions(namespace["probe"]).collect())
+    finally:
+        sc.setJobDescription(None)  # type: ignore[arg-type]
+    if missing:
+        import sys
+
+        raise percolator.InvalidArgument(
+            f"Spark's Python workers run {executable} (Python {version}), which cannot import "
+            f"{' nor '.join(missing)}. Install percolator-txn for that interpreter (on every "
+            "executor), or have Spark run one that has it: set PYSPARK_PYTHON in the "
+            f"environment before the SparkSession starts (e.g. PYSPARK_PYTHON={sys.executable}"
+            "; a session built in Python reads only that), or spark.pyspark.python with "
+            "spark-submit; on a cluster, ship the package (spark-submit --py-files, or "
+            "install it on the nodes)")
+    _checked_apps.add(app)
+
+
 class LoadError(PercolatorError):
     """The load failed; nothing of it is visible. ``result`` holds what was counted."""
 
@@ -245,6 +307,7 @@ def _run(
 ) -> LoadResult:
     from pyspark import StorageLevel
 
+    check_workers(spark)
     began = time.monotonic()
     result = LoadResult(table=table, load_id=load_id)
     if rejects_path:
@@ -388,6 +451,7 @@ def load_dataframe(
         a cell kept locked, an unreachable store); nothing of it is then visible.
     """
     _require_pyspark()
+    _require_classic(df.sparkSession, "load_dataframe")
     mapping = ColumnMap.of(row_key, columns)
     missing = [f for f in mapping.fields() if f not in df.columns]
     if missing:
@@ -436,6 +500,7 @@ def load_files(
     files' paths, sizes and modification times.
     """
     _require_pyspark()
+    _require_classic(spark, "load_files")
     if fmt not in FORMATS:
         raise percolator.InvalidArgument(f"unknown format {fmt!r}: expected one of {FORMATS}")
     mapping = ColumnMap.of(row_key, columns)

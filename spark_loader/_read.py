@@ -27,7 +27,7 @@ from percolator._encoding import WRITE, check_column
 from percolator._internals import internals
 from percolator._store import SPLIT_KEYS, Read, offered
 from spark_loader._compat import renamed_keyword
-from spark_loader._job import _require_pyspark, executor_cluster
+from spark_loader._job import _require_pyspark, check_workers, executor_cluster
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -57,6 +57,11 @@ class _Spec:
     table: str
     columns: tuple[str, ...] | None
     start_ts: int
+
+
+def is_connect(spark: object) -> bool:
+    """Whether *spark* is a Spark Connect session (no sparkContext, no RDDs)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def _check_columns(columns: object) -> tuple[str, ...] | None:
@@ -258,9 +263,13 @@ def read_table(
         cause.
     """
     _require_pyspark()
+    if is_connect(spark):
+        return _read_over_connect(spark, url, table, columns, start_ts, splits,
+                                  dict(connect_options or {}))
     if not hasattr(spark, "sparkContext"):
         raise InvalidArgument(f"spark must be a SparkSession, got {type(spark).__name__}")
     wanted = _check_columns(columns)
+    check_workers(spark)
     options = dict(connect_options or {})
     with percolator.connect(url, **options) as cluster:
         internals(cluster).require_table(table)
@@ -291,6 +300,47 @@ def read_table(
     schema = StructType([StructField(ROW_KEY, BinaryType(), False),
                          *[StructField(c, BinaryType(), True) for c in names]])
     df = spark.createDataFrame(rows, schema, verifySchema=False)
+    setattr(df, _TS_ATTRIBUTE, ts)
+    return df
+
+
+def _read_over_connect(spark: SparkSession, cluster_url: str, table: str,
+                       columns: Sequence[str] | None, start_ts: int | None,
+                       splits: int | Sequence[bytes] | None,
+                       connect_options: dict[str, Any]) -> DataFrame:
+    """:func:`read_table` on a Spark Connect session, where there are no RDDs: the
+    same DataFrame through ``format("percolator")`` at one start timestamp drawn
+    here. *columns* None: the columns are found by a scan of the table at that
+    snapshot, here (name them to save it); *splits* may only be a number."""
+    from spark_loader._source import source_options
+
+    wanted = _check_columns(columns)
+    checked = _check_splits(splits)
+    if isinstance(checked, list):
+        raise InvalidArgument("splits as a list of row keys needs a classic SparkSession; on "
+                              "Spark Connect give a number of partitions (or None)")
+    options = source_options(connect_options)
+    with percolator.connect(cluster_url, **connect_options) as cluster:
+        internals(cluster).require_table(table)
+        ts = _check_start_ts(start_ts, cluster)
+        if wanted is None:
+            found: set[str] = set()
+            for _, values in percolator.Snapshot(cluster, start_ts=ts).scan(table):
+                found.update(values)
+            wanted = tuple(sorted(found))
+    if not wanted:  # an empty table: the DataFrame the classic path gives
+        from pyspark.sql.types import BinaryType, StructField, StructType
+
+        empty = spark.createDataFrame([], StructType([StructField(ROW_KEY, BinaryType(), False)]))
+        setattr(empty, _TS_ATTRIBUTE, ts)
+        return empty
+    reader = (spark.read.format("percolator").option("url", cluster_url).option("table", table)
+              .option("columns", ",".join(wanted)).option("startTs", str(ts)))
+    if checked is not None:
+        reader = reader.option("numPartitions", str(checked))
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    df = reader.load()
     setattr(df, _TS_ATTRIBUTE, ts)
     return df
 

@@ -34,11 +34,13 @@ from pyspark.sql import types as T
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
+    DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
     InputPartition,
     WriterCommitMessage,
 )
+from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
 import percolator
 from percolator import (
@@ -58,6 +60,7 @@ from percolator._bulk import (
 )
 from percolator._encoding import check_column
 from percolator._internals import internals
+from spark_loader._changes import changes, safe_end
 from spark_loader._job import MAX_REJECTS_KEPT, LoadError, executor_cluster
 from spark_loader._read import (
     ROW_KEY,
@@ -66,11 +69,13 @@ from spark_loader._read import (
     _read_error,
     _snapshot,
     _Spec,
+    is_connect,
     plan_ranges,
 )
 from spark_loader._records import ColumnMap, Reject, to_cells
 
-__all__ = ["NAME", "PercolatorDataSource", "SourceOptions", "snapshot_ts"]
+__all__ = ["NAME", "PercolatorChangeFeed", "PercolatorDataSource", "SourceOptions",
+           "change_schema", "is_connect", "snapshot_ts", "source_options"]
 
 NAME = "percolator"
 DEFAULT_PARTITIONS = 4
@@ -94,7 +99,7 @@ _CONNECT_KEYS: dict[str, tuple[str, type]] = {
 _TLS_KEYS = {"oracle.tls": "oracle_tls", "zookeeper.tls": "zookeeper_tls"}
 _OTHER_KEYS = ("columns", "rowkey", "startts", "numpartitions", "loadid", "maxrejects",
                "rejectspath", "createtable", "observe", "batchcells", "queryid",
-               "checkpointlocation", "queryname")
+               "checkpointlocation", "queryname", "readchangefeed", "startingts")
 _KNOWN = {*_URL_KEYS, *_TABLE_KEYS, *_CONNECT_KEYS, *_OTHER_KEYS,
           *(f"{prefix}.{part}" for prefix in _TLS_KEYS for part in ("ca", "cert", "key"))}
 
@@ -170,6 +175,25 @@ class SourceOptions:
 
     def cluster(self) -> percolator.Cluster:
         return percolator.connect(self.url, **dict(self.connect))
+
+
+def source_options(connect_options: Mapping[str, Any]) -> dict[str, str]:
+    """The data source's options for :func:`percolator.connect`'s keyword arguments
+    (what ``read_table`` and the loader take as ``connect_options``)."""
+    names = {name: key for key, (name, _) in _CONNECT_KEYS.items()}
+    tls = {name: prefix for prefix, name in _TLS_KEYS.items()}
+    out: dict[str, str] = {}
+    for name, value in connect_options.items():
+        if name in names:
+            out[names[name]] = str(value)
+        elif name in tls and isinstance(value, TlsConfig):
+            for part in ("ca", "cert", "key"):
+                if getattr(value, part, None) is not None:
+                    out[f"{tls[name]}.{part}"] = str(getattr(value, part))
+        else:
+            raise _bad(f"connect option {name}={value!r:.60} has no data source option "
+                       f"(known: {sorted([*names, *tls])})")
+    return out
 
 
 def snapshot_ts(url: str, **connect_options: Any) -> int:
@@ -407,6 +431,15 @@ class PercolatorReader(DataSourceReader):  # type: ignore[misc]
                               decoders, where)
 
 
+def _decoded(decode: Any, raw: bytes, row: bytes, column: str) -> Any:
+    try:
+        return decode(raw)
+    except ValueError as e:
+        raise percolator.InvalidArgument(
+            f"row {row!r}, column {column}: value {raw[:60]!r} does not read as the "
+            f"field's type ({type(e).__name__}: {e}); read it as binary or string") from None
+
+
 def _read_rows(spec: _Spec, start: bytes | None, stop: bytes | None,
                keys: tuple[bytes, ...] | None, fields: list[str], row_key: str,
                decoders: list[Any], where: str) -> Iterator[tuple[Any, ...]]:
@@ -427,13 +460,7 @@ def _read_rows(spec: _Spec, start: bytes | None, stop: bytes | None,
                 if raw is None:
                     out.append(None)
                     continue
-                try:
-                    out.append(decode(raw))
-                except ValueError as e:
-                    raise percolator.InvalidArgument(
-                        f"row {row!r}, column {name}: value {raw[:60]!r} does not read as "
-                        f"the field's type ({type(e).__name__}: {e}); read it as binary or "
-                        "string") from None
+                out.append(_decoded(decode, raw, row, name))
             yield tuple(out)
     except PercolatorError as e:
         raise _read_error(spec, where, e) from e
@@ -723,6 +750,129 @@ class PercolatorStreamWriter(DataSourceStreamWriter):  # type: ignore[misc]
                 load.abort()
 
 
+# --- streaming read: the change feed -----------------------------------------------------------
+
+CHANGE_FIELDS = ("column", "value", "commit_ts")
+"""The change feed's fields after the row key: one record per committed cell."""
+
+
+def change_schema(row_key: str = ROW_KEY) -> T.StructType:
+    """The change feed's schema: the row key, the column (``family:qualifier``), the
+    value committed (null: a delete) and its commit timestamp."""
+    return T.StructType([T.StructField(row_key, T.BinaryType(), False),
+                         T.StructField("column", T.StringType(), False),
+                         T.StructField("value", T.BinaryType(), True),
+                         T.StructField("commit_ts", T.LongType(), False)])
+
+
+def _is_change_schema(schema: T.StructType, row_key: str) -> bool:
+    return list(schema.names) == [row_key, *CHANGE_FIELDS]
+
+
+class ChangePartition(InputPartition):  # type: ignore[misc]
+    """The commits ``[from_ts, to_ts)`` of rows ``[start, stop)``."""
+
+    def __init__(self, start: bytes | None, stop: bytes | None, from_ts: int, to_ts: int) -> None:
+        super().__init__((start, stop, from_ts, to_ts))
+
+
+def _offset(ts: int) -> dict[str, int]:
+    return {"commit_ts": ts}
+
+
+def _ts_of(offset: object) -> int:
+    ts = offset.get("commit_ts") if isinstance(offset, dict) else None
+    if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
+        raise _bad(f"{offset!r} is not an offset of a Percolator change feed (a checkpoint "
+                   "of another source?): expected {\"commit_ts\": N}")
+    return ts
+
+
+class PercolatorChangeFeed(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+    """``spark.readStream.format("percolator").option("readChangeFeed", "true")``: the
+    cells committed in the table (or in option ``columns``), one record each, in
+    micro-batches of commit timestamps (see :mod:`spark_loader._changes` for where a
+    batch may end and what it costs). An offset ``{"commit_ts": N}`` means every commit
+    below N was delivered; Spark checkpoints it, so a restarted query goes on from
+    there and replays a batch it had not finished with the same ends: no commit is
+    missed and none is delivered twice (with an exactly-once sink).
+
+    Runs in the driver's long-lived Python worker of the query (offsets, planning)
+    and in the executors (:meth:`read`, with the partition's timestamps)."""
+
+    def __init__(self, options: SourceOptions, schema: T.StructType) -> None:
+        if not _is_change_schema(schema, options.row_key):
+            raise _bad("a stream read is the table's change feed: option readChangeFeed "
+                       "\"true\" (option columns then restricts it to those columns); its "
+                       f"fields are {[options.row_key, *CHANGE_FIELDS]}, got {schema.names}")
+        self.options = options
+        self.as_text = _row_key_type(schema, options.row_key)
+        if not isinstance(schema["column"].dataType, T.StringType) or not isinstance(
+                schema["commit_ts"].dataType, T.LongType):
+            raise _bad("the change feed's column is a string and its commit_ts a long")
+        self.value_type = _type_name(schema["value"].dataType, "value")
+        self.target: int | None = None
+        self.ranges: list[Range] | None = None
+        starting = (options.get("startingts", str) or "latest").lower()
+        if starting not in ("earliest", "latest"):
+            _parse("startingts", starting, int)
+        self.starting = starting
+
+    def initialOffset(self) -> dict[str, int]:
+        options = self.options
+        with options.cluster() as cluster:
+            internals(cluster).require_table(options.table)
+            if self.starting == "earliest":
+                return _offset(0)
+            if self.starting == "latest":
+                return _offset(safe_end(cluster, options.table, options.columns, 0))
+            ts = _check_start_ts(int(self.starting), cluster)
+            internals(cluster).safe_point.check(ts)
+            return _offset(ts)
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        floor = _ts_of(start)
+        with self.options.cluster() as cluster:
+            end = safe_end(cluster, self.options.table, self.options.columns, floor)
+        if self.target is not None:
+            end = max(floor, min(end, self.target))
+        return _offset(end)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        # A fresh timestamp: latestOffset reaches it once the writers below it are done.
+        with self.options.cluster() as cluster:
+            self.target = internals(cluster).timestamps.get_timestamp()
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        from_ts, to_ts = _ts_of(start), _ts_of(end)
+        if from_ts >= to_ts:
+            return []
+        if self.ranges is None:  # planned once per run of the query: a key scan on SQLite
+            with self.options.cluster() as cluster:
+                self.ranges = plan_ranges(cluster, self.options.table,
+                                          self.options.get("numpartitions", int),
+                                          default_parts=DEFAULT_PARTITIONS,
+                                          columns=self.options.columns)
+        return [ChangePartition(s, e, from_ts, to_ts) for s, e in self.ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        start, stop, from_ts, to_ts = partition.value
+        options = self.options
+        spec = _Spec(options.url, options.connect, options.table, options.columns, from_ts)
+        where = f"commits [{from_ts}, {to_ts}) of rows [{start!r}, {stop!r})"
+        decode_row = _DECODERS["string" if self.as_text else "binary"]
+        decode = _DECODERS[self.value_type]
+        try:
+            cluster = executor_cluster(options.url, options.connect)
+            for row, column, value, commit_ts in changes(cluster, options.table, start, stop,
+                                                         options.columns, from_ts, to_ts):
+                yield (_decoded(decode_row, row, row, options.row_key), column,
+                       None if value is None else _decoded(decode, value, row, column),
+                       commit_ts)
+        except PercolatorError as e:
+            raise _read_error(spec, where, e) from e
+
+
 # --- the data source -------------------------------------------------------------------------
 
 
@@ -739,16 +889,24 @@ class PercolatorDataSource(DataSource):  # type: ignore[misc]
 
     def schema(self) -> T.StructType:
         columns = self.checked.columns
-        if columns is None:
-            raise _bad("name the columns to read: option columns "
-                       "(\"family:qualifier,...\"), or a schema with .schema(...) "
-                       f"(field {self.checked.row_key!r} for the row key, one field per "
-                       "column, typed binary, string, long, double, boolean...)")
+        if columns is None or self.checked.get("readchangefeed", bool, False):
+            return change_schema(self.checked.row_key)
         return T.StructType([T.StructField(self.checked.row_key, T.BinaryType(), False),
                              *[T.StructField(c, T.BinaryType(), True) for c in columns]])
 
     def reader(self, schema: T.StructType) -> PercolatorReader:
+        if self.checked.get("readchangefeed", bool, False):
+            raise _bad("the change feed (option readChangeFeed) is read with "
+                       "spark.readStream; a batch read gives the table at one snapshot")
+        if self.checked.columns is None and _is_change_schema(schema, self.checked.row_key):
+            raise _bad("name the columns to read: option columns "
+                       "(\"family:qualifier,...\"), or a schema with .schema(...) "
+                       f"(field {self.checked.row_key!r} for the row key, one field per "
+                       "column, typed binary, string, long, double, boolean...)")
         return PercolatorReader(self.checked, schema)
+
+    def streamReader(self, schema: T.StructType) -> PercolatorChangeFeed:
+        return PercolatorChangeFeed(self.checked, schema)
 
     def writer(self, schema: T.StructType, overwrite: bool) -> PercolatorWriter:
         if overwrite:

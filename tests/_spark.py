@@ -44,3 +44,73 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="session")
+def spark_connect() -> Iterator[Any]:
+    """A Spark Connect session (``SparkSession.builder.remote``) on a local Connect
+    server (``local[2]``, tests/_spark_connect_server.py) started once per session.
+    Skipped off CI when pyspark's Connect client or the server cannot start (with the
+    reason); under CI=true that fails instead."""
+    import subprocess
+    import sys
+    import threading
+    import time
+    from pathlib import Path
+
+    try:
+        import pyspark.sql.connect.session  # noqa: F401  (needs pandas, grpcio...)
+    except ImportError as e:
+        service_missing(f"Spark Connect's client cannot be imported ({e}): "
+                        "pip install 'percolator-txn[spark]' (pyspark[connect])")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        service_missing("Java is not installed (Spark Connect's server needs a JDK 17)")
+    root = Path(__file__).resolve().parents[1]
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests._spark_connect_server", str(port)], cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root), "PYSPARK_PYTHON": sys.executable},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert server.stdout is not None
+        said = []
+        for line in server.stdout:  # Spark's warnings, then "ready" (or its error and EOF)
+            said.append(line.decode())
+            if line.strip() == b"ready":
+                break
+        else:
+            server.wait()
+            service_missing(f"the Spark Connect server did not start: {''.join(said)[-2000:]}")
+        threading.Thread(target=server.stdout.read, daemon=True).start()  # never blocks it
+        from pyspark.sql import SparkSession
+
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    session = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").create()
+                session.range(1).collect()
+                break
+            except Exception as e:  # the gRPC port may not answer yet
+                if time.monotonic() > deadline:
+                    service_missing(f"Spark Connect at port {port} did not answer: {e}")
+                time.sleep(1)
+        try:
+            yield session
+        finally:
+            session.stop()
+    finally:
+        import signal
+
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()

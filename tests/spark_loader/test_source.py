@@ -56,7 +56,13 @@ def _pushdown(spark: Any, on: bool) -> Iterator[None]:
         spark.conf.set(PUSHDOWN, before)
 
 
-def test_found_without_registration_and_registered(spark: Any, tmp_path: Path) -> None:
+@pytest.fixture(params=["classic", "connect"])
+def session(request: pytest.FixtureRequest) -> Any:
+    """The session-wide classic SparkSession, then the Spark Connect one."""
+    return request.getfixturevalue("spark" if request.param == "classic" else "spark_connect")
+
+
+def test_found_without_registration_and_registered(session: Any, tmp_path: Path) -> None:
     """``format("percolator")`` works as soon as the package is installed (Spark finds
     ``pyspark_percolator.DefaultSource``), and ``spark.dataSource.register`` of the class
     works too; values read as bytes by default."""
@@ -67,18 +73,18 @@ def test_found_without_registration_and_registered(spark: Any, tmp_path: Path) -
             for i in range(5):
                 txn.set("t", b"r%d" % i, "f:v", b"v%d" % i)
     want = {(b"r%d" % i, b"v%d" % i) for i in range(5)}
-    df = _read(spark, url, "t", columns="f:v")
+    df = _read(session, url, "t", columns="f:v")
     assert [(f.name, f.dataType.simpleString()) for f in df.schema.fields] == [
         ("row", "binary"), ("f:v", "binary")]
     assert {(bytes(r[0]), bytes(r[1])) for r in df.collect()} == want
     from pyspark_percolator import DefaultSource
 
-    spark.dataSource.register(DefaultSource)
-    again = spark.read.format("percolator").option("cluster", url).option("columns", "f:v")
+    session.dataSource.register(DefaultSource)
+    again = session.read.format("percolator").option("cluster", url).option("columns", "f:v")
     assert {(bytes(r[0]), bytes(r[1])) for r in again.load("t").collect()} == want
 
 
-def test_typed_schema_reads_values_as_the_loader_writes_them(spark: Any, tmp_path: Path) -> None:
+def test_typed_schema_reads_values_as_the_loader_writes_them(session: Any, tmp_path: Path) -> None:
     url = f"sqlite://{tmp_path}/typed.db"
     with percolator.connect(url) as cluster:
         cluster.create_table("t")
@@ -89,11 +95,11 @@ def test_typed_schema_reads_values_as_the_loader_writes_them(spark: Any, tmp_pat
             txn.set("t", b"a", "c:b", b"true")
             txn.set("t", b"b", "c:n", b"-7")
             txn.set("t", b"c", "d:n", b"seven")
-    df = _read(spark, url, "t", schema="row string, `c:s` string, `c:n` long, "
+    df = _read(session, url, "t", schema="row string, `c:s` string, `c:n` long, "
                "`c:x` double, `c:b` boolean")
     assert sorted(tuple(r) for r in df.collect()) == [
         ("a", "é", 42, 2.5, True), ("b", None, -7, None, None)]
-    bad = _read(spark, url, "t", schema="row binary, `d:n` long")
+    bad = _read(session, url, "t", schema="row binary, `d:n` long")
     with pytest.raises(Exception, match=r"row b'c', column d:n: value b'seven' does not read"):
         bad.collect()
 
@@ -268,7 +274,7 @@ def _people(spark: Any, rows: list[tuple[Any, ...]]) -> Any:
 
 
 def test_append_writes_the_dataframe_and_sends_malformed_rows_to_rejects(
-    spark: Any, tmp_path: Path
+    session: Any, tmp_path: Path
 ) -> None:
     """Every good row reads back typed as written; a row without a key is a reject
     with the reason in the rejects file, the rest commit (no maxRejects)."""
@@ -276,10 +282,10 @@ def test_append_writes_the_dataframe_and_sends_malformed_rows_to_rejects(
     rows = [("ann", "Ann", 31, b"\x00\xff"), ("bob", "Bob", None, None),
             (None, "Nobody", 1, None), ("cy", "Cy", -4, b"")]
     rejects = tmp_path / "rejects.jsonl"
-    (_people(spark, rows).repartition(2).write.format("percolator").mode("append")
+    (_people(session, rows).repartition(2).write.format("percolator").mode("append")
      .option("url", url).option("table", "people").option("rejectsPath", str(rejects))
      .save())
-    back = _read(spark, url, "people", schema="row string, `p:name` string, `p:age` long, "
+    back = _read(session, url, "people", schema="row string, `p:name` string, `p:age` long, "
                                                "`p:blob` binary")
     assert sorted(tuple(r) for r in back.collect()) == [
         ("ann", "Ann", 31, b"\x00\xff"), ("bob", "Bob", None, None), ("cy", "Cy", -4, b"")]
@@ -301,18 +307,18 @@ def test_a_write_over_max_rejects_leaves_nothing_visible(spark: Any, tmp_path: P
     assert _read(spark, url, "people", columns="p:name,p:age", lockWait="1").count() == 0
 
 
-def test_a_rerun_with_the_same_load_id_writes_nothing(spark: Any, tmp_path: Path) -> None:
+def test_a_rerun_with_the_same_load_id_writes_nothing(session: Any, tmp_path: Path) -> None:
     url = f"sqlite://{tmp_path}/rerun.db"
 
     def write(rows: list[tuple[Any, ...]]) -> None:
-        (_people(spark, rows).write.format("percolator").mode("append").option("url", url)
+        (_people(session, rows).write.format("percolator").mode("append").option("url", url)
          .option("table", "people").option("loadId", "nightly-2026-11-26").save())
 
     write([("ann", "Ann", 31, None)])
     with percolator.connect(url) as cluster, percolator.Transaction(cluster) as txn:
         txn.set("people", b"ann", "p:name", b"Ann B.")  # changed since the load
     write([("ann", "Ann", 31, None), ("zed", "Zed", 1, None)])
-    back = _read(spark, url, "people", schema="row string, `p:name` string")
+    back = _read(session, url, "people", schema="row string, `p:name` string")
     assert sorted(tuple(r) for r in back.collect()) == [("ann", "Ann B.")]
 
 
@@ -391,3 +397,161 @@ def test_a_stream_killed_mid_batch_and_restarted_writes_every_row_once(tmp_path:
         loads = [r for r, _ in internals(cluster).store.scan(LOADS_TABLE, None, None,
                                                   [Read("w", versions=None)])]
         assert len([r for r in loads if r.startswith(b"stream-")]) == 3
+
+
+# --- streaming read: the change feed -----------------------------------------------------------
+
+
+def _feed(url: str, output: Path, checkpoint: Path, mode: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.spark_loader._feed_driver", url, "accounts", str(output),
+         str(checkpoint), mode],
+        cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+SPARK_SLOW_START = "Python worker failed to connect back"
+"""Spark gives the Python worker of a streaming source 10 s to start (hard-coded in
+PythonWorkerFactory); on a loaded machine it may not, and the query fails before it
+reads anything: such a run is restarted like a killed one."""
+
+
+def _check_exit(driver: subprocess.Popen[bytes]) -> int:
+    """The exit status of a finished feed driver: 0, killed, or a slow start of
+    Spark's; any other failure fails the test with the driver's output."""
+    out = driver.communicate()[0].decode()
+    assert driver.returncode in (0, -signal.SIGKILL) or SPARK_SLOW_START in out, out[-3000:]
+    return driver.returncode
+
+
+def _batches_written(output: Path) -> int:
+    log = output / "_spark_metadata"
+    return len([p for p in log.iterdir() if p.name.isdigit()]) if log.is_dir() else 0
+
+
+def _committed_cells(url: str, table: str) -> list[tuple[bytes, str, int]]:
+    """Every committed (row, column, commit_ts) of *table*, from its write records."""
+    with percolator.connect(url) as cluster:
+        return sorted((row, name[2:], ts)
+                      for row, cells in internals(cluster).store.scan(table, None, None,
+                                                           [Read("w", versions=None)])
+                      for name, versions in cells.items()
+                      for ts, record in versions if record[:1] != b"R")
+
+
+@pytest.mark.timeout(1200)
+def test_the_change_feed_delivers_every_commit_once_across_kills_and_restarts(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Bank transfers commit in three processes the whole time. The change feed of the
+    accounts table runs into Parquet (an exactly-once sink), is killed -9 with its JVM
+    after some micro-batches, restarted from its checkpoint, killed again; then the
+    writers stop and a last run (availableNow) catches up. Every committed cell of the
+    table is in the output exactly once, with its value: no batch skipped a commit, or
+    delivered one twice, across the restarts."""
+    accounts, initial = 8, 1000
+    url = f"sqlite://{tmp_path}/bank.db"
+    with percolator.connect(url) as cluster:
+        cluster.create_table("accounts")
+        cluster.create_table("transfers")
+        with percolator.Transaction(cluster) as txn:
+            for i in range(accounts):
+                txn.set("accounts", b"acct%03d" % i, "bal:v", str(initial).encode())
+    output, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    log = tmp_path / "committed.log"
+    workers = [subprocess.Popen([sys.executable, "-m", "tests.transactions._bank_worker", url,
+                                 str(accounts), str(seed), str(log)], cwd=ROOT)
+               for seed in (1, 2, 3)]
+    try:
+        kills = 0
+        for _ in range(8):  # a run Spark itself ends (see _run_feed) is restarted too
+            if kills == 2:
+                break
+            driver = _feed(url, output, checkpoint, "processingTime")
+            try:
+                wanted = _batches_written(output) + 3
+                deadline = time.monotonic() + 600
+                while _batches_written(output) < wanted and driver.poll() is None:
+                    assert all(w.poll() is None for w in workers)
+                    assert time.monotonic() < deadline
+                    time.sleep(0.2)
+                kills += driver.poll() is None
+            finally:
+                os.killpg(driver.pid, signal.SIGKILL)
+                _check_exit(driver)
+        assert kills == 2
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()
+    for _ in range(3):
+        last = _feed(url, output, checkpoint, "availableNow")
+        last.wait(timeout=600)
+        if _check_exit(last) == 0:
+            break
+    assert last.returncode == 0
+    got = spark.read.parquet(str(output)).collect()
+    delivered = sorted((bytes(r["row"]), r["column"], r["commit_ts"]) for r in got)
+    committed = _committed_cells(url, "accounts")
+    assert len(committed) > accounts * 10  # the writers were busy meanwhile
+    assert delivered == committed
+    with percolator.connect(url) as cluster:
+        final = {r: v["bal:v"] for r, v in percolator.Snapshot(cluster).scan("accounts")}
+    newest = {}
+    for r in sorted(got, key=lambda r: r["commit_ts"]):
+        newest[bytes(r["row"])] = bytes(r["value"])
+    assert newest == final
+
+
+@pytest.mark.timeout(1200)
+def test_a_stream_written_then_read_back_through_the_change_feed(
+    session: Any, tmp_path: Path
+) -> None:
+    """In the session (classic and Spark Connect): JSON files -> writeStream.format(
+    "percolator") -> the table; its change feed (readStream, availableNow) ->
+    Parquet: every written cell once, at the commit timestamp of its micro-batch's
+    transaction, string-typed as the schema asks; a second availableNow run of the
+    feed from its checkpoint adds only a later commit."""
+    url = f"sqlite://{tmp_path}/rt.db"
+    source = tmp_path / "in"
+    source.mkdir()
+    for batch in range(2):
+        with open(source / f"f{batch}.json", "w") as f:
+            f.writelines(json.dumps({"row": f"k{batch}-{i}", "v:n": batch * 10 + i}) + "\n"
+                         for i in range(5))
+        os.utime(source / f"f{batch}.json", (batch + 1, batch + 1))
+    with percolator.connect(url) as cluster:
+        cluster.create_table("t")
+    rows = (session.readStream.schema("row string, `v:n` long").option("maxFilesPerTrigger", 1)
+            .json(str(source)))
+    (rows.writeStream.format("percolator").option("url", url).option("table", "t")
+     .option("checkpointLocation", str(tmp_path / "cp-write")).trigger(availableNow=True)
+     .start().awaitTermination())
+    output = tmp_path / "feed"
+
+    def feed() -> list[tuple[str, str, str, int]]:
+        for attempt in range(3):  # a run failing on Spark's slow start is run again
+            try:
+                (session.readStream.format("percolator").option("url", url)
+                 .option("table", "t").option("readChangeFeed", "true")
+                 .option("startingTs", "earliest")
+                 .schema("row string, column string, value string, commit_ts long").load()
+                 .writeStream.format("parquet")
+                 .option("checkpointLocation", str(tmp_path / "cp-feed"))
+                 .trigger(availableNow=True).start(str(output)).awaitTermination())
+                break
+            except Exception as e:
+                if SPARK_SLOW_START not in str(e) or attempt == 2:
+                    raise
+        found = [tuple(r) for r in session.read.parquet(str(output)).collect()]
+        return sorted(found, key=lambda r: (r[0], r[1], r[3]))
+
+    got = feed()
+    assert [(r, c, v) for r, c, v, _ in got] == sorted(
+        (f"k{b}-{i}", "v:n", str(b * 10 + i)) for b in range(2) for i in range(5))
+    assert len({ts for *_, ts in got}) == 2  # one transaction per micro-batch
+    with percolator.connect(url) as cluster, percolator.Transaction(cluster) as txn:
+        txn.delete("t", b"k0-0", "v:n")
+    again = feed()
+    added = [r for r in again if r not in got]
+    assert len(again) == len(got) + 1 and [(r, c, v) for r, c, v, _ in added] == [
+        ("k0-0", "v:n", None)]
