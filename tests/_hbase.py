@@ -26,11 +26,17 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests._services import free_port, service_missing, stop_process
+from tests._services import (
+    free_port,
+    service_missing,
+    shared_service,
+    stop_process,
+    xdist_worker,
+)
 
 if TYPE_CHECKING:
     from tests._hbase_local import LocalHBase
@@ -129,20 +135,36 @@ def hbase_thrift() -> Iterator[str]:
             service_missing(f"{ENV}={chosen} is set but no HBase Thrift1 server answers there")
         yield chosen
         return
-    from tests._hbase_local import HBaseStartError, LocalHBase
+    from tests._hbase_local import LocalHBase
 
-    hbase = LocalHBase()
-    try:
-        hbase.start()
-    except HBaseStartError as e:
-        hbase.stop()
-        service_missing(f"could not start a standalone HBase: {e}")
+    if xdist_worker():  # one HBase for all the workers of the run
+        hbase = LocalHBase.attached(shared_service("hbase", _start_shared))
+        _SESSION_HBASE.append(hbase)
+        yield hbase.hostport
+        return
+    hbase = _start(LocalHBase())
     _SESSION_HBASE.append(hbase)
     try:
         yield hbase.hostport
     finally:
         _SESSION_HBASE.remove(hbase)
         hbase.stop()
+
+
+def _start(hbase: LocalHBase) -> LocalHBase:
+    from tests._hbase_local import HBaseStartError
+
+    try:
+        return hbase.start()
+    except HBaseStartError as e:
+        hbase.stop()
+        service_missing(f"could not start a standalone HBase: {e}")
+
+
+def _start_shared() -> dict[str, Any]:
+    from tests._hbase_local import LocalHBase
+
+    return _start(LocalHBase(detached=True)).describe()
 
 
 @pytest.fixture(scope="session")

@@ -40,6 +40,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 POM = ROOT / "deploy" / "hbase" / "pom.xml"
@@ -158,6 +159,10 @@ def _port_taken(port: int) -> bool:
 _PR_SET_PDEATHSIG = 1
 
 
+def _own_group() -> None:  # pragma: no cover - runs in the child before exec
+    os.setpgrp()  # ^C at the terminal reaches Python only, which stops the JVMs in order
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     # The JVMs get SIGKILL when the process that started them dies, even by kill -9:
     # an interrupted or killed test run leaves no HBase behind.
@@ -178,11 +183,16 @@ class LocalHBase:
     """A standalone HBase and its Thrift1 server in *data_dir* (a new temporary
     directory, removed at :meth:`stop`, if None). ``thrift_args`` are extra arguments
     of the Thrift server (e.g. ``["-f", "-c"]`` for framed transport and the compact
-    protocol); ``site`` overrides or adds ``hbase-site.xml`` properties."""
+    protocol); ``site`` overrides or adds ``hbase-site.xml`` properties.
+
+    A ``detached`` HBase outlives the process that starts it (a pytest-xdist worker
+    starting it for the whole run: ``tests._services.shared_service``); whoever started
+    it stops it, from :meth:`describe`'s pids. :meth:`attached` describes, in another
+    process, an HBase that runs already."""
 
     def __init__(
         self, data_dir: str | Path | None = None, *, thrift_args: Sequence[str] = (),
-        site: dict[str, str] | None = None,
+        site: dict[str, str] | None = None, detached: bool = False,
     ) -> None:
         self._own_dir = data_dir is None
         self.dir = Path(data_dir or tempfile.mkdtemp(prefix="percolator-hbase-"))
@@ -229,7 +239,31 @@ class LocalHBase:
         self.hbase: subprocess.Popen[bytes] | None = None
         self.thrift: subprocess.Popen[bytes] | None = None
         self._cp = ""
-        atexit.register(self.stop)
+        self._detached = detached
+        if not detached:
+            atexit.register(self.stop)
+
+    def describe(self) -> dict[str, Any]:
+        """What another process needs to use this HBase (:meth:`attached`) and to stop
+        it (its JVMs' pids, each leading its process group, and its data directory)."""
+        assert self.hbase is not None and self.thrift is not None
+        return {
+            "hostport": self.hostport, "dir": str(self.dir), "thrift_args": self.thrift_args,
+            "ports": [self.zk_port, self.master_port, self.regionserver_port,
+                      self.thrift_port],
+            "pids": [self.hbase.pid, self.thrift.pid],
+            "dirs": [str(self.dir)] if self._own_dir else [],
+        }
+
+    @classmethod
+    def attached(cls, description: dict[str, Any]) -> LocalHBase:
+        """The HBase of *description* (:meth:`describe`), started by another process:
+        its ports and data directory (its ``conf/hbase-site.xml``), not its JVMs."""
+        hbase = cls(description["dir"], thrift_args=description["thrift_args"],
+                    detached=True)
+        (hbase.zk_port, hbase.master_port, hbase.regionserver_port,
+         hbase.thrift_port) = description["ports"]
+        return hbase
 
     @property
     def hostport(self) -> str:
@@ -271,7 +305,8 @@ class LocalHBase:
         with open(log.with_suffix(".out"), "ab") as out:  # the JVM's own stdout/stderr
             return subprocess.Popen(
                 command, cwd=self.dir, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_own_group if self._detached else _die_with_parent,
             )
 
     def _failed(self, what: str, proc: subprocess.Popen[bytes], log: Path) -> HBaseStartError:
