@@ -4,7 +4,9 @@
 server: ``PERCOLATOR_HBASE_THRIFT`` if set (an HBase of your own, e.g. from ``docker
 compose up``), otherwise a standalone HBase 2.6 started by ``tests/_hbase_local.py``
 the first time a test asks for it (once per session, ~30 s) and killed at the end of
-the session. A failure to obtain or start it (Java, Maven, a port, the JVM's log)
+the session. Under pytest-xdist the workers of a run share one such HBase, started by
+the first that needs it (``tests._services.shared_service``; CONTRIBUTING.md, "Test
+suite time"). A failure to obtain or start it (Java, Maven, a port, the JVM's log)
 fails the run in CI and skips the test elsewhere, with that reason.
 ``PERCOLATOR_HBASE_THRIFT=test-server`` runs the same tests against the Python test
 server of ``tests/hbase_thrift_server`` instead (no Java needed; the fault tests and
