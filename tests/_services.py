@@ -108,7 +108,7 @@ def _watch(info: dict[str, Any]) -> None:
     """Start the watchdog that stops the service of *info* when the controller dies."""
     subprocess.Popen(
         [sys.executable, "-m", "tests._services", os.environ[CONTROLLER_ENV],
-         json.dumps(info)],
+         json.dumps(info), os.environ[SHARED_ENV]],
         cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, start_new_session=True,
     )
@@ -157,13 +157,16 @@ def _alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
-def _watchdog(controller: int, info: dict[str, Any]) -> None:
-    """Wait until the controller is gone, then stop the service (if it still runs)."""
+def _watchdog(controller: int, info: dict[str, Any], folder: Path) -> None:
+    """Wait until the controller or the service is gone, then stop the service (if it
+    still runs), and remove the shared services' *folder* if the controller is gone."""
     pids = info.get("pids", ())
     while _alive(controller) and any(_alive(pid) for pid in pids):
         time.sleep(0.5)
     stop_shared(info)
+    if not _alive(controller):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    _watchdog(int(sys.argv[1]), json.loads(sys.argv[2]))
+    _watchdog(int(sys.argv[1]), json.loads(sys.argv[2]), Path(sys.argv[3]))

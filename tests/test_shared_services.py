@@ -52,6 +52,7 @@ def test_uses_the_service(n):
     info = shared_service("sleeper", _start)
     out = Path(os.environ["OUT"]) / f"{n}"
     out.write_text(f"{info['pids'][0]} {os.getpid()}")
+    (Path(os.environ["OUT"]) / "folder").write_text(os.environ["PERCOLATOR_TEST_SHARED"])
     park = Path(os.environ["OUT"]) / "park"
     while park.exists():  # the test of a killed controller holds the workers here
         time.sleep(0.05)
@@ -96,6 +97,7 @@ def test_the_workers_share_one_service_stopped_at_the_end(
     assert (out / "starts").read_text() == "start\n"
     (pid,) = _service_pids(out)  # the four tests on two workers found the same one
     assert not _alive(pid)
+    assert not Path((out / "folder").read_text()).exists()
 
 
 def test_a_service_that_cannot_start_is_tried_once(inner: tuple[Path, dict[str, str]]) -> None:
@@ -124,10 +126,12 @@ def test_a_killed_controller_leaves_no_service_behind(
         assert _alive(pid)
         controller.kill()
         controller.wait()
+        folder = Path((out / "folder").read_text())
         deadline = time.monotonic() + 30
-        while _alive(pid) and time.monotonic() < deadline:
+        while (_alive(pid) or folder.exists()) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _alive(pid), "the service outlived the killed controller"
+        assert not folder.exists(), "the killed controller's shared folder is left"
     finally:
         (out / "park").unlink()
         if controller.poll() is None:
