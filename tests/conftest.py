@@ -66,9 +66,10 @@ GROUPS = {
 """Files whose tests ``--dist loadgroup`` keeps on one xdist worker, and the group."""
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        group = GROUPS.get(Path(item.path).relative_to(ROOT).as_posix())
+        group = GROUPS.get(os.path.relpath(item.path, ROOT))
         if group is None and "spark" in item.keywords:
             group = "spark"  # a SparkSession lives in its worker: start one, on one worker
         if group is not None:
