@@ -22,9 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFTEST = f"""
 import sys
 sys.path.insert(0, {str(ROOT)!r})
-from tests.conftest import (  # noqa: F401
-    pytest_addoption, pytest_collection_modifyitems, pytest_configure, pytest_unconfigure,
-)
+from tests.conftest import pytest_configure, pytest_unconfigure  # noqa: F401
 """
 
 TESTS = """
@@ -51,8 +49,6 @@ def _start():
 
 @pytest.mark.parametrize("n", range(4))
 def test_uses_the_service(n):
-    if os.environ.get("SPARK"):
-        return
     info = shared_service("sleeper", _start)
     out = Path(os.environ["OUT"]) / f"{n}"
     out.write_text(f"{info['pids'][0]} {os.getpid()}")
@@ -60,13 +56,6 @@ def test_uses_the_service(n):
     park = Path(os.environ["OUT"]) / "park"
     while park.exists():  # the test of a killed controller holds the workers here
         time.sleep(0.05)
-
-
-@pytest.mark.spark
-@pytest.mark.parametrize("n", range(4))
-def test_spark(n):
-    if os.environ.get("SPARK"):
-        (Path(os.environ["OUT"]) / f"spark-{n}").write_text(os.environ["PYTEST_XDIST_WORKER"])
 """
 
 
@@ -90,7 +79,6 @@ def inner(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
 
 def _pytest(folder: Path, env: dict[str, str]) -> list[str]:
     return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
-            "--dist", "loadgroup",
             "--rootdir", str(folder), "-c", os.devnull, str(folder)]
 
 
@@ -149,13 +137,3 @@ def test_a_killed_controller_leaves_no_service_behind(
         if controller.poll() is None:
             controller.kill()
             controller.wait()
-
-
-def test_the_spark_tests_run_on_one_worker(inner: tuple[Path, dict[str, str]]) -> None:
-    """A SparkSession lives in its worker: the tests using it go to one worker."""
-    folder, env = inner
-    run = subprocess.run(_pytest(folder, env), env={**env, "SPARK": "1"},
-                         capture_output=True, text=True, timeout=240)
-    assert run.returncode == 0, run.stdout + run.stderr
-    workers = {r.read_text() for r in Path(env["OUT"]).glob("spark-*")}
-    assert len(workers) == 1, workers
