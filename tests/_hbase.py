@@ -4,7 +4,9 @@
 server: ``PERCOLATOR_HBASE_THRIFT`` if set (an HBase of your own, e.g. from ``docker
 compose up``), otherwise a standalone HBase 2.6 started by ``tests/_hbase_local.py``
 the first time a test asks for it (once per session, ~30 s) and killed at the end of
-the session. A failure to obtain or start it (Java, Maven, a port, the JVM's log)
+the session. Under pytest-xdist the workers of a run share one such HBase, started by
+the first that needs it (``tests._services.shared_service``; CONTRIBUTING.md, "Test
+suite time"). A failure to obtain or start it (Java, Maven, a port, the JVM's log)
 fails the run in CI and skips the test elsewhere, with that reason.
 ``PERCOLATOR_HBASE_THRIFT=test-server`` runs the same tests against the Python test
 server of ``tests/hbase_thrift_server`` instead (no Java needed; the fault tests and
@@ -26,11 +28,17 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests._services import free_port, service_missing, stop_process
+from tests._services import (
+    free_port,
+    service_missing,
+    shared_service,
+    stop_process,
+    xdist_worker,
+)
 
 if TYPE_CHECKING:
     from tests._hbase_local import LocalHBase
@@ -129,20 +137,36 @@ def hbase_thrift() -> Iterator[str]:
             service_missing(f"{ENV}={chosen} is set but no HBase Thrift1 server answers there")
         yield chosen
         return
-    from tests._hbase_local import HBaseStartError, LocalHBase
+    from tests._hbase_local import LocalHBase
 
-    hbase = LocalHBase()
-    try:
-        hbase.start()
-    except HBaseStartError as e:
-        hbase.stop()
-        service_missing(f"could not start a standalone HBase: {e}")
+    if xdist_worker():  # one HBase for all the workers of the run
+        hbase = LocalHBase.attached(shared_service("hbase", _start_shared))
+        _SESSION_HBASE.append(hbase)
+        yield hbase.hostport
+        return
+    hbase = _start(LocalHBase())
     _SESSION_HBASE.append(hbase)
     try:
         yield hbase.hostport
     finally:
         _SESSION_HBASE.remove(hbase)
         hbase.stop()
+
+
+def _start(hbase: LocalHBase) -> LocalHBase:
+    from tests._hbase_local import HBaseStartError
+
+    try:
+        return hbase.start()
+    except HBaseStartError as e:
+        hbase.stop()
+        service_missing(f"could not start a standalone HBase: {e}")
+
+
+def _start_shared() -> dict[str, Any]:
+    from tests._hbase_local import LocalHBase
+
+    return _start(LocalHBase(detached=True)).describe()
 
 
 @pytest.fixture(scope="session")

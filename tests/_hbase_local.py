@@ -40,6 +40,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 POM = ROOT / "deploy" / "hbase" / "pom.xml"
@@ -158,6 +159,10 @@ def _port_taken(port: int) -> bool:
 _PR_SET_PDEATHSIG = 1
 
 
+def _own_group() -> None:  # pragma: no cover - runs in the child before exec
+    os.setpgrp()  # ^C at the terminal reaches Python only, which stops the JVMs in order
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     # The JVMs get SIGKILL when the process that started them dies, even by kill -9:
     # an interrupted or killed test run leaves no HBase behind.
@@ -181,12 +186,18 @@ class LocalHBase:
     protocol); ``site`` overrides or adds ``hbase-site.xml`` properties. The Thrift
     servers listen on *bind* (loopback unless told otherwise), on *thrift_port* and
     *thrift2_port* or free ports; the Thrift2 server runs only once
-    :meth:`start_thrift2` is called (the store's ``thrift2=`` option)."""
+    :meth:`start_thrift2` is called (the store's ``thrift2=`` option).
+
+    A ``detached`` HBase outlives the process that starts it (a pytest-xdist worker
+    starting it for the whole run: ``tests._services.shared_service``); whoever started
+    it stops it, from :meth:`describe`'s pids. :meth:`attached` describes, in another
+    process, an HBase that runs already."""
 
     def __init__(
         self, data_dir: str | Path | None = None, *, thrift_args: Sequence[str] = (),
         site: dict[str, str] | None = None, bind: str = "127.0.0.1",
         thrift_port: int | None = None, thrift2_port: int | None = None,
+        detached: bool = False,
     ) -> None:
         self._own_dir = data_dir is None
         self.dir = Path(data_dir or tempfile.mkdtemp(prefix="percolator-hbase-"))
@@ -236,7 +247,31 @@ class LocalHBase:
         self.thrift: subprocess.Popen[bytes] | None = None
         self.thrift2: subprocess.Popen[bytes] | None = None
         self._cp = ""
-        atexit.register(self.stop)
+        self._detached = detached
+        if not detached:
+            atexit.register(self.stop)
+
+    def describe(self) -> dict[str, Any]:
+        """What another process needs to use this HBase (:meth:`attached`) and to stop
+        it (its JVMs' pids, each leading its process group, and its data directory)."""
+        assert self.hbase is not None and self.thrift is not None
+        return {
+            "hostport": self.hostport, "dir": str(self.dir), "thrift_args": self.thrift_args,
+            "ports": [self.zk_port, self.master_port, self.regionserver_port,
+                      self.thrift_port],
+            "pids": [self.hbase.pid, self.thrift.pid],
+            "dirs": [str(self.dir)] if self._own_dir else [],
+        }
+
+    @classmethod
+    def attached(cls, description: dict[str, Any]) -> LocalHBase:
+        """The HBase of *description* (:meth:`describe`), started by another process:
+        its ports and data directory (its ``conf/hbase-site.xml``), not its JVMs."""
+        hbase = cls(description["dir"], thrift_args=description["thrift_args"],
+                    detached=True)
+        (hbase.zk_port, hbase.master_port, hbase.regionserver_port,
+         hbase.thrift_port) = description["ports"]
+        return hbase
 
     @property
     def hostport(self) -> str:
@@ -258,7 +293,7 @@ class LocalHBase:
 
     @property
     def thrift2_log(self) -> Path:
-        return self.dir / "logs" / "thrift2.log"
+        return self.dir / "logs" / f"thrift2-{self.thrift2_port}.log"
 
     # -- starting ------------------------------------------------------------------
 
@@ -276,7 +311,8 @@ class LocalHBase:
         self.start_thrift(deadline - time.monotonic())
         return self
 
-    def _jvm(self, heap: str, log: Path, main: str, *args: str) -> subprocess.Popen[bytes]:
+    def _jvm(self, heap: str, log: Path, main: str, *args: str,
+             detached: bool | None = None) -> subprocess.Popen[bytes]:
         command = [
             java(), heap, "-XX:+UseG1GC", "-Djava.net.preferIPv4Stack=true",
             *JDK17_FLAGS,
@@ -287,7 +323,9 @@ class LocalHBase:
         with open(log.with_suffix(".out"), "ab") as out:  # the JVM's own stdout/stderr
             return subprocess.Popen(
                 command, cwd=self.dir, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+                stderr=subprocess.STDOUT,
+                preexec_fn=(_own_group if (self._detached if detached is None else detached)
+                            else _die_with_parent),
             )
 
     def _failed(self, what: str, proc: subprocess.Popen[bytes], log: Path) -> HBaseStartError:
@@ -327,15 +365,22 @@ class LocalHBase:
     def start_thrift2(self, timeout: float = START_SECONDS) -> None:
         """Start (or restart, on the same port) the Thrift2 server, with the Thrift1
         server's transport and protocol, and wait until it accepts a connection (HBase
-        behind it is already serving: :meth:`start` waited for that)."""
+        behind it is already serving: :meth:`start` waited for that). It belongs to
+        this process, also for an HBase :meth:`attached` from another one (each
+        pytest-xdist worker that asks starts its own): it dies with it."""
         if self.thrift2 is not None and self.thrift2.poll() is None:
             return
+        if not self._cp:
+            self._cp = classpath()
+        if self._detached:
+            atexit.register(lambda: _kill(self.thrift2))
         if _port_taken(self.thrift2_port):
             raise HBaseStartError(f"port {self.thrift2_port} on 127.0.0.1 is taken "
                                   "(the Thrift2 server needs it)")
         self.thrift2 = self._jvm(
             THRIFT_HEAP, self.thrift2_log, "org.apache.hadoop.hbase.thrift2.ThriftServer",
             "-b", self.bind, "-p", str(self.thrift2_port), *self.thrift_args, "start",
+            detached=False,
         )
         deadline = time.monotonic() + timeout
         while True:

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -32,7 +34,46 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="run soak tests marked slow")
 
 
+def _xdist_controller(config: pytest.Config) -> bool:
+    """Whether this process hands the tests to pytest-xdist workers (``-n N``)."""
+    return not hasattr(config, "workerinput") and config.getoption("dist", "no") != "no"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The workers inherit this environment: where they publish the services they share
+    # (tests/_services.py), and whose death stops those services.
+    if _xdist_controller(config):
+        from tests._services import CONTROLLER_ENV, SHARED_ENV
+
+        os.environ[SHARED_ENV] = tempfile.mkdtemp(prefix="percolator-shared-")
+        os.environ[CONTROLLER_ENV] = str(os.getpid())
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # Also after ^C: the workers are gone by now, the services they shared are not.
+    if _xdist_controller(config):
+        from tests._services import SHARED_ENV, stop_shared_services
+
+        if SHARED_ENV in os.environ:
+            stop_shared_services(Path(os.environ.pop(SHARED_ENV)))
+
+
+GROUPS = {
+    # One worker runs the tests of each: its module-scoped HBase, which they kill -9,
+    # is started once, not once per worker (and not beside a dozen others).
+    "tests/hbase/test_hbase_real_faults.py": "hbase-real-faults",
+}
+"""Files whose tests ``--dist loadgroup`` keeps on one xdist worker, and the group."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = GROUPS.get(os.path.relpath(item.path, ROOT))
+        if group is None and "spark" in item.keywords:
+            group = "spark"  # a SparkSession lives in its worker: start one, on one worker
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
     if config.getoption("--run-slow"):
         return
     skip = pytest.mark.skip(reason="soak test: run with --run-slow (or its bench/ script)")
