@@ -274,15 +274,7 @@ def main(argv: list[str] | None = None) -> int:
 | with GC, file size / live data (the file keeps its high-water mark: versions \
 written between passes) | {sizes['with'] / sizes['live']:.2f} |
 | without GC / live data | {sizes['without'] / sizes['live']:.2f} |
-| single-cell txn/s, no pass running | {idle:,.0f} |
-| single-cell txn/s, passes back to back over {args.rows:,} rows in another process, \
-{f"{args.gc_rate:,.0f} rows/s" if args.gc_rate else "no rate limit"} | {busy:,.0f} |
-| **txn/s while GC runs / without** (median of {args.windows} window pairs; target >= 0.9) \
-| **{ratio:.2f}** |
-| versions removed/s by a pass | {gc_rate:,.0f} |
-| versions removed/s by raw store deletes of the same cells | {raw_rate:,.0f} |
-| **pass / raw deletes** | **{gc_rate / raw_rate:.2f}** |
-"""
+{_cost_rows(args, idle, busy, ratio, gc_rate, raw_rate)}"""
     print(text)
     if not args.no_write:
         write_section("## Garbage collection, sqlite", text)
@@ -291,6 +283,21 @@ written between passes) | {sizes['with'] / sizes['live']:.2f} |
             [sys.executable, "-m", "pytest", "-q", "--run-slow", "-p", "no:cacheprovider",
              "tests/gc/test_gc_soak.py"], cwd=ROOT)
     return 0
+
+
+def _cost_rows(args: argparse.Namespace, idle: float, busy: float, ratio: float,
+               gc_rate: float, raw_rate: float) -> str:
+    """The table rows of the foreground and speed measurements (every backend)."""
+    pace = f"{args.gc_rate:,.0f} rows/s" if args.gc_rate else "no rate limit"
+    return f"""| single-cell txn/s, no pass running | {idle:,.1f} |
+| single-cell txn/s, passes back to back over {args.rows:,} rows in another process, \
+{pace} | {busy:,.1f} |
+| **txn/s while GC runs / without** (median of {args.windows} window pairs; target >= 0.9) \
+| **{ratio:.2f}** |
+| versions removed/s by a pass | {gc_rate:,.0f} |
+| versions removed/s by raw store deletes of the same cells | {raw_rate:,.0f} |
+| **pass / raw deletes** | **{gc_rate / raw_rate:.2f}** |
+"""
 
 
 def main_hbase(args: argparse.Namespace, command: str) -> int:
@@ -324,15 +331,7 @@ load average {os.getloadavg()[0]:.1f} at the end
 | cells written then deleted, then one pass | {args.cells:,} |
 | cells left, Thrift1 alone (each cell's FREE lock) | {left['thrift1 cells']:,.0f} |
 | the pass, Thrift1 alone (s) | {left['thrift1 seconds']:.2f} |
-{with_thrift2}| single-cell txn/s, no pass running | {idle:,.1f} |
-| single-cell txn/s, passes back to back over {args.rows:,} rows in another process, \
-{f"{args.gc_rate:,.0f} rows/s" if args.gc_rate else "no rate limit"} | {busy:,.1f} |
-| **txn/s while GC runs / without** (median of {args.windows} window pairs; target >= 0.9) \
-| **{ratio:.2f}** |
-| versions removed/s by a pass | {gc_rate:,.0f} |
-| versions removed/s by raw store deletes of the same cells | {raw_rate:,.0f} |
-| **pass / raw deletes** | **{gc_rate / raw_rate:.2f}** |
-"""
+{with_thrift2}{_cost_rows(args, idle, busy, ratio, gc_rate, raw_rate)}"""
     print(text)
     if not args.no_write:
         write_section("## Garbage collection, real HBase", text)
