@@ -58,7 +58,7 @@ class Counts(ubiq.Application):
         for key, n in counts.items():
             out.set("partials", f"{key}/{unit.id}".encode(), "c:n", b"%d" % n)
         with self.lock:
-            self.bytes += unit.end - unit.begin
+            self.bytes += unit.size
             self.seconds.append(time.perf_counter() - began)
 
 

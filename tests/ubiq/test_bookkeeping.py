@@ -202,7 +202,7 @@ def test_a_collector_dying_at_any_point_of_its_commit_leaves_all_or_nothing(
             assert _pipeline.cut_file(txn, p, "one.jsonl", _pipeline._now_ms()) == 1
         row = _pipeline.unit_row("one.jsonl", 0)
         owner = cluster.coordination.current_owner()
-        name, end = _pipeline._take_lease(cluster, p, row, owner, _pipeline._now_ms()) or ("", 0)
+        [(name, _, end)] = _pipeline._take_lease(cluster, p, row, owner, _pipeline._now_ms()) or []
         staging = p.staging / row.hex() / "attempt"
         txn = Transaction(cluster)
         out = Output(txn, staging)

@@ -211,7 +211,7 @@ def test_the_lease_sweep_wakes_a_unit_an_older_version_stranded(
             assert _pipeline.cut_file(txn, p, "one.jsonl", _pipeline._now_ms()) == 1
         assert p.stranded() == [] and p.sweep_leases() == 0  # notified: not stranded
         with monkeypatch.context() as old:  # the lease left to a thread that never ran
-            old.setattr(_pipeline, "_lease_unit", lambda *args, **kwargs: ("one.jsonl", 200))
+            old.setattr(_pipeline, "_lease_unit", lambda *args, **kwargs: [("one.jsonl", 0, 200)])
             old.setattr(_pipeline._Processor, "_start", lambda self, row, owner: None)
             worker = Worker(cluster, p.observers("a"), threads=1)
             worker.register()
@@ -394,3 +394,43 @@ def test_the_cli_reports_and_verifies(
     assert ubiq_main(["verify", *args]) == 1  # a range back to pending: not covered yet
     assert "pending" in capsys.readouterr().out
     assert ubiq_main(["retry-range", *args, "nope", "0"]) == 2
+
+
+def test_many_small_files_make_few_units_oldest_first(cluster: Cluster, tmp_path: Path) -> None:
+    """Twelve files of 100 bytes, reported in an order unlike their names' and cut
+    (their tails due) when the newest is: three units of four files each, each
+    unit's files the next oldest (Ubiq's work-unit creator). Before processing,
+    `coverage` reports each file's part pending (its unit's state); after, every
+    file is covered exactly once and the counts are exact. Fails with one unit per
+    file, with tails taken in name order rather than oldest first, and when a part
+    is judged by its own row's state rather than its unit's."""
+    from observers._logs import head_digest
+
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=400, max_unit_delay=1.0)
+    p.create()
+    names = [f"s{i:02d}.jsonl" for i in range(12)]
+    for site in "ab":
+        (tmp_path / site).mkdir()
+        for i, name in enumerate(names):
+            record = b'{"k": "k%d", "pad": "%s"}\n' % (i % 3, b"x" * 20)
+            (tmp_path / site / name).write_bytes(record * 2 + b'{"k": "k%02d"} \n' % i)
+    size = (tmp_path / "a" / names[0]).stat().st_size
+    assert size == 100
+    oldest_first = [names[(5 * i) % 12] for i in range(12)]  # 5 is prime to 12
+    base = _pipeline._now_ms() - 60_000
+    for age, name in enumerate(oldest_first):
+        for site in "ab":
+            path = tmp_path / site / name
+            assert _pipeline._report(cluster, p, name, site, size, head_digest(path),
+                                     base + age, base + age)
+    with Transaction(cluster) as txn:
+        assert _pipeline.cut_file(txn, p, oldest_first[-1], _pipeline._now_ms()) == 3
+    with Snapshot(cluster) as snap:
+        units = [json.loads(cells["u:parts"]) for _, cells in
+                 snap.scan(p.units, None, None, ["u:parts", "u:state"]) if "u:state" in cells]
+    assert sorted(units) == sorted([[name, 0, size] for name in oldest_first[i:i + 4]]
+                                   for i in (0, 4, 8))
+    assert p.coverage() == {name: ["1 unit(s) pending"] for name in names}
+    with Worker(cluster, [*p.observers("a"), _app.RollUp], tasks=p.tasks(), threads=2):
+        settle(p)
+    assert_exact(p, tmp_path)
