@@ -671,7 +671,7 @@ def cut_file(txn: TransactionBase, p: LogPipeline, name: str, now: int) -> int:
         if size - cut < p.unit_bytes and not quiet:
             break  # a young tail waits to grow into a unit (or for max_unit_delay)
         if size - cut < p.unit_bytes:
-            cut, made = size, made + _cut_tails(txn, p, name, now)
+            cut, made = size, made + _cut_tails(txn, p, name, cut, cells, now)
             break
         end = size if size - cut <= p.unit_bytes else _record_boundary(
             p, name, cut + p.unit_bytes - 1, size)
@@ -685,19 +685,21 @@ def cut_file(txn: TransactionBase, p: LogPipeline, name: str, now: int) -> int:
     return made
 
 
-def _cut_tails(txn: TransactionBase, p: LogPipeline, name: str, now: int) -> int:
-    """Cut the short tail of *name* (shorter than a unit, and due) with the other
+def _cut_tails(txn: TransactionBase, p: LogPipeline, name: str, cut: int,
+               cells: dict[str, bytes], now: int) -> int:
+    """Cut the short tail of *name* from *cut* (shorter than a unit, and due; its
+    row's *cells*: units this transaction cut before it are not in them) with the other
     files' short tails, as Ubiq's work-unit creator does, so that many small files
     make few units: the tails, oldest first (by ``f:since``, when their oldest uncut
     byte was reported), are packed whole into units of up to *unit_bytes*, and the
     units up to the one holding *name*'s are cut. Each cut file's ``f:cut`` is
     written: its own cutter conflicts with this one. Reads every file row (the
     garbage collector bounds them). Returns how many units it made."""
-    waiting = []
-    for row, cells in txn.scan(p.files, None, None, _cut_columns(p)):
-        size, cut = int(cells.get("f:size", b"0")), int(cells.get("f:cut", b"0"))
-        if "f:refused" not in cells and 0 < size - cut < p.unit_bytes:
-            waiting.append((int(cells.get("f:since", b"0")), row.decode(), cut, size, cells))
+    waiting = [(int(cells.get("f:since", b"0")), name, cut, int(cells["f:size"]), cells)]
+    for row, found in txn.scan(p.files, None, None, _cut_columns(p)):
+        size, at = int(found.get("f:size", b"0")), int(found.get("f:cut", b"0"))
+        if row != name.encode() and "f:refused" not in found and 0 < size - at < p.unit_bytes:
+            waiting.append((int(found.get("f:since", b"0")), row.decode(), at, size, found))
     groups: list[list[tuple[str, int, int, dict[str, bytes]]]] = []
     room = 0
     for _, file, cut, size, cells in sorted(waiting, key=lambda w: w[:2]):
