@@ -199,7 +199,8 @@ class LogPipeline:
     site's workers are notified of it; a unit not committed *site_eta* seconds after
     it was cut is handed to every site by the lease sweep (a site down, or in
     partial outage, loses its units to the others). None: every unit goes to every
-    site at once.
+    site at once. *pack_files*: a file's short tail, once due, is cut with other
+    files' short tails into one unit, oldest first (False: a unit never spans files).
     """
 
     def __init__(self, cluster: Cluster, name: str, *, app: Application,
@@ -208,7 +209,7 @@ class LogPipeline:
                  local_eta: float = 60.0, track_interval: float = 1.0,
                  sink: str | os.PathLike[str] | None = None,
                  forget_after: float | None = 7 * 86400.0,
-                 site_eta: float | None = None,
+                 site_eta: float | None = None, pack_files: bool = True,
                  on_commit: Callable[[WorkUnit], None] | None = None) -> None:
         check_pipeline("LogPipeline", cluster, name)
         if not isinstance(app, Application):
@@ -230,6 +231,7 @@ class LogPipeline:
             raise InvalidArgument(f"site_eta must be a positive number of seconds or None, "
                                   f"got {site_eta!r}")
         self.site_eta_ms = None if site_eta is None else int(site_eta * 1000)
+        self.pack_files = bool(pack_files)
         self.cluster, self.name, self.app = cluster, name, app
         self.on_commit = on_commit
         self.sites = {s: Path(d) for s, d in sites.items()}
@@ -670,7 +672,7 @@ def cut_file(txn: TransactionBase, p: LogPipeline, name: str, now: int) -> int:
     while cut < size:
         if size - cut < p.unit_bytes and not quiet:
             break  # a young tail waits to grow into a unit (or for max_unit_delay)
-        if size - cut < p.unit_bytes:
+        if size - cut < p.unit_bytes and p.pack_files:
             cut, made = size, made + _cut_tails(txn, p, name, cut, cells, now)
             break
         end = size if size - cut <= p.unit_bytes else _record_boundary(
