@@ -152,7 +152,9 @@ def latency(tmp: Path, seconds: float, rate: float, base: int) -> dict[str, floa
     committed_at: dict[tuple[str, int], float] = {}  # (file, unit end) -> commit time
 
     def on_commit(unit: ubiq.WorkUnit) -> None:
-        committed_at[(unit.file, unit.end)] = time.perf_counter()
+        now = time.perf_counter()
+        for part in unit.parts or [unit]:  # a unit of several files commits each part
+            committed_at[(part.file, part.end)] = now
 
     cluster, p = _pipeline(tmp, "lat", app, on_commit)
     directory = p.sites["a"]
