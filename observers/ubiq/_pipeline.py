@@ -106,22 +106,33 @@ class BadRecord(Exception):
 
 @dataclass
 class WorkUnit:
-    """A byte range ``[begin, end)`` of one file, read from *site*'s replica."""
+    """A byte range ``[begin, end)`` of one file, read from *site*'s replica, and
+    with several small files packed into one unit, the further ranges in *parts*
+    (each a ``WorkUnit`` of one range; ``parts[0]`` is this first one)."""
 
     file: str
     begin: int
     end: int
     path: Path
     site: str
+    parts: list[WorkUnit] = field(default_factory=list)
 
     @property
     def id(self) -> str:
-        return f"{self.file}@{self.begin}-{self.end}"
+        more = f"+{len(self.parts) - 1}" if len(self.parts) > 1 else ""
+        return f"{self.file}@{self.begin}-{self.end}{more}"
+
+    @property
+    def size(self) -> int:
+        """Bytes in the unit, over all its parts."""
+        return sum(part.end - part.begin for part in self.parts) if self.parts else (
+            self.end - self.begin)
 
     def records(self) -> Iterator[Record]:
-        """The unit's records, whole: units are cut at newlines."""
-        return read_records(self.path, self.file, self.begin, self.end,
-                            f" at site {self.site}")
+        """The unit's records, whole (units are cut at newlines), part after part."""
+        for part in self.parts or [self]:
+            yield from read_records(part.path, part.file, part.begin, part.end,
+                                    f" at site {part.site}")
 
 
 @dataclass
@@ -201,7 +212,8 @@ class LogPipeline:
     site's workers are notified of it; a unit not committed *site_eta* seconds after
     it was cut is handed to every site by the lease sweep (a site down, or in
     partial outage, loses its units to the others). None: every unit goes to every
-    site at once.
+    site at once. *pack_files*: a file's short tail, once due, is cut with other
+    files' short tails into one unit, oldest first (False: a unit never spans files).
     """
 
     def __init__(self, cluster: Cluster, name: str, *, app: Application,
@@ -210,7 +222,7 @@ class LogPipeline:
                  local_eta: float = 60.0, track_interval: float = 1.0,
                  sink: str | os.PathLike[str] | None = None,
                  forget_after: float | None = 7 * 86400.0,
-                 site_eta: float | None = None,
+                 site_eta: float | None = None, pack_files: bool = True,
                  on_commit: Callable[[WorkUnit], None] | None = None) -> None:
         check_pipeline("LogPipeline", cluster, name)
         if not isinstance(app, Application):
@@ -232,6 +244,7 @@ class LogPipeline:
             raise InvalidArgument(f"site_eta must be a positive number of seconds or None, "
                                   f"got {site_eta!r}")
         self.site_eta_ms = None if site_eta is None else int(site_eta * 1000)
+        self.pack_files = bool(pack_files)
         self.cluster, self.name, self.app = cluster, name, app
         self.on_commit = on_commit
         self.sites = {s: Path(d) for s, d in sites.items()}
@@ -431,19 +444,22 @@ class LogPipeline:
         with Snapshot(self.cluster) as snap:
             files = {row.decode(): cells for row, cells in snap.scan(
                 self.files, None, None, ["f:size", "f:cut", "f:refused"])}
-            ranges: dict[str, list[tuple[int, int, bytes]]] = {}
-            for row, cells in snap.scan(self.units, None, None, ["u:range", "u:state"]):
-                name, begin = parse_unit_row(row)
-                ranges.setdefault(name, []).append(
-                    (begin, int(cells["u:range"]), cells.get("u:state", b"?")))
+            rows = list(snap.scan(self.units, None, None, ["u:range", "u:state", "u:unit"]))
+        states = {row: cells["u:state"] for row, cells in rows if "u:state" in cells}
+        ranges: dict[str, list[tuple[int, int, bytes, bytes]]] = {}
+        for row, cells in rows:
+            name, begin = parse_unit_row(row)
+            unit = cells.get("u:unit", row)  # a further part of a unit of several files
+            ranges.setdefault(name, []).append(
+                (begin, int(cells["u:range"]), _unit_state(states, unit, row), unit))
         stranded = set(self.stranded())
         report: dict[str, list[str]] = {}
         for name, cells in files.items():
             problems = []
             size, cut = int(cells.get("f:size", b"0")), int(cells.get("f:cut", b"0"))
-            done = sorted((b, e) for b, e, s in ranges.get(name, []) if s in (b"C", b"Q"))
-            waiting = [(b, e) for b, e, s in ranges.get(name, []) if s == b"P"]
-            lost = sum(1 for b, _ in waiting if unit_row(name, b) in stranded)
+            done = sorted((b, e) for b, e, s, _ in ranges.get(name, []) if s in (b"C", b"Q"))
+            waiting = [unit for _, _, s, unit in ranges.get(name, []) if s == b"P"]
+            lost = sum(1 for unit in waiting if unit in stranded)
             at = 0
             for begin, end in done:
                 if begin != at:
@@ -486,6 +502,13 @@ class LogPipeline:
 def _lease(raw: bytes) -> tuple[str, int]:
     value = json.loads(raw)
     return str(value["owner"]), int(value["expires"])
+
+
+def _unit_state(states: dict[bytes, bytes], unit: bytes, row: bytes) -> bytes:
+    """The state of *unit*, the unit of the part in *row*: a part whose unit row is
+    gone belongs to a file the garbage collector forgot, which it does only once
+    the unit has committed."""
+    return states.get(unit, b"C" if unit != row else b"?")
 
 
 def _pending_for(cells: dict[str, bytes], owner: str) -> bool:
@@ -542,7 +565,8 @@ def _forgettable(p: LogPipeline, cells: dict[str, bytes], now: int) -> bool:
 
 
 _FILE_COLUMNS = ("f:size", "f:head", "f:since", "f:cut", "f:grown", "f:refused")
-_UNIT_COLUMNS = ("u:range", "u:state", "u:lease", "u:fail", "u:commit", "u:home", "u:born")
+_UNIT_COLUMNS = ("u:range", "u:state", "u:lease", "u:fail", "u:commit", "u:home", "u:born",
+                 "u:parts", "u:unit")
 
 
 @transactional
@@ -555,10 +579,16 @@ def _forget_file(txn: TransactionBase, p: LogPipeline, row: bytes, now: int) -> 
     if not _forgettable(p, cells, now):
         return False
     ready = p.ready_columns()
-    units = _units_of(txn, p, row.decode(), ["u:range", "u:state", "u:commit", *ready])
+    units = _units_of(txn, p, row.decode(),
+                      ["u:range", "u:state", "u:unit", "u:commit", *ready])
     at = 0
     for unit, unit_cells in units:
-        if unit_cells.get("u:state") != b"C" or parse_unit_row(unit)[1] != at:
+        state = unit_cells.get("u:state")
+        if "u:unit" in unit_cells:  # a part of a unit that spans files: its unit's state
+            owner = unit_cells["u:unit"]
+            found = txn.get(p.units, owner, "u:state")
+            state = _unit_state({} if found is None else {owner: found}, owner, unit)
+        if state != b"C" or parse_unit_row(unit)[1] != at:
             return False  # pending, quarantined or not a partition: an operator's case
         at = int(unit_cells["u:range"])
     if at != int(cells["f:size"]):
@@ -637,12 +667,20 @@ def _record_boundary(p: LogPipeline, name: str, at: int, limit: int) -> int:
     return limit
 
 
+Part = tuple[str, int, int]
+"""A unit's range of one file: ``(file, begin, end)``."""
+
+
+def _cut_columns(p: LogPipeline) -> list[str]:
+    return ["f:size", "f:cut", "f:since", "f:refused", *(f"f:site.{s}" for s in p.sites)]
+
+
 def cut_file(txn: TransactionBase, p: LogPipeline, name: str, now: int) -> int:
     """The cutter's body: cut ``[f:cut, f:size)`` of *name* into units at record
-    boundaries. Returns how many units it made."""
+    boundaries; a short tail due to be cut goes into a unit with other files' short
+    tails (:func:`_cut_tails`). Returns how many units it made."""
     row = name.encode()
-    cells = txn.get_row(p.files, row, ["f:size", "f:cut", "f:since", "f:refused",
-                                       *(f"f:site.{s}" for s in p.sites)])
+    cells = txn.get_row(p.files, row, _cut_columns(p))
     size, cut = int(cells.get("f:size", b"0")), int(cells.get("f:cut", b"0"))
     if "f:refused" in cells or cut >= size:
         return 0
@@ -653,10 +691,13 @@ def cut_file(txn: TransactionBase, p: LogPipeline, name: str, now: int) -> int:
     while cut < size:
         if size - cut < p.unit_bytes and not quiet:
             break  # a young tail waits to grow into a unit (or for max_unit_delay)
+        if size - cut < p.unit_bytes and p.pack_files:
+            cut, made = size, made + _cut_tails(txn, p, name, cut, cells, now)
+            break
         end = size if size - cut <= p.unit_bytes else _record_boundary(
             p, name, cut + p.unit_bytes - 1, size)
         holding = [s for s in p.sites if int(cells.get(f"f:site.{s}", b"0")) >= end]
-        _new_unit(txn, p, name, cut, end, _home(name, cut, holding or list(p.sites)), now)
+        _new_unit(txn, p, [(name, cut, end)], _home(name, cut, holding or list(p.sites)), now)
         cut, made = end, made + 1
     if made:
         txn.set(p.files, row, "f:cut", b"%d" % cut)
@@ -665,16 +706,74 @@ def cut_file(txn: TransactionBase, p: LogPipeline, name: str, now: int) -> int:
     return made
 
 
+def _cut_tails(txn: TransactionBase, p: LogPipeline, name: str, cut: int,
+               cells: dict[str, bytes], now: int) -> int:
+    """Cut the short tail of *name* from *cut* (shorter than a unit, and due; its
+    row's *cells*: units this transaction cut before it are not in them) with the other
+    files' short tails, as Ubiq's work-unit creator does, so that many small files
+    make few units: the tails, oldest first (by ``f:since``, when their oldest uncut
+    byte was reported), are packed whole into units of up to *unit_bytes*, and the
+    units up to the one holding *name*'s are cut. Each cut file's ``f:cut`` is
+    written: its own cutter conflicts with this one. Reads every file row (the
+    garbage collector bounds them). Returns how many units it made."""
+    waiting = [(int(cells.get("f:since", b"0")), name, cut, int(cells["f:size"]), cells)]
+    for row, found in txn.scan(p.files, None, None, _cut_columns(p)):
+        size, at = int(found.get("f:size", b"0")), int(found.get("f:cut", b"0"))
+        if row != name.encode() and "f:refused" not in found and 0 < size - at < p.unit_bytes:
+            waiting.append((int(found.get("f:since", b"0")), row.decode(), at, size, found))
+    groups: list[list[tuple[str, int, int, dict[str, bytes]]]] = []
+    room = 0
+    for _, file, cut, size, cells in sorted(waiting, key=lambda w: w[:2]):
+        if size - cut > room:
+            groups.append([])
+            room = p.unit_bytes
+        groups[-1].append((file, cut, size, cells))
+        room -= size - cut
+    made = 0
+    for group in groups:
+        holding = [s for s in p.sites if all(
+            int(cells.get(f"f:site.{s}", b"0")) >= end for _, _, end, cells in group)]
+        first, begin = group[0][:2]
+        _new_unit(txn, p, [(file, cut, end) for file, cut, end, _ in group],
+                  _home(first, begin, holding or list(p.sites)), now)
+        for file, _, end, _ in group:
+            txn.set(p.files, file.encode(), "f:cut", b"%d" % end)
+            txn.delete(p.files, file.encode(), "f:since")
+        made += 1
+        if any(file == name for file, *_ in group):
+            break
+    return made
+
+
+def _parts(row: bytes, cells: dict[str, bytes]) -> list[Part]:
+    """The ranges of the unit in *row* (its ``u:range`` and ``u:parts`` cells): a unit
+    without ``u:parts`` (every unit cut before units could span files) has one."""
+    if "u:parts" in cells:
+        return [(str(f), int(b), int(e)) for f, b, e in json.loads(cells["u:parts"])]
+    name, begin = parse_unit_row(row)
+    return [(name, begin, int(cells["u:range"]))]
+
+
 def _home(name: str, begin: int, sites: list[str]) -> str:
     """The site a unit is given to: spread over *sites* (those holding its bytes)."""
     return sites[zlib.crc32(unit_row(name, begin)) % len(sites)]
 
 
-def _new_unit(txn: TransactionBase, p: LogPipeline, name: str, begin: int, end: int,
-              home: str, born: int) -> None:
-    """A pending unit, given to *home* (cut at *born*, ms): its workers are notified."""
+def _new_unit(txn: TransactionBase, p: LogPipeline, parts: list[Part], home: str,
+              born: int) -> None:
+    """A pending unit of *parts*, given to *home* (cut at *born*, ms): its workers
+    are notified. Its row is its first part's; each further part has a row of its
+    own too (``u:range``, and ``u:unit``, the unit's row), so that a file's rows
+    still partition it (coverage, garbage collection)."""
+    name, begin, end = parts[0]
     row = unit_row(name, begin)
     txn.set(p.units, row, "u:range", b"%d" % end)
+    if len(parts) > 1:
+        txn.set(p.units, row, "u:parts", json.dumps(parts).encode())
+        for other, other_begin, other_end in parts[1:]:
+            part_row = unit_row(other, other_begin)
+            txn.set(p.units, part_row, "u:range", b"%d" % other_end)
+            txn.set(p.units, part_row, "u:unit", row)
     txn.set(p.units, row, "u:state", b"P")
     txn.set(p.pending, row, "p:u", b"1")
     if p.site_eta_ms is not None:
@@ -685,11 +784,11 @@ def _new_unit(txn: TransactionBase, p: LogPipeline, name: str, begin: int, end: 
 
 
 def _lease_unit(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str, now: int,
-                *, renew: bool) -> tuple[str, int] | None:
-    """Lease the unit in *row* for *owner* in *txn*: ``(file, end)`` when taken, None
+                *, renew: bool) -> list[Part] | None:
+    """Lease the unit in *row* for *owner* in *txn*: its parts when taken, None
     when it is not pending, or leased by a live owner whose lease has not expired
     (*renew*: *owner*'s own lease is taken again)."""
-    cells = txn.get_row(p.units, row, ["u:range", "u:state", "u:lease"])
+    cells = txn.get_row(p.units, row, ["u:range", "u:parts", "u:state", "u:lease"])
     if cells.get("u:state") != b"P":
         return None
     if "u:lease" in cells:
@@ -699,12 +798,12 @@ def _lease_unit(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str, no
             return None
     txn.set(p.units, row, "u:lease", json.dumps(
         {"owner": owner, "expires": now + p.local_eta_ms}).encode())
-    return parse_unit_row(row)[0], int(cells["u:range"])
+    return _parts(row, cells)
 
 
 @transactional
 def _take_lease(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str,
-                now: int) -> tuple[str, int] | None:
+                now: int) -> list[Part] | None:
     """:func:`_lease_unit` in a transaction of its own, renewing *owner*'s lease."""
     return _lease_unit(txn, p, row, owner, now, renew=True)
 
@@ -727,8 +826,8 @@ def _notify_home(txn: TransactionBase, p: LogPipeline, row: bytes) -> None:
 def _fail(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str, error: str) -> None:
     """Count a failed attempt; past MAX_FAILURES, split the unit (or quarantine a
     single record)."""
-    cells = txn.get_row(p.units, row, ["u:range", "u:state", "u:lease", "u:fail", "u:home",
-                                       "u:born"])
+    cells = txn.get_row(p.units, row, ["u:range", "u:parts", "u:state", "u:lease", "u:fail",
+                                       "u:home", "u:born"])
     if not _pending_for(cells, owner):
         return
     failures = int(cells.get("u:fail", b"0")) + 1
@@ -738,6 +837,21 @@ def _fail(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str, error: s
         _notify_home(txn, p, row)
         return
     name, begin = parse_unit_row(row)
+    home = cells.get("u:home", b"").decode() or _home(name, begin, list(p.sites))
+    born = int(cells.get("u:born", b"%d" % _now_ms()))
+    parts = _parts(row, cells)
+    if len(parts) > 1:
+        # Packed files are split between files first: two units of half the parts
+        # each (the second's first part row becomes its unit row), then a one-file
+        # unit splits by bytes as below.
+        first, second = parts[:len(parts) // 2], parts[len(parts) // 2:]
+        if len(first) == 1:
+            txn.delete(p.units, row, "u:parts")
+        txn.delete(p.units, unit_row(*second[0][:2]), "u:unit")
+        _new_unit(txn, p, first, home, born)
+        _new_unit(txn, p, second, home, born)
+        txn.delete(p.units, row, "u:fail")
+        return
     end = int(cells["u:range"])
     middle = _record_boundary(p, name, begin + (end - begin) // 2, end)
     if middle >= end:  # one record: nothing left to split off
@@ -752,10 +866,8 @@ def _fail(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str, error: s
     # Two pieces that partition the unit, in this one transaction: the first keeps the
     # row (it starts where the unit did), the second is a new unit.
     # The pieces stay with the unit's site and keep its age (its site's time runs on).
-    home = cells.get("u:home", b"").decode() or _home(name, begin, list(p.sites))
-    born = int(cells.get("u:born", b"%d" % _now_ms()))
-    _new_unit(txn, p, name, begin, middle, home, born)
-    _new_unit(txn, p, name, middle, end, home, born)
+    _new_unit(txn, p, [(name, begin, middle)], home, born)
+    _new_unit(txn, p, [(name, middle, end)], home, born)
     txn.delete(p.units, row, "u:fail")
 
 
@@ -778,9 +890,11 @@ def process_unit(p: LogPipeline, site: str, row: bytes, owner: str) -> bool:
     taken = _take_lease(p.cluster, p, row, owner, _now_ms())
     if taken is None:
         return False
-    name, end = taken
-    _, begin = parse_unit_row(row)
-    unit = WorkUnit(name, begin, end, *_replica(p, site, name, end))
+    pieces = [WorkUnit(name, begin, end, *_replica(p, site, name, end))
+              for name, begin, end in taken]
+    first = pieces[0]
+    unit = WorkUnit(first.file, first.begin, first.end, first.path, first.site,
+                    pieces if len(pieces) > 1 else [])
     attempt = uuid.uuid4().hex[:12]
     staging = p.staging / row.hex() / attempt
     txn = Transaction(p.cluster)

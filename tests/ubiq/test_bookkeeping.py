@@ -203,7 +203,7 @@ def test_a_collector_dying_at_any_point_of_its_commit_leaves_all_or_nothing(
             assert _pipeline.cut_file(txn, p, "one.jsonl", _pipeline._now_ms()) == 1
         row = _pipeline.unit_row("one.jsonl", 0)
         owner = internals(cluster).coordination.current_owner()
-        name, end = _pipeline._take_lease(cluster, p, row, owner, _pipeline._now_ms()) or ("", 0)
+        [(name, _, end)] = _pipeline._take_lease(cluster, p, row, owner, _pipeline._now_ms()) or []
         staging = p.staging / row.hex() / "attempt"
         txn = Transaction(cluster)
         out = Output(txn, staging)
@@ -423,3 +423,24 @@ def test_a_lease_sweep_reads_rows_of_the_pending_units_not_of_every_unit_ever_cu
     assert few == many == 4
     for table in ("ubiq.logs.units", "ubiq.logs.pending", "ubiq.logs.files"):
         assert few_rows[table] == many_rows[table] <= 3 * 4, (table, few_rows, many_rows)
+
+
+def test_the_collector_forgets_small_files_packed_into_units_of_several_files(
+    tmp_path: Path
+) -> None:
+    """Six small old files, packed two or three to a unit and committed, are all
+    forgotten, every row of their units with them, whichever file the unit's own
+    row sits in. Fails when the collector judges a further part by its own row
+    (which has no state) rather than by its unit's."""
+    for i in range(6):
+        _write(tmp_path, f"small{i}.jsonl", 5)
+    with percolator.connect(f"sqlite:///{tmp_path}/repo.db") as cluster:
+        p = _app.pipeline(cluster, tmp_path, unit_bytes=512, forget_after=3600.0)
+        p.create()
+        _committed_and_aged(p, tmp_path, 7200)
+        with Snapshot(cluster) as snap:
+            packed = [row for row, c in snap.scan(p.units, None, None, ["u:parts"])]
+        assert packed, "the small files were not packed"
+        assert p.collect_garbage(_pipeline._now_ms() + 3_601_000) == 6
+        assert _rows(p, p.files) == [] and _rows(p, p.units) == []
+        assert p.coverage() == {}
