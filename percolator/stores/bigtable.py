@@ -58,16 +58,14 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn
 
 from percolator import metrics as _metrics
-from percolator._encoding import split_column
 from percolator._errors import (
     InvalidArgument,
     StoreUnavailable,
     UnknownTableError,
-    ValueTooLargeError,
 )
 from percolator._store import (
     CAS_DELETES,
@@ -84,11 +82,26 @@ from percolator._store import (
     Read,
     RowCells,
     check_increment_amount,
-    check_skip_tag,
 )
 from percolator.stores import REQUESTS
+from percolator.stores._bigtable_requests import (
+    RowMerger,
+    block_all,
+    chain,
+    check_family,
+    check_row,
+    check_value,
+    delete_column,
+    delete_mutations,
+    family_and_qualifier,
+    guard_filter,
+    interleave,
+    latest_value_is,
+    reads_filter,
+    replace_mutations,
+    row_mutations,
+)
 from percolator.stores._cas_rows import check_and_set_by_row
-from percolator.stores._memo import memo_by_reads
 from percolator.stores._url import check_scan, parse_store_url
 
 __all__ = ["BigtableStore", "open_bigtable_store"]
@@ -124,16 +137,11 @@ DEFAULT_TIMEOUT = 30.0
 MAX_MUTATIONS_PER_REQUEST = 100_000
 """Bigtable's limit on the mutations of one ``MutateRows`` request."""
 
-MAX_ROW_KEY = 4096
-_TS_SCALE = 1000  # logical timestamp -> microseconds
-_MAX_LOGICAL_TS = (2**63 - 1) // _TS_SCALE - 1
 
 _TABLE_ID = re.compile(r"[_a-zA-Z0-9][-_.a-zA-Z0-9]*")
-_FAMILY = re.compile(r"[-_.a-zA-Z0-9]+")
 _INSTANCE = re.compile(r"[a-z][-a-z0-9]*")
 _PROJECT = re.compile(r"[a-z0-9][-a-z0-9.:]*")
 _MAX_TABLE_ID = 50
-_MAX_FAMILY = 64
 
 _DATA_SCOPES = ("https://www.googleapis.com/auth/bigtable.data",)
 _ADMIN_SCOPES = ("https://www.googleapis.com/auth/bigtable.admin.table",)
@@ -152,317 +160,6 @@ def _require_dependency() -> None:
 
 # ---------------------------------------------------------------------------
 # Arguments
-
-
-def _split_column(column: str) -> tuple[str, bytes]:
-    if not isinstance(column, str):
-        raise InvalidArgument(f"column must be a str 'family:qualifier', got {column!r}")
-    family, qualifier = split_column(column)
-    if ":" not in column:
-        raise InvalidArgument(f"column must be 'family:qualifier', got {column!r}")
-    _check_family(family)
-    return family, qualifier.encode("utf-8")
-
-
-def _check_family(family: str) -> None:
-    if not isinstance(family, str) or not _FAMILY.fullmatch(family) or len(family) > _MAX_FAMILY:
-        raise InvalidArgument(
-            f"column family must match [-_.a-zA-Z0-9]+ (at most {_MAX_FAMILY} characters) "
-            f"in Bigtable, got {family!r}"
-        )
-
-
-def _check_ts(ts: int, what: str) -> int:
-    if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0 or ts > _MAX_LOGICAL_TS:
-        raise InvalidArgument(f"{what!r} must be an integer in [0, {_MAX_LOGICAL_TS}], got {ts!r}")
-    return ts
-
-
-def _check_row(row: bytes) -> bytes:
-    if not isinstance(row, bytes):
-        raise InvalidArgument(f"row key must be bytes, got {type(row).__name__}: {row!r}")
-    if not row:
-        raise InvalidArgument("row key must not be empty (Bigtable rejects b'')")
-    if len(row) > MAX_ROW_KEY:
-        raise ValueTooLargeError(
-            f"row key is {len(row)} bytes; Bigtable allows at most {MAX_ROW_KEY}: {row[:32]!r}..."
-        )
-    return row
-
-
-def _check_value(value: bytes, column: str) -> bytes:
-    if not isinstance(value, bytes):
-        raise InvalidArgument(
-            f"value of {column!r} must be bytes, got {type(value).__name__}: {value!r}"
-        )
-    return value
-
-
-# ---------------------------------------------------------------------------
-# Filters and mutations (raw protobuf messages, wrapped once per request)
-
-
-def _column_range(family: str, qualifier: bytes) -> Any:
-    pb = data_types.RowFilter.pb()()
-    pb.column_range_filter.family_name = family
-    pb.column_range_filter.start_qualifier_closed = qualifier
-    pb.column_range_filter.end_qualifier_closed = qualifier
-    return pb
-
-
-def _chain(filters: list[Any]) -> Any:
-    if len(filters) == 1:
-        return filters[0]
-    pb = data_types.RowFilter.pb()()
-    pb.chain.filters.extend(filters)
-    return pb
-
-
-def _interleave(filters: list[Any]) -> Any:
-    if len(filters) == 1:
-        return filters[0]
-    pb = data_types.RowFilter.pb()()
-    pb.interleave.filters.extend(filters)
-    return pb
-
-
-def _block_all() -> Any:
-    pb = data_types.RowFilter.pb()()
-    pb.block_all_filter = True
-    return pb
-
-
-def _read_filter(read: Read) -> Any:
-    """The filter chain that selects what *read* asks for."""
-    if not isinstance(read, Read):
-        raise InvalidArgument(f"reads must be percolator Read objects, got {read!r}")
-    _check_family(read.family)
-    min_ts = _check_ts(read.min_ts, "min_ts")
-    max_ts = None if read.max_ts is None else _check_ts(read.max_ts, "max_ts")
-    if read.versions is not None and (
-        isinstance(read.versions, bool) or not isinstance(read.versions, int) or read.versions < 1
-    ):
-        raise InvalidArgument(
-            f"'versions' must be a positive integer or None, got {read.versions!r}"
-        )
-    if max_ts is not None and max_ts < min_ts:
-        return _block_all()
-    steps: list[Any] = []
-    if read.qualifiers is None:
-        pb = data_types.RowFilter.pb()()
-        # validated as [-_.a-zA-Z0-9]+: only "." is special in RE2; anchored both ends
-        pb.family_name_regex_filter = "^" + read.family.replace(".", "\\.") + "$"
-        steps.append(pb)
-    else:
-        if isinstance(read.qualifiers, str):
-            raise InvalidArgument(f"qualifiers must be a tuple of str, got {read.qualifiers!r}")
-        for q in read.qualifiers:
-            if not isinstance(q, str):
-                raise InvalidArgument(f"qualifiers must be str, got {q!r} in {read!r}")
-        qualifiers = sorted({q.encode("utf-8") for q in read.qualifiers})
-        if not qualifiers:
-            return _block_all()
-        steps.append(_interleave([_column_range(read.family, q) for q in qualifiers]))
-    if min_ts > 0 or max_ts is not None:
-        pb = data_types.RowFilter.pb()()
-        pb.timestamp_range_filter.start_timestamp_micros = min_ts * _TS_SCALE
-        if max_ts is not None:
-            pb.timestamp_range_filter.end_timestamp_micros = (max_ts + 1) * _TS_SCALE
-        steps.append(pb)
-    if read.versions is not None:
-        pb = data_types.RowFilter.pb()()
-        pb.cells_per_column_limit_filter = read.versions
-        steps.append(pb)
-    tag = check_skip_tag(read)
-    if tag is not None:  # after the version limit: a skipped version is not replaced
-        below = data_types.RowFilter.pb()()
-        below.value_range_filter.end_value_open = tag
-        ranges = [below]
-        if tag != b"\xff":
-            above = data_types.RowFilter.pb()()
-            above.value_range_filter.start_value_closed = bytes([tag[0] + 1])
-            ranges.append(above)
-        steps.append(_interleave(ranges))
-    return _chain(steps)
-
-
-def _reads_filter(reads: Sequence[Read]) -> Any:
-    """The filter of a request reading *reads* (built once per distinct tuple of Reads:
-    the message is only ever copied into requests, never changed)."""
-    if isinstance(reads, Read):
-        reads = (reads,)
-    return _memo_reads_filter(reads)
-
-
-def _build_reads_filter(reads: tuple[Read, ...]) -> Any:
-    if not reads:
-        raise InvalidArgument("reads must name at least one family (a Read)")
-    return _interleave([_read_filter(r) for r in reads])
-
-
-_memo_reads_filter = memo_by_reads(_build_reads_filter)
-
-
-def _guard_filter(guard: Guard) -> Any:
-    """The filter chain that outputs the cells *guard* matches."""
-    if not isinstance(guard, Guard):
-        raise InvalidArgument(f"guards must be percolator Guard objects, got {guard!r}")
-    family, qualifier = _split_column(guard.column)
-    min_ts = _check_ts(guard.min_ts, "min_ts")
-    max_ts = None if guard.max_ts is None else _check_ts(guard.max_ts, "max_ts")
-    if max_ts is not None and max_ts < min_ts:
-        return _block_all()
-    steps = [_column_range(family, qualifier)]
-    if min_ts > 0 or max_ts is not None:
-        pb = data_types.RowFilter.pb()()
-        pb.timestamp_range_filter.start_timestamp_micros = min_ts * _TS_SCALE
-        if max_ts is not None:
-            pb.timestamp_range_filter.end_timestamp_micros = (max_ts + 1) * _TS_SCALE
-        steps.append(pb)
-    if guard.latest:
-        pb = data_types.RowFilter.pb()()
-        pb.cells_per_column_limit_filter = 1
-        steps.append(pb)
-    if guard.value_from or guard.value_to is not None:
-        pb = data_types.RowFilter.pb()()
-        pb.value_range_filter.start_value_closed = _check_value(guard.value_from, guard.column)
-        if guard.value_to is not None:
-            pb.value_range_filter.end_value_open = _check_value(guard.value_to, guard.column)
-        steps.append(pb)
-    return _chain(steps)
-
-
-def _set_cell(family: str, qualifier: bytes, micros: int, value: bytes) -> Any:
-    pb = data_types.Mutation.pb()()
-    pb.set_cell.family_name = family
-    pb.set_cell.column_qualifier = qualifier
-    pb.set_cell.timestamp_micros = micros
-    pb.set_cell.value = value
-    return pb
-
-
-def _delete_column(family: str, qualifier: bytes, end_micros: int | None) -> Any:
-    pb = data_types.Mutation.pb()()
-    pb.delete_from_column.family_name = family
-    pb.delete_from_column.column_qualifier = qualifier
-    if end_micros is None:
-        pb.delete_from_column.SetInParent()
-    else:
-        pb.delete_from_column.time_range.start_timestamp_micros = 0
-        pb.delete_from_column.time_range.end_timestamp_micros = end_micros
-    return pb
-
-
-def _put_mutations(puts: Iterable[tuple[str, int, bytes]]) -> list[Any]:
-    out = []
-    for put in puts:
-        try:
-            column, ts, value = put
-        except (TypeError, ValueError):
-            raise InvalidArgument(f"a put must be (column, timestamp, value), got {put!r}")
-        family, qualifier = _split_column(column)
-        _check_ts(ts, "timestamp")
-        out.append(_set_cell(family, qualifier, ts * _TS_SCALE, _check_value(value, column)))
-    return out
-
-
-def _replace_mutations(
-    family: str, qualifier: bytes, new: bytes, puts: Iterable[tuple[str, int, bytes]]
-) -> list[Any]:
-    """A compare-and-set's writes: every version of the cell replaced by *new* at
-    timestamp 0, then *puts*."""
-    return [
-        _delete_column(family, qualifier, None),
-        _set_cell(family, qualifier, 0, new),
-        *_put_mutations(puts),
-    ]
-
-
-def _latest_value_is(family: str, qualifier: bytes, expected: bytes | None) -> Any:
-    """A filter passing the latest version of the cell, only if its value is *expected*
-    (any value when None: then it passes a cell exactly when the cell exists)."""
-    limit = data_types.RowFilter.pb()()
-    limit.cells_per_column_limit_filter = 1
-    steps = [_column_range(family, qualifier), limit]
-    if expected is not None:
-        match = data_types.RowFilter.pb()()
-        match.value_range_filter.start_value_closed = expected
-        match.value_range_filter.end_value_closed = expected
-        steps.append(match)
-    return _chain(steps)
-
-
-def _delete_mutations(deletes: Iterable[tuple[str, int]]) -> list[Any]:
-    """``(column, max_ts)``: every version of the column at or below *max_ts*."""
-    out = []
-    for delete in deletes:
-        try:
-            column, max_ts = delete
-        except (TypeError, ValueError):
-            raise InvalidArgument(f"a delete must be (column, max_ts), got {delete!r}")
-        family, qualifier = _split_column(column)
-        _check_ts(max_ts, "max_ts")
-        out.append(_delete_column(family, qualifier, (max_ts + 1) * _TS_SCALE))
-    return out
-
-
-def _row_mutations(mutation: Mutation) -> list[Any]:
-    return [*_delete_mutations(mutation.deletes), *_put_mutations(mutation.puts)]
-
-
-# ---------------------------------------------------------------------------
-# ReadRows chunk merging
-
-
-class _RowMerger:
-    """Turns the chunk stream of ReadRows responses into ``(row, RowCells)``."""
-
-    def __init__(self) -> None:
-        self._key = b""
-        self._family = ""
-        self._column = ""
-        self._ts = 0
-        self._value: list[bytes] = []
-        self._cells: dict[str, list[tuple[int, bytes]]] = {}
-
-    def feed(self, response: Any) -> Iterator[tuple[bytes, RowCells]]:
-        raw = type(response).pb(response)
-        for chunk in raw.chunks:
-            if chunk.reset_row:
-                self._cells = {}
-                self._value = []
-                continue
-            if not self._value:  # the chunk starts a cell (else it continues a split value)
-                if chunk.row_key:
-                    self._key = chunk.row_key
-                if chunk.HasField("family_name"):
-                    self._family = chunk.family_name.value
-                if chunk.HasField("qualifier"):
-                    qualifier = chunk.qualifier.value.decode("utf-8", "surrogateescape")
-                    self._column = f"{self._family}:{qualifier}"
-                self._ts = chunk.timestamp_micros
-            self._value.append(chunk.value)
-            if chunk.value_size == 0:  # the cell is complete
-                value = self._value[0] if len(self._value) == 1 else b"".join(self._value)
-                self._value = []
-                self._cells.setdefault(self._column, []).append((self._ts // _TS_SCALE, value))
-            if chunk.commit_row:
-                cells, self._cells = self._cells, {}
-                if cells:
-                    yield self._key, _normalise(cells)
-
-
-def _normalise(cells: dict[str, list[tuple[int, bytes]]]) -> RowCells:
-    """Newest first, one cell per timestamp (overlapping reads may repeat a cell)."""
-    for column, versions in cells.items():
-        if any(versions[i][0] <= versions[i + 1][0] for i in range(len(versions) - 1)):
-            unique = dict(versions)
-            cells[column] = sorted(unique.items(), key=lambda c: c[0], reverse=True)
-    return cells
-
-
-# ---------------------------------------------------------------------------
-# The store
 
 
 class BigtableStore:
@@ -627,7 +324,7 @@ class BigtableStore:
         table_id = self._table_id(table)
         specs: dict[str, Any] = {}
         for name, versions in families.items():
-            _check_family(name)
+            check_family(name)
             if isinstance(versions, bool) or not isinstance(versions, int) or versions < 0:
                 raise InvalidArgument(
                     f"max versions of family {name!r} must be an integer >= 0, got {versions!r}"
@@ -718,7 +415,7 @@ class BigtableStore:
 
     def _read(self, table: str, request_pb: Any, action: str) -> Iterator[tuple[bytes, RowCells]]:
         request = bt_types.ReadRowsRequest.wrap(request_pb)
-        merger = _RowMerger()
+        merger = RowMerger()
         try:
             for response in self._data.read_rows(request=request, retry=None, timeout=self.timeout):
                 yield from merger.feed(response)
@@ -741,8 +438,8 @@ class BigtableStore:
         self._check_open()
         if isinstance(rows, bytes):
             raise InvalidArgument(f"rows must be a sequence of row keys, got {rows!r}")
-        keys = sorted({_check_row(r) for r in rows})
-        row_filter = _reads_filter(reads)
+        keys = sorted({check_row(r) for r in rows})
+        row_filter = reads_filter(reads)
         if not keys:
             return {}
         request = bt_types.ReadRowsRequest.pb()(
@@ -775,7 +472,7 @@ class BigtableStore:
             next(REQUESTS.scan)
         self._check_open()
         check_scan(start, stop, batch_size)
-        row_filter = _reads_filter(reads)
+        row_filter = reads_filter(reads)
         table_path = self._table_path(table)
         return self._scan(table, table_path, start or None, stop or None, row_filter, batch_size)
 
@@ -849,9 +546,9 @@ class BigtableStore:
         for m in mutations:
             if not isinstance(m, Mutation):
                 raise InvalidArgument(f"mutations must be percolator Mutation objects, got {m!r}")
-            muts = _row_mutations(m)
+            muts = row_mutations(m)
             if muts:
-                entries.setdefault(_check_row(m.row), []).extend(muts)
+                entries.setdefault(check_row(m.row), []).extend(muts)
         batch: list[tuple[bytes, list[Any]]] = []
         count = 0
         for row, muts in entries.items():
@@ -941,11 +638,11 @@ class BigtableStore:
         if _metrics._enabled:
             next(REQUESTS.check_and_set)
         self._check_open()
-        family, qualifier = _split_column(column)
+        family, qualifier = family_and_qualifier(column)
         if expected is not None:
-            _check_value(expected, column)
+            check_value(expected, column)
         return self._set_if(
-            table, row, column, new, puts, _latest_value_is(family, qualifier, expected),
+            table, row, column, new, puts, latest_value_is(family, qualifier, expected),
             expected is not None, deletes,
         )
 
@@ -958,12 +655,12 @@ class BigtableStore:
             not have been applied.
         """
         self._check_open()
-        _check_row(row)
-        family, qualifier = _split_column(column)
-        _check_value(expected, column)
+        check_row(row)
+        family, qualifier = family_and_qualifier(column)
+        check_value(expected, column)
         return self._check_and_mutate(
-            table, row, _latest_value_is(family, qualifier, expected),
-            [_delete_column(family, qualifier, None)], True, f"{column!r}",
+            table, row, latest_value_is(family, qualifier, expected),
+            [delete_column(family, qualifier, None)], True, f"{column!r}",
         )
 
     def set_unless(
@@ -990,7 +687,7 @@ class BigtableStore:
         self._check_open()
         if isinstance(guards, Guard):
             guards = (guards,)
-        predicate = _interleave([_guard_filter(g) for g in guards]) if guards else _block_all()
+        predicate = interleave([guard_filter(g) for g in guards]) if guards else block_all()
         return self._set_if(table, row, column, new, puts, predicate, False)
 
     def _set_if(
@@ -1007,12 +704,12 @@ class BigtableStore:
         """Set *column* to *new* and apply *puts* and *deletes* if *predicate* outputs
         cells of *row* (*when_matched*) or outputs none (not *when_matched*): one
         ``CheckAndMutateRow``."""
-        _check_row(row)
-        family, qualifier = _split_column(column)
-        _check_value(new, column)
+        check_row(row)
+        family, qualifier = family_and_qualifier(column)
+        check_value(new, column)
         return self._check_and_mutate(
             table, row, predicate,
-            _replace_mutations(family, qualifier, new, puts) + _delete_mutations(deletes),
+            replace_mutations(family, qualifier, new, puts) + delete_mutations(deletes),
             when_matched, f"{column!r}",
         )
 
@@ -1063,8 +760,8 @@ class BigtableStore:
         if _metrics._enabled:
             next(REQUESTS.increment)
         self._check_open()
-        _check_row(row)
-        family, qualifier = _split_column(column)
+        check_row(row)
+        family, qualifier = family_and_qualifier(column)
         check_increment_amount(amount)
         request = bt_types.ReadModifyWriteRowRequest.pb()(
             table_name=self._table_path(table),
@@ -1153,19 +850,19 @@ class BigtableStore:
         branches: list[Any] = []
         mutations: list[Any] = []
         for _, column, expected, new, puts in items:
-            family, qualifier = _split_column(column)
-            _check_value(new, column)
+            family, qualifier = family_and_qualifier(column)
+            check_value(new, column)
             if expected is not None:
-                _check_value(expected, column)
-            branches.append(_latest_value_is(family, qualifier, expected))
-            mutations += _replace_mutations(family, qualifier, new, puts)
-        predicate = _interleave(branches)
+                check_value(expected, column)
+            branches.append(latest_value_is(family, qualifier, expected))
+            mutations += replace_mutations(family, qualifier, new, puts)
+        predicate = interleave(branches)
         if not absent and len(items) > 1:
             offset = data_types.RowFilter.pb()()
             offset.cells_per_row_offset_filter = len(items) - 1
-            predicate = _chain([predicate, offset])
+            predicate = chain([predicate, offset])
         return self._check_and_mutate(
-            table, _check_row(row), predicate, mutations, not absent, f"({len(items)} cells)"
+            table, check_row(row), predicate, mutations, not absent, f"({len(items)} cells)"
         )
 
 

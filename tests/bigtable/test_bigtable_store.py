@@ -508,7 +508,7 @@ def test_rpcs_of_the_optional_capabilities(open_bt: Callable[..., Any]) -> None:
 
 
 def test_read_filters_are_built_once_per_distinct_reads(store: Any) -> None:
-    from percolator.stores.bigtable import _reads_filter
+    from percolator.stores._bigtable_requests import reads_filter as _reads_filter
 
     get = [Read("l", ("c",)), Read("w", ("c",), max_ts=10), Read("d", ("c",), max_ts=10)]
     assert _reads_filter(get) is _reads_filter(list(get))
@@ -560,7 +560,7 @@ def test_row_merger_split_values_and_reset() -> None:
     pytest.importorskip("google.cloud.bigtable_v2")
     from google.cloud.bigtable_v2.types import bigtable as bt
 
-    from percolator.stores.bigtable import _RowMerger
+    from percolator.stores._bigtable_requests import RowMerger as _RowMerger
 
     def chunk(**kw: Any) -> Any:
         return bt.ReadRowsResponse.CellChunk(**kw)
