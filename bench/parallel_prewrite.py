@@ -26,9 +26,9 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     import percolator
     from bench.observers_remote import _url
-    from percolator._commit import _Committer
     from percolator._internals import internals
     from percolator._store import GuardedSet
+    from percolator._two_phase import _Committer
     from tests._bigtable import start_emulator
 
     parser = argparse.ArgumentParser(description=__doc__)

@@ -287,7 +287,7 @@ class HostTimestamps:
     above every issued timestamp.
 
     **Start timestamps do not wait for a commit's critical section.** The embedded
-    store's one-phase commit (:func:`percolator._commit._commit_one_phase`) writes no
+    store's one-phase commit (:func:`percolator._one_phase._commit_one_phase`) writes no
     lock: it draws its commit timestamp inside SQLite's write transaction
     (:meth:`in_flight`), ``GAP`` above the next timestamp, and publishes it in the
     sidecar as *in flight* until its COMMIT has returned. SQLite has one writer at a

@@ -21,6 +21,8 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
     "percolator._encoding": ({"observers", "spark_loader"}, "the column layout and codecs"),
     "percolator._internals": ({"observers", "spark_loader"},
                                "a cluster's parts below its public face (store, timestamps)"),
+    "percolator._lock_resolver": ({"spark_loader"},
+                                  "the change feed resolves the locks it meets, as a reader"),
     "percolator._notifications": ({"observers"}, "notifications, acks and quarantine"),
     "percolator._notify_index": ({"observers"}, "the notification index the worker scans"),
     "percolator._observer_hooks": ({"observers"}, "the observer-transaction contract"),

@@ -16,7 +16,7 @@ import percolator
 from observers import Observer, Worker, wait_for_observers
 from percolator import Snapshot, Transaction, TransactionBase
 from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
-from percolator._commit import _Committer, _write_notifications
+from percolator._commit_shared import _write_notifications
 from percolator._internals import internals
 from percolator._notifications import WaitTimeout, pending_notifications
 from percolator._notify_index import (
@@ -29,6 +29,7 @@ from percolator._notify_index import (
     write_entries,
 )
 from percolator._store import NOTIFY_INDEX, Mutation, Read
+from percolator._two_phase import _Committer
 from percolator.testing import CrashPoint, client_of, crash_commit
 from tests._backends import make_store_url
 

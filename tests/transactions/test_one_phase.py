@@ -1,4 +1,4 @@
-"""The flat one-phase commit of the embedded store (``percolator._commit._commit_one_phase``,
+"""The flat one-phase commit of the embedded store (``percolator._one_phase._commit_one_phase``,
 issue 33) against the other writers of its cells, one store call at a time
 (``percolator.testing.Interleaving``: the one-phase commit is one atomic step).
 

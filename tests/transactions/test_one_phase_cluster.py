@@ -21,11 +21,11 @@ import pytest
 
 import percolator
 from percolator import Cluster, Transaction
-from percolator._commit import _Committer
 from percolator._encoding import LOCK, Free, encode_lock
 from percolator._internals import internals
 from percolator._lock_resolver import write_cells
 from percolator._store import GuardedSet
+from percolator._two_phase import _Committer
 from percolator.testing import Interleaving, Step, client_of
 
 T, ROW, COL = "bank", b"acct", "bal:v"

@@ -434,6 +434,7 @@ _REFILL_WORKER = """
 import sys, threading
 import percolator
 from percolator._timestamps import HostTimestamps
+from percolator._internals import internals
 HostTimestamps.BLOCK, HostTimestamps.REFILL = 6, 3
 db, me = sys.argv[1], sys.argv[2]
 with percolator.connect(f"sqlite://{db}") as cluster:

@@ -1,0 +1,235 @@
+"""What both commit paths share (:mod:`percolator._commit`): the conflict checks
+(first committer wins), the reads of a prewrite, the notifications a commit writes,
+the crash points of the tests, and the commit-latency record."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from percolator import metrics as _metrics
+from percolator._encoding import (
+    LOCK,
+    NOTIFY,
+    WRITE,
+    WriteKind,
+    decode_write,
+    inlined,
+)
+from percolator._errors import (
+    ConflictError,
+)
+from percolator._internals import internals
+from percolator._notify_index import write_entries
+from percolator._store import (
+    Cell,
+    Guard,
+    Mutation,
+    Read,
+)
+from percolator.metrics import inc as _inc
+from percolator.metrics import observe as _observe
+
+if TYPE_CHECKING:
+    from percolator._transaction import TransactionBase
+    from percolator._two_phase import _Committer
+
+log = logging.getLogger("percolator._commit")
+
+
+NOTIFY_WEAK = b"w"
+
+
+_LOCK_PREFIX, _WRITE_PREFIX = f"{LOCK}:", f"{WRITE}:"
+
+
+_ROLLBACK_TAG = WriteKind.ROLLBACK.value
+
+
+"""First byte of every rollback write record."""
+
+
+@dataclass(frozen=True, slots=True)
+class CrashPoint:
+    """Where a test harness abandons a commit, as if the committer died there.
+
+    ``phase`` is one of ``"prewrite"`` (after ``index + 1`` cells are locked, the
+    primary first), ``"commit_point"`` (right after the primary's commit CAS) or
+    ``"commit"`` (after ``index`` secondaries are released).
+    """
+
+    phase: str
+    index: int = 0
+
+
+class SimulatedCrash(BaseException):
+    """Raised at a :class:`CrashPoint`; leaves the store exactly as a dead process would."""
+
+
+@dataclass(slots=True)
+class _Cell:
+    table: str
+    row: bytes
+    column: str
+    value: bytes | None
+    notify: bool
+    held: bytes = b""
+
+    @property
+    def inline(self) -> bytes | None:
+        """A small put's value: carried by the lock, then by the write record, with no
+        data cell."""
+        return inlined(self.value)
+
+
+def _conflict(start_ts: int, table: str, row: bytes, column: str, why: str,
+              ts: int | None) -> ConflictError:
+    return ConflictError(
+        f"write-write conflict on {table}/{row!r}/{column}: {why} (transaction {start_ts})",
+        start_ts=start_ts, conflict_ts=ts, table=table, row=row, column=column,
+    )
+
+
+def _check_writes(start_ts: int, table: str, row: bytes, column: str,
+                  writes: Sequence[Cell]) -> None:
+    """First committer wins: a change committed after *start_ts* is a conflict, and so
+    is a rollback record at it (the transaction was rolled back by a cleaner)."""
+    for ts, value in writes:
+        kind, _ = decode_write(value)
+        if kind is WriteKind.ROLLBACK:
+            if ts == start_ts:
+                raise _conflict(start_ts, table, row, column, "this transaction was rolled back",
+                                ts)
+            continue
+        if ts > start_ts:
+            raise _conflict(start_ts, table, row, column, f"committed at {ts} after our start",
+                            ts)
+
+
+def _successor(tag: bytes) -> bytes:
+    """The smallest value above every value starting with the one-byte *tag*."""
+    return bytes([tag[0] + 1])
+
+
+def _not_starting_with(
+    tag: bytes, column: str, *, min_ts: int = 0, latest: bool = False
+) -> list[Guard]:
+    """Guards matching a value of *column* whose first byte is not the one-byte *tag*."""
+    return [Guard(column, min_ts=min_ts, latest=latest, value_to=tag),
+            Guard(column, min_ts=min_ts, latest=latest, value_from=_successor(tag))]
+
+
+def _write_weak_notifications(txn: TransactionBase, commit_ts: int) -> None:
+    # At commit_ts, drawn before this write: it may land under a worker's deletion of a
+    # newer notification of the cell, whose run served it (percolator/_store.py).
+    by_table: dict[str, list[Mutation]] = {}
+    for table, row, column in txn._weak:
+        by_table.setdefault(table, []).append(
+            Mutation(row, [(f"{NOTIFY}:{column}", commit_ts, NOTIFY_WEAK)])
+        )
+    for table, mutations in by_table.items():
+        internals(txn.cluster).store.mutate_rows(table, mutations)
+
+
+def _write_notifications(txn: TransactionBase, cells: list[_Cell], commit_ts: int) -> None:
+    """Before the commit point: the weak notify cells, then the index entries of every
+    notification the commit makes (``percolator/_notify_index.py``, stores that have
+    it), so that whatever writes the strong notify cells later (this committer, or a
+    cleaner rolling it forward) finds their entries there."""
+    _write_notifications_of(txn, [(c.table, c.row, c.column) for c in cells if c.notify],
+                            commit_ts)
+
+
+def _write_notifications_of(txn: TransactionBase, strong: list[tuple[str, bytes, str]],
+                            commit_ts: int) -> None:
+    """:func:`_write_notifications`, given the cells of the *strong* notifications."""
+    if txn._weak:
+        _write_weak_notifications(txn, commit_ts)
+    write_entries(internals(txn.cluster), [*txn._weak, *strong], commit_ts)
+
+
+_PREWRITE_READS: dict[tuple[str, ...], list[Read]] = {}
+
+
+"""The reads of :func:`_read_prewrite_state` by columns (the same for every start)."""
+
+
+def _prewrite_reads(columns: tuple[str, ...]) -> list[Read]:
+    """The newest lock and the newest write record of each of *columns* (at any
+    timestamp: the same reads for every start, cached)."""
+    reads = _PREWRITE_READS.get(columns)
+    if reads is None:
+        reads = [Read(LOCK, columns), Read(WRITE, columns)]
+        if len(_PREWRITE_READS) < 1024:
+            _PREWRITE_READS[columns] = reads
+    return reads
+
+
+def _writes_since(store: Any, table: str, row: bytes, column: str, start_ts: int,
+                  newest: list[Cell]) -> list[Cell]:
+    """A cell's write records at or above *start_ts*, given the *newest* one read: it,
+    if at or above the start; only when it is a rollback above the start, which may
+    hide an older commit after the start, are all of them read."""
+    writes = [w for w in newest if w[0] >= start_ts]
+    if writes and writes[0][0] > start_ts and writes[0][1][:1] == _ROLLBACK_TAG:
+        writes = store.read_rows(
+            table, [row], [Read(WRITE, (column,), min_ts=start_ts, versions=None)],
+        ).get(row, {}).get(f"{WRITE}:{column}", [])
+    return writes
+
+
+def _read_prewrite_state(
+    members: Sequence[tuple[_Committer, list[_Cell]]],
+) -> dict[int, tuple[bytes | None, list[Cell]]]:
+    """For each cell of each ``(committer, cells)`` (keyed by ``id(cell)``): its lock and
+    its write records at or above that committer's start_ts (:func:`_writes_since`),
+    read with one store call per table for all of them (a group commit checks its
+    members at once)."""
+    by_table: dict[str, list[tuple[_Committer, _Cell]]] = {}
+    for committer, cells in members:
+        for cell in cells:
+            by_table.setdefault(cell.table, []).append((committer, cell))
+    found: dict[int, tuple[bytes | None, list[Cell]]] = {}
+    for table, group in by_table.items():
+        store = group[0][0].store
+        columns: tuple[str, ...]
+        if len(group) == 1:  # a single-cell transaction: no duplicates to drop
+            rows, columns = [group[0][1].row], (group[0][1].column,)
+        else:
+            rows = list(dict.fromkeys(c.row for _, c in group))
+            columns = tuple(dict.fromkeys(c.column for _, c in group))
+        # The newest record is, for each member, its newest at or above its own start
+        # when it is at or above that start at all.
+        result = store.read_rows(table, rows, _prewrite_reads(columns))
+        for committer, cell in group:
+            row_cells = result.get(cell.row, {})
+            lock = row_cells.get(f"{LOCK}:{cell.column}")
+            writes = _writes_since(store, table, cell.row, cell.column, committer.start_ts,
+                                   row_cells.get(f"{WRITE}:{cell.column}", []))
+            found[id(cell)] = (lock[0][1] if lock else None, writes)
+    return found
+
+
+_COMMITTED: dict[str, Iterator[int]] = {}
+
+
+"""``percolator_transactions_committed_total`` by kind, stepped in line."""
+
+
+def _record(kind: str, began: float, error: BaseException | None) -> None:
+    """The metrics of one commit that ended (with *error*, or committed)."""
+    if error is None:
+        if _metrics._enabled:
+            committed = _COMMITTED.get(kind)
+            if committed is None:
+                committed = _COMMITTED.setdefault(kind, _metrics.counter(
+                    "percolator_transactions_committed_total", kind))
+            next(committed)
+    elif isinstance(error, ConflictError):
+        _inc("percolator_transactions_conflicted_total", kind)
+    else:
+        _inc("percolator_transactions_failed_total", kind)
+    _observe("percolator_commit_duration_seconds", time.perf_counter() - began, kind)

@@ -1,0 +1,220 @@
+"""The one-phase commit of the embedded store: a transaction's checks and writes in
+one atomic step of the store (one SQLite write transaction), flat for a single
+transaction (:func:`_commit_one_phase`) and batched for a scanner's group of observer
+runs (:func:`commit_group`); docs/timestamps.md argues why one phase is safe there."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
+
+from percolator._commit_shared import (
+    _LOCK_PREFIX,
+    _WRITE_PREFIX,
+    _check_writes,
+    _prewrite_reads,
+    _write_notifications,
+    _write_notifications_of,
+    _writes_since,
+)
+from percolator._encoding import (
+    FREE_TAG,
+    Free,
+    encode_lock,
+)
+from percolator._internals import internals
+from percolator._lock_resolver import write_cells
+from percolator._store import (
+    ATOMICALLY,
+    PUT_ROW,
+    Cell,
+    Mutation,
+    offered,
+)
+from percolator._two_phase import _Committer
+
+if TYPE_CHECKING:
+    from percolator._cluster import Cluster
+    from percolator._observer_hooks import Settlement
+    from percolator._transaction import TransactionBase
+
+log = logging.getLogger("percolator._commit")
+
+
+def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int, bool] | None:
+    """Commit *txn* in one atomic store step (the embedded store, :func:`one_phase_steps`).
+
+    One SQLite write transaction checks every cell for conflicts, then writes the
+    write records, each carrying its value (no data cell), at a commit timestamp drawn
+    inside it, a FREE lock where a cell had no lock cell yet (so a lock cell exists
+    wherever a write record does), the notification an observer run served, and the
+    weak notifications. An existing FREE lock is left as it was: a two-phase prewriter
+    that read it before this commit checks the cell again once it has locked it.
+    The commit timestamp is published as in flight from its draw until after the
+    COMMIT (:meth:`~percolator._timestamps.HostTimestamps.in_flight`): a start
+    timestamp drawn meanwhile is below the commit (from the gap left below it) or is
+    handed out once the commit is visible (see docs/timestamps.md).
+
+    The path every application transaction takes, so it is flat: the buffered writes
+    as they are, one store read per row, no committer or per-cell objects (those are
+    made only for the two-phase path). The checks and the writes are the group
+    commit's (:func:`_one_phase_cell_ok`, :func:`_one_phase_puts`). Returns the commit
+    timestamp and whether the commit made notifications, or None, having written
+    nothing, when a cell is locked by another transaction (the two-phase path
+    resolves it) or the persisted block of timestamps has no room.
+
+    :raises ConflictError: a cell was written since the transaction's start.
+    """
+    cluster, start_ts = txn.cluster, txn.start_ts
+    store = internals(cluster).store
+    observed = cluster.observed_columns()
+    rows: dict[tuple[str, bytes], list[tuple[str, bytes | None]]] = {}
+    for (table, row, column), value in txn._writes.items():
+        cells = rows.get((table, row))
+        if cells is None:
+            rows[(table, row)] = [(column, value)]
+        else:
+            cells.append((column, value))
+    atomically, in_flight = steps
+    with in_flight(atomically) as draw:
+        found = [
+            store.read_rows(table, [row], _prewrite_reads(tuple(c for c, _ in cells))).get(row, {})
+            for (table, row), cells in rows.items()
+        ]
+        # Inside the atomic step, after its reads: no GC deletion can fall between
+        # this check and the writes (see percolator._safe_point).
+        internals(cluster).safe_point.check(start_ts)
+        for ((table, row), cells), row_cells in zip(rows.items(), found, strict=True):
+            for column, _ in cells:
+                writes = row_cells.get(_WRITE_PREFIX + column)
+                lock = row_cells.get(_LOCK_PREFIX + column)
+                if not _one_phase_cell_ok(
+                        start_ts, table, row, column, lock[0][1] if lock else None,
+                        _writes_since(store, table, row, column, start_ts, writes)
+                        if writes else ()):
+                    return None
+        taken = draw(1)
+        if taken is None:
+            return None
+        commit_ts = taken[0]
+        strong: list[tuple[str, bytes, str]] = []
+        by_table: dict[str, list[Mutation]] = {}
+        for ((table, row), cells), row_cells in zip(rows.items(), found, strict=True):
+            puts: list[tuple[str, int, bytes]] = []
+            for column, value in cells:
+                notify = bool(observed) and (table, column) in observed
+                if notify:
+                    strong.append((table, row, column))
+                puts += _one_phase_puts(start_ts, commit_ts, column, value, notify,
+                                        _LOCK_PREFIX + column in row_cells)
+            mutations = by_table.get(table)
+            if mutations is None:
+                by_table[table] = [Mutation(row, puts)]
+            else:
+                mutations.append(Mutation(row, puts))
+        settles = _settles_mutation(txn, by_table)
+        row_put = offered(store, PUT_ROW)
+        for table, mutations in by_table.items():
+            if row_put is not None and len(mutations) == 1 and not mutations[0].deletes:
+                row_put.put_row(table, mutations[0].row, mutations[0].puts)  # no batching
+            else:
+                store.mutate_rows(table, mutations)
+        notifies = bool(txn._weak) or bool(strong)
+        if notifies:
+            _write_notifications_of(txn, strong, commit_ts)
+        if settles is not None:
+            settles.done = True
+        return commit_ts, notifies
+
+
+_OnePhaseSteps = tuple[
+    Callable[[], AbstractContextManager[None]],
+    Callable[[Callable[[], AbstractContextManager[None]]],
+             AbstractContextManager[Callable[[int], range | None]]]]
+
+
+def one_phase_steps(cluster: Cluster) -> _OnePhaseSteps | None:
+    """Where *cluster* commits in one phase (the embedded store): the store's atomic
+    step (``atomically``) and the timestamp source's publication of commit timestamps
+    in flight (``in_flight``, which enters the atomic step); None elsewhere."""
+    atomic = offered(internals(cluster).store, ATOMICALLY)
+    in_flight = getattr(internals(cluster).timestamps, "in_flight", None)
+    if atomic is None or in_flight is None or not cluster.one_phase_commit:
+        return None
+    return atomic.atomically, in_flight
+
+
+def _one_phase_cell_ok(start_ts: int, table: str, row: bytes, column: str,
+                       lock_raw: bytes | None, writes: Sequence[Cell]) -> bool:
+    """The one-phase checks of one cell, given its newest lock value and its write
+    records at or above *start_ts* (inside the atomic step, after the safe-point
+    check): False when another transaction holds its lock (or its primary is being
+    decided), which the two-phase path resolves.
+
+    :raises ConflictError: first committer wins (:func:`_check_writes`).
+    """
+    if writes:
+        _check_writes(start_ts, table, row, column, writes)
+    return lock_raw is None or lock_raw[:1] == FREE_TAG  # else held, or being decided
+
+
+def _one_phase_puts(start_ts: int, commit_ts: int, column: str, value: bytes | None,
+                    notify: bool, has_lock: bool) -> list[tuple[str, int, bytes]]:
+    """A one-phase commit's puts for one cell: its write record carrying the value (and
+    its notify cell), and a FREE lock where the cell had no lock cell."""
+    puts = write_cells(column, start_ts, commit_ts, value is None, notify, value)
+    if not has_lock:
+        puts.append((_LOCK_PREFIX + column, 0, encode_lock(Free(start_ts, True))))
+    return puts
+
+
+def _settles_mutation(
+    txn: TransactionBase, by_table: dict[str, list[Mutation]]
+) -> Settlement | None:
+    """Add to *by_table* the deletion of the notification an observer run serves, if
+    *txn* is such a run (its settlement, returned): its one-phase commit serves it in
+    the same atomic step."""
+    settlement = txn._settlement  # see percolator._observer_hooks
+    if settlement is not None:
+        by_table.setdefault(settlement.table, []).append(Mutation(
+            settlement.row, deletes=[(settlement.notify_column, settlement.newest)]))
+    return settlement
+
+
+def _one_phase_check(
+    committer: _Committer, found: dict[int, tuple[bytes | None, list[Cell]]],
+) -> bool:
+    """A group member's checks inside the atomic step (see :func:`_one_phase_cell_ok`),
+    given what :func:`_read_prewrite_state` read for the whole group. False when a
+    cell is locked by another transaction.
+
+    :raises ConflictError: a cell was written since the transaction's start.
+    """
+    # Inside the atomic step, after its reads: no GC deletion can fall between
+    # this check and the writes (see percolator._safe_point).
+    internals(committer.cluster).safe_point.check(committer.start_ts)
+    for cell in committer.cells:
+        lock_raw, writes = found[id(cell)]
+        if not _one_phase_cell_ok(committer.start_ts, cell.table, cell.row, cell.column,
+                                  lock_raw, writes):
+            return False
+    return True
+
+
+def _one_phase_write(committer: _Committer, found: dict[int, tuple[bytes | None, list[Cell]]],
+                     commit_ts: int, batch: dict[str, list[Mutation]]) -> None:
+    """A group member's writes (:func:`_one_phase_puts`, and the notification an
+    observer run served), added to *batch* for the caller to write (a group writes all
+    of its members' at once), then its notifications."""
+    start_ts = committer.start_ts
+    for cell in committer.cells:
+        batch.setdefault(cell.table, []).append(Mutation(cell.row, _one_phase_puts(
+            start_ts, commit_ts, cell.column, cell.value, cell.notify,
+            found[id(cell)][0] is not None)))
+    settles = _settles_mutation(committer.txn, batch)
+    if committer.notifies:
+        _write_notifications(committer.txn, committer.cells, commit_ts)
+    if settles is not None:
+        settles.done = True
