@@ -14,6 +14,7 @@ import sys
 import percolator
 from observers._periodic import Periodic
 from observers._worker import Worker, load_observers
+from percolator._notifications import watch_pending_notifications
 from percolator._tls import add_zookeeper_tls_arguments, zookeeper_tls_from_arguments
 from percolator.metrics import add_arguments as add_metrics_arguments
 
@@ -23,7 +24,7 @@ def _serve_metrics(args: argparse.Namespace, cluster: percolator.Cluster,
     from percolator import metrics
 
     endpoint = metrics.serve(args.metrics_port, args.metrics_host)
-    metrics.watch_pending_notifications(cluster, sorted({o.table for o in worker.observers}))
+    watch_pending_notifications(cluster, sorted({o.table for o in worker.observers}))
     logging.getLogger("observers").info(
         "metrics on http://%s:%d/metrics", args.metrics_host, endpoint.server_port)
 

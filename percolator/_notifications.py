@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import json
 import struct
+import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from percolator import metrics
 from percolator._encoding import (
     FREE_TAG,
     LOCK,
@@ -62,6 +64,7 @@ __all__ = [
     "record_failure",
     "retry_quarantined",
     "wait_until_idle",
+    "watch_pending_notifications",
 ]
 
 ACK_FAMILY = "_ack"
@@ -382,3 +385,31 @@ def wait_until_idle(cluster: Cluster, timeout: float | None, poll: float = 0.05)
                 pending, locks,
             )
         time.sleep(poll)
+
+
+def watch_pending_notifications(
+    cluster: Any, tables: Iterable[str] | None = None, every: float = 5.0
+) -> Callable[[], Iterable[tuple[str, tuple[str, ...], float]]]:
+    """Export ``percolator_notifications_pending`` per table of *tables* (every user
+    table when None) of *cluster*, counted by a scan of the notify family at scrape time
+    but at most every *every* seconds (a scrape in between gets the last count). Returns
+    the callback, for :func:`percolator.metrics.remove_gauge_callback`. (Here, not in
+    :mod:`percolator.metrics`: metrics records what others report and reads no table.)"""
+    state: dict[str, Any] = {"at": float("-inf"), "values": []}
+    guard = threading.Lock()
+
+    def count() -> list[tuple[str, tuple[str, ...], float]]:
+        with guard:
+            if time.monotonic() - state["at"] >= every:
+                names = list(tables) if tables is not None else cluster.tables()
+                counts = dict.fromkeys(names, 0)
+                for p in pending_notifications(cluster, names):
+                    counts[p.table] += 1
+                state["values"] = [("percolator_notifications_pending", (t,), float(n))
+                                   for t, n in counts.items()]
+                state["at"] = time.monotonic()
+            values: list[tuple[str, tuple[str, ...], float]] = state["values"]
+            return values
+
+    metrics.add_gauge_callback(count)
+    return count

@@ -29,7 +29,6 @@ import bisect
 import collections
 import itertools
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -48,7 +47,6 @@ __all__ = [
     "serve",
     "set_enabled",
     "set_gauge",
-    "watch_pending_notifications",
 ]
 
 
@@ -309,35 +307,6 @@ def record_gc_pass(
         inc("percolator_gc_versions_deleted_total", table, amount=n)
     if safe_point is not None:
         set_gauge("percolator_gc_safe_point_timestamp", safe_point)
-
-
-def watch_pending_notifications(
-    cluster: Any, tables: Iterable[str] | None = None, every: float = 5.0
-) -> Callable[[], Iterable[tuple[str, tuple[str, ...], float]]]:
-    """Export ``percolator_notifications_pending`` per table of *tables* (every user
-    table when None) of *cluster*, counted by a scan of the notify family at scrape time
-    but at most every *every* seconds (a scrape in between gets the last count). Returns
-    the callback, for :func:`remove_gauge_callback`."""
-    from percolator._notifications import pending_notifications
-
-    state: dict[str, Any] = {"at": float("-inf"), "values": []}
-    guard = threading.Lock()
-
-    def count() -> list[tuple[str, tuple[str, ...], float]]:
-        with guard:
-            if time.monotonic() - state["at"] >= every:
-                names = list(tables) if tables is not None else cluster.tables()
-                counts = dict.fromkeys(names, 0)
-                for p in pending_notifications(cluster, names):
-                    counts[p.table] += 1
-                state["values"] = [("percolator_notifications_pending", (t,), float(n))
-                                   for t, n in counts.items()]
-                state["at"] = time.monotonic()
-            values: list[tuple[str, tuple[str, ...], float]] = state["values"]
-            return values
-
-    add_gauge_callback(count)
-    return count
 
 
 def _require_client() -> Any:

@@ -23,6 +23,7 @@ from observers import Worker, wait_for_observers
 from oracle import OracleClient
 from percolator import ConflictError, Snapshot, Transaction, metrics
 from percolator._commit import CrashPoint
+from percolator._notifications import watch_pending_notifications
 from percolator.testing import client_of, crash_commit
 from tests._services import free_port
 from tests._zookeeper import DIE_WITH_PARENT
@@ -294,7 +295,7 @@ def test_pending_notifications_gauge_counts_the_backlog(cluster: percolator.Clus
     for i in range(3):
         with Transaction(cluster) as txn:
             txn.set("docs", f"p{i}".encode(), "raw:v", b"x")
-    callback = metrics.watch_pending_notifications(cluster, ["docs"], every=0)
+    callback = watch_pending_notifications(cluster, ["docs"], every=0)
     try:
         assert list(callback()) == [("percolator_notifications_pending", ("docs",), 3.0)]
         with worker:
