@@ -341,6 +341,7 @@ def _stream(url: str, source: Path, checkpoint: Path, **env: str) -> subprocess.
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
+@pytest.mark.slow  # 4-18 min of Spark streaming here: scripts/test --run-slow
 @pytest.mark.timeout(1200)
 def test_a_stream_killed_mid_batch_and_restarted_writes_every_row_once(tmp_path: Path) -> None:
     """Three files, one micro-batch each. The driver is killed -9 (with its JVM and
@@ -438,6 +439,7 @@ def _committed_cells(url: str, table: str) -> list[tuple[bytes, str, int]]:
                       for ts, record in versions if record[:1] != b"R")
 
 
+@pytest.mark.slow  # 4-18 min of Spark streaming here: scripts/test --run-slow
 @pytest.mark.timeout(1200)
 def test_the_change_feed_delivers_every_commit_once_across_kills_and_restarts(
     spark: Any, tmp_path: Path
@@ -502,6 +504,7 @@ def test_the_change_feed_delivers_every_commit_once_across_kills_and_restarts(
     assert newest == final
 
 
+@pytest.mark.slow  # 4-18 min of Spark streaming here: scripts/test --run-slow
 @pytest.mark.timeout(1200)
 def test_a_stream_written_then_read_back_through_the_change_feed(
     session: Any, tmp_path: Path
