@@ -46,6 +46,27 @@ def spark() -> Iterator[Any]:
         session.stop()
 
 
+_CONNECT_MODE = "SPARK_CONNECT_MODE_ENABLED"
+"""Set by pyspark in the process once a Spark Connect session is made; while it is set,
+pyspark treats every session of the process as a Connect one (``is_remote()``), which
+breaks the classic session the other tests share in the same worker."""
+
+
+@pytest.fixture(autouse=True)
+def _spark_api_mode(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Connect mode on for the tests that use the Spark Connect session, off for every
+    other test of the process."""
+    callspec = getattr(request.node, "callspec", None)
+    connect = "spark_connect" in request.fixturenames or (
+        callspec is not None and callspec.params.get("session") == "connect")
+    if connect:
+        os.environ[_CONNECT_MODE] = "1"
+    else:
+        os.environ.pop(_CONNECT_MODE, None)
+    yield
+    os.environ.pop(_CONNECT_MODE, None)
+
+
 def _free_port() -> int:
     import socket
 
@@ -105,10 +126,12 @@ def spark_connect() -> Iterator[Any]:
                 if time.monotonic() > deadline:
                     service_missing(f"Spark Connect at port {port} did not answer: {e}")
                 time.sleep(1)
-        try:
+        try:  # the mode stays on only while a test uses it (_spark_api_mode)
             yield session
         finally:
+            os.environ[_CONNECT_MODE] = "1"
             session.stop()
+            os.environ.pop(_CONNECT_MODE, None)
     finally:
         import signal
 

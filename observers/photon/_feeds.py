@@ -151,6 +151,8 @@ class LogFeed(_Feed[LogRecord]):
             pipeline.events.directories[name] = Path(self.directory)
 
     def stored(self, items: Sequence[LogRecord]) -> list[bytes] | None:
+        """With ``index=True``, a log reference per record (the record's bytes stay
+        in the log and go into the joiners' cache); otherwise None (the events)."""
         if self.directory is None:
             return None
         refs = [encode_ref(self.name, r.file, r.offset, r.data) for r in items]

@@ -74,9 +74,9 @@ __all__ = ["PLACEHOLDER", "IngestResult", "JoinPipeline", "State", "VerifyReport
 log = logging.getLogger(__name__)
 
 PLACEHOLDER = b"\x00photon:placeholder"
+"""``ev:raw`` of a primary that foreign events wait for but that has not arrived."""
 RESERVED = b"\x00photon:"
 """The prefix of photon's own ``ev:raw`` values (the placeholder, a log reference)."""
-"""``ev:raw`` of a primary that foreign events wait for but that has not arrived."""
 RAW, TIME, STATE, WAIT, DUE, WAITERS, HELD, JOINED, DEADLINE = (
     "ev:raw", "ev:t", "j:state", "j:wait", "j:due", "j:waiters", "j:held", "ev:joined", "d:x")
 BATCH = 500
