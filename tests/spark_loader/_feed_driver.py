@@ -8,23 +8,13 @@ commit) -> Parquet, with a checkpoint. ``processingTime`` runs until killed;
 
 from __future__ import annotations
 
-import os
 import sys
-import warnings
+
+from tests.spark_loader._stream_driver import driver_session
 
 
 def main(url: str, table: str, output: str, checkpoint: str, mode: str) -> None:
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        spark = (SparkSession.builder.master("local[2]").appName("percolator-feed-test")
-                 .config("spark.ui.enabled", "false")
-                 .config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.sql.shuffle.partitions", "2")
-                 .config("spark.driver.memory", "512m").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = driver_session("percolator-feed-test")
     try:
         feed = (spark.readStream.format("percolator").option("url", url).option("table", table)
                 .option("readChangeFeed", "true").option("startingTs", "earliest")

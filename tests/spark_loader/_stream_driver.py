@@ -10,20 +10,28 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from typing import Any
 
 
-def main(url: str, table: str, source: str, checkpoint: str) -> None:
+def driver_session(app: str) -> Any:
+    """A small local SparkSession for a test's own driver process (this one's and
+    ``_feed_driver``'s)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        spark = (SparkSession.builder.master("local[2]").appName("percolator-stream-test")
+        spark = (SparkSession.builder.master("local[2]").appName(app)
                  .config("spark.ui.enabled", "false")
                  .config("spark.ui.showConsoleProgress", "false")
                  .config("spark.sql.shuffle.partitions", "2")
                  .config("spark.driver.memory", "512m").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def main(url: str, table: str, source: str, checkpoint: str) -> None:
+    spark = driver_session("percolator-stream-test")
     try:
         rows = (spark.readStream.schema("row string, `v:n` long").option("maxFilesPerTrigger", 1)
                 .json(source).repartition(2))
