@@ -215,6 +215,13 @@ def _batch_failed_on_missing_table(message: str, name: str) -> bool:
     ) is not None
 
 
+def _check_qualified(column: object) -> None:
+    """A column the store writes must name a qualifier: HBase's Thrift1 turns a bare
+    family into a family-wide operation."""
+    if not isinstance(column, str) or ":" not in column:
+        raise InvalidArgument(f"column {column!r} must be 'family:qualifier'")
+
+
 def _upper(max_ts: int | None) -> int:
     """Thrift1's exclusive upper bound for an inclusive *max_ts* (None: no bound)."""
     return _LATEST if max_ts is None or max_ts >= _LATEST - 1 else max_ts + 1
@@ -772,8 +779,7 @@ class HBaseStore:
                 deletes[max_ts][m.row].append(_hb.Mutation(isDelete=True, column=_enc(column)))
             for column, ts, value in m.puts:
                 self._check_ts(ts)
-                if ":" not in column:
-                    raise InvalidArgument(f"column {column!r} must be 'family:qualifier'")
+                _check_qualified(column)
                 puts[ts][m.row].append(
                     _hb.Mutation(isDelete=False, column=_enc(column), value=bytes(value))
                 )
@@ -844,8 +850,7 @@ class HBaseStore:
                 f"new={new!r}: HBase checkAndPut treats an empty value as absent; "
                 "compare-and-set values must be non-empty"
             )
-        if ":" not in column:
-            raise InvalidArgument(f"column {column!r} must be 'family:qualifier'")
+        _check_qualified(column)
         if puts:
             self.mutate_rows(table, [Mutation(row=row, puts=puts)])
         mput = _hb.Mutation(isDelete=False, column=_enc(column), value=bytes(new))
@@ -869,8 +874,7 @@ class HBaseStore:
         if _metrics._enabled:
             next(REQUESTS.increment)
         name = self._name(table)
-        if not isinstance(column, str) or ":" not in column:
-            raise InvalidArgument(f"column {column!r} must be 'family:qualifier'")
+        _check_qualified(column)
         check_increment_amount(amount)
         return int(
             self._call(
@@ -1034,8 +1038,7 @@ class HBaseStoreWithThrift2(HBaseStore):
         from percolator.stores._hbase_thrift2 import ANSWERED
 
         name = self._name(table)
-        if ":" not in column:
-            raise InvalidArgument(f"column {column!r} must be 'family:qualifier'")
+        _check_qualified(column)
         if self._closed:
             raise StoreUnavailable(f"the store {self.url} is closed")
         try:
