@@ -641,10 +641,9 @@ def _started(args: argparse.Namespace, hbase: LocalHBase | None, workdir: Path
         _progress("oracle up, our tables loaded")
         stack.callback(py.close)
         run = Run(args, workdir)
-        assert hbase.hbase is not None and hbase.thrift is not None
+        hbase_pid, thrift_pid = hbase.jvm_pids  # also when another test process started it
         run.procs = {"java client": java.pid, "python client": os.getpid(), "tso": tso.pid,
-                     "oracle": oracle.process.pid, "hbase": hbase.hbase.pid,
-                     "thrift": hbase.thrift.pid}
+                     "oracle": oracle.process.pid, "hbase": hbase_pid, "thrift": thrift_pid}
         yield run, java, py
 
 

@@ -82,6 +82,8 @@ def spark_connect() -> Iterator[Any]:
     server (``local[2]``, tests/_spark_connect_server.py) started once per session.
     Skipped off CI when pyspark's Connect client or the server cannot start (with the
     reason); under CI=true that fails instead."""
+    import collections
+    import contextlib
     import subprocess
     import sys
     import threading
@@ -111,7 +113,14 @@ def spark_connect() -> Iterator[Any]:
         else:
             server.wait()
             service_missing(f"the Spark Connect server did not start: {''.join(said)[-2000:]}")
-        threading.Thread(target=server.stdout.read, daemon=True).start()  # never blocks it
+        tail: collections.deque[str] = collections.deque(said[-20:], maxlen=40)
+        out = server.stdout
+
+        def drain() -> None:  # never lets the server block on a full pipe
+            for line in out:
+                tail.append(line.decode(errors="replace"))
+
+        threading.Thread(target=drain, daemon=True).start()
         from pyspark.sql import SparkSession
 
         deadline = time.monotonic() + 120
@@ -123,8 +132,12 @@ def spark_connect() -> Iterator[Any]:
                 session.range(1).collect()
                 break
             except Exception as e:  # the gRPC port may not answer yet
+                if server.poll() is not None:
+                    service_missing(f"the Spark Connect server exited ({server.returncode}) "
+                                    f"after it was ready: {''.join(tail)[-2000:]}")
                 if time.monotonic() > deadline:
-                    service_missing(f"Spark Connect at port {port} did not answer: {e}")
+                    service_missing(f"Spark Connect at port {port} did not answer: {e}; "
+                                    f"its last lines: {''.join(tail)[-2000:]}")
                 time.sleep(1)
         try:  # the mode stays on only while a test uses it (_spark_api_mode)
             yield session
@@ -135,5 +148,6 @@ def spark_connect() -> Iterator[Any]:
     finally:
         import signal
 
-        os.killpg(server.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # it may have died on its own
+            os.killpg(server.pid, signal.SIGKILL)
         server.wait()

@@ -49,3 +49,20 @@ def test_a_taken_port_is_named(tmp_path: Path) -> None:
         assert hbase.hbase is None  # no JVM was started
     finally:
         hbase.stop()
+
+
+def test_a_process_attached_to_the_shared_hbase_knows_its_jvms(local_hbase: LocalHBase) -> None:
+    """Another test process (an xdist worker) attaches to the session's HBase from its
+    description, and still knows the JVMs' pids (bench/peers.py measures their CPU):
+    the peers smoke test failed on every worker but the one that had started HBase."""
+    described = {"dir": str(local_hbase.dir), "thrift_args": local_hbase.thrift_args,
+                 "ports": [local_hbase.zk_port, local_hbase.master_port,
+                           local_hbase.regionserver_port, local_hbase.thrift_port],
+                 "pids": list(local_hbase.jvm_pids)}
+    attached = LocalHBase.attached(described)
+    assert attached.hbase is None and attached.thrift is None  # not its JVMs to stop
+    assert attached.jvm_pids == local_hbase.jvm_pids
+    for pid in attached.jvm_pids:
+        assert Path(f"/proc/{pid}").exists()
+    with pytest.raises(RuntimeError, match="neither started nor attached"):
+        _ = LocalHBase(local_hbase.dir / "elsewhere").jvm_pids

@@ -7,6 +7,7 @@ in the unit commit, a corrupt record, the file sink, and truncated or replaced f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -335,6 +336,29 @@ def test_workers_killed_mid_unit_and_the_file_sink(
     assert kills >= 5
 
 
+def _stop_outside_the_store(proc: subprocess.Popen[bytes], db: Path) -> None:
+    """SIGSTOP *proc* at a moment it holds no write lock of the embedded store *db*
+    (SQLite's, the writers' turn, the timestamp file, the census): stopped inside one,
+    it would stall every other process on the file (an embedded store's single writer),
+    and the test would measure that instead of the lease. The coordinator's ``-locks``
+    are held for a process's life and stay."""
+    watched = set()
+    for suffix in ("", "-shm", "-wal", "-ts", "-write.lock", "-census"):
+        with contextlib.suppress(FileNotFoundError):
+            watched.add(os.stat(f"{db}{suffix}").st_ino)
+    for _ in range(1000):
+        proc.send_signal(signal.SIGSTOP)
+        with open("/proc/locks") as f:  # "1: POSIX ADVISORY WRITE 123 fd:01:4567 0 EOF"
+            held = [line.split() for line in f]
+        if not any(fields[4] == str(proc.pid) and fields[3] == "WRITE"
+                   and int(fields[5].rsplit(":", 1)[1]) in watched for fields in held
+                   if len(fields) > 5 and fields[1] != "->"):
+            return
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(0.01)
+    raise AssertionError("the process always held a write lock of the store")
+
+
 def test_a_stopped_owner_past_its_lease_loses_the_unit(tmp_path: Path) -> None:
     """A run process takes a unit and is SIGSTOPped mid-unit (alive, but stuck) past
     its lease; another worker takes the unit over and commits it; woken, the stopped
@@ -353,13 +377,13 @@ def test_a_stopped_owner_past_its_lease_loses_the_unit(tmp_path: Path) -> None:
             while Snapshot(cluster).get(p.units, row, "u:lease") is None:
                 assert time.monotonic() < deadline, "the process never took the unit"
                 time.sleep(0.02)
-            stuck.send_signal(signal.SIGSTOP)
+            _stop_outside_the_store(stuck, tmp_path / "repo.db")
             owner = json.loads(Snapshot(cluster).get(p.units, row, "u:lease") or b"{}")["owner"]
             time.sleep(1.2)  # past its lease
             # No periodic tasks here: the stopped process may hold their (local, fcntl)
             # singleton lock; the test sweeps the leases itself.
             with Worker(cluster, [*p.observers("a"), _app.RollUp], threads=1):
-                deadline = time.monotonic() + 60
+                deadline = time.monotonic() + 180  # a loaded 2-core machine is slow
                 while Snapshot(cluster).get(p.units, row, "u:state") != b"C":
                     assert time.monotonic() < deadline, "nobody took the unit over"
                     p.sweep_leases()
