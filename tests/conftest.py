@@ -74,6 +74,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             group = "spark"  # a SparkSession lives in its worker: start one, on one worker
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    # The cluster stores always commit in two phases (a lock-free one-phase commit is
+    # unsafe there: tests/transactions/test_one_phase_cluster.py), so a one-phase
+    # variant on them would run the two-phase one again, at HBase's DDL prices.
+    same = pytest.mark.skip(reason="the cluster stores commit in two phases only: this is "
+                            "the two-phase variant again")
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if params.get("one_phase") is True and params.get("backend") in ("hbase", "bigtable"):
+            item.add_marker(same)
     if config.getoption("--run-slow"):
         return
     skip = pytest.mark.skip(reason="soak test: run with --run-slow (or its bench/ script)")
