@@ -101,7 +101,10 @@ def spark_connect() -> Iterator[Any]:
     port = _free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "tests._spark_connect_server", str(port)], cwd=root,
-        env={**os.environ, "PYTHONPATH": str(root), "PYSPARK_PYTHON": sys.executable},
+        # Not in Connect mode itself (the autouse _spark_api_mode may have set it for
+        # the test that asked first): it builds the classic session that serves.
+        env={**{k: v for k, v in os.environ.items() if k != _CONNECT_MODE},
+             "PYTHONPATH": str(root), "PYSPARK_PYTHON": sys.executable},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         assert server.stdout is not None

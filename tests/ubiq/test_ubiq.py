@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from observers import VerifyReport, Worker, ubiq, wait_for_observers
 from observers.ubiq import _pipeline
 from observers.ubiq.__main__ import main as ubiq_main
 from percolator import Cluster, Snapshot, Transaction
+from percolator._coordination import LocalCoordination
 from percolator._internals import internals
 from percolator.testing import CrashPoint, Interleaving, client_of, crash_commit
 from tests._backends import make_store_url
@@ -336,27 +338,33 @@ def test_workers_killed_mid_unit_and_the_file_sink(
     assert kills >= 5
 
 
-def _stop_outside_the_store(proc: subprocess.Popen[bytes], db: Path) -> None:
+def _stop_outside_the_store(proc: subprocess.Popen[bytes], db: Path, table: str,
+                            row: bytes) -> None:
     """SIGSTOP *proc* at a moment it holds no write lock of the embedded store *db*
-    (SQLite's, the writers' turn, the timestamp file, the census): stopped inside one,
-    it would stall every other process on the file (an embedded store's single writer),
-    and the test would measure that instead of the lease. The coordinator's ``-locks``
-    are held for a process's life and stay."""
+    (SQLite's, the writers' turn, the timestamp file, the census) nor the advisory
+    lock of *row* (a scanner's, while it runs an observer there): stopped inside one,
+    it would stall every other process on the file (an embedded store's single
+    writer), or keep the row from every other worker for as long as it is stopped
+    (local coordination's locks are released when a process dies, not when it
+    stops); the test would measure that instead of the lease."""
     watched = set()
     for suffix in ("", "-shm", "-wal", "-ts", "-write.lock", "-census"):
         with contextlib.suppress(FileNotFoundError):
             watched.add(os.stat(f"{db}{suffix}").st_ino)
+    locks_file = os.stat(f"{db}-locks").st_ino
+    row_byte = str(zlib.crc32(f"{table}/{row.hex()}".encode()) % LocalCoordination.BUCKETS)
     for _ in range(1000):
         proc.send_signal(signal.SIGSTOP)
         with open("/proc/locks") as f:  # "1: POSIX ADVISORY WRITE 123 fd:01:4567 0 EOF"
-            held = [line.split() for line in f]
-        if not any(fields[4] == str(proc.pid) and fields[3] == "WRITE"
-                   and int(fields[5].rsplit(":", 1)[1]) in watched for fields in held
-                   if len(fields) > 5 and fields[1] != "->"):
+            held = [fields for fields in map(str.split, f)
+                    if len(fields) > 7 and fields[1] != "->" and fields[4] == str(proc.pid)]
+        if not any((fields[3] == "WRITE" and int(fields[5].rsplit(":", 1)[1]) in watched)
+                   or (int(fields[5].rsplit(":", 1)[1]) == locks_file and fields[6] == row_byte)
+                   for fields in held):
             return
         proc.send_signal(signal.SIGCONT)
         time.sleep(0.01)
-    raise AssertionError("the process always held a write lock of the store")
+    raise AssertionError("the process always held a lock of the store or of the row")
 
 
 def test_a_stopped_owner_past_its_lease_loses_the_unit(tmp_path: Path) -> None:
@@ -377,7 +385,7 @@ def test_a_stopped_owner_past_its_lease_loses_the_unit(tmp_path: Path) -> None:
             while Snapshot(cluster).get(p.units, row, "u:lease") is None:
                 assert time.monotonic() < deadline, "the process never took the unit"
                 time.sleep(0.02)
-            _stop_outside_the_store(stuck, tmp_path / "repo.db")
+            _stop_outside_the_store(stuck, tmp_path / "repo.db", p.units, row)
             owner = json.loads(Snapshot(cluster).get(p.units, row, "u:lease") or b"{}")["owner"]
             time.sleep(1.2)  # past its lease
             # No periodic tasks here: the stopped process may hold their (local, fcntl)
@@ -385,7 +393,10 @@ def test_a_stopped_owner_past_its_lease_loses_the_unit(tmp_path: Path) -> None:
             with Worker(cluster, [*p.observers("a"), _app.RollUp], threads=1):
                 deadline = time.monotonic() + 180  # a loaded 2-core machine is slow
                 while Snapshot(cluster).get(p.units, row, "u:state") != b"C":
-                    assert time.monotonic() < deadline, "nobody took the unit over"
+                    assert time.monotonic() < deadline, (
+                        "nobody took the unit over", _pipeline._now_ms(), p._pending_units(),
+                        Snapshot(cluster).get_row(p.units, row, ["u:state", "u:lease", "u:ready"]),
+                        internals(cluster).coordination.is_alive(owner))
                     p.sweep_leases()
                     time.sleep(0.1)
                 settle(p)
