@@ -78,6 +78,9 @@ def _check_agreement(spark: Any, url: str, cluster: percolator.Cluster, n: int) 
     assert max(len(g) for g in partition(batch)) >= 4
 
 
+# A Spark batch job, 4 observer threads and a second Spark job: 2-3 minutes alone on
+# 2 cores, past 300 s while the suite's other workers share them.
+@pytest.mark.timeout(900)
 def test_incremental_from_scratch_agrees_with_batch(spark: Any, tmp_path: Path) -> None:
     url = f"sqlite://{tmp_path}/repo.db"
     seed_repository(spark, url, synthetic_documents(spark, SEED, seed=7, factor=5),
@@ -94,6 +97,9 @@ def test_incremental_from_scratch_agrees_with_batch(spark: Any, tmp_path: Path) 
         _check_agreement(spark, url, cluster, SEED + ARRIVALS)
 
 
+# A Spark batch job, 4 observer threads and a second Spark job: 2-3 minutes alone on
+# 2 cores, past 300 s while the suite's other workers share them.
+@pytest.mark.timeout(900)
 def test_batch_seeded_then_incremental_agrees_with_batch(spark: Any, tmp_path: Path) -> None:
     url = f"sqlite://{tmp_path}/repo.db"
     seed_repository(spark, url, synthetic_documents(spark, SEED, seed=8, factor=5))
