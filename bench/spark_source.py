@@ -157,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
             print("write s:", write, flush=True)
             loads.append(os.getloadavg()[0])
 
+            with percolator.connect(url) as cluster:  # the stream sink creates none
+                for i in range(args.repeat):
+                    cluster.create_table(f"ss{i}")
             landing = os.path.join(tmp, "landing")
             os.makedirs(landing)
             for f in range(args.files):
