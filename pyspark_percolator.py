@@ -5,8 +5,8 @@ PySpark (4.0+) registers a Python data source by itself when a top-level module 
 The data source lives in :mod:`spark_loader._source` (see docs/spark.md).
 """
 
-from spark_loader._source import PercolatorDataSource, snapshot_ts
+from spark_loader._source import PercolatorDataSource, register, snapshot_ts
 
 DefaultSource = PercolatorDataSource
 
-__all__ = ["DefaultSource", "PercolatorDataSource", "snapshot_ts"]
+__all__ = ["DefaultSource", "PercolatorDataSource", "register", "snapshot_ts"]

@@ -86,14 +86,39 @@ def _require_classic(spark: object, what: str) -> None:
             "the same one-transaction load (see docs/spark.md)")
 
 
+def local_workers_run_this_python(spark: SparkSession) -> bool:
+    """In local mode, have Spark's Python workers run this interpreter, unless the
+    user chose one (``PYSPARK_PYTHON``, ``spark.pyspark.python``); say whether it did.
+
+    A session built in a script starts its workers with ``python3`` from PATH, which
+    under cron, a unit file or ``venv/bin/python script.py`` is not the driver's
+    interpreter and lacks the package. Local workers run on this machine and must be
+    of the driver's Python version anyway, so this interpreter is the right one.
+    PySpark reads ``sc.pythonExec`` each time it ships a Python function (RDD jobs,
+    UDFs, ``spark.dataSource.register``); a data source Spark finds by its name is
+    started by the JVM from its own environment, out of our reach.
+    """
+    import sys
+
+    sc = spark.sparkContext
+    if (not str(sc.master).startswith("local") or os.environ.get("PYSPARK_PYTHON")
+            or sc.getConf().get("spark.pyspark.python")):
+        return False
+    sc.pythonExec = sys.executable
+    return True
+
+
 def check_workers(spark: SparkSession) -> None:
     """Fail fast, on the driver, when Spark's Python workers cannot import this
     package: run a one-task probe job (once per Spark application) and raise with the
     interpreter they run, what it could not import and the fix. Without it the first
-    job fails with a ``ModuleNotFoundError`` deep in a Java stack trace.
+    job fails with a ``ModuleNotFoundError`` deep in a Java stack trace. In local mode
+    with no interpreter chosen, the workers run this one (see
+    :func:`local_workers_run_this_python`) and the probe confirms it.
 
     :raises InvalidArgument: the workers' Python lacks ``percolator`` or ``spark_loader``.
     """
+    local_workers_run_this_python(spark)
     sc = spark.sparkContext
     app = str(sc.applicationId)
     if app in _checked_apps:

@@ -61,7 +61,12 @@ from percolator._bulk import (
 from percolator._encoding import check_column
 from percolator._internals import internals
 from spark_loader._changes import changes, safe_end
-from spark_loader._job import MAX_REJECTS_KEPT, LoadError, executor_cluster
+from spark_loader._job import (
+    MAX_REJECTS_KEPT,
+    LoadError,
+    executor_cluster,
+    local_workers_run_this_python,
+)
 from spark_loader._read import (
     ROW_KEY,
     Range,
@@ -75,7 +80,7 @@ from spark_loader._read import (
 from spark_loader._records import ColumnMap, Reject, to_cells
 
 __all__ = ["NAME", "PercolatorChangeFeed", "PercolatorDataSource", "SourceOptions",
-           "change_schema", "is_connect", "snapshot_ts", "source_options"]
+           "change_schema", "is_connect", "register", "snapshot_ts", "source_options"]
 
 NAME = "percolator"
 DEFAULT_PARTITIONS = 4
@@ -201,6 +206,24 @@ def snapshot_ts(url: str, **connect_options: Any) -> int:
     option of several reads to read them all at one snapshot (a repeatable read)."""
     with percolator.connect(url, **connect_options) as cluster:
         return internals(cluster).timestamps.get_timestamp()
+
+
+def register(spark: Any) -> None:
+    """Register the data source with *spark* (``spark.dataSource.register``) and, in
+    local mode with no interpreter chosen (``PYSPARK_PYTHON``, ``spark.pyspark.python``),
+    have its Python workers run this interpreter.
+
+    ``format("percolator")`` needs no registration where Spark's workers can import
+    this package. A script run by an interpreter that is not ``python3`` on PATH
+    (``venv/bin/python script.py`` under cron) is where it fails: the JVM looks the
+    name up, and starts every worker of a source found by name, with the interpreter
+    of its environment when the session started; no code of ours runs before that.
+    A source registered from here carries the interpreter PySpark ships functions
+    with, which this points at ``sys.executable``.
+    """
+    if not is_connect(spark):  # a Connect server runs the workers of its own environment
+        local_workers_run_this_python(spark)
+    spark.dataSource.register(PercolatorDataSource)
 
 
 # --- values <-> Spark types ----------------------------------------------------------------
