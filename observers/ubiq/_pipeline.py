@@ -831,10 +831,15 @@ def _take_lease(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str,
 
 @transactional
 def _renotify(txn: TransactionBase, p: LogPipeline, due: list[tuple[bytes, list[str]]]) -> None:
-    """Notify each unit's *columns* (its site's workers, or every site's)."""
+    """Notify each unit's *columns* (its site's workers, or every site's), if it is
+    still pending: the sweep found *due* in an earlier snapshot (a pass reads every
+    pending unit, seconds with many), and a unit committed since, its file forgotten
+    and cleared, would get a processor run whose acknowledgement nothing deletes."""
+    pending = txn.get_rows(p.units, [row for row, _ in due], ["u:state"])
     for row, columns in due:
-        for column in columns:
-            txn.notify(p.units, row, column)
+        if pending[row].get("u:state") == b"P":
+            for column in columns:
+                txn.notify(p.units, row, column)
 
 
 def _notify_home(txn: TransactionBase, p: LogPipeline, row: bytes) -> None:
