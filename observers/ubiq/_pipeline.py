@@ -714,7 +714,7 @@ def cut_file(txn: TransactionBase, p: LogPipeline, name: str, now: int) -> int:
             # Packed from one place: every file's cutter packing all the tails it
             # sees would conflict with every other (they pack the same oldest ones)
             # and each retry would read every file row again.
-            txn.notify(p.packer, _PACK_ROW, _PACK_COLUMN)
+            _nudge_packer(txn, p)
             break
         end = size if size - cut <= p.unit_bytes else _record_boundary(
             p, name, cut + p.unit_bytes - 1, size)
