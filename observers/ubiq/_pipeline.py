@@ -19,7 +19,9 @@ Tables of pipeline ``<p>``:
 * ``ubiq.<p>.quarantine``, same rows: ``x:error``;
 * ``ubiq.<p>.pending``, same rows: ``p:u``, present exactly while the unit is pending
   (written and deleted in the transactions that change ``u:state``): the lease sweep
-  reads it, so a sweep costs O(pending units), not O(every unit ever cut).
+  reads it, so a sweep costs O(pending units), not O(every unit ever cut);
+* ``ubiq.<p>.packer``, one row ``tails``: ``k:due`` (**observed by the packer**, only
+  ever notified, never written): a file's short tail is due to be packed.
 
 The garbage collector forgets a file whose every byte is committed once it has not
 grown for *forget_after*: its units and its row go in one transaction. The tracker
@@ -28,9 +30,10 @@ trackers only follow files at most d days old), so a forgotten file is never see
 
 Why every tracked byte is committed exactly once (docs/ubiq.md has the long form):
 
-* **One unit per byte.** Two cutters of one file both write ``f:cut``, so one commits;
-  units are cut at record boundaries from ``f:cut`` up, and a split replaces a unit by
-  pieces that partition its range, in one transaction.
+* **One unit per byte.** Two cutters of one file (or a cutter and the packer) both
+  write ``f:cut``, so one commits; units are cut at record boundaries from ``f:cut``
+  up, and a split replaces a unit by pieces that partition its range, in one
+  transaction.
 * **One commit per unit.** The commit reads ``u:state == P`` and writes ``C`` (two
   committers conflict on it) and deletes ``u:lease``; a worker that lost its lease (a
   newer lease was committed) conflicts on ``u:lease`` and its output, written in the
@@ -257,8 +260,8 @@ class LogPipeline:
         self.sink = Path(sink) if sink is not None else first.parent / f"{name}.out"
         self.staging = self.sink / ".staging"
         prefix = f"ubiq.{name}."
-        self.files, self.units, self.quarantine, self.pending = (
-            prefix + t for t in ("files", "units", "quarantine", "pending"))
+        self.files, self.units, self.quarantine, self.pending, self.packer = (
+            prefix + t for t in ("files", "units", "quarantine", "pending", "packer"))
 
     # --- set-up ---------------------------------------------------------------------
 
@@ -266,7 +269,7 @@ class LogPipeline:
         """Create the tables and register the observed columns (idempotent). A
         pipeline made before the pending-units index existed gets it filled in."""
         indexed = self.pending in self.cluster.tables()
-        for table in (self.files, self.units, self.quarantine, self.pending):
+        for table in (self.files, self.units, self.quarantine, self.pending, self.packer):
             self.cluster.create_table(table)
         if not indexed:
             with Snapshot(self.cluster) as snap:
@@ -275,17 +278,18 @@ class LogPipeline:
             for start in range(0, len(rows), 200):
                 _index_pending(self.cluster, self, rows[start:start + 200])
         self.cluster.observe(self.files, "f:size")
+        self.cluster.observe(self.packer, _PACK_COLUMN)
         for column in self.ready_columns():
             self.cluster.observe(self.units, column)
         self.cluster.observe(self.units, "u:commit")
 
     def observers(self, site: str | None = None) -> list[Observer]:
-        """The cutter, the processor (reading from *site*: default the first) and the
-        dispatcher, for a :class:`~observers.Worker`."""
+        """The cutter, the packer, the processor (reading from *site*: default the
+        first) and the dispatcher, for a :class:`~observers.Worker`."""
         site = site or next(iter(self.sites))
         if site not in self.sites:
             raise InvalidArgument(f"unknown site {site!r}; sites: {sorted(self.sites)}")
-        return [_Cutter(self), _Processor(self, site), _Dispatcher(self)]
+        return [_Cutter(self), _Packer(self), _Processor(self, site), _Dispatcher(self)]
 
     def tasks(self, site: str | None = None) -> list[Periodic]:
         """The tracker of *site* (default: every site), the lease sweep and the
@@ -305,10 +309,10 @@ class LogPipeline:
     def track(self, site: str) -> int:
         """One pass of *site*'s tracker: report the growth of every matching file
         (at least once; the transaction ignores what is not growth), refuse files that
-        shrank or were replaced, and wake the cutter for tails that stopped growing.
-        Returns how many files grew."""
+        shrank or were replaced, and wake the cutter for tails that stopped growing
+        (the packer, once, for short tails to pack). Returns how many files grew."""
         directory = self.sites[site]
-        grown = 0
+        grown, pack = 0, False
         now = _now_ms()
         names = matching_files(directory, self.pattern)
         with Snapshot(self.cluster) as snap:
@@ -333,7 +337,12 @@ class LogPipeline:
                 if _report(self.cluster, self, name, site, size, head, now, modified):
                     grown += 1
             elif cut < total and now - int(cells.get("f:since", b"0")) >= self.max_unit_delay_ms:
-                _nudge(self.cluster, self, name)  # a tail that stopped growing: cut it
+                if self.pack_files and total - cut < self.unit_bytes:
+                    pack = True  # one wake-up of the packer for all of them
+                else:
+                    _nudge(self.cluster, self, name)  # a tail that stopped growing: cut it
+        if pack:
+            _nudge_packer(self.cluster, self)
         return grown
 
     def ready_columns(self, home: str | None = None) -> list[str]:
@@ -648,6 +657,15 @@ def _nudge(txn: TransactionBase, p: LogPipeline, name: str) -> None:
     txn.notify(p.files, name.encode(), "f:size")
 
 
+_PACK_ROW, _PACK_COLUMN = b"tails", "k:due"
+"""The packer's row (in ``ubiq.<p>.packer``) and observed column."""
+
+
+@transactional
+def _nudge_packer(txn: TransactionBase, p: LogPipeline) -> None:
+    txn.notify(p.packer, _PACK_ROW, _PACK_COLUMN)
+
+
 def _record_boundary(p: LogPipeline, name: str, at: int, limit: int) -> int:
     """The offset after the first newline at or after *at* (at most *limit*)."""
     for directory in p.sites.values():
@@ -677,8 +695,9 @@ def _cut_columns(p: LogPipeline) -> list[str]:
 
 def cut_file(txn: TransactionBase, p: LogPipeline, name: str, now: int) -> int:
     """The cutter's body: cut ``[f:cut, f:size)`` of *name* into units at record
-    boundaries; a short tail due to be cut goes into a unit with other files' short
-    tails (:func:`_cut_tails`). Returns how many units it made."""
+    boundaries. A short tail due to be cut is cut alone, or, with *pack_files*, left
+    to the packer (:func:`pack_tails`), which this wakes. Returns how many units it
+    made."""
     row = name.encode()
     cells = txn.get_row(p.files, row, _cut_columns(p))
     size, cut = int(cells.get("f:size", b"0")), int(cells.get("f:cut", b"0"))
@@ -692,7 +711,10 @@ def cut_file(txn: TransactionBase, p: LogPipeline, name: str, now: int) -> int:
         if size - cut < p.unit_bytes and not quiet:
             break  # a young tail waits to grow into a unit (or for max_unit_delay)
         if size - cut < p.unit_bytes and p.pack_files:
-            cut, made = size, made + _cut_tails(txn, p, name, cut, cells, now)
+            # Packed from one place: every file's cutter packing all the tails it
+            # sees would conflict with every other (they pack the same oldest ones)
+            # and each retry would read every file row again.
+            _nudge_packer(txn, p)
             break
         end = size if size - cut <= p.unit_bytes else _record_boundary(
             p, name, cut + p.unit_bytes - 1, size)
@@ -706,30 +728,32 @@ def cut_file(txn: TransactionBase, p: LogPipeline, name: str, now: int) -> int:
     return made
 
 
-def _cut_tails(txn: TransactionBase, p: LogPipeline, name: str, cut: int,
-               cells: dict[str, bytes], now: int) -> int:
-    """Cut the short tail of *name* from *cut* (shorter than a unit, and due; its
-    row's *cells*: units this transaction cut before it are not in them) with the other
-    files' short tails, as Ubiq's work-unit creator does, so that many small files
-    make few units: the tails, oldest first (by ``f:since``, when their oldest uncut
-    byte was reported), are packed whole into units of up to *unit_bytes*, and the
-    units up to the one holding *name*'s are cut. Each cut file's ``f:cut`` is
-    written: its own cutter conflicts with this one. Reads every file row (the
-    garbage collector bounds them). Returns how many units it made."""
-    waiting = [(int(cells.get("f:since", b"0")), name, cut, int(cells["f:size"]), cells)]
+def pack_tails(txn: TransactionBase, p: LogPipeline, now: int) -> int:
+    """The packer's body: cut the files' short tails (shorter than a unit) into units
+    of several files, as Ubiq's work-unit creator does, so that many small files make
+    few units: the tails, oldest first (by ``f:since``, when their oldest uncut byte
+    was reported), are packed whole into units of up to *unit_bytes*, and the units up
+    to the one holding the newest tail due (``max_unit_delay`` old) are cut; younger
+    tails in that last unit go with it. Each cut file's ``f:cut`` is written: a cutter
+    of that file conflicts with this. Reads every file row once (the garbage
+    collector bounds them). Returns how many units it made."""
+    waiting = []
     for row, found in txn.scan(p.files, None, None, _cut_columns(p)):
         size, at = int(found.get("f:size", b"0")), int(found.get("f:cut", b"0"))
-        if row != name.encode() and "f:refused" not in found and 0 < size - at < p.unit_bytes:
+        if "f:refused" not in found and 0 < size - at < p.unit_bytes:
             waiting.append((int(found.get("f:since", b"0")), row.decode(), at, size, found))
+    waiting.sort(key=lambda w: w[:2])
+    due = sum(1 for since, *_ in waiting if now - since >= p.max_unit_delay_ms)
     groups: list[list[tuple[str, int, int, dict[str, bytes]]]] = []
     room = 0
-    for _, file, cut, size, cells in sorted(waiting, key=lambda w: w[:2]):
+    for i, (_, file, cut, size, cells) in enumerate(waiting):
         if size - cut > room:
+            if i >= due:
+                break  # this unit would hold no tail that is due: it waits
             groups.append([])
             room = p.unit_bytes
         groups[-1].append((file, cut, size, cells))
         room -= size - cut
-    made = 0
     for group in groups:
         holding = [s for s in p.sites if all(
             int(cells.get(f"f:site.{s}", b"0")) >= end for _, _, end, cells in group)]
@@ -739,10 +763,7 @@ def _cut_tails(txn: TransactionBase, p: LogPipeline, name: str, cut: int,
         for file, _, end, _ in group:
             txn.set(p.files, file.encode(), "f:cut", b"%d" % end)
             txn.delete(p.files, file.encode(), "f:since")
-        made += 1
-        if any(file == name for file, *_ in group):
-            break
-    return made
+    return len(groups)
 
 
 def _parts(row: bytes, cells: dict[str, bytes]) -> list[Part]:
@@ -810,10 +831,15 @@ def _take_lease(txn: TransactionBase, p: LogPipeline, row: bytes, owner: str,
 
 @transactional
 def _renotify(txn: TransactionBase, p: LogPipeline, due: list[tuple[bytes, list[str]]]) -> None:
-    """Notify each unit's *columns* (its site's workers, or every site's)."""
+    """Notify each unit's *columns* (its site's workers, or every site's), if it is
+    still pending: the sweep found *due* in an earlier snapshot (a pass reads every
+    pending unit, seconds with many), and a unit committed since, its file forgotten
+    and cleared, would get a processor run whose acknowledgement nothing deletes."""
+    pending = txn.get_rows(p.units, [row for row, _ in due], ["u:state"])
     for row, columns in due:
-        for column in columns:
-            txn.notify(p.units, row, column)
+        if pending[row].get("u:state") == b"P":
+            for column in columns:
+                txn.notify(p.units, row, column)
 
 
 def _notify_home(txn: TransactionBase, p: LogPipeline, row: bytes) -> None:
@@ -982,6 +1008,20 @@ class _Cutter(Observer):
 
     def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
         cut_file(txn, self.pipeline, row.decode(), _now_ms())
+
+
+class _Packer(Observer):
+    """Packs the due short tails of every file (:func:`pack_tails`), woken by the
+    cutters and the trackers: one notified row, so one run at a time in the cluster
+    (the scanners' advisory lock) and many wake-ups make one run."""
+
+    def __init__(self, p: LogPipeline) -> None:
+        self.pipeline = p
+        self.table, self.column = p.packer, _PACK_COLUMN
+        self.name = f"ubiq.{p.name}.packer"
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        pack_tails(txn, self.pipeline, _now_ms())
 
 
 class _Processor(Observer):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import percolator
 from observers import Observer, ubiq
+from observers.ubiq import _pipeline
 
 PARTIALS, TOTALS, ATTEMPTS = "app.partials", "app.totals", "app.attempts"
 
@@ -65,6 +66,15 @@ def pipeline(cluster: percolator.Cluster, root: Path, **options: object) -> ubiq
     return ubiq.LogPipeline(cluster, "logs", app=app,  # type: ignore[arg-type]
                             sites={"a": root / "a", "b": root / "b"}, pattern="*.jsonl",
                             sink=root / "sink", **options)  # type: ignore[arg-type]
+
+
+def cut(p: ubiq.LogPipeline, name: str) -> int:
+    """What a worker's cutter of *name*, then its packer, do (each in a transaction of
+    its own, as they run): the units they made."""
+    with percolator.Transaction(p.cluster) as txn:
+        made = _pipeline.cut_file(txn, p, name, _pipeline._now_ms())
+    with percolator.Transaction(p.cluster) as txn:
+        return made + _pipeline.pack_tails(txn, p, _pipeline._now_ms())
 
 
 def make(cluster: percolator.Cluster) -> ubiq.LogPipeline:
