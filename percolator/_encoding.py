@@ -80,6 +80,9 @@ def check_row(row: object) -> bytes:
 
 
 _valid_columns: set[str] = set()
+USER_COLUMNS: set[str] = set()
+"""Columns :func:`check_column` passed that are outside the reserved families: for a
+user's transaction, membership is the whole check (its get and set test it in line)."""
 
 
 def split_column(column: str) -> tuple[str, str]:
@@ -112,6 +115,8 @@ def check_column(column: object, *, internal: bool = False) -> str:
         raise ValueTooLargeError(f"column name is over the limit of {MAX_COLUMN_BYTES} bytes")
     if len(_valid_columns) < 100_000:
         _valid_columns.add(column)
+        if family[:1] != "_":
+            USER_COLUMNS.add(column)
     return column
 
 

@@ -511,13 +511,20 @@ class SqliteStore:
     def _read_newest(self, table: str, row: bytes, reads: Sequence[Read]) -> dict[bytes, RowCells]:
         """The common read of one row, the newest version of named cells: one statement
         of scalar subqueries, two per cell (its timestamp and value), one result row."""
-        key = (table, *[(r.family, r.qualifiers, r.skip_tag) for r in reads])
-        params: list[Any] = [row]
-        for read in reads:
-            params.append(read.min_ts)
-            params.append(_MAX_TS if read.max_ts is None else read.max_ts)
-        for read in reads:
-            params.extend(read.qualifiers or ())
+        params: list[Any]
+        if len(reads) == 1:  # most reads (a transaction's get): no loops, no list built
+            read = reads[0]
+            key: tuple[Any, ...] = (table, (read.family, read.qualifiers, read.skip_tag))
+            params = [row, read.min_ts, _MAX_TS if read.max_ts is None else read.max_ts,
+                      *read.qualifiers]  # type: ignore[misc]  # read_rows sent none without
+        else:
+            key = (table, *[(r.family, r.qualifiers, r.skip_tag) for r in reads])
+            params = [row]
+            for read in reads:
+                params.append(read.min_ts)
+                params.append(_MAX_TS if read.max_ts is None else read.max_ts)
+            for read in reads:
+                params.extend(read.qualifiers or ())
         try:
             plan = self._newest_plans.get(key)
             if plan is None:

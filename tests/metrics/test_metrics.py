@@ -122,7 +122,9 @@ def test_worker_process_metrics_move_as_observers_run(
         assert value(after, "percolator_observer_run_duration_seconds_count",
                      observer="Indexer") == 5
         assert value(after, "percolator_notification_scan_duration_seconds_count") > 0
-        assert value(after, "percolator_read_duration_seconds_count") > 0
+        assert value(after, "percolator_read_duration_seconds_count") > 0  # the first read
+        assert value(after, "percolator_reads_total") >= value(
+            after, "percolator_read_duration_seconds_count")
         assert value(after, "percolator_store_requests_total", operation="scan") > 0
         assert value(after, "percolator_store_requests_total", operation="read_rows") > 0
         # The backlog gauge is recounted at most every few seconds: wait for a fresh one.
@@ -276,6 +278,66 @@ def test_store_round_trips_are_counted_by_operation(cluster: percolator.Cluster)
     list(snapshot.scan("docs"))
     assert local("percolator_store_requests_total", operation="read_rows") - reads == 1
     assert local("percolator_store_requests_total", operation="scan") - scans == 1
+
+
+def _quantile(q: float, bounds: tuple[float, ...], counts: list[int]) -> float:
+    """Prometheus's histogram_quantile over per-bucket counts (the last bucket +Inf):
+    linear interpolation inside the bucket where the rank falls, the dashboard's read."""
+    cumulative, total = [], 0
+    for count in counts:
+        total += count
+        cumulative.append(total)
+    rank = q * total
+    for i, seen in enumerate(cumulative):
+        if seen >= rank:
+            if i == len(bounds):
+                return bounds[-1]  # +Inf: Prometheus answers the highest finite bound
+            lower = bounds[i - 1] if i else 0.0
+            below = cumulative[i - 1] if i else 0
+            return lower + (bounds[i] - lower) * (rank - below) / (counts[i] or 1)
+    return float("nan")
+
+
+def test_reads_are_counted_exactly_and_their_durations_sampled_fairly(
+    cluster: percolator.Cluster,
+) -> None:
+    """Every transactional read that goes to the store counts in percolator_reads_total;
+    the first read and one in READ_SAMPLE after it are timed, each by its own clock
+    reads: the histogram's count follows the counter's stride, its sum is part of the
+    time the reads took, and the dashboard's p99 of it is a read's latency."""
+    rows = [b"q%02d" % i for i in range(32)]
+    with Transaction(cluster) as txn:
+        for row in rows:
+            txn.set("docs", row, "raw:v", b"1")
+            txn.set("docs", row, "raw:w", b"2")
+            txn.set("docs", row, "raw:u", b"3")
+    name = "percolator_read_duration_seconds"
+    bounds = metrics.METRICS[name][3]
+    reads = local("percolator_reads_total")
+    trips = local("percolator_store_requests_total", operation="read_rows")
+    counts, total = metrics.snapshot()[1].get((name, ()), ([0] * (len(bounds) + 1), 0.0))
+    began = time.perf_counter()
+    for row in rows:  # every kind of store read a transaction makes
+        snap = Snapshot(cluster)
+        # The first row: the clean census's one-cell read, then a row read; after it
+        # raw:w rides along with raw:v as a prediction (a row read), and is not read again.
+        assert snap.get("docs", row, "raw:v") == b"1"
+        assert snap.get_row("docs", row, ["raw:w"]) == {"raw:w": b"2"}
+        assert snap.get_rows("docs", [row], ["raw:v"]) == {row: {"raw:v": b"1"}}
+        # Alone in its snapshot, raw:u predicts nothing: the clean census's read again.
+        assert Snapshot(cluster).get("docs", row, "raw:u") == b"3"
+    elapsed = time.perf_counter() - began
+    reads_after = local("percolator_reads_total")
+    # Each read is one store call here (the values are inline): none left uncounted.
+    assert reads_after - reads == local(
+        "percolator_store_requests_total", operation="read_rows") - trips == 3 * len(rows) + 1
+    counts_after, total_after = metrics.snapshot()[1][(name, ())]
+    delta = [a - b for a, b in zip(counts_after, counts, strict=True)]
+    stride = [n for n in range(int(reads) + 1, int(reads_after) + 1)
+              if n % metrics.READ_SAMPLE == 1]
+    assert sum(delta) == len(stride) >= 4
+    assert 0 < total_after - total <= elapsed
+    assert 0 < _quantile(0.99, bounds, delta) <= min(b for b in bounds if b >= elapsed)
 
 
 def test_a_gc_pass_is_recorded() -> None:
