@@ -52,7 +52,7 @@ def measure(url: str, n: int, threads: int = 1) -> dict[str, float]:
         after = calls()
         worker.stop()
     found = {k: (after.get(k, 0) - before.get(k, 0)) / n for k in after}
-    found = {k: v for k, v in found.items() if v >= 0.05}
+    found = {k: v for k, v in found.items() if v >= 0.005}
     return {**found, "calls": sum(found.values()), "cpu_us": 1e6 * cpu / n}
 
 

@@ -218,7 +218,12 @@ class ScanPasses(GroupCommits):
         that failed, only costs a later look (the index is a superset of the pending
         notifications)."""
         processed: list[tuple[str, bytes, dict[str, int]]] = []
-        worked = self._index_scan(processed)
+        try:
+            worked = self._index_scan(processed)
+        finally:
+            # A scanner that goes to sleep would wake with a stale snapshot, whose
+            # runs would leave the newer notifications it came for: draw afresh.
+            self._next_start().ts = 0
         if processed:
             settle_rows(internals(self.cluster), processed, look_first=False)
         return worked
@@ -244,7 +249,7 @@ class ScanPasses(GroupCommits):
                     continue
                 try:
                     done = not self._backing_off_columns(table, row, mine) and (
-                        self._process_row(table, row))
+                        self._process_indexed(table, row, mine))
                     worked = worked or done
                     if done:
                         processed.append((table, row, mine))

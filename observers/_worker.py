@@ -213,6 +213,7 @@ class Worker(ScanPasses):
         self._bell = Bell()
         self._sleeping = 0
         self._indexed = uses_index(internals(cluster).store)
+        self._next_starts = threading.local()
 
     # --- life cycle -----------------------------------------------------------------
 
