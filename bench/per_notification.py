@@ -107,7 +107,7 @@ def main() -> int:
                      "notification by operation, client CPU per notification"), "",
              "| store | code | store calls | by operation | client CPU |", "|---|---|---|---|---|"]
     for store, name, r in rows:
-        ops = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r.items())
+        ops = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r.items())
                         if k not in ("calls", "cpu_us"))
         lines.append(f"| {store} | {name} | {r['calls']:.1f} | {ops} | "
                      f"{r['cpu_us']:,.0f} us |")
