@@ -52,7 +52,7 @@ def measure(url: str, n: int, threads: int = 1) -> dict[str, float]:
         after = calls()
         worker.stop()
     found = {k: (after.get(k, 0) - before.get(k, 0)) / n for k in after}
-    found = {k: v for k, v in found.items() if v >= 0.05}
+    found = {k: v for k, v in found.items() if v >= 0.005}
     return {**found, "calls": sum(found.values()), "cpu_us": 1e6 * cpu / n}
 
 
@@ -107,7 +107,7 @@ def main() -> int:
                      "notification by operation, client CPU per notification"), "",
              "| store | code | store calls | by operation | client CPU |", "|---|---|---|---|---|"]
     for store, name, r in rows:
-        ops = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r.items())
+        ops = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r.items())
                         if k not in ("calls", "cpu_us"))
         lines.append(f"| {store} | {name} | {r['calls']:.1f} | {ops} | "
                      f"{r['cpu_us']:,.0f} us |")

@@ -41,12 +41,12 @@ from percolator._notifications import (
     quarantine,
     record_failure,
 )
-from percolator._observer_hooks import Settlement
+from percolator._observer_hooks import NextStart, Settlement
 from percolator._store import Mutation, Read, RowCells
 from percolator.metrics import inc as _inc
 from percolator.metrics import observe as _observe
 
-__all__ = ["CommitHook", "Failures", "Group", "ObserverRuns", "Outcome", "Run"]
+__all__ = ["CommitHook", "Failures", "Group", "Notice", "ObserverRuns", "Outcome", "Run"]
 
 log = logging.getLogger("observers")
 
@@ -71,6 +71,17 @@ class Outcome:
     CONFLICT = "conflict"
     TRANSIENT = "transient"
     FAILED = "failed"
+    ABSENT = "absent"  # no notification at or below the run's snapshot (Notice)
+
+
+@dataclass(slots=True)
+class Notice:
+    """The notification a run read in its own first read (an index pass): its newest
+    notify version at or below the run's start_ts (0: none), and whether one of those
+    is weak."""
+
+    newest: int = 0
+    weak: bool = False
 
 
 @dataclass(slots=True)
@@ -112,6 +123,15 @@ class ObserverRuns:
     _store_turn: StoreTurn | None
     _waits: dict[str, Waits]
     _stop: threading.Event
+    _next_starts: threading.local  # .next: this scanner thread's NextStart
+
+    def _next_start(self) -> NextStart:
+        """This scanner thread's :class:`NextStart`: a start timestamp left by its
+        previous run's commit, for its next run."""
+        held: NextStart | None = getattr(self._next_starts, "next", None)
+        if held is None:
+            held = self._next_starts.next = NextStart()
+        return held
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._stats_lock:
@@ -171,21 +191,56 @@ class ObserverRuns:
                 self._delete_notification(table, row, column, newest)
         return worked
 
+    def _process_indexed(self, table: str, row: bytes, columns: Iterable[str]) -> bool:
+        """:meth:`_process_row` for a row the notification index named with *columns*.
+        One indexed column with one observer and no failure to clear (the common case):
+        the run draws its start timestamp first and reads the notification with its
+        own first read (:meth:`ObserverRun.get_row_notified`), one store call where the
+        notify read and the run's read were two. Otherwise as :meth:`_process_row`."""
+        wanted = list(columns)
+        observers = self._by_column.get((table, wanted[0]), []) if len(wanted) == 1 else []
+        if len(observers) != 1 or self._failures:
+            return self._process_row(table, row)
+        observer, column = observers[0], wanted[0]
+        notice = Notice()
+        began = time.perf_counter()
+        outcome, error, settled = self._run_observer(
+            observer, table, row, column, False, 0, notice=notice)
+        if outcome == Outcome.ABSENT:  # served already, or newer than the snapshot
+            return False
+        _observe("percolator_observer_run_duration_seconds", time.perf_counter() - began,
+                 observer.name)
+        _inc("percolator_observer_runs_total", observer.name,
+             "acked_already" if outcome == Outcome.SKIPPED else outcome)
+        if outcome == Outcome.FAILED:
+            assert error is not None
+            if notice.newest:
+                self._failed(observer, table, row, column, notice.weak, notice.newest, error)
+            else:  # failed before it read the notification: nothing to count it against
+                log.warning("%s on %s/%s/%s: %s; will retry", observer.name, table,
+                            format_row(row), column, error)
+        elif (outcome == Outcome.COMMITTED or outcome == Outcome.SKIPPED) and not settled:
+            self._delete_notification(table, row, column, notice.newest)
+        return True
+
     def _run_observer(
         self, observer: Observer, table: str, row: bytes, column: str, weak: bool,
         newest: int, settle: int | None = None, group: Group | None = None,
+        notice: Notice | None = None,
     ) -> tuple[str, BaseException | None, bool]:
         """Run one observer transaction, retrying conflicts a few times, for the
         notification versions up to *newest* (the newest one read). With *settle*
         (the newest notification version read), its commit may delete the
         notification; the third value tells whether it did (or, for a run left in
-        *group*, that the group's commit will see to it)."""
+        *group*, that the group's commit will see to it). With *notice*, the run reads
+        the notification itself and fills *notice* (*weak*, *newest* and *settle*
+        are then taken from it)."""
         for attempt in range(4):
             if attempt:
                 time.sleep(random.uniform(0, 0.005 * 2**attempt))
             try:
                 outcome, settled = self._transaction(observer, table, row, column, weak,
-                                                     newest, settle, group)
+                                                     newest, settle, group, notice)
             except ObserverError as e:
                 return Outcome.FAILED, e.__cause__ or e, False
             except CommitUnknownError:
@@ -206,7 +261,7 @@ class ObserverRuns:
                     return Outcome.FAILED, e, False
                 self._count("conflicts")
                 continue
-            if outcome != Outcome.DEFERRED:
+            if outcome != Outcome.DEFERRED and outcome != Outcome.ABSENT:
                 self._count(outcome)
             return outcome, None, settled
         return Outcome.CONFLICT, None, False
@@ -214,9 +269,19 @@ class ObserverRuns:
     def _transaction(
         self, observer: Observer, table: str, row: bytes, column: str, weak: bool,
         newest: int, settle: int | None, group: Group | None = None,
+        notice: Notice | None = None,
     ) -> tuple[str, bool]:
-        txn = ObserverTransaction(self.cluster)
-        if txn.start_ts < newest:
+        if notice is None:
+            txn = ObserverTransaction(self.cluster)
+        else:
+            # The run reads its notification after its start timestamp (step 2 of
+            # percolator/_observer_hooks.py): it may begin at one its thread's previous
+            # commit drew (step 5), and leaves one for the next.
+            held = self._next_start()
+            spare, held.ts = held.ts, 0
+            txn = ObserverTransaction(self.cluster, start_ts=spare or None)
+            txn.pass_start_on(held)
+        if notice is None and txn.start_ts < newest:
             # The notification was read raw, from a commit newer than this snapshot:
             # the run could not see the change it is for, and would skip it and
             # delete its notification. Every timestamp source draws above what was
@@ -228,7 +293,8 @@ class ObserverRuns:
                       column, txn.start_ts, newest)
             return Outcome.TRANSIENT, False
         try:
-            return self._observe(txn, observer, table, row, column, weak, settle, group)
+            return self._observe(txn, observer, table, row, column, weak, settle, group,
+                                 notice)
         except BaseException:
             # Its error travels on (to the log, whose handlers may keep the record and
             # so the traceback's frames): the run must not hold the safe point meanwhile.
@@ -238,11 +304,23 @@ class ObserverRuns:
     def _observe(
         self, txn: ObserverTransaction, observer: Observer, table: str, row: bytes,
         column: str, weak: bool, settle: int | None, group: Group | None,
+        notice: Notice | None = None,
     ) -> tuple[str, bool]:
         txn.stop_waiting_on(self._stop)
         ack = ack_column(observer.name, column)
         txn.internal_columns(True)
-        values = txn.get_row(table, row, [column, ack])
+        if notice is None:
+            values = txn.get_row(table, row, [column, ack])
+        else:
+            values, versions = txn.get_row_notified(table, row, [column, ack], column)
+            # A version above start_ts was committed after the draw: its change is not
+            # in this snapshot, so this run must not serve (delete) it.
+            served = [(ts, value) for ts, value in versions if ts <= txn.start_ts]
+            if not served:
+                txn.close()
+                return Outcome.ABSENT, False
+            notice.newest = settle = served[0][0]
+            notice.weak = weak = any(value == NOTIFY_WEAK for _, value in served)
         change = txn.change_version(table, row, column)
         acked = int(values.get(ack, b"0"))
         if change <= acked and not weak:

@@ -19,7 +19,7 @@ from percolator._notify_index import scan_index, settle, settle_rows
 from percolator._store import SPLIT_KEYS, Read, offered
 from percolator.metrics import observe as _observe
 
-__all__ = ["Bell", "ScanPasses", "Spread"]
+__all__ = ["Bell", "ScanPasses", "Served", "Spread"]
 
 log = logging.getLogger("observers")
 
@@ -29,6 +29,41 @@ SPLITS_REFRESH = 60.0
 """Seconds between two questions to the store for a table's split keys."""
 SETTLE_MAX = 32
 """Processed rows whose notification index entries a scanner settles together."""
+SERVED_MAX = 8192
+"""Index entries a worker remembers having served (:class:`Served`)."""
+
+
+class Served:
+    """Index entries ``(table, row, column, ts)`` of rows this worker's scanners ran:
+    settled, or to be settled with their scanner's batch. Another scanner that meets
+    one (in a batch of the index it read before, or before the settling) skips the
+    row: running it again would cost a timestamp and two reads to find nothing. An
+    entry names one write of the index (a notification still pending at the settling
+    gets a new entry, at a new timestamp), so skipping it never skips new work; a
+    batch whose settling failed is forgotten, for a later look to settle."""
+
+    def __init__(self, limit: int = SERVED_MAX) -> None:
+        self._limit = limit
+        self._entries: dict[tuple[str, bytes, str, int], None] = {}
+        self._lock = threading.Lock()
+
+    def holds(self, table: str, row: bytes, entries: dict[str, int]) -> bool:
+        """Whether every one of the row's *entries* was served here."""
+        with self._lock:
+            return all((table, row, c, ts) in self._entries for c, ts in entries.items())
+
+    def add(self, table: str, row: bytes, entries: dict[str, int]) -> None:
+        with self._lock:
+            for column, ts in entries.items():
+                self._entries[(table, row, column, ts)] = None
+            while len(self._entries) > self._limit:  # the oldest go first
+                del self._entries[next(iter(self._entries))]
+
+    def forget(self, processed: list[tuple[str, bytes, dict[str, int]]]) -> None:
+        with self._lock:
+            for table, row, entries in processed:
+                for column, ts in entries.items():
+                    self._entries.pop((table, row, column, ts), None)
 
 
 class Spread:
@@ -88,6 +123,7 @@ class ScanPasses(GroupCommits):
     _bell: Bell
     _sleeping: int
     _indexed: bool
+    _served: Served
 
     def _remember(self, table: str, row: bytes) -> None:
         sample = self._sample[table]
@@ -218,10 +254,21 @@ class ScanPasses(GroupCommits):
         that failed, only costs a later look (the index is a superset of the pending
         notifications)."""
         processed: list[tuple[str, bytes, dict[str, int]]] = []
-        worked = self._index_scan(processed)
+        try:
+            worked = self._index_scan(processed)
+            self._settle_processed(processed)
+        finally:
+            self._served.forget(processed)  # left unsettled: a failed pass
+            # A scanner that goes to sleep would wake with a stale snapshot, whose
+            # runs would leave the newer notifications it came for: draw afresh.
+            self._next_start().ts = 0
+        return worked
+
+    def _settle_processed(self, processed: list[tuple[str, bytes, dict[str, int]]]) -> None:
+        """Settle the index entries of the *processed* rows together, and clear it."""
         if processed:
             settle_rows(internals(self.cluster), processed, look_first=False)
-        return worked
+            processed.clear()
 
     def _index_scan(self, processed: list[tuple[str, bytes, dict[str, int]]]) -> bool:
         """:meth:`_index_pass` but the last settling: the rows it processed and did not
@@ -229,6 +276,7 @@ class ScanPasses(GroupCommits):
         start = b"%02x" % random.randrange(256)
         worked = False
         spread = Spread(self.threads)
+        served = self._served
         for lo, hi in ((start, None), (None, start)):
             for table, row, entries in scan_index(internals(self.cluster), lo, hi):
                 if self._stop.is_set():
@@ -237,6 +285,8 @@ class ScanPasses(GroupCommits):
                 mine = {c: ts for c, ts in entries.items() if c in observed}
                 if not mine or spread.skipping():
                     continue
+                if served.holds(table, row, mine):
+                    continue
                 key = f"{table}/{row.hex()}"
                 if not internals(self.cluster).coordination.try_advisory_lock(key):
                     if self._met(spread):
@@ -244,17 +294,17 @@ class ScanPasses(GroupCommits):
                     continue
                 try:
                     done = not self._backing_off_columns(table, row, mine) and (
-                        self._process_row(table, row))
+                        self._process_indexed(table, row, mine))
                     worked = worked or done
                     if done:
                         processed.append((table, row, mine))
+                        served.add(table, row, mine)
                     else:
                         settle(internals(self.cluster), table, row, mine)
                 finally:
                     internals(self.cluster).coordination.release_advisory_lock(key)
                 if len(processed) >= SETTLE_MAX:
-                    settle_rows(internals(self.cluster), processed, look_first=False)
-                    processed.clear()
+                    self._settle_processed(processed)
         return worked
 
     def _family_pass(self) -> bool:

@@ -53,7 +53,7 @@ from observers._observer import Observer, check_observer
 from observers._periodic import Periodic
 from observers._recipes import load_object
 from observers._runs import CommitHook, Failures
-from observers._scanning import Bell, ScanPasses
+from observers._scanning import Bell, ScanPasses, Served
 from observers._turns import StoreTurn, Waits
 from percolator import Cluster, InvalidArgument
 from percolator._internals import internals
@@ -213,6 +213,8 @@ class Worker(ScanPasses):
         self._bell = Bell()
         self._sleeping = 0
         self._indexed = uses_index(internals(cluster).store)
+        self._next_starts = threading.local()
+        self._served = Served()
 
     # --- life cycle -----------------------------------------------------------------
 

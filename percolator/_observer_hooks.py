@@ -14,7 +14,11 @@ newest notify version it read raw is *N* (Percolator §2.4; DESIGN.md §7):
    acknowledgement ``_ack:<O>@<column>`` (columns of ``_`` families are refused to
    user code). Every row read passes through :meth:`ObserverRun._values`, which keeps
    the write records it saw, so :meth:`ObserverRun.change_version` tells the commit
-   timestamp of the change the run sees without another store call.
+   timestamp of the change the run sees without another store call. A worker that
+   has not read the notification yet (its index pass) reads it in the same store
+   call (:meth:`ObserverRun.get_row_notified`): *N* is then the newest notify version
+   at or below the run's start_ts, a newer one (a commit after the draw, whose change
+   the snapshot lacks) being left for a later pass.
 3. Already acknowledged (and not a weak notification): it closes the run (nothing
    to commit). Otherwise it switches internal columns off, calls ``O.process(txn,
    row, column)``, switches them on again and writes the new acknowledgement.
@@ -26,13 +30,23 @@ newest notify version it read raw is *N* (Percolator §2.4; DESIGN.md §7):
    and the worker deletes them after the commit (:attr:`ObserverRun.settled` False).
    A notification written meanwhile is above *N* and survives either way.
 
+5. A worker that reads the notification in the run's first read may also ask the
+   run's two-phase commit for its next run's start timestamp
+   (:meth:`ObserverRun.pass_start_on`): the commit draws two timestamps in one
+   request, takes the lower and leaves the upper in the :class:`NextStart`, and the
+   worker begins its next run at it (``ObserverRun(cluster, start_ts=...)``), one
+   timestamp request per run where there were two. The snapshot is as of that draw;
+   a notification committed since is above it and left for a later run (step 2).
+
 The commit side reads only :attr:`TransactionBase._settlement` (None for every
-transaction that is not an observer run) and sets :attr:`Settlement.done`.
+transaction that is not an observer run) and sets :attr:`Settlement.done`, and fills
+:attr:`TransactionBase._next_start` where a run set it.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from percolator._cluster import Cluster
@@ -41,7 +55,7 @@ from percolator._internals import internals
 from percolator._store import Cell, Read, RowCells
 from percolator._transaction import Snapshot, TransactionBase
 
-__all__ = ["ObserverRun", "Settlement", "internal_columns"]
+__all__ = ["NextStart", "ObserverRun", "Settlement", "internal_columns"]
 
 _WRITE_PREFIX = f"{WRITE}:"
 
@@ -64,6 +78,14 @@ class Settlement:
         return f"{NOTIFY}:{self.column}"
 
 
+@dataclass(slots=True)
+class NextStart:
+    """A start timestamp a two-phase commit drew with its commit timestamp, for the
+    worker's next run (0: none)."""
+
+    ts: int = 0
+
+
 def internal_columns(txn: Snapshot, on: bool) -> None:
     """Let *txn* read and write the columns of ``_`` families (acknowledgements) while
     *on*; user code never gets them."""
@@ -77,9 +99,11 @@ class ObserverRun(TransactionBase):
 
     _kind = "observer"
 
-    def __init__(self, cluster: Cluster) -> None:
-        super().__init__(cluster)
+    def __init__(self, cluster: Cluster, *, start_ts: int | None = None) -> None:
+        super().__init__(cluster, start_ts=start_ts)
         self._write_versions: dict[tuple[str, bytes, str], list[Cell]] = {}
+        self._notify_read: Read | None = None
+        self._notify_cells: list[Cell] = []
 
     def internal_columns(self, on: bool) -> None:
         """:func:`internal_columns` of this run."""
@@ -94,6 +118,11 @@ class ObserverRun(TransactionBase):
         atomically with the run's writes (see :attr:`settled`)."""
         self._settlement = settlement
 
+    def pass_start_on(self, next_start: NextStart) -> None:
+        """Ask a two-phase commit of this run to leave a start timestamp, drawn with
+        its commit timestamp, in *next_start* (step 5 of the module docstring)."""
+        self._next_start = next_start
+
     @property
     def settled(self) -> bool:
         """Whether the commit deleted the notification it was asked to settle."""
@@ -103,7 +132,30 @@ class ObserverRun(TransactionBase):
     def settlement(self) -> Settlement | None:
         return self._settlement
 
+    def get_row_notified(
+        self, table: str, row: bytes, columns: Sequence[str], column: str
+    ) -> tuple[dict[str, bytes], list[Cell]]:
+        """:meth:`get_row` of *columns*, and the raw notify versions of *column* (newest
+        first, at any timestamp) read in the same store call: the notify read and the
+        run's first read are one round trip. The row read is atomic, so a strong notify
+        version at or below start_ts comes with its change (or the lock the read waited
+        on): the notification and the snapshot agree."""
+        self._notify_read = Read(NOTIFY, (column,), versions=None)
+        self._notify_cells = []
+        try:
+            values = self.get_row(table, row, columns)
+        finally:
+            self._notify_read = None
+        return values, self._notify_cells
+
+    def _reads(self, columns: Sequence[str] | None) -> list[Read]:
+        reads = super()._reads(columns)
+        return reads if self._notify_read is None else [*reads, self._notify_read]
+
     def _values(self, table: str, row: bytes, cells: RowCells) -> dict[str, bytes]:
+        if self._notify_read is not None:
+            assert self._notify_read.qualifiers is not None
+            self._notify_cells = cells.get(f"{NOTIFY}:{self._notify_read.qualifiers[0]}", [])
         for name, writes in cells.items():
             if name.startswith(_WRITE_PREFIX):
                 self._write_versions[(table, row, name[len(_WRITE_PREFIX):])] = writes

@@ -40,7 +40,7 @@ from percolator.metrics import inc as _inc
 from percolator.metrics import observe as _observe
 
 if TYPE_CHECKING:
-    from percolator._observer_hooks import Settlement
+    from percolator._observer_hooks import NextStart, Settlement
 
 __all__ = ["Snapshot", "Transaction", "TransactionBase"]
 
@@ -573,6 +573,9 @@ class TransactionBase(Snapshot):
     _begun_by_kind: dict[str, Iterator[int]] = {}
     _settlement: Settlement | None = None
     """The notification an observer run's commit serves (:mod:`percolator._observer_hooks`)."""
+    _next_start: NextStart | None = None
+    """Where an observer run's two-phase commit leaves a start timestamp drawn with its
+    commit timestamp (:mod:`percolator._observer_hooks`)."""
 
     def __init__(self, cluster: Cluster, *, start_ts: int | None = None) -> None:
         super().__init__(cluster, start_ts=start_ts)

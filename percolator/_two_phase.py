@@ -410,6 +410,22 @@ def _wake(committer: _Committer) -> None:
         internals(committer.cluster).wake_observers()
 
 
+def _commit_timestamp(txn: TransactionBase) -> int:
+    """The commit timestamp, drawn after the prewrite. An observer run that asked for
+    its worker's next start timestamp (``_next_start``) gets it from the same draw,
+    one above: a start timestamp drawn after this one is valid at any later time (a
+    commit below it drew its timestamp earlier, after its own locks were written, so
+    a read at it finds the lock or the commit), which is what the worker's next run
+    needs; docs/timestamps.md, "A start timestamp drawn with the previous commit"."""
+    timestamps = internals(txn.cluster).timestamps
+    spare = txn._next_start
+    if spare is None:
+        return timestamps.get_timestamp()
+    drawn = timestamps.get_timestamps(2)
+    spare.ts = drawn[1]
+    return drawn[0]
+
+
 def _commit_two_phase(committer: _Committer) -> int:
     txn, cluster = committer.txn, committer.cluster
     try:
@@ -427,7 +443,7 @@ def _commit_two_phase(committer: _Committer) -> int:
         committer.abort()
         raise
     try:
-        commit_ts = internals(cluster).timestamps.get_timestamp()
+        commit_ts = _commit_timestamp(txn)
         # Weak notifications go before the commit point, so a committer that dies after
         # it cannot lose them (nothing else would write them); one that fails at the
         # commit point leaves a spurious one, which only runs an observer for nothing.

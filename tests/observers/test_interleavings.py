@@ -63,3 +63,62 @@ def test_a_change_rolled_forward_during_a_weak_run_is_still_observed(cluster: Cl
     assert Recorder.seen == [b"old", b"old"]
     worker._process_row(T, ROW)
     assert Recorder.seen[-1] == b"new"
+
+
+def test_a_run_that_reads_its_notification_leaves_one_committed_after_its_start(
+    cluster: Cluster,
+) -> None:
+    """The index pass's run draws its start timestamp, then reads the notification and
+    the cell in one store call (``_process_indexed``). A change committed between the
+    draw and the read notifies above the snapshot, which does not hold the change:
+    the run serves only the notify versions at or below its start timestamp, and the
+    newer one stays for the next run, which observes the change.
+
+    Catches the mutant that serves every notify version read (``served = versions``
+    in ``ObserverRuns._observe``): the run deletes the new notification with the old
+    one, and the change is never observed."""
+    Recorder.seen = []
+    worker = Worker(cluster, [Recorder()], threads=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, COL, b"old")
+    with Interleaving(cluster) as world:
+        run = world.actor("worker", lambda: worker._process_indexed(T, ROW, [COL]))
+        run.run_until(lambda s: s.matches("timestamp"))
+        run.step()  # drew its start timestamp; reads next
+        with Transaction(cluster) as txn:  # not an actor: commits at once
+            txn.set(T, ROW, COL, b"new")
+        assert run.finish()
+    assert Recorder.seen == [b"old"]
+    assert worker._process_indexed(T, ROW, [COL])
+    assert Recorder.seen == [b"old", b"new"]
+
+
+def test_a_run_begun_at_the_previous_commits_draw_leaves_newer_notifications(
+    cluster: Cluster,
+) -> None:
+    """A run's two-phase commit draws the next run's start timestamp with its commit
+    timestamp (``NextStart``). A change committed after that draw is above the next
+    run's snapshot: that run observes the state before it and leaves its notification;
+    the run after it (begun at a later draw) observes the change.
+
+    Catches two mutants: the next run drawing its own start timestamp (the spare
+    unused: it would observe b"new" at once, one timestamp request more per run), and
+    the run serving every notify version read (``served = versions``: the newer
+    notification deleted unobserved)."""
+    cluster.one_phase_commit = False  # the spare is drawn by two-phase commits
+    Recorder.seen = []
+    worker = Worker(cluster, [Recorder()], threads=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set(T, PRIMARY, COL, b"p")
+        txn.set(T, ROW, COL, b"old")
+    assert worker._process_indexed(T, PRIMARY, [COL])  # commits; leaves a start
+    assert worker._next_start().ts
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, COL, b"new")
+    assert worker._process_indexed(T, ROW, [COL])
+    assert Recorder.seen == [b"old"]
+    assert worker._process_indexed(T, ROW, [COL])
+    assert Recorder.seen == [b"old", b"new"]
+    assert not worker._process_indexed(T, ROW, [COL])  # served: nothing left
