@@ -95,10 +95,10 @@ def split_column(column: str) -> tuple[str, str]:
 
 def check_column(column: object, *, internal: bool = False) -> str:
     """Validate a ``"family:qualifier"`` user column name."""
-    if column in _valid_columns and (internal or not column.startswith("_")):  # type: ignore[operator]
-        return column  # type: ignore[return-value]
-    if not isinstance(column, str):
+    if not isinstance(column, str):  # first: an unhashable one fails the set lookup
         raise InvalidArgument(f"column must be a str, got {type(column).__name__}: {column!r}")
+    if column in _valid_columns and (internal or not column.startswith("_")):
+        return column
     family, qualifier = split_column(column)
     if not family or not qualifier or ":" not in column:
         raise InvalidArgument(f"bad column name {column!r}: expected 'family:qualifier'")

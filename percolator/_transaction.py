@@ -172,7 +172,7 @@ class Snapshot:
             self._parts.require_table(table)
         if type(row) is not bytes or not row or len(row) > MAX_ROW_BYTES:
             check_row(row)
-        if column not in USER_COLUMNS:
+        if type(column) is not str or column not in USER_COLUMNS:  # unhashable: TypeError
             check_column(column, internal=self._internal_columns)
 
     # --- store reads ----------------------------------------------------------------

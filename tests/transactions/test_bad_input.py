@@ -34,6 +34,7 @@ def _nothing_written(db: Cluster) -> None:
         (("t", b"r", "_ack:q", b"v"), percolator.InvalidArgument, "reserved"),
         (("t", b"r", "c:q\n", b"v"), percolator.InvalidArgument, "control characters"),
         (("t", b"r", b"c:q", b"v"), percolator.InvalidArgument, "column must be a str"),
+        (("t", b"r", ["c:q"], b"v"), percolator.InvalidArgument, "column must be a str"),
         (("t", b"r", "c:q", "v"), percolator.InvalidArgument, "value must be bytes"),
         (("t", b"r", "c:q", None), percolator.InvalidArgument, "value must be bytes"),
         (("nope", b"r", "c:q", b"v"), percolator.UnknownTableError, "create_table('nope')"),
@@ -115,3 +116,13 @@ def test_closed_cluster(tmp_path: Any) -> None:
     cluster.close()
     with pytest.raises(percolator.PercolatorError, match="closed"):
         Transaction(cluster)
+
+
+def test_an_unhashable_column_is_refused_by_name_on_reads(db: Cluster) -> None:
+    # The columns already checked are kept in a set: a list must not reach that lookup
+    # (it raised TypeError: unhashable type).
+    with Transaction(db) as txn:
+        with pytest.raises(percolator.InvalidArgument, match="column must be a str"):
+            txn.get("t", b"r", ["c:q"])  # type: ignore[arg-type]
+        with pytest.raises(percolator.InvalidArgument, match="column must be a str"):
+            txn.get_row("t", b"r", [["c:q"]])  # type: ignore[list-item]
