@@ -66,12 +66,20 @@ GROUPS = {
 """Files whose tests ``--dist loadgroup`` keeps on one xdist worker, and the group."""
 
 
+def _uses_spark_connect(item: pytest.Item) -> bool:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    fixtures = getattr(item, "fixturenames", ())
+    return "spark_connect" in fixtures or params.get("session") == "connect"
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         group = GROUPS.get(os.path.relpath(item.path, ROOT))
         if group is None and "spark" in item.keywords:
-            group = "spark"  # a SparkSession lives in its worker: start one, on one worker
+            # A SparkSession lives in its worker: the classic tests share one worker's,
+            # the Spark Connect ones (a server JVM and a thin client) run on another.
+            group = "spark-connect" if _uses_spark_connect(item) else "spark"
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
     # The cluster stores always commit in two phases (a lock-free one-phase commit is
