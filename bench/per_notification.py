@@ -116,7 +116,7 @@ def main() -> int:
     for store, name, r in rows:
         ops = ", ".join(f"{k} {v:.2f}" for k, v in sorted(r.items())
                         if k not in ("calls", "cpu_us"))
-        lines.append(f"| {store} | {name} | {r['calls']:.1f} | {ops} | "
+        lines.append(f"| {store} | {name} | {r['calls']:.2f} | {ops} | "
                      f"{r['cpu_us']:,.0f} us |")
     lines.append("")
     publish(SECTION, lines, args.write)
