@@ -310,6 +310,7 @@ def measure(args: argparse.Namespace, cluster: percolator.Cluster) -> int:
     print(
         f"- command: `python bench/overhead.py --backend {args.backend} --ops {args.ops} "
         f"--rounds {args.rounds}{' --oracle' if args.oracle else ''}"
+        f"{' --calls' if args.calls else ''}"
         f"{' --clock cpu' if args.clock == 'cpu' else ''}`\n"
     )
     per = "s of CPU time" if args.clock == "cpu" else "s"
