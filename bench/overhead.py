@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import percolator
 from bench._common import cpu_model
 from percolator._internals import internals
-from percolator._store import Mutation, Read
+from percolator._store import Guard, Mutation, Read
 from percolator._timestamps import StoreTimestamps
 
 TABLE = "bench"
@@ -164,6 +164,11 @@ def main(argv: list[str] | None = None) -> int:
              "measures the others; the embedded store's work is all in this process)",
     )
     parser.add_argument(
+        "--calls", action="store_true",
+        help="also time each kind of store call (and a timestamp draw) alone: client "
+             "CPU and wall time per call, and the ratios they allow (issue 37)",
+    )
+    parser.add_argument(
         "--oracle", action="store_true",
         help="draw timestamps from a standalone gRPC oracle process (the production "
              "choice on remote stores) instead of the store's own source",
@@ -246,6 +251,14 @@ def measure(args: argparse.Namespace, cluster: percolator.Cluster) -> int:
             txn.set(TABLE, a, COLUMN, vb)
             txn.set(TABLE, b, COLUMN, va)
 
+    def transfer_read_together(i: int) -> None:
+        # The two rows' snapshot reads in one ReadRows (get_rows): 7 round trips, not 8.
+        a, b = rows[(2 * i) % ROWS], rows[(2 * i + 1) % ROWS]
+        with percolator.Transaction(cluster) as txn:
+            found = txn.get_rows(TABLE, [a, b], [COLUMN])
+            txn.set(TABLE, a, COLUMN, found[b].get(COLUMN, b""))
+            txn.set(TABLE, b, COLUMN, found[a].get(COLUMN, b""))
+
     ops = {
         "raw read": raw_read,
         "txn read": txn_read,
@@ -253,6 +266,7 @@ def measure(args: argparse.Namespace, cluster: percolator.Cluster) -> int:
         "raw write": raw_write,
         "txn write": txn_write,
         "transfer txn": transfer,
+        "transfer txn, rows read together": transfer_read_together,
     }
     trips: dict[str, str] = {}
     for name, op in ops.items():
@@ -269,6 +283,7 @@ def measure(args: argparse.Namespace, cluster: percolator.Cluster) -> int:
         "txn read, own txn": "raw read",
         "txn write": "raw write",
         "transfer txn": "raw write",
+        "transfer txn, rows read together": "raw write",
     }
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     rates: dict[str, list[float]] = {name: [] for name in ops}
@@ -295,6 +310,7 @@ def measure(args: argparse.Namespace, cluster: percolator.Cluster) -> int:
     print(
         f"- command: `python bench/overhead.py --backend {args.backend} --ops {args.ops} "
         f"--rounds {args.rounds}{' --oracle' if args.oracle else ''}"
+        f"{' --calls' if args.calls else ''}"
         f"{' --clock cpu' if args.clock == 'cpu' else ''}`\n"
     )
     per = "s of CPU time" if args.clock == "cpu" else "s"
@@ -312,8 +328,84 @@ def measure(args: argparse.Namespace, cluster: percolator.Cluster) -> int:
     )
     print(f"| single-cell txn / raw write | {ratio('txn write', 'raw write'):.2f} | 0.45 | 0.23 |")
     print(f"| transfer txn / raw write | {ratio('transfer txn', 'raw write'):.2f} | 0.30 | |")
+    print("| transfer txn, rows read together / raw write | "
+          f"{ratio('transfer txn, rows read together', 'raw write'):.2f} | 0.30 | |")
+    if args.calls:
+        per_call(args, raw, internals(cluster).timestamps, rows)
     return 0
 
+
+def per_call(args: argparse.Namespace, store: Any, timestamps: Any, rows: list[bytes]) -> None:
+    """Each round trip a transaction makes, alone: client CPU and wall time per call
+    (median over rounds of *args.ops* calls), and the ratio to a raw write that those
+    costs allow a transaction if its own Python work cost nothing."""
+    store.create_table("calls", {"d": 0, "l": 1})
+    value = b"y" * 100
+    lock = "l:" + COLUMN
+    # A prewrite's guards: a lock, or a write newer than the start timestamp (none here).
+    guards = [Guard(lock, value_from=b"L"), Guard("d:" + COLUMN, min_ts=10**15)]
+    ts = iter(range(10, 10**12))
+    held: dict[bytes, bytes | None] = {}
+
+    def cas(i: int) -> None:
+        row = rows[i % ROWS]
+        new = b"L%d" % i
+        assert store.check_and_set("calls", row, lock, held.get(row), new,
+                                   [("d:" + COLUMN, next(ts), value)])
+        held[row] = new
+
+    calls: dict[str, Callable[[int], None]] = {
+        "read_rows (one row)": lambda i: store.read_rows("raw", [rows[i % ROWS]],
+                                                          [Read("d", (COLUMN,))]),
+        "read_rows (two rows)": lambda i: store.read_rows(
+            "raw", [rows[(2 * i) % ROWS], rows[(2 * i + 1) % ROWS]], [Read("d", (COLUMN,))]),
+        "mutate_rows (raw write)": lambda i: store.mutate_rows(
+            "raw", [Mutation(rows[i % ROWS], [("d:" + COLUMN, next(ts), value)])]),
+        "set_unless (prewrite)": lambda i: store.set_unless(  # sets a lock, writes data
+            "calls", b"s" + rows[i % ROWS], lock, b"F%d" % i, guards,
+            [("d:" + COLUMN, next(ts), value)]),
+        "check_and_set (commit point, release)": cas,
+        "timestamp draw": lambda i: timestamps.get_timestamp(),
+    }
+    cpu: dict[str, list[float]] = {name: [] for name in calls}
+    wall: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(args.rounds):
+        for name, call in calls.items():
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            for i in range(args.ops):
+                call(i)
+            cpu[name].append((time.process_time() - cpu0) / args.ops * 1e6)
+            wall[name].append((time.perf_counter() - wall0) / args.ops * 1e6)
+    print("\n| store call | client CPU us per call | wall us per call |")
+    print("|---|---:|---:|")
+    for name in calls:
+        print(f"| {name} | {statistics.median(cpu[name]):,.0f} | "
+              f"{statistics.median(wall[name]):,.0f} |")
+    # A transaction's round trips, by the kind of call each is.
+    trips = {
+        "single-cell txn": ("2 timestamps, prewrite, commit point",
+                            {"timestamp draw": 2, "set_unless (prewrite)": 1,
+                             "check_and_set (commit point, release)": 1}),
+        "transfer txn": ("2 reads, 2 timestamps, 2 prewrites, commit point, release",
+                         {"read_rows (one row)": 2, "timestamp draw": 2,
+                          "set_unless (prewrite)": 2,
+                          "check_and_set (commit point, release)": 2}),
+        "transfer txn, rows read together": (
+            "1 read, 2 timestamps, 2 prewrites, commit point, release",
+            {"read_rows (two rows)": 1, "timestamp draw": 2, "set_unless (prewrite)": 2,
+             "check_and_set (commit point, release)": 2}),
+    }
+    print("\n| operation | its round trips | their client CPU, us | ceiling / raw write, "
+          "by CPU | their wall, us | ceiling / raw write, by wall |")
+    print("|---|---|---:|---:|---:|---:|")
+    write = "mutate_rows (raw write)"
+    for op, (what, counts) in trips.items():
+        costs = []
+        for per in (cpu, wall):
+            spent = sum(k * statistics.median(per[name]) for name, k in counts.items())
+            costs.append((spent, statistics.median(per[write]) / spent))
+        print(f"| {op} | {what} | {costs[0][0]:,.0f} | {costs[0][1]:.2f} | "
+              f"{costs[1][0]:,.0f} | {costs[1][1]:.2f} |")
 
 if __name__ == "__main__":
     raise SystemExit(main())

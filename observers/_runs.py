@@ -168,27 +168,14 @@ class ObserverRuns:
                 outcome, error, settled = self._run_observer(
                     observer, table, row, column, weak, newest, settle,
                     group if settle is not None else None)
-                _observe("percolator_observer_run_duration_seconds",
-                         time.perf_counter() - began, observer.name)
                 worked = True
-                if outcome == Outcome.DEFERRED:  # the caller holds the row for the group
-                    continue
-                _inc("percolator_observer_runs_total", observer.name,
-                     "acked_already" if outcome == Outcome.SKIPPED else outcome)
+                if not self._ended(observer, table, row, column, began, outcome, error,
+                                   weak, newest):
+                    done = False
                 if outcome == Outcome.FAILED:
-                    done = False
-                    assert error is not None
-                    self._failed(observer, table, row, column, weak, newest, error)
                     break
-                if outcome != Outcome.COMMITTED and outcome != Outcome.SKIPPED:
-                    done = False
             if done and not settled:
-                if self._failures:
-                    with self._failures_lock:
-                        failed_here = self._failures.pop(key, None)
-                    if failed_here is not None:
-                        clear_failures(self.cluster, table, row, column)
-                self._delete_notification(table, row, column, newest)
+                self._served_notification(table, row, column, newest)
         return worked
 
     def _process_indexed(self, table: str, row: bytes, columns: Iterable[str]) -> bool:
@@ -206,22 +193,48 @@ class ObserverRuns:
         began = time.perf_counter()
         outcome, error, settled = self._run_observer(
             observer, table, row, column, False, 0, notice=notice)
-        if outcome == Outcome.ABSENT:  # served already, or newer than the snapshot
-            return False
+        if (self._ended(observer, table, row, column, began, outcome, error, notice.weak,
+                        notice.newest) and not settled):
+            self._served_notification(table, row, column, notice.newest)
+        # An absent run found nothing to serve (served already, or newer than its
+        # snapshot): no work done.
+        return outcome != Outcome.ABSENT
+
+    def _ended(
+        self, observer: Observer, table: str, row: bytes, column: str, began: float,
+        outcome: str, error: BaseException | None, weak: bool, newest: int,
+    ) -> bool:
+        """Record how one run ended (its duration; its outcome, but for a run left in
+        a group, whose commit counts it) and count a failure against the notification
+        (*newest*, *weak*: the versions it was for; 0 when the run failed before it
+        read them). True if the run leaves the notification served as far as it goes:
+        it committed, had nothing to do, or waits in a group."""
         _observe("percolator_observer_run_duration_seconds", time.perf_counter() - began,
                  observer.name)
+        if outcome == Outcome.DEFERRED:
+            return True
         _inc("percolator_observer_runs_total", observer.name,
              "acked_already" if outcome == Outcome.SKIPPED else outcome)
         if outcome == Outcome.FAILED:
             assert error is not None
-            if notice.newest:
-                self._failed(observer, table, row, column, notice.weak, notice.newest, error)
+            if newest:
+                self._failed(observer, table, row, column, weak, newest, error)
             else:  # failed before it read the notification: nothing to count it against
                 log.warning("%s on %s/%s/%s: %s; will retry", observer.name, table,
                             format_row(row), column, error)
-        elif (outcome == Outcome.COMMITTED or outcome == Outcome.SKIPPED) and not settled:
-            self._delete_notification(table, row, column, notice.newest)
-        return True
+            return False
+        return outcome == Outcome.COMMITTED or outcome == Outcome.SKIPPED
+
+    def _served_notification(self, table: str, row: bytes, column: str, newest: int) -> None:
+        """The runs of a cell ended served and their commits did not delete its
+        notification: clear its failures, if any, and delete it (versions up to
+        *newest*)."""
+        if self._failures:
+            with self._failures_lock:
+                failed_here = self._failures.pop((table, row, column), None)
+            if failed_here is not None:
+                clear_failures(self.cluster, table, row, column)
+        self._delete_notification(table, row, column, newest)
 
     def _run_observer(
         self, observer: Observer, table: str, row: bytes, column: str, weak: bool,

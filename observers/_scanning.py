@@ -27,8 +27,15 @@ SAMPLE = 4096
 """Rows of each table a worker remembers, to start passes at."""
 SPLITS_REFRESH = 60.0
 """Seconds between two questions to the store for a table's split keys."""
-SETTLE_MAX = 32
-"""Processed rows whose notification index entries a scanner settles together."""
+SETTLE_MAX = 256
+"""Processed rows whose notification index entries a scanner settles together: two
+store calls (a deletion and a re-check read) per batch, 0.008 per notification at 256
+where 32 cost 0.06 (BENCHMARKS.md, issue 37). Kept well below ``SERVED_MAX`` / the
+scanner threads, so that a batch's entries are still remembered as served when it is
+settled. A larger batch leaves served entries longer in the index (a superset of the
+pending notifications): a scanner of another worker process that meets one makes a
+run that finds nothing (a timestamp and a read, counted as an ``absent`` run), and a
+crash leaves them to a later look."""
 SERVED_MAX = 8192
 """Index entries a worker remembers having served (:class:`Served`)."""
 

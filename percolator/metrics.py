@@ -100,7 +100,7 @@ METRICS: dict[str, tuple[Any, ...]] = {
     # observers
     "percolator_observer_runs_total": (
         "counter", "Observer transactions, by observer and outcome (committed, conflict, "
-        "acked_already, failed, transient, quarantined).", ("observer", "outcome")),
+        "acked_already, failed, transient, quarantined, absent).", ("observer", "outcome")),
     "percolator_observer_run_duration_seconds": (
         "histogram", "Time of one observer run, retries of conflicts included.",
         ("observer",), _LATENCY),

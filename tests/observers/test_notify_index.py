@@ -14,7 +14,7 @@ import pytest
 
 import percolator
 from observers import Observer, Worker, wait_for_observers
-from percolator import Snapshot, Transaction, TransactionBase
+from percolator import Snapshot, Transaction, TransactionBase, metrics
 from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
 from percolator._commit_shared import _write_notifications
 from percolator._internals import internals
@@ -238,13 +238,14 @@ def test_status_and_wait_read_the_index_not_the_table(
 
 
 class CountingIndexWrites:
-    """The cluster's store, counting calls that delete index entries and reads of
-    the data table's notify cells."""
+    """The cluster's store, counting calls that delete index entries, reads of the
+    data table's notify cells, and all reads of the data table."""
 
     def __init__(self, store: object) -> None:
         self._store = store
         self.deletions = 0
         self.reads = 0
+        self.docs_reads = 0
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._store, name)
@@ -256,6 +257,7 @@ class CountingIndexWrites:
 
     def read_rows(self, table: str, rows: list[bytes], reads: list[Read]) -> object:
         self.reads += table == "docs" and any(r.family == "n" for r in reads)
+        self.docs_reads += table == "docs"
         return self._store.read_rows(table, rows, reads)  # type: ignore[attr-defined]
 
 
@@ -352,3 +354,67 @@ def test_a_scanner_skips_a_row_another_scanner_of_its_worker_served(
     assert entries(cluster) == {}
     assert Snapshot(cluster).get("docs", b"r1", "out:v") == b"1"
     assert Snapshot(cluster).get("docs", b"r2", "out:v") == b"2"
+
+
+def test_an_index_pass_costs_one_read_per_row_and_settles_many_rows_in_one_call(
+    cluster: percolator.Cluster,
+) -> None:
+    """200 rows notified before a one-thread worker starts: each run reads its
+    notification with its cells (one read of the row), and the pass settles the rows'
+    index entries in one deletion and one re-check read per SETTLE_MAX (256) rows,
+    so its upkeep costs about 0.01 store calls per notification (the Copier's 4.0 on
+    the Bigtable emulator, BENCHMARKS.md).
+
+    Catches the mutant SETTLE_MAX = 32 (seven deletions and re-check reads: 0.07 calls
+    per notification, the 4.1 before) and the run reading its notification apart
+    (``_process_indexed`` going through ``_process_row``: two reads per row)."""
+    n = 200
+    Worker(cluster, [Copy]).register()
+    with Transaction(cluster) as txn:
+        for i in range(n):
+            txn.set("docs", b"r%03d" % i, "raw:v", b"%d" % i)
+    counting = CountingIndexWrites(internals(cluster).store)
+    internals(cluster).store = counting  # type: ignore[assignment]
+    try:
+        with Worker(cluster, [Copy], threads=1) as worker:
+            # Not wait_for_observers: its polls read the notify cells too.
+            deadline = time.monotonic() + 120
+            while worker.stats["committed"] < n and time.monotonic() < deadline:
+                time.sleep(0.01)
+        # Stopped: the pass settled what it processed on its way out.
+    finally:
+        internals(cluster).store = counting._store  # type: ignore[assignment]
+    assert entries(cluster) == {}
+    assert 1 <= counting.deletions <= 2
+    # The runs' reads (with their notifications) and the settling's re-checks.
+    assert n < counting.docs_reads <= n + 2
+    assert all(Snapshot(cluster).get("docs", b"r%03d" % i, "out:v") == b"%d" % i
+               for i in range(n))
+
+
+def test_a_run_that_finds_its_notification_served_is_in_the_run_metrics(
+    cluster: percolator.Cluster,
+) -> None:
+    """An index pass's run that finds no notification at or below its snapshot (served
+    already: here by the run before it) draws a timestamp and reads the row: it is
+    counted as ``percolator_observer_runs_total{outcome="absent"}`` and timed in
+    ``percolator_observer_run_duration_seconds`` (docs/metrics.md). Fails if
+    ``ObserverRuns._process_indexed`` returns before recording an absent run, as it did."""
+    worker = Worker(cluster, [Copy], threads=1)
+    worker.register()
+    write(cluster, b"r1", b"1")
+    name = worker._by_column[("docs", "raw:v")][0].name
+
+    def runs() -> tuple[float, float, int]:
+        values, hists = metrics.snapshot()
+        counts, _ = hists.get(("percolator_observer_run_duration_seconds", (name,)), ([], 0))
+        return (values.get(("percolator_observer_runs_total", (name, "absent")), 0),
+                values.get(("percolator_observer_runs_total", (name, "committed")), 0),
+                sum(counts))
+
+    absent, committed, timed = runs()
+    assert worker._process_indexed("docs", b"r1", ["raw:v"])
+    assert runs() == (absent, committed + 1, timed + 1)
+    assert not worker._process_indexed("docs", b"r1", ["raw:v"])  # served: absent
+    assert runs() == (absent + 1, committed + 1, timed + 2)
+    assert Snapshot(cluster).get("docs", b"r1", "out:v") == b"1"
