@@ -41,7 +41,7 @@ from percolator._tls import add_zookeeper_tls_arguments, zookeeper_tls_from_argu
 def _status(cluster: Cluster) -> int:
     tables = cluster.tables()
     observed = sorted(cluster.observed_columns())
-    print(f"cluster {internals(cluster).store.url}")
+    print(f"cluster {cluster.url}")
     print(f"tables ({len(tables)}): {', '.join(tables) or '-'}")
     print("observed columns: " + (", ".join(f"{t}/{c}" for t, c in observed) or "-"))
     pending: Counter[tuple[str, str]] = Counter()

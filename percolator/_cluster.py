@@ -223,9 +223,7 @@ class Cluster:
         self._closed = False
         # With ZooKeeper coordination the registry of observed columns lives there,
         # watched (no polling); otherwise in the store's meta table, polled.
-        self._registry: Any = (
-            coordination if hasattr(coordination, "register_observed") else None
-        )
+        self._registry = coordination.observed_registry
         store.create_table(META_TABLE, META_FAMILIES)
         safe_point = SafePoint(store, coordination, refresh=safe_point_refresh)
         if uses_index(store):
@@ -309,8 +307,7 @@ class Cluster:
         """The registered (table, column) pairs: with ZooKeeper, the watched registry
         (no round trip); otherwise read from the store at most every half second."""
         if self._registry is not None:
-            observed: frozenset[tuple[str, str]] = self._registry.observed_columns()
-            return observed
+            return self._registry.observed_columns()
         now = time.monotonic()
         if now - self._observed_at > self._config_refresh:
             cells = self._internals.store.read_rows(META_TABLE, [_OBSERVED_ROW], [Read("m")])

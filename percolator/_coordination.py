@@ -20,10 +20,25 @@ from typing import Protocol
 from percolator._errors import CoordinationError
 from percolator._timestamps import boot_id
 
-__all__ = ["Coordination", "LocalCoordination"]
+__all__ = ["Coordination", "LocalCoordination", "ObservedRegistry"]
+
+
+class ObservedRegistry(Protocol):
+    """The observed ``(table, column)`` pairs kept by the coordination service itself
+    and watched, so that every client learns a registration at once (ZooKeeper). A
+    coordination without one leaves them to the cluster's meta table, polled."""
+
+    def register_observed(self, table: str, column: str) -> None: ...
+
+    def observed_columns(self, timeout: float = 5.0) -> frozenset[tuple[str, str]]: ...
 
 
 class Coordination(Protocol):
+    @property
+    def observed_registry(self) -> ObservedRegistry | None:
+        """The registry of observed columns this coordination keeps, or None."""
+        ...
+
     def current_owner(self) -> str:
         """This client's owner id, to put in the locks it takes. Called at the start of
         every commit, so it must be cheap (no round trip in the steady state); it may
@@ -108,6 +123,7 @@ class LocalCoordination:
     """
 
     BUCKETS = 1 << 20
+    observed_registry: ObservedRegistry | None = None
 
     def __init__(self, lock_file: str | None = None) -> None:
         self._host = socket.gethostname()

@@ -51,7 +51,7 @@ import time
 import uuid
 import zlib
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
 from percolator._errors import CoordinationError, InvalidArgument
@@ -62,6 +62,9 @@ from percolator._zk_client import (
     parse_zookeeper_address,
     start_client,
 )
+
+if TYPE_CHECKING:
+    from percolator._coordination import ObservedRegistry
 
 __all__ = ["ZooKeeperCoordination", "parse_zookeeper_address", "publish_config"]
 
@@ -579,6 +582,11 @@ class ZooKeeperCoordination:
         self._config_known.wait(timeout)
         with self._lock:
             return None if self._config is None else dict(self._config)
+
+    @property
+    def observed_registry(self) -> ObservedRegistry:
+        """This coordination: it keeps the registry of observed columns in ZooKeeper."""
+        return self
 
     def observed_columns(self, timeout: float = 5.0) -> frozenset[tuple[str, str]]:
         """The registry of observed ``(table, column)`` pairs, kept current by a watch."""

@@ -42,12 +42,25 @@ def _private(dotted: str) -> bool:
 
 def _imports(path: Path) -> list[tuple[int, str, list[str]]]:
     """``(line, module, names)`` of every absolute import in *path*."""
-    found: list[tuple[int, str, list[str]]] = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    return [(line, module, names) for line, module, names, _ in _typed_imports(path)]
+
+
+def _typed_imports(path: Path) -> list[tuple[int, str, list[str], bool]]:
+    """``(line, module, names, for_typing_only)`` of every absolute import in *path*;
+    the flag is true under ``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``)."""
+    found: list[tuple[int, str, list[str], bool]] = []
+
+    def visit(node: ast.AST, typing_only: bool) -> None:
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module, [a.name for a in node.names]))
+            found.append((node.lineno, node.module, [a.name for a in node.names], typing_only))
         elif isinstance(node, ast.Import):
-            found.extend((node.lineno, a.name, []) for a in node.names)
+            found.extend((node.lineno, a.name, [], typing_only) for a in node.names)
+        for child in ast.iter_child_nodes(node):
+            guarded = (isinstance(node, ast.If) and child in node.body
+                       and ast.unparse(node.test).endswith("TYPE_CHECKING"))
+            visit(child, typing_only or guarded)
+
+    visit(ast.parse(path.read_text(), str(path)), False)
     return found
 
 
@@ -114,3 +127,83 @@ def test_a_new_private_import_is_caught(tmp_path: Path) -> None:
 
 def test_percolator_names_every_public_name_it_loads_lazily() -> None:
     assert set(percolator._PUBLIC) == set(percolator.__all__)
+
+
+GRAPH_PACKAGES = (*PACKAGES, "pyspark_percolator")
+
+
+def import_graph(root: Path = ROOT) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """From the parsed imports under *root* (any checkout): the edges between the
+    packages, and between percolator's modules (a subpackage, ``stores``, is one node;
+    ``from percolator import X`` counts as an edge to the module ``__init__`` takes X
+    from). A target is suffixed ``*`` when only ``TYPE_CHECKING`` imports make the edge."""
+    init = root / "percolator" / "__init__.py"
+    defined_in = {name: module.split(".")[1]
+                  for _, module, names, _ in _typed_imports(init)
+                  if module.startswith("percolator.") for name in names}
+    runtime: dict[str, dict[str, set[str]]] = {"packages": {}, "percolator": {}}
+    typing: dict[str, dict[str, set[str]]] = {"packages": {}, "percolator": {}}
+    for package in GRAPH_PACKAGES:
+        paths = [root / f"{package}.py"] if package == "pyspark_percolator" else sorted(
+            p for p in (root / package).rglob("*.py") if "_proto" not in p.parts)
+        for path in paths:
+            if not path.exists():
+                continue
+            node = path.relative_to(root / "percolator").parts[0].removesuffix(".py") \
+                if package == "percolator" else None
+            for _, module, names, typing_only in _typed_imports(path):
+                parts = module.split(".")
+                edges = typing if typing_only else runtime
+                if parts[0] in GRAPH_PACKAGES and parts[0] != package:
+                    edges["packages"].setdefault(package, set()).add(parts[0])
+                if node is None or parts[0] != "percolator":
+                    continue
+                targets = {parts[1]} if len(parts) > 1 else {
+                    defined_in.get(name, name) for name in names}
+                edges["percolator"].setdefault(node, set()).update(targets - {node})
+    graphs = []
+    for kind in ("packages", "percolator"):
+        graph = {a: set(b) for a, b in runtime[kind].items()}
+        for a, targets in typing[kind].items():
+            graph.setdefault(a, set()).update(
+                f"{b}*" for b in targets if b not in runtime[kind].get(a, set()))
+        graphs.append(graph)
+    return graphs[0], graphs[1]
+
+
+def test_percolator_imports_no_other_package() -> None:
+    # connect() finds the oracle client by its scheme (percolator._timestamps.ORACLES),
+    # as it finds store backends, so the arrows point one way: into percolator.
+    packages, _ = import_graph()
+    assert "percolator" not in packages, packages["percolator"]
+    assert packages["oracle"] == {"percolator"}
+
+
+def test_the_graph_marks_edges_made_only_for_type_checking(tmp_path: Path) -> None:
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+    (tmp_path / "percolator" / "__init__.py").write_text(
+        "from percolator._errors import InvalidArgument\n")
+    (tmp_path / "percolator" / "_a.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from percolator import InvalidArgument\n"
+        "if TYPE_CHECKING:\n    from percolator._b import B\n    import oracle\n"
+        "def f():\n    from percolator._c import C\n")
+    packages, modules = import_graph(tmp_path)
+    assert packages == {"percolator": {"oracle*"}}
+    assert modules["_a"] == {"_errors", "_b*", "_c"}
+
+
+def _print_graph(root: Path) -> None:
+    packages, modules = import_graph(root)
+    for title, graph in (("packages", packages), ("inside percolator", modules)):
+        print(f"# {title} (* = TYPE_CHECKING only)")
+        for a in sorted(graph):
+            if graph[a]:
+                print(f"{a} -> {', '.join(sorted(graph[a]))}")
+
+
+if __name__ == "__main__":  # python -m tests.test_imports [checkout]
+    import sys
+
+    _print_graph(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT)

@@ -23,7 +23,6 @@ from observers import Worker
 from observers._recipes import load_pipeline, run_command
 from observers.millwheel._model import END_OF_TIME
 from observers.millwheel._pipeline import Pipeline
-from percolator._internals import internals
 
 
 def _mark(ms: int) -> str:
@@ -52,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                        threads=args.threads).run()
                 return 0
             if args.command == "status":
-                print(f"millwheel pipeline {pipeline.name} on {internals(cluster).store.url}")
+                print(f"millwheel pipeline {pipeline.name} on {cluster.url}")
                 for s in pipeline.status():
                     print(f"{s.name}:\n  input watermark: {_mark(s.input_watermark)}\n"
                           f"  low watermark:   {_mark(s.low_watermark)}\n"

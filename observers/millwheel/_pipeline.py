@@ -62,7 +62,6 @@ from observers.millwheel._model import (
     Timer,
 )
 from percolator import Cluster, InvalidArgument, Snapshot, TransactionBase, transactional
-from percolator._internals import internals
 
 __all__ = ["MAX_RECORDS_PER_RUN", "Pipeline", "Status"]
 
@@ -369,7 +368,7 @@ class Pipeline:
         return VerifyReport(problems)
 
     def __repr__(self) -> str:
-        return f"<millwheel.Pipeline {self.name} on {internals(self.cluster).store.url}>"
+        return f"<millwheel.Pipeline {self.name} on {self.cluster.url}>"
 
 
 def _check_name(what: str, name: object) -> None:

@@ -30,7 +30,6 @@ from observers._recipes import load_object, run_command
 from observers.photon._adapter import Adapter, JsonAdapter
 from observers.photon._pipeline import JoinPipeline, State, iter_jsonl
 from percolator import Snapshot
-from percolator._internals import internals
 from percolator._notifications import quarantined
 
 
@@ -71,7 +70,7 @@ def _status(p: JoinPipeline, args: argparse.Namespace) -> int:
     with Snapshot(p.cluster) as snap:
         boundary = p.boundary_ms(snap)
         waiting = [row for row, _ in snap.scan(p.deadlines, None, None, ["d:x"])]
-    print(f"photon pipeline {p.name} on {internals(p.cluster).store.url}")
+    print(f"photon pipeline {p.name} on {p.cluster.url}")
     print(f"events: {report.events}")
     for state in State:
         print(f"  {state.value}: {report.by_state.get(state.value, 0)}")

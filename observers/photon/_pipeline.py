@@ -65,7 +65,6 @@ from observers._recipes import check_pipeline, seconds
 from observers.photon._adapter import Adapter, BadEvent, JsonAdapter
 from observers.photon._events import LOGGED, EventStore
 from percolator import Cluster, InvalidArgument, Snapshot, TransactionBase, transactional
-from percolator._internals import internals
 from percolator._notifications import pending_notifications, quarantined
 from percolator._recipe_support import committed_puts
 
@@ -305,7 +304,7 @@ class JoinPipeline:
         *adapter* is given)."""
         meta = f"photon.{name}.meta"
         if meta not in cluster.tables():
-            raise InvalidArgument(f"no photon pipeline {name!r} in {internals(cluster).store.url}: "
+            raise InvalidArgument(f"no photon pipeline {name!r} in {cluster.url}: "
                                   "create() it first")
         raw = Snapshot(cluster).get(meta, b"config", "m:config")
         config = json.loads(raw or b"{}")
@@ -515,7 +514,7 @@ class JoinPipeline:
         return len(rows)
 
     def __repr__(self) -> str:
-        return f"<photon.JoinPipeline {self.name} on {internals(self.cluster).store.url}>"
+        return f"<photon.JoinPipeline {self.name} on {self.cluster.url}>"
 
 
 _STATE_TAG = {State.UNJOINABLE: b"U", State.SKIPPED: b"S"}

@@ -28,7 +28,6 @@ from observers import Worker
 from observers._recipes import load_pipeline, run_command
 from observers.ubiq._pipeline import LogPipeline
 from percolator import InvalidArgument, Snapshot
-from percolator._internals import internals
 
 
 def _track(p: LogPipeline, site: str) -> int:
@@ -50,7 +49,7 @@ def _status(p: LogPipeline) -> int:
             state = cells.get("u:state", b"?").decode()
             states[state] = states.get(state, 0) + 1
             leased += "u:lease" in cells
-    print(f"ubiq pipeline {p.name} on {internals(p.cluster).store.url}")
+    print(f"ubiq pipeline {p.name} on {p.cluster.url}")
     print(f"files: {len(files)}, bytes tracked: "
           f"{sum(int(c.get('f:size', b'0')) for _, c in files):,}, cut: "
           f"{sum(int(c.get('f:cut', b'0')) for _, c in files):,}")

@@ -505,7 +505,7 @@ class LogPipeline:
         _retry(self.cluster, self, unit_row(name, begin))
 
     def __repr__(self) -> str:
-        return f"<ubiq.LogPipeline {self.name} on {internals(self.cluster).store.url}>"
+        return f"<ubiq.LogPipeline {self.name} on {self.cluster.url}>"
 
 
 def _lease(raw: bytes) -> tuple[str, int]:

@@ -58,3 +58,21 @@ def test_two_processes_see_a_newly_observed_column_without_restarting(
                 txn.set("t", b"r1", "c:v", b"new")
             cells = internals(cluster).store.read_rows("t", [b"r1"], [percolator._store.Read("n")])
             assert cells[b"r1"].get("n:c:v")
+
+
+def test_observe_registers_in_zookeeper_only_with_zookeeper_coordination(
+    store_url: str, zk_chroot: str, tmp_path: object
+) -> None:
+    # The coordination declares its registry (Coordination.observed_registry); a
+    # cluster that missed it would keep the column in its meta table only.
+    publish_config(zk_chroot, store=store_url)
+    with percolator.connect("zk://" + zk_chroot) as cluster:
+        cluster.observe("t", "c:v")
+        registry = internals(cluster).coordination.observed_registry
+        assert registry is not None
+        assert registry.observed_columns() == {("t", "c:v")}
+    with percolator.connect(f"sqlite:///{tmp_path}/local.db") as local:
+        local.create_table("t")
+        local.observe("t", "c:v")
+        assert internals(local).coordination.observed_registry is None
+        assert local.observed_columns() == {("t", "c:v")}
