@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import os
+import pstats
 import statistics
 import sys
 import tempfile
@@ -26,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import percolator
-from percolator import ConflictError, metrics
+from percolator import metrics
 from percolator._encoding import (
     FREE_TAG,
     WriteKind,
@@ -53,10 +55,34 @@ def cpu_us(fn: Callable[[int], object], n: int, rounds: int) -> float:
     return statistics.median(samples)
 
 
+def profile(pieces: list[tuple[str, str, Callable[[int], object]]], prefix: str,
+            n: int) -> int:
+    chosen = [(name, fn) for name, _, fn in pieces if name.startswith(prefix)]
+    if len(chosen) != 1:
+        raise SystemExit(f"--profile {prefix!r} matches {len(chosen)} pieces: "
+                         + "; ".join(name for name, _, _ in pieces))
+    name, fn = chosen[0]
+    for i in range(min(n, 200)):
+        fn(i)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for i in range(n):
+        fn(i)
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    calls = sum(entry[1] for entry in stats.stats.values())  # type: ignore[attr-defined]
+    print(f"{name}: {calls / n:.1f} calls per operation (cProfile, n = {n})")
+    stats.sort_stats("tottime").print_stats(25)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--profile", metavar="PIECE", help="instead of timing, run the "
+                        "piece whose name starts with PIECE n times under cProfile and "
+                        "print its calls per operation and where its time goes")
     args = parser.parse_args(argv)
     n, rounds = args.n, args.rounds
     with tempfile.TemporaryDirectory(prefix="percolator-path-") as tmp, \
@@ -205,9 +231,9 @@ def main(argv: list[str] | None = None) -> int:
                         select, (row, 0, 2**62, start_ts, 2**62, "c:value", "c:value")
                     ).fetchone()
                     if write_ts is not None:
-                        raise ConflictError("written since start")
+                        raise RuntimeError("written since start")
                     if lock is not None and lock[:1] != FREE_TAG:
-                        raise ConflictError("locked")
+                        raise RuntimeError("locked")
                     found.append(lock is not None)
                 safe_point.check(start_ts)
                 commit_ts = draw(1)[0]
@@ -217,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                     db.execute(insert, (row, "c:value", commit_ts,
                                         encode_write(WriteKind.PUT, start_ts, cell)))
                     if not has_lock:
-                        raise ConflictError("the bench's cells all have lock cells")
+                        raise RuntimeError("the bench's cells all have lock cells")
             txn._closed = True
             if metrics._enabled:
                 next(committed)
@@ -291,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             ("one wrapper call (for scale: CountingStore's per store call)", "",
              wrapper_call),
         ]
+        if args.profile is not None:
+            return profile(pieces, args.profile, n)
         results = {name: cpu_us(fn, n if "total" not in name and "SQL" not in name
                                 else max(n // 10, 100), rounds)
                    for name, _, fn in pieces}
