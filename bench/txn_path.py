@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import os
+import pstats
 import statistics
 import sys
 import tempfile
@@ -27,7 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import percolator
 from percolator import metrics
-from percolator._encoding import check_column, check_row
+from percolator._encoding import (
+    FREE_TAG,
+    WriteKind,
+    check_column,
+    check_row,
+    encode_write,
+    inline_value,
+)
 from percolator._internals import internals
 from percolator._store import Mutation, Read
 from percolator._transaction import _read_began
@@ -46,10 +55,56 @@ def cpu_us(fn: Callable[[int], object], n: int, rounds: int) -> float:
     return statistics.median(samples)
 
 
+def alternated_ratios(base: Callable[[int], object],
+                      ops: dict[str, Callable[[int], object]], n: int,
+                      rounds: int) -> dict[str, float]:
+    """The median over *rounds* of ``base``'s CPU per operation over each op's, every
+    round timing *base* and then each op in turn, *n* operations each, so that the
+    shared machine's load falls on all of them alike."""
+    for fn in (base, *ops.values()):
+        for i in range(min(n, 200)):
+            fn(i)
+    samples: dict[str, list[float]] = {name: [] for name in ops}
+    for _ in range(rounds):
+        times = []
+        for fn in (base, *ops.values()):
+            began = time.process_time()
+            for i in range(n):
+                fn(i)
+            times.append(time.process_time() - began)
+        for name, spent in zip(ops, times[1:], strict=True):
+            samples[name].append(times[0] / spent)
+    return {name: statistics.median(ratios) for name, ratios in samples.items()}
+
+
+def profile(pieces: list[tuple[str, str, Callable[[int], object]]], prefix: str,
+            n: int) -> int:
+    chosen = [(name, fn) for name, _, fn in pieces if name.startswith(prefix)]
+    if len(chosen) != 1:
+        raise SystemExit(f"--profile {prefix!r} matches {len(chosen)} pieces: "
+                         + "; ".join(name for name, _, _ in pieces))
+    name, fn = chosen[0]
+    for i in range(min(n, 200)):
+        fn(i)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for i in range(n):
+        fn(i)
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    calls = sum(entry[1] for entry in stats.stats.values())  # type: ignore[attr-defined]
+    print(f"{name}: {calls / n:.1f} calls per operation (cProfile, n = {n})")
+    stats.sort_stats("tottime").print_stats(25)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--profile", metavar="PIECE", help="instead of timing, run the "
+                        "piece whose name starts with PIECE n times under cProfile and "
+                        "print its calls per operation and where its time goes")
     args = parser.parse_args(argv)
     n, rounds = args.n, args.rounds
     with tempfile.TemporaryDirectory(prefix="percolator-path-") as tmp, \
@@ -142,8 +197,111 @@ def main(argv: list[str] | None = None) -> int:
             check_row(rows[i % 1000])
             check_column("c:value")
 
+        # The CPython floor: the leanest straight-line Python doing exactly what an
+        # embedded one-phase transaction must do, on the real store, sidecar, safe point
+        # and metrics objects, with no Transaction or commit layers: what the path could
+        # cost if every call between the pieces were gone.
+        read_select, _ = store._plan_newest(  # type: ignore[attr-defined]
+            "bench", [Read("w", ("c:value",))])
+        draw_start = timestamps.get_timestamp
+        in_flight = timestamps.in_flight  # type: ignore[attr-defined]
+        atomically = store.atomically  # type: ignore[attr-defined]
+        require_table = internals(cluster).require_table
+        begun = metrics.counter("percolator_transactions_begun_total", "user")
+        committed = metrics.counter("percolator_transactions_committed_total", "user")
+        mutated = REQUESTS.mutate_rows
+        perf_counter = time.perf_counter
+
+        def floor_begin() -> Running:
+            txn = Running()
+            txn._closed = False
+            safe_point.begin(txn, draw_start)  # type: ignore[arg-type]
+            if metrics._enabled:
+                next(begun)
+            return txn
+
+        def floor_get(txn: Running, row: bytes) -> bytes | None:
+            # the lean read: census clean, so the write record at or below start_ts only
+            require_table("bench")
+            check_row(row)
+            check_column("c:value")
+            _read_began()
+            census.clean()  # type: ignore[union-attr]
+            if metrics._enabled:
+                next(counter)
+            _, record = db.execute(read_select, (row, 0, txn.start_ts, "c:value")).fetchone()
+            safe_point.check(txn.start_ts)
+            return inline_value(record) if record is not None else None
+
+        def floor_set(writes: dict[bytes, bytes], row: bytes, cell: bytes) -> None:
+            require_table("bench")
+            check_row(row)
+            check_column("c:value")
+            if type(cell) is not bytes or len(cell) > 4 << 20:
+                raise TypeError("value")
+            writes[row] = cell
+
+        def floor_commit(txn: Running, writes: dict[bytes, bytes]) -> None:
+            began = perf_counter()
+            start_ts = txn.start_ts
+            with in_flight(atomically) as draw:
+                found = []
+                for row in writes:
+                    if metrics._enabled:
+                        next(counter)
+                    _, lock, write_ts, _ = db.execute(
+                        select, (row, 0, 2**62, start_ts, 2**62, "c:value", "c:value")
+                    ).fetchone()
+                    if write_ts is not None:
+                        raise RuntimeError("written since start")
+                    if lock is not None and lock[:1] != FREE_TAG:
+                        raise RuntimeError("locked")
+                    found.append(lock is not None)
+                safe_point.check(start_ts)
+                commit_ts = draw(1)[0]
+                for (row, cell), has_lock in zip(writes.items(), found, strict=True):
+                    if metrics._enabled:
+                        next(mutated)
+                    db.execute(insert, (row, "c:value", commit_ts,
+                                        encode_write(WriteKind.PUT, start_ts, cell)))
+                    if not has_lock:
+                        raise RuntimeError("the bench's cells all have lock cells")
+            txn._closed = True
+            if metrics._enabled:
+                next(committed)
+                metrics.observe("percolator_commit_duration_seconds",
+                                perf_counter() - began, "user")
+
+        def floor_write(i: int) -> None:
+            txn = floor_begin()
+            writes: dict[bytes, bytes] = {}
+            floor_set(writes, rows[i % 1000], value)
+            floor_commit(txn, writes)
+
+        def floor_transfer(i: int) -> None:
+            a, b = rows[(2 * i) % 1000], rows[(2 * i + 1) % 1000]
+            txn = floor_begin()
+            va = floor_get(txn, a) or b""
+            vb = floor_get(txn, b) or b""
+            writes: dict[bytes, bytes] = {}
+            floor_set(writes, a, vb)
+            floor_set(writes, b, va)
+            floor_commit(txn, writes)
+
+        def txn_transfer(i: int) -> None:  # bench/overhead.py's transfer
+            a, b = rows[(2 * i) % 1000], rows[(2 * i + 1) % 1000]
+            with percolator.Transaction(cluster) as txn:
+                va = txn.get("bench", a, "c:value") or b""
+                vb = txn.get("bench", b, "c:value") or b""
+                txn.set("bench", a, "c:value", vb)
+                txn.set("bench", b, "c:value", va)
+
         pieces: list[tuple[str, str, Callable[[int], object]]] = [
             ("single-cell txn, total", "", txn_write),
+            ("CPython floor: single-cell txn, total", "every step the transaction must "
+             "take, straight-line", floor_write),
+            ("transfer txn (2 reads, 2 writes), total", "", txn_transfer),
+            ("CPython floor: transfer txn, total", "same", floor_transfer),
             ("SQL: BEGIN IMMEDIATE, conflict SELECT, INSERT record, COMMIT", "the write "
              "itself, its conflict check, atomic", sql_commit),
             ("start timestamp (sidecar: 1 flock pair)", "snapshot isolation across "
@@ -181,6 +339,14 @@ def main(argv: list[str] | None = None) -> int:
             ("one wrapper call (for scale: CountingStore's per store call)", "",
              wrapper_call),
         ]
+        if args.profile is not None:
+            return profile(pieces, args.profile, n)
+        # First: the pieces below write records of their own above every commit
+        by_name = {name: fn for name, _, fn in pieces}
+        ratios = alternated_ratios(raw_write, {name: by_name[name] for name in (
+            "single-cell txn, total", "CPython floor: single-cell txn, total",
+            "transfer txn (2 reads, 2 writes), total", "CPython floor: transfer txn, total")},
+            max(n // 10, 100), rounds)
         results = {name: cpu_us(fn, n if "total" not in name and "SQL" not in name
                                 else max(n // 10, 100), rounds)
                    for name, _, fn in pieces}
@@ -191,6 +357,15 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---:|")
     for name, why, _ in pieces:
         print(f"| {name} | {why} | {results[name]:.1f} |")
+    print("\n| Figure 8 ratio (raw write CPU / transaction CPU; alternated, median of "
+          "rounds) | real path | CPython floor | target |")
+    print("|---|---:|---:|---:|")
+    for label, real, floor, target in (
+            ("single-cell txn / raw write", "single-cell txn, total",
+             "CPython floor: single-cell txn, total", 0.45),
+            ("transfer txn / raw write", "transfer txn (2 reads, 2 writes), total",
+             "CPython floor: transfer txn, total", 0.30)):
+        print(f"| {label} | {ratios[real]:.2f} | {ratios[floor]:.2f} | {target:.2f} |")
     return 0
 
 
