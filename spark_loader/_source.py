@@ -551,6 +551,19 @@ def _write_partition(options: SourceOptions, txn: LoadTxn, mapping: ColumnMap,
                        tuple((r.reason, r.line, r.row) for r in rejects[:MAX_REJECTS_KEPT]))
 
 
+def _prepare_table(cluster: percolator.Cluster, options: SourceOptions) -> None:
+    """What both writers do on the driver before any task runs: create the table
+    (option createTable, default true) or require it, and turn on the observed
+    columns (option observe), so that tasks never race to create it."""
+    if options.get("createtable", bool, True):
+        cluster.create_table(options.table)
+    else:
+        internals(cluster).require_table(options.table)
+    for column in (c.strip() for c in (options.get("observe", str) or "").split(",")):
+        if column:
+            cluster.observe(options.table, column)
+
+
 class PercolatorWriter(DataSourceWriter):  # type: ignore[misc]
     """A batch write (mode append): the whole DataFrame is one Percolator transaction,
     a bulk load (:mod:`percolator._bulk`). :meth:`PercolatorDataSource.writer` begins
@@ -566,14 +579,8 @@ class PercolatorWriter(DataSourceWriter):  # type: ignore[misc]
         self.batch_cells: int = options.get("batchcells", int, 5000)
         self.txn: LoadTxn | None = None
         self.loaded: AlreadyLoaded | None = None
-        observe = [c.strip() for c in (options.get("observe", str) or "").split(",") if c.strip()]
         with options.cluster() as cluster:
-            if options.get("createtable", bool, True):
-                cluster.create_table(options.table)
-            else:
-                internals(cluster).require_table(options.table)
-            for column in observe:
-                cluster.observe(options.table, column)
+            _prepare_table(cluster, options)
             load = BulkLoad(cluster, options.table, self.load_id)
             begun = load.begin(self._info())
             if isinstance(begun, AlreadyLoaded):
@@ -718,6 +725,8 @@ class PercolatorStreamWriter(DataSourceStreamWriter):  # type: ignore[misc]
         self.mapping = ColumnMap.of(options.row_key, {f: f for f in fields})
         self.batch_cells: int = options.get("batchcells", int, 5000)
         _query_of(options)
+        with options.cluster() as cluster:
+            _prepare_table(cluster, options)
 
     def write(self, iterator: Iterator[Any]) -> StreamReport:
         run, batch = _batch_of_task()

@@ -333,6 +333,28 @@ def test_overwrite_is_refused_with_the_reason(spark: Any, tmp_path: Path) -> Non
 # --- streaming write, exactly once -------------------------------------------------------------
 
 
+def test_a_stream_writer_creates_its_table_unless_create_table_is_false(tmp_path: Path) -> None:
+    """writeStream honours createTable (default true) and observe as write does: the
+    driver creates the table before the first micro-batch, whose tasks would otherwise
+    fail on a missing table; with createTable false a missing table is refused up
+    front. (The data source object is what Spark's planning worker calls.)"""
+    from pyspark.sql import types as T
+
+    from spark_loader._source import PercolatorDataSource
+
+    url = f"sqlite://{tmp_path}/s.db"
+    schema = T.StructType([T.StructField("row", T.StringType()),
+                           T.StructField("v:n", T.LongType())])
+    options = {"url": url, "checkpointLocation": str(tmp_path / "cp")}
+    PercolatorDataSource({**options, "table": "made", "observe": "v:n"}).streamWriter(
+        schema, False)
+    with percolator.connect(url) as cluster:
+        internals(cluster).require_table("made")
+    with pytest.raises(percolator.UnknownTableError, match="missing"):
+        PercolatorDataSource({**options, "table": "missing", "createTable": "false"}
+                             ).streamWriter(schema, False)
+
+
 def _stream(url: str, source: Path, checkpoint: Path, **env: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.spark_loader._stream_driver", url, "t", str(source),
