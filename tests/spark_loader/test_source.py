@@ -104,6 +104,31 @@ def test_typed_schema_reads_values_as_the_loader_writes_them(session: Any, tmp_p
         bad.collect()
 
 
+def test_a_partition_longer_than_an_arrow_batch_reads_every_row(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The reader hands Spark Arrow record batches of ARROW_BATCH_ROWS rows: one
+    partition of two and a half batches reads every row once, in key order, typed; a
+    timestamp field (read row by row: Arrow would take a naive time as UTC) too."""
+    from spark_loader._source import ARROW_BATCH_ROWS
+
+    url = f"sqlite://{tmp_path}/long.db"
+    n = ARROW_BATCH_ROWS * 5 // 2
+    with percolator.connect(url) as cluster:
+        cluster.create_table("t")
+        with percolator.Transaction(cluster) as txn:
+            for i in range(n):
+                txn.set("t", b"r%06d" % i, "c:n", b"%d" % i)
+        with percolator.Transaction(cluster) as txn:
+            txn.set("t", b"r000001", "c:t", b"2026-11-26T10:00:00")
+    got = _read(spark, url, "t", schema="row string, `c:n` long",
+                numPartitions=1).collect()
+    assert [tuple(r) for r in got] == [(f"r{i:06d}", i) for i in range(n)]
+    timed = _read(spark, url, "t", schema="row string, `c:t` timestamp",
+                  numPartitions=1).collect()
+    assert [(r[0], str(r[1])) for r in timed] == [("r000001", "2026-11-26 10:00:00")]
+
+
 # --- one snapshot, under concurrent writers -------------------------------------------------
 
 
@@ -331,6 +356,28 @@ def test_overwrite_is_refused_with_the_reason(spark: Any, tmp_path: Path) -> Non
 
 
 # --- streaming write, exactly once -------------------------------------------------------------
+
+
+def test_a_stream_writer_creates_its_table_unless_create_table_is_false(tmp_path: Path) -> None:
+    """writeStream honours createTable (default true) and observe as write does: the
+    driver creates the table before the first micro-batch, whose tasks would otherwise
+    fail on a missing table; with createTable false a missing table is refused up
+    front. (The data source object is what Spark's planning worker calls.)"""
+    from pyspark.sql import types as T
+
+    from spark_loader._source import PercolatorDataSource
+
+    url = f"sqlite://{tmp_path}/s.db"
+    schema = T.StructType([T.StructField("row", T.StringType()),
+                           T.StructField("v:n", T.LongType())])
+    options = {"url": url, "checkpointLocation": str(tmp_path / "cp")}
+    PercolatorDataSource({**options, "table": "made", "observe": "v:n"}).streamWriter(
+        schema, False)
+    with percolator.connect(url) as cluster:
+        internals(cluster).require_table("made")
+    with pytest.raises(percolator.UnknownTableError, match="missing"):
+        PercolatorDataSource({**options, "table": "missing", "createTable": "false"}
+                             ).streamWriter(schema, False)
 
 
 def _stream(url: str, source: Path, checkpoint: Path, **env: str) -> subprocess.Popen[bytes]:
