@@ -99,20 +99,21 @@ def _commit_transaction(txn: TransactionBase, crash: CrashPoint | None) -> int:
         return commit_ts
     # Before anything (an overtaken transaction is told so, not sent into conflicts
     # with what GC left), and again where it counts, after the prewrite.
-    internals(cluster).safe_point.check(txn.start_ts)
+    parts = txn._parts  # internals(cluster), looked up once at the transaction's start
+    parts.safe_point.check(txn.start_ts)
     steps = one_phase_steps(cluster) if crash is None else None
     if steps is not None:
         try:
             one_phase = _commit_one_phase(txn, steps)
         except ConflictError:
-            internals(cluster).stats["conflicts"] += 1
+            parts.stats["conflicts"] += 1
             raise
         if one_phase is not None:
             commit_ts, notifies = one_phase
             txn.commit_ts = commit_ts
-            internals(cluster).stats["commits"] += 1
+            parts.stats["commits"] += 1
             if notifies:
-                internals(cluster).wake_observers()
+                parts.wake_observers()
             return commit_ts
     return _finish_two_phase(_Committer(txn, crash))
 

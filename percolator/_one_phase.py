@@ -67,8 +67,8 @@ def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int,
 
     :raises ConflictError: a cell was written since the transaction's start.
     """
-    cluster, start_ts = txn.cluster, txn.start_ts
-    store = internals(cluster).store
+    cluster, start_ts, parts = txn.cluster, txn.start_ts, txn._parts
+    store = parts.store
     observed = cluster.observed_columns()
     rows: dict[tuple[str, bytes], list[tuple[str, bytes | None]]] = {}
     for (table, row, column), value in txn._writes.items():
@@ -85,7 +85,7 @@ def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int,
         ]
         # Inside the atomic step, after its reads: no GC deletion can fall between
         # this check and the writes (see percolator._safe_point).
-        internals(cluster).safe_point.check(start_ts)
+        parts.safe_point.check(start_ts)
         for ((table, row), cells), row_cells in zip(rows.items(), found, strict=True):
             for column, _ in cells:
                 writes = row_cells.get(_WRITE_PREFIX + column)
