@@ -139,8 +139,9 @@ def one_phase_steps(cluster: Cluster) -> _OnePhaseSteps | None:
     """Where *cluster* commits in one phase (the embedded store): the store's atomic
     step (``atomically``) and the timestamp source's publication of commit timestamps
     in flight (``in_flight``, which enters the atomic step); None elsewhere."""
-    atomic = offered(internals(cluster).store, ATOMICALLY)
-    in_flight = getattr(internals(cluster).timestamps, "in_flight", None)
+    parts = internals(cluster)
+    atomic = offered(parts.store, ATOMICALLY)
+    in_flight = getattr(parts.timestamps, "in_flight", None)
     if atomic is None or in_flight is None or not cluster.one_phase_commit:
         return None
     return atomic.atomically, in_flight
