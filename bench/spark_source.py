@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--files", type=int, default=8, help="files streamed")
     p.add_argument("--file-rows", type=int, default=2_000, help="rows per streamed file")
     p.add_argument("--example-files", type=int, default=5)
-    p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
     for name in ("rows", "partitions", "files", "file_rows", "example_files", "repeat"):
