@@ -111,7 +111,7 @@ _FINISHED = f"{DATA}:load:finished"
 
 _RELEASE_BATCH = 5000
 """Locks released per store call when a committed load is rolled forward, as
-:func:`finish_rows`' default *batch_cells*."""
+the default *batch_cells* of :func:`finish_rows`."""
 
 
 def check_and_set_many(store: Store, table: str, items: Sequence[CasItem]) -> list[bool]:
@@ -399,37 +399,52 @@ def finish_rows(
     rows: Iterable[tuple[bytes, Mapping[str, bytes]]],
     commit_ts: int | None,
     *,
-    batch_cells: int = 5000,
+    batch_cells: int = _RELEASE_BATCH,
 ) -> int:
     """Release the load's locks on *rows* (``(row, {column: value})`` from
     :func:`prewrite_rows`): rolled forward with write records (carrying values up to
     ``INLINE_MAX_BYTES``, as their locks do) and notify cells of observed columns at
     *commit_ts*, or rolled back when *commit_ts* is None. Cells already cleaned by a
     reader are skipped. Returns how many cells this call released."""
-    store = internals(cluster).store
     free = encode_lock(Free(txn.start_ts, commit_ts is not None))
-    released = 0
-    items: list[CasItem] = []
-    append = items.append
 
-    def flush() -> int:
-        won = check_and_set_many(store, txn.table, items)
-        n = sum(won)
-        if n < len(items):
-            for item, ok in zip(items, won, strict=True):
-                if not ok:
-                    log.debug("lock of load %s on %r/%s already cleaned", txn.load_id,
-                              item[0], item[1])
-        items.clear()
-        return n
-
-    for row, cells in rows:
+    def row_items(row: bytes, cells: Mapping[str, bytes]) -> list[CasItem]:
+        items: list[CasItem] = []
         for column, value in cells.items():
             inline = inlined(value)
             puts = () if commit_ts is None else write_cells(
                 column, txn.start_ts, commit_ts, False, column in txn.observed, inline
             )
-            append((row, f"{LOCK}:{column}", with_value(txn.held(column), inline), free, puts))
+            items.append((row, f"{LOCK}:{column}", with_value(txn.held(column), inline),
+                          free, puts))
+        return items
+
+    return _release(internals(cluster).store, txn.table, txn.load_id,
+                    (row_items(row, cells) for row, cells in rows), batch_cells)
+
+
+def _release(
+    store: Store, table: str, load_id: str, rows: Iterable[list[CasItem]], batch_cells: int
+) -> int:
+    """Apply the lock releases of *rows* (each row's items together), ``batch_cells``
+    or a little more per :func:`check_and_set_many`; returns how many won. A lost
+    one was cleaned by a reader already."""
+    released = 0
+    items: list[CasItem] = []
+
+    def flush() -> int:
+        won = check_and_set_many(store, table, items)
+        n = sum(won)
+        if n < len(items):
+            for item, ok in zip(items, won, strict=True):
+                if not ok:
+                    log.debug("lock of load %s on %r/%s already cleaned", load_id,
+                              item[0], item[1])
+        items.clear()
+        return n
+
+    for row_items in rows:
+        items.extend(row_items)
         if len(items) >= batch_cells:
             released += flush()
     if items:
@@ -759,21 +774,22 @@ class BulkLoad:
         were released."""
         store = internals(self.cluster).store
         free = encode_lock(Free(loaded.start_ts, True))
-        left: list[CasItem] = []
+        left: list[list[CasItem]] = []
         held = [Read(LOCK, skip_tag=FREE_TAG)]
         for row, cells in store.scan(self.table, None, None, held):
+            items: list[CasItem] = []
             for name, versions in cells.items():
                 raw = versions[0][1]
                 state = decode_lock(raw)
                 if isinstance(state, Lock) and state.start_ts == loaded.start_ts:
-                    # As release() does for one lock, released in batches: the data
-                    # source's commit rolls a whole load forward here (one store call
-                    # per lock made it 21 of a 100,000-row write's 30 s).
+                    # As release() does for one lock, in batches as finish_rows does: the
+                    # data source's commit rolls a whole load forward here (one store
+                    # call per lock made it 21 of a 100,000-row write's 30 s).
                     puts = write_cells(name[len(LOCK) + 1 :], loaded.start_ts,
                                        loaded.commit_ts, False, state.notify, state.value)
-                    left.append((row, name, raw, free, puts))
-        done = 0
-        for at in range(0, len(left), _RELEASE_BATCH):
-            done += sum(check_and_set_many(store, self.table, left[at : at + _RELEASE_BATCH]))
+                    items.append((row, name, raw, free, puts))
+            if items:
+                left.append(items)
+        done = _release(store, self.table, self.load_id, left, _RELEASE_BATCH)
         self.mark_finished(loaded.commit_ts)
         return done
