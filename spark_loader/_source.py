@@ -26,7 +26,7 @@ import os
 import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark.sql import datasource as D
@@ -567,9 +567,8 @@ def _write_partition(options: SourceOptions, txn: LoadTxn, mapping: ColumnMap,
             # the bulk loader's): made for rejects alone, it was half a row's parsing.
             got = to_cells(record, mapping, "")
             if isinstance(got, Reject):
-                got = to_cells(record, mapping, json.dumps(record, default=str, sort_keys=True))
-                assert isinstance(got, Reject)  # the verdict depends on the record alone
-                rejects.append(got)
+                rejects.append(replace(got, line=json.dumps(record, default=str,
+                                                            sort_keys=True)))
                 continue
             row, (cells, _) = got
             counts["rows"] += 1
