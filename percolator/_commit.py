@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from percolator._commit_shared import (
@@ -44,7 +44,12 @@ from percolator._commit_shared import (
     _record,
     _write_notifications,
 )
-from percolator._errors import ConflictError, InvalidArgument, PercolatorError
+from percolator._errors import (
+    ConflictError,
+    InvalidArgument,
+    PercolatorError,
+    SnapshotTooOldError,
+)
 from percolator._internals import internals
 from percolator._one_phase import (
     _commit_one_phase,
@@ -72,12 +77,24 @@ __all__ = [
 log = logging.getLogger("percolator._commit")
 
 
-def commit_transaction(txn: TransactionBase, crash: CrashPoint | None = None) -> int:
+def commit_transaction(
+    txn: TransactionBase, crash: CrashPoint | None = None,
+    again: Callable[[], None] | None = None,
+) -> int:
     """Commit *txn* (see the module docstring); *crash* is for test harnesses only
-    (a commit with a crash point always takes the two-phase path)."""
+    (a commit with a crash point always takes the two-phase path). *again*, where
+    given, is called when the commit conflicts or its start timestamp is below the
+    safe point (nothing of it committed), to make *txn* ready for one more attempt,
+    which is the one the metrics count."""
     began = time.perf_counter()
     try:
-        commit_ts = _commit_transaction(txn, crash)
+        try:
+            commit_ts = _commit_transaction(txn, crash)
+        except (ConflictError, SnapshotTooOldError):
+            if again is None:
+                raise
+            again()
+            commit_ts = _commit_transaction(txn, crash)
     except BaseException as e:
         _record(txn._kind, began, e)
         raise

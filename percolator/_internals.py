@@ -26,7 +26,7 @@ from percolator._lock_census import LockCensus
 from percolator._retry import RetryPolicy
 from percolator._safe_point import SafePoint
 from percolator._store import EMBEDDED_FILE, Store, offered
-from percolator._timestamps import TimestampSource
+from percolator._timestamps import SpareStarts, TimestampSource
 
 if TYPE_CHECKING:
     from percolator._cluster import Cluster
@@ -41,7 +41,8 @@ class Internals:
     """The parts of one :class:`~percolator.Cluster` below its public face."""
 
     __slots__ = ("cluster", "coordination", "lock_census", "lock_wait_policy",
-                 "read_predictions", "safe_point", "stats", "store", "timestamps", "wakeups")
+                 "read_predictions", "safe_point", "spare_starts", "stats", "store",
+                 "timestamps", "wakeups")
 
     def __init__(
         self,
@@ -73,6 +74,9 @@ class Internals:
         """(table, a row's first column read) -> the columns transactions went on to
         read in that row: a later first read of the column fetches them with it in one
         store call (Percolator §2.5). Learned by this client, never persisted."""
+        self.spare_starts = SpareStarts()
+        """Per thread, the start timestamp the thread's last two-phase commit drew for
+        its next transaction, used if that one reads nothing (docs/timestamps.md)."""
         self.wakeups: list[Callable[[], None]] = []
         """Called after each commit that makes a notification (workers of this process
         register here, so that a local change wakes their idle scanners at once)."""
@@ -85,6 +89,7 @@ class Internals:
             setattr(parts, name, getattr(self, name))
         parts.cluster, parts.coordination = cluster, coordination
         parts.stats = dict.fromkeys(self.stats, 0)
+        parts.spare_starts = SpareStarts()
         return parts
 
     def require_table(self, name: str) -> str:

@@ -53,6 +53,7 @@ from percolator._cluster import Cluster
 from percolator._encoding import NOTIFY, WRITE, WriteKind, decode_write
 from percolator._internals import internals
 from percolator._store import Cell, Read, RowCells
+from percolator._timestamps import NextStart
 from percolator._transaction import Snapshot, TransactionBase
 
 __all__ = ["NextStart", "ObserverRun", "Settlement", "internal_columns"]
@@ -76,14 +77,6 @@ class Settlement:
     def notify_column(self) -> str:
         """The notify cell's column in the store."""
         return f"{NOTIFY}:{self.column}"
-
-
-@dataclass(slots=True)
-class NextStart:
-    """A start timestamp a two-phase commit drew with its commit timestamp, for the
-    worker's next run (0: none)."""
-
-    ts: int = 0
 
 
 def internal_columns(txn: Snapshot, on: bool) -> None:

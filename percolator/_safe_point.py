@@ -325,12 +325,15 @@ class SafePoint:
             self._reset()  # a forked child: no publisher thread, maybe a held lock
         with self._lock:
             self._drawing += 1
+        drawn = False
         try:
             txn.start_ts = draw()
+            drawn = True
         finally:
             with self._lock:
                 self._drawing -= 1
-                self._running.add(txn)
+                if drawn:  # one whose draw failed has no start_ts to hold the point at
+                    self._running.add(txn)
                 if self._waiting and not self._drawing:
                     self._drawn.notify_all()
                 if self._publisher is None and not self._closed:

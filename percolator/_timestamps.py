@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -39,7 +40,10 @@ from percolator._encoding import META_FAMILIES, META_TABLE
 from percolator._errors import InvalidArgument, StoreUnavailable
 from percolator._store import INCREMENT, Read, Store, offered
 
-__all__ = ["ORACLES", "HostTimestamps", "StoreTimestamps", "TimestampSource", "open_oracle"]
+__all__ = [
+    "ORACLES", "SPARE_MAX_AGE", "HostTimestamps", "NextStart", "SpareStarts", "StoreTimestamps",
+    "TimestampSource", "open_oracle",
+]
 
 _ROW = b"timestamps"
 _CEILING = "m:ceiling"
@@ -54,6 +58,48 @@ class TimestampSource(Protocol):
     def get_timestamps(self, n: int) -> range: ...
 
     def close(self) -> None: ...
+
+
+SPARE_MAX_AGE = 1.0
+"""Seconds a spare start timestamp (:class:`SpareStarts`) stays usable: the older it
+is, the more commits since it a transaction starting at it conflicts with."""
+
+
+@dataclass(slots=True)
+class NextStart:
+    """A start timestamp a two-phase commit drew with its commit timestamp (one above
+    it, in the same request) for the next transaction of its thread (0: none); see
+    docs/timestamps.md, "A start timestamp drawn with the previous commit"."""
+
+    ts: int = 0
+    drawn: float = 0.0
+    """``time.monotonic()`` when it was drawn."""
+    generation: int = 0
+    """``_forks.generation`` when it was drawn: a forked child must not use it too."""
+
+    def fill(self, ts: int) -> None:
+        # ts last: a transaction handed to another thread may commit there while its
+        # own thread takes, which reads ts first.
+        self.drawn, self.generation = time.monotonic(), _forks.generation
+        self.ts = ts
+
+    def take(self, below: int) -> int:
+        """The held timestamp, once (0: none, or one that is stale, from before a fork,
+        or under *below*, the cached safe point)."""
+        ts, self.ts = self.ts, 0
+        if (not ts or ts < below or self.generation != _forks.generation
+                or time.monotonic() - self.drawn > SPARE_MAX_AGE):
+            return 0
+        return ts
+
+
+class SpareStarts(threading.local):
+    """Per thread, the :class:`NextStart` of a cluster's user transactions: each
+    two-phase commit leaves one, and the thread's next transaction starts at it if it
+    reads nothing (``Transaction``, percolator/_transaction.py)."""
+
+    def __init__(self) -> None:
+        self.next = NextStart()
 
 
 ORACLES: dict[str, str] = {

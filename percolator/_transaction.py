@@ -40,7 +40,8 @@ from percolator.metrics import inc as _inc
 from percolator.metrics import observe as _observe
 
 if TYPE_CHECKING:
-    from percolator._observer_hooks import NextStart, Settlement
+    from percolator._observer_hooks import Settlement
+    from percolator._timestamps import NextStart
 
 __all__ = ["Snapshot", "Transaction", "TransactionBase"]
 
@@ -114,6 +115,9 @@ class Snapshot:
     """
 
     _internal_columns = False
+    _may_start_at_spare = False
+    """Whether a transaction of this class that reads nothing may start at a timestamp
+    drawn with its thread's previous commit (:class:`Transaction`)."""
     _stop_waiting: threading.Event | None = None
     """Set by whoever runs the transaction (a worker) to cut lock waits short when it
     stops: the read then raises :class:`LockedError` at once."""
@@ -131,7 +135,10 @@ class Snapshot:
         self._safe_point = self._parts.safe_point
         self.start_ts: int
         if start_ts is None:
-            self._safe_point.begin(self, self._parts.timestamps.get_timestamp)
+            if self._parts.lock_census is None and self._may_start_at_spare:
+                self._start_at_spare_or_now()
+            else:
+                self._safe_point.begin(self, self._parts.timestamps.get_timestamp)
         else:
             self._safe_point.check(start_ts)
             self.start_ts = start_ts
@@ -156,10 +163,17 @@ class Snapshot:
         if _monotonic() - sp._fetched > sp.refresh or self.start_ts < sp._value:
             sp.check(self.start_ts)
 
+    def _start_at_spare_or_now(self) -> None:
+        self._safe_point.begin(self, self._parts.timestamps.get_timestamp)
+
+    def _label(self) -> str:
+        # Not self.start_ts: a transaction that has not drawn it yet would draw it.
+        return str(self.__dict__.get("start_ts", "(not started)"))
+
     def _check_open(self) -> None:
         if self._closed:
             raise TransactionClosedError(
-                f"transaction {self.start_ts} is already closed (committed, rolled back "
+                f"transaction {self._label()} is already closed (committed, rolled back "
                 "or closed); "
                 "start a new one"
             )
@@ -561,7 +575,7 @@ class Snapshot:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
-        return f"<percolator.{type(self).__name__} start_ts={self.start_ts} {state}>"
+        return f"<percolator.{type(self).__name__} start_ts={self._label()} {state}>"
 
 
 class TransactionBase(Snapshot):
@@ -666,10 +680,18 @@ def _merge_rows(
 class Transaction(TransactionBase):
     """A snapshot-isolation transaction over any number of rows and tables.
 
-    Takes its start timestamp when created. Reads see the snapshot at that timestamp
-    and the transaction's own writes; writes are buffered and reach the store at
-    :meth:`commit`, all or nothing. As a context manager it commits on a clean exit
-    and rolls back on an exception::
+    Reads see the snapshot at :attr:`start_ts` and the transaction's own writes;
+    writes are buffered and reach the store at :meth:`commit`, all or nothing. The
+    snapshot holds every transaction that committed before this one was created, and
+    is taken no later than its first read: when it is created, or, on the cluster
+    stores (Bigtable, HBase) after a commit of the same thread in the last second, at
+    its first read or when :attr:`start_ts` is first asked for (as FoundationDB takes
+    its read version and PostgreSQL its snapshot), so it may also hold commits made
+    in between. Such a transaction holds a timestamp that commit drew with its own: if
+    it reads nothing it commits at that one, a round trip fewer, and where that meets
+    a commit made since, again at a fresh one (docs/timestamps.md, "A transaction that
+    only writes"). Ask for :attr:`start_ts` to take the snapshot at once. As a context
+    manager it commits on a clean exit and rolls back on an exception::
 
         with percolator.Transaction(cluster) as txn:
             txn.set("accounts", b"alice", "bal:amount", b"90")
@@ -681,6 +703,33 @@ class Transaction(TransactionBase):
     :class:`TransactionClosedError`.
     """
 
+    _may_start_at_spare = True
+    _spare = 0
+    """A start timestamp drawn with this thread's previous commit (the cluster stores),
+    held instead of drawing one: the transaction commits at it if it reads nothing,
+    and draws its own at its first read (0: none; :attr:`start_ts` is set)."""
+
+    def _start_at_spare_or_now(self) -> None:
+        spares = self._parts.spare_starts.next
+        self._next_start = spares  # this commit leaves the thread's next one a spare
+        self._spare = spares.take(self._safe_point._value)
+        if not self._spare:
+            self._safe_point.begin(self, self._parts.timestamps.get_timestamp)
+
+    if not TYPE_CHECKING:  # for mypy, start_ts is a plain attribute
+
+        def __getattr__(self, name: str) -> int:
+            # Only while a spare is held (start_ts unset): the first read, or the
+            # application asking, takes the snapshot now, above every commit that
+            # returned before this transaction was created; a read at the spare
+            # could miss one made since the spare was drawn.
+            if name != "start_ts" or not self._spare:
+                raise AttributeError(
+                    f"{type(self).__name__!r} object has no attribute {name!r}")
+            start_ts = self._safe_point.begin(self, self._parts.timestamps.get_timestamp)
+            self._spare = 0  # after the draw: one that failed is tried again
+            return start_ts
+
     def commit(self) -> int:
         """Commit the buffered writes (Percolator's two-phase commit); returns the
         commit timestamp (the start timestamp for a transaction with no writes).
@@ -691,7 +740,21 @@ class Transaction(TransactionBase):
         """
         if self._closed:
             self._check_open()
-        return commit_transaction(self)
+        if not self._spare:
+            return commit_transaction(self)
+        # It read nothing: it commits as a transaction begun when the spare was drawn,
+        # that waited until now, would (docs/timestamps.md).
+        self.start_ts, self._spare = self._spare, 0
+        self._safe_point.register(self)
+        return commit_transaction(self, again=self._start_over)
+
+    def _start_over(self) -> None:
+        # A commit made since the spare was drawn (maybe before this transaction was
+        # made, by another client), or the safe point overtaking the spare: nothing of
+        # it committed, and having read nothing it starts over at a fresh draw, as if
+        # begun now (docs/timestamps.md).
+        self._closed = False
+        self._safe_point.begin(self, self._parts.timestamps.get_timestamp)
 
     def rollback(self) -> None:
         """Discard the buffered writes. Idempotent; a no-op after commit."""

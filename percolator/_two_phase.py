@@ -422,7 +422,7 @@ def _commit_timestamp(txn: TransactionBase) -> int:
     if spare is None:
         return timestamps.get_timestamp()
     drawn = timestamps.get_timestamps(2)
-    spare.ts = drawn[1]
+    spare.fill(drawn[1])
     return drawn[0]
 
 

@@ -346,6 +346,7 @@ def test_a_writer_overtaken_by_the_safe_point_never_commits(
     c.one_phase_commit = one_phase
     put(c, b"r", b"1")
     writer = percolator.Transaction(c)
+    assert writer.start_ts  # taken now (one that reads nothing could start over later)
     writer.set(T, b"r", "c:x", b"stale write")
     put(c, b"r", None)  # commits after the writer's start: a write-write conflict
     c.gc(retention=0, max_txn_age=1e-9)
@@ -604,6 +605,7 @@ def test_a_writer_parked_before_its_prewrite_while_a_pass_removes_its_conflict(
         c.create_table(T)
         put(c, b"r", b"1")
         writer = percolator.Transaction(c)
+        assert writer.start_ts  # taken now (one that reads nothing could start over later)
         writer.set(T, b"r", "c:x", b"lost update")
         put(c, b"r", None)  # a conflict: committed after the writer's start
         parts = internals(c)
@@ -691,7 +693,8 @@ def test_a_pass_leaves_the_cells_of_a_held_lock_alone(gc_cluster: percolator.Clu
     c = gc_cluster
     put(c, b"s", b"old")
     put(c, b"s", None)
-    older = percolator.Transaction(c)  # holds the safe point below the dead commit
+    older = percolator.Transaction(c)
+    assert older.start_ts  # its snapshot, taken now: holds the safe point below the dead commit
     dead = percolator.Transaction(client_of(c))
     dead.set(T, b"p", "c:x", b"primary")
     dead.set(T, b"s", "c:x", b"secondary")

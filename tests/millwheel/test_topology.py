@@ -42,6 +42,7 @@ def test_a_production_lands_on_one_side_of_the_subscription(cluster: Cluster) ->
     old.create()
     assert old.inject("values") == 10
     with Transaction(cluster) as txn:  # its snapshot precedes the change, its commit not
+        assert txn.start_ts  # the snapshot, taken now (else at the first read)
         new.create()
         assert _pipeline._inject(txn, old, old.injectors["values"], 10) == 10
     with Snapshot(cluster) as snap:

@@ -53,6 +53,7 @@ def test_snapshot_does_not_see_later_commits(accounts: Cluster) -> None:
     with Transaction(accounts) as txn:
         txn.set("accounts", b"a", "bal:amount", b"1")
     old = Transaction(accounts)
+    assert old.start_ts  # the snapshot, taken now at the latest (at its first read else)
     with Transaction(accounts) as txn:
         txn.set("accounts", b"a", "bal:amount", b"2")
         txn.set("accounts", b"c", "bal:amount", b"9")

@@ -121,7 +121,7 @@ def test_a_read_past_a_rollback_record_stays_in_its_snapshot(bank: Cluster) -> N
     t0 = Transaction(committer(bank))
     t0.set(T, BOB, COL, b"dead")
     assert not crash_commit(t0, CrashPoint("prewrite", 0))
-    reader = Transaction(bank)
+    reader = Snapshot(bank)
     with Transaction(bank) as t1:
         t1.set(T, BOB, COL, b"5")
     assert reader.get(T, BOB, COL) == b"0"
