@@ -17,6 +17,7 @@ import pytest
 
 from percolator import Cluster, ConflictError, OracleUnavailable, Transaction, metrics
 from percolator._internals import internals
+from percolator._safe_point import SafePoint
 from percolator._timestamps import NextStart
 from percolator.testing import Interleaving, client_of
 
@@ -152,10 +153,11 @@ def test_a_spare_overtaken_by_the_safe_point_commits_at_a_fresh_start(
     Fails (SnapshotTooOldError) when the commit does not start over."""
     spare = internals(table).spare_starts.next.ts
     assert spare
-    other = client_of(table)
-    above = internals(other).timestamps.get_timestamp()
-    internals(other).safe_point.advance(above)
-    internals(table).safe_point._fetched = float("-inf")  # the next check reads it
+    parts = internals(table)
+    above = parts.timestamps.get_timestamp()
+    SafePoint(parts.store, parts.coordination).advance(above)  # another client's pass
+    assert parts.safe_point._value < spare  # this client's cache does not know it yet
+    parts.safe_point._fetched = float("-inf")  # the commit's check reads it
     with Transaction(table) as txn:
         txn.set(T, X, COL, b"late")
     assert txn.start_ts > above
