@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 
 from observers._groups import GROUP_MAX, GroupCommits
-from observers._runs import Group
+from observers._runs import Group, Indexed
 from percolator import PercolatorError
 from percolator._encoding import NOTIFY
 from percolator._internals import internals
@@ -300,13 +300,15 @@ class ScanPasses(GroupCommits):
                         return True
                     continue
                 try:
-                    done = not self._backing_off_columns(table, row, mine) and (
-                        self._process_indexed(table, row, mine))
-                    worked = worked or done
-                    if done:
+                    done = (Indexed.UNSETTLED if self._backing_off_columns(table, row, mine)
+                            else self._process_indexed(table, row, mine))
+                    worked = worked or bool(done)
+                    if done is Indexed.WORKED or done is Indexed.SERVED:
+                        # An absent run's entry too: deleted with the batch, re-checked
+                        # after the deletion as every entry is (settle_rows).
                         processed.append((table, row, mine))
                         served.add(table, row, mine)
-                    else:
+                    elif done is Indexed.UNSETTLED:
                         settle(internals(self.cluster), table, row, mine)
                 finally:
                     internals(self.cluster).coordination.release_advisory_lock(key)
