@@ -8,6 +8,7 @@ end in quarantine. The transaction's side of the contract is
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import random
 import threading
@@ -46,7 +47,9 @@ from percolator._store import Mutation, Read, RowCells
 from percolator.metrics import inc as _inc
 from percolator.metrics import observe as _observe
 
-__all__ = ["CommitHook", "Failures", "Group", "Notice", "ObserverRuns", "Outcome", "Run"]
+__all__ = [
+    "CommitHook", "Failures", "Group", "Indexed", "Notice", "ObserverRuns", "Outcome", "Run",
+]
 
 log = logging.getLogger("observers")
 
@@ -74,14 +77,28 @@ class Outcome:
     ABSENT = "absent"  # no notification at or below the run's snapshot (Notice)
 
 
+class Indexed(enum.Enum):
+    """What became of a row an index pass named (:meth:`ObserverRuns._process_indexed`),
+    and so of its index entries. True only for WORKED (work was done)."""
+
+    WORKED = "worked"  # runs ran: the entries go with the scanner's batch
+    SERVED = "served"  # absent, no notify version at all: with the batch too
+    LATER = "later"  # absent, a notification above the run's snapshot: entries stay
+    UNSETTLED = "unsettled"  # nothing ran, or not through the index path: settle alone
+
+    def __bool__(self) -> bool:
+        return self is Indexed.WORKED
+
+
 @dataclass(slots=True)
 class Notice:
     """The notification a run read in its own first read (an index pass): its newest
-    notify version at or below the run's start_ts (0: none), and whether one of those
-    is weak."""
+    notify version at or below the run's start_ts (0: none), whether one of those is
+    weak, and (an absent run) whether a version above start_ts was read."""
 
     newest: int = 0
     weak: bool = False
+    later: bool = False
 
 
 @dataclass(slots=True)
@@ -178,16 +195,17 @@ class ObserverRuns:
                 self._served_notification(table, row, column, newest)
         return worked
 
-    def _process_indexed(self, table: str, row: bytes, columns: Iterable[str]) -> bool:
+    def _process_indexed(self, table: str, row: bytes, columns: Iterable[str]) -> Indexed:
         """:meth:`_process_row` for a row the notification index named with *columns*.
         One indexed column with one observer and no failure to clear (the common case):
         the run draws its start timestamp first and reads the notification with its
         own first read (:meth:`ObserverRun.get_row_notified`), one store call where the
-        notify read and the run's read were two. Otherwise as :meth:`_process_row`."""
+        notify read and the run's read were two. Otherwise as :meth:`_process_row`.
+        The answer tells the pass what to do with the row's entries (:class:`Indexed`)."""
         wanted = list(columns)
         observers = self._by_column.get((table, wanted[0]), []) if len(wanted) == 1 else []
         if len(observers) != 1 or self._failures:
-            return self._process_row(table, row)
+            return Indexed.WORKED if self._process_row(table, row) else Indexed.UNSETTLED
         observer, column = observers[0], wanted[0]
         notice = Notice()
         began = time.perf_counter()
@@ -196,9 +214,12 @@ class ObserverRuns:
         if (self._ended(observer, table, row, column, began, outcome, error, notice.weak,
                         notice.newest) and not settled):
             self._served_notification(table, row, column, notice.newest)
-        # An absent run found nothing to serve (served already, or newer than its
-        # snapshot): no work done.
-        return outcome != Outcome.ABSENT
+        if outcome != Outcome.ABSENT:
+            return Indexed.WORKED
+        # An absent run did no work: its notification was served already (by another
+        # worker, whose batch has not settled the entry yet), or is newer than its
+        # snapshot (then the entry must stay, and costs nothing left alone).
+        return Indexed.LATER if notice.later else Indexed.SERVED
 
     def _ended(
         self, observer: Observer, table: str, row: bytes, column: str, began: float,
@@ -284,6 +305,7 @@ class ObserverRuns:
         newest: int, settle: int | None, group: Group | None = None,
         notice: Notice | None = None,
     ) -> tuple[str, bool]:
+        held: NextStart | None = None
         if notice is None:
             txn = ObserverTransaction(self.cluster)
         else:
@@ -306,13 +328,21 @@ class ObserverRuns:
                       column, txn.start_ts, newest)
             return Outcome.TRANSIENT, False
         try:
-            return self._observe(txn, observer, table, row, column, weak, settle, group,
-                                 notice)
+            outcome, settled = self._observe(txn, observer, table, row, column, weak,
+                                             settle, group, notice)
         except BaseException:
             # Its error travels on (to the log, whose handlers may keep the record and
             # so the traceback's frames): the run must not hold the safe point meanwhile.
             txn.close()
             raise
+        if held is not None and notice is not None and outcome == Outcome.ABSENT and (
+                not notice.later):
+            # It read, found nothing and wrote nothing: its start timestamp is as good
+            # for the next run as a fresh draw (step 5 of percolator/_observer_hooks.py;
+            # docs/timestamps.md). One that read a notification above it is stale: the
+            # next run draws afresh, or it would leave that notification too.
+            held.ts = txn.start_ts
+        return outcome, settled
 
     def _observe(
         self, txn: ObserverTransaction, observer: Observer, table: str, row: bytes,
@@ -330,6 +360,7 @@ class ObserverRuns:
             # in this snapshot, so this run must not serve (delete) it.
             served = [(ts, value) for ts, value in versions if ts <= txn.start_ts]
             if not served:
+                notice.later = bool(versions)
                 txn.close()
                 return Outcome.ABSENT, False
             notice.newest = settle = served[0][0]

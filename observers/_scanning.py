@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 
 from observers._groups import GROUP_MAX, GroupCommits
-from observers._runs import Group
+from observers._runs import Group, Indexed
 from percolator import PercolatorError
 from percolator._encoding import NOTIFY
 from percolator._internals import internals
@@ -34,8 +34,9 @@ where 32 cost 0.06 (BENCHMARKS.md, issue 37). Kept well below ``SERVED_MAX`` / t
 scanner threads, so that a batch's entries are still remembered as served when it is
 settled. A larger batch leaves served entries longer in the index (a superset of the
 pending notifications): a scanner of another worker process that meets one makes a
-run that finds nothing (a timestamp and a read, counted as an ``absent`` run), and a
-crash leaves them to a later look."""
+run that finds nothing (a read, counted as an ``absent`` run; its start timestamp and
+its entry's settling go with the scanner's next run and batch), and a crash leaves
+them to a later look."""
 SERVED_MAX = 8192
 """Index entries a worker remembers having served (:class:`Served`)."""
 
@@ -257,7 +258,12 @@ class ScanPasses(GroupCommits):
         (anti-clumping as in :meth:`_family_pass`). The entries of rows it processed
         are settled together, up to ``SETTLE_MAX`` rows at a time and at the end of the
         pass (``settle_rows``: one deletion and one read per table for all of them,
-        where each row took both); an entry left a little longer, or left by a pass
+        where each row took both), and so are those of rows whose run found the
+        notification served already (absent: another worker's batch had not settled
+        them yet); deleting first is safe as ever, the read after the deletion writing
+        back the entry of a notification committed meanwhile. A row whose run met a
+        notification above its snapshot keeps its entry untouched (the notification is
+        pending). An entry left a little longer, or left by a pass
         that failed, only costs a later look (the index is a superset of the pending
         notifications)."""
         processed: list[tuple[str, bytes, dict[str, int]]] = []
@@ -300,13 +306,15 @@ class ScanPasses(GroupCommits):
                         return True
                     continue
                 try:
-                    done = not self._backing_off_columns(table, row, mine) and (
-                        self._process_indexed(table, row, mine))
-                    worked = worked or done
-                    if done:
+                    done = (Indexed.UNSETTLED if self._backing_off_columns(table, row, mine)
+                            else self._process_indexed(table, row, mine))
+                    worked = worked or bool(done)
+                    if done is Indexed.WORKED or done is Indexed.SERVED:
+                        # An absent run's entry too: deleted with the batch, re-checked
+                        # after the deletion as every entry is (settle_rows).
                         processed.append((table, row, mine))
                         served.add(table, row, mine)
-                    else:
+                    elif done is Indexed.UNSETTLED:
                         settle(internals(self.cluster), table, row, mine)
                 finally:
                     internals(self.cluster).coordination.release_advisory_lock(key)

@@ -37,6 +37,8 @@ newest notify version it read raw is *N* (Percolator §2.4; DESIGN.md §7):
    worker begins its next run at it (``ObserverRun(cluster, start_ts=...)``), one
    timestamp request per run where there were two. The snapshot is as of that draw;
    a notification committed since is above it and left for a later run (step 2).
+   A run that found no notification at or below its start timestamp, and none above
+   it, wrote nothing: the worker hands its start timestamp on in the same way.
 
 The commit side reads only :attr:`TransactionBase._settlement` (None for every
 transaction that is not an observer run) and sets :attr:`Settlement.done`, and fills

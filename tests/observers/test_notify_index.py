@@ -418,3 +418,92 @@ def test_a_run_that_finds_its_notification_served_is_in_the_run_metrics(
     assert not worker._process_indexed("docs", b"r1", ["raw:v"])  # served: absent
     assert runs() == (absent + 1, committed + 1, timed + 2)
     assert Snapshot(cluster).get("docs", b"r1", "out:v") == b"1"
+
+
+def served_elsewhere(cluster: percolator.Cluster, rows: list[bytes]) -> None:
+    """The rows' notifications served by another worker whose batch has not settled
+    their entries yet: the notify cells gone, the index entries left."""
+    internals(cluster).store.mutate_rows("docs", [
+        Mutation(row, deletes=[("n:raw:v", internals(cluster).timestamps.get_timestamp())])
+        for row in rows])
+
+
+def store_calls() -> dict[str, float]:
+    values, _ = metrics.snapshot()
+    return {labels[0]: v for (name, labels), v in values.items()
+            if name == "percolator_store_requests_total"}
+
+
+def test_absent_runs_settle_their_entries_in_the_batch_and_reuse_their_start(
+    cluster: percolator.Cluster,
+) -> None:
+    """Twenty rows whose notifications another worker served, their entries still in
+    the index: one pass of this worker makes twenty absent runs, each one read of its
+    row, all at the first run's start timestamp (an absent run read nothing and wrote
+    nothing: its start is handed to the next run), and settles their entries with one
+    deletion and one re-check read.
+
+    Catches two mutants: an absent run's entry settled alone (``settle`` in
+    ``_index_scan``, as before: 2 more reads and a deletion per run), and the absent
+    run's start timestamp not handed on (``held.ts = txn.start_ts`` removed in
+    ``ObserverRuns._transaction``: a timestamp request per run)."""
+    n = 20
+    worker = Worker(cluster, [Copy], threads=1)
+    worker.register()
+    rows = [b"r%02d" % i for i in range(n)]
+    with Transaction(cluster) as txn:
+        for row in rows:
+            txn.set("docs", row, "raw:v", b"x")
+    served_elsewhere(cluster, rows)
+    assert {r for _, r in entries(cluster)} == set(rows)
+    name = worker._by_column[("docs", "raw:v")][0].name
+    absent = metrics.snapshot()[0].get(("percolator_observer_runs_total", (name, "absent")), 0)
+    counting = CountingIndexWrites(internals(cluster).store)
+    internals(cluster).store = counting  # type: ignore[assignment]
+    before = store_calls()
+    try:
+        assert not worker._index_pass()  # no work done
+    finally:
+        internals(cluster).store = counting._store  # type: ignore[assignment]
+    after = store_calls()
+    assert metrics.snapshot()[0][("percolator_observer_runs_total", (name, "absent"))] == (
+        absent + n)
+    assert entries(cluster) == {}
+    assert counting.deletions == 1
+    assert counting.docs_reads == n + 1  # the runs' reads, one re-check of them all
+    assert after.get("increment", 0) - before.get("increment", 0) == 1  # one draw
+    assert Snapshot(cluster).get("docs", rows[0], "out:v") is None
+
+
+def test_a_notification_written_before_an_absent_runs_batch_is_settled_survives(
+    cluster: percolator.Cluster,
+) -> None:
+    """An absent run (its notification served elsewhere) leaves the row's entry to its
+    pass's batch; a new notification of the row is committed after the run's read,
+    before the batch is settled. Its entry, here written below the stale one (as a
+    commit timestamp drawn before the stale entry was written is, so the deletion
+    reaches it), must come back from the re-check read after the deletion, and the
+    change is observed.
+
+    Catches the mutant that settles an absent run's entry without the read after the
+    deletion (``_index_scan`` deleting the entry with ``mutate_rows`` itself, or
+    ``settle_rows`` with ``again = {}``): the entry is lost and the change is never
+    observed (the index is how this worker finds it)."""
+    worker = Worker(cluster, [Copy], threads=1)
+    worker.register()
+    write(cluster, b"r", b"old")
+    served_elsewhere(cluster, [b"r"])
+    # The stale entry above the commit timestamp the new change will draw.
+    write_entries(internals(cluster), [("docs", b"r", "raw:v")],
+                  internals(cluster).timestamps.get_timestamp() + 1_000_000)
+    with Interleaving(cluster) as world:
+        scanner = world.actor("scanner", worker._index_pass)
+        scanner.run_until(lambda s: s.matches("read_rows", table="docs"))
+        scanner.step()  # the absent run's read
+        scanner.run_until(lambda s: s.matches("mutate_rows", table=INDEX_TABLE))
+        write(cluster, b"r", b"new")  # not an actor: commits at once
+        scanner.finish()
+    assert ("docs", b"r") in entries(cluster)
+    assert worker._index_pass()
+    assert Snapshot(cluster).get("docs", b"r", "out:v") == b"new"
+    assert entries(cluster) == {}
