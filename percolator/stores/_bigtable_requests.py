@@ -287,7 +287,8 @@ def row_mutations(mutation: Mutation) -> list[Any]:
 
 
 class RowMerger:
-    """Turns the chunk stream of ReadRows responses into ``(row, RowCells)``."""
+    """Turns the chunk stream of ReadRows responses (raw protobuf messages) into
+    ``(row, RowCells)``."""
 
     def __init__(self) -> None:
         self._key = b""
@@ -298,8 +299,7 @@ class RowMerger:
         self._cells: dict[str, list[tuple[int, bytes]]] = {}
 
     def feed(self, response: Any) -> Iterator[tuple[bytes, RowCells]]:
-        raw = type(response).pb(response)
-        for chunk in raw.chunks:
+        for chunk in response.chunks:
             if chunk.reset_row:
                 self._cells = {}
                 self._value = []
