@@ -46,6 +46,12 @@ How the contract maps onto Bigtable
   ``?table_prefix=P`` the table ``t`` is the Bigtable table ``P_t`` and
   :meth:`~BigtableStore.list_tables` only lists (and strips) that prefix.
 
+The data calls (``ReadRows``, ``MutateRows``, ``CheckAndMutateRow``,
+``ReadModifyWriteRow``, ``SampleRowKeys``) go straight to gRPC with raw protobuf
+messages and the routing headers the GAPIC client would send; only the admin calls go
+through the GAPIC client, whose layers cost about a third of a data call's client CPU
+(a Bigtable client is CPU-bound: BENCHMARKS.md, issue 37).
+
 No call is retried here: a failed RPC raises :class:`~percolator.StoreUnavailable`
 (or :class:`~percolator.UnknownTableError` / :class:`~percolator.InvalidArgument`), and
 the retry policy of the transaction layer decides. Every RPC has a deadline
