@@ -5,6 +5,7 @@ functions of the protobuf types; :mod:`percolator.stores.bigtable` sends what th
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -18,6 +19,13 @@ try:  # optional dependency: percolator.stores.bigtable says what to install
     from google.cloud.bigtable_v2.types import data as data_types
 except ImportError:  # pragma: no cover - exercised without the extra
     pass
+else:
+    # the raw protobuf classes, looked up once: proto-plus's .pb() costs a microsecond a call
+    _RowFilter = data_types.RowFilter.pb()
+    _Mutation = data_types.Mutation.pb()
+    # The filter passing the newest version of each column. Shared, like column_range's
+    # filters: a shared filter is only ever copied into another message, never changed.
+    _LATEST = _RowFilter(cells_per_column_limit_filter=1)
 
 MAX_ROW_KEY = 4096
 TS_SCALE = 1000  # logical timestamp -> microseconds
@@ -26,9 +34,19 @@ _FAMILY = re.compile(r"[-_.a-zA-Z0-9]+")
 _MAX_FAMILY = 64
 
 
+_CACHED_COLUMNS = 4096
+"""Columns whose split and filter are kept (a transaction touches a few; more only cost
+a rebuild)."""
+
+
 def family_and_qualifier(column: str) -> tuple[str, bytes]:
-    if not isinstance(column, str):
+    if not isinstance(column, str):  # first: an unhashable one fails the cache lookup
         raise InvalidArgument(f"column must be a str 'family:qualifier', got {column!r}")
+    return _family_and_qualifier(column)
+
+
+@functools.lru_cache(maxsize=_CACHED_COLUMNS)
+def _family_and_qualifier(column: str) -> tuple[str, bytes]:
     family, qualifier = split_column(column)
     if ":" not in column:
         raise InvalidArgument(f"column must be 'family:qualifier', got {column!r}")
@@ -74,18 +92,32 @@ def check_value(value: bytes, column: str) -> bytes:
 # Filters and mutations (raw protobuf messages, wrapped once per request)
 
 
+@functools.lru_cache(maxsize=_CACHED_COLUMNS)
 def column_range(family: str, qualifier: bytes) -> Any:
-    pb = data_types.RowFilter.pb()()
-    pb.column_range_filter.family_name = family
-    pb.column_range_filter.start_qualifier_closed = qualifier
-    pb.column_range_filter.end_qualifier_closed = qualifier
+    """The filter passing exactly the column; shared between requests, so never
+    change it (chain, interleave and the requests copy it)."""
+    pb = _RowFilter()
+    columns = pb.column_range_filter
+    columns.family_name = family
+    columns.start_qualifier_closed = qualifier
+    columns.end_qualifier_closed = qualifier
+    return pb
+
+
+def timestamp_range(min_ts: int, max_ts: int | None) -> Any:
+    """The filter passing versions with logical timestamps in [min_ts, max_ts]."""
+    pb = _RowFilter()
+    timestamps = pb.timestamp_range_filter
+    timestamps.start_timestamp_micros = min_ts * TS_SCALE
+    if max_ts is not None:
+        timestamps.end_timestamp_micros = (max_ts + 1) * TS_SCALE
     return pb
 
 
 def chain(filters: list[Any]) -> Any:
     if len(filters) == 1:
         return filters[0]
-    pb = data_types.RowFilter.pb()()
+    pb = _RowFilter()
     pb.chain.filters.extend(filters)
     return pb
 
@@ -93,13 +125,13 @@ def chain(filters: list[Any]) -> Any:
 def interleave(filters: list[Any]) -> Any:
     if len(filters) == 1:
         return filters[0]
-    pb = data_types.RowFilter.pb()()
+    pb = _RowFilter()
     pb.interleave.filters.extend(filters)
     return pb
 
 
 def block_all() -> Any:
-    pb = data_types.RowFilter.pb()()
+    pb = _RowFilter()
     pb.block_all_filter = True
     return pb
 
@@ -121,7 +153,7 @@ def read_filter(read: Read) -> Any:
         return block_all()
     steps: list[Any] = []
     if read.qualifiers is None:
-        pb = data_types.RowFilter.pb()()
+        pb = _RowFilter()
         # validated as [-_.a-zA-Z0-9]+: only "." is special in RE2; anchored both ends
         pb.family_name_regex_filter = "^" + read.family.replace(".", "\\.") + "$"
         steps.append(pb)
@@ -136,22 +168,18 @@ def read_filter(read: Read) -> Any:
             return block_all()
         steps.append(interleave([column_range(read.family, q) for q in qualifiers]))
     if min_ts > 0 or max_ts is not None:
-        pb = data_types.RowFilter.pb()()
-        pb.timestamp_range_filter.start_timestamp_micros = min_ts * TS_SCALE
-        if max_ts is not None:
-            pb.timestamp_range_filter.end_timestamp_micros = (max_ts + 1) * TS_SCALE
-        steps.append(pb)
+        steps.append(timestamp_range(min_ts, max_ts))
     if read.versions is not None:
-        pb = data_types.RowFilter.pb()()
+        pb = _RowFilter()
         pb.cells_per_column_limit_filter = read.versions
         steps.append(pb)
     tag = check_skip_tag(read)
     if tag is not None:  # after the version limit: a skipped version is not replaced
-        below = data_types.RowFilter.pb()()
+        below = _RowFilter()
         below.value_range_filter.end_value_open = tag
         ranges = [below]
         if tag != b"\xff":
-            above = data_types.RowFilter.pb()()
+            above = _RowFilter()
             above.value_range_filter.start_value_closed = bytes([tag[0] + 1])
             ranges.append(above)
         steps.append(interleave(ranges))
@@ -186,42 +214,39 @@ def guard_filter(guard: Guard) -> Any:
         return block_all()
     steps = [column_range(family, qualifier)]
     if min_ts > 0 or max_ts is not None:
-        pb = data_types.RowFilter.pb()()
-        pb.timestamp_range_filter.start_timestamp_micros = min_ts * TS_SCALE
-        if max_ts is not None:
-            pb.timestamp_range_filter.end_timestamp_micros = (max_ts + 1) * TS_SCALE
-        steps.append(pb)
+        steps.append(timestamp_range(min_ts, max_ts))
     if guard.latest:
-        pb = data_types.RowFilter.pb()()
-        pb.cells_per_column_limit_filter = 1
-        steps.append(pb)
+        steps.append(_LATEST)
     if guard.value_from or guard.value_to is not None:
-        pb = data_types.RowFilter.pb()()
-        pb.value_range_filter.start_value_closed = check_value(guard.value_from, guard.column)
+        pb = _RowFilter()
+        values = pb.value_range_filter
+        values.start_value_closed = check_value(guard.value_from, guard.column)
         if guard.value_to is not None:
-            pb.value_range_filter.end_value_open = check_value(guard.value_to, guard.column)
+            values.end_value_open = check_value(guard.value_to, guard.column)
         steps.append(pb)
     return chain(steps)
 
 
 def set_cell(family: str, qualifier: bytes, micros: int, value: bytes) -> Any:
-    pb = data_types.Mutation.pb()()
-    pb.set_cell.family_name = family
-    pb.set_cell.column_qualifier = qualifier
-    pb.set_cell.timestamp_micros = micros
-    pb.set_cell.value = value
+    pb = _Mutation()
+    cell = pb.set_cell
+    cell.family_name = family
+    cell.column_qualifier = qualifier
+    cell.timestamp_micros = micros
+    cell.value = value
     return pb
 
 
 def delete_column(family: str, qualifier: bytes, end_micros: int | None) -> Any:
-    pb = data_types.Mutation.pb()()
-    pb.delete_from_column.family_name = family
-    pb.delete_from_column.column_qualifier = qualifier
+    pb = _Mutation()
+    delete = pb.delete_from_column
+    delete.family_name = family
+    delete.column_qualifier = qualifier
     if end_micros is None:
-        pb.delete_from_column.SetInParent()
+        delete.SetInParent()
     else:
-        pb.delete_from_column.time_range.start_timestamp_micros = 0
-        pb.delete_from_column.time_range.end_timestamp_micros = end_micros
+        delete.time_range.start_timestamp_micros = 0
+        delete.time_range.end_timestamp_micros = end_micros
     return pb
 
 
@@ -253,11 +278,9 @@ def replace_mutations(
 def latest_value_is(family: str, qualifier: bytes, expected: bytes | None) -> Any:
     """A filter passing the latest version of the cell, only if its value is *expected*
     (any value when None: then it passes a cell exactly when the cell exists)."""
-    limit = data_types.RowFilter.pb()()
-    limit.cells_per_column_limit_filter = 1
-    steps = [column_range(family, qualifier), limit]
+    steps = [column_range(family, qualifier), _LATEST]
     if expected is not None:
-        match = data_types.RowFilter.pb()()
+        match = _RowFilter()
         match.value_range_filter.start_value_closed = expected
         match.value_range_filter.end_value_closed = expected
         steps.append(match)
@@ -287,7 +310,8 @@ def row_mutations(mutation: Mutation) -> list[Any]:
 
 
 class RowMerger:
-    """Turns the chunk stream of ReadRows responses into ``(row, RowCells)``."""
+    """Turns the chunk stream of ReadRows responses (raw protobuf messages) into
+    ``(row, RowCells)``."""
 
     def __init__(self) -> None:
         self._key = b""
@@ -298,8 +322,7 @@ class RowMerger:
         self._cells: dict[str, list[tuple[int, bytes]]] = {}
 
     def feed(self, response: Any) -> Iterator[tuple[bytes, RowCells]]:
-        raw = type(response).pb(response)
-        for chunk in raw.chunks:
+        for chunk in response.chunks:
             if chunk.reset_row:
                 self._cells = {}
                 self._value = []

@@ -46,6 +46,12 @@ How the contract maps onto Bigtable
   ``?table_prefix=P`` the table ``t`` is the Bigtable table ``P_t`` and
   :meth:`~BigtableStore.list_tables` only lists (and strips) that prefix.
 
+The data calls (``ReadRows``, ``MutateRows``, ``CheckAndMutateRow``,
+``ReadModifyWriteRow``, ``SampleRowKeys``) go straight to gRPC with raw protobuf
+messages and the routing headers the GAPIC client would send; only the admin calls go
+through the GAPIC client, whose layers cost about a third of a data call's client CPU
+(a Bigtable client is CPU-bound: BENCHMARKS.md, issue 37).
+
 No call is retried here: a failed RPC raises :class:`~percolator.StoreUnavailable`
 (or :class:`~percolator.UnknownTableError` / :class:`~percolator.InvalidArgument`), and
 the retry policy of the transaction layer decides. Every RPC has a deadline
@@ -114,6 +120,7 @@ try:  # optional dependency: only this module imports it
     import grpc
     from google.api_core import exceptions as gexc
     from google.api_core import grpc_helpers
+    from google.api_core.gapic_v1 import routing_header
     from google.auth.exceptions import GoogleAuthError
     from google.cloud.bigtable_admin_v2 import BaseBigtableTableAdminClient
     from google.cloud.bigtable_admin_v2.services.bigtable_table_admin.transports import (
@@ -121,14 +128,18 @@ try:  # optional dependency: only this module imports it
     )
     from google.cloud.bigtable_admin_v2.types import bigtable_table_admin as admin_pb
     from google.cloud.bigtable_admin_v2.types import table as admin_table
-    from google.cloud.bigtable_v2 import BigtableClient
-    from google.cloud.bigtable_v2.services.bigtable.transports import BigtableGrpcTransport
+    from google.cloud.bigtable_v2.services.bigtable.transports.base import DEFAULT_CLIENT_INFO
     from google.cloud.bigtable_v2.types import bigtable as bt_types
     from google.cloud.bigtable_v2.types import data as data_types
 except ImportError as _import_error:  # pragma: no cover - exercised without the extra
     _IMPORT_ERROR: ImportError | None = _import_error
 else:
     _IMPORT_ERROR = None
+    # the raw protobuf classes of the data requests
+    _ReadRowsRequest = bt_types.ReadRowsRequest.pb()
+    _MutateRowsRequest = bt_types.MutateRowsRequest.pb()
+    _CheckAndMutateRowRequest = bt_types.CheckAndMutateRowRequest.pb()
+    _ReadModifyWriteRowRequest = bt_types.ReadModifyWriteRowRequest.pb()
 
 EMULATOR_ENV = "BIGTABLE_EMULATOR_HOST"
 DEFAULT_TIMEOUT = 30.0
@@ -149,6 +160,7 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", -1),
     ("grpc.max_receive_message_length", -1),
 ]
+_DATA_SERVICE = "/google.bigtable.v2.Bigtable/"
 
 
 def _require_dependency() -> None:
@@ -230,8 +242,26 @@ class BigtableStore:
             self._channels = [data_raw, admin_raw]
             data_channel = grpc.intercept_channel(data_raw, *interceptors)
             admin_channel = grpc.intercept_channel(admin_raw, *interceptors)
-        # The transports get ready channels, so they never look for credentials themselves.
-        self._data = BigtableClient(transport=BigtableGrpcTransport(channel=data_channel))
+        # The data calls go straight to gRPC multicallables with raw protobuf messages:
+        # the GAPIC client's layers (proto-plus wrapping, retry and metadata plumbing) cost
+        # 100-200 us of client CPU per call, and that CPU is what bounds a Bigtable client
+        # (BENCHMARKS.md, issue 37). They are made once, on the intercepted channel.
+        self._read_rows_rpc = _stream(data_channel, "ReadRows", bt_types.ReadRowsRequest,
+                                      bt_types.ReadRowsResponse)
+        self._mutate_rows_rpc = _stream(data_channel, "MutateRows", bt_types.MutateRowsRequest,
+                                        bt_types.MutateRowsResponse)
+        self._sample_row_keys_rpc = _stream(data_channel, "SampleRowKeys",
+                                            bt_types.SampleRowKeysRequest,
+                                            bt_types.SampleRowKeysResponse)
+        self._check_and_mutate_rpc = _unary(data_channel, "CheckAndMutateRow",
+                                            bt_types.CheckAndMutateRowRequest,
+                                            bt_types.CheckAndMutateRowResponse)
+        self._read_modify_write_rpc = _unary(data_channel, "ReadModifyWriteRow",
+                                             bt_types.ReadModifyWriteRowRequest,
+                                             bt_types.ReadModifyWriteRowResponse)
+        # table -> (table path, metadata of its data calls), filled on first use
+        self._targets: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
+        # The transport gets a ready channel, so it never looks for credentials itself.
         self._admin = BaseBigtableTableAdminClient(
             transport=BigtableTableAdminGrpcTransport(channel=admin_channel)
         )
@@ -274,12 +304,29 @@ class BigtableStore:
     def _table_path(self, table: str) -> str:
         return f"{self._instance_path}/tables/{self._table_id(table)}"
 
+    def _target(self, table: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+        """The path of *table* and the metadata of a data call on it: the routing header
+        the GAPIC client sends (``x-goog-request-params``, which Cloud Bigtable routes by)
+        and its client-info header, built once per table."""
+        target = self._targets.get(table) if type(table) is str else None
+        if target is None:
+            path = self._table_path(table)
+            target = (path, (
+                routing_header.to_grpc_metadata(  # type: ignore[no-untyped-call]
+                    {"table_name": path, "app_profile_id": self.app_profile_id}
+                ),
+                DEFAULT_CLIENT_INFO.to_grpc_metadata(),
+            ))
+            self._targets[table] = target
+        return target
+
     def _check_open(self) -> None:
         if self._closed:
             raise StoreUnavailable(f"Bigtable store {self.url} is closed")
 
     def _fail(self, error: Exception, action: str, table: str | None = None) -> NoReturn:
         """Map a google.api_core / gRPC error of *action* on *table* to ours."""
+        error = _api_error(error)
         message = getattr(error, "message", None) or str(error)
         family_error = _is_family_error(message)
         if isinstance(error, gexc.NotFound) and table is not None and not family_error:
@@ -413,13 +460,16 @@ class BigtableStore:
 
     # -- data -------------------------------------------------------------
 
-    def _read(self, table: str, request_pb: Any, action: str) -> Iterator[tuple[bytes, RowCells]]:
-        request = bt_types.ReadRowsRequest.wrap(request_pb)
+    def _read(
+        self, table: str, request: Any, metadata: Any, action: str
+    ) -> Iterator[tuple[bytes, RowCells]]:
         merger = RowMerger()
         try:
-            for response in self._data.read_rows(request=request, retry=None, timeout=self.timeout):
+            for response in self._read_rows_rpc(
+                request, timeout=self.timeout, metadata=metadata
+            ):
                 yield from merger.feed(response)
-        except gexc.GoogleAPICallError as e:
+        except grpc.RpcError as e:  # also raised mid-stream
             self._fail(e, action, table)
 
     def read_rows(
@@ -442,13 +492,12 @@ class BigtableStore:
         row_filter = reads_filter(reads)
         if not keys:
             return {}
-        request = bt_types.ReadRowsRequest.pb()(
-            table_name=self._table_path(table),
-            app_profile_id=self.app_profile_id,
-            filter=row_filter,
+        path, metadata = self._target(table)
+        request = _ReadRowsRequest(
+            table_name=path, app_profile_id=self.app_profile_id, filter=row_filter
         )
         request.rows.row_keys.extend(keys)
-        return dict(self._read(table, request, f"ReadRows on {table!r}"))
+        return dict(self._read(table, request, metadata, f"ReadRows on {table!r}"))
 
     def scan(
         self,
@@ -473,24 +522,24 @@ class BigtableStore:
         self._check_open()
         check_scan(start, stop, batch_size)
         row_filter = reads_filter(reads)
-        table_path = self._table_path(table)
-        return self._scan(table, table_path, start or None, stop or None, row_filter, batch_size)
+        self._target(table)  # a bad table name fails here, not on the first next()
+        return self._scan(table, start or None, stop or None, row_filter, batch_size)
 
     def _scan(
         self,
         table: str,
-        table_path: str,
         start: bytes | None,
         stop: bytes | None,
         row_filter: Any,
         batch_size: int,
     ) -> Iterator[tuple[bytes, RowCells]]:
+        table_path, metadata = self._target(table)
         resume: bytes | None = start
         first = True
         while True:
             if resume is not None and stop is not None and resume >= stop:
                 return
-            request = bt_types.ReadRowsRequest.pb()(
+            request = _ReadRowsRequest(
                 table_name=table_path,
                 app_profile_id=self.app_profile_id,
                 filter=row_filter,
@@ -505,7 +554,7 @@ class BigtableStore:
             if stop is not None:
                 rng.end_key_open = stop
             first = False
-            page = list(self._read(table, request, f"ReadRows (scan) on {table!r}"))
+            page = list(self._read(table, request, metadata, f"ReadRows (scan) on {table!r}"))
             self._check_open()
             yield from page
             if len(page) < batch_size:
@@ -517,13 +566,15 @@ class BigtableStore:
         Bigtable's own tablet boundaries and samples), sorted, without the empty key that
         ends the answer (optional capability, see :class:`percolator._store.SplitKeys`)."""
         self._check_open()
-        request = bt_types.SampleRowKeysRequest(
-            table_name=self._table_path(table), app_profile_id=self.app_profile_id
+        path, metadata = self._target(table)
+        request = bt_types.SampleRowKeysRequest.pb()(
+            table_name=path, app_profile_id=self.app_profile_id
         )
         try:
-            answers = list(self._data.sample_row_keys(request=request, retry=None,
-                                                      timeout=self.timeout))
-        except gexc.GoogleAPICallError as e:
+            answers = list(
+                self._sample_row_keys_rpc(request, timeout=self.timeout, metadata=metadata)
+            )
+        except grpc.RpcError as e:
             self._fail(e, "SampleRowKeys", table)
         return sorted({bytes(a.row_key) for a in answers if a.row_key})
 
@@ -541,7 +592,7 @@ class BigtableStore:
         if _metrics._enabled:
             next(REQUESTS.mutate_rows)
         self._check_open()
-        table_path = self._table_path(table)
+        target = self._target(table)
         entries: dict[bytes, list[Any]] = {}
         for m in mutations:
             if not isinstance(m, Mutation):
@@ -553,19 +604,21 @@ class BigtableStore:
         count = 0
         for row, muts in entries.items():
             if batch and count + len(muts) > MAX_MUTATIONS_PER_REQUEST:
-                self._mutate_batch(table, table_path, batch)
+                self._mutate_batch(table, target, batch)
                 batch, count = [], 0
             batch.append((row, muts))
             count += len(muts)
         if batch:
-            self._mutate_batch(table, table_path, batch)
+            self._mutate_batch(table, target, batch)
 
     def _mutate_batch(
-        self, table: str, table_path: str, batch: list[tuple[bytes, list[Any]]]
+        self,
+        table: str,
+        target: tuple[str, tuple[tuple[str, str], ...]],
+        batch: list[tuple[bytes, list[Any]]],
     ) -> None:
-        request = bt_types.MutateRowsRequest.pb()(
-            table_name=table_path, app_profile_id=self.app_profile_id
-        )
+        table_path, metadata = target
+        request = _MutateRowsRequest(table_name=table_path, app_profile_id=self.app_profile_id)
         for row, muts in batch:
             entry = request.entries.add()
             entry.row_key = row
@@ -573,16 +626,16 @@ class BigtableStore:
         failed: list[tuple[bytes, int, str]] = []
         seen = 0
         try:
-            for response in self._data.mutate_rows(
-                request=bt_types.MutateRowsRequest.wrap(request), retry=None, timeout=self.timeout
+            for response in self._mutate_rows_rpc(
+                request, timeout=self.timeout, metadata=metadata
             ):
-                for status in type(response).pb(response).entries:
+                for status in response.entries:
                     seen += 1
                     if status.status.code != 0:
                         failed.append(
                             (batch[status.index][0], status.status.code, status.status.message)
                         )
-        except gexc.GoogleAPICallError as e:
+        except grpc.RpcError as e:  # also raised mid-stream
             self._fail(e, f"MutateRows on {table!r} ({len(batch)} rows)", table)
         if not failed and seen >= len(batch):
             return
@@ -725,23 +778,20 @@ class BigtableStore:
         """Apply *mutations* to *row* if *predicate* outputs cells of it (*when_matched*)
         or outputs none (not *when_matched*), in one ``CheckAndMutateRow``; returns
         whether they were applied. *what* names the cells for an error message."""
-        request = bt_types.CheckAndMutateRowRequest.pb()(
-            table_name=self._table_path(table),
+        path, metadata = self._target(table)
+        branch = "true_mutations" if when_matched else "false_mutations"
+        request = _CheckAndMutateRowRequest(
+            table_name=path,
             app_profile_id=self.app_profile_id,
             row_key=row,
             predicate_filter=predicate,
+            **{branch: mutations},
         )
-        if when_matched:
-            request.true_mutations.extend(mutations)
-        else:
-            request.false_mutations.extend(mutations)
         try:
-            response = self._data.check_and_mutate_row(
-                request=bt_types.CheckAndMutateRowRequest.wrap(request),
-                retry=None,
-                timeout=self.timeout,
+            response = self._check_and_mutate_rpc(
+                request, timeout=self.timeout, metadata=metadata
             )
-        except gexc.GoogleAPICallError as e:
+        except grpc.RpcError as e:
             self._fail(e, f"CheckAndMutateRow on {table!r} row {row!r} {what}", table)
         return bool(response.predicate_matched) == when_matched
 
@@ -763,29 +813,27 @@ class BigtableStore:
         check_row(row)
         family, qualifier = family_and_qualifier(column)
         check_increment_amount(amount)
-        request = bt_types.ReadModifyWriteRowRequest.pb()(
-            table_name=self._table_path(table),
-            app_profile_id=self.app_profile_id,
-            row_key=row,
+        path, metadata = self._target(table)
+        request = _ReadModifyWriteRowRequest(
+            table_name=path, app_profile_id=self.app_profile_id, row_key=row
         )
         rule = request.rules.add()
         rule.family_name = family
         rule.column_qualifier = qualifier
         rule.increment_amount = amount
         try:
-            response = self._data.read_modify_write_row(
-                request=bt_types.ReadModifyWriteRowRequest.wrap(request),
-                retry=None,
-                timeout=self.timeout,
+            response = self._read_modify_write_rpc(
+                request, timeout=self.timeout, metadata=metadata
             )
-        except gexc.GoogleAPICallError as e:
+        except grpc.RpcError as rpc_error:
+            e = _api_error(rpc_error)
             if "64-bit" in (getattr(e, "message", None) or str(e)):  # the emulator's Unknown
                 raise InvalidArgument(
                     f"Bigtable store {self.url}: {column!r} of row {row!r} in {table!r} is "
                     f"not a 64-bit counter: {e}"
                 ) from e
             self._fail(e, f"ReadModifyWriteRow on {table!r} row {row!r} {column!r}", table)
-        for fam in type(response).pb(response).row.families:
+        for fam in response.row.families:
             for col in fam.columns:
                 if fam.name == family and col.qualifier == qualifier and col.cells:
                     return int.from_bytes(col.cells[0].value, "big", signed=True)
@@ -864,6 +912,36 @@ class BigtableStore:
         return self._check_and_mutate(
             table, check_row(row), predicate, mutations, not absent, f"({len(items)} cells)"
         )
+
+
+def _api_error(error: Exception) -> Exception:
+    """A raw data call's gRPC error as the google.api_core exception the GAPIC client
+    raises (what :meth:`BigtableStore._fail` maps); any other error as it is."""
+    if not isinstance(error, grpc.RpcError):
+        return error
+    converted: Exception = gexc.from_grpc_error(error)  # type: ignore[no-untyped-call]
+    converted.__cause__ = error
+    return converted
+
+
+def _unary(channel: Any, method: str, request: Any, response: Any) -> Any:
+    """A unary-unary multicallable of the Bigtable data service on *channel*, taking
+    and returning the raw protobuf messages of the proto-plus types *request* and
+    *response*."""
+    return channel.unary_unary(
+        _DATA_SERVICE + method,
+        request_serializer=request.pb().SerializeToString,
+        response_deserializer=response.pb().FromString,
+    )
+
+
+def _stream(channel: Any, method: str, request: Any, response: Any) -> Any:
+    """A unary-stream multicallable, as :func:`_unary`."""
+    return channel.unary_stream(
+        _DATA_SERVICE + method,
+        request_serializer=request.pb().SerializeToString,
+        response_deserializer=response.pb().FromString,
+    )
 
 
 def _is_family_error(message: str) -> bool:

@@ -585,7 +585,7 @@ def test_row_merger_split_values_and_reset() -> None:
             chunk(row_key=b"b", family_name="d", qualifier=b"q", value=b"z", commit_row=True),
         ]
     )
-    got = dict(_RowMerger().feed(response))
+    got = dict(_RowMerger().feed(bt.ReadRowsResponse.pb(response)))
     assert got == {
         b"a": {
             "d:q:1": [(7, b"hello"), (3, b"old")],
@@ -594,3 +594,82 @@ def test_row_merger_split_values_and_reset() -> None:
         },
         b"b": {"d:q": [(0, b"z")]},
     }
+
+
+def _recording_interceptor(fail_after_first: set[str] | None = None) -> Any:
+    """An interceptor recording the metadata of every RPC by method name; the streaming
+    methods named in *fail_after_first* yield their first response and then raise an
+    UNAVAILABLE ``RpcError``, as a stream broken by the network does."""
+    import grpc
+
+    rpc_error: Any = grpc.RpcError
+
+    class _Broken(rpc_error):  # type: ignore[misc]
+        def code(self) -> Any:
+            return grpc.StatusCode.UNAVAILABLE
+
+        def details(self) -> str:
+            return "stream broken by the test"
+
+        def trailing_metadata(self) -> Any:
+            return None
+
+    def broken(responses: Any) -> Iterator[Any]:
+        yield next(iter(responses))
+        raise _Broken()
+
+    class _Recording(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.metadata: dict[str, dict[str, str]] = {}
+
+        def _record(self, details: Any) -> str:
+            method = str(details.method.rsplit("/", 1)[-1])
+            self.metadata[method] = dict(details.metadata or ())
+            return method
+
+        def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+            self._record(details)
+            return continuation(details, request)
+
+        def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+            method = self._record(details)
+            responses = continuation(details, request)
+            return broken(responses) if method in (fail_after_first or ()) else responses
+
+    return _Recording()
+
+
+def test_data_calls_send_the_routing_header(open_bt: Callable[..., Any]) -> None:
+    """Cloud Bigtable routes a data call by its ``x-goog-request-params`` header (table
+    and app profile, url-encoded); the store sends it on every data call as the GAPIC
+    client does, though it calls gRPC directly."""
+    recorder = _recording_interceptor()
+    s = open_bt(interceptors=[recorder], app_profile_id="prof ile")
+    s.create_table(T, FAMILIES)
+    s.mutate_rows(T, [Mutation(b"r", puts=[("d:c", 1, b"v")])])
+    assert s.check_and_set(T, b"r", "l:c", None, b"L")
+    assert s.read_rows(T, [b"r"], [Read("d")]) == {b"r": {"d:c": [(1, b"v")]}}
+    assert s.increment(T, b"r", "l:n", 2) == 2
+    s.split_keys(T)
+    table_name = f"{s._instance_path}/tables/{s._table_id(T)}"
+    expected = f"table_name={table_name}&app_profile_id=prof+ile"
+    for method in (
+        "MutateRows", "CheckAndMutateRow", "ReadRows", "ReadModifyWriteRow", "SampleRowKeys"
+    ):
+        sent = recorder.metadata[method]
+        assert sent["x-goog-request-params"] == expected, method
+        assert "gapic/" in sent["x-goog-api-client"], method
+
+
+def test_a_stream_broken_midway_is_store_unavailable(open_bt: Callable[..., Any]) -> None:
+    """A ``ReadRows`` or ``MutateRows`` stream that fails after its first response raises
+    the ``RpcError`` from the iteration, not from the call: it is still mapped to
+    StoreUnavailable (not leaked as a gRPC error)."""
+    s = open_bt(interceptors=[_recording_interceptor({"ReadRows", "MutateRows"})])
+    s.create_table(T, FAMILIES)
+    with pytest.raises(StoreUnavailable, match=r"MutateRows .*stream broken by the test"):
+        s.mutate_rows(T, [Mutation(b"r%d" % i, puts=[("d:c", 1, b"v")]) for i in range(3)])
+    with pytest.raises(StoreUnavailable, match="stream broken by the test"):
+        s.read_rows(T, [b"r0", b"r1"], [Read("d")])
+    with pytest.raises(StoreUnavailable, match="stream broken by the test"):
+        list(s.scan(T, None, None, [Read("d")]))
