@@ -153,9 +153,8 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
             grouped.append((i, _Committer(txn, None)))
     if grouped:
         assert steps is not None
-        atomically, in_flight = steps
         try:
-            with in_flight(atomically) as draw:
+            with steps.in_flight(steps.atomically) as draw:
                 # Every check first, then every draw and write: the commit timestamps
                 # are in flight (holding back other clients' start timestamps) only
                 # for the writes. A member that writes a cell an earlier member
