@@ -101,7 +101,7 @@ def _commit_transaction(txn: TransactionBase, crash: CrashPoint | None) -> int:
     # with what GC left), and again where it counts, after the prewrite.
     parts = txn._parts  # internals(cluster), looked up once at the transaction's start
     parts.safe_point.check(txn.start_ts)
-    steps = one_phase_steps(cluster) if crash is None else None
+    steps = one_phase_steps(cluster, parts) if crash is None else None
     if steps is not None:
         try:
             one_phase = _commit_one_phase(txn, steps)

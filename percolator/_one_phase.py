@@ -37,6 +37,7 @@ from percolator._two_phase import _Committer
 
 if TYPE_CHECKING:
     from percolator._cluster import Cluster
+    from percolator._internals import Internals
     from percolator._observer_hooks import Settlement
     from percolator._transaction import TransactionBase
 
@@ -149,18 +150,21 @@ class _OnePhaseSteps(NamedTuple):
     put_row: Callable[[str, bytes, Sequence[tuple[str, int, bytes]]], None] | None
 
 
-def one_phase_steps(cluster: Cluster) -> _OnePhaseSteps | None:
+def one_phase_steps(cluster: Cluster, parts: Internals | None = None) -> _OnePhaseSteps | None:
     """Where *cluster* commits in one phase (the embedded store): the timestamp
     source's publication of commit timestamps in flight (``in_flight``, which enters
     the atomic step), the store's atomic step (``atomically``) and the store's row
-    read and write the commit makes; None elsewhere."""
-    parts = internals(cluster)
+    read and write the commit makes; None elsewhere. *parts*: the cluster's
+    internals where the caller holds them (a transaction, since it began)."""
+    if not cluster.one_phase_commit:
+        return None
+    if parts is None:
+        parts = internals(cluster)
     store = parts.store
     atomic = offered(store, ATOMICALLY)
     in_flight = getattr(parts.timestamps, "in_flight", None)
     newest_of_row = getattr(store, "newest_of_row", None)
-    if atomic is None or in_flight is None or newest_of_row is None \
-            or not cluster.one_phase_commit:
+    if atomic is None or in_flight is None or newest_of_row is None:
         return None
     row_put = offered(store, PUT_ROW)
     return _OnePhaseSteps(in_flight, atomic.atomically, newest_of_row,
