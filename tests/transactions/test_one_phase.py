@@ -183,3 +183,28 @@ def test_a_flat_commit_of_several_cells_of_a_row_checks_and_locks_each(
     with Snapshot(embedded) as snap:
         assert snap.get_row(T, ROW, [COL, later, new]) == {
             COL: b"2", later: b"other", new: b"2"}
+
+
+def test_a_flat_commit_gives_way_to_a_live_lock_on_its_rows_second_cell(
+    embedded: Cluster,
+) -> None:
+    """As the first test, with the live two-phase lock on the second of the two cells
+    the flat commit writes in one row: the commit gives way, and T1's value stays.
+
+    Guards the position of each cell's lock in the row's one conflict read: with the
+    first cell's lock (FREE) taken for the second's, T2 writes beside T1's lock."""
+    later = "c:later"
+    with Interleaving(embedded) as world:
+        client = two_phase(embedded)
+        txn = Transaction(client)
+        txn.set(T, ROW, later, b"T1")
+        t1 = world.actor("T1", txn.commit, clients=[client])
+        t1.run_until(is_timestamp)  # locked; its commit timestamp is next
+        t2 = Transaction(embedded)
+        t2.set(T, ROW, COL, b"T2")
+        t2.set(T, ROW, later, b"T2")
+        with pytest.raises(ConflictError, match="locked by live transaction"):
+            t2.commit()
+        t1.finish()
+    with Snapshot(embedded) as snap:
+        assert snap.get_row(T, ROW, [COL, later]) == {COL: b"0", later: b"T1"}
