@@ -118,7 +118,7 @@ def _commit_transaction(txn: TransactionBase, crash: CrashPoint | None) -> int:
     # with what GC left), and again where it counts, after the prewrite.
     parts = txn._parts  # internals(cluster), looked up once at the transaction's start
     parts.safe_point.check(txn.start_ts)
-    steps = one_phase_steps(cluster) if crash is None else None
+    steps = one_phase_steps(cluster, parts) if crash is None else None
     if steps is not None:
         try:
             one_phase = _commit_one_phase(txn, steps)
@@ -170,9 +170,8 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
             grouped.append((i, _Committer(txn, None)))
     if grouped:
         assert steps is not None
-        atomically, in_flight = steps
         try:
-            with in_flight(atomically) as draw:
+            with steps.in_flight(steps.atomically) as draw:
                 # Every check first, then every draw and write: the commit timestamps
                 # are in flight (holding back other clients' start timestamps) only
                 # for the writes. A member that writes a cell an earlier member

@@ -221,13 +221,14 @@ _COMMITTED: dict[str, Iterator[int]] = {}
 
 def _record(kind: str, began: float, error: BaseException | None) -> None:
     """The metrics of one commit that ended (with *error*, or committed)."""
+    if not _metrics._enabled:
+        return  # every commit asks: no calls, no clock read when recording is off
     if error is None:
-        if _metrics._enabled:
-            committed = _COMMITTED.get(kind)
-            if committed is None:
-                committed = _COMMITTED.setdefault(kind, _metrics.counter(
-                    "percolator_transactions_committed_total", kind))
-            next(committed)
+        committed = _COMMITTED.get(kind)
+        if committed is None:
+            committed = _COMMITTED.setdefault(kind, _metrics.counter(
+                "percolator_transactions_committed_total", kind))
+        next(committed)
     elif isinstance(error, ConflictError):
         _inc("percolator_transactions_conflicted_total", kind)
     else:

@@ -8,19 +8,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from percolator._commit_shared import (
     _LOCK_PREFIX,
-    _WRITE_PREFIX,
     _check_writes,
-    _prewrite_reads,
     _write_notifications,
     _write_notifications_of,
     _writes_since,
 )
 from percolator._encoding import (
     FREE_TAG,
+    LOCK,
+    WRITE,
     Free,
     encode_lock,
 )
@@ -37,6 +37,7 @@ from percolator._two_phase import _Committer
 
 if TYPE_CHECKING:
     from percolator._cluster import Cluster
+    from percolator._internals import Internals
     from percolator._observer_hooks import Settlement
     from percolator._transaction import TransactionBase
 
@@ -67,9 +68,9 @@ def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int,
 
     :raises ConflictError: a cell was written since the transaction's start.
     """
-    cluster, start_ts, parts = txn.cluster, txn.start_ts, txn._parts
+    start_ts, parts = txn.start_ts, txn._parts
     store = parts.store
-    observed = cluster.observed_columns()
+    in_flight, atomically, newest_of_row, put_row = steps
     rows: dict[tuple[str, bytes], list[tuple[str, bytes | None]]] = {}
     for (table, row, column), value in txn._writes.items():
         cells = rows.get((table, row))
@@ -77,48 +78,53 @@ def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int,
             rows[(table, row)] = [(column, value)]
         else:
             cells.append((column, value))
-    atomically, in_flight = steps
     with in_flight(atomically) as draw:
-        found = [
-            store.read_rows(table, [row], _prewrite_reads(tuple(c for c, _ in cells))).get(row, {})
-            for (table, row), cells in rows.items()
-        ]
+        # Per row, one prepared SELECT of each cell's newest lock and write record
+        # (:data:`_PREWRITE_FAMILIES`): for n cells, lock ts and value pairs, then
+        # write record ts and value pairs.
+        found = [newest_of_row(table, row, _PREWRITE_FAMILIES,
+                               (cells[0][0],) if len(cells) == 1 else tuple(c for c, _ in cells))
+                 for (table, row), cells in rows.items()]
         # Inside the atomic step, after its reads: no GC deletion can fall between
         # this check and the writes (see percolator._safe_point).
         parts.safe_point.check(start_ts)
-        for ((table, row), cells), row_cells in zip(rows.items(), found, strict=True):
-            for column, _ in cells:
-                writes = row_cells.get(_WRITE_PREFIX + column)
-                lock = row_cells.get(_LOCK_PREFIX + column)
+        for ((table, row), cells), newest in zip(rows.items(), found, strict=True):
+            n = 2 * len(cells)
+            for i, (column, _) in enumerate(cells):
+                write_ts = newest[n + 2 * i]
                 if not _one_phase_cell_ok(
-                        start_ts, table, row, column, lock[0][1] if lock else None,
-                        _writes_since(store, table, row, column, start_ts, writes)
-                        if writes else ()):
+                        start_ts, table, row, column, newest[2 * i + 1],
+                        _writes_since(store, table, row, column, start_ts,
+                                      [(write_ts, newest[n + 2 * i + 1])])
+                        if write_ts is not None else ()):
                     return None
         taken = draw(1)
         if taken is None:
             return None
         commit_ts = taken[0]
+        observed = txn.cluster.observed_columns()
         strong: list[tuple[str, bytes, str]] = []
         by_table: dict[str, list[Mutation]] = {}
-        for ((table, row), cells), row_cells in zip(rows.items(), found, strict=True):
+        for ((table, row), cells), newest in zip(rows.items(), found, strict=True):
             puts: list[tuple[str, int, bytes]] = []
-            for column, value in cells:
+            for i, (column, value) in enumerate(cells):
                 notify = bool(observed) and (table, column) in observed
                 if notify:
                     strong.append((table, row, column))
                 puts += _one_phase_puts(start_ts, commit_ts, column, value, notify,
-                                        _LOCK_PREFIX + column in row_cells)
+                                        newest[2 * i] is not None)
+            if len(rows) == 1 and txn._settlement is None and put_row is not None:
+                put_row(table, row, puts)  # the common case: no grouping, no batching
+                break
             mutations = by_table.get(table)
             if mutations is None:
                 by_table[table] = [Mutation(row, puts)]
             else:
                 mutations.append(Mutation(row, puts))
         settles = _settles_mutation(txn, by_table)
-        row_put = offered(store, PUT_ROW)
         for table, mutations in by_table.items():
-            if row_put is not None and len(mutations) == 1 and not mutations[0].deletes:
-                row_put.put_row(table, mutations[0].row, mutations[0].puts)  # no batching
+            if put_row is not None and len(mutations) == 1 and not mutations[0].deletes:
+                put_row(table, mutations[0].row, mutations[0].puts)  # no batching
             else:
                 store.mutate_rows(table, mutations)
         notifies = bool(txn._weak) or bool(strong)
@@ -129,22 +135,40 @@ def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int,
         return commit_ts, notifies
 
 
-_OnePhaseSteps = tuple[
-    Callable[[], AbstractContextManager[None]],
-    Callable[[Callable[[], AbstractContextManager[None]]],
-             AbstractContextManager[Callable[[int], range | None]]]]
+_PREWRITE_FAMILIES = (LOCK, WRITE)
+"""The families of a one-phase commit's conflict read, in the order of its result."""
 
 
-def one_phase_steps(cluster: Cluster) -> _OnePhaseSteps | None:
-    """Where *cluster* commits in one phase (the embedded store): the store's atomic
-    step (``atomically``) and the timestamp source's publication of commit timestamps
-    in flight (``in_flight``, which enters the atomic step); None elsewhere."""
-    parts = internals(cluster)
-    atomic = offered(parts.store, ATOMICALLY)
-    in_flight = getattr(parts.timestamps, "in_flight", None)
-    if atomic is None or in_flight is None or not cluster.one_phase_commit:
+class _OnePhaseSteps(NamedTuple):
+    """What a one-phase commit calls on its cluster's store and timestamp source,
+    looked up once per cluster (:func:`one_phase_steps`)."""
+
+    in_flight: Callable[[Callable[[], AbstractContextManager[None]]],
+                        AbstractContextManager[Callable[[int], range | None]]]
+    atomically: Callable[[], AbstractContextManager[None]]
+    newest_of_row: Callable[[str, bytes, tuple[str, ...], tuple[str, ...]], tuple[Any, ...]]
+    put_row: Callable[[str, bytes, Sequence[tuple[str, int, bytes]]], None] | None
+
+
+def one_phase_steps(cluster: Cluster, parts: Internals | None = None) -> _OnePhaseSteps | None:
+    """Where *cluster* commits in one phase (the embedded store): the timestamp
+    source's publication of commit timestamps in flight (``in_flight``, which enters
+    the atomic step), the store's atomic step (``atomically``) and the store's row
+    read and write the commit makes; None elsewhere. *parts*: the cluster's
+    internals where the caller holds them (a transaction, since it began)."""
+    if not cluster.one_phase_commit:
         return None
-    return atomic.atomically, in_flight
+    if parts is None:
+        parts = internals(cluster)
+    store = parts.store
+    atomic = offered(store, ATOMICALLY)
+    in_flight = getattr(parts.timestamps, "in_flight", None)
+    newest_of_row = getattr(store, "newest_of_row", None)
+    if atomic is None or in_flight is None or newest_of_row is None:
+        return None
+    row_put = offered(store, PUT_ROW)
+    return _OnePhaseSteps(in_flight, atomic.atomically, newest_of_row,
+                          row_put.put_row if row_put is not None else None)
 
 
 def _one_phase_cell_ok(start_ts: int, table: str, row: bytes, column: str,

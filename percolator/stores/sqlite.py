@@ -94,11 +94,13 @@ def _collect_puts(
 ) -> None:
     for column, ts, value in puts:
         if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
-            raise InvalidArgument(
-                f"timestamps must be integers >= 0, got {ts!r} for column {column!r}"
-            )
+            raise _bad_timestamp(column, ts)
         family, qual = split_column(column)
         by_family.setdefault(family, []).append((row, qual, ts, value))
+
+
+def _bad_timestamp(column: str, ts: object) -> InvalidArgument:
+    return InvalidArgument(f"timestamps must be integers >= 0, got {ts!r} for column {column!r}")
 
 
 def _sql_name(table: str, family: str) -> str:
@@ -256,6 +258,7 @@ class SqliteStore:
         self._families: dict[str, dict[str, int]] = {}
         self._sql_cache: dict[tuple[Any, ...], str] = {}
         self._newest_plans: dict[tuple[Any, ...], tuple[str, list[str]]] = {}
+        self._row_plans: dict[tuple[Any, ...], tuple[str, tuple[Any, ...]]] = {}
         self._untagged_indexed: set[tuple[str, str, bytes]] = set()
         self._closed = False
         # Weakly held: a thread's connection lives in its thread-local slot and closes
@@ -545,6 +548,30 @@ class SqliteStore:
             i += 2
         return {row: cells} if cells else {}
 
+    def newest_of_row(self, table: str, row: bytes, families: tuple[str, ...],
+                      qualifiers: tuple[str, ...]) -> tuple[Any, ...]:
+        """The newest version of each of *qualifiers* in each of *families* of one row,
+        as one flat tuple: for each family, for each qualifier, its timestamp and value
+        (both None where it has none). :meth:`read_rows` of ``Read(family, qualifiers)``
+        per family, without its objects: the one-phase commit's conflict read of a row
+        (:func:`percolator._one_phase._commit_one_phase`), one prepared statement."""
+        if _metrics._enabled:
+            next(REQUESTS.read_rows)
+        key = (table, families, qualifiers)
+        try:
+            plan = self._row_plans.get(key)
+            if plan is None:
+                sql, _ = self._plan_newest(table, [Read(f, qualifiers) for f in families])
+                plan = sql, (0, _MAX_TS) * len(families) + qualifiers * len(families)
+                if len(self._row_plans) > 1000:
+                    self._row_plans.clear()
+                self._row_plans[key] = plan
+            sql, params = plan
+            found: tuple[Any, ...] = self._db().execute(sql, (row, *params)).fetchone()
+        except sqlite3.Error as e:
+            raise self._error(table, e) from e
+        return found
+
     def _plan_newest(self, table: str, reads: Sequence[Read]) -> tuple[str, list[str]]:
         """:meth:`_read_newest`'s statement for these families and qualifiers, and the
         cell names of its result pairs. Parameters: the row, each read's bounds, then
@@ -785,9 +812,13 @@ class SqliteStore:
     def _put(
         self, db: sqlite3.Connection, table: str, row: bytes, puts: Sequence[tuple[str, int, bytes]]
     ) -> None:
-        by_family: dict[str, list[tuple[bytes, str, int, bytes]]] = {}
-        _collect_puts(by_family, row, puts)
-        self._flush_puts(db, table, by_family)
+        # One INSERT per put, in order: a row's puts are few (a commit's record and
+        # lock), and grouping them by family cost more than the statements it spares.
+        for column, ts, value in puts:
+            if isinstance(ts, bool) or not isinstance(ts, int) or ts < 0:
+                raise _bad_timestamp(column, ts)
+            family, qual = split_column(column)
+            db.execute(self._put_sql(table, family), (row, qual, ts, value))
 
     def _flush_puts(
         self,

@@ -24,7 +24,10 @@ import pytest
 import percolator
 from observers import Observer, Worker
 from percolator import Cluster, ConflictError, Snapshot, Transaction, TransactionBase
+from percolator._encoding import LOCK
+from percolator._internals import internals
 from percolator._notifications import pending_notifications
+from percolator._store import Read
 from percolator.testing import Interleaving, Step, client_of
 
 T, COL = "cells", "c:v"
@@ -146,3 +149,62 @@ def test_a_flat_commit_with_a_weak_notification_makes_it(embedded: Cluster) -> N
     found = [(p.table, p.row, p.column, p.weak, p.timestamps)
              for p in pending_notifications(embedded)]
     assert found == [(T, b"other", COL, True, (txn.commit_ts,))]
+
+
+def test_a_flat_commit_of_several_cells_of_a_row_checks_and_locks_each(
+    embedded: Cluster,
+) -> None:
+    """One transaction writes three cells of one row: one written before its start,
+    one written after it (by another transaction), one new. It conflicts on the
+    second; without that cell, it commits and leaves a lock cell beside every record,
+    a FREE one for the new cell.
+
+    Guards the positions in ``_commit_one_phase`` of each cell's lock and write record
+    in the row's one conflict read (``newest_of_row``: the locks of the n cells, then
+    their records): read from another cell's position, the conflict is missed, or the
+    new cell is left without its lock."""
+    later, new = "c:later", "c:new"
+    with Transaction(embedded) as before:
+        before.set(T, ROW, later, b"before")
+    txn = Transaction(embedded)
+    with Transaction(embedded) as other:
+        other.set(T, ROW, later, b"other")
+    txn.set(T, ROW, COL, b"1")
+    txn.set(T, ROW, later, b"1")
+    txn.set(T, ROW, new, b"1")
+    with pytest.raises(ConflictError, match=later):
+        txn.commit()
+    with Transaction(embedded) as txn:
+        txn.set(T, ROW, COL, b"2")
+        txn.set(T, ROW, new, b"2")
+    store = internals(embedded).store
+    found = store.read_rows(T, [ROW], [Read(LOCK, (COL, later, new))])[ROW]
+    assert sorted(found) == [f"{LOCK}:{c}" for c in sorted((COL, later, new))]
+    with Snapshot(embedded) as snap:
+        assert snap.get_row(T, ROW, [COL, later, new]) == {
+            COL: b"2", later: b"other", new: b"2"}
+
+
+def test_a_flat_commit_gives_way_to_a_live_lock_on_its_rows_second_cell(
+    embedded: Cluster,
+) -> None:
+    """As the first test, with the live two-phase lock on the second of the two cells
+    the flat commit writes in one row: the commit gives way, and T1's value stays.
+
+    Guards the position of each cell's lock in the row's one conflict read: with the
+    first cell's lock (FREE) taken for the second's, T2 writes beside T1's lock."""
+    later = "c:later"
+    with Interleaving(embedded) as world:
+        client = two_phase(embedded)
+        txn = Transaction(client)
+        txn.set(T, ROW, later, b"T1")
+        t1 = world.actor("T1", txn.commit, clients=[client])
+        t1.run_until(is_timestamp)  # locked; its commit timestamp is next
+        t2 = Transaction(embedded)
+        t2.set(T, ROW, COL, b"T2")
+        t2.set(T, ROW, later, b"T2")
+        with pytest.raises(ConflictError, match="locked by live transaction"):
+            t2.commit()
+        t1.finish()
+    with Snapshot(embedded) as snap:
+        assert snap.get_row(T, ROW, [COL, later]) == {COL: b"0", later: b"T1"}
