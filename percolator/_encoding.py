@@ -174,9 +174,13 @@ def decode_write(value: bytes) -> tuple[WriteKind, int]:
     return _WRITE_KINDS[kind], start_ts
 
 
+WRITE_RECORD_HEAD = _WRITE.size
+"""Bytes of a write record before an inline value."""
+
+
 def inline_value(record: bytes) -> bytes | None:
     """The value carried by a PUT record, or None when it points at a data cell."""
-    return record[_WRITE.size :] if record[:1] == INLINE_TAG else None
+    return record[WRITE_RECORD_HEAD:] if record[:1] == INLINE_TAG else None
 
 
 # --- lock cell --------------------------------------------------------------------

@@ -17,10 +17,12 @@ from percolator._commit import commit_transaction
 from percolator._encoding import (
     DATA,
     FREE_TAG,
+    INLINE_TAG,
     LOCK,
     MAX_ROW_BYTES,
     USER_COLUMNS,
     WRITE,
+    WRITE_RECORD_HEAD,
     Committed,
     Lock,
     WriteKind,
@@ -144,7 +146,8 @@ class Snapshot:
             self.start_ts = start_ts
             self._safe_point.register(self)
         self._read_cache: dict[tuple[tuple[str, ...] | None, bool], list[Read]] = {}
-        self._cell_reads: dict[str, list[Read]] = {}  # by column: see get
+        self._cell_reads: dict[str, tuple[list[Read], str]] = {}
+        """By column: the read of get's lean path, and the write record's cell name."""
         self._seen: dict[WriteKey, bytes | None] = {}
         """Cells this snapshot has read (``get``/``get_row``): the state at start_ts is
         fixed once a read has waited out the locks below it, so a second read of a
@@ -373,9 +376,10 @@ class Snapshot:
         """
         self._check_cell(table, row, column)
         key = (table, row, column)
-        first = self._first_read.get(key[:2])
+        at_row = (table, row)
+        first = self._first_read.get(at_row)
         if first is None:
-            self._first_read[key[:2]] = column
+            self._first_read[at_row] = column
         elif first != column:
             self._learn(table, row, column)
         if key in self._writes:
@@ -392,23 +396,32 @@ class Snapshot:
             # No lock can be held (the census is clean, asked after start_ts was drawn)
             # and no prediction rides along: the write record alone, no lock to wait
             # for; the same answer as _read_row_with's in fewer steps, here in line
-            # because most reads are these.
-            reads = self._cell_reads.get(column)
-            if reads is None:
-                reads = [Read(WRITE, (column,), max_ts=self.start_ts)]
+            # (with _read_began, inline_value and _check_safe_point) because most
+            # reads are these.
+            cell_read = self._cell_reads.get(column)
+            if cell_read is None:
+                cell_read = ([Read(WRITE, (column,), max_ts=self.start_ts)],
+                             _WRITE_PREFIX + column)
                 if len(self._cell_reads) < 64:
-                    self._cell_reads[column] = reads
-            began = _read_began()
-            found = parts.store.read_rows(table, [row], reads)
+                    self._cell_reads[column] = cell_read
+            if _metrics._enabled and next(_READS) % _READ_SAMPLE == 1:
+                began = _perf_counter()
+            else:
+                began = 0.0
+            found = parts.store.read_rows(table, [row], cell_read[0])
             value = None
             if found:  # the one row with the one cell (read_rows leaves out the empty)
                 cells = found[row]
-                value = inline_value(cells[_WRITE_PREFIX + column][0][1])
-                if value is None:  # a rollback record, a deletion or a data pointer
+                record = cells[cell_read[1]][0][1]
+                if record[:1] == INLINE_TAG:  # inline_value, in line
+                    value = record[WRITE_RECORD_HEAD:]
+                else:  # a rollback record, a deletion or a data pointer
                     value = self._values(table, row, cells).get(column)
             if began:
                 _observe("percolator_read_duration_seconds", _perf_counter() - began)
-            self._check_safe_point()
+            sp = self._safe_point
+            if _monotonic() - sp._fetched > sp.refresh or self.start_ts < sp._value:
+                sp.check(self.start_ts)
         else:
             found_row, left_out = self._read_row_with(table, row, (column,), extra)
             value = found_row.get(column)
