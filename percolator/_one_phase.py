@@ -28,6 +28,7 @@ from percolator._internals import internals
 from percolator._lock_resolver import write_cells
 from percolator._store import (
     ATOMICALLY,
+    NEWEST_OF_ROW,
     PUT_ROW,
     Cell,
     Mutation,
@@ -163,11 +164,11 @@ def one_phase_steps(cluster: Cluster, parts: Internals | None = None) -> _OnePha
     store = parts.store
     atomic = offered(store, ATOMICALLY)
     in_flight = getattr(parts.timestamps, "in_flight", None)
-    newest_of_row = getattr(store, "newest_of_row", None)
-    if atomic is None or in_flight is None or newest_of_row is None:
+    row_newest = offered(store, NEWEST_OF_ROW)
+    if atomic is None or in_flight is None or row_newest is None:
         return None
     row_put = offered(store, PUT_ROW)
-    return _OnePhaseSteps(in_flight, atomic.atomically, newest_of_row,
+    return _OnePhaseSteps(in_flight, atomic.atomically, row_newest.newest_of_row,
                           row_put.put_row if row_put is not None else None)
 
 

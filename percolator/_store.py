@@ -80,7 +80,7 @@ that wraps one, declares exactly what it implements.
   the server, so notifications are found through an index
   (``percolator/_notify_index.py``).
 
-The embedded store (SQLite, ``percolator/_embedded_mode.py``) offers four more:
+The embedded store (SQLite, ``percolator/_embedded_mode.py``) offers six more:
 
 * :data:`ATOMICALLY` (:class:`AtomicSteps`): ``atomically()``, a context in which every
   call of the thread is one atomic write step: the one-phase commit
@@ -92,6 +92,11 @@ The embedded store (SQLite, ``percolator/_embedded_mode.py``) offers four more:
   lock census's question (``percolator/_lock_census.py``).
 * :data:`VACUUM` (:class:`Vacuuming`): ``vacuum()``, return free space to the file
   system after garbage collection.
+* :data:`PUT_ROW` (:class:`RowPut`): ``put_row(table, row, puts)``, one row's puts
+  straight on the atomic step's transaction, without ``mutate_rows``' batching.
+* :data:`NEWEST_OF_ROW` (:class:`RowNewest`): ``newest_of_row(table, row, families,
+  qualifiers)``, the newest version of some cells of one row as one flat tuple: the
+  one-phase commit's conflict read (``percolator/_one_phase.py``).
 """
 
 from __future__ import annotations
@@ -435,6 +440,18 @@ class RowPut(Protocol):
         ...
 
 
+@runtime_checkable
+class RowNewest(Protocol):
+    """A store that reads the newest version of some cells of one row without building
+    :meth:`Store.read_rows`' objects (the embedded store: one prepared statement)."""
+
+    def newest_of_row(self, table: str, row: bytes, families: tuple[str, ...],
+                      qualifiers: tuple[str, ...]) -> tuple[Any, ...]:
+        """For each of *families*, for each of *qualifiers*, the newest version's
+        timestamp and value (both None where there is none), as one flat tuple."""
+        ...
+
+
 CAS_ANSWER_MAY_BE_REPLAYED: Capability[None] = Capability("cas_answer_may_be_replayed")
 INCREMENT: Capability[Incrementing] = Capability("increment", ("increment",))
 SET_UNLESS: Capability[GuardedSet] = Capability("set_unless", ("set_unless",))
@@ -449,11 +466,12 @@ SINGLE_WRITER: Capability[None] = Capability("single_writer")
 EMBEDDED_FILE: Capability[EmbeddedFile] = Capability("embedded_file", ("path", "any_untagged"))
 VACUUM: Capability[Vacuuming] = Capability("vacuum", ("vacuum",))
 PUT_ROW: Capability[RowPut] = Capability("put_row", ("put_row",))
+NEWEST_OF_ROW: Capability[RowNewest] = Capability("newest_of_row", ("newest_of_row",))
 
 CAPABILITIES: tuple[Capability[Any], ...] = (
     CAS_ANSWER_MAY_BE_REPLAYED, INCREMENT, SET_UNLESS, CHECK_AND_SET_MANY, DELETE_IF,
     CAS_DELETES, SPLIT_KEYS, NOTIFY_INDEX, ATOMICALLY, SINGLE_WRITER, EMBEDDED_FILE, VACUUM,
-    PUT_ROW,
+    PUT_ROW, NEWEST_OF_ROW,
 )
 """Every optional capability."""
 

@@ -49,6 +49,7 @@ from percolator._store import (
     CHECK_AND_SET_MANY,
     DELETE_IF,
     EMBEDDED_FILE,
+    NEWEST_OF_ROW,
     PUT_ROW,
     SINGLE_WRITER,
     VACUUM,
@@ -247,7 +248,7 @@ class SqliteStore:
     atomic_row_cas = True
     capabilities: frozenset[Capability[Any]] = frozenset({
         ATOMICALLY, CHECK_AND_SET_MANY, DELETE_IF, EMBEDDED_FILE, VACUUM, PUT_ROW,
-        SINGLE_WRITER,  # one writer at a time: workers default to one scanner thread
+        NEWEST_OF_ROW, SINGLE_WRITER,  # one writer at a time: workers default to one scanner thread
     })
 
     def __init__(self, path: str, *, busy_timeout: float = 60.0) -> None:

@@ -25,6 +25,7 @@ from percolator._store import (
     DELETE_IF,
     EMBEDDED_FILE,
     INCREMENT,
+    NEWEST_OF_ROW,
     NOTIFY_INDEX,
     PUT_ROW,
     SET_UNLESS,
@@ -39,7 +40,7 @@ from tests._backends import drop_tables
 
 EXPECTED: dict[str, frozenset[Capability[Any]]] = {
     "sqlite": frozenset({ATOMICALLY, CHECK_AND_SET_MANY, DELETE_IF, EMBEDDED_FILE,
-                         PUT_ROW, SINGLE_WRITER, VACUUM}),
+                         NEWEST_OF_ROW, PUT_ROW, SINGLE_WRITER, VACUUM}),
     "hbase": frozenset({CAS_ANSWER_MAY_BE_REPLAYED, INCREMENT, SPLIT_KEYS}),
     "bigtable": frozenset({CAS_DELETES, CHECK_AND_SET_MANY, DELETE_IF, INCREMENT,
                            NOTIFY_INDEX, SET_UNLESS, SPLIT_KEYS}),
