@@ -117,9 +117,6 @@ class Snapshot:
     """
 
     _internal_columns = False
-    _may_start_at_spare = False
-    """Whether a transaction of this class that reads nothing may start at a timestamp
-    drawn with its thread's previous commit (:class:`Transaction`)."""
     _stop_waiting: threading.Event | None = None
     """Set by whoever runs the transaction (a worker) to cut lock waits short when it
     stops: the read then raises :class:`LockedError` at once."""
@@ -137,10 +134,7 @@ class Snapshot:
         self._safe_point = self._parts.safe_point
         self.start_ts: int
         if start_ts is None:
-            if self._parts.lock_census is None and self._may_start_at_spare:
-                self._start_at_spare_or_now()
-            else:
-                self._safe_point.begin(self, self._parts.timestamps.get_timestamp)
+            self._begin()
         else:
             self._safe_point.check(start_ts)
             self.start_ts = start_ts
@@ -166,8 +160,14 @@ class Snapshot:
         if _monotonic() - sp._fetched > sp.refresh or self.start_ts < sp._value:
             sp.check(self.start_ts)
 
-    def _start_at_spare_or_now(self) -> None:
-        self._safe_point.begin(self, self._parts.timestamps.get_timestamp)
+    def _draw_start(self) -> int:
+        """Draw :attr:`start_ts` now, and hold the safe point at it."""
+        return self._safe_point.begin(self, self._parts.timestamps.get_timestamp)
+
+    def _begin(self) -> None:
+        """How a snapshot made without a start timestamp gets one (a
+        :class:`Transaction` may hold a spare instead)."""
+        self._draw_start()
 
     def _label(self) -> str:
         # Not self.start_ts: a transaction that has not drawn it yet would draw it.
@@ -716,18 +716,20 @@ class Transaction(TransactionBase):
     :class:`TransactionClosedError`.
     """
 
-    _may_start_at_spare = True
     _spare = 0
     """A start timestamp drawn with this thread's previous commit (the cluster stores),
     held instead of drawing one: the transaction commits at it if it reads nothing,
     and draws its own at its first read (0: none; :attr:`start_ts` is set)."""
 
-    def _start_at_spare_or_now(self) -> None:
+    def _begin(self) -> None:
+        if self._parts.lock_census is not None:  # the embedded store: a draw is local
+            self._draw_start()
+            return
         spares = self._parts.spare_starts.next
         self._next_start = spares  # this commit leaves the thread's next one a spare
         self._spare = spares.take(self._safe_point._value)
         if not self._spare:
-            self._safe_point.begin(self, self._parts.timestamps.get_timestamp)
+            self._draw_start()
 
     if not TYPE_CHECKING:  # for mypy, start_ts is a plain attribute
 
@@ -739,7 +741,7 @@ class Transaction(TransactionBase):
             if name != "start_ts" or not self._spare:
                 raise AttributeError(
                     f"{type(self).__name__!r} object has no attribute {name!r}")
-            start_ts = self._safe_point.begin(self, self._parts.timestamps.get_timestamp)
+            start_ts = self._draw_start()
             self._spare = 0  # after the draw: one that failed is tried again
             return start_ts
 
@@ -767,7 +769,7 @@ class Transaction(TransactionBase):
         # it committed, and having read nothing it starts over at a fresh draw, as if
         # begun now (docs/timestamps.md).
         self._closed = False
-        self._safe_point.begin(self, self._parts.timestamps.get_timestamp)
+        self._draw_start()
 
     def rollback(self) -> None:
         """Discard the buffered writes. Idempotent; a no-op after commit."""
