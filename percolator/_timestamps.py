@@ -38,6 +38,7 @@ from percolator import _forks
 from percolator._batching import BatchedDraws
 from percolator._encoding import META_FAMILIES, META_TABLE
 from percolator._errors import InvalidArgument, StoreUnavailable
+from percolator._presence import MARK_SIZE, Presence
 from percolator._store import INCREMENT, Read, Store, offered
 
 __all__ = [
@@ -246,8 +247,18 @@ def boot_id() -> bytes:
 
 class _SidecarLock:
     """:meth:`HostTimestamps._locked`: the process's lock, then the sidecar's flock. One
-    object per source, state in the source (a class: it is taken two or three times a
-    transaction, and a generator context manager costs three times as much)."""
+    object per source, state in the source (a class: it is taken two to four times a
+    transaction, and a generator context manager costs three times as much).
+
+    **A process alone on the sidecar keeps its flock between sections** (no other
+    process has the sidecar open: :class:`~percolator._presence.Presence`), and a
+    section then costs no system call. Correctness never rests on that answer, which a
+    newcomer may make stale at once: whoever touches the sidecar holds its flock, as
+    before. The newcomer's first section waits in ``flock`` until this process lets go:
+    at the end of its next section (it sees the newcomer's mark), or within two ticks
+    of :class:`_Releaser` when it has no section meanwhile (it is idle, or its thread
+    waits in SQLite for the newcomer's write transaction).
+    """
 
     __slots__ = ("_source",)
 
@@ -262,7 +273,10 @@ class _SidecarLock:
                 # A forked child shares the parent's open file, and with it the flock:
                 # its own opening makes the two exclude each other again.
                 source._open()
-            fcntl.flock(source._fd, fcntl.LOCK_EX)
+            if source._holding:
+                source._sections += 1
+            else:
+                fcntl.flock(source._fd, fcntl.LOCK_EX)
         except BaseException:
             source._lock.release()
             raise
@@ -270,9 +284,64 @@ class _SidecarLock:
     def __exit__(self, *exc: object) -> None:
         source = self._source
         try:
-            fcntl.flock(source._fd, fcntl.LOCK_UN)
+            if source._holding:
+                if source._presence.newcomer():
+                    source._holding = False
+                    fcntl.flock(source._fd, fcntl.LOCK_UN)
+            elif source._presence.others_present():
+                fcntl.flock(source._fd, fcntl.LOCK_UN)
+            else:
+                source._holding = True
+                _RELEASER.watch(source)
         finally:
             source._lock.release()
+
+
+class _Releaser:
+    """One thread per process that lets go of the sidecar flocks kept between sections
+    (:class:`_SidecarLock`) once their source had no section for a tick, or saw a
+    newcomer: a process's idle source must not keep a newcomer waiting."""
+
+    TICK = 0.005
+    """Seconds between looks."""
+
+    def __init__(self) -> None:
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._wake = threading.Condition(threading.Lock())
+        self._watched: dict[HostTimestamps, int] = {}  # source -> its sections last seen
+        self._thread: threading.Thread | None = None
+
+    def watch(self, source: HostTimestamps) -> None:
+        """Let go of *source*'s flock once it is idle (the caller holds its lock)."""
+        with self._wake:
+            self._watched[source] = -1
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="percolator-sidecar-releaser", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def _run(self) -> None:
+        wake = self._wake
+        while True:
+            with wake:
+                while not self._watched:
+                    wake.wait()
+                wake.wait(self.TICK)
+                watched = list(self._watched.items())
+            for source, seen in watched:
+                now = source._let_go_if_idle(seen)
+                with wake:
+                    if now is None:
+                        self._watched.pop(source, None)
+                    elif source in self._watched:
+                        self._watched[source] = now
+
+
+_RELEASER = _Releaser()
 
 
 class _InFlight:
@@ -355,6 +424,10 @@ class HostTimestamps:
     _SLOT_AT = _NEXT_AT + 8  # the in-flight slot
     _RESUME_AT = _SLOT_AT + 16  # one above every commit timestamp drawn in flight
     _HEADER = struct.Struct(">8s16s16s")
+    _PRESENCE_AT = _LAYOUT.size  # the processes that have the sidecar open (Presence)
+    _SIZE = _PRESENCE_AT + MARK_SIZE
+    _map: mmap.mmap
+    _presence: Presence
     BLOCK = 1 << 24
     REFILL = BLOCK // 2
     """Room left in the persisted block below which a draw outside a commit persists a
@@ -376,17 +449,51 @@ class HostTimestamps:
         self._sidecar_lock = _SidecarLock(self)
         self._header = self._HEADER.pack(self._MAGIC, self._boot, self._identity)
         self.path = sidecar_path
+        self._fd = -1
         self._open()
 
     def _open(self) -> None:
+        """Open the sidecar (again, in a forked child: the parent's descriptors are
+        closed here, not unlocked, so that the parent's flock ends with the parent)."""
+        if self._fd >= 0:
+            self._presence.forget()
+            self._map.close()
+            os.close(self._fd)
+            self._fd = -1
+        self._holding = False
+        """Whether this process keeps the flock between sections (:class:`_SidecarLock`)."""
+        self._sections = 0
         try:
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            if os.fstat(self._fd).st_size < self._LAYOUT.size:
-                os.ftruncate(self._fd, self._LAYOUT.size)
-            self._map = mmap.mmap(self._fd, self._LAYOUT.size)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                if os.fstat(fd).st_size < self._SIZE:
+                    os.ftruncate(fd, self._SIZE)
+                self._map = mmap.mmap(fd, self._SIZE)
+            except BaseException:
+                os.close(fd)
+                raise
         except OSError as e:
             raise StoreUnavailable(f"cannot open timestamp file {self.path!r}: {e}") from e
+        self._fd = fd
+        self._presence = Presence(fd, self._map, self._PRESENCE_AT)
         self._generation = _forks.generation
+
+    def _let_go_if_idle(self, seen: int) -> int | None:
+        """For :class:`_Releaser`: let go of the flock kept between sections if no
+        section began since the count *seen*, or a newcomer came; None once let go (or
+        not kept), else the count now."""
+        if not self._lock.acquire(blocking=False):
+            return -1  # a section runs now: not idle
+        try:
+            if not self._holding:
+                return None
+            if self._sections != seen and not self._presence.newcomer():
+                return self._sections
+            self._holding = False
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            self._lock.release()
 
     def _locked(self) -> _SidecarLock:
         """``with self._locked():`` this process's lock, then the sidecar's flock."""
@@ -531,6 +638,10 @@ class HostTimestamps:
     def close(self) -> None:
         with self._lock:
             if self._fd >= 0:
+                if self._holding and self._generation == _forks.generation:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                self._holding = False
+                self._presence.forget()
                 self._map.close()
                 os.close(self._fd)
                 self._fd = -1

@@ -31,7 +31,6 @@ import logging
 import mmap
 import os
 import sqlite3
-import struct
 import threading
 import time
 import weakref
@@ -44,6 +43,7 @@ from percolator import metrics as _metrics
 from percolator._embedded_mode import WRITE_LOCK_SUFFIX, WRITERS_SUFFIX
 from percolator._encoding import split_column
 from percolator._errors import InvalidArgument, StoreUnavailable, UnknownTableError
+from percolator._presence import MARK_SIZE, Presence
 from percolator._store import (
     ATOMICALLY,
     CHECK_AND_SET_MANY,
@@ -108,67 +108,30 @@ def _sql_name(table: str, family: str) -> str:
     return '"' + f"{table}#{family}".replace('"', '""') + '"'
 
 
-_FLOCK = struct.Struct("hhqqi4x")
-"""Linux's ``struct flock`` (64-bit): type, whence, start, length, pid."""
-_OFD_GETLK: int = getattr(fcntl, "F_OFD_GETLK", -1)
-_OFD_SETLK: int = getattr(fcntl, "F_OFD_SETLK", -1)
-
-
 class _Writers:
     """The writers' turn of one file (``<file>-write.lock``, see
-    :meth:`SqliteStore._take_turn`) and whether another store object writes it.
-
-    Every store object (one per process and fork, in practice) holds a shared
-    open-file-description lock on the first byte of ``<file>-writers`` while it is
-    open (the kernel drops it when the process dies, ``kill -9`` included), and on
-    arrival writes random bytes over the file's first eight: the others, which compare
-    those bytes with what they saw at each write (a memory read), look again at once
-    (one ``F_OFD_GETLK``: is a lock held by another open file description?) and take
-    turns from then on. A departure is noticed within ``RECHECK`` seconds. Where
-    open-file-description locks are missing (not Linux), or anything fails, others
-    are assumed present: every write takes its turn.
-    """
-
-    RECHECK = 1.0
-    """Seconds an answer is trusted when no newcomer has marked the file."""
+    :meth:`SqliteStore._take_turn`) and whether another store object writes it: every
+    store object (one per process and fork, in practice) has its
+    :class:`~percolator._presence.Presence` in ``<file>-writers`` while it is open, and
+    takes turns only while another one has too."""
 
     def __init__(self, path: str) -> None:
         self.generation = _forks.generation
         self.turn_fd = self.fd = -1
         self._map: mmap.mmap | None = None
-        self._seen = b""
-        self._checked = float("-inf")
-        self._others = True
         try:
             self.turn_fd = os.open(path + WRITE_LOCK_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
-            if _OFD_GETLK < 0 or _OFD_SETLK < 0:
-                return
             self.fd = os.open(path + WRITERS_SUFFIX, os.O_RDWR | os.O_CREAT, 0o644)
-            if os.fstat(self.fd).st_size < 8:
-                os.ftruncate(self.fd, 8)
-            fcntl.fcntl(self.fd, _OFD_SETLK, _FLOCK.pack(fcntl.F_RDLCK, 0, 0, 1, 0))
-            self._map = mmap.mmap(self.fd, 8)
-            self._map[:8] = os.urandom(8)  # after the lock: who sees the mark sees the lock
+            if os.fstat(self.fd).st_size < MARK_SIZE:
+                os.ftruncate(self.fd, MARK_SIZE)
+            self._map = mmap.mmap(self.fd, MARK_SIZE)
         except OSError:
-            self._map = None  # others assumed present
-
-    def others_present(self) -> bool:
-        """Whether another store object (another process) may write the file."""
-        if self._map is None:
-            return True
-        mark = self._map[:8]
-        now = time.monotonic()
-        if mark == self._seen and now - self._checked < self.RECHECK:
-            return self._others
-        self._seen, self._checked = mark, now
-        try:
-            answer = fcntl.fcntl(self.fd, _OFD_GETLK, _FLOCK.pack(fcntl.F_WRLCK, 0, 0, 1, 0))
-            self._others = _FLOCK.unpack(answer)[0] != fcntl.F_UNLCK
-        except OSError:
-            self._others = True
-        return self._others
+            pass  # others assumed present (a Presence without a map)
+        self.presence = Presence(self.fd, self._map, 0)
+        self.others_present = self.presence.others_present
 
     def close(self) -> None:
+        self.presence.forget()
         if self._map is not None:
             self._map.close()
             self._map = None

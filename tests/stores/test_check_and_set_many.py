@@ -25,9 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from percolator._bulk import check_and_set_many
+from percolator._presence import Presence
 from percolator._store import BatchedCas, CasItem, Read, Store
 from percolator.stores import open_store
-from percolator.stores.sqlite import _Writers
 from tests._backends import drop_tables
 
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -185,7 +185,6 @@ def test_hbase_has_no_batched_compare_and_set() -> None:
 _OTHER_WRITER = """
 import fcntl, os, sys
 from percolator.stores import open_store
-from percolator.stores.sqlite import _Writers
 store = open_store(f"sqlite://{sys.argv[1]}")  # a writer of the file, in another process
 turn = os.open(sys.argv[1] + "-write.lock", os.O_RDWR)
 fcntl.flock(turn, fcntl.LOCK_EX)  # its turn, held until told to go
@@ -211,7 +210,7 @@ def other_writer(path: str) -> Iterator[subprocess.Popen[str]]:
 def test_sqlite_writers_take_turns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A writer waits for the turn of a writer of another process: here one that came
     after this store's first write (its mark makes this store look again at once)."""
-    monkeypatch.setattr(_Writers, "RECHECK", 3600.0)  # only the mark can tell
+    monkeypatch.setattr(Presence, "RECHECK", 3600.0)  # only the mark can tell
     path = f"{tmp_path}/repo.db"
     s = open_store(f"sqlite://{path}")
     s.create_table("t", FAMILIES)  # a write, alone on the file: no turn taken

@@ -460,6 +460,8 @@ def test_a_forked_child_does_not_share_its_parents_sidecar_lock(tmp_path: Path) 
     source = HostTimestamps(store, str(tmp_path / "db-ts"))
     first = source.get_timestamp()
     read_end, write_end = os.pipe()
+    with source._lock:
+        source._holding = False  # this flock is the test's: nothing lets go of it but the test
     fcntl.flock(source._fd, fcntl.LOCK_EX)  # the parent is counting
     pid = os.fork()
     if pid == 0:  # the child draws and reports

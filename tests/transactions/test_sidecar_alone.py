@@ -1,0 +1,184 @@
+"""A process alone on the timestamp sidecar keeps its ``flock`` between draws (no system
+call a section), and lets a newcomer in: at the end of its next section when it is
+busy, from the releaser thread when it is idle, and at its death when it forked a
+child that lives on (:class:`percolator._timestamps._SidecarLock`)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from percolator._presence import Presence
+from percolator._timestamps import _RELEASER, HostTimestamps, _Releaser
+from percolator.stores.sqlite import SqliteStore
+
+ROOT = Path(__file__).resolve().parents[2]
+
+_DRAW_ONCE = """
+import sys
+from percolator._timestamps import HostTimestamps
+from percolator.stores.sqlite import SqliteStore
+store = SqliteStore(sys.argv[1])
+print(HostTimestamps(store, sys.argv[1] + "-ts").get_timestamp(), flush=True)
+"""
+
+_HOLD_FORK_AND_WAIT = """
+import os, sys, time
+from percolator._timestamps import HostTimestamps, _Releaser
+from percolator.stores.sqlite import SqliteStore
+_Releaser.TICK = 3600.0  # this process never lets go while it lives
+store = SqliteStore(sys.argv[1])
+source = HostTimestamps(store, sys.argv[1] + "-ts")
+first = source.get_timestamp()
+assert source._holding, "alone on the sidecar, the flock is kept"
+parent_alive, parent_gone = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(parent_gone)
+    os.read(parent_alive, 1)  # b"" once the parent is dead
+    print(first, source.get_timestamp(), flush=True)
+    os._exit(0)
+print("forked", child, flush=True)
+time.sleep(3600)
+"""
+
+
+@pytest.fixture
+def slow_releaser(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The releaser lets go of nothing while the test runs (wakes it at the end, so
+    that it does not sleep out the patched tick)."""
+    monkeypatch.setattr(_Releaser, "TICK", 3600.0)
+    yield
+    monkeypatch.undo()
+    with _RELEASER._wake:
+        _RELEASER._wake.notify()
+
+
+def _draw_in_another_process(path: str, timeout: float = 60) -> int:
+    done = subprocess.run([sys.executable, "-c", _DRAW_ONCE, path], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, check=True)
+    return int(done.stdout)
+
+
+def _flock_taken(path: str) -> bool:
+    """Whether some open file holds the sidecar's flock (tried from a new one)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # drops the flock if this descriptor got it
+    return False
+
+
+def test_a_process_alone_keeps_the_flock_between_draws(
+    tmp_path: Path, slow_releaser: None,
+) -> None:
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    try:
+        first = source.get_timestamp()
+        assert _flock_taken(source.path)  # kept after the draw returned
+        assert source.get_timestamps(3)[0] > first
+        source.close()
+        assert not _flock_taken(source.path)  # closing lets go
+    finally:
+        source.close()
+        store.close()
+
+
+def test_a_newcomer_gets_in_while_the_process_alone_keeps_drawing(
+    tmp_path: Path, slow_releaser: None,
+) -> None:
+    """The releaser is asleep: only the drawing thread's own sections can let go, once
+    they see the newcomer's mark."""
+    path = str(tmp_path / "db")
+    store = SqliteStore(path)
+    source = HostTimestamps(store, path + "-ts")
+    drawn: list[int] = []
+    stop = threading.Event()
+
+    def keep_drawing() -> None:
+        while not stop.is_set():
+            drawn.append(source.get_timestamp())
+
+    drawn.append(source.get_timestamp())
+    assert source._holding
+    before = drawn[-1]
+    drawer = threading.Thread(target=keep_drawing)
+    drawer.start()
+    try:
+        theirs = _draw_in_another_process(path)
+    finally:
+        stop.set()
+        drawer.join()
+        source.close()
+        store.close()
+    assert theirs > before
+    assert theirs not in drawn
+
+
+def test_an_idle_process_lets_a_newcomer_in_and_keeps_the_flock_again_once_it_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(Presence, "RECHECK", 0.0)  # a departure is seen at the next look
+    path = str(tmp_path / "db")
+    store = SqliteStore(path)
+    source = HostTimestamps(store, path + "-ts")
+    try:
+        first = source.get_timestamp()
+        assert source._holding
+        theirs = _draw_in_another_process(path)  # nobody draws here meanwhile
+        assert theirs > first
+        assert not source._holding  # it let go for the newcomer
+        ours = source.get_timestamp()  # the newcomer is gone: kept again
+        assert ours > theirs
+        assert source._holding
+    finally:
+        source.close()
+        store.close()
+
+
+def test_the_flock_of_a_killed_process_does_not_outlive_it_in_its_forked_child(
+    tmp_path: Path,
+) -> None:
+    """A child inherits the descriptors of its parent's open sidecar, which holds the
+    flock: it must close, not keep, them (and not unlock them: the parent's lock),
+    or the lock outlives a parent killed while holding it and the child waits for ever."""
+    path = str(tmp_path / "db")
+    parent = subprocess.Popen([sys.executable, "-c", _HOLD_FORK_AND_WAIT, path], cwd=ROOT,
+                              stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    out = parent.stdout
+    child = 0
+    try:
+        said, pid = out.readline().split()
+        assert said == "forked"
+        child = int(pid)
+        assert _flock_taken(path + "-ts")
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        lines: list[str] = []
+        reading = threading.Thread(target=lambda: lines.append(out.readline()), daemon=True)
+        reading.start()
+        reading.join(60)
+        assert lines, "the forked child still waits for its dead parent's flock"
+        first, theirs = map(int, lines[0].split())
+        assert theirs > first
+    finally:
+        parent.kill()
+        parent.wait()
+        if child:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
