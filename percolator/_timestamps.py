@@ -50,6 +50,7 @@ _ROW = b"timestamps"
 _CEILING = "m:ceiling"
 _IDENTITY = "m:identity"
 _U64 = struct.Struct(">Q")
+_monotonic = time.monotonic
 MAX_BATCH = 10_000_000
 
 
@@ -251,8 +252,9 @@ class _SidecarLock:
     transaction, and a generator context manager costs three times as much).
 
     **A process alone on the sidecar keeps its flock between sections** (no other
-    process has the sidecar open: :class:`~percolator._presence.Presence`), and a
-    section then costs no system call. Correctness never rests on that answer, which a
+    process has the sidecar open: :class:`~percolator._presence.Presence`) once it
+    takes :attr:`HostTimestamps.HOT` sections within a tick of :class:`_Releaser`, and
+    a section then costs no system call. Correctness never rests on that answer, which a
     newcomer may make stale at once: whoever touches the sidecar holds its flock, as
     before. The newcomer's first section waits in ``flock`` until this process lets go:
     at the end of its next section (it sees the newcomer's mark), or within two ticks
@@ -288,11 +290,19 @@ class _SidecarLock:
                 if source._presence.newcomer():
                     source._holding = False
                     fcntl.flock(source._fd, fcntl.LOCK_UN)
-            elif source._presence.others_present():
-                fcntl.flock(source._fd, fcntl.LOCK_UN)
             else:
-                source._holding = True
-                _RELEASER.watch(source)
+                # Kept only at a rate where it pays for the releaser's looks (each wakes
+                # a thread, tens of microseconds): HOT sections within a tick.
+                now = _monotonic()
+                if now - source._window_began > _Releaser.TICK:
+                    source._window_began, source._window_sections = now, 0
+                source._window_sections += 1
+                if (source._window_sections >= source.HOT
+                        and not source._presence.others_present()):
+                    source._holding = True
+                    _RELEASER.watch(source)
+                else:
+                    fcntl.flock(source._fd, fcntl.LOCK_UN)
         finally:
             source._lock.release()
 
@@ -302,8 +312,8 @@ class _Releaser:
     (:class:`_SidecarLock`) once their source had no section for a tick, or saw a
     newcomer: a process's idle source must not keep a newcomer waiting."""
 
-    TICK = 0.005
-    """Seconds between looks."""
+    TICK = 0.02
+    """Seconds between looks: a newcomer waits up to two for an idle holder."""
 
     def __init__(self) -> None:
         self._reset()
@@ -436,6 +446,10 @@ class HostTimestamps:
     """Timestamps a one-phase commit leaves below its own, for the start timestamps
     drawn while it is in flight: those are below every timestamp of the commit, so
     they need not wait for it to be visible (docs/timestamps.md)."""
+    HOT = 64
+    """Sections within a tick of :class:`_Releaser` from which a process alone on the
+    sidecar keeps its flock between them (below that rate the releaser's looks would
+    cost more than the system calls they save)."""
     IN_FLIGHT_DEADLINE = 60.0
     """Seconds a draw waits for an in-flight commit (its process stopped, say) before
     giving up with :class:`~percolator.StoreUnavailable`."""
@@ -463,6 +477,7 @@ class HostTimestamps:
         self._holding = False
         """Whether this process keeps the flock between sections (:class:`_SidecarLock`)."""
         self._sections = 0
+        self._window_began, self._window_sections = float("-inf"), 0
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:

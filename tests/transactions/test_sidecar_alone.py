@@ -1,5 +1,5 @@
-"""A process alone on the timestamp sidecar keeps its ``flock`` between draws (no system
-call a section), and lets a newcomer in: at the end of its next section when it is
+"""A process alone on the timestamp sidecar that draws often keeps its ``flock`` between
+draws (no system call a section), and lets a newcomer in: at the end of its next section when it is
 busy, from the releaser thread when it is idle, and at its death when it forked a
 child that lives on (:class:`percolator._timestamps._SidecarLock`)."""
 
@@ -35,6 +35,7 @@ import os, sys, time
 from percolator._timestamps import HostTimestamps, _Releaser
 from percolator.stores.sqlite import SqliteStore
 _Releaser.TICK = 3600.0  # this process never lets go while it lives
+HostTimestamps.HOT = 1  # and keeps the lock from its first draw
 store = SqliteStore(sys.argv[1])
 source = HostTimestamps(store, sys.argv[1] + "-ts")
 first = source.get_timestamp()
@@ -49,6 +50,12 @@ if child == 0:
 print("forked", child, flush=True)
 time.sleep(3600)
 """
+
+
+@pytest.fixture(autouse=True)
+def hot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lock is kept from the first section (not from the rate that pays for it)."""
+    monkeypatch.setattr(HostTimestamps, "HOT", 1)
 
 
 @pytest.fixture
@@ -91,6 +98,25 @@ def test_a_process_alone_keeps_the_flock_between_draws(
         assert source.get_timestamps(3)[0] > first
         source.close()
         assert not _flock_taken(source.path)  # closing lets go
+    finally:
+        source.close()
+        store.close()
+
+
+def test_a_process_that_draws_rarely_does_not_keep_the_flock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slow_releaser: None,
+) -> None:
+    """Below the rate at which keeping it pays for the releaser's looks (``HOT``
+    sections within a tick), every section unlocks, as every process did before."""
+    monkeypatch.setattr(HostTimestamps, "HOT", 10)
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    try:
+        source.get_timestamp()  # one or two sections (the first persists a ceiling)
+        assert not source._holding and not _flock_taken(source.path)
+        for _ in range(10):  # within a tick (an hour, here)
+            source.get_timestamp()
+        assert source._holding and _flock_taken(source.path)
     finally:
         source.close()
         store.close()
