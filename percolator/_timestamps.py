@@ -379,8 +379,7 @@ class _InFlight:
             if taken is None:
                 return None
             if not self._first:
-                source._set_slot(taken[0], _forks.pid)
-                self._first = taken[0]
+                self._first = taken[0]  # published in the slot by _take_commit
         return taken
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -427,14 +426,15 @@ class HostTimestamps:
     wait on those locks as Percolator does. docs/timestamps.md has the whole argument.
     """
 
-    _MAGIC = b"PCTS0003"
-    _LAYOUT = struct.Struct(">8s16s16sQQQQ")
-    _NEXT_AT = 8 + 16 + 16  # the next timestamp to hand out to a draw
-    _SLOT = struct.Struct(">QQ")
-    _SLOT_AT = _NEXT_AT + 8  # the in-flight slot
-    _RESUME_AT = _SLOT_AT + 16  # one above every commit timestamp drawn in flight
+    _MAGIC = b"PCTS0004"
     _HEADER = struct.Struct(">8s16s16s")
-    _PRESENCE_AT = _LAYOUT.size  # the processes that have the sidecar open (Presence)
+    _IN_USE_AT = _HEADER.size  # one byte: which of the two copies of the state is in use
+    _STATE = struct.Struct(">QQQQ")
+    """The state: ``next`` (the next timestamp to hand out to a draw), the in-flight
+    slot (timestamp, pid) and ``resume`` (one above every commit timestamp drawn in
+    flight). Two copies: see :meth:`_put_state`."""
+    _COPIES_AT = _IN_USE_AT + 8
+    _PRESENCE_AT = _COPIES_AT + 2 * _STATE.size  # who has the sidecar open (Presence)
     _SIZE = _PRESENCE_AT + MARK_SIZE
     _map: mmap.mmap
     _presence: Presence
@@ -524,8 +524,8 @@ class HostTimestamps:
         while True:
             with self._sidecar_lock:
                 self._validate()
-                in_flight, pid = self._slot()
-                taken = self._take(n, in_flight)
+                nxt, in_flight, pid, resume = self._state()
+                taken = self._take(n, nxt, in_flight, pid, resume)
                 low = self._known_ceiling - (taken.stop if taken else 0) < self.REFILL
             if taken is None or low:
                 self._refill(n)
@@ -536,19 +536,43 @@ class HostTimestamps:
             self._wait_visible(in_flight, pid)
         return taken
 
+    def _state(self) -> tuple[int, int, int, int]:
+        """``(next, in-flight timestamp, in-flight pid, resume)``, from the copy in use
+        (the caller holds both locks)."""
+        mapped = self._map
+        return self._STATE.unpack_from(  # type: ignore[return-value]
+            mapped, self._COPIES_AT + self._STATE.size * (mapped[self._IN_USE_AT] & 1))
+
+    def _put_state(self, nxt: int, in_flight: int, pid: int, resume: int) -> None:
+        """Write the state so that a process killed at any instant leaves a whole one
+        (the caller holds both locks): into the copy not in use, then one byte puts it
+        in use. Written in place, a ``kill -9`` between ``struct.pack_into``'s zeroing
+        of the bytes and its writing of them left ``next`` at 0, and the next process
+        handed out every timestamp again."""
+        mapped = self._map
+        spare = (mapped[self._IN_USE_AT] & 1) ^ 1
+        self._STATE.pack_into(mapped, self._COPIES_AT + self._STATE.size * spare,
+                              nxt, in_flight, pid, resume)
+        mapped[self._IN_USE_AT] = spare
+
     def _slot(self) -> tuple[int, int]:
-        return self._SLOT.unpack_from(self._map, self._SLOT_AT)  # type: ignore[return-value]
+        _, in_flight, pid, _ = self._state()
+        return in_flight, pid
 
     def _set_slot(self, ts: int, pid: int) -> None:
-        self._SLOT.pack_into(self._map, self._SLOT_AT, ts, pid)
+        nxt, _, _, resume = self._state()
+        self._put_state(nxt, ts, pid, resume)
 
     def _validate(self) -> None:
         """Reset a sidecar of an earlier boot or of another store to the persisted
-        ceiling (the caller holds both locks)."""
-        if self._map[: self._HEADER.size] != self._header:
+        ceiling (the caller holds both locks). The header goes last: a process killed
+        before it is whole leaves a sidecar the next one resets again."""
+        mapped = self._map
+        if mapped[: self._HEADER.size] != self._header:
             self._known_ceiling = self._ceiling.read()[0]
-            self._map[: self._LAYOUT.size] = self._LAYOUT.pack(
-                self._MAGIC, self._boot, self._identity, self._known_ceiling, 0, 0, 0)
+            self._STATE.pack_into(mapped, self._COPIES_AT, self._known_ceiling, 0, 0, 0)
+            mapped[self._IN_USE_AT] = 0
+            mapped[: self._HEADER.size] = self._header
 
     def _room(self, end: int) -> bool:
         """Whether timestamps below *end* are below the persisted ceiling. Never writes
@@ -558,42 +582,42 @@ class HostTimestamps:
             self._known_ceiling = self._ceiling.read()[0]
         return end <= self._known_ceiling
 
-    def _take(self, n: int, in_flight: int) -> range | None:
-        """Take *n* timestamps for a draw (the caller holds both locks and has
-        validated the sidecar): below the commit *in flight* when its gap has room
-        for them, else above every timestamp drawn so far. None when the persisted
-        block has no room."""
-        nxt, resume = self._counters()
+    def _take(self, n: int, nxt: int, in_flight: int, pid: int, resume: int) -> range | None:
+        """Take *n* timestamps for a draw (the caller holds both locks, has validated
+        the sidecar and read its state): below the commit in flight when its gap has
+        room for them, else above every timestamp drawn so far. None when the
+        persisted block has no room."""
         start = nxt if in_flight and nxt + n <= in_flight else max(nxt, resume)
         if not self._room(start + n):
             return None
-        _U64.pack_into(self._map, self._NEXT_AT, start + n)
+        self._put_state(start + n, in_flight, pid, resume)
         return range(start, start + n)
 
     def _take_commit(self, n: int, first: bool) -> range | None:
         """*n* one-phase commit timestamps (the caller holds both locks and has
         validated the sidecar). The first draw of a commit (or group) leaves ``GAP``
-        timestamps below them for the draws made while it is in flight; a next one
-        follows them. None when the persisted block has no room."""
-        nxt, resume = self._counters()
+        timestamps below them for the draws made while it is in flight, and publishes
+        the first of them in the slot; a next one follows them. None when the
+        persisted block has no room."""
+        nxt, in_flight, pid, resume = self._state()
         if first:
             # No commit is in flight now (SQLite's single writer), so every earlier
             # one is visible: draws from here on are above all of them.
             nxt = max(nxt, resume)
             start = nxt + self.GAP
+            in_flight, pid = start, _forks.pid
         else:
             start = resume
         if not self._room(start + n):
             return None
-        _U64.pack_into(self._map, self._NEXT_AT, nxt)
-        _U64.pack_into(self._map, self._RESUME_AT, start + n)
+        self._put_state(nxt, in_flight, pid, start + n)
         return range(start, start + n)
 
     def _counters(self) -> tuple[int, int]:
         """``(next, resume)``: the next timestamp for a draw, and one above every commit
         timestamp drawn in flight."""
-        return (_U64.unpack_from(self._map, self._NEXT_AT)[0],
-                _U64.unpack_from(self._map, self._RESUME_AT)[0])
+        nxt, _, _, resume = self._state()
+        return nxt, resume
 
     def _refill(self, n: int) -> None:
         """Persist a ceiling a block above what is taken (outside the sidecar lock; two
@@ -646,9 +670,10 @@ class HostTimestamps:
     def _close_gap(self) -> None:
         """Hand out no more timestamps from the gap below the commit in flight: the
         next draws come from ``resume``, above it, and wait until it is visible."""
-        with self._locked():
-            nxt, resume = self._counters()
-            _U64.pack_into(self._map, self._NEXT_AT, max(nxt, resume))
+        with self._sidecar_lock:
+            nxt, in_flight, pid, resume = self._state()
+            if resume > nxt:
+                self._put_state(resume, in_flight, pid, resume)
 
     def close(self) -> None:
         with self._lock:

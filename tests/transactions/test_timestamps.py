@@ -47,9 +47,11 @@ def _worker(db: Path, out: Path, threads: int, count: int,
 def _calls(paths: list[Path]) -> list[tuple[str, int, int, int]]:
     calls = []
     for path in paths:
-        for line in path.read_text().splitlines():
+        # A killed writer may leave half a line, even one of four fields ("... 26" of
+        # "... 2621"): only whole lines count.
+        for line in path.read_text().split("\n")[:-1]:
             parts = line.split()
-            if len(parts) == 4:  # a killed writer may leave half a line
+            if len(parts) == 4:
                 calls.append(
                     (f"{path.name}/{parts[0]}", int(parts[1]), int(parts[2]), int(parts[3]))
                 )
