@@ -31,6 +31,7 @@ from percolator._timestamps import SpareStarts, TimestampSource
 if TYPE_CHECKING:
     from percolator._cluster import Cluster
     from percolator._coordination import Coordination
+    from percolator._one_phase import _OnePhaseSteps
 
 __all__ = ["Internals", "internals"]
 
@@ -41,8 +42,8 @@ class Internals:
     """The parts of one :class:`~percolator.Cluster` below its public face."""
 
     __slots__ = ("cluster", "coordination", "lock_census", "lock_wait_policy",
-                 "read_predictions", "safe_point", "spare_starts", "stats", "store",
-                 "timestamps", "wakeups")
+                 "one_phase", "read_predictions", "safe_point", "spare_starts", "stats",
+                 "store", "timestamps", "wakeups")
 
     def __init__(
         self,
@@ -80,6 +81,10 @@ class Internals:
         self.wakeups: list[Callable[[], None]] = []
         """Called after each commit that makes a notification (workers of this process
         register here, so that a local change wakes their idle scanners at once)."""
+        self.one_phase: tuple[Store, TimestampSource, _OnePhaseSteps | None] | None = None
+        """The store and timestamp source the one-phase commit's steps were last looked
+        up on, and those steps (:func:`percolator._one_phase.one_phase_steps`): looked
+        up again only when either is another object (tests swap them)."""
 
     def for_client(self, cluster: Cluster, coordination: Coordination) -> Internals:
         """The parts of *cluster*, another identity on the same store and timestamps

@@ -70,7 +70,6 @@ def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int,
     :raises ConflictError: a cell was written since the transaction's start.
     """
     start_ts, parts = txn.start_ts, txn._parts
-    store = parts.store
     in_flight, atomically, newest_of_row, put_row = steps
     rows: dict[tuple[str, bytes], list[tuple[str, bytes | None]]] = {}
     for (table, row, column), value in txn._writes.items():
@@ -92,10 +91,15 @@ def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int,
         for ((table, row), cells), newest in zip(rows.items(), found, strict=True):
             n = 2 * len(cells)
             for i, (column, _) in enumerate(cells):
-                write_ts = newest[n + 2 * i]
+                write_ts, lock_raw = newest[n + 2 * i], newest[2 * i + 1]
+                # The usual cell passes here, in line: no write record at or above the
+                # start (none of them can conflict), no lock or a FREE one.
+                if (write_ts is None or write_ts < start_ts) and (
+                        lock_raw is None or lock_raw[:1] == FREE_TAG):
+                    continue
                 if not _one_phase_cell_ok(
-                        start_ts, table, row, column, newest[2 * i + 1],
-                        _writes_since(store, table, row, column, start_ts,
+                        start_ts, table, row, column, lock_raw,
+                        _writes_since(parts.store, table, row, column, start_ts,
                                       [(write_ts, newest[n + 2 * i + 1])])
                         if write_ts is not None else ()):
                     return None
@@ -105,30 +109,32 @@ def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int,
         commit_ts = taken[0]
         observed = txn.cluster.observed_columns()
         strong: list[tuple[str, bytes, str]] = []
+        settles = txn._settlement
+        # Each row's puts straight to put_row (no Mutation objects, no grouping by
+        # table) unless the commit serves an observer run's notification, whose
+        # deletion is batched with the puts of its table.
+        row_put = put_row if settles is None else None
         by_table: dict[str, list[Mutation]] = {}
         for ((table, row), cells), newest in zip(rows.items(), found, strict=True):
             puts: list[tuple[str, int, bytes]] = []
             for i, (column, value) in enumerate(cells):
-                notify = bool(observed) and (table, column) in observed
+                notify = (table, column) in observed if observed else False
                 if notify:
                     strong.append((table, row, column))
                 puts += _one_phase_puts(start_ts, commit_ts, column, value, notify,
                                         newest[2 * i] is not None)
-            if len(rows) == 1 and txn._settlement is None and put_row is not None:
-                put_row(table, row, puts)  # the common case: no grouping, no batching
-                break
-            mutations = by_table.get(table)
-            if mutations is None:
-                by_table[table] = [Mutation(row, puts)]
+            if row_put is not None:
+                row_put(table, row, puts)
             else:
-                mutations.append(Mutation(row, puts))
-        settles = _settles_mutation(txn, by_table)
+                by_table.setdefault(table, []).append(Mutation(row, puts))
+        if settles is not None:
+            _settles_mutation(txn, by_table)
         for table, mutations in by_table.items():
             if put_row is not None and len(mutations) == 1 and not mutations[0].deletes:
                 put_row(table, mutations[0].row, mutations[0].puts)  # no batching
             else:
-                store.mutate_rows(table, mutations)
-        notifies = bool(txn._weak) or bool(strong)
+                parts.store.mutate_rows(table, mutations)
+        notifies = bool(txn._weak or strong)
         if notifies:
             _write_notifications_of(txn, strong, commit_ts)
         if settles is not None:
@@ -156,20 +162,29 @@ def one_phase_steps(cluster: Cluster, parts: Internals | None = None) -> _OnePha
     source's publication of commit timestamps in flight (``in_flight``, which enters
     the atomic step), the store's atomic step (``atomically``) and the store's row
     read and write the commit makes; None elsewhere. *parts*: the cluster's
-    internals where the caller holds them (a transaction, since it began)."""
+    internals where the caller holds them (a transaction, since it began).
+
+    Looked up once per store and timestamp source (kept on the internals, keyed on
+    both objects, which tests swap), not per commit."""
     if not cluster.one_phase_commit:
         return None
     if parts is None:
         parts = internals(cluster)
-    store = parts.store
+    store, timestamps = parts.store, parts.timestamps
+    known = parts.one_phase
+    if known is not None and known[0] is store and known[1] is timestamps:
+        return known[2]
     atomic = offered(store, ATOMICALLY)
-    in_flight = getattr(parts.timestamps, "in_flight", None)
+    in_flight = getattr(timestamps, "in_flight", None)
     row_newest = offered(store, NEWEST_OF_ROW)
-    if atomic is None or in_flight is None or row_newest is None:
-        return None
-    row_put = offered(store, PUT_ROW)
-    return _OnePhaseSteps(in_flight, atomic.atomically, row_newest.newest_of_row,
-                          row_put.put_row if row_put is not None else None)
+    steps = None
+    if atomic is not None and in_flight is not None and row_newest is not None:
+        row_put = offered(store, PUT_ROW)
+        steps = _OnePhaseSteps(in_flight, atomic.atomically, row_newest.newest_of_row,
+                               row_put.put_row if row_put is not None else None)
+    # Holding both objects (not their ids): neither's id can pass to another while kept.
+    parts.one_phase = (store, timestamps, steps)
+    return steps
 
 
 def _one_phase_cell_ok(start_ts: int, table: str, row: bytes, column: str,

@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING
 from percolator import metrics as _metrics
 from percolator._cluster import Cluster
 from percolator._commit import commit_transaction
+from percolator._commit_shared import _CounterByKind
 from percolator._encoding import (
     DATA,
     FREE_TAG,
     INLINE_TAG,
     LOCK,
     MAX_ROW_BYTES,
+    MAX_VALUE_BYTES,
     USER_COLUMNS,
     WRITE,
     WRITE_RECORD_HEAD,
@@ -53,6 +55,7 @@ _monotonic = time.monotonic
 _perf_counter = time.perf_counter
 
 _READS = _metrics.counter("percolator_reads_total")
+_BEGUN = _CounterByKind("percolator_transactions_begun_total")
 _READ_SAMPLE = _metrics.READ_SAMPLE
 
 
@@ -117,6 +120,10 @@ class Snapshot:
     """
 
     _internal_columns = False
+    _writable = False
+    """Whether instances buffer writes (:class:`TransactionBase`): its start's part."""
+    _kind: str
+    """The ``kind`` label of a transaction's metrics (:class:`TransactionBase`)."""
     _stop_waiting: threading.Event | None = None
     """Set by whoever runs the transaction (a worker) to cut lock waits short when it
     stops: the read then raises :class:`LockedError` at once."""
@@ -126,9 +133,10 @@ class Snapshot:
             raise InvalidArgument(
                 f"a transaction needs a percolator.Cluster, got {type(cluster).__name__}"
             )
-        cluster._check_open()
+        if cluster._closed:
+            cluster._check_open()
         self.cluster = cluster
-        self._parts = internals(cluster)
+        self._parts = cluster._internals  # internals(cluster): a Cluster has them
         self._closed = False
         self._began = time.time()
         self._safe_point = self._parts.safe_point
@@ -139,6 +147,15 @@ class Snapshot:
             self._safe_point.check(start_ts)
             self.start_ts = start_ts
             self._safe_point.register(self)
+        if self._writable:
+            # TransactionBase's part, here rather than in an __init__ of its own: every
+            # transaction starts, and this spares each a call. Counted once the start
+            # timestamp is drawn: a start whose draw failed began nothing.
+            if _metrics._enabled:
+                next(_BEGUN[self._kind])
+            self._writes = {}
+            self._weak: dict[WriteKey, None] = {}
+            self.commit_ts: int | None = None
         self._read_cache: dict[tuple[tuple[str, ...] | None, bool], list[Read]] = {}
         self._cell_reads: dict[str, tuple[list[Read], str]] = {}
         """By column: the read of get's lean path, and the write record's cell name."""
@@ -595,26 +612,17 @@ class TransactionBase(Snapshot):
     """Reads plus buffered writes. Writes are seen by later reads of the same
     transaction and reach the store only at commit."""
 
+    _writable = True
     _kind = "user"
     """The ``kind`` label of this transaction's metrics."""
-    _begun_by_kind: dict[str, Iterator[int]] = {}
+    _writes: dict[WriteKey, bytes | None]  # made by Snapshot.__init__, as _weak and commit_ts
     _settlement: Settlement | None = None
     """The notification an observer run's commit serves (:mod:`percolator._observer_hooks`)."""
     _next_start: NextStart | None = None
     """Where an observer run's two-phase commit leaves a start timestamp drawn with its
     commit timestamp (:mod:`percolator._observer_hooks`)."""
 
-    def __init__(self, cluster: Cluster, *, start_ts: int | None = None) -> None:
-        super().__init__(cluster, start_ts=start_ts)
-        if _metrics._enabled:
-            begun = self._begun_by_kind.get(self._kind)
-            if begun is None:
-                begun = self._begun_by_kind.setdefault(self._kind, _metrics.counter(
-                    "percolator_transactions_begun_total", self._kind))
-            next(begun)
-        self._writes: dict[WriteKey, bytes | None] = {}  # type: ignore[misc]
-        self._weak: dict[WriteKey, None] = {}
-        self.commit_ts: int | None = None
+    # No __init__ of its own: Snapshot.__init__ starts it (see _writable there).
 
     def set(self, table: str, row: bytes, column: str, value: bytes) -> None:
         """Write *value* to the cell at commit (buffered until then; later reads of
@@ -627,7 +635,9 @@ class TransactionBase(Snapshot):
         :raises UnknownTableError: when *table* does not exist.
         """
         self._check_cell(table, row, column)
-        self._writes[(table, row, column)] = check_value(value)
+        if type(value) is not bytes or len(value) > MAX_VALUE_BYTES:  # usual: in line
+            value = check_value(value)
+        self._writes[(table, row, column)] = value
 
     def delete(self, table: str, row: bytes, column: str) -> None:
         """Delete the cell at commit (later reads of this transaction see None).

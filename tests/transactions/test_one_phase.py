@@ -28,7 +28,7 @@ from percolator._encoding import LOCK
 from percolator._internals import internals
 from percolator._notifications import pending_notifications
 from percolator._store import Read
-from percolator.testing import Interleaving, Step, client_of
+from percolator.testing import CrashPoint, Interleaving, Step, client_of, crash_commit
 
 T, COL = "cells", "c:v"
 ROW = b"r"
@@ -208,3 +208,22 @@ def test_a_flat_commit_gives_way_to_a_live_lock_on_its_rows_second_cell(
         t1.finish()
     with Snapshot(embedded) as snap:
         assert snap.get_row(T, ROW, [COL, later]) == {COL: b"0", later: b"T1"}
+
+
+def test_a_flat_commit_meets_the_rollback_record_at_its_own_start(embedded: Cluster) -> None:
+    """A transaction rolled back by a cleaner (its two-phase prewrite died) is
+    committed again at its start timestamp by a zombie client, in one phase: the
+    rollback record at that very timestamp is a conflict, and nothing is written.
+
+    Guards the in-line test of ``_commit_one_phase`` that lets the usual cell skip
+    ``_one_phase_cell_ok`` (no write record *at or above* the start): with ``<=`` for
+    ``<`` there, the record at the start is skipped and the zombie commits."""
+    dying = Transaction(two_phase(embedded))
+    dying.set(T, ROW, COL, b"never")
+    assert crash_commit(dying, CrashPoint("prewrite", 0)) is False
+    assert value(embedded) == b"0"  # rolls it back: a rollback record at its start
+    zombie = Transaction(embedded, start_ts=dying.start_ts)
+    zombie.set(T, ROW, COL, b"never")
+    with pytest.raises(ConflictError, match="rolled back"):
+        zombie.commit()
+    assert value(embedded) == b"0"

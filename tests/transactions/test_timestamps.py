@@ -282,7 +282,8 @@ def test_store_timestamps_with_and_without_increment_share_the_counter(store_url
 
 class _SlowCommitStore:
     """The cluster's store; a one-phase commit's writes (inside its atomic step, after
-    its commit timestamp is drawn) start once *proceed* is set (at most 10 s)."""
+    its commit timestamp is drawn) start once *proceed* is set (at most 10 s), whether
+    they go through ``mutate_rows`` or, a row at a time, ``put_row``."""
 
     def __init__(self, store: Any) -> None:
         self._store = store
@@ -292,11 +293,18 @@ class _SlowCommitStore:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
-    def mutate_rows(self, table: str, mutations: Any) -> None:
+    def _park(self, table: str) -> None:
         if getattr(self._store._local, "atomic", False) and table == "t":
             self.writing.set()
             self.proceed.wait(10)
+
+    def mutate_rows(self, table: str, mutations: Any) -> None:
+        self._park(table)
         self._store.mutate_rows(table, mutations)
+
+    def put_row(self, table: str, row: bytes, puts: Any) -> None:
+        self._park(table)
+        self._store.put_row(table, row, puts)
 
 
 def _slow_two_cell_commit(tmp_path: Path, gap: int) -> tuple[
