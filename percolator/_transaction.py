@@ -392,7 +392,7 @@ class Snapshot:
         extra = (self._predicted(table, row, column)
                  if (table, column) in parts.read_predictions else ())
         census = parts.lock_census
-        if not extra and census is not None and census.clean():
+        if not extra and census is not None and census.flag[0] == 0:  # census.clean()
             # No lock can be held (the census is clean, asked after start_ts was drawn)
             # and no prediction rides along: the write record alone, no lock to wait
             # for; the same answer as _read_row_with's in fewer steps, here in line
