@@ -376,21 +376,20 @@ class Snapshot:
         """
         self._check_cell(table, row, column)
         key = (table, row, column)
-        at_row = (table, row)
-        first = self._first_read.get(at_row)
-        if first is None:
-            self._first_read[at_row] = column
-        elif first != column:
+        first = self._first_read.setdefault((table, row), column)
+        if first is not column and first != column:
             self._learn(table, row, column)
-        if key in self._writes:
-            return self._writes[key]
+        writes = self._writes
+        if writes and key in writes:  # a snapshot's, and most transactions', are empty
+            return writes[key]
         seen = self._seen
         if key in seen:
             self._check_safe_point()  # a snapshot GC overtook reads nothing more
             return seen[key]
         parts = self._parts
+        predictions = parts.read_predictions  # empty until a row's second column is read
         extra = (self._predicted(table, row, column)
-                 if (table, column) in parts.read_predictions else ())
+                 if predictions and (table, column) in predictions else ())
         census = parts.lock_census
         if not extra and census is not None and census.flag[0] == 0:  # census.clean()
             # No lock can be held (the census is clean, asked after start_ts was drawn)
