@@ -78,6 +78,9 @@ class LockCensus:
             if os.fstat(self._fd).st_size < _SIZE:
                 os.ftruncate(self._fd, _SIZE)
             self._map = mmap.mmap(self._fd, _SIZE)
+            self.flag = self._map
+            """The shared flag: ``flag[0] == 0`` is :meth:`clean`, for a reader's hot
+            path that cannot spare a method call (the same byte, read the same way)."""
             # No flock here (a taker of this very process may hold it): setting the
             # flag is always safe, so racing openers may both do it.
             boot = boot_id()
@@ -90,7 +93,7 @@ class LockCensus:
     def clean(self) -> bool:
         """True when no lock cell can be held: a reader that drew its start timestamp
         before asking may skip the lock family."""
-        return self._map[0] == 0
+        return self.flag[0] == 0
 
     def _after_fork(self) -> None:
         """In a forked child: the inherited descriptor shares the parent's flock (and

@@ -199,7 +199,8 @@ class Snapshot:
             )
 
     def _check_cell(self, table: str, row: bytes, column: str) -> None:
-        # The checks of every get and set: the usual case answered in line.
+        # The checks of every get and set: the usual case answered in line (get tests
+        # the same usual case before calling: keep the two in step).
         if self._closed:
             self._check_open()
         if table not in self.cluster._tables:
@@ -391,25 +392,29 @@ class Snapshot:
         :raises SnapshotTooOldError: when garbage collection passed the start timestamp.
         :raises TransactionClosedError: after :meth:`close` (or commit, or rollback).
         """
-        self._check_cell(table, row, column)
+        # _check_cell's usual case, tested here without its call (most reads pass every
+        # check): anything else goes to it, which raises or accepts (an internal column).
+        if (self._closed or table not in self.cluster._tables or type(row) is not bytes
+                or not row or len(row) > MAX_ROW_BYTES or type(column) is not str
+                or column not in USER_COLUMNS):
+            self._check_cell(table, row, column)
         key = (table, row, column)
-        at_row = (table, row)
-        first = self._first_read.get(at_row)
-        if first is None:
-            self._first_read[at_row] = column
-        elif first != column:
+        first = self._first_read.setdefault((table, row), column)
+        if first is not column and first != column:
             self._learn(table, row, column)
-        if key in self._writes:
-            return self._writes[key]
+        writes = self._writes
+        if writes and key in writes:  # a snapshot's, and most transactions', are empty
+            return writes[key]
         seen = self._seen
         if key in seen:
             self._check_safe_point()  # a snapshot GC overtook reads nothing more
             return seen[key]
         parts = self._parts
+        predictions = parts.read_predictions  # empty until a row's second column is read
         extra = (self._predicted(table, row, column)
-                 if (table, column) in parts.read_predictions else ())
+                 if predictions and (table, column) in predictions else ())
         census = parts.lock_census
-        if not extra and census is not None and census.clean():
+        if not extra and census is not None and census.flag[0] == 0:  # census.clean()
             # No lock can be held (the census is clean, asked after start_ts was drawn)
             # and no prediction rides along: the write record alone, no lock to wait
             # for; the same answer as _read_row_with's in fewer steps, here in line
@@ -700,6 +705,26 @@ def _merge_rows(
         yield previous
 
 
+class _StartOnFirstUse:
+    """:attr:`Transaction.start_ts` while a spare is held (the instance has no
+    ``start_ts`` of its own yet: a descriptor without ``__set__`` is asked only then):
+    the first read, or the application asking, takes the snapshot now, above every
+    commit that returned before the transaction was created; a read at the spare could
+    miss one made since the spare was drawn.
+
+    A descriptor of this one name, not ``__getattr__``: a class with ``__getattr__``
+    leaves every attribute load of its instances unspecialized by CPython, four times
+    the cost of a plain one, a dozen of them in each read."""
+
+    def __get__(self, txn: Transaction | None, owner: type | None = None) -> int:
+        if txn is None or not txn._spare:
+            raise AttributeError(
+                f"{(owner or type(txn)).__name__!r} object has no attribute 'start_ts'")
+        start_ts = txn._draw_start()
+        txn._spare = 0  # after the draw: one that failed is tried again
+        return start_ts
+
+
 class Transaction(TransactionBase):
     """A snapshot-isolation transaction over any number of rows and tables.
 
@@ -742,18 +767,7 @@ class Transaction(TransactionBase):
             self._draw_start()
 
     if not TYPE_CHECKING:  # for mypy, start_ts is a plain attribute
-
-        def __getattr__(self, name: str) -> int:
-            # Only while a spare is held (start_ts unset): the first read, or the
-            # application asking, takes the snapshot now, above every commit that
-            # returned before this transaction was created; a read at the spare
-            # could miss one made since the spare was drawn.
-            if name != "start_ts" or not self._spare:
-                raise AttributeError(
-                    f"{type(self).__name__!r} object has no attribute {name!r}")
-            start_ts = self._draw_start()
-            self._spare = 0  # after the draw: one that failed is tried again
-            return start_ts
+        start_ts = _StartOnFirstUse()
 
     def commit(self) -> int:
         """Commit the buffered writes (Percolator's two-phase commit); returns the

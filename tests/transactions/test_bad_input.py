@@ -22,45 +22,63 @@ def _nothing_written(db: Cluster) -> None:
     assert list(internals(db).store.scan("t", None, None, [percolator._store.Read("l")])) == []
 
 
-@pytest.mark.parametrize(
-    ("args", "error", "quote"),
-    [
-        (("t", "alice", "c:q", b"v"), percolator.InvalidArgument, "row must be bytes"),
-        (("t", b"", "c:q", b"v"), percolator.InvalidArgument, "row must not be empty"),
-        (("t", b"r", "cq", b"v"), percolator.InvalidArgument, "expected 'family:qualifier'"),
-        (("t", b"r", ":q", b"v"), percolator.InvalidArgument, "'family:qualifier'"),
-        (("t", b"r", "c:", b"v"), percolator.InvalidArgument, "'family:qualifier'"),
-        (("t", b"r", "c d:q", b"v"), percolator.InvalidArgument, "bad column family"),
-        (("t", b"r", "_ack:q", b"v"), percolator.InvalidArgument, "reserved"),
-        (("t", b"r", "c:q\n", b"v"), percolator.InvalidArgument, "control characters"),
-        (("t", b"r", b"c:q", b"v"), percolator.InvalidArgument, "column must be a str"),
-        (("t", b"r", ["c:q"], b"v"), percolator.InvalidArgument, "column must be a str"),
-        (("t", b"r", "c:q", "v"), percolator.InvalidArgument, "value must be bytes"),
-        (("t", b"r", "c:q", None), percolator.InvalidArgument, "value must be bytes"),
-        (("nope", b"r", "c:q", b"v"), percolator.UnknownTableError, "create_table('nope')"),
-        ((1, b"r", "c:q", b"v"), percolator.InvalidArgument, "table must be a str"),
-        (("bad/name", b"r", "c:q", b"v"), percolator.InvalidArgument, "bad table name"),
-        (
-            ("t", b"r" * (percolator.MAX_ROW_BYTES + 1), "c:q", b"v"),
-            percolator.ValueTooLargeError,
-            "over the limit",
-        ),
-        (
-            ("t", b"r", "c:q", b"v" * (percolator.MAX_VALUE_BYTES + 1)),
-            percolator.ValueTooLargeError,
-            "over the limit of 4194304 bytes",
-        ),
-    ],
-)
+BAD_SETS: list[tuple[tuple[Any, ...], type[Exception], str]] = [
+    (("t", "alice", "c:q", b"v"), percolator.InvalidArgument, "row must be bytes"),
+    (("t", b"", "c:q", b"v"), percolator.InvalidArgument, "row must not be empty"),
+    (("t", b"r", "cq", b"v"), percolator.InvalidArgument, "expected 'family:qualifier'"),
+    (("t", b"r", ":q", b"v"), percolator.InvalidArgument, "'family:qualifier'"),
+    (("t", b"r", "c:", b"v"), percolator.InvalidArgument, "'family:qualifier'"),
+    (("t", b"r", "c d:q", b"v"), percolator.InvalidArgument, "bad column family"),
+    (("t", b"r", "_ack:q", b"v"), percolator.InvalidArgument, "reserved"),
+    (("t", b"r", "c:q\n", b"v"), percolator.InvalidArgument, "control characters"),
+    (("t", b"r", b"c:q", b"v"), percolator.InvalidArgument, "column must be a str"),
+    (("t", b"r", ["c:q"], b"v"), percolator.InvalidArgument, "column must be a str"),
+    (("t", b"r", "c:q", "v"), percolator.InvalidArgument, "value must be bytes"),
+    (("t", b"r", "c:q", None), percolator.InvalidArgument, "value must be bytes"),
+    (("nope", b"r", "c:q", b"v"), percolator.UnknownTableError, "create_table('nope')"),
+    ((1, b"r", "c:q", b"v"), percolator.InvalidArgument, "table must be a str"),
+    (("bad/name", b"r", "c:q", b"v"), percolator.InvalidArgument, "bad table name"),
+    (
+        ("t", b"r" * (percolator.MAX_ROW_BYTES + 1), "c:q", b"v"),
+        percolator.ValueTooLargeError,
+        "over the limit",
+    ),
+    (
+        ("t", b"r", "c:q", b"v" * (percolator.MAX_VALUE_BYTES + 1)),
+        percolator.ValueTooLargeError,
+        "over the limit of 4194304 bytes",
+    ),
+]
+"""set's arguments, each bad in one way, with the error and a quote of its message."""
+
+
+def _match(quote: str) -> str:
+    return quote.replace("(", r"\(").replace(")", r"\)")
+
+
+@pytest.mark.parametrize(("args", "error", "quote"), BAD_SETS)
 def test_bad_set_is_refused_at_the_door(
     db: Cluster, args: tuple[Any, ...], error: type[Exception], quote: str
 ) -> None:
     with Transaction(db) as txn:
         txn.set("t", b"good", "c:q", b"kept?")
-        with pytest.raises(error, match=quote.replace("(", r"\(").replace(")", r"\)")):
+        with pytest.raises(error, match=_match(quote)):
             txn.set(*args)
         txn.rollback()
     _nothing_written(db)
+
+
+@pytest.mark.parametrize(("args", "error", "quote"),
+                         [case for case in BAD_SETS if case[0][3] == b"v"])
+def test_bad_get_is_refused_at_the_door(
+    db: Cluster, args: tuple[Any, ...], error: type[Exception], quote: str
+) -> None:
+    """get refuses a bad table, row or column as set does, with set's error: get tests
+    _check_cell's usual case in line, and whatever that test lets through must be
+    exactly what _check_cell accepts."""
+    for reader in (Transaction(db), percolator.Snapshot(db)):
+        with pytest.raises(error, match=_match(quote)):
+            reader.get(*args[:3])
 
 
 def test_errors_share_one_root() -> None:

@@ -104,6 +104,18 @@ def test_asking_for_start_ts_takes_the_snapshot(table: Cluster) -> None:
     txn.rollback()
 
 
+def test_a_transaction_that_read_commits_at_the_snapshot_it_read(table: Cluster) -> None:
+    """Its first read drew a start timestamp in place of the spare: it commits as of
+    that snapshot. Fails when the draw leaves the spare held (start_ts's descriptor
+    not clearing it): the commit then takes the spare's older start."""
+    txn = Transaction(table)
+    assert txn.get(T, X, COL) == b"0"
+    read_at = txn.start_ts
+    txn.set(T, Y, COL, b"read")
+    assert txn.commit() > read_at
+    assert txn.start_ts == read_at
+
+
 def test_a_write_meeting_a_commit_since_its_spare_commits_at_a_fresh_start(
     table: Cluster, counted: CountedTimestamps
 ) -> None:
