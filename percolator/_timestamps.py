@@ -398,8 +398,9 @@ class _InFlight:
             if first:
                 source = self._source
                 with source._sidecar_lock:
-                    if source._slot()[0] == first:
-                        source._set_slot(0, 0)
+                    nxt, in_flight, _, resume = source._state()
+                    if in_flight == first:
+                        source._put_state(nxt, 0, 0, resume)
 
 
 class HostTimestamps:
@@ -521,17 +522,34 @@ class HostTimestamps:
         return self._draw(_check_count(n))
 
     def _draw(self, n: int) -> range:
+        """Take *n* timestamps: below the commit in flight when its gap has room for
+        them, else above every timestamp drawn so far (then, above a commit in flight,
+        return once it is visible). Every transaction's start, so :meth:`_state` and
+        :meth:`_put_state` are spelled out here."""
+        copies, size = self._COPIES_AT, self._STATE.size
         while True:
             with self._sidecar_lock:
-                self._validate()
-                nxt, in_flight, pid, resume = self._state()
-                taken = self._take(n, nxt, in_flight, pid, resume)
-                low = self._known_ceiling - (taken.stop if taken else 0) < self.REFILL
+                mapped = self._map
+                if mapped[: self._HEADER.size] != self._header:
+                    self._validate()
+                in_use = mapped[self._IN_USE_AT] & 1
+                nxt, in_flight, pid, resume = self._STATE.unpack_from(
+                    mapped, copies + size * in_use)
+                start = nxt if in_flight and nxt + n <= in_flight else max(nxt, resume)
+                stop = start + n
+                if self._room(stop):
+                    self._STATE.pack_into(mapped, copies + size * (in_use ^ 1),
+                                          stop, in_flight, pid, resume)
+                    mapped[self._IN_USE_AT] = in_use ^ 1
+                    taken: range | None = range(start, stop)
+                else:
+                    taken = None
+                low = self._known_ceiling - stop < self.REFILL
             if taken is None or low:
                 self._refill(n)
             if taken is not None:
                 break
-        if in_flight and taken.stop > in_flight:
+        if in_flight and stop > in_flight:
             # Above a commit in flight (its gap was used up): wait until it is visible.
             self._wait_visible(in_flight, pid)
         return taken
@@ -581,17 +599,6 @@ class HostTimestamps:
         if end > self._known_ceiling - self.REFILL:  # another process may have raised it
             self._known_ceiling = self._ceiling.read()[0]
         return end <= self._known_ceiling
-
-    def _take(self, n: int, nxt: int, in_flight: int, pid: int, resume: int) -> range | None:
-        """Take *n* timestamps for a draw (the caller holds both locks, has validated
-        the sidecar and read its state): below the commit in flight when its gap has
-        room for them, else above every timestamp drawn so far. None when the
-        persisted block has no room."""
-        start = nxt if in_flight and nxt + n <= in_flight else max(nxt, resume)
-        if not self._room(start + n):
-            return None
-        self._put_state(start + n, in_flight, pid, resume)
-        return range(start, start + n)
 
     def _take_commit(self, n: int, first: bool) -> range | None:
         """*n* one-phase commit timestamps (the caller holds both locks and has
