@@ -141,6 +141,58 @@ def test_kill_9_and_restart_never_reissue(tmp_path: Path) -> None:
     store.close()
 
 
+_KILLED_MID_WRITE = """
+import os, signal, struct, sys
+from percolator._timestamps import HostTimestamps
+from percolator.stores.sqlite import SqliteStore
+
+class KilledHere:
+    def __index__(self):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+class KilledMidWrite(struct.Struct):
+    def pack_into(self, buffer, offset, *values):
+        # struct.pack_into zeroes the bytes, then converts and writes the values in
+        # order: this process dies in between, as a kill -9 may land there
+        super().pack_into(buffer, offset, KilledHere(), *values[1:])
+
+class NoWriteStep:
+    def __enter__(self): return None
+    def __exit__(self, *exc): return None
+
+store = SqliteStore(sys.argv[1])
+source = HostTimestamps(store, sys.argv[1] + "-ts")
+print(source.get_timestamps(100)[-1], flush=True)
+source._STATE = KilledMidWrite(HostTimestamps._STATE.format)
+if sys.argv[2] == "start":
+    source.get_timestamp()
+else:
+    with source.in_flight(NoWriteStep) as draw:
+        draw(1)
+"""
+
+
+@pytest.mark.parametrize("draw", ["start", "commit"])
+def test_a_process_killed_while_it_writes_the_sidecar_leaves_it_whole(
+    tmp_path: Path, draw: str,
+) -> None:
+    """A ``kill -9`` can land anywhere in a write of the sidecar's state, even between
+    ``struct.pack_into``'s zeroing of the bytes and its writing of them: the next draw
+    is still above every timestamp handed out (written in place, ``next`` was left 0)."""
+    db = str(tmp_path / "db")
+    child = subprocess.run([sys.executable, "-c", _KILLED_MID_WRITE, db, draw], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    handed_out = int(child.stdout)
+    store = SqliteStore(db)
+    source = HostTimestamps(store, db + "-ts")
+    try:
+        assert source.get_timestamp() > handed_out
+    finally:
+        source.close()
+        store.close()
+
+
 def test_a_lost_or_foreign_sidecar_resumes_above_the_persisted_ceiling(tmp_path: Path) -> None:
     db = str(tmp_path / "repo.db")
     store = SqliteStore(db)
