@@ -146,9 +146,11 @@ def test_every_store_double_of_the_tests_is_checked() -> None:
     assert _wrapping_classes() == {name.split("-")[0] for name in _doubles()}
 
 
-EMBEDDED_ONLY = {"_concurrency:ParkedAfterCommit", "transactions.test_group_commit:CountingSteps"}
-"""Doubles with an ``atomically`` of their own, which tests put only over the embedded
-store (elsewhere they would implement a capability the store does not declare)."""
+EMBEDDED_ONLY = {"_concurrency:ParkedAfterCommit", "transactions.test_group_commit:CountingSteps",
+                 "transactions.test_timestamps:_SlowCommitStore"}
+"""Doubles with an ``atomically`` or a ``put_row`` of their own, which tests put only over
+the embedded store (elsewhere they would implement a capability the store does not
+declare)."""
 INCREMENTING_ONLY = {"transactions.test_store_timestamps:ParkedRequest"}
 """Doubles with an ``increment`` of their own, which tests put only over a store that
 declares ``INCREMENT``."""
