@@ -304,9 +304,10 @@ def main(argv: list[str] | None = None) -> int:
             ("CPython floor: transfer txn, total", "same", floor_transfer),
             ("SQL: BEGIN IMMEDIATE, conflict SELECT, INSERT record, COMMIT", "the write "
              "itself, its conflict check, atomic", sql_commit),
-            ("start timestamp (sidecar: 1 flock pair)", "snapshot isolation across "
+            ("start timestamp (a sidecar section: no flock while alone and drawing "
+             "often, else a flock pair)", "snapshot isolation across "
              "processes", lambda i: timestamps.get_timestamp()),
-            ("start and commit timestamps (4 flock pairs: start draw; commit draw "
+            ("start and commit timestamps (4 sidecar sections: start draw; commit draw "
              "and in-flight publication; closing the gap before the COMMIT; clearing "
              "the slot after it)", "commit draw in "
              "flight: start timestamps drawn meanwhile need not wait (issue 15)",
