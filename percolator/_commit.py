@@ -95,9 +95,11 @@ def commit_transaction(
     try:
         try:
             commit_ts = _commit_transaction(txn, crash)
-        except (ConflictError, SnapshotTooOldError):
+        except (ConflictError, SnapshotTooOldError) as first:
             if again is None:
                 raise
+            if isinstance(first, ConflictError):  # counted where it was met; not the app's
+                txn._parts.stats["conflicts"] -= 1
             again()
             commit_ts = _commit_transaction(txn, crash)
     except BaseException as e:

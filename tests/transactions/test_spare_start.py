@@ -128,6 +128,8 @@ def test_a_write_meeting_a_commit_since_its_spare_commits_at_a_fresh_start(
     counted.requests = 0
     conflicted = _count("percolator_transactions_conflicted_total")
     committed = _count("percolator_transactions_committed_total")
+    stats = internals(table).stats  # what `percolator status` shows
+    conflicts, commits = stats["conflicts"], stats["commits"]
     with Transaction(table) as txn:
         txn.set(T, X, COL, b"mine")
     assert txn.start_ts > other.commit_ts
@@ -136,6 +138,7 @@ def test_a_write_meeting_a_commit_since_its_spare_commits_at_a_fresh_start(
     # One commit as the application sees it: the spare's attempt is not a conflict.
     assert _count("percolator_transactions_conflicted_total") == conflicted
     assert _count("percolator_transactions_committed_total") == committed + 1
+    assert (stats["conflicts"], stats["commits"]) == (conflicts, commits + 1)
 
 
 def test_a_write_meeting_a_live_lock_still_conflicts(table: Cluster) -> None:
