@@ -406,10 +406,12 @@ class _InFlight:
 class HostTimestamps:
     """Timestamps shared by every process of one host (see the module docstring).
 
-    The sidecar holds ``magic, boot id, store identity, next, in-flight timestamp,
-    in-flight pid, resume``. A sidecar from an earlier boot (its page cache may have
-    lost writes) or of another store is reset to the persisted ceiling, which is at or
-    above every issued timestamp.
+    The sidecar holds ``magic, boot id, store identity``, which copy of the state is in
+    use, two copies of the state ``next, in-flight timestamp, in-flight pid, resume``
+    (:meth:`_put_state`: a ``kill -9`` leaves one whole) and the presence mark of the
+    processes that have it open. A sidecar from an earlier boot (its page cache may
+    have lost writes), of another store or of an older format is reset to the persisted
+    ceiling, which is at or above every issued timestamp.
 
     **Start timestamps do not wait for a commit's critical section.** The embedded
     store's one-phase commit (:func:`percolator._one_phase._commit_one_phase`) writes no
