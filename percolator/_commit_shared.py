@@ -227,9 +227,7 @@ class _CounterByKind(dict[str, Iterator[int]]):
 
 
 _COMMITTED = _CounterByKind("percolator_transactions_committed_total")
-
-
-"""``percolator_transactions_committed_total`` by kind, stepped in line."""
+"""Committed transactions by kind, stepped in line by the commits."""
 
 
 def _record(kind: str, began: float, error: BaseException | None) -> None:
