@@ -59,11 +59,12 @@ class CountingStore:
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
         if name in ("read_rows", "mutate_rows", "check_and_set", "scan", "increment",
-                    "set_unless", "put_row", "newest_of_row"):
-            # put_row and newest_of_row: the embedded store's mutate_rows and read_rows
-            # of one row (the one-phase commit's write and conflict read)
-            counted_as = {"put_row": "mutate_rows", "newest_of_row": "read_rows"}.get(
-                name, name)
+                    "set_unless", "put_row", "newest_of_row", "newest_at"):
+            # put_row, newest_of_row and newest_at: the embedded store's mutate_rows and
+            # read_rows of one row (the one-phase commit's write and conflict read) and
+            # of one cell (a transaction's read while no lock is held)
+            counted_as = {"put_row": "mutate_rows", "newest_of_row": "read_rows",
+                          "newest_at": "read_rows"}.get(name, name)
 
             def counted(*args: Any, **kwargs: Any) -> Any:
                 self.calls[counted_as] += 1

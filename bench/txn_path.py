@@ -201,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         # embedded one-phase transaction must do, on the real store, sidecar, safe point
         # and metrics objects, with no Transaction or commit layers: what the path could
         # cost if every call between the pieces were gone.
-        read_select, _ = store._plan_newest(  # type: ignore[attr-defined]
-            "bench", [Read("w", ("c:value",))])
+        store.newest_at("bench", rows[0], "w", "c:value", 1)  # type: ignore[attr-defined]
+        read_select = store._cell_plans[("bench", "w")]  # type: ignore[attr-defined]
         draw_start = timestamps.get_timestamp
         in_flight = timestamps.in_flight  # type: ignore[attr-defined]
         atomically = store.atomically  # type: ignore[attr-defined]
@@ -229,9 +229,9 @@ def main(argv: list[str] | None = None) -> int:
             census.clean()  # type: ignore[union-attr]
             if metrics._enabled:
                 next(counter)
-            _, record = db.execute(read_select, (row, 0, txn.start_ts, "c:value")).fetchone()
+            found = db.execute(read_select, (row, "c:value", 0, txn.start_ts)).fetchone()
             safe_point.check(txn.start_ts)
-            return inline_value(record) if record is not None else None
+            return inline_value(found[1]) if found is not None else None
 
         def floor_set(writes: dict[bytes, bytes], row: bytes, cell: bytes) -> None:
             require_table("bench")

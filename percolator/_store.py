@@ -88,8 +88,11 @@ The embedded store (SQLite, ``percolator/_embedded_mode.py``) offers six more:
 * :data:`SINGLE_WRITER` (a flag): one writer at a time; workers default to one scanner
   thread and take turns at the store (``observers/_turns.py``).
 * :data:`EMBEDDED_FILE` (:class:`EmbeddedFile`): ``path``, the store's file, beside
-  which the cluster keeps its sidecar files, and ``any_untagged(family, tag)``, the
-  lock census's question (``percolator/_lock_census.py``).
+  which the cluster keeps its sidecar files; ``any_untagged(family, tag)``, the
+  lock census's question (``percolator/_lock_census.py``); and ``newest_at(table, row,
+  family, qualifier, max_ts)``, one cell's newest version at or below *max_ts*: the
+  read a transaction makes while the census says no lock is held (the write record
+  alone), without :meth:`Store.read_rows`' objects.
 * :data:`VACUUM` (:class:`Vacuuming`): ``vacuum()``, return free space to the file
   system after garbage collection.
 * :data:`PUT_ROW` (:class:`RowPut`): ``put_row(table, row, puts)``, one row's puts
@@ -410,7 +413,8 @@ class AtomicSteps(Protocol):
 
 @runtime_checkable
 class EmbeddedFile(Protocol):
-    """A store in one local file (the embedded store), with the lock census's question."""
+    """A store in one local file (the embedded store), with the lock census's question
+    and the read it allows."""
 
     path: str
     """The store's file; the cluster's sidecar files sit beside it."""
@@ -418,6 +422,13 @@ class EmbeddedFile(Protocol):
     def any_untagged(self, family: str, tag: bytes) -> bool:
         """Whether a cell of *family*, in any table that has it, holds a value that does
         not start with the one-byte *tag*."""
+        ...
+
+    def newest_at(self, table: str, row: bytes, family: str, qualifier: str,
+                  max_ts: int) -> tuple[int, bytes] | None:
+        """The newest version at or below *max_ts* of one cell, as ``(timestamp,
+        value)``, or None: ``read_rows(table, [row], [Read(family, (qualifier,),
+        max_ts=max_ts)])``'s one cell."""
         ...
 
 
@@ -463,7 +474,8 @@ SPLIT_KEYS: Capability[SplitKeys] = Capability("split_keys", ("split_keys",))
 NOTIFY_INDEX: Capability[None] = Capability("notify_index")
 ATOMICALLY: Capability[AtomicSteps] = Capability("atomically", ("atomically",))
 SINGLE_WRITER: Capability[None] = Capability("single_writer")
-EMBEDDED_FILE: Capability[EmbeddedFile] = Capability("embedded_file", ("path", "any_untagged"))
+EMBEDDED_FILE: Capability[EmbeddedFile] = Capability(
+    "embedded_file", ("path", "any_untagged", "newest_at"))
 VACUUM: Capability[Vacuuming] = Capability("vacuum", ("vacuum",))
 PUT_ROW: Capability[RowPut] = Capability("put_row", ("put_row",))
 NEWEST_OF_ROW: Capability[RowNewest] = Capability("newest_of_row", ("newest_of_row",))

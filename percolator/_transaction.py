@@ -157,8 +157,6 @@ class Snapshot:
             self._weak: dict[WriteKey, None] = {}
             self.commit_ts: int | None = None
         self._read_cache: dict[tuple[tuple[str, ...] | None, bool], list[Read]] = {}
-        self._cell_reads: dict[str, tuple[list[Read], str]] = {}
-        """By column: the read of get's lean path, and the write record's cell name."""
         self._seen: dict[WriteKey, bytes | None] = {}
         """Cells this snapshot has read (``get``/``get_row``): the state at start_ts is
         fixed once a read has waited out the locks below it, so a second read of a
@@ -420,25 +418,21 @@ class Snapshot:
             # for; the same answer as _read_row_with's in fewer steps, here in line
             # (with _read_began, inline_value and _check_safe_point) because most
             # reads are these.
-            cell_read = self._cell_reads.get(column)
-            if cell_read is None:
-                cell_read = ([Read(WRITE, (column,), max_ts=self.start_ts)],
-                             _WRITE_PREFIX + column)
-                if len(self._cell_reads) < 64:
-                    self._cell_reads[column] = cell_read
             if _metrics._enabled and next(_READS) % _READ_SAMPLE == 1:
                 began = _perf_counter()
             else:
                 began = 0.0
-            found = parts.store.read_rows(table, [row], cell_read[0])
+            # The census exists over an embedded file only (EMBEDDED_FILE: newest_at).
+            found = parts.store.newest_at(  # type: ignore[attr-defined]
+                table, row, WRITE, column, self.start_ts)
             value = None
-            if found:  # the one row with the one cell (read_rows leaves out the empty)
-                cells = found[row]
-                record = cells[cell_read[1]][0][1]
+            if found is not None:
+                record = found[1]
                 if record[:1] == INLINE_TAG:  # inline_value, in line
                     value = record[WRITE_RECORD_HEAD:]
                 else:  # a rollback record, a deletion or a data pointer
-                    value = self._values(table, row, cells).get(column)
+                    value = self._values(table, row, {_WRITE_PREFIX + column: [found]}).get(
+                        column)
             if began:
                 _observe("percolator_read_duration_seconds", _perf_counter() - began)
             sp = self._safe_point

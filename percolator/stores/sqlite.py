@@ -223,6 +223,7 @@ class SqliteStore:
         self._sql_cache: dict[tuple[Any, ...], str] = {}
         self._newest_plans: dict[tuple[Any, ...], tuple[str, list[str]]] = {}
         self._row_plans: dict[tuple[Any, ...], tuple[str, tuple[Any, ...]]] = {}
+        self._cell_plans: dict[tuple[str, str], str] = {}
         self._untagged_indexed: set[tuple[str, str, bytes]] = set()
         self._closed = False
         # Weakly held: a thread's connection lives in its thread-local slot and closes
@@ -379,6 +380,7 @@ class SqliteStore:
         self._families.pop(table, None)
         self._sql_cache.clear()
         self._newest_plans.clear()
+        self._cell_plans.clear()
         self._untagged_indexed = {k for k in self._untagged_indexed if k[0] != table}
 
     def list_tables(self) -> list[str]:
@@ -481,6 +483,13 @@ class SqliteStore:
         params: list[Any]
         if len(reads) == 1:  # most reads (a transaction's get): no loops, no list built
             read = reads[0]
+            qualifiers: tuple[str, ...] = read.qualifiers  # type: ignore[assignment]
+            if len(qualifiers) == 1 and read.skip_tag is None:  # one cell: one probe
+                found = self._newest_cell(table, read.family, row, qualifiers[0], read.min_ts,
+                                          _MAX_TS if read.max_ts is None else read.max_ts)
+                if found is None:
+                    return {}
+                return {row: {f"{read.family}:{qualifiers[0]}": [found]}}
             key: tuple[Any, ...] = (table, (read.family, read.qualifiers, read.skip_tag))
             params = [row, read.min_ts, _MAX_TS if read.max_ts is None else read.max_ts,
                       *read.qualifiers]  # type: ignore[misc]  # read_rows sent none without
@@ -532,6 +541,32 @@ class SqliteStore:
                 self._row_plans[key] = plan
             sql, params = plan
             found: tuple[Any, ...] = self._db().execute(sql, (row, *params)).fetchone()
+        except sqlite3.Error as e:
+            raise self._error(table, e) from e
+        return found
+
+    def newest_at(self, table: str, row: bytes, family: str, qualifier: str,
+                  max_ts: int) -> tuple[int, bytes] | None:
+        """The newest version at or below *max_ts* of one cell, as ``(timestamp,
+        value)``, or None: :meth:`read_rows` of one cell, without its objects
+        (:class:`~percolator._store.EmbeddedFile`: a transaction's read of a write
+        record while no lock can be held)."""
+        if _metrics._enabled:
+            next(REQUESTS.read_rows)
+        return self._newest_cell(table, family, row, qualifier, 0, max_ts)
+
+    def _newest_cell(self, table: str, family: str, row: bytes, qualifier: str,
+                     min_ts: int, max_ts: int) -> tuple[int, bytes] | None:
+        """One cell's newest version in ``[min_ts, max_ts]``: one index probe, where
+        :meth:`_plan_newest`'s two scalar subqueries (timestamp, value) make two."""
+        try:
+            sql = self._cell_plans.get((table, family))
+            if sql is None:
+                sql = (f"SELECT ts, value FROM {self._family(table, family)} WHERE row = ? "
+                       "AND qual = ? AND ts BETWEEN ? AND ? ORDER BY ts DESC LIMIT 1")
+                self._cell_plans[(table, family)] = sql
+            found: tuple[int, bytes] | None = self._db().execute(
+                sql, (row, qualifier, min_ts, max_ts)).fetchone()
         except sqlite3.Error as e:
             raise self._error(table, e) from e
         return found

@@ -1,4 +1,5 @@
-"""What is particular to the embedded SQLite store: its file format."""
+"""What is particular to the embedded SQLite store: its file format, its lock census's
+question, its one-cell reads."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import percolator
 from percolator._store import Mutation, Read
@@ -162,3 +165,61 @@ def test_a_thread_that_ends_leaves_no_connection_open(tmp_path: Path) -> None:
         store.close()  # closes the live thread's connection too
     done.set()
     live.join()
+
+
+# --- newest_at and the one-cell read: one index probe, the same answer ----------------
+
+_VERSIONS = st.dictionaries(st.integers(0, 40), st.binary(max_size=3), max_size=6)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(versions=st.tuples(_VERSIONS, _VERSIONS), bounds=st.tuples(
+    st.integers(0, 45), st.integers(0, 45)))
+def test_a_one_cell_read_answers_as_the_general_read(
+    tmp_path_factory: pytest.TempPathFactory,
+    versions: tuple[dict[int, bytes], dict[int, bytes]],
+    bounds: tuple[int, int],
+) -> None:
+    """``newest_at`` and ``read_rows`` of one cell (its own one-probe statement) give
+    what the statement of several cells gives for that cell, at every bound: the
+    newest version in range, or nothing."""
+    store = open_store(f"sqlite://{tmp_path_factory.mktemp('one')}/s.db")
+    try:
+        store.create_table("t", {"f": 0})
+        for qualifier, cells in zip(("q", "other"), versions, strict=True):
+            puts = [(f"f:{qualifier}", ts, value) for ts, value in cells.items()]
+            store.mutate_rows("t", [Mutation(b"r", puts), Mutation(b"r2", puts)])
+        lo, hi = bounds
+        together = store.read_rows("t", [b"r"], [Read("f", ("q", "other"), min_ts=lo, max_ts=hi)])
+        expected = together.get(b"r", {}).get("f:q")
+        alone = store.read_rows("t", [b"r"], [Read("f", ("q",), min_ts=lo, max_ts=hi)])
+        assert alone == ({b"r": {"f:q": expected}} if expected else {})
+        newest = store.newest_at("t", b"r", "f", "q", hi)  # type: ignore[attr-defined]
+        below = [ts for ts in versions[0] if ts <= hi]
+        assert newest == ((max(below), versions[0][max(below)]) if below else None)
+        assert store.newest_at("t", b"none", "f", "q", hi) is None  # type: ignore[attr-defined]
+    finally:
+        store.close()
+
+
+def test_a_one_cell_read_of_a_family_a_table_no_longer_has_is_refused(tmp_path: Path) -> None:
+    """The one-cell statements are kept per table and family; a table dropped and
+    made again without the family is asked anew, and the read refused with the
+    family's name (not SQLite's missing table)."""
+    store: Any = open_store(f"sqlite://{tmp_path}/s.db")
+    try:
+        store.create_table("t", {"a": 0})
+        store.mutate_rows("t", [Mutation(b"r", [("a:q", 3, b"v")])])
+        assert store.newest_at("t", b"r", "a", "q", 9) == (3, b"v")
+        assert store.read_rows("t", [b"r"], [Read("a", ("q",))]) == {b"r": {"a:q": [(3, b"v")]}}
+        store.drop_table("t")
+        store.create_table("t", {"b": 0})
+        for read in (lambda: store.newest_at("t", b"r", "a", "q", 9),
+                     lambda: store.read_rows("t", [b"r"], [Read("a", ("q",))])):
+            with pytest.raises(percolator.InvalidArgument, match="no column family 'a'"):
+                read()
+        with pytest.raises(percolator.UnknownTableError):
+            store.newest_at("gone", b"r", "a", "q", 9)
+    finally:
+        store.close()

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class _FamiliesRead:
-    """Records the families of every read_rows call."""
+    """Records the families of every read_rows (and newest_at) call."""
 
     def __init__(self, store: Any) -> None:
         self._store = store
@@ -42,6 +42,10 @@ class _FamiliesRead:
     def read_rows(self, table: str, rows: Any, reads: Any) -> Any:
         self.families.append(tuple(r.family for r in reads))
         return self._store.read_rows(table, rows, reads)
+
+    def newest_at(self, table: str, row: bytes, family: str, *args: Any) -> Any:
+        self.families.append((family,))
+        return self._store.newest_at(table, row, family, *args)
 
 
 def _families_of_a_get(cluster: Cluster, row: bytes) -> tuple[bytes | None, tuple[str, ...]]:

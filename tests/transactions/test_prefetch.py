@@ -33,6 +33,11 @@ class CountingReads:
             self.reads += 1
         return self._store.read_rows(*args, **kwargs)
 
+    def newest_at(self, *args: Any) -> Any:  # the embedded store's read of one cell
+        with self.lock:
+            self.reads += 1
+        return self._store.newest_at(*args)
+
 
 @pytest.fixture
 def rows(cluster: Cluster) -> Cluster:
