@@ -491,9 +491,8 @@ class Snapshot:
         """The present values among *columns* of each of *rows*, in one store read
         (plus one per row that meets a lock, as :meth:`get_row`; on the embedded
         store, while no lock can be held, as :meth:`get` of each cell, which costs
-        less there). Every requested
-        row is a key of the result; a row with none of the columns maps to ``{}``.
-        Blocks and raises as :meth:`get`."""
+        less there). Every requested row is a key of the result; a row with none of
+        the columns maps to ``{}``. Blocks and raises as :meth:`get`."""
         self._check_open()
         self._parts.require_table(table)
         wanted = _check_columns(columns, internal=self._internal_columns)
