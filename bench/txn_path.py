@@ -124,8 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         value = b"y" * 100
         stamps = iter(range(10, 10**12))
         db = store._db()  # type: ignore[attr-defined]
-        select, _ = store._plan_newest(  # type: ignore[attr-defined]
-            "bench", [Read("l", ("c:value",)), Read("w", ("c:value",))])
+        # the one-phase commit's conflict read: the lock's value, the newest record's ts
+        select, _ = store._plan_fields(  # type: ignore[attr-defined]
+            "bench", (("l", "value"), ("w", "ts")), ("c:value",))
         insert = store._put_sql("bench", "w")  # type: ignore[attr-defined]
         timestamps = internals(cluster).timestamps
         safe_point = internals(cluster).safe_point
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         def sql_commit(i: int) -> None:
             db.execute("BEGIN IMMEDIATE")
             row = rows[i % 1000]
-            db.execute(select, (row, 0, 2**62, 0, 2**62, "c:value", "c:value")).fetchone()
+            db.execute(select, (row, "c:value")).fetchone()
             db.execute(insert, (rows[i % 1000], "c:value", next(stamps) + 2**40, value))
             db.execute("COMMIT")
 
@@ -249,10 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                 for row in writes:
                     if metrics._enabled:
                         next(counter)
-                    _, lock, write_ts, _ = db.execute(
-                        select, (row, 0, 2**62, start_ts, 2**62, "c:value", "c:value")
-                    ).fetchone()
-                    if write_ts is not None:
+                    lock, write_ts = db.execute(select, (row, "c:value")).fetchone()
+                    if write_ts is not None and write_ts >= start_ts:
                         raise RuntimeError("written since start")
                     if lock is not None and lock[:1] != FREE_TAG:
                         raise RuntimeError("locked")

@@ -175,10 +175,15 @@ def _writes_since(store: Any, table: str, row: bytes, column: str, start_ts: int
     hide an older commit after the start, are all of them read."""
     writes = [w for w in newest if w[0] >= start_ts]
     if writes and writes[0][0] > start_ts and writes[0][1][:1] == _ROLLBACK_TAG:
-        writes = store.read_rows(
-            table, [row], [Read(WRITE, (column,), min_ts=start_ts, versions=None)],
-        ).get(row, {}).get(f"{WRITE}:{column}", [])
+        writes = _writes_from(store, table, row, column, start_ts)
     return writes
+
+
+def _writes_from(store: Any, table: str, row: bytes, column: str, start_ts: int) -> list[Cell]:
+    """All of a cell's write records at or above *start_ts*, newest first."""
+    return store.read_rows(  # type: ignore[no-any-return]
+        table, [row], [Read(WRITE, (column,), min_ts=start_ts, versions=None)],
+    ).get(row, {}).get(f"{WRITE}:{column}", [])
 
 
 def _read_prewrite_state(

@@ -15,7 +15,7 @@ from percolator._commit_shared import (
     _check_writes,
     _write_notifications,
     _write_notifications_of,
-    _writes_since,
+    _writes_from,
 )
 from percolator._encoding import (
     FREE_TAG,
@@ -79,19 +79,19 @@ def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int,
         else:
             cells.append((column, value))
     with in_flight(atomically) as draw:
-        # Per row, one prepared SELECT of each cell's newest lock and write record
-        # (:data:`_PREWRITE_FAMILIES`): for n cells, lock ts and value pairs, then
-        # write record ts and value pairs.
-        found = [newest_of_row(table, row, _PREWRITE_FAMILIES,
+        # Per row, one prepared SELECT of what the checks need of each cell
+        # (:data:`_CONFLICT_FIELDS`): for n cells, n lock values, then the n newest
+        # write records' timestamps.
+        found = [newest_of_row(table, row, _CONFLICT_FIELDS,
                                (cells[0][0],) if len(cells) == 1 else tuple(c for c, _ in cells))
                  for (table, row), cells in rows.items()]
         # Inside the atomic step, after its reads: no GC deletion can fall between
         # this check and the writes (see percolator._safe_point).
         parts.safe_point.check(start_ts)
         for ((table, row), cells), newest in zip(rows.items(), found, strict=True):
-            n = 2 * len(cells)
+            n = len(cells)
             for i, (column, _) in enumerate(cells):
-                write_ts, lock_raw = newest[n + 2 * i], newest[2 * i + 1]
+                lock_raw, write_ts = newest[i], newest[n + i]
                 # The usual cell passes here, in line: no write record at or above the
                 # start (none of them can conflict), no lock or a FREE one.
                 if (write_ts is None or write_ts < start_ts) and (
@@ -99,9 +99,8 @@ def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int,
                     continue
                 if not _one_phase_cell_ok(
                         start_ts, table, row, column, lock_raw,
-                        _writes_since(parts.store, table, row, column, start_ts,
-                                      [(write_ts, newest[n + 2 * i + 1])])
-                        if write_ts is not None else ()):
+                        _writes_from(parts.store, table, row, column, start_ts)
+                        if write_ts is not None and write_ts >= start_ts else ()):
                     return None
         taken = draw(1)
         if taken is None:
@@ -122,7 +121,7 @@ def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int,
                 if notify:
                     strong.append((table, row, column))
                 puts += _one_phase_puts(start_ts, commit_ts, column, value, notify,
-                                        newest[2 * i] is not None)
+                                        newest[i] is not None)
             if row_put is not None:
                 row_put(table, row, puts)
             else:
@@ -142,8 +141,11 @@ def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int,
         return commit_ts, notifies
 
 
-_PREWRITE_FAMILIES = (LOCK, WRITE)
-"""The families of a one-phase commit's conflict read, in the order of its result."""
+_CONFLICT_FIELDS = ((LOCK, "value"), (WRITE, "ts"))
+"""What a one-phase commit's conflict read asks of each cell, in the order of its
+result: its lock's value (None: no lock cell; a lock cell's value is never empty),
+and its newest write record's timestamp (the records themselves only when that is at
+or above the start: :func:`percolator._commit_shared._writes_from`)."""
 
 
 class _OnePhaseSteps(NamedTuple):
@@ -153,7 +155,8 @@ class _OnePhaseSteps(NamedTuple):
     in_flight: Callable[[Callable[[], AbstractContextManager[None]]],
                         AbstractContextManager[Callable[[int], range | None]]]
     atomically: Callable[[], AbstractContextManager[None]]
-    newest_of_row: Callable[[str, bytes, tuple[str, ...], tuple[str, ...]], tuple[Any, ...]]
+    newest_of_row: Callable[[str, bytes, tuple[tuple[str, str], ...], tuple[str, ...]],
+                            tuple[Any, ...]]
     put_row: Callable[[str, bytes, Sequence[tuple[str, int, bytes]]], None] | None
 
 

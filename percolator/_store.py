@@ -97,9 +97,11 @@ The embedded store (SQLite, ``percolator/_embedded_mode.py``) offers six more:
   system after garbage collection.
 * :data:`PUT_ROW` (:class:`RowPut`): ``put_row(table, row, puts)``, one row's puts
   straight on the atomic step's transaction, without ``mutate_rows``' batching.
-* :data:`NEWEST_OF_ROW` (:class:`RowNewest`): ``newest_of_row(table, row, families,
-  qualifiers)``, the newest version of some cells of one row as one flat tuple: the
-  one-phase commit's conflict read (``percolator/_one_phase.py``).
+* :data:`NEWEST_OF_ROW` (:class:`RowNewest`): ``newest_of_row(table, row, fields,
+  qualifiers)``, the timestamp or the value (each a *field*: ``(family, "ts")`` or
+  ``(family, "value")``) of the newest version of some cells of one row, as one flat
+  tuple: the one-phase commit's conflict read (``percolator/_one_phase.py``; one index
+  probe per field and cell, where both parts would take two).
 """
 
 from __future__ import annotations
@@ -456,10 +458,11 @@ class RowNewest(Protocol):
     """A store that reads the newest version of some cells of one row without building
     :meth:`Store.read_rows`' objects (the embedded store: one prepared statement)."""
 
-    def newest_of_row(self, table: str, row: bytes, families: tuple[str, ...],
+    def newest_of_row(self, table: str, row: bytes, fields: tuple[tuple[str, str], ...],
                       qualifiers: tuple[str, ...]) -> tuple[Any, ...]:
-        """For each of *families*, for each of *qualifiers*, the newest version's
-        timestamp and value (both None where there is none), as one flat tuple."""
+        """For each of *fields* (``(family, "ts")`` or ``(family, "value")``), for each
+        of *qualifiers*, that part of the newest version of ``family:qualifier`` (None
+        where there is none), as one flat tuple."""
         ...
 
 

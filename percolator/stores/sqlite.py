@@ -521,21 +521,22 @@ class SqliteStore:
             i += 2
         return {row: cells} if cells else {}
 
-    def newest_of_row(self, table: str, row: bytes, families: tuple[str, ...],
+    def newest_of_row(self, table: str, row: bytes, fields: tuple[tuple[str, str], ...],
                       qualifiers: tuple[str, ...]) -> tuple[Any, ...]:
-        """The newest version of each of *qualifiers* in each of *families* of one row,
-        as one flat tuple: for each family, for each qualifier, its timestamp and value
-        (both None where it has none). :meth:`read_rows` of ``Read(family, qualifiers)``
-        per family, without its objects: the one-phase commit's conflict read of a row
-        (:func:`percolator._one_phase._commit_one_phase`), one prepared statement."""
+        """Parts of the newest version of some cells of one row, as one flat tuple: for
+        each of *fields* (``(family, "ts")`` or ``(family, "value")``), for each of
+        *qualifiers*, that part (None where the cell has no version). The one-phase
+        commit's conflict read of a row
+        (:func:`percolator._one_phase._commit_one_phase`): one prepared statement, a
+        scalar subquery (one index probe) per field and qualifier, where
+        :meth:`read_rows`' timestamp and value would take two."""
         if _metrics._enabled:
             next(REQUESTS.read_rows)
-        key = (table, families, qualifiers)
+        key = (table, fields, qualifiers)
         try:
             plan = self._row_plans.get(key)
             if plan is None:
-                sql, _ = self._plan_newest(table, [Read(f, qualifiers) for f in families])
-                plan = sql, (0, _MAX_TS) * len(families) + qualifiers * len(families)
+                plan = self._plan_fields(table, fields, qualifiers)
                 if len(self._row_plans) > 1000:
                     self._row_plans.clear()
                 self._row_plans[key] = plan
@@ -544,6 +545,19 @@ class SqliteStore:
         except sqlite3.Error as e:
             raise self._error(table, e) from e
         return found
+
+    def _plan_fields(self, table: str, fields: tuple[tuple[str, str], ...],
+                     qualifiers: tuple[str, ...]) -> tuple[str, tuple[Any, ...]]:
+        """:meth:`newest_of_row`'s statement, and its parameters after the row."""
+        terms = []
+        for family, part in fields:
+            if part not in ("ts", "value"):
+                raise InvalidArgument(f"a field is (family, 'ts') or (family, 'value'), "
+                                      f"got {(family, part)!r}")
+            name = self._family(table, family)
+            terms += [f"(SELECT {part} FROM {name} WHERE row = ?1 AND qual = ?{2 + q} "
+                      "ORDER BY ts DESC LIMIT 1)" for q in range(len(qualifiers))]
+        return "SELECT " + ", ".join(terms), qualifiers
 
     def newest_at(self, table: str, row: bytes, family: str, qualifier: str,
                   max_ts: int) -> tuple[int, bytes] | None:

@@ -223,3 +223,37 @@ def test_a_one_cell_read_of_a_family_a_table_no_longer_has_is_refused(tmp_path: 
             store.newest_at("gone", b"r", "a", "q", 9)
     finally:
         store.close()
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(versions=st.tuples(_VERSIONS, _VERSIONS, _VERSIONS),
+       fields=st.lists(st.tuples(st.sampled_from(["f", "g"]), st.sampled_from(["ts", "value"])),
+                       min_size=1, max_size=3))
+def test_newest_of_row_answers_each_field_as_read_rows(
+    tmp_path_factory: pytest.TempPathFactory,
+    versions: tuple[dict[int, bytes], dict[int, bytes], dict[int, bytes]],
+    fields: list[tuple[str, str]],
+) -> None:
+    """The one-phase commit's conflict read: for each field, for each qualifier, the
+    timestamp or the value of the newest version, in that order, None where none."""
+    store: Any = open_store(f"sqlite://{tmp_path_factory.mktemp('row')}/s.db")
+    try:
+        store.create_table("t", {"f": 0, "g": 1})
+        store.mutate_rows("t", [Mutation(b"r", [
+            (f"{family}:{qualifier}", ts, value)
+            for (family, qualifier), cells in zip(
+                (("f", "a"), ("f", "b"), ("g", "a")), versions, strict=True)
+            for ts, value in cells.items()])])
+        qualifiers = ("a", "b")
+        expected = []
+        for family, part in fields:
+            for qualifier in qualifiers:
+                cells = store.read_rows("t", [b"r"], [Read(family, (qualifier,))])
+                newest = cells.get(b"r", {}).get(f"{family}:{qualifier}")
+                expected.append(None if not newest else newest[0][0 if part == "ts" else 1])
+        assert store.newest_of_row("t", b"r", tuple(fields), qualifiers) == tuple(expected)
+        with pytest.raises(percolator.InvalidArgument, match="'ts'"):
+            store.newest_of_row("t", b"r", (("f", "timestamp"),), qualifiers)
+    finally:
+        store.close()

@@ -16,9 +16,17 @@ import pytest
 import percolator
 from percolator import Cluster, Transaction
 from percolator._bulk import BulkLoad, LoadTxn, prewrite_rows
-from percolator._encoding import DATA, INLINE_MAX_BYTES, LOCK, WRITE, inline_value
+from percolator._encoding import (
+    DATA,
+    INLINE_MAX_BYTES,
+    LOCK,
+    WRITE,
+    Free,
+    encode_lock,
+    inline_value,
+)
 from percolator._internals import internals
-from percolator._store import Read
+from percolator._store import Mutation, Read
 from percolator.testing import CrashPoint, client_of, crash_commit
 
 T, C = "accounts", "bal:amount"
@@ -128,6 +136,21 @@ def test_one_phase_commit_creates_a_missing_lock_and_keeps_an_existing_one(
         txn.set(T, b"alice", C, b"2")
     assert _newest(embedded, b"alice", LOCK) == first
     assert Transaction(embedded).get(T, b"alice", C) == b"2"
+
+
+def test_one_phase_commit_keeps_a_free_lock_that_outlived_the_cells_records(
+    embedded: Cluster,
+) -> None:
+    """Whether a lock cell exists is the lock's own answer, not the write records':
+    a FREE lock with no record beside it (as garbage collection may leave one where it
+    cannot remove it) is kept as it was, as a prewriter that read it expects."""
+    free = encode_lock(Free(7, True))
+    internals(embedded).store.mutate_rows(T, [Mutation(b"bob", [(f"{LOCK}:{C}", 0, free)])])
+    assert _newest(embedded, b"bob", WRITE) is None
+    with Transaction(embedded) as txn:
+        txn.set(T, b"bob", C, b"1")
+    assert _newest(embedded, b"bob", LOCK) == (0, free)
+    assert Transaction(embedded).get(T, b"bob", C) == b"1"
 
 
 class _CommitAfterFirstRead:

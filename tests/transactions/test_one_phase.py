@@ -161,7 +161,7 @@ def test_a_flat_commit_of_several_cells_of_a_row_checks_and_locks_each(
 
     Guards the positions in ``_commit_one_phase`` of each cell's lock and write record
     in the row's one conflict read (``newest_of_row``: the locks of the n cells, then
-    their records): read from another cell's position, the conflict is missed, or the
+    their records' timestamps): read from another cell's position, the conflict is missed, or the
     new cell is left without its lock."""
     later, new = "c:later", "c:new"
     with Transaction(embedded) as before:
