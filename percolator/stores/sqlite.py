@@ -380,6 +380,7 @@ class SqliteStore:
         self._families.pop(table, None)
         self._sql_cache.clear()
         self._newest_plans.clear()
+        self._row_plans.clear()
         self._cell_plans.clear()
         self._untagged_indexed = {k for k in self._untagged_indexed if k[0] != table}
 

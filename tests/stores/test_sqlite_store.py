@@ -204,19 +204,21 @@ def test_a_one_cell_read_answers_as_the_general_read(
 
 
 def test_a_one_cell_read_of_a_family_a_table_no_longer_has_is_refused(tmp_path: Path) -> None:
-    """The one-cell statements are kept per table and family; a table dropped and
-    made again without the family is asked anew, and the read refused with the
-    family's name (not SQLite's missing table)."""
+    """The one-cell and one-row statements are kept per table and family; a table
+    dropped and made again without the family is asked anew, and the read refused
+    with the family's name (not SQLite's missing table)."""
     store: Any = open_store(f"sqlite://{tmp_path}/s.db")
     try:
         store.create_table("t", {"a": 0})
         store.mutate_rows("t", [Mutation(b"r", [("a:q", 3, b"v")])])
         assert store.newest_at("t", b"r", "a", "q", 9) == (3, b"v")
         assert store.read_rows("t", [b"r"], [Read("a", ("q",))]) == {b"r": {"a:q": [(3, b"v")]}}
+        assert store.newest_of_row("t", b"r", (("a", "value"),), ("q",)) == (b"v",)
         store.drop_table("t")
         store.create_table("t", {"b": 0})
         for read in (lambda: store.newest_at("t", b"r", "a", "q", 9),
-                     lambda: store.read_rows("t", [b"r"], [Read("a", ("q",))])):
+                     lambda: store.read_rows("t", [b"r"], [Read("a", ("q",))]),
+                     lambda: store.newest_of_row("t", b"r", (("a", "value"),), ("q",))):
             with pytest.raises(percolator.InvalidArgument, match="no column family 'a'"):
                 read()
         with pytest.raises(percolator.UnknownTableError):
