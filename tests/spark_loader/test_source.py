@@ -500,6 +500,68 @@ def test_a_stream_killed_mid_batch_and_restarted_writes_every_row_once(tmp_path:
         assert len([r for r in loads if r.startswith(b"stream-")]) == 3
 
 
+def test_stream_tasks_killed_mid_batch_and_replayed_write_every_row_once(
+    tmp_path: Path,
+) -> None:
+    """The fast twin of the test above, run by default: the same micro-batches, kills
+    and replays, with a driver process that plays the tasks and the commit of each
+    batch through the writer (``tests/spark_loader/_stream_tasks.py``) instead of
+    Spark's jobs, on the same parking points. Killed -9 while a task of batch 1 holds
+    its prewritten rows; the next run replays batch 1 (rolling the dead run's attempt
+    back) and is killed -9 after the commit of batch 2, before recording it done; the
+    last run replays batch 2, which finds its load committed and writes nothing.
+    Every row is in the table, every cell has one write record, and each batch is
+    one load. What stays with the slow test is Spark's half: the micro-batch
+    properties a task reads its run and batch from, and Spark's own replay."""
+    url = f"sqlite://{tmp_path}/s.db"
+    done, park = tmp_path / "done", tmp_path / "park"
+    park.mkdir()
+    with percolator.connect(url) as cluster:
+        cluster.create_table("t")
+
+    def driver(run: str, **env: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.spark_loader._stream_tasks", url, "t", str(done),
+             run, "3"], cwd=ROOT, env={**os.environ, **env}, start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def run_until(run: str, point: str) -> None:
+        (park / f"park-{point}").touch()
+        proc = driver(run, _PERCOLATOR_TEST_PARK_AFTER_PREWRITE=str(park))
+        try:
+            deadline = time.monotonic() + 120
+            while not (park / point).exists():
+                assert proc.poll() is None, proc.communicate()[0].decode()[-3000:]
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        (park / f"park-{point}").unlink()
+
+    run_until("run1", "prewritten-1")  # batch 0 done; killed mid-batch 1
+    with percolator.connect(url) as cluster:
+        assert percolator.Snapshot(cluster).get("t", b"k0-0", "v:n") == b"0"
+        assert percolator.Snapshot(cluster).get("t", b"k1-0", "v:n") is None
+    run_until("run2", "committed-2")  # replays 1; killed after committing 2
+    assert done.read_text().split() == ["0", "1"]  # batch 2 not recorded done
+    last = driver("run3")
+    out, _ = last.communicate(timeout=120)
+    assert last.returncode == 0, out.decode()[-3000:]
+    with percolator.connect(url) as cluster:
+        snap = percolator.Snapshot(cluster)
+        got = {r: v["v:n"] for r, v in snap.scan("t", None, None, ["v:n"])}
+        assert got == {f"k{b}-{i}".encode(): str(b * 100 + i).encode()
+                       for b in range(3) for i in range(10)}
+        writes = internals(cluster).store.scan("t", None, None, [Read("w", versions=None)])
+        assert all(len(versions) == 1 for _, cells in writes for versions in cells.values())
+        loads = {r: cells for r, cells in internals(cluster).store.scan(
+            LOADS_TABLE, None, None, [Read("w", versions=None)]) if r.startswith(b"stream-")}
+        assert len(loads) == 3  # one committed load per batch, none twice:
+        assert all(len([ts for ts, record in versions if record[:1] != b"R"]) == 1
+                   for cells in loads.values() for versions in cells.values())
+
+
 # --- streaming read: the change feed -----------------------------------------------------------
 
 
