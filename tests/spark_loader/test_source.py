@@ -666,6 +666,89 @@ def test_the_change_feed_delivers_every_commit_once_across_kills_and_restarts(
     assert newest == final
 
 
+def test_the_change_feed_batches_deliver_every_commit_once_across_kills(
+    tmp_path: Path,
+) -> None:
+    """The fast twin of the test above, run by default: the change feed's own code
+    (``PercolatorChangeFeed``: latestOffset, partitions, read) driven batch by batch
+    as Spark's micro-batch loop drives it, without Spark's jobs, while bank transfers
+    commit in two writer processes (in two phases: each commit leaves a window between
+    its commit timestamp and its write records). One writer is killed -9 (its locks left behind
+    for the feed's safe end to resolve) and started again; every third batch the feed
+    object is thrown away and a new one goes on from the offset, as a restarted query
+    from its checkpoint, after reading again a batch whose output it lost (the same
+    ends: the same records). Then the writers are killed and an availableNow run
+    catches up. Every committed cell of the table is delivered exactly once."""
+    from spark_loader._source import PercolatorDataSource, _ts_of
+
+    accounts = 6
+    url = f"sqlite://{tmp_path}/bank.db"
+    with percolator.connect(url) as cluster:
+        cluster.create_table("accounts")
+        cluster.create_table("transfers")
+        with percolator.Transaction(cluster) as txn:
+            for i in range(accounts):
+                txn.set("accounts", b"acct%03d" % i, "bal:v", b"1000")
+    source = PercolatorDataSource({"url": url, "table": "accounts", "readChangeFeed": "true",
+                                   "startingTs": "earliest", "numPartitions": "2"})
+    log = tmp_path / "committed.log"
+
+    def writer(seed: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-m", "tests.transactions._bank_worker", url,
+                                 str(accounts), str(seed), str(log), "two-phase"], cwd=ROOT)
+
+    def committed() -> int:
+        return len(log.read_bytes().split()) if log.exists() else 0
+
+    feed = source.streamReader(source.schema())
+    offset = feed.initialOffset()
+    delivered: list[tuple[bytes, str, int]] = []
+
+    def batch() -> bool:
+        nonlocal offset
+        end = feed.latestOffset(offset, None)
+        got = [(bytes(r[0]), r[1], r[3]) for part in feed.partitions(offset, end)
+               for r in feed.read(part)]
+        delivered.extend(got)
+        moved = end != offset
+        offset = end
+        return moved
+
+    writers = [writer(1), writer(2)]
+    try:
+        for step in range(1, 400):
+            if step == 4 or step % 3 == 0:
+                # a restart: the batch's output lost, the batch read again by a new feed
+                end = feed.latestOffset(offset, None)
+                lost = [tuple(r) for part in feed.partitions(offset, end)
+                        for r in feed.read(part)]
+                feed = source.streamReader(source.schema())
+                assert [tuple(r) for part in feed.partitions(offset, end)
+                        for r in feed.read(part)] == lost
+            batch()
+            if step == 4:
+                os.kill(writers[0].pid, signal.SIGKILL)  # mid-transfer, most likely
+                writers[0].wait()
+                writers[0] = writer(3)
+            if step > 8 and committed() > 40:
+                break
+            time.sleep(0.02)
+    finally:
+        for w in writers:
+            w.kill()
+            w.wait()
+    assert committed() > 40  # the writers were busy meanwhile
+    feed = source.streamReader(source.schema())
+    feed.prepareForTriggerAvailableNow()
+    assert feed.target is not None
+    for _ in range(100):  # the killed writers' locks resolved, batches reach the target
+        batch()
+        if _ts_of(offset) >= feed.target:
+            break
+    assert _ts_of(offset) == feed.target
+    assert sorted(delivered) == _committed_cells(url, "accounts")
+
+
 @pytest.mark.slow  # 4-18 min of Spark streaming here: scripts/test --run-slow
 @pytest.mark.timeout(1200)
 def test_a_stream_written_then_read_back_through_the_change_feed(
