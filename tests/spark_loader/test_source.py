@@ -441,7 +441,9 @@ def _stream(url: str, source: Path, checkpoint: Path, **env: str) -> subprocess.
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-@pytest.mark.slow  # 4-18 min of Spark streaming here: scripts/test --run-slow
+# 4-18 min of Spark streaming here: scripts/test --run-slow. Its fast twin, run by
+# default: test_stream_tasks_killed_mid_batch_and_replayed_write_every_row_once (CONTRIBUTING.md).
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_a_stream_killed_mid_batch_and_restarted_writes_every_row_once(tmp_path: Path) -> None:
     """Three files, one micro-batch each. The driver is killed -9 (with its JVM and
@@ -601,7 +603,9 @@ def _committed_cells(url: str, table: str) -> list[tuple[bytes, str, int]]:
                       for ts, record in versions if record[:1] != b"R")
 
 
-@pytest.mark.slow  # 4-18 min of Spark streaming here: scripts/test --run-slow
+# 4-18 min of Spark streaming here: scripts/test --run-slow. Its fast twin, run by
+# default: test_the_change_feed_batches_deliver_every_commit_once_across_kills (CONTRIBUTING.md).
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_the_change_feed_delivers_every_commit_once_across_kills_and_restarts(
     spark: Any, tmp_path: Path
@@ -799,7 +803,9 @@ def test_micro_batches_written_then_read_back_through_the_change_feed(tmp_path: 
     assert [(r, c, v) for r, c, v, _ in added] == [("k0-0", "v:n", None)]
 
 
-@pytest.mark.slow  # 4-18 min of Spark streaming here: scripts/test --run-slow
+# 4-18 min of Spark streaming here: scripts/test --run-slow. Its fast twin, run by
+# default: test_micro_batches_written_then_read_back_through_the_change_feed (CONTRIBUTING.md).
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_a_stream_written_then_read_back_through_the_change_feed(
     session: Any, tmp_path: Path
