@@ -2,7 +2,7 @@
 
 ::
 
-    percolator status --cluster sqlite:///var/lib/app/repo.db
+    percolator status --cluster sqlite:///var/lib/app/repo.db   (or: percolator status URL)
     percolator wait   --cluster URL --timeout 60
     percolator retry  --cluster URL [TABLE [ROW [COLUMN]]]
     percolator gc     --cluster URL [--retention SECONDS] [--dry-run] [--vacuum]
@@ -36,6 +36,7 @@ from percolator._notifications import (
     wait_until_idle,
 )
 from percolator._tls import add_zookeeper_tls_arguments, zookeeper_tls_from_arguments
+from percolator.stores.sqlite import sqlite_path
 
 
 def _status(cluster: Cluster) -> int:
@@ -167,11 +168,33 @@ def _check_store_exists(url: str) -> None:
     """These commands look at a repository; opening an embedded store that is not there
     would create an empty one (and report it idle), so refuse instead."""
     parts = urlsplit(url)
-    if parts.scheme == "sqlite" and parts.path.startswith("/") and not os.path.exists(parts.path):
+    if parts.scheme != "sqlite" or parts.netloc or not parts.path.strip("/"):
+        return  # not an embedded store's file (open_store says what is wrong with it)
+    path = sqlite_path(parts.path)
+    if not os.path.exists(path):
         raise InvalidArgument(
-            f"no store at {parts.path} ({url}): these commands never create one; check the "
+            f"no store at {path} ({url}): these commands never create one; check the "
             "path (it is the --cluster URL the workers and programs use)"
         )
+
+
+def _looks_like_url(text: str | None) -> bool:
+    scheme = urlsplit(text or "").scheme
+    return bool(scheme) and (scheme == "sqlite" or "://" in (text or ""))
+
+
+def _take_positional_url(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``percolator status URL`` as ``--cluster URL`` (as git- or kubectl-style tools
+    take their target); for ``retry`` a first argument that is a url, not a table."""
+    url = getattr(args, "url", None)
+    if args.command == "retry" and args.cluster is None and _looks_like_url(args.table):
+        url, args.table, args.row, args.column = args.table, args.row, args.column, None
+    if url is not None and args.cluster is not None and url != args.cluster:
+        parser.error(f"two repositories given: {url} and --cluster {args.cluster}; give one")
+    args.cluster = args.cluster or url
+    if args.cluster is None:
+        parser.error(f"{args.command} needs the repository: percolator {args.command} URL "
+                     "(or --cluster URL), e.g. sqlite:///var/lib/app/repo.db")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,14 +225,19 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("conformance", add_help=False,
                    help="certify a cluster: snapshot-isolation checks in tables of their own "
                         "(percolator conformance --help)")
+    for p in (status, wait, gc):
+        p.add_argument("url", nargs="?", metavar="URL",
+                       help="the repository's url (the same as --cluster URL)")
     for p in (status, wait, retry, gc):
-        p.add_argument("--cluster", required=True, help="store url, e.g. sqlite:///path.db")
+        p.add_argument("--cluster", help="store url, e.g. sqlite:///path.db (or give it as the "
+                                         "first argument: percolator status URL)")
         p.add_argument("--oracle",
                        help="timestamp oracle, grpc://host:port, grpcs://host:port or zk://...")
         p.add_argument("--zookeeper", help="ZooKeeper for coordination, host:port/chroot")
         add_zookeeper_tls_arguments(p, "oracle")
         add_zookeeper_tls_arguments(p, "zookeeper")
     args = parser.parse_args(argv)
+    _take_positional_url(parser, args)
     try:
         _check_store_exists(args.cluster)
         cluster = connect(
