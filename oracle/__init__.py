@@ -28,10 +28,10 @@ if _typing.TYPE_CHECKING:
     from oracle._server import OracleServer
 
 __all__ = [
-    "INSTALL_HINT", "MAX_COUNT", "OracleClient", "OracleServer", "OracleStatus", "parse_target",
+    "MAX_COUNT", "OracleClient", "OracleServer", "OracleStatus", "parse_target",
 ]
 
-INSTALL_HINT = "the timestamp oracle needs grpcio: pip install 'percolator-txn[oracle]'"
+_INSTALL_HINT = "the timestamp oracle needs grpcio: pip install 'percolator-txn[oracle]'"
 
 # Loaded at first use: the client and server need grpcio (the ``oracle`` extra), and
 # ``python -m oracle`` without it must say so instead of failing while importing.

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -136,3 +138,71 @@ def test_an_unreachable_zookeeper_is_said_once(caplog: pytest.LogCaptureFixture)
     assert [r for r in caplog.records if r.levelno >= logging.WARNING
             and r.name.startswith("kazoo")] == []
     assert client.logger.starting is False  # a later drop is a warning again
+
+
+def _template(text: str, directory: Path | None = None) -> str:
+    """*text* with what differs from run to run made alike: the directory, owner ids,
+    numbers, and the wording of a missing module."""
+    if directory is not None:
+        text = text.replace(f"{directory}/", "/var/lib/app/").replace(str(directory),
+                                                                      "/var/lib/app")
+    text = re.sub(r"\((No module named [^)]*|import of [\w.]+ halted; None in sys.modules)\)",
+                  "(MISSING)", text)
+    text = re.sub(r"\(owner [^)]*\)", "(owner OWNER)", text)
+    return re.sub(r"\d+(\.\d+)?", "N", text)
+
+
+def _troubleshooting_shows(message: str, directory: Path | None = None) -> None:
+    page = _template((ROOT / "docs" / "troubleshooting.md").read_text())
+    for line in message.strip().splitlines():
+        assert _template(line, directory) in page, f"docs/troubleshooting.md lacks: {line}"
+
+
+def test_troubleshooting_shows_the_messages_as_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/troubleshooting.md quotes each error as the library prints it: each is made
+    here, for real, and its text (up to numbers, paths and ids) must be on the page."""
+    from percolator.testing import Interleaving, client_of
+
+    def printed(call: Any) -> str:
+        try:
+            call()
+        except percolator.PercolatorError as e:
+            return f"{type(e).__module__}.{type(e).__name__}: {e}"
+        raise AssertionError("no error")
+
+    monkeypatch.chdir(tmp_path)
+    _troubleshooting_shows(printed(lambda: percolator.connect(
+        f"sqlite://{tmp_path}/missing/repo.db")), tmp_path / "missing")
+    _troubleshooting_shows(printed(lambda: percolator.connect("sqlite:///:memory:")))
+    assert main(["status", f"sqlite://{tmp_path}/repo.db"]) == 2
+    _troubleshooting_shows(capsys.readouterr().err, tmp_path)
+    for modules, call in [("kazoo", "percolator.connect('zk://127.0.0.1:1/app')"),
+                          ("grpc", "percolator.connect('sqlite:r.db', oracle='grpc://127.0.0.1:7070')")]:
+        done = _without(modules, "import percolator\ntry:\n    " + call +
+                        "\nexcept percolator.PercolatorError as e:\n"
+                        "    print(f'percolator.{type(e).__name__}: {e}')\n")
+        _troubleshooting_shows(done.stdout)
+    oracle_cli = _without("grpc", "import runpy, sys\nsys.argv = ['oracle']\n"
+                                  "runpy.run_module('oracle', run_name='__main__')")
+    _troubleshooting_shows(oracle_cli.stderr)
+
+    with percolator.connect("sqlite:repo.db", lock_wait=0.5) as cluster:
+        cluster.create_table("accounts")
+        with Interleaving(cluster) as world:
+            client = client_of(cluster)
+            client.one_phase_commit = False
+            txn = percolator.Transaction(client)
+            txn.set("accounts", b"alice", "bal:v", b"40")
+            holder = world.actor("holder", txn.commit, clients=[client])
+            holder.run_until(lambda step: step.matches("timestamp"))  # locked, alive
+            _troubleshooting_shows(printed(lambda: percolator.Snapshot(cluster).get(
+                "accounts", b"alice", "bal:v")))
+            holder.finish()
+        old = percolator.Snapshot(cluster)
+        with percolator.Transaction(cluster) as later:
+            later.set("accounts", b"bob", "bal:v", b"1")
+        cluster.gc(retention=0, max_txn_age=0.001)
+        _troubleshooting_shows(printed(lambda: old.get("accounts", b"bob", "bal:v")))
+        old.close()
