@@ -1,4 +1,4 @@
-"""The ``percolator`` command: ``status``, ``wait``, ``retry``, ``gc`` and ``conformance``.
+"""The ``percolator`` command: status, wait, retry, gc, backup, restore and conformance.
 
 ::
 
@@ -6,6 +6,8 @@
     percolator wait   --cluster URL --timeout 60
     percolator retry  --cluster URL [TABLE [ROW [COLUMN]]]
     percolator gc     --cluster URL [--retention SECONDS] [--dry-run] [--vacuum]
+    percolator backup  URL FILE       (embedded store: one consistent file, writers running)
+    percolator restore FILE URL       (a new embedded store from it)
     percolator conformance --cluster URL [--checks ...] [--duration S] [--json FILE]
 
 Rows are written as UTF-8 text, or ``hex:...`` for other bytes (as ``status`` shows them).
@@ -197,8 +199,44 @@ def _take_positional_url(parser: argparse.ArgumentParser, args: argparse.Namespa
                      "(or --cluster URL), e.g. sqlite:///var/lib/app/repo.db")
 
 
+def _backup_or_restore(argv: list[str]) -> int:
+    """``percolator backup URL FILE`` and ``percolator restore FILE URL`` (embedded store)."""
+    from percolator._backup import backup, restore
+
+    command = argv[0]
+    parser = argparse.ArgumentParser(prog=f"percolator {command}", description=(
+        "Copy an embedded store to one file, consistently, while its writers run "
+        "(docs/embedded.md)" if command == "backup" else
+        "Make a new embedded store from a backup: its locks resolved, its timestamps "
+        "above every one in the backup (docs/embedded.md)"))
+    if command == "backup":
+        parser.add_argument("url", metavar="URL", help="the store, e.g. sqlite:///var/lib/app/repo.db")
+        parser.add_argument("file", metavar="FILE",
+                            help="the backup file to write (must not exist)")
+    else:
+        parser.add_argument("file", metavar="FILE", help="a file written by percolator backup")
+        parser.add_argument("url", metavar="URL",
+                            help="the new store, e.g. sqlite:///var/lib/app/restored.db "
+                                 "(its file must not exist)")
+    args = parser.parse_args(argv[1:])
+    try:
+        if command == "backup":
+            done = backup(args.url, args.file)
+            print(f"backed up {args.url} to {done.destination} ({done.bytes} bytes)")
+        else:
+            done = restore(args.file, args.url)
+            print(f"restored {args.file} to {args.url} ({done.bytes} bytes; "
+                  f"{done.locks_resolved} lock(s) of transactions in flight resolved)")
+    except PercolatorError as e:
+        print(f"percolator {command}: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["backup"], ["restore"]):
+        return _backup_or_restore(argv)
     if argv[:1] == ["conformance"]:
         # its own parser (and options): see percolator.conformance
         from percolator.conformance.__main__ import main as conformance
@@ -222,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     gc.add_argument("--dry-run", action="store_true", help="count, change nothing")
     gc.add_argument("--vacuum", action="store_true",
                     help="then return free space to the file system (embedded store)")
+    sub.add_parser("backup", add_help=False,
+                   help="copy an embedded store to one file while it runs "
+                        "(percolator backup URL FILE)")
+    sub.add_parser("restore", add_help=False,
+                   help="a new embedded store from a backup (percolator restore FILE URL)")
     sub.add_parser("conformance", add_help=False,
                    help="certify a cluster: snapshot-isolation checks in tables of their own "
                         "(percolator conformance --help)")
