@@ -126,3 +126,25 @@ def test_backup_and_restore_refuse_what_they_cannot_do(
     assert main(["restore", str(tmp_path / "b.db"), url]) == 2  # the original's own file
     assert "already exists" in capsys.readouterr().err
     assert not (tmp_path / "none.db").exists()
+
+
+def test_the_side_files_docs_call_deletable_are_made_again(tmp_path: Path) -> None:
+    """docs/embedded.md: with no process running, every side file but SQLite's own may
+    be deleted; the next process makes them again, its timestamps above every one the
+    file holds, and the data is all there."""
+    url = f"sqlite://{tmp_path}/repo.db"
+    with percolator.connect(url) as cluster:
+        cluster.create_table("t")
+        with percolator.Transaction(cluster) as txn:
+            txn.set("t", b"r", "f:q", b"v")
+    deletable = ["-ts", "-census", "-locks", "-write.lock", "-writers"]
+    docs = (ROOT / "docs" / "embedded.md").read_text()
+    for suffix in deletable:
+        assert f"`repo.db{suffix}`" in docs
+        (tmp_path / f"repo.db{suffix}").unlink()
+    largest = _largest_timestamp(tmp_path / "repo.db")
+    with percolator.connect(url) as cluster:
+        with percolator.Transaction(cluster) as txn:
+            assert txn.start_ts > largest
+            assert txn.get("t", b"r", "f:q") == b"v"
+    assert {f"repo.db{s}" for s in deletable} <= {p.name for p in tmp_path.iterdir()}
