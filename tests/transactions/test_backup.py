@@ -143,8 +143,7 @@ def test_the_side_files_docs_call_deletable_are_made_again(tmp_path: Path) -> No
         assert f"`repo.db{suffix}`" in docs
         (tmp_path / f"repo.db{suffix}").unlink()
     largest = _largest_timestamp(tmp_path / "repo.db")
-    with percolator.connect(url) as cluster:
-        with percolator.Transaction(cluster) as txn:
-            assert txn.start_ts > largest
-            assert txn.get("t", b"r", "f:q") == b"v"
+    with percolator.connect(url) as cluster, percolator.Transaction(cluster) as txn:
+        assert txn.start_ts > largest
+        assert txn.get("t", b"r", "f:q") == b"v"
     assert {f"repo.db{s}" for s in deletable} <= {p.name for p in tmp_path.iterdir()}
