@@ -1,8 +1,9 @@
 """The distribution as a package index shows it and a new user installs it (issue 50):
 the LICENSE ships in the wheel and the sdist, the metadata names the project's pages,
 README.md's links work on the index page (absolute, each naming a file of this
-repository), the sdist carries the whole test tree, and the landing page's examples
-run as printed from the wheel installed into a fresh virtualenv.
+repository), the sdist carries the whole test tree, and the first pages a new user
+reads (docs/index.md, README.md, docs/embedded.md) run as printed from the wheel
+installed into a fresh virtualenv.
 
 The wheel and the sdist are built once per session from a copy of the checkout
 (setuptools' build backend, in this interpreter: no build isolation, no download)."""
@@ -132,14 +133,12 @@ assert "/venv/" in percolator.__file__, percolator.__file__
 """
 
 
-@pytest.mark.timeout(600)
-def test_the_landing_page_runs_from_the_wheel_in_a_fresh_virtualenv(
-    dist: dict[str, Path], tmp_path: Path
-) -> None:
-    """docs/index.md's examples, as printed and in order, in a new directory, by a new
-    virtualenv into which only the wheel was installed (the embedded store needs no
-    other package); its commands are the wheel's console scripts."""
-    venv = tmp_path / "venv"
+@pytest.fixture(scope="module")
+def wheel_venv(dist: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+               ) -> dict[str, str]:
+    """A new virtualenv into which only the wheel was installed (the embedded store
+    needs no other package), and the environment that runs its commands first."""
+    venv = tmp_path_factory.mktemp("wheel-venv") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
                    timeout=120)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -147,7 +146,18 @@ def test_the_landing_page_runs_from_the_wheel_in_a_fresh_virtualenv(
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"),
                     "install", "-q", "--no-deps", "--no-index", str(dist["wheel"])],
                    check=True, timeout=300, env=env)
-    examples = [(b.where, b.lang, b.code) for b in blocks(ROOT / "docs" / "index.md")
+    return env
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("page", ["docs/index.md", "README.md", "docs/embedded.md"])
+def test_the_first_pages_run_from_the_wheel_in_a_fresh_virtualenv(
+    page: str, wheel_venv: dict[str, str], tmp_path: Path
+) -> None:
+    """The pages a new user reads first, their examples as printed and in order, in a
+    new directory, by the wheel's virtualenv and its console scripts (the other pages
+    run from the checkout: tests/docs/test_examples.py)."""
+    examples = [(b.where, b.lang, b.code) for b in blocks(ROOT / page)
                 if b.is_example and b.no_run is None]
     assert examples
     (tmp_path / "examples.json").write_text(json.dumps(examples))
@@ -156,6 +166,6 @@ def test_the_landing_page_runs_from_the_wheel_in_a_fresh_virtualenv(
     work.mkdir()
     done = subprocess.run(
         ["python", str(tmp_path / "driver.py"), str(tmp_path / "examples.json")],
-        cwd=work, env=env, capture_output=True, text=True, timeout=300,
+        cwd=work, env=wheel_venv, capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
