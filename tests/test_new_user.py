@@ -110,6 +110,7 @@ def test_missing_extras_are_named_not_tracebacks(tmp_path: Path) -> None:
         ("kazoo", "percolator.connect('zk://127.0.0.1:1/app')", "zookeeper", "CoordinationError"),
         ("grpc", f"percolator.connect('sqlite://{tmp_path}/r.db', oracle='grpc://127.0.0.1:1')",
          "oracle", "OracleUnavailable"),
+        ("happybase", "percolator.connect('hbase://127.0.0.1:1')", "hbase", "InvalidArgument"),
     ]:
         done = _without(modules, "import percolator\ntry:\n    " + call +
                         "\nexcept percolator.PercolatorError as e:\n"
@@ -179,6 +180,7 @@ def test_troubleshooting_shows_the_messages_as_printed(
     assert main(["status", f"sqlite://{tmp_path}/repo.db"]) == 2
     _troubleshooting_shows(capsys.readouterr().err, tmp_path)
     for modules, call in [("kazoo", "percolator.connect('zk://127.0.0.1:1/app')"),
+                          ("happybase", "percolator.connect('hbase://127.0.0.1:9090')"),
                           ("grpc", "percolator.connect('sqlite:r.db', oracle='grpc://127.0.0.1:7070')")]:
         done = _without(modules, "import percolator\ntry:\n    " + call +
                         "\nexcept percolator.PercolatorError as e:\n"
