@@ -18,8 +18,31 @@ Targets are ``"grpc://host:port"``, ``"grpcs://host:port"`` (TLS) or
 
 from __future__ import annotations
 
-from oracle._client import OracleClient, OracleStatus
-from oracle._server import OracleServer
+import importlib as _importlib
+import typing as _typing
+
 from oracle._target import MAX_COUNT, parse_target
 
-__all__ = ["MAX_COUNT", "OracleClient", "OracleServer", "OracleStatus", "parse_target"]
+if _typing.TYPE_CHECKING:
+    from oracle._client import OracleClient, OracleStatus
+    from oracle._server import OracleServer
+
+__all__ = [
+    "MAX_COUNT", "OracleClient", "OracleServer", "OracleStatus", "parse_target",
+]
+
+_INSTALL_HINT = "the timestamp oracle needs grpcio: pip install 'percolator-txn[oracle]'"
+
+# Loaded at first use: the client and server need grpcio (the ``oracle`` extra), and
+# ``python -m oracle`` without it must say so instead of failing while importing.
+_LAZY = {"OracleClient": "oracle._client", "OracleStatus": "oracle._client",
+         "OracleServer": "oracle._server"}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'oracle' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -9,7 +9,13 @@ import sys
 import threading
 from types import FrameType
 
-from oracle._server import DEFAULT_BLOCK_SIZE, DEFAULT_SESSION_TIMEOUT, OracleServer
+try:
+    from oracle._server import DEFAULT_BLOCK_SIZE, DEFAULT_SESSION_TIMEOUT, OracleServer
+except ImportError as _e:  # without the extra: main() says what to install
+    _MISSING: ImportError | None = _e
+else:
+    _MISSING = None
+from oracle import _INSTALL_HINT
 from percolator import InvalidArgument, PercolatorError, TlsConfig, TlsError
 from percolator._tls import add_zookeeper_tls_arguments, zookeeper_tls_from_arguments
 from percolator.metrics import add_arguments as add_metrics_arguments
@@ -105,6 +111,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the oracle server until SIGTERM or SIGINT; returns the exit status."""
+    if _MISSING is not None:
+        print(f"percolator-oracle: {_INSTALL_HINT} ({_MISSING})", file=sys.stderr)
+        return 2
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level,

@@ -1,11 +1,13 @@
-"""The ``percolator`` command: ``status``, ``wait``, ``retry``, ``gc`` and ``conformance``.
+"""The ``percolator`` command: status, wait, retry, gc, backup, restore and conformance.
 
 ::
 
-    percolator status --cluster sqlite:///var/lib/app/repo.db
+    percolator status --cluster sqlite:///var/lib/app/repo.db   (or: percolator status URL)
     percolator wait   --cluster URL --timeout 60
     percolator retry  --cluster URL [TABLE [ROW [COLUMN]]]
     percolator gc     --cluster URL [--retention SECONDS] [--dry-run] [--vacuum]
+    percolator backup  URL FILE       (embedded store: one consistent file, writers running)
+    percolator restore FILE URL       (a new embedded store from it)
     percolator conformance --cluster URL [--checks ...] [--duration S] [--json FILE]
 
 Rows are written as UTF-8 text, or ``hex:...`` for other bytes (as ``status`` shows them).
@@ -36,6 +38,7 @@ from percolator._notifications import (
     wait_until_idle,
 )
 from percolator._tls import add_zookeeper_tls_arguments, zookeeper_tls_from_arguments
+from percolator.stores.sqlite import sqlite_path
 
 
 def _status(cluster: Cluster) -> int:
@@ -167,15 +170,73 @@ def _check_store_exists(url: str) -> None:
     """These commands look at a repository; opening an embedded store that is not there
     would create an empty one (and report it idle), so refuse instead."""
     parts = urlsplit(url)
-    if parts.scheme == "sqlite" and parts.path.startswith("/") and not os.path.exists(parts.path):
+    if parts.scheme != "sqlite" or parts.netloc or not parts.path.strip("/"):
+        return  # not an embedded store's file (open_store says what is wrong with it)
+    path = sqlite_path(parts.path)
+    if not os.path.exists(path):
         raise InvalidArgument(
-            f"no store at {parts.path} ({url}): these commands never create one; check the "
+            f"no store at {path} ({url}): these commands never create one; check the "
             "path (it is the --cluster URL the workers and programs use)"
         )
 
 
+def _looks_like_url(text: str | None) -> bool:
+    scheme = urlsplit(text or "").scheme
+    return bool(scheme) and (scheme == "sqlite" or "://" in (text or ""))
+
+
+def _take_positional_url(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``percolator status URL`` as ``--cluster URL`` (as git- or kubectl-style tools
+    take their target); for ``retry`` a first argument that is a url, not a table."""
+    url = getattr(args, "url", None)
+    if args.command == "retry" and args.cluster is None and _looks_like_url(args.table):
+        url, args.table, args.row, args.column = args.table, args.row, args.column, None
+    if url is not None and args.cluster is not None and url != args.cluster:
+        parser.error(f"two repositories given: {url} and --cluster {args.cluster}; give one")
+    args.cluster = args.cluster or url
+    if args.cluster is None:
+        parser.error(f"{args.command} needs the repository: percolator {args.command} URL "
+                     "(or --cluster URL), e.g. sqlite:///var/lib/app/repo.db")
+
+
+def _backup_or_restore(argv: list[str]) -> int:
+    """``percolator backup URL FILE`` and ``percolator restore FILE URL`` (embedded store)."""
+    from percolator._backup import backup, restore
+
+    command = argv[0]
+    parser = argparse.ArgumentParser(prog=f"percolator {command}", description=(
+        "Copy an embedded store to one file, consistently, while its writers run "
+        "(docs/embedded.md)" if command == "backup" else
+        "Make a new embedded store from a backup: its locks resolved, its timestamps "
+        "above every one in the backup (docs/embedded.md)"))
+    if command == "backup":
+        parser.add_argument("url", metavar="URL", help="the store, e.g. sqlite:///var/lib/app/repo.db")
+        parser.add_argument("file", metavar="FILE",
+                            help="the backup file to write (must not exist)")
+    else:
+        parser.add_argument("file", metavar="FILE", help="a file written by percolator backup")
+        parser.add_argument("url", metavar="URL",
+                            help="the new store, e.g. sqlite:///var/lib/app/restored.db "
+                                 "(its file must not exist)")
+    args = parser.parse_args(argv[1:])
+    try:
+        if command == "backup":
+            done = backup(args.url, args.file)
+            print(f"backed up {args.url} to {done.destination} ({done.bytes} bytes)")
+        else:
+            done = restore(args.file, args.url)
+            print(f"restored {args.file} to {args.url} ({done.bytes} bytes; "
+                  f"{done.locks_resolved} lock(s) of transactions in flight resolved)")
+    except PercolatorError as e:
+        print(f"percolator {command}: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["backup"], ["restore"]):
+        return _backup_or_restore(argv)
     if argv[:1] == ["conformance"]:
         # its own parser (and options): see percolator.conformance
         from percolator.conformance.__main__ import main as conformance
@@ -199,17 +260,27 @@ def main(argv: list[str] | None = None) -> int:
     gc.add_argument("--dry-run", action="store_true", help="count, change nothing")
     gc.add_argument("--vacuum", action="store_true",
                     help="then return free space to the file system (embedded store)")
+    sub.add_parser("backup", add_help=False,
+                   help="copy an embedded store to one file while it runs "
+                        "(percolator backup URL FILE)")
+    sub.add_parser("restore", add_help=False,
+                   help="a new embedded store from a backup (percolator restore FILE URL)")
     sub.add_parser("conformance", add_help=False,
                    help="certify a cluster: snapshot-isolation checks in tables of their own "
                         "(percolator conformance --help)")
+    for p in (status, wait, gc):
+        p.add_argument("url", nargs="?", metavar="URL",
+                       help="the repository's url (the same as --cluster URL)")
     for p in (status, wait, retry, gc):
-        p.add_argument("--cluster", required=True, help="store url, e.g. sqlite:///path.db")
+        p.add_argument("--cluster", help="store url, e.g. sqlite:///path.db (or give it as the "
+                                         "first argument: percolator status URL)")
         p.add_argument("--oracle",
                        help="timestamp oracle, grpc://host:port, grpcs://host:port or zk://...")
         p.add_argument("--zookeeper", help="ZooKeeper for coordination, host:port/chroot")
         add_zookeeper_tls_arguments(p, "oracle")
         add_zookeeper_tls_arguments(p, "zookeeper")
     args = parser.parse_args(argv)
+    _take_positional_url(parser, args)
     try:
         _check_store_exists(args.cluster)
         cluster = connect(

@@ -61,8 +61,9 @@ def connect(
 ) -> Cluster:
     """Connect to the repository at *url*.
 
-    *url* names the store: ``"sqlite:///abs/path.db"`` (embedded: durable, shared by
-    every process of the host, no server), ``"hbase://host:9090"`` or
+    *url* names the store: ``"sqlite:///abs/path.db"`` or ``"sqlite:path.db"`` (relative
+    to the current directory) (embedded: durable, shared by every process of the host,
+    no server; ``sqlite:///:memory:`` is refused), ``"hbase://host:9090"`` or
     ``"bigtable://project/instance"``. *oracle* (``"grpc://host:port"`` or
     ``"zk://host:port/chroot"``) selects the timestamp oracle; without it the
     embedded store uses its in-file allocator and remote stores an atomic counter in

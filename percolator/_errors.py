@@ -138,3 +138,14 @@ class ObserverError(PercolatorError):
 def is_retryable(error: BaseException) -> bool:
     """Whether running the whole transaction again may succeed."""
     return isinstance(error, ConflictError | LockedError)
+
+
+# Shown by where users import them from: a traceback then reads
+# ``percolator.StoreUnavailable: ...``, the name the docs use and ``except`` can catch,
+# not the private module's ``percolator._errors.StoreUnavailable``.
+for _error in (PercolatorError, InvalidArgument, UnknownTableError, ValueTooLargeError,
+               TransactionClosedError, ConflictError, LockedError, CommitUnknownError,
+               SnapshotTooOldError, StoreUnavailable, OracleUnavailable, CoordinationError,
+               TlsError, ObserverError):
+    _error.__module__ = "percolator"
+del _error

@@ -37,7 +37,7 @@ from typing import Any, Protocol
 from percolator import _forks
 from percolator._batching import BatchedDraws
 from percolator._encoding import META_FAMILIES, META_TABLE
-from percolator._errors import InvalidArgument, StoreUnavailable
+from percolator._errors import InvalidArgument, OracleUnavailable, StoreUnavailable
 from percolator._presence import MARK_SIZE, Presence
 from percolator._store import INCREMENT, Read, Store, offered
 
@@ -120,7 +120,8 @@ def open_oracle(target: str, **options: Any) -> TimestampSource:
     """The client of the timestamp oracle at *target* (``grpc://``, ``grpcs://`` or
     ``zk://``), made with *options* by the entry of :data:`ORACLES` for its scheme.
 
-    :raises InvalidArgument: *target* is not a str or its scheme has no entry."""
+    :raises InvalidArgument: *target* is not a str or its scheme has no entry.
+    :raises OracleUnavailable: the client's packages (the ``oracle`` extra) are missing."""
     if not isinstance(target, str):
         raise InvalidArgument(f"oracle target must be a str, got {type(target).__name__}: "
                               f"{target!r}")
@@ -132,7 +133,14 @@ def open_oracle(target: str, **options: Any) -> TimestampSource:
             + ", ".join(f"'{s}://...'" for s in ORACLES)
         )
     module_name, _, name = entry.partition(":")
-    client: TimestampSource = getattr(importlib.import_module(module_name), name)(
+    try:
+        make = getattr(importlib.import_module(module_name), name)
+    except ImportError as e:
+        raise OracleUnavailable(
+            f"the timestamp oracle's client ({target!r}) needs grpcio, which is not "
+            f"installed ({e}): pip install 'percolator-txn[oracle]'"
+        ) from e
+    client: TimestampSource = make(
         target, **options
     )
     return client

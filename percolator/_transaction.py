@@ -190,10 +190,15 @@ class Snapshot:
 
     def _check_open(self) -> None:
         if self._closed:
+            if self._writable:
+                raise TransactionClosedError(
+                    f"transaction {self._label()} is already closed (committed, rolled back "
+                    "or closed); start a new one"
+                )
             raise TransactionClosedError(
-                f"transaction {self._label()} is already closed (committed, rolled back "
-                "or closed); "
-                "start a new one"
+                f"snapshot {self._label()} is already closed; open a new one "
+                "(percolator.Snapshot(cluster), or Snapshot(cluster, start_ts) to read "
+                "the same state again)"
             )
 
     def _check_cell(self, table: str, row: bytes, column: str) -> None:

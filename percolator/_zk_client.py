@@ -20,6 +20,7 @@ from percolator._tls import ZOOKEEPER_HELLO, TlsConfig, diagnose
 
 __all__ = [
     "INSTALL_HINT",
+    "QuietWhileStarting",
     "bounded_stop_handler",
     "make_client",
     "parse_auth",
@@ -150,9 +151,27 @@ def make_client(
             verify_certs=True,
             check_hostname=True,
         )
+    options.setdefault("logger", QuietWhileStarting())
     return kc.KazooClient(
         hosts=hosts, timeout=session_timeout, handler=bounded_stop_handler(), **options
     )
+
+
+class QuietWhileStarting(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """kazoo's logger for one client. Until :func:`start_client` has connected it,
+    kazoo's warnings (one "Connection dropped: socket connection error" per attempt,
+    a dozen and more against an address where nothing listens) go to DEBUG: the start
+    ends in one :class:`CoordinationError` that says it all. Once connected, kazoo
+    logs as usual (a dropped connection of a running client is worth a warning)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.getLogger("kazoo.client"), {})
+        self.starting = True
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        if self.starting and logging.DEBUG < level <= logging.WARNING:
+            level = logging.DEBUG
+        super().log(level, msg, *args, **kwargs)
 
 
 #: How long a connection attempt runs before a handshake of our own looks for a TLS
@@ -171,6 +190,16 @@ def start_client(client: Any, hosts: str, timeout: float, tls: TlsConfig | None)
     """
     event = client.start_async()
     deadline = time.monotonic() + timeout
+    quiet = client.logger if isinstance(client.logger, QuietWhileStarting) else None
+    try:
+        _wait_connected(client, hosts, timeout, tls, deadline, event)
+    finally:
+        if quiet is not None:
+            quiet.starting = False
+
+
+def _wait_connected(client: Any, hosts: str, timeout: float, tls: TlsConfig | None,
+                    deadline: float, event: Any) -> None:
     event.wait(min(timeout, _DIAGNOSE_AFTER))
     if not client.connected:
         for hp in hosts.split(","):

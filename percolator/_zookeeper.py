@@ -57,6 +57,7 @@ from urllib.parse import quote, unquote
 from percolator._errors import CoordinationError, InvalidArgument
 from percolator._tls import TlsConfig, check_tls
 from percolator._zk_client import (
+    INSTALL_HINT,
     make_client,
     parse_auth,
     parse_zookeeper_address,
@@ -199,7 +200,10 @@ class ZooKeeperCoordination:
             )
         self.address = hosts
         zk_hosts, chroot = parse_zookeeper_address(hosts)
-        from kazoo.protocol.states import KazooState
+        try:
+            from kazoo.protocol.states import KazooState
+        except ImportError as e:
+            raise CoordinationError(INSTALL_HINT) from e
 
         self._KazooState = KazooState
         self.base = f"{chroot}/{NAMESPACE}"

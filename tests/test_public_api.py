@@ -65,7 +65,7 @@ def test_the_cluster_shows_an_application_only_its_surface(tmp_path: Path) -> No
         assert public == CLUSTER_SURFACE
         parts = internals(cluster)
         assert parts is internals(cluster) and parts.cluster is cluster
-        assert cluster.url == parts.store.url == f"sqlite:///{tmp_path}/repo.db"
+        assert cluster.url == parts.store.url == f"sqlite://{tmp_path}/repo.db"  # one / of the path
         cluster.create_table("t")
         assert cluster.table_exists("t") is True
         assert cluster.table_exists("nope") is False

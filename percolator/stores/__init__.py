@@ -41,7 +41,13 @@ def open_store(url: str, **options: Any) -> Store:
             + ", ".join(f"{s}://..." for s in BACKENDS)
         )
     module_name, _, func = target.partition(":")
-    opener = getattr(importlib.import_module(module_name), func)
+    try:
+        opener = getattr(importlib.import_module(module_name), func)
+    except ImportError as e:  # the store's extra is not installed
+        hint = f"pip install 'percolator-txn[{scheme}]'"
+        raise InvalidArgument(str(e) if hint in str(e) else
+                              f"the {scheme}:// store needs packages that are not installed "
+                              f"({e}): {hint}") from e
     store: Store = opener(url, **options)
     return store
 

@@ -63,7 +63,7 @@ from percolator._store import (
 from percolator.stores import REQUESTS
 from percolator.stores._url import check_scan, parse_store_url
 
-__all__ = ["SqliteStore", "open_sqlite_store"]
+__all__ = ["SqliteStore", "open_sqlite_store", "sqlite_path"]
 
 log = logging.getLogger(__name__)
 
@@ -76,16 +76,33 @@ _FORMAT = 2
 
 
 def open_sqlite_store(url: str, **options: Any) -> SqliteStore:
-    """Open ``sqlite:///absolute/path.db`` (``sqlite:///:memory:`` is refused: the
-    store is shared between connections). Option (query or keyword, the keyword
-    wins): ``busy_timeout`` (seconds, default 60)."""
+    """Open ``sqlite:///absolute/path.db`` or ``sqlite:relative/path.db`` (relative to
+    the current directory, made absolute here; the store's ``url`` shows the absolute
+    form). ``sqlite:///:memory:`` is refused: the store is shared between connections
+    and processes, and lives in files. Option (query or keyword, the keyword wins):
+    ``busy_timeout`` (seconds, default 60)."""
     parsed = parse_store_url(url, "sqlite", options, known=("busy_timeout",))
     parts = parsed.parts
-    if parts.netloc or not parts.path.startswith("/") or parts.path == "/" or parts.fragment:
+    if ":memory:" in parts.path.split("/"):
         raise InvalidArgument(
-            f"bad sqlite url {url!r}: expected 'sqlite:///absolute/path/to/file.db'"
+            f"bad sqlite url {url!r}: an in-memory database is refused (the store is shared "
+            "between connections and processes, and keeps side files next to its file); "
+            "give a file path, e.g. 'sqlite:///var/lib/app/repo.db' or 'sqlite:repo.db'"
         )
-    return SqliteStore(parts.path, busy_timeout=parsed.seconds("busy_timeout", 60.0))
+    if parts.netloc or parts.fragment or not parts.path.strip("/"):
+        raise InvalidArgument(
+            f"bad sqlite url {url!r}: expected 'sqlite:///absolute/path/to/file.db' "
+            "(or 'sqlite:relative/path.db', from the current directory)"
+        )
+    return SqliteStore(sqlite_path(parts.path), busy_timeout=parsed.seconds("busy_timeout", 60.0))
+
+
+def sqlite_path(url_path: str) -> str:
+    """The absolute file path that the path part of a ``sqlite:`` url names."""
+    if url_path.startswith("/"):
+        # 'sqlite:////srv/x.db' (SQLAlchemy's absolute form) means /srv/x.db too
+        return "/" + url_path.lstrip("/")
+    return os.path.abspath(url_path)
 
 
 def _collect_puts(
@@ -238,7 +255,8 @@ class SqliteStore:
         directory = os.path.dirname(path) or "."
         if not os.path.isdir(directory):
             raise StoreUnavailable(
-                f"cannot open sqlite store {self.url}: directory {directory!r} does not exist"
+                f"cannot open sqlite store {self.url}: directory {directory!r} does not exist "
+                f"(the file is created, its directory is not: mkdir -p {directory})"
             )
         with self._write() as db:
             version = db.execute("PRAGMA user_version").fetchone()[0]

@@ -1,47 +1,45 @@
 """The code blocks of README.md and docs/, found and run as a reader would run them.
 
-A page's blocks run in order, as one session: the Python blocks share one namespace
-(a later block uses what an earlier one defined), and the shell blocks run in the same
-temporary directory, one ``bash -e`` each. What a page may take for granted:
-
-* ``cluster``, an embedded cluster (``percolator.connect``) in the page's temporary
-  directory, and ``import percolator``: the docs say so once, on the landing page;
-* paths under ``/var/lib/app/`` (the docs' example location of a repository and its
-  files) are that temporary directory, in Python and in shell blocks alike;
-* the ``percolator``, ``percolator-*`` commands and ``python``, importing this
-  checkout.
+Each page runs on its own, as printed: in a new empty directory (the current
+directory of its Python and shell blocks), its blocks in order, the Python blocks in
+one namespace (a later block uses what an earlier one of the same page defined), each
+shell block in one ``bash -e``. Nothing is given to a page that it does not show: no
+``import``, no cluster, no file. The ``percolator``, ``percolator-*`` commands and
+``python`` import this checkout.
 
 Markers are HTML comments right before a block (blank lines between are allowed),
 invisible on GitHub and on the site:
 
-* ``<!-- no-run: why -->`` the block is not run (it needs a service, a machine of its
-  own, or is a synopsis); the reason is required;
-* ``<!-- setup: python code -->`` hidden code run before the block, for what the
-  reader is assumed to have (input data, a file to load), never to patch the block;
-* ``<!-- needs: spark -->`` the block needs a ``SparkSession``, given as ``spark``: its
-  page runs in the Spark test (marked ``spark``) instead of with the others.
+* ``<!-- no-run: why -->`` the block is not run (it installs packages, needs Docker, a
+  cluster or a machine of its own, or serves until stopped); the reason is required,
+  and ``tests/docs/test_examples.py`` counts them per page (``NO_RUN``), so that a new
+  one is a visible change;
+* ``<!-- needs: spark -->`` the block needs PySpark and Java: its page runs in the
+  Spark test (marked ``spark``), whose session ``SparkSession.builder...getOrCreate()``
+  in the page returns (a page shows how it builds ``spark``).
+
+There is no hidden setup: what a block needs (a repository, input files) is made by an
+earlier block of its page, where the reader sees it.
 
 Only ``python`` blocks and shell blocks (``bash``, ``sh``, ``shell``) are examples;
-blocks without a language or of another one (a config file, a table) are text.
+blocks without a language or of another one (a config file, a table, ``text`` output)
+are text.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = "python"
 SHELL = frozenset({"bash", "sh", "shell"})
-# Where the docs put a reader's repository and files; rewritten to the page's temporary
-# directory so that the examples show a real location and still run anywhere.
-EXAMPLE_DIR = "/var/lib/app/"
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>```+)(?P<lang>[^`\s]*)[^`]*$")
 _COMMENT_END = re.compile(r"<!--(?P<body>(?:(?!<!--).)*?)-->\s*\Z", re.S)
 _MARKER = re.compile(r"\A\s*(?P<name>[a-z_-]+)\s*:(?P<value>.*)\Z", re.S)
-MARKERS = ("no-run", "setup", "needs")
+MARKERS = ("no-run", "needs")
 SERVICES = ("spark",)
 
 
@@ -58,7 +56,6 @@ class Block:
     lang: str
     code: str
     no_run: str | None = None
-    setup: list[str] = field(default_factory=list)
     needs: str | None = None
 
     @property
@@ -110,6 +107,9 @@ def _read_markers(block: Block, prose: str) -> None:
         prose = prose[: match.start()]
     for comment in comments:
         marker = _MARKER.match(comment)
+        if marker and marker["name"] == "setup":
+            raise MarkerError(f"{block.where}: hidden setup is not taken: show what the "
+                              "block needs in a block of the page before it")
         if not marker or marker["name"] not in MARKERS:
             if marker and marker["name"].replace("_", "-") in (*MARKERS, "norun", "skip"):
                 raise MarkerError(f"{block.where}: unknown marker {marker['name']!r}; "
@@ -125,12 +125,6 @@ def _read_markers(block: Block, prose: str) -> None:
                 raise MarkerError(f"{block.where}: needs one of {', '.join(SERVICES)}, "
                                   f"got {value!r}")
             block.needs = value
-        else:
-            block.setup.append(value + "\n")
-    if block.no_run is not None and block.setup:
-        raise MarkerError(f"{block.where}: a block that does not run needs no setup")
-    if block.setup and block.lang != PYTHON:
-        raise MarkerError(f"{block.where}: setup is Python run before a python block")
     if block.needs is not None and block.no_run is not None:
         raise MarkerError(f"{block.where}: a block that does not run needs nothing")
     if block.no_run is not None and not block.is_example:
