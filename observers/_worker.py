@@ -55,7 +55,7 @@ from observers._recipes import load_object
 from observers._runs import CommitHook, Failures
 from observers._scanning import Bell, ScanPasses, Served
 from observers._turns import StoreTurn, Waits
-from percolator import Cluster, InvalidArgument
+from percolator import Cluster, InvalidArgument, PercolatorError
 from percolator._internals import internals
 from percolator._notifications import wait_until_idle
 from percolator._notify_index import migrate, uses_index
@@ -148,7 +148,7 @@ class Worker(ScanPasses):
         retry_delay: float = 0.5,
         max_retry_delay: float = 60.0,
         idle_max: float = 2.0,
-        poll_interval: float = 0.05,
+        poll_interval: float = 0.08,
         on_commit: CommitHook | None = None,
         tasks: Iterable[Periodic] = (),
     ) -> None:
@@ -215,6 +215,10 @@ class Worker(ScanPasses):
         self._indexed = uses_index(internals(cluster).store)
         self._next_starts = threading.local()
         self._served = Served()
+        self._passed_at = 0.0
+        self._unsettled: list[tuple[str, bytes, dict[str, int]]] = []
+        self._unsettled_since = 0.0
+        self._unsettled_lock = threading.Lock()
 
     # --- life cycle -----------------------------------------------------------------
 
@@ -262,6 +266,11 @@ class Worker(ScanPasses):
         for thread in self._threads:
             thread.join(timeout)
         self._threads = []
+        try:
+            self._settle_deferred(force=True)
+        except PercolatorError:
+            log.warning("could not settle served index entries; a later look will",
+                        exc_info=True)
         if self._bell.set in internals(self.cluster).wakeups:
             internals(self.cluster).wakeups.remove(self._bell.set)
         log.info("worker stopped: %s", dict(self.stats))
