@@ -112,8 +112,9 @@ class Spread:
         return False
 
 
-Handed = tuple[str, bytes, dict[str, int]]
-"""A pending row a lookout hands to a scanner: ``(table, row, {column: newest ts})``."""
+Handed = tuple[str, bytes, dict[str, int], float]
+"""A pending row a lookout hands to a scanner: ``(table, row, {column: newest ts},
+time.monotonic() when the look began)``."""
 
 
 class Bell:
@@ -163,7 +164,8 @@ class ScanPasses(GroupCommits):
     _indexed: bool
     _served: Served
     _passed_at: float  # when a scanner of the worker last began a pass
-    _unsettled: list[Handed]  # served hand-offs' rows whose entries wait to be settled
+    # served hand-offs' rows whose entries wait to be settled
+    _unsettled: list[tuple[str, bytes, dict[str, int]]]
     _unsettled_since: float
     _unsettled_lock: threading.Lock
 
@@ -268,15 +270,18 @@ class ScanPasses(GroupCommits):
                         (due is not None and due <= now)
                         or now - self._passed_at >= self.idle_max / 2)
 
-    def _serve_handed(self, table: str, row: bytes, entries: dict[str, int]) -> None:
+    def _serve_handed(self, table: str, row: bytes, entries: dict[str, int],
+                      looked: float) -> None:
         """Serve one row a lookout handed over, as a pass would serve it (advisory lock,
         back-off of failures), without a pass. The run reads the notification in its
         own first read (:meth:`_process_indexed`: the lookout read only the newest
-        version), at a fresh start timestamp: the notification is newer than a start
-        held from a commit before the look, and a run whose start was drawn before the
-        notifying commit's (it read the writer's index entry before the commit) runs
-        again at a fresh one. On the index the row's entries join the worker's batch
-        settled within SETTLE_DELAY (:meth:`_defer_settling`)."""
+        version). It begins at the start its thread's previous commit drew only if that
+        was drawn after the look began (*looked*): one drawn before is most likely
+        below the notification, which the run would find above its snapshot and leave.
+        A run that does (a start drawn before the notifying commit's, whose index entry
+        the look read before its commit point) runs again at a fresh start. On the
+        index the row's entries join the worker's batch settled within SETTLE_DELAY
+        (:meth:`_defer_settling`)."""
         key = f"{table}/{row.hex()}"
         coordination = internals(self.cluster).coordination
         if self._indexed and self._served.holds(table, row, entries):
@@ -288,11 +293,13 @@ class ScanPasses(GroupCommits):
             if self._backing_off_columns(table, row, entries):
                 return
             held = self._next_start()
-            for _ in range(2):
+            if held.drawn < looked:
                 held.ts = 0
+            for _ in range(2):
                 done = self._process_indexed(table, row, entries)
                 if done is not Indexed.LATER:
                     break
+                held.ts = 0  # a LATER run leaves none; a fresh start for the next
             if not self._indexed:
                 return  # served runs deleted their notify cells
             if done is Indexed.WORKED or done is Indexed.SERVED:
@@ -350,6 +357,7 @@ class ScanPasses(GroupCommits):
         notifications not in *seen* (the previous look's) and not served here over to
         the scanners, or ring them all when there are more than HANDOFF_MAX such rows.
         Returns what this look saw (*seen* again if it failed)."""
+        looked = time.monotonic()
         try:
             found = frozenset(self._pending())
         except PercolatorError:
@@ -358,7 +366,7 @@ class ScanPasses(GroupCommits):
         rows: dict[tuple[str, bytes], dict[str, int]] = {}
         for table, row, column, ts in found - seen:
             rows.setdefault((table, row), {})[column] = ts
-        handed = [(table, row, entries) for (table, row), entries in rows.items()
+        handed = [(table, row, entries, looked) for (table, row), entries in rows.items()
                   if not (self._indexed and self._served.holds(table, row, entries))]
         if handed:
             self._count("wakeups")
