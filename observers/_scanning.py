@@ -213,12 +213,18 @@ class ScanPasses(GroupCommits):
             rung = self._bell.rung
             handed = self._bell.take()
             if handed is not None:
+                turn = self._store_turn
+                if turn is not None and not turn.take(self._stop):
+                    break  # stopping
                 try:
                     self._serve_handed(*handed)
                 except PercolatorError:
-                    log.warning("handed row failed; a later look retries it", exc_info=True)
+                    log.warning("handed row failed; a later pass retries it", exc_info=True)
                 except Exception:
                     log.exception("scanner error on a handed row")
+                finally:
+                    if turn is not None:
+                        turn.give()
                 continue
             worked = False
             if pass_due:

@@ -11,10 +11,14 @@ scanner jumps to a new random place (the paper's anti-clumping).
 
 Idle workers leave the store alone: a scanner whose pass found nothing to do sleeps
 ``idle_max`` seconds (default 2, jittered). While one sleeps, a single lookout thread
-per worker reads what is pending every ``poll_interval`` seconds (the index, or the
-notify family of the observed tables: O(pending), nothing when all is done) and wakes
-the scanners when it sees a notification its previous look did not; a commit in the
-same process that makes a notification wakes them at once.
+per worker reads what is pending every ``poll_interval`` seconds (default 0.08; the
+index, or the notify family of the observed tables: O(pending), nothing when all is
+done). The rows of notifications its previous look did not see it hands to the
+sleeping scanners, one row to one scanner, which serves it without a pass of its own
+(changes that arrive one at a time cost no scan but the look's); more than a few
+dozen at once wake every scanner for passes, as a commit in the same process that
+makes a notification does. Waking with nothing to do, one scanner of the worker
+passes every ``idle_max / 2`` seconds or so, for what a hand-off left.
 
 For each dirty cell the worker runs, per observer of the column, a transaction
 that reads the column and the observer's acknowledgement ``_ack:<name>@<column>``
@@ -106,7 +110,9 @@ class Worker(ScanPasses):
     waits *retry_delay* seconds after its first failure of it and twice as long after
     each next one (at most *max_retry_delay*).
     *idle_max* is how long a scanner that found nothing to do sleeps unless woken; the
-    lookout looks for new work every *poll_interval* seconds meanwhile. *on_commit*,
+    lookout looks for new work every *poll_interval* seconds meanwhile, which trades
+    the store calls of its looks (one scan each) for how soon a change from another
+    process is observed (half of it, on average, plus the run). *on_commit*,
     if given, is called after each committed observer transaction with
     ``(observer, table, row, column, change_ts, commit_ts)`` (from the scanner
     thread; keep it quick). *tasks* are :class:`Periodic` tasks that run while the
