@@ -206,3 +206,30 @@ def test_changes_one_at_a_time_are_served_without_scan_passes(
     with Snapshot(cluster) as snap:
         assert [snap.get("docs", b"t%d" % i, "out:v") for i in range(5)] == [
             b"v%d" % i for i in range(5)]
+
+
+def test_a_handed_row_whose_run_began_below_its_notification_runs_again(
+    clusters: tuple[percolator.Cluster, percolator.Cluster],
+) -> None:
+    """A look reads a row's notification; the scanner it is handed to holds a start
+    timestamp from after the look began but below the notifying commit (as when the
+    look read a writer's index entry before its commit point, and the scanner's
+    previous commit drew its next start meanwhile). Its run finds the notification
+    above its snapshot (an absent run) and leaves it; the scanner runs the row again at
+    a fresh start, which serves it. Fails without the second run: the change is left
+    for a later pass (the look saw it, so no other look hands it over again)."""
+    cluster, _ = clusters
+    worker = Worker(cluster, [Copy], threads=1)
+    worker.register()
+    below = internals(cluster).timestamps.get_timestamp()
+    write(cluster, b"r", b"late")
+    worker._look(frozenset())
+    handed = worker._bell.take()
+    assert handed is not None and handed[1] == b"r"
+    worker._next_start().fill(below)  # drawn after the look began, below the commit
+    absent = absent_runs()
+    worker._serve_handed(*handed)
+    assert absent_runs() == absent + 1  # the first run, at the held start
+    assert worker.stats["committed"] == 1
+    with Snapshot(cluster) as snap:
+        assert snap.get("docs", b"r", "out:v") == b"late"
