@@ -120,8 +120,9 @@ class Worker(ScanPasses):
 
     :attr:`stats` counts ``committed`` runs, ``skipped`` notifications (already
     acknowledged: duplicate work the acks rejected), ``conflicts``, ``failures``,
-    ``quarantined``, ``meetings`` (a scanner found another on its row and jumped),
-    ``passes``, ``idle`` passes and lookout ``wakeups``.
+    ``quarantined``, ``meetings`` (a scanner found another on its row and jumped, or
+    left a row handed over to it), ``passes``, ``idle`` (a scanner went to sleep with
+    nothing to do) and lookout ``wakeups`` (looks that handed rows over or rang).
 
     Any number of workers, in any processes and hosts, may run the same observers on
     one repository: they spread over the pending rows, and at most one observer
