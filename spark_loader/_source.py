@@ -771,6 +771,12 @@ class PercolatorStreamWriter(DataSourceStreamWriter):  # type: ignore[misc]
 
     def write(self, iterator: Iterator[Any]) -> StreamReport:
         run, batch = _batch_of_task()
+        return self.write_task(run, batch, iterator)
+
+    def write_task(self, run: str, batch: int, iterator: Iterator[Any]) -> StreamReport:
+        """:meth:`write` of the task of micro-batch *batch* of the query's run *run*,
+        whose rows are *iterator* (``Row`` objects): what a task does once it knows
+        where it stands (the tests play tasks with it, without Spark's jobs)."""
         query = _query_of(self.options)
         load_id = f"stream-{query}-{batch}"
         first = next(iterator, None)

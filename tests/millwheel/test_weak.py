@@ -194,6 +194,93 @@ def test_a_weak_windower_fires_no_timer_early_and_counts_stay_exact(cluster: Clu
     _assert_totals(pipeline, records)
 
 
+class _WeakRelayAgain(mw.Computation):
+    """A second weak relay, after the first: its key runs are handed records."""
+
+    name = "Relay2"
+    outputs = ("relayed2",)
+    productions = "weak"
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        ctx.produce("relayed2", record.value, record.timestamp)
+
+
+def test_a_run_on_handed_records_hands_on_its_own_weak_productions(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A chain of two weak computations, values -> Relay -> Relay2 -> Tally: the
+    Relay's run of key 3 hands its four records to Relay2's key runs, which hand
+    theirs to the Tally's, all committed before the Relay's run commits (and so
+    acknowledges its inputs). Every value then reaches the Tally once.
+
+    Catches the run on handed records that does not hand on its own productions
+    (``run.hand_off()`` removed from ``_handed_run``): Relay2's output is computed
+    and dropped while the Relay acknowledges its inputs, and the Tally never gets
+    them. The hand-off is the pipeline's logic, not the store's: SQLite alone plays
+    it (a cluster store's many tables cost seconds of DDL)."""
+    cluster = sqlite_cluster
+    records = _app.relay_input(40)
+    pipeline = mw.Pipeline(cluster, "chain", interval=0.05)
+    pipeline.injector("values", mw.IterableSource(records), stream="values")
+    pipeline.computation(_app.WeakRelay(), inputs={"values": lambda r: r.value[-1:]})
+    pipeline.computation(_WeakRelayAgain(), inputs={"relayed": lambda r: r.value[-2:-1]})
+    pipeline.computation(_app.Tally(), inputs={"relayed2": lambda r: r.value[-1:]})
+    pipeline.create()
+    pipeline.inject("values")
+    txn = Transaction(cluster)
+    _pipeline._KeyRunner(pipeline, pipeline.nodes["Relay"]).process(txn, b"3", _pipeline.WAKE)
+    mine = {v for v, _ in records if v.endswith(b"3")}
+    assert len(mine) == 4
+    assert _app.tallies(pipeline) == {v: 1 for v in mine}  # before the Relay's commit
+    txn.commit()
+    worker = Worker(cluster, pipeline.observers(), threads=1)
+    worker.register()
+    _drain(pipeline, worker)
+    assert _app.tallies(pipeline) == {v: 1 for v, _ in records}
+    assert pipeline.verify().problems == []
+
+
+def test_a_weak_production_for_a_subscriber_without_code_here_is_held(
+    sqlite_cluster: Cluster,
+) -> None:
+    """Mid-upgrade: the new topology adds Second, a consumer of the weak Relay's
+    output, and a process of the old one (no Second's code) runs the Relay's keys. A
+    hand-off needs the subscriber's key extractor, so those productions must fall back
+    to checkpointed delivery: held for Second, then moved into its rows by the new
+    topology's advancer. The Tally and Second each get every value once.
+
+    Catches the weak production that hands records to the subscribers it has code
+    for and drops the others' (``len(known) < len(names)`` removed from
+    ``_KeyRun.produce``): nothing is held, and Second never sees the values. SQLite
+    alone, as the test above."""
+    cluster = sqlite_cluster
+    records = _app.relay_input(20)
+
+    def build(second: bool) -> mw.Pipeline:
+        pipeline = _app.build_relay(cluster, records, weak=True)
+        if second:
+            pipeline.computation(_app.Second(), inputs={"relayed": lambda r: r.value[-1:]})
+        return pipeline
+
+    old, new = build(False), build(True)
+    old.create()
+    new.create()
+    with Snapshot(cluster) as snap:
+        assert new.subscriptions(snap)["relayed"] == ["Second", "Tally"]
+    assert old.inject("values") == len(records)
+    old_worker = Worker(cluster, old.observers(), threads=1)
+    _run_keys(old, old_worker, "Relay")
+    with Snapshot(cluster) as snap:
+        held = sum(1 for _ in snap.scan(new.held, None, None, ["h:rec"]))
+    assert held == len(records)
+    new_worker = Worker(cluster, new.observers(), threads=1)
+    new_worker.register()
+    _drain(new, new_worker)
+    assert _app.tallies(new) == {v: 1 for v, _ in records}
+    assert _app.tallies(new, "Second") == {v: 1 for v, _ in records}
+    assert new.verify().problems == []
+
+
 def test_productions_other_than_strong_or_weak_are_refused() -> None:
     with pytest.raises(percolator.InvalidArgument, match="productions must be"):
         type("Bad", (mw.Computation,), {"productions": "eventual"})

@@ -122,3 +122,33 @@ def test_a_run_begun_at_the_previous_commits_draw_leaves_newer_notifications(
     assert worker._process_indexed(T, ROW, [COL])
     assert Recorder.seen == [b"old", b"new"]
     assert not worker._process_indexed(T, ROW, [COL])  # served: nothing left
+
+
+def test_an_absent_run_that_read_a_newer_notification_hands_on_no_start(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A run begun at its thread's spare start timestamp (drawn by the previous run's
+    commit) finds only a notification committed after that draw: absent, it leaves
+    the notification. The next run must draw afresh and observe the change; were the
+    absent run's start timestamp handed on, every following run of the pass would
+    begin at it and leave the newer notifications until the next pass.
+
+    Catches the absent run that hands on its start timestamp whatever it read
+    (``held.ts = txn.start_ts`` without ``not notice.later`` in
+    ``ObserverRuns._transaction``): the second run is absent too. The runs' logic is
+    the store's business nowhere, so SQLite alone plays it."""
+    cluster = sqlite_cluster
+    cluster.one_phase_commit = False  # the spare is drawn by two-phase commits
+    Recorder.seen = []
+    worker = Worker(cluster, [Recorder()], threads=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set(T, PRIMARY, COL, b"p")
+    assert worker._process_indexed(T, PRIMARY, [COL])  # commits; leaves a start
+    assert worker._next_start().ts
+    with Transaction(cluster) as txn:  # above that start: ROW's only notification
+        txn.set(T, ROW, COL, b"new")
+    assert not worker._process_indexed(T, ROW, [COL])  # absent: the change is newer
+    assert Recorder.seen == []
+    assert worker._process_indexed(T, ROW, [COL])
+    assert Recorder.seen == [b"new"]

@@ -302,6 +302,54 @@ def test_rows_settled_together_keep_the_entry_of_a_change_whose_lock_is_held(
     assert entries(cluster) == {}
 
 
+class CopyW(Observer):
+    table, column = "docs", "raw:w"
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        txn.set(self.table, row, "out:w", txn.get(self.table, row, column) or b"")
+
+
+@pytest.mark.parametrize("look_first", [True, False], ids=["looked-first", "deleted-first"])
+def test_rows_settled_together_on_different_columns_keep_the_entry_of_a_held_lock(
+    cluster: percolator.Cluster, look_first: bool
+) -> None:
+    """settle_rows with rows observed on different columns: the batch's first row
+    settled on raw:v, the next one's committer holding its lock on raw:w (entry
+    written, notify cell not yet). Each row's re-check must read its own columns: the
+    held row keeps its entry, and its change is observed.
+
+    Catches the re-check that reads, per table, the columns of the batch's first row
+    only (``columns = rows[first]`` in ``settle_rows``'s ``busy``): it misses the lock
+    on raw:w, deletes the entry for good, and the observer never runs for the change
+    (the index is how a Bigtable worker finds it)."""
+    Worker(cluster, [Copy, CopyW]).register()
+    write(cluster, b"a", b"1")
+    with Worker(cluster, [Copy, CopyW], threads=1):
+        wait_for_observers(cluster, 60)
+    stale = internals(cluster).timestamps.get_timestamp()
+    write_entries(internals(cluster), [("docs", b"a", "raw:v")], stale)  # a settled cell
+    txn = Transaction(cluster)
+    txn.set("docs", b"other", "misc:x", b"primary")
+    txn.set("docs", b"k", "raw:w", b"late")
+    committer = _Committer(txn, None)
+    committer.prewrite()
+    commit_ts = internals(cluster).timestamps.get_timestamp()
+    _write_notifications(txn, committer.cells, commit_ts)
+    held = {c: ts for _, r, e in scan_index(internals(cluster), None, None) if r == b"k"
+            for c, ts in e.items()}
+    assert list(held) == ["raw:w"]
+    batch = [("docs", b"a", {"raw:v": stale}), ("docs", b"k", held)]  # a first
+    kept = settle_rows(internals(cluster), batch, look_first=look_first)
+    assert kept == {("docs", b"a"): [], ("docs", b"k"): ["raw:w"]}
+    assert entries(cluster) == {("docs", b"k"): {"raw:w"}}
+    committer.commit_point(commit_ts)
+    committer.commit_secondaries(commit_ts)
+    with Worker(cluster, [Copy, CopyW], threads=1):
+        wait_for_observers(cluster, 60)
+    assert Snapshot(cluster).get("docs", b"k", "out:w") == b"late"
+    assert entries(cluster) == {}
+
+
 def test_a_pass_settles_the_entries_of_the_rows_it_processed_together(
     cluster: percolator.Cluster
 ) -> None:

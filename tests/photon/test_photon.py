@@ -464,6 +464,43 @@ def test_a_primary_arriving_during_retention_outlives_its_old_placeholder(
         assert p.state(snap, b"c") is None
 
 
+def test_retention_keeps_a_placeholder_until_its_last_waiters_deadline(
+    sqlite_cluster: Cluster,
+) -> None:
+    """Two clicks wait for one query: one two days old (its deadline long past), one
+    of today (its deadline ahead). Retention at today's boundary deletes the old click
+    but must keep the placeholder and its waiter list, which ages by its waiters'
+    latest deadline: the query ingested afterwards wakes today's click, which joins.
+
+    Catches the placeholder that keeps the earliest deadline of its waiters (``>``
+    for ``<`` in ``_hold_primary``): retention deletes it with its waiter list once
+    the first waiter's deadline passes, the query wakes nobody, and today's click
+    ends unjoinable. The pipeline's logic, not the store's: SQLite alone plays it."""
+    cluster = sqlite_cluster
+    day = 86_400_000
+    t = now_ms()
+    clock = [t - 2 * day]
+    p = pipeline(cluster, retention=DAY, now=lambda: clock[0] / 1000)
+    joiner = _joiner_on(p)
+    p.log_foreign(cluster, [{"click": "old", "query": "q", "t": clock[0]}])
+    assert joiner._process_row(p.foreign, photon.row_key(b"old"))
+    clock[0] = t
+    p.log_foreign(cluster, [{"click": "new", "query": "q", "t": t}])
+    assert joiner._process_row(p.foreign, photon.row_key(b"new"))
+    with Snapshot(cluster) as snap:
+        assert {p.state(snap, c) for c in (b"old", b"new")} == {photon.State.WAITING}
+    assert p.apply_retention(t) == 1  # the old click
+    with Snapshot(cluster) as snap:
+        waiters = snap.get(p.primary, photon.row_key(b"q"), "j:waiters") or b""
+        assert photon.row_key(b"new") in waiters.split(b"\n")
+    assert p.log_primary(cluster, [{"query": "q", "t": t}]).written == 1
+    assert joiner._process_row(p.foreign, photon.row_key(b"new"))
+    with Snapshot(cluster) as snap:
+        assert p.state(snap, b"new") is photon.State.JOINED
+    assert set(outputs(p)) == {b"new"}
+    assert p.verify().ok
+
+
 @pytest.mark.parametrize("joiner_first", [True, False], ids=["joiner-first", "retention-first"])
 def test_retention_racing_a_join_of_the_same_event_leaves_no_output(
     cluster: Cluster, joiner_first: bool

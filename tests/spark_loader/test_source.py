@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import percolator
-from percolator._bulk import LOADS_TABLE
+from percolator._bulk import LOADS_TABLE, AlreadyLoaded
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._gc import collect
 from percolator._internals import internals
@@ -380,6 +380,59 @@ def test_a_stream_writer_creates_its_table_unless_create_table_is_false(tmp_path
                              ).streamWriter(schema, False)
 
 
+@pytest.mark.parametrize("live_first", [True, False], ids=["live-first", "rolled-back-first"])
+def test_a_micro_batch_written_under_two_load_transactions_is_refused(
+    tmp_path: Path, live_first: bool,
+) -> None:
+    """Two tasks of one micro-batch: the first begins the batch's load and prewrites
+    its row; its attempt is rolled back (here by a task of another run, as a lock ttl
+    expiry would) and the second task begins the load again and prewrites its own row.
+    The driver's commit gets their reports, under two load transactions: it must
+    refuse the batch (LoadError), with nothing of it visible, so that Spark does not
+    record it done; the replay writes every row once. (The tasks' Spark half is the
+    stream round trips' business, opt-in; this plays the store half, without jobs.)
+
+    Catches the commit that takes one of the batch's transactions (whichever comes
+    first, as the reports' order makes it) and commits it: the live one commits, the
+    batch counts as done, and the row prewritten under the rolled-back one never
+    appears."""
+    from pyspark.sql import types as T
+
+    from percolator._bulk import begin_or_join, prewrite_rows
+    from spark_loader import LoadError
+    from spark_loader._source import PercolatorDataSource, StreamReport, WriteReport
+
+    url = f"sqlite://{tmp_path}/s.db"
+    schema = T.StructType([T.StructField("row", T.StringType()),
+                           T.StructField("v:n", T.LongType())])
+    writer = PercolatorDataSource({"url": url, "table": "t", "queryId": "q"}).streamWriter(
+        schema, False)
+    load_id, info = "stream-q-0", {"source": "spark stream", "query": "q", "batch": 0}
+
+    def task(owner: str, row: bytes) -> StreamReport:
+        with percolator.connect(url) as cluster:
+            txn = begin_or_join(cluster, "t", load_id, owner, info)
+            assert not isinstance(txn, AlreadyLoaded)
+            list(prewrite_rows(cluster, txn, [(row, {"v:n": row[1:]})]))
+        return StreamReport(load_id, txn, WriteReport(1, 1, 0, ()))
+
+    first = task("spark-stream:run1", b"k0")
+    second = task("spark-stream:run2", b"k1")  # rolls the first attempt back
+    assert first.txn is not None and second.txn is not None
+    assert first.txn.start_ts != second.txn.start_ts
+    messages: list[StreamReport | None] = [second, first] if live_first else [first, second]
+    with pytest.raises(LoadError, match="under 2 load transactions"):
+        writer.commit(messages, 0)
+    writer.abort(messages, 0)  # what Spark does with a batch whose commit failed
+    with percolator.connect(url) as cluster:
+        assert dict(percolator.Snapshot(cluster).scan("t")) == {}
+    replay = [task("spark-stream:run3", b"k0"), task("spark-stream:run3", b"k1")]
+    writer.commit(list(replay), 0)
+    with percolator.connect(url) as cluster:
+        got = {r: v["v:n"] for r, v in percolator.Snapshot(cluster).scan("t")}
+    assert got == {b"k0": b"0", b"k1": b"1"}
+
+
 def _stream(url: str, source: Path, checkpoint: Path, **env: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.spark_loader._stream_driver", url, "t", str(source),
@@ -388,7 +441,9 @@ def _stream(url: str, source: Path, checkpoint: Path, **env: str) -> subprocess.
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
-@pytest.mark.slow  # 4-18 min of Spark streaming here: scripts/test --run-slow
+# 4-18 min of Spark streaming here: scripts/test --run-slow. Its fast twin, run by
+# default: test_stream_tasks_killed_mid_batch_and_replayed_write_every_row_once (CONTRIBUTING.md).
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_a_stream_killed_mid_batch_and_restarted_writes_every_row_once(tmp_path: Path) -> None:
     """Three files, one micro-batch each. The driver is killed -9 (with its JVM and
@@ -447,6 +502,68 @@ def test_a_stream_killed_mid_batch_and_restarted_writes_every_row_once(tmp_path:
         assert len([r for r in loads if r.startswith(b"stream-")]) == 3
 
 
+def test_stream_tasks_killed_mid_batch_and_replayed_write_every_row_once(
+    tmp_path: Path,
+) -> None:
+    """The fast twin of the test above, run by default: the same micro-batches, kills
+    and replays, with a driver process that plays the tasks and the commit of each
+    batch through the writer (``tests/spark_loader/_stream_tasks.py``) instead of
+    Spark's jobs, on the same parking points. Killed -9 while a task of batch 1 holds
+    its prewritten rows; the next run replays batch 1 (rolling the dead run's attempt
+    back) and is killed -9 after the commit of batch 2, before recording it done; the
+    last run replays batch 2, which finds its load committed and writes nothing.
+    Every row is in the table, every cell has one write record, and each batch is
+    one load. What stays with the slow test is Spark's half: the micro-batch
+    properties a task reads its run and batch from, and Spark's own replay."""
+    url = f"sqlite://{tmp_path}/s.db"
+    done, park = tmp_path / "done", tmp_path / "park"
+    park.mkdir()
+    with percolator.connect(url) as cluster:
+        cluster.create_table("t")
+
+    def driver(run: str, **env: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.spark_loader._stream_tasks", url, "t", str(done),
+             run, "3"], cwd=ROOT, env={**os.environ, **env}, start_new_session=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def run_until(run: str, point: str) -> None:
+        (park / f"park-{point}").touch()
+        proc = driver(run, _PERCOLATOR_TEST_PARK_AFTER_PREWRITE=str(park))
+        try:
+            deadline = time.monotonic() + 120
+            while not (park / point).exists():
+                assert proc.poll() is None, proc.communicate()[0].decode()[-3000:]
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        (park / f"park-{point}").unlink()
+
+    run_until("run1", "prewritten-1")  # batch 0 done; killed mid-batch 1
+    with percolator.connect(url) as cluster:
+        assert percolator.Snapshot(cluster).get("t", b"k0-0", "v:n") == b"0"
+        assert percolator.Snapshot(cluster).get("t", b"k1-0", "v:n") is None
+    run_until("run2", "committed-2")  # replays 1; killed after committing 2
+    assert done.read_text().split() == ["0", "1"]  # batch 2 not recorded done
+    last = driver("run3")
+    out, _ = last.communicate(timeout=120)
+    assert last.returncode == 0, out.decode()[-3000:]
+    with percolator.connect(url) as cluster:
+        snap = percolator.Snapshot(cluster)
+        got = {r: v["v:n"] for r, v in snap.scan("t", None, None, ["v:n"])}
+        assert got == {f"k{b}-{i}".encode(): str(b * 100 + i).encode()
+                       for b in range(3) for i in range(10)}
+        writes = internals(cluster).store.scan("t", None, None, [Read("w", versions=None)])
+        assert all(len(versions) == 1 for _, cells in writes for versions in cells.values())
+        loads = {r: cells for r, cells in internals(cluster).store.scan(
+            LOADS_TABLE, None, None, [Read("w", versions=None)]) if r.startswith(b"stream-")}
+        assert len(loads) == 3  # one committed load per batch, none twice:
+        assert all(len([ts for ts, record in versions if record[:1] != b"R"]) == 1
+                   for cells in loads.values() for versions in cells.values())
+
+
 # --- streaming read: the change feed -----------------------------------------------------------
 
 
@@ -486,7 +603,9 @@ def _committed_cells(url: str, table: str) -> list[tuple[bytes, str, int]]:
                       for ts, record in versions if record[:1] != b"R")
 
 
-@pytest.mark.slow  # 4-18 min of Spark streaming here: scripts/test --run-slow
+# 4-18 min of Spark streaming here: scripts/test --run-slow. Its fast twin, run by
+# default: test_the_change_feed_batches_deliver_every_commit_once_across_kills (CONTRIBUTING.md).
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_the_change_feed_delivers_every_commit_once_across_kills_and_restarts(
     spark: Any, tmp_path: Path
@@ -551,7 +670,142 @@ def test_the_change_feed_delivers_every_commit_once_across_kills_and_restarts(
     assert newest == final
 
 
-@pytest.mark.slow  # 4-18 min of Spark streaming here: scripts/test --run-slow
+def test_the_change_feed_batches_deliver_every_commit_once_across_kills(
+    tmp_path: Path,
+) -> None:
+    """The fast twin of the test above, run by default: the change feed's own code
+    (``PercolatorChangeFeed``: latestOffset, partitions, read) driven batch by batch
+    as Spark's micro-batch loop drives it, without Spark's jobs, while bank transfers
+    commit in two writer processes (in two phases: each commit leaves a window between
+    its commit timestamp and its write records). One writer is killed -9 (its locks left behind
+    for the feed's safe end to resolve) and started again; every third batch the feed
+    object is thrown away and a new one goes on from the offset, as a restarted query
+    from its checkpoint, after reading again a batch whose output it lost (the same
+    ends: the same records). Then the writers are killed and an availableNow run
+    catches up. Every committed cell of the table is delivered exactly once."""
+    from spark_loader._source import PercolatorDataSource, _ts_of
+
+    accounts = 6
+    url = f"sqlite://{tmp_path}/bank.db"
+    with percolator.connect(url) as cluster:
+        cluster.create_table("accounts")
+        cluster.create_table("transfers")
+        with percolator.Transaction(cluster) as txn:
+            for i in range(accounts):
+                txn.set("accounts", b"acct%03d" % i, "bal:v", b"1000")
+    source = PercolatorDataSource({"url": url, "table": "accounts", "readChangeFeed": "true",
+                                   "startingTs": "earliest", "numPartitions": "2"})
+    log = tmp_path / "committed.log"
+
+    def writer(seed: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-m", "tests.transactions._bank_worker", url,
+                                 str(accounts), str(seed), str(log), "two-phase"], cwd=ROOT)
+
+    def committed() -> int:
+        return len(log.read_bytes().split()) if log.exists() else 0
+
+    feed = source.streamReader(source.schema())
+    offset = feed.initialOffset()
+    delivered: list[tuple[bytes, str, int]] = []
+
+    def batch() -> bool:
+        nonlocal offset
+        end = feed.latestOffset(offset, None)
+        got = [(bytes(r[0]), r[1], r[3]) for part in feed.partitions(offset, end)
+               for r in feed.read(part)]
+        delivered.extend(got)
+        moved = end != offset
+        offset = end
+        return moved
+
+    writers = [writer(1), writer(2)]
+    try:
+        for step in range(1, 400):
+            if step == 4 or step % 3 == 0:
+                # a restart: the batch's output lost, the batch read again by a new feed
+                end = feed.latestOffset(offset, None)
+                lost = [tuple(r) for part in feed.partitions(offset, end)
+                        for r in feed.read(part)]
+                feed = source.streamReader(source.schema())
+                assert [tuple(r) for part in feed.partitions(offset, end)
+                        for r in feed.read(part)] == lost
+            batch()
+            if step == 4:
+                os.kill(writers[0].pid, signal.SIGKILL)  # mid-transfer, most likely
+                writers[0].wait()
+                writers[0] = writer(3)
+            if step > 8 and committed() > 40:
+                break
+            time.sleep(0.02)
+    finally:
+        for w in writers:
+            w.kill()
+            w.wait()
+    assert committed() > 40  # the writers were busy meanwhile
+    feed = source.streamReader(source.schema())
+    feed.prepareForTriggerAvailableNow()
+    assert feed.target is not None
+    for _ in range(100):  # the killed writers' locks resolved, batches reach the target
+        batch()
+        if _ts_of(offset) >= feed.target:
+            break
+    assert _ts_of(offset) == feed.target
+    assert sorted(delivered) == _committed_cells(url, "accounts")
+
+
+def test_micro_batches_written_then_read_back_through_the_change_feed(tmp_path: Path) -> None:
+    """The fast twin of the round trip below, run by default, without Spark's jobs:
+    two micro-batches through the stream writer (``write_task`` and ``commit``, two
+    tasks each), then the change feed from the earliest commit (``availableNow``,
+    string-typed as the schema asks): every written cell once, at the commit
+    timestamp of its micro-batch's one transaction; a later run of the feed from the
+    offset the first ended at adds only a later commit."""
+    from pyspark.sql import Row
+    from pyspark.sql import types as T
+
+    from spark_loader._source import PercolatorDataSource, _ts_of
+
+    url = f"sqlite://{tmp_path}/rt.db"
+    schema = T.StructType([T.StructField("row", T.StringType()),
+                           T.StructField("v:n", T.LongType())])
+    writer = PercolatorDataSource({"url": url, "table": "t", "queryId": "rt"}).streamWriter(
+        schema, False)
+    for batch in range(2):
+        rows = [Row(**{"row": f"k{batch}-{i}", "v:n": batch * 10 + i}) for i in range(5)]
+        reports = [writer.write_task("run", batch, iter(rows[:3])),
+                   writer.write_task("run", batch, iter(rows[3:]))]
+        writer.commit(list(reports), batch)
+    source = PercolatorDataSource({"url": url, "table": "t", "readChangeFeed": "true",
+                                   "startingTs": "earliest"})
+    feed_schema = T.StructType([T.StructField("row", T.StringType()),
+                                T.StructField("column", T.StringType()),
+                                T.StructField("value", T.StringType()),
+                                T.StructField("commit_ts", T.LongType())])
+
+    def feed(start: dict[str, int] | None) -> tuple[list[tuple[Any, ...]], dict[str, int]]:
+        reader = source.streamReader(feed_schema)
+        offset = reader.initialOffset() if start is None else start
+        reader.prepareForTriggerAvailableNow()
+        got: list[tuple[Any, ...]] = []
+        while _ts_of(offset) < (reader.target or 0):
+            end = reader.latestOffset(offset, None)
+            got += [tuple(r) for part in reader.partitions(offset, end) for r in reader.read(part)]
+            offset = end
+        return sorted(got), offset
+
+    got, offset = feed(None)
+    assert [(r, c, v) for r, c, v, _ in got] == sorted(
+        (f"k{b}-{i}", "v:n", str(b * 10 + i)) for b in range(2) for i in range(5))
+    assert len({ts for *_, ts in got}) == 2  # one transaction per micro-batch
+    with percolator.connect(url) as cluster, percolator.Transaction(cluster) as txn:
+        txn.delete("t", b"k0-0", "v:n")
+    added, _ = feed(offset)
+    assert [(r, c, v) for r, c, v, _ in added] == [("k0-0", "v:n", None)]
+
+
+# 4-18 min of Spark streaming here: scripts/test --run-slow. Its fast twin, run by
+# default: test_micro_batches_written_then_read_back_through_the_change_feed (CONTRIBUTING.md).
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_a_stream_written_then_read_back_through_the_change_feed(
     session: Any, tmp_path: Path
