@@ -6,7 +6,8 @@ emulator; store calls counted by operation (the store metrics), client CPU from
     python bench/per_notification.py [--base CHECKOUT] [--threads N] [--notifications N]
         [--workers N] [--backend sqlite|bigtable|hbase] [--rounds N] [--write]
     python bench/per_notification.py --trickle [--rate 20] [--notifications N]
-        [--backend ...] [--threads N] [--base CHECKOUT] [--rounds N] [--write]
+        [--poll-interval S ...] [--backend ...] [--threads N] [--base CHECKOUT]
+        [--rounds N] [--write]
 
 Drain mode (the default) loads a backlog of notifications, then starts the worker and
 counts what it takes to serve them all. Trickle mode (``--trickle``, issue 47) starts
@@ -16,7 +17,11 @@ worker's store calls per notification then include what it spends finding work t
 arrives one change at a time (idle scans, the lookout's looks, wake-ups), and each
 change's latency is measured from its commit returning in the writer to its observer's
 commit returning in the worker (wall clock; both processes on this host), reported as
-median and 90th percentile.
+median and 90th percentile. ``--poll-interval`` (repeatable: one row per value) sets
+the worker's ``poll_interval``, the knob that trades the looks' scans for latency;
+``--threads`` defaults there to the worker's own default (4 on remote stores), and
+``--notifications`` to 200 on every store. ``--write`` puts the table in BENCHMARKS.md's
+section "Observers at a trickle", replacing it.
 
 ``--threads`` gives the worker N scanner threads (default 1): concurrent runs share
 timestamp requests (``percolator/_batching.py``). ``--notifications`` (default 400)
