@@ -196,8 +196,9 @@ class ObserverRuns:
         return worked
 
     def _process_indexed(self, table: str, row: bytes, columns: Iterable[str]) -> Indexed:
-        """:meth:`_process_row` for a row the notification index named with *columns*.
-        One indexed column with one observer and no failure to clear (the common case):
+        """:meth:`_process_row` for a row the notification index (or a lookout's look,
+        :meth:`~observers._scanning.ScanPasses._serve_handed`) named with *columns*.
+        One such column with one observer and no failure to clear (the common case):
         the run draws its start timestamp first and reads the notification with its
         own first read (:meth:`ObserverRun.get_row_notified`), one store call where the
         notify read and the run's read were two. Otherwise as :meth:`_process_row`.

@@ -4,6 +4,7 @@ sleep when idle and are woken by a lookout thread or a local commit."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import random
 import threading
@@ -19,7 +20,7 @@ from percolator._notify_index import scan_index, settle, settle_rows
 from percolator._store import SPLIT_KEYS, Read, offered
 from percolator.metrics import observe as _observe
 
-__all__ = ["Bell", "ScanPasses", "Served", "Spread"]
+__all__ = ["Bell", "Handed", "ScanPasses", "Served", "Spread"]
 
 log = logging.getLogger("observers")
 
@@ -39,6 +40,16 @@ its entry's settling go with the scanner's next run and batch), and a crash leav
 them to a later look."""
 SERVED_MAX = 8192
 """Index entries a worker remembers having served (:class:`Served`)."""
+HANDOFF_MAX = 64
+"""New pending rows a lookout's look may hand to sleeping scanners, one row each
+(:meth:`ScanPasses._lookout`); more wake every scanner for passes of their own (a
+burst: the passes' batches serve it for fewer calls)."""
+SETTLE_DELAY = 1.0
+"""Seconds the index entries of rows served from a lookout's hand-off may wait to be
+settled together (at most ``SETTLE_MAX`` rows): at a trickle each such row is served
+alone, and settling each alone cost a deletion and a re-check read per notification.
+Meanwhile the entries stay in the index, where this worker's lookout and scanners know
+them as served (:class:`Served`)."""
 
 
 class Served:
@@ -101,11 +112,19 @@ class Spread:
         return False
 
 
+Handed = tuple[str, bytes, dict[str, int], float]
+"""A pending row a lookout hands to a scanner: ``(table, row, {column: newest ts},
+time.monotonic() when the look began)``."""
+
+
 class Bell:
-    """Wakes sleeping scanners: a counter of rings and a condition to wait on it."""
+    """Wakes sleeping scanners: a counter of rings (every scanner wakes for a pass of
+    its own) and rows handed over (one scanner wakes per row, and serves it without a
+    pass), with a condition to wait on both."""
 
     def __init__(self) -> None:
         self.rung = 0
+        self._handed: collections.deque[Handed] = collections.deque()
         self._cond = threading.Condition()
 
     def set(self) -> None:
@@ -113,11 +132,23 @@ class Bell:
             self.rung += 1
             self._cond.notify_all()
 
-    def wait(self, seen: int, timeout: float) -> bool:
-        """Wait up to *timeout* seconds for a ring after the count *seen*; True if
-        one came."""
+    def hand(self, rows: list[Handed]) -> None:
+        """Hand *rows* over, waking one sleeping scanner per row."""
         with self._cond:
-            return self._cond.wait_for(lambda: self.rung != seen, timeout)
+            self._handed.extend(rows)
+            self._cond.notify(len(rows))
+
+    def take(self) -> Handed | None:
+        """A row handed over and not taken yet, if any."""
+        with self._cond:
+            return self._handed.popleft() if self._handed else None
+
+    def wait(self, seen: int, timeout: float) -> bool:
+        """Wait up to *timeout* seconds for a ring after the count *seen* or a row
+        handed over; True if one came."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.rung != seen or bool(self._handed),
+                                       timeout)
 
 
 class ScanPasses(GroupCommits):
@@ -132,6 +163,11 @@ class ScanPasses(GroupCommits):
     _sleeping: int
     _indexed: bool
     _served: Served
+    _passed_at: float  # when a scanner of the worker last began a pass
+    # served hand-offs' rows whose entries wait to be settled
+    _unsettled: list[tuple[str, bytes, dict[str, int]]]
+    _unsettled_since: float
+    _unsettled_lock: threading.Lock
 
     def _remember(self, table: str, row: bytes) -> None:
         sample = self._sample[table]
@@ -172,33 +208,52 @@ class ScanPasses(GroupCommits):
         return keys
 
     def _scanner(self) -> None:
+        pass_due = True  # a first pass, then one per ring, or when idle long enough
         while not self._stop.is_set():
             rung = self._bell.rung
-            try:
-                began = time.perf_counter()
+            handed = self._bell.take()
+            if handed is not None:
                 turn = self._store_turn
                 if turn is not None and not turn.take(self._stop):
                     break  # stopping
                 try:
-                    worked = self._scan_pass()
+                    self._serve_handed(*handed)
+                except PercolatorError:
+                    log.warning("handed row failed; a later pass retries it", exc_info=True)
+                except Exception:
+                    log.exception("scanner error on a handed row")
                 finally:
                     if turn is not None:
                         turn.give()
-                _observe("percolator_notification_scan_duration_seconds",
-                         time.perf_counter() - began)
-            except PercolatorError:
-                log.warning("scan failed; backing off", exc_info=True)
-                worked = False
-            except Exception:
-                log.exception("scanner error; backing off")
-                worked = False
-            self._count("passes")
-            if worked:
                 continue
+            worked = False
+            if pass_due:
+                self._passed_at = time.monotonic()
+                try:
+                    began = time.perf_counter()
+                    turn = self._store_turn
+                    if turn is not None and not turn.take(self._stop):
+                        break  # stopping
+                    try:
+                        worked = self._scan_pass()
+                    finally:
+                        if turn is not None:
+                            turn.give()
+                    _observe("percolator_notification_scan_duration_seconds",
+                             time.perf_counter() - began)
+                except PercolatorError:
+                    log.warning("scan failed; backing off", exc_info=True)
+                except Exception:
+                    log.exception("scanner error; backing off")
+                self._count("passes")
+                if worked:
+                    continue
             # Nothing to do: sleep long (the lookout or a local commit rings when work
-            # arrives), but be back when a failed notification may be tried again.
+            # arrives, or hands a row over), but be back when a failed notification
+            # may be tried again.
             self._count("idle")
             wait = random.uniform(self.idle_max / 2, self.idle_max)
+            due = None
             if self._failures:
                 with self._failures_lock:
                     due = min((f.next_try for f in self._failures.values()), default=None)
@@ -207,29 +262,125 @@ class ScanPasses(GroupCommits):
             with self._stats_lock:
                 self._sleeping += 1
             try:
-                self._bell.wait(rung, wait)
+                woken = self._bell.wait(rung, wait)
             finally:
                 with self._stats_lock:
                     self._sleeping -= 1
+            # A ring asks every scanner for a pass; a row handed over is served alone.
+            # Waking without either, a scanner passes if a failure is due or no other
+            # scanner of the worker passed for half of idle_max: the lookout finds new
+            # work, so the scanners' timed passes only look for what it left (a row
+            # handed over that a scanner could not serve), and one of them does.
+            now = time.monotonic()
+            pass_due = (self._bell.rung != rung if woken else
+                        (due is not None and due <= now)
+                        or now - self._passed_at >= self.idle_max / 2)
+
+    def _serve_handed(self, table: str, row: bytes, entries: dict[str, int],
+                      looked: float) -> None:
+        """Serve one row a lookout handed over, as a pass would serve it (advisory lock,
+        back-off of failures), without a pass. The run reads the notification in its
+        own first read (:meth:`_process_indexed`: the lookout read only the newest
+        version). It begins at the start its thread's previous commit drew only if that
+        was drawn after the look began (*looked*): one drawn before is most likely
+        below the notification, which the run would find above its snapshot and leave.
+        A run that does (a start drawn before the notifying commit's, whose index entry
+        the look read before its commit point) runs again at a fresh start. On the
+        index the row's entries join the worker's batch settled within SETTLE_DELAY
+        (:meth:`_defer_settling`)."""
+        key = f"{table}/{row.hex()}"
+        coordination = internals(self.cluster).coordination
+        if self._indexed and self._served.holds(table, row, entries):
+            return
+        if not coordination.try_advisory_lock(key):
+            self._count("meetings")
+            return
+        try:
+            if self._backing_off_columns(table, row, entries):
+                return
+            held = self._next_start()
+            if held.drawn < looked:
+                held.ts = 0
+            for _ in range(2):
+                done = self._process_indexed(table, row, entries)
+                if done is not Indexed.LATER:
+                    break
+                held.ts = 0  # a LATER run leaves none; a fresh start for the next
+            if not self._indexed:
+                return  # served runs deleted their notify cells
+            if done is Indexed.WORKED or done is Indexed.SERVED:
+                self._served.add(table, row, entries)
+                self._defer_settling(table, row, entries)
+            elif done is Indexed.UNSETTLED:
+                settle(internals(self.cluster), table, row, entries)
+        finally:
+            coordination.release_advisory_lock(key)
+
+    def _defer_settling(self, table: str, row: bytes, entries: dict[str, int]) -> None:
+        with self._unsettled_lock:
+            if not self._unsettled:
+                self._unsettled_since = time.monotonic()
+            self._unsettled.append((table, row, entries))
+        self._settle_deferred()
+
+    def _settle_deferred(self, force: bool = False) -> None:
+        """Settle the entries of rows served from hand-offs together, once SETTLE_MAX
+        of them wait or the first waited SETTLE_DELAY seconds (or now, with *force*)."""
+        with self._unsettled_lock:
+            if not self._unsettled or (not force and (
+                    len(self._unsettled) < SETTLE_MAX
+                    and time.monotonic() - self._unsettled_since < SETTLE_DELAY)):
+                return
+            batch, self._unsettled = self._unsettled, []
+        try:
+            settle_rows(internals(self.cluster), batch, look_first=False)
+        except BaseException:
+            self._served.forget(batch)  # left in the index for a later look to settle
+            raise
 
     def _lookout(self) -> None:
         """Every ``poll_interval`` seconds while a scanner sleeps, read what is pending
-        (O(pending notifications)) and wake the scanners if it holds a notification the
-        previous look did not: new work. Busy scanners need no lookout."""
+        (O(pending notifications)). New rows (a notification the previous look did not
+        see, not served here) are handed to the sleeping scanners, one scanner per row,
+        which serve them without a pass of their own; more than HANDOFF_MAX of them
+        ring every scanner for passes. Busy scanners need no lookout. It also settles
+        the batch of served hand-offs when due (:meth:`_settle_deferred`)."""
         seen: frozenset[tuple[str, bytes, str, int]] = frozenset()
         while not self._stop.wait(self.poll_interval):
+            try:
+                self._settle_deferred()
+            except PercolatorError:
+                log.debug("settling failed", exc_info=True)
             if not self._sleeping:
                 seen = frozenset()  # look afresh once they sleep again
                 continue
-            try:
-                found = frozenset(self._pending())
-            except PercolatorError:
-                log.debug("lookout failed", exc_info=True)
-                continue
-            if found - seen:
-                self._count("wakeups")
+            seen = self._look(seen)
+
+    def _look(
+        self, seen: frozenset[tuple[str, bytes, str, int]],
+    ) -> frozenset[tuple[str, bytes, str, int]]:
+        """One look of the lookout: read what is pending, hand the rows of
+        notifications not in *seen* (the previous look's) and not served here over to
+        the scanners, or ring them all when there are more than HANDOFF_MAX such rows.
+        Returns what this look saw (*seen* again if it failed)."""
+        looked = time.monotonic()
+        try:
+            found = frozenset(self._pending())
+        except PercolatorError:
+            log.debug("lookout failed", exc_info=True)
+            return seen
+        rows: dict[tuple[str, bytes], dict[str, int]] = {}
+        for table, row, column, ts in found - seen:
+            rows.setdefault((table, row), {})[column] = ts
+        handed = [(table, row, entries, looked) for (table, row), entries in rows.items()
+                  if not (self._indexed and self._served.holds(table, row, entries))]
+        if handed:
+            self._count("wakeups")
+            if len(handed) > HANDOFF_MAX:
                 self._bell.set()
-            seen = found
+            else:
+                self._bell.hand(handed)
+        return found
 
     def _pending(self) -> Iterator[tuple[str, bytes, str, int]]:
         """``(table, row, column, newest notify or index timestamp)`` of the pending
@@ -270,6 +421,7 @@ class ScanPasses(GroupCommits):
         try:
             worked = self._index_scan(processed)
             self._settle_processed(processed)
+            self._settle_deferred(force=True)
         finally:
             self._served.forget(processed)  # left unsettled: a failed pass
             # A scanner that goes to sleep would wake with a stale snapshot, whose

@@ -11,10 +11,14 @@ scanner jumps to a new random place (the paper's anti-clumping).
 
 Idle workers leave the store alone: a scanner whose pass found nothing to do sleeps
 ``idle_max`` seconds (default 2, jittered). While one sleeps, a single lookout thread
-per worker reads what is pending every ``poll_interval`` seconds (the index, or the
-notify family of the observed tables: O(pending), nothing when all is done) and wakes
-the scanners when it sees a notification its previous look did not; a commit in the
-same process that makes a notification wakes them at once.
+per worker reads what is pending every ``poll_interval`` seconds (default 0.08; the
+index, or the notify family of the observed tables: O(pending), nothing when all is
+done). The rows of notifications its previous look did not see it hands to the
+sleeping scanners, one row to one scanner, which serves it without a pass of its own
+(changes that arrive one at a time cost no scan but the look's); more than a few
+dozen at once wake every scanner for passes, as a commit in the same process that
+makes a notification does. Waking with nothing to do, one scanner of the worker
+passes every ``idle_max / 2`` seconds or so, for what a hand-off left.
 
 For each dirty cell the worker runs, per observer of the column, a transaction
 that reads the column and the observer's acknowledgement ``_ack:<name>@<column>``
@@ -55,7 +59,7 @@ from observers._recipes import load_object
 from observers._runs import CommitHook, Failures
 from observers._scanning import Bell, ScanPasses, Served
 from observers._turns import StoreTurn, Waits
-from percolator import Cluster, InvalidArgument
+from percolator import Cluster, InvalidArgument, PercolatorError
 from percolator._internals import internals
 from percolator._notifications import wait_until_idle
 from percolator._notify_index import migrate, uses_index
@@ -106,7 +110,9 @@ class Worker(ScanPasses):
     waits *retry_delay* seconds after its first failure of it and twice as long after
     each next one (at most *max_retry_delay*).
     *idle_max* is how long a scanner that found nothing to do sleeps unless woken; the
-    lookout looks for new work every *poll_interval* seconds meanwhile. *on_commit*,
+    lookout looks for new work every *poll_interval* seconds meanwhile, which trades
+    the store calls of its looks (one scan each) for how soon a change from another
+    process is observed (half of it, on average, plus the run). *on_commit*,
     if given, is called after each committed observer transaction with
     ``(observer, table, row, column, change_ts, commit_ts)`` (from the scanner
     thread; keep it quick). *tasks* are :class:`Periodic` tasks that run while the
@@ -114,8 +120,9 @@ class Worker(ScanPasses):
 
     :attr:`stats` counts ``committed`` runs, ``skipped`` notifications (already
     acknowledged: duplicate work the acks rejected), ``conflicts``, ``failures``,
-    ``quarantined``, ``meetings`` (a scanner found another on its row and jumped),
-    ``passes``, ``idle`` passes and lookout ``wakeups``.
+    ``quarantined``, ``meetings`` (a scanner found another on its row and jumped, or
+    left a row handed over to it), ``passes``, ``idle`` (a scanner went to sleep with
+    nothing to do) and lookout ``wakeups`` (looks that handed rows over or rang).
 
     Any number of workers, in any processes and hosts, may run the same observers on
     one repository: they spread over the pending rows, and at most one observer
@@ -148,7 +155,7 @@ class Worker(ScanPasses):
         retry_delay: float = 0.5,
         max_retry_delay: float = 60.0,
         idle_max: float = 2.0,
-        poll_interval: float = 0.05,
+        poll_interval: float = 0.08,
         on_commit: CommitHook | None = None,
         tasks: Iterable[Periodic] = (),
     ) -> None:
@@ -215,6 +222,10 @@ class Worker(ScanPasses):
         self._indexed = uses_index(internals(cluster).store)
         self._next_starts = threading.local()
         self._served = Served()
+        self._passed_at = 0.0
+        self._unsettled: list[tuple[str, bytes, dict[str, int]]] = []
+        self._unsettled_since = 0.0
+        self._unsettled_lock = threading.Lock()
 
     # --- life cycle -----------------------------------------------------------------
 
@@ -262,6 +273,11 @@ class Worker(ScanPasses):
         for thread in self._threads:
             thread.join(timeout)
         self._threads = []
+        try:
+            self._settle_deferred(force=True)
+        except PercolatorError:
+            log.warning("could not settle served index entries; a later look will",
+                        exc_info=True)
         if self._bell.set in internals(self.cluster).wakeups:
             internals(self.cluster).wakeups.remove(self._bell.set)
         log.info("worker stopped: %s", dict(self.stats))
