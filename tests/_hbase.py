@@ -183,9 +183,10 @@ def local_hbase(hbase_thrift: str) -> LocalHBase:
 
 @pytest.fixture(scope="session")
 def hbase_thrift2(hbase_thrift: str) -> str:
-    """``host:port`` of the session HBase's Thrift2 server (the store's ``thrift2=``
-    option), started the first time a test asks; with ``PERCOLATOR_HBASE_THRIFT``
-    naming another HBase, ``PERCOLATOR_HBASE_THRIFT2`` names its Thrift2 server."""
+    """``host:port`` of the session HBase's Thrift2 server (the ``hbase`` backend's
+    ``api=thrift2``, the Thrift1 store's ``thrift2=`` option), which the suite's HBase
+    starts with the rest; with ``PERCOLATOR_HBASE_THRIFT`` naming another HBase,
+    ``PERCOLATOR_HBASE_THRIFT2`` names its Thrift2 server."""
     from tests._hbase_local import HBaseStartError
 
     for hbase in _SESSION_HBASE:
@@ -251,10 +252,12 @@ def unique_name(name: str) -> str:
     return f"{slug}_{uuid.uuid4().hex[:8]}"
 
 
-def hbase_store_url(hostport: str, unique_name_: str) -> str:
-    """An ``hbase://`` URL on *hostport* whose tables no other test sees: the table
-    prefix is derived from *unique_name_* plus a random suffix."""
-    return f"hbase://{hostport}?table_prefix={unique_name(unique_name_)}&pool_size=4"
+def hbase_store_url(hostport: str, unique_name_: str, api: str = "thrift1") -> str:
+    """An ``hbase://`` URL on *hostport* (a Thrift1 server, or a Thrift2 one with
+    *api* ``thrift2``) whose tables no other test sees: the table prefix is derived
+    from *unique_name_* plus a random suffix."""
+    url = f"hbase://{hostport}?table_prefix={unique_name(unique_name_)}&pool_size=4"
+    return url + ("&api=thrift2" if api == "thrift2" else "")
 
 
 @contextlib.contextmanager
