@@ -228,6 +228,10 @@ struct TTableDescriptor {
   1: required TTableName tableName
   2: optional list<TColumnFamilyDescriptor> columns
 }
+enum TThriftServerType {
+  ONE = 1,
+  TWO = 2
+}
 exception TIOError {
   1: optional string message
   2: optional bool canRetry
@@ -276,6 +280,7 @@ service THBaseService {
   void deleteTable(1: required TTableName tableName) throws (1: TIOError io)
   void disableTable(1: required TTableName tableName) throws (1: TIOError io)
   bool isTableEnabled(1: required TTableName tableName) throws (1: TIOError io)
+  TThriftServerType getThriftServerType()
 }
 """
 
@@ -373,6 +378,20 @@ class HBaseThrift2Store(HBaseStore):
                  **options: Any) -> None:
         self._ssl_context = ssl_context
         super().__init__(host, port, **options)
+        try:
+            kind = self._call(None, lambda client: client.getThriftServerType())
+        except StoreUnavailable as e:
+            self.close()
+            raise StoreUnavailable(
+                f"{e}; is {host}:{port} an HBase 2 Thrift2 server (hbase thrift2 start), "
+                "with the url's transport and protocol?") from e
+        if kind != _t2.TThriftServerType.TWO:
+            self.close()
+            raise InvalidArgument(
+                f"{host}:{port} is HBase's Thrift1 server, and the url says api=thrift2: "
+                "give the Thrift2 server's port (hbase thrift2 start -p PORT), or drop "
+                "api=thrift2 to speak Thrift1 through happybase"
+            )
 
     # ---- plumbing ---------------------------------------------------------------
 
