@@ -13,7 +13,10 @@ server of ``tests/hbase_thrift_server`` instead (no Java needed; the fault tests
 ``test_thrift_server.py``, which holds the test server to HBase's behaviour, use it
 anyway). ``hbase_store_url(hostport, name)`` gives a store URL isolated from every
 other test (its own table prefix), so tests never assume an empty server. Missing
-happybase/thriftpy2 fails in CI and skips elsewhere.
+happybase/thriftpy2 fails in CI and skips elsewhere. ``PERCOLATOR_HBASE_THRIFT2`` names
+the Thrift2 server of an HBase of your own (the ``hbase`` backend's), and
+``PERCOLATOR_HBASE_CONF`` its conf directory, from which the TLS tests start a Thrift2
+server over HTTPS on it (``tests/hbase/test_hbase_thrift2_tls.py``).
 """
 
 from __future__ import annotations

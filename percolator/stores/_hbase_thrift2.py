@@ -60,7 +60,9 @@ below (same field ids); thriftpy2 (happybase's Thrift library) compiles it at im
 from __future__ import annotations
 
 import functools
+import http.client
 import io
+import socket
 import ssl
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -68,12 +70,17 @@ from typing import Any
 import thriftpy2
 from thriftpy2.protocol import TCompactProtocolFactory, TCyBinaryProtocolFactory
 from thriftpy2.rpc import make_client
-from thriftpy2.thrift import TException
-from thriftpy2.transport import TCyBufferedTransportFactory, TCyFramedTransportFactory
+from thriftpy2.thrift import TClient, TException
+from thriftpy2.transport import (
+    TCyBufferedTransportFactory,
+    TCyFramedTransportFactory,
+    TTransportBase,
+    TTransportException,
+)
 
 from percolator import metrics as _metrics
 from percolator._encoding import split_column
-from percolator._errors import InvalidArgument, StoreUnavailable
+from percolator._errors import InvalidArgument, StoreUnavailable, TlsError
 from percolator._store import (
     CAS_ANSWER_MAY_BE_REPLAYED,
     CAS_DELETES,
@@ -86,6 +93,7 @@ from percolator._store import (
     Read,
     check_increment_amount,
 )
+from percolator._tls import TlsConfig, diagnose
 from percolator.stores import REQUESTS
 from percolator.stores.hbase import (
     _IN_MEMORY,
@@ -302,15 +310,68 @@ def parse_address(value: str, url: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class _HttpTransport(TTransportBase):  # type: ignore[misc]
+    """Thrift over HTTP(S) to HBase's Thrift HTTP server (``hbase.regionserver.thrift.http``,
+    TLS with ``hbase.thrift.ssl.enabled``): one POST per call on a kept-alive
+    connection, each answer read whole, so the next call may follow on the same
+    connection. A call is never sent again here: a broken connection is the store's to
+    handle, as on a socket."""
+
+    def __init__(self, host: str, port: int, context: ssl.SSLContext | None,
+                 timeout_s: float) -> None:
+        self._conn: http.client.HTTPConnection = (
+            http.client.HTTPSConnection(host, port, timeout=timeout_s, context=context)
+            if context is not None else http.client.HTTPConnection(host, port, timeout=timeout_s))
+        self._out = io.BytesIO()
+        self._in = io.BytesIO()
+
+    @property
+    def sock(self) -> socket.socket | None:
+        """The socket, for the pool's idle check (a TLS socket the server closed is
+        readable, and found closed)."""
+        return self._conn.sock  # type: ignore[no-any-return]
+
+    def is_open(self) -> bool:
+        return self._conn.sock is not None
+
+    def open(self) -> None:
+        self._conn.connect()
+        self._conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def write(self, data: bytes) -> None:
+        self._out.write(data)
+
+    def read(self, size: int) -> bytes:
+        return self._in.read(size)
+
+    _read = read
+
+    def flush(self) -> None:
+        body, self._out = self._out.getvalue(), io.BytesIO()
+        self._conn.request("POST", "/", body=body, headers=_HTTP_HEADERS)
+        response = self._conn.getresponse()
+        answer = response.read()
+        if response.status != 200:
+            raise TTransportException(
+                message=f"HTTP {response.status} {response.reason}: {answer[:200]!r}")
+        self._in = io.BytesIO(answer)
+
+
+_HTTP_HEADERS = {"Content-Type": "application/x-thrift", "Accept": "application/x-thrift"}
+
+
 class _Connection:
     """One Thrift2 client, as the pool and the idle check want it (``client``,
     ``transport`` whose ``sock`` is the socket, ``close()``)."""
 
     __slots__ = ("client", "transport")
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, transport: Any = None) -> None:
         self.client = client
-        self.transport = client._iprot.trans
+        self.transport = client._iprot.trans if transport is None else transport
 
     def close(self) -> None:
         self.client.close()
@@ -374,14 +435,26 @@ class HBaseThrift2Store(HBaseStore):
         CAS_ANSWER_MAY_BE_REPLAYED,
     })
 
-    def __init__(self, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
+    def __init__(self, host: str, port: int, *, tls: TlsConfig | None = None,
                  **options: Any) -> None:
-        self._ssl_context = ssl_context
+        self._tls = tls
+        self._ssl_context = None
+        if options.get("transport") == "https":
+            self._tls = tls or TlsConfig()  # the system's roots
+            try:
+                self._ssl_context = self._tls.client_context()
+            except (OSError, ssl.SSLError) as e:
+                raise TlsError(f"cannot load the TLS files {self._tls!r}: {e}") from e
         super().__init__(host, port, **options)
         try:
             kind = self._call(None, lambda client: client.getThriftServerType())
         except StoreUnavailable as e:
             self.close()
+            if self.transport != "https":
+                problem = diagnose((host, port), None, peer=f"the {self._where}")
+                if problem is not None:  # a TLS (HTTPS) server: say how to reach it
+                    raise TlsError(f"{problem.split(': configure')[0]}: give the store "
+                                   "transport=https and tls=TlsConfig(...) (docs/tls.md)") from e
             raise StoreUnavailable(
                 f"{e}; is {host}:{port} an HBase 2 Thrift2 server (hbase thrift2 start), "
                 "with the url's transport and protocol?") from e
@@ -396,6 +469,8 @@ class HBaseThrift2Store(HBaseStore):
     # ---- plumbing ---------------------------------------------------------------
 
     def _connect(self) -> Any:
+        if self.transport in ("http", "https"):
+            return self._connect_http()
         try:
             return _Connection(make_client(
                 _t2.THBaseService, host=self.host, port=self.port, timeout=self.timeout_ms,
@@ -403,10 +478,26 @@ class HBaseThrift2Store(HBaseStore):
                                else TCyBufferedTransportFactory()),
                 proto_factory=(TCompactProtocolFactory() if self.protocol == "compact"
                                else TCyBinaryProtocolFactory()),
-                ssl_context=self._ssl_context,
             ))
         except (TException, OSError) as e:
             raise StoreUnavailable(f"cannot reach the {self._where}: {e}") from e
+
+    def _connect_http(self) -> Any:
+        transport = _HttpTransport(self.host, self.port, self._ssl_context,
+                                   self.timeout_ms / 1000)
+        try:
+            transport.open()
+        except (OSError, TException) as e:
+            transport.close()
+            if isinstance(e, ssl.SSLError) and self._tls is not None:
+                problem = diagnose((self.host, self.port), self._tls, peer=f"the {self._where}")
+                if problem is not None:
+                    raise TlsError(problem) from e
+            raise StoreUnavailable(f"cannot reach the {self._where}: {e}") from e
+        buffered = TCyBufferedTransportFactory().get_transport(transport)
+        protocol = (TCompactProtocolFactory() if self.protocol == "compact"
+                    else TCyBinaryProtocolFactory()).get_protocol(buffered)
+        return _Connection(TClient(_t2.THBaseService, protocol), transport)
 
     @staticmethod
     def _table_name(name: bytes) -> Any:

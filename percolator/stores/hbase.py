@@ -127,12 +127,14 @@ from percolator._store import (
     check_skip_tag,
     drop_skipped,
 )
+from percolator._tls import TlsConfig, check_tls
 from percolator.stores import REQUESTS
 from percolator.stores._memo import memo_by_reads
 from percolator.stores._url import check_scan, parse_store_url
 
 try:
     import happybase
+    from thriftpy2.protocol.cybin import ProtocolError
     from thriftpy2.thrift import TException
 except ImportError as _e:  # pragma: no cover - depends on the environment
     raise ImportError(
@@ -163,10 +165,13 @@ FOREVER = 2**31 - 1  # HConstants.FOREVER: a family's time to live when it has n
 _LATEST = 2**63 - 1  # HConstants.LATEST_TIMESTAMP
 _OPTIONS = (
     "namespace", "table_prefix", "pool_size", "timeout", "idle_timeout", "transport",
-    "protocol", "max_request_bytes", "compression", "thrift2", "api",
+    "protocol", "max_request_bytes", "compression", "thrift2", "api", "tls", "tls_ca",
+    "tls_cert", "tls_key",
 )
 _APIS = ("thrift1", "thrift2")
 _TRANSPORTS = ("buffered", "framed")
+_HTTP = ("http", "https")
+"""Thrift over HTTP(S): the Thrift2 store speaks it (HBase's TLS is HTTP-only)."""
 _PROTOCOLS = ("binary", "compact")
 _UNSUPPORTED_TRANSPORTS = {
     "http": "Thrift over HTTP (hbase.regionserver.thrift.http=true)",
@@ -182,7 +187,7 @@ _MUTATION_OVERHEAD = 32
 """Bytes on the wire per Thrift ``Mutation`` besides its column and value, rounded up."""
 _DECLARED = (_hb.IOError, _hb.IllegalArgument, _hb.AlreadyExists)
 """Errors the server answered with: the connection is still good."""
-_BROKEN = (TException, OSError, EOFError)
+_BROKEN = (TException, OSError, EOFError, ProtocolError)
 """Errors of the connection itself: it is dropped (it may be half-way through a call)."""
 _SCANNER_GONE = (
     "scanner ID is invalid", "Invalid scanner Id", "UnknownScannerException",
@@ -1099,6 +1104,18 @@ class HBaseStoreWithThrift2(HBaseStore):
         super().close()
 
 
+def _tls_option(parsed: Any, url: str) -> TlsConfig | None:
+    """The ``tls`` keyword (a :class:`~percolator.TlsConfig`), or one made of the
+    url's ``tls_ca``, ``tls_cert`` and ``tls_key`` paths; None without either."""
+    given = check_tls(parsed.options.get("tls"), "option tls")
+    paths = {k: parsed.text(f"tls_{k}", "") or None for k in ("ca", "cert", "key")}
+    if given is not None and any(paths.values()):
+        raise InvalidArgument(f"give either tls= or tls_ca/tls_cert/tls_key in {url!r}, not both")
+    if given is None and any(paths.values()):
+        return TlsConfig(**paths)
+    return given
+
+
 def open_hbase_store(url: str, **options: Any) -> Store:
     """Open the HBase store at *url*
     (``hbase://host:port?namespace=NS&table_prefix=P&transport=framed&protocol=compact``).
@@ -1129,14 +1146,31 @@ def open_hbase_store(url: str, **options: Any) -> Store:
     prefix = parsed.text("table_prefix", "") or None
     if prefix is not None and not _TABLE.match(prefix):
         raise InvalidArgument(f"bad table_prefix {prefix!r} in {url!r}")
+    api = parsed.text("api", "thrift1").lower()
+    if api not in _APIS:
+        raise InvalidArgument(
+            f"option api={api!r} in {url!r} must be one of {list(_APIS)}: the HBase Thrift "
+            "server the URL's host:port names (hbase thrift start, or hbase thrift2 start)"
+        )
     transport = parsed.text("transport", "buffered").lower()
-    if transport in _UNSUPPORTED_TRANSPORTS:
+    tls = _tls_option(parsed, url)
+    if api == "thrift2" and transport in ("http", "https"):
+        if tls is not None and transport != "https":
+            raise InvalidArgument(
+                f"TLS options in {url!r} need transport=https: HBase's Thrift server "
+                "serves TLS on its HTTP transport (hbase.thrift.ssl.enabled)")
+    elif tls is not None:
+        raise InvalidArgument(
+            f"TLS options in {url!r} need api=thrift2 and transport=https: HBase's Thrift "
+            "server serves TLS on its HTTP transport only (hbase.regionserver.thrift.http, "
+            "hbase.thrift.ssl.enabled), which happybase cannot speak (docs/tls.md)")
+    elif transport in _UNSUPPORTED_TRANSPORTS:
         raise InvalidArgument(
             f"option transport={transport!r} in {url!r}: {_UNSUPPORTED_TRANSPORTS[transport]} "
             "is not supported (happybase speaks Thrift1 over plain sockets only); run the "
             "HBase Thrift server in socket mode (transport=buffered or transport=framed)"
         )
-    if transport not in _TRANSPORTS:
+    if transport not in _TRANSPORTS and not (api == "thrift2" and transport in _HTTP):
         raise InvalidArgument(
             f"option transport={transport!r} in {url!r} must be one of {list(_TRANSPORTS)}"
         )
@@ -1156,12 +1190,6 @@ def open_hbase_store(url: str, **options: Any) -> Store:
     idle_timeout_ms = max(
         1, round(parsed.seconds("idle_timeout", DEFAULT_IDLE_TIMEOUT_MS / 1000) * 1000)
     )
-    api = parsed.text("api", "thrift1").lower()
-    if api not in _APIS:
-        raise InvalidArgument(
-            f"option api={api!r} in {url!r} must be one of {list(_APIS)}: the HBase Thrift "
-            "server the URL's host:port names (hbase thrift start, or hbase thrift2 start)"
-        )
     thrift2 = parsed.text("thrift2", "") or None
     kind: type[HBaseStore] = HBaseStore
     extra: dict[str, Any] = {}
@@ -1175,6 +1203,7 @@ def open_hbase_store(url: str, **options: Any) -> Store:
                 "server: drop the option"
             )
         kind = HBaseThrift2Store
+        extra = {"tls": tls}
     elif thrift2 is not None:
         from percolator.stores._hbase_thrift2 import parse_address
 
