@@ -88,7 +88,7 @@ def tls_server(request: pytest.FixtureRequest,
              "-Dhbase.log.file=thrift2-tls.log", "-cp", f"{conf}{os.pathsep}{classpath()}",
              "org.apache.hadoop.hbase.thrift2.ThriftServer", "-b", "127.0.0.1",
              "-p", str(port), "start"],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+            cwd=base, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 120
         while True:
