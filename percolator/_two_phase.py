@@ -209,10 +209,24 @@ class _Committer:
             if id(cell) not in together and (
                     guarded is None or not self._prewrite_guarded(guarded, cell)):
                 if id(cell) not in found:
-                    batch = [cell] if guarded is not None or index == 0 else self.cells[1:]
+                    if guarded is not None:
+                        batch = [cell]
+                    elif index == 0:
+                        batch = self._primary_and_its_row()
+                    else:
+                        batch = [c for c in self.cells[1:] if id(c) not in found]
                     found.update(self._read_for_prewrite(batch))
                 self._prewrite(cell, *found[id(cell)])
             self._maybe_crash("prewrite", index)
+
+    def _primary_and_its_row(self) -> list[_Cell]:
+        """The primary and the cells that share its row, read for the prewrite in one
+        row read (an observer's output and its acknowledgement, say): the row is read
+        anyway, and a cell read before the primary is locked is as good as one read
+        after, since each lock is then set from the value read, which cannot have come
+        back (no ABA) nor let a write record in without changing (invariant A)."""
+        p = self.primary
+        return [c for c in self.cells if (c.table, c.row) == (p.table, p.row)]
 
     def _locked_together(self, store: GuardedSet) -> set[int]:
         """Where the store tests conflict conditions itself, lock the cells that share

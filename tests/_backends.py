@@ -1,9 +1,11 @@
 """Backend parametrization: one test body, run over every store backend.
 
 ``store_url`` gives a fresh, isolated repository URL on the backend of the current
-parameter (sqlite: a new file; hbase: the Thrift test server, or a real HBase when
-``PERCOLATOR_HBASE_THRIFT`` is set; bigtable: the cbtemulator), and ``cluster`` a
-connected :class:`percolator.Cluster` on it.
+parameter (sqlite: a new file; hbase: a real HBase through its Thrift2 server, the
+store's ``api=thrift2``; hbase-thrift1: the same HBase through its Thrift1 server, as
+happybase speaks it; bigtable: the cbtemulator), and ``cluster`` a connected
+:class:`percolator.Cluster` on it. ``PERCOLATOR_HBASE_THRIFT`` and
+``PERCOLATOR_HBASE_THRIFT2`` name an HBase of your own (``tests/_hbase.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ BACKENDS = [
     pytest.param("hbase", id="hbase", marks=pytest.mark.hbase),
     pytest.param("bigtable", id="bigtable", marks=pytest.mark.bigtable),
 ]
+HBASE_THRIFT1 = pytest.param("hbase-thrift1", id="hbase-thrift1", marks=pytest.mark.hbase)
+"""The Thrift1 lane (happybase, for gateways that speak only Thrift1): the store
+contract, the transaction tests and the fault tests run on it too (``WITH_THRIFT1``)."""
+WITH_THRIFT1 = [*BACKENDS, HBASE_THRIFT1]
 WITH_FAULTS = [
     *BACKENDS,
     pytest.param("hbase-faults", id="hbase-faults", marks=pytest.mark.hbase),
@@ -42,7 +48,8 @@ def reports_split_keys(backend: str) -> bool:
     one region until it grows to 10 GB (Thrift1 cannot create a pre-split table)."""
     from tests._hbase import is_real_hbase
 
-    return backend in ("bigtable", "hbase-faults") or (backend == "hbase" and not is_real_hbase())
+    return backend in ("bigtable", "hbase-faults") or (
+        backend in ("hbase", "hbase-thrift1") and not is_real_hbase())
 
 
 def make_store_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
@@ -50,6 +57,10 @@ def make_store_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path)
     if backend == "sqlite":
         return f"sqlite:///{tmp_path}/repo.db"
     if backend == "hbase":
+        from tests._hbase import hbase_store_url
+
+        return hbase_store_url(request.getfixturevalue("hbase_thrift2"), name, api="thrift2")
+    if backend == "hbase-thrift1":
         from tests._hbase import hbase_store_url
 
         return hbase_store_url(request.getfixturevalue("hbase_thrift"), name)

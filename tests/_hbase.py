@@ -13,7 +13,10 @@ server of ``tests/hbase_thrift_server`` instead (no Java needed; the fault tests
 ``test_thrift_server.py``, which holds the test server to HBase's behaviour, use it
 anyway). ``hbase_store_url(hostport, name)`` gives a store URL isolated from every
 other test (its own table prefix), so tests never assume an empty server. Missing
-happybase/thriftpy2 fails in CI and skips elsewhere.
+happybase/thriftpy2 fails in CI and skips elsewhere. ``PERCOLATOR_HBASE_THRIFT2`` names
+the Thrift2 server of an HBase of your own (the ``hbase`` backend's), and
+``PERCOLATOR_HBASE_CONF`` its conf directory, from which the TLS tests start a Thrift2
+server over HTTPS on it (``tests/hbase/test_hbase_thrift2_tls.py``).
 """
 
 from __future__ import annotations
@@ -60,12 +63,14 @@ def require_hbase_client() -> None:
 
 
 def _answers(hostport: str, transport: str = "buffered", protocol: str = "binary") -> bool:
-    """Whether a Thrift1 server at *hostport* answers ``getTableNames``."""
+    """Whether a Thrift1 server at *hostport* answers ``getTableNames`` (within 10 s: a
+    shared HBase with hundreds of tables took over 2 s at a load of 26, and every hbase
+    test of the session skipped)."""
     import happybase
 
     host, _, port = hostport.rpartition(":")
     connection = happybase.Connection(
-        host, int(port), timeout=2000, autoconnect=False, transport=transport,
+        host, int(port), timeout=10_000, autoconnect=False, transport=transport,
         protocol=protocol,
     )
     try:
@@ -183,9 +188,10 @@ def local_hbase(hbase_thrift: str) -> LocalHBase:
 
 @pytest.fixture(scope="session")
 def hbase_thrift2(hbase_thrift: str) -> str:
-    """``host:port`` of the session HBase's Thrift2 server (the store's ``thrift2=``
-    option), started the first time a test asks; with ``PERCOLATOR_HBASE_THRIFT``
-    naming another HBase, ``PERCOLATOR_HBASE_THRIFT2`` names its Thrift2 server."""
+    """``host:port`` of the session HBase's Thrift2 server (the ``hbase`` backend's
+    ``api=thrift2``, the Thrift1 store's ``thrift2=`` option), which the suite's HBase
+    starts with the rest; with ``PERCOLATOR_HBASE_THRIFT`` naming another HBase,
+    ``PERCOLATOR_HBASE_THRIFT2`` names its Thrift2 server."""
     from tests._hbase_local import HBaseStartError
 
     for hbase in _SESSION_HBASE:
@@ -251,10 +257,12 @@ def unique_name(name: str) -> str:
     return f"{slug}_{uuid.uuid4().hex[:8]}"
 
 
-def hbase_store_url(hostport: str, unique_name_: str) -> str:
-    """An ``hbase://`` URL on *hostport* whose tables no other test sees: the table
-    prefix is derived from *unique_name_* plus a random suffix."""
-    return f"hbase://{hostport}?table_prefix={unique_name(unique_name_)}&pool_size=4"
+def hbase_store_url(hostport: str, unique_name_: str, api: str = "thrift1") -> str:
+    """An ``hbase://`` URL on *hostport* (a Thrift1 server, or a Thrift2 one with
+    *api* ``thrift2``) whose tables no other test sees: the table prefix is derived
+    from *unique_name_* plus a random suffix."""
+    url = f"hbase://{hostport}?table_prefix={unique_name(unique_name_)}&pool_size=4"
+    return url + ("&api=thrift2" if api == "thrift2" else "")
 
 
 @contextlib.contextmanager

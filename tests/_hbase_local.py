@@ -21,7 +21,9 @@ exit or silence with the last lines of its log.
 
 For people and benchmarks::
 
-    scripts/hbase            # prints PERCOLATOR_HBASE_THRIFT=127.0.0.1:PORT, runs until ^C
+    scripts/hbase            # prints PERCOLATOR_HBASE_THRIFT=127.0.0.1:PORT (Thrift1),
+                             # PERCOLATOR_HBASE_THRIFT2=127.0.0.1:PORT2 (Thrift2, the
+                             # store's hbase://...:PORT2?api=thrift2), runs until ^C
 """
 
 from __future__ import annotations
@@ -185,8 +187,9 @@ class LocalHBase:
     of the Thrift server (e.g. ``["-f", "-c"]`` for framed transport and the compact
     protocol); ``site`` overrides or adds ``hbase-site.xml`` properties. The Thrift
     servers listen on *bind* (loopback unless told otherwise), on *thrift_port* and
-    *thrift2_port* or free ports; the Thrift2 server runs only once
-    :meth:`start_thrift2` is called (the store's ``thrift2=`` option).
+    *thrift2_port* or free ports; the Thrift2 server (the store's ``api=thrift2``, the
+    default of the suite's ``hbase`` backend) starts with the rest unless *thrift2* is
+    False, else once :meth:`start_thrift2` is called.
 
     A ``detached`` HBase outlives the process that starts it (a pytest-xdist worker
     starting it for the whole run: ``tests._services.shared_service``); whoever started
@@ -197,8 +200,9 @@ class LocalHBase:
         self, data_dir: str | Path | None = None, *, thrift_args: Sequence[str] = (),
         site: dict[str, str] | None = None, bind: str = "127.0.0.1",
         thrift_port: int | None = None, thrift2_port: int | None = None,
-        detached: bool = False,
+        detached: bool = False, thrift2: bool = True,
     ) -> None:
+        self.with_thrift2 = thrift2
         self._own_dir = data_dir is None
         self.dir = Path(data_dir or tempfile.mkdtemp(prefix="percolator-hbase-"))
         self.thrift_args = list(thrift_args)
@@ -254,6 +258,8 @@ class LocalHBase:
         self.hbase: subprocess.Popen[bytes] | None = None
         self.thrift: subprocess.Popen[bytes] | None = None
         self.thrift2: subprocess.Popen[bytes] | None = None
+        self.thrift2_shared = False
+        """The Thrift2 server was started with the shared HBase, by another process."""
         self._cp = ""
         self._detached = detached
         self._attached_pids: tuple[int, ...] = ()
@@ -268,7 +274,9 @@ class LocalHBase:
             "hostport": self.hostport, "dir": str(self.dir), "thrift_args": self.thrift_args,
             "ports": [self.zk_port, self.master_port, self.regionserver_port,
                       self.thrift_port],
-            "pids": [self.hbase.pid, self.thrift.pid],
+            "thrift2_port": self.thrift2_port if self.thrift2 is not None else None,
+            "pids": [self.hbase.pid, self.thrift.pid,
+                     *([self.thrift2.pid] if self.thrift2 is not None else [])],
             "dirs": [str(self.dir)] if self._own_dir else [],
         }
 
@@ -281,6 +289,9 @@ class LocalHBase:
         (hbase.zk_port, hbase.master_port, hbase.regionserver_port,
          hbase.thrift_port) = description["ports"]
         hbase._attached_pids = tuple(description["pids"])
+        if description.get("thrift2_port"):
+            hbase.thrift2_port = description["thrift2_port"]
+            hbase.thrift2_shared = True
         return hbase
 
     @property
@@ -289,7 +300,7 @@ class LocalHBase:
         the session started them."""
         if self.hbase is not None and self.thrift is not None:
             return self.hbase.pid, self.thrift.pid
-        if len(self._attached_pids) != 2:
+        if len(self._attached_pids) < 2:
             raise RuntimeError("this HBase was neither started nor attached to here")
         return self._attached_pids[0], self._attached_pids[1]
 
@@ -329,6 +340,8 @@ class LocalHBase:
         deadline = time.monotonic() + timeout
         self.start_hbase(deadline - time.monotonic())
         self.start_thrift(deadline - time.monotonic())
+        if self.with_thrift2:
+            self.start_thrift2(deadline - time.monotonic())
         return self
 
     def _jvm(self, heap: str, log: Path, main: str, *args: str,
@@ -388,11 +401,11 @@ class LocalHBase:
         behind it is already serving: :meth:`start` waited for that). It belongs to
         this process, also for an HBase :meth:`attached` from another one (each
         pytest-xdist worker that asks starts its own): it dies with it."""
-        if self.thrift2 is not None and self.thrift2.poll() is None:
-            return
+        if (self.thrift2 is not None and self.thrift2.poll() is None) or self.thrift2_shared:
+            return  # running, or started with the shared HBase by another process
         if not self._cp:
             self._cp = classpath()
-        if self._detached:
+        if self._detached and self.hbase is None:  # attached: it is this process's
             atexit.register(lambda: _kill(self.thrift2))
         if _port_taken(self.thrift2_port):
             raise HBaseStartError(f"port {self.thrift2_port} on 127.0.0.1 is taken "
@@ -400,7 +413,7 @@ class LocalHBase:
         self.thrift2 = self._jvm(
             THRIFT_HEAP, self.thrift2_log, "org.apache.hadoop.hbase.thrift2.ThriftServer",
             "-b", self.bind, "-p", str(self.thrift2_port), *self.thrift_args, "start",
-            detached=False,
+            detached=self._detached and self.hbase is not None,
         )
         deadline = time.monotonic() + timeout
         while True:
@@ -502,7 +515,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/hbase", description=__doc__.split("\n")[0])
     parser.add_argument("--dir", help="data directory (kept); default: a temporary one")
     parser.add_argument("--thrift2", action="store_true",
-                        help="also start the Thrift2 server (the store's thrift2= option)")
+                        help="start the Thrift2 server (the default; kept for old scripts)")
+    parser.add_argument("--no-thrift2", dest="no_thrift2", action="store_true",
+                        help="start no Thrift2 server (the store's api=thrift2 needs one)")
     parser.add_argument("--bind", default="127.0.0.1",
                         help="address the Thrift servers listen on (0.0.0.0 in a container)")
     parser.add_argument("--thrift-port", type=int, help="Thrift1 port (default: a free one)")
@@ -512,11 +527,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     hbase = LocalHBase(args.dir, thrift_args=args.thrift_args, bind=args.bind,
-                       thrift_port=args.thrift_port, thrift2_port=args.thrift2_port)
+                       thrift_port=args.thrift_port, thrift2_port=args.thrift2_port,
+                       thrift2=not args.no_thrift2)
     try:
         hbase.start()
-        if args.thrift2:
-            hbase.start_thrift2()
     except HBaseStartError as e:
         print(f"scripts/hbase: {e}", file=sys.stderr)
         hbase.stop()
@@ -524,8 +538,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"HBase {hbase.dir} ready in {time.monotonic() - started:.1f} s; logs in "
           f"{hbase.dir / 'logs'}", flush=True)
     print(f"PERCOLATOR_HBASE_THRIFT={hbase.hostport}", flush=True)
-    if args.thrift2:
+    if hbase.thrift2 is not None:
         print(f"PERCOLATOR_HBASE_THRIFT2={hbase.hostport2}", flush=True)
+        print(f"store URL: hbase://{hbase.hostport2}?api=thrift2", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         while hbase.hbase is not None and hbase.hbase.poll() is None:

@@ -91,7 +91,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                             "the two-phase variant again")
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if params.get("one_phase") is True and params.get("backend") in ("hbase", "bigtable"):
+        if params.get("one_phase") is True and params.get("backend") in (
+                "hbase", "hbase-thrift1", "bigtable"):
             item.add_marker(same)
     if config.getoption("--run-slow"):
         return

@@ -188,7 +188,7 @@ def test_configure_publishes_what_the_others_use() -> None:
     assert {"publish_config", "connect", "create_table"} <= calls
     assert {"store", "oracle"} <= set(inspect.signature(percolator.publish_config).parameters)
     assert '"zookeeper:2181/percolator"' in script
-    assert "hbase://hbase:9090" in script
+    assert "hbase://hbase:9091?api=thrift2" in script  # the Thrift2 data path
     # the demo's observers write these tables: they exist before the worker starts
     for table in ("documents", "clusters", "links"):
         assert f'"{table}"' in script

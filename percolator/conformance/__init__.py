@@ -3,7 +3,7 @@ any store url from one command.
 
 ::
 
-    python -m percolator.conformance --cluster hbase://thrift.example:9090 \\
+    python -m percolator.conformance --cluster "hbase://thrift.example:9091?api=thrift2" \\
         [--oracle zk://zk1:2181/percolator --zookeeper zk1:2181/percolator] \\
         [--checks hermitage,si,bank,append] [--duration 30] [--seed N] \\
         [--prefix conformance_x] [--keep] [--json report.json]

@@ -60,7 +60,8 @@ class Connection:
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", required=True,
-                        help="store url, e.g. hbase://host:9090, bigtable://project/instance")
+                        help="store url, e.g. hbase://host:9091?api=thrift2, "
+                             "bigtable://project/instance")
     parser.add_argument("--oracle",
                         help="timestamp oracle, grpc://host:port, grpcs://host:port or zk://...")
     parser.add_argument("--zookeeper", help="ZooKeeper for coordination, host:port/chroot")

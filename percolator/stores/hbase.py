@@ -99,7 +99,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -127,12 +127,14 @@ from percolator._store import (
     check_skip_tag,
     drop_skipped,
 )
+from percolator._tls import TlsConfig, check_tls
 from percolator.stores import REQUESTS
 from percolator.stores._memo import memo_by_reads
 from percolator.stores._url import check_scan, parse_store_url
 
 try:
     import happybase
+    from thriftpy2.protocol.cybin import ProtocolError
     from thriftpy2.thrift import TException
 except ImportError as _e:  # pragma: no cover - depends on the environment
     raise ImportError(
@@ -163,9 +165,13 @@ FOREVER = 2**31 - 1  # HConstants.FOREVER: a family's time to live when it has n
 _LATEST = 2**63 - 1  # HConstants.LATEST_TIMESTAMP
 _OPTIONS = (
     "namespace", "table_prefix", "pool_size", "timeout", "idle_timeout", "transport",
-    "protocol", "max_request_bytes", "compression", "thrift2",
+    "protocol", "max_request_bytes", "compression", "thrift2", "api", "tls", "tls_ca",
+    "tls_cert", "tls_key",
 )
+_APIS = ("thrift1", "thrift2")
 _TRANSPORTS = ("buffered", "framed")
+_HTTP = ("http", "https")
+"""Thrift over HTTP(S): the Thrift2 store speaks it (HBase's TLS is HTTP-only)."""
 _PROTOCOLS = ("binary", "compact")
 _UNSUPPORTED_TRANSPORTS = {
     "http": "Thrift over HTTP (hbase.regionserver.thrift.http=true)",
@@ -181,9 +187,12 @@ _MUTATION_OVERHEAD = 32
 """Bytes on the wire per Thrift ``Mutation`` besides its column and value, rounded up."""
 _DECLARED = (_hb.IOError, _hb.IllegalArgument, _hb.AlreadyExists)
 """Errors the server answered with: the connection is still good."""
-_BROKEN = (TException, OSError, EOFError)
+_BROKEN = (TException, OSError, EOFError, ProtocolError)
 """Errors of the connection itself: it is dropped (it may be half-way through a call)."""
-_SCANNER_GONE = ("scanner ID is invalid", "UnknownScannerException", "ScannerTimeoutException")
+_SCANNER_GONE = (
+    "scanner ID is invalid", "Invalid scanner Id", "UnknownScannerException",
+    "ScannerTimeoutException",
+)
 """How a server says a scanner it no longer has (HBase 2.4+ forgets one unused for
 twice ``hbase.client.scanner.timeout.period``, 120 s; older region servers lose its
 lease after 60 s)."""
@@ -220,6 +229,22 @@ def _check_qualified(column: object) -> None:
     family into a family-wide operation."""
     if not isinstance(column, str) or ":" not in column:
         raise InvalidArgument(f"column {column!r} must be 'family:qualifier'")
+
+
+def _check_cas(column: str, expected: bytes | None, new: bytes) -> None:
+    """The arguments of a compare-and-set HBase can take: HBase's checkAndMutate
+    treats an empty expected value as "absent or empty"."""
+    if expected is not None and len(expected) == 0:
+        raise InvalidArgument(
+            "expected=b'' is ambiguous on HBase (checkAndPut treats an empty value "
+            "as absent); use None for 'absent' and non-empty values"
+        )
+    if not new:
+        raise InvalidArgument(
+            f"new={new!r}: HBase checkAndPut treats an empty value as absent; "
+            "compare-and-set values must be non-empty"
+        )
+    _check_qualified(column)
 
 
 def _upper(max_ts: int | None) -> int:
@@ -420,6 +445,11 @@ class HBaseStore:
     """
 
     atomic_row_cas = False
+    api = "thrift1"
+    _server = "HBase Thrift server"
+    _declared: tuple[type[Exception], ...] = _DECLARED
+    """Errors the server answers with (the connection is still good)."""
+    _illegal: type[Exception] = _hb.IllegalArgument
     capabilities: frozenset[Capability[Any]] = frozenset({
         INCREMENT, SPLIT_KEYS,
         # The Thrift server's HBase client retries checkAndMutate without a nonce, so a
@@ -456,8 +486,10 @@ class HBaseStore:
             for k, v in (("namespace", namespace), ("table_prefix", table_prefix))
             if v is not None
         )
+        if self.api != "thrift1":
+            query = "&".join(filter(None, (f"api={self.api}", query)))
         self.url = f"hbase://{host}:{port}" + (f"?{query}" if query else "")
-        self._where = f"HBase Thrift server at {host}:{port}"
+        self._where = f"{self._server} at {host}:{port}"
         self._closed = False
         self._pool = _Pool(self._connect, pool_size, idle_timeout_ms / 1000)
         self._pool.give(self._connect())  # fail now if the server cannot be reached
@@ -505,13 +537,15 @@ class HBaseStore:
 
     def _answered(self, e: Exception, table: str | None) -> PercolatorError:
         """Our error for an error the server answered with (the connection is fine)."""
-        if isinstance(e, _hb.IllegalArgument):
+        if isinstance(e, self._illegal):
             return InvalidArgument(f"{self._where} refused the request: {_message(e)}")
         message = _message(e)
         first = message.splitlines()[0] if message else repr(e)
         if table is not None and (
             "TableNotFoundException" in message or "table does not exist" in message
             or _batch_failed_on_missing_table(message, _dec(self._name(table)))
+            # Thrift2 answers a TableNotFoundException with its message alone.
+            or message.strip() == _dec(self._name(table))
         ):
             return UnknownTableError(table)
         if "Field is not a long" in message:  # increment of a cell that is no counter
@@ -535,7 +569,7 @@ class HBaseStore:
             connection = self._take() if attempt == 1 else self._connect()
             try:
                 result = work(connection.client)
-            except _DECLARED as e:
+            except self._declared as e:
                 self._pool.give(connection)
                 raise self._answered(e, table) from None
             except _BROKEN as e:
@@ -592,24 +626,28 @@ class HBaseStore:
                 raise InvalidArgument(f"versions of family {family!r} must be >= 0: {versions!r}")
             descriptors.append(self._descriptor(family, versions))
 
-        def create(client: Any) -> dict[bytes, Any] | None:
-            try:
-                client.createTable(name, descriptors)
-                return None
-            except _hb.AlreadyExists:
-                pass
-            except _hb.IOError as e:
-                # Created by another client between the Thrift server's own check and
-                # its createTable.
-                if "TableExistsException" not in _message(e):
-                    raise
-            return dict(client.getColumnDescriptors(name))
-
-        existing = self._call(table, create)
+        existing = self._call(table, lambda client: self._create(client, name, descriptors))
         if existing is None:
             logger.info("created HBase table %s", _dec(name))
             return
         self._check_families(table, families, existing)
+
+    def _create(
+        self, client: Any, name: bytes, descriptors: list[Any]
+    ) -> Mapping[bytes, Any] | None:
+        """Create the table; if it exists, its families' descriptors by ``b"family:"``
+        (each with ``maxVersions`` and ``timeToLive``)."""
+        try:
+            client.createTable(name, descriptors)
+            return None
+        except _hb.AlreadyExists:
+            pass
+        except _hb.IOError as e:
+            # Created by another client between the Thrift server's own check and
+            # its createTable.
+            if "TableExistsException" not in _message(e):
+                raise
+        return dict(client.getColumnDescriptors(name))
 
     def _check_families(
         self, table: str, families: Mapping[str, int], existing: Mapping[bytes, Any]
@@ -650,22 +688,22 @@ class HBaseStore:
             next(REQUESTS.drop_table)
         name = self._name(table)
 
-        def drop(client: Any) -> None:
-            if client.isTableEnabled(name):
-                client.disableTable(name)
-            client.deleteTable(name)
-
         try:
-            self._call(table, drop)
+            self._call(table, lambda client: self._drop(client, name))
             logger.info("dropped HBase table %s", _dec(name))
         except UnknownTableError:
             return
+
+    def _drop(self, client: Any, name: bytes) -> None:
+        if client.isTableEnabled(name):
+            client.disableTable(name)
+        client.deleteTable(name)
 
     def list_tables(self) -> list[str]:
         """Names of this store's tables (inside its namespace and prefix), sorted."""
         if _metrics._enabled:
             next(REQUESTS.list_tables)
-        names = self._call(None, lambda client: client.getTableNames())
+        names = self._call(None, self._table_names)
         return sorted(n for n in map(self._logical, names) if n is not None)
 
     def split_keys(self, table: str) -> list[bytes]:
@@ -673,8 +711,14 @@ class HBaseStore:
         sorted: where a parallel reader splits its scan (optional capability, see
         :class:`percolator._store.SplitKeys`). One region: an empty list."""
         name = self._name(table)
-        regions = self._call(table, lambda client: client.getTableRegions(name))
-        return sorted({bytes(r.startKey) for r in regions if r.startKey})
+        starts = self._call(table, lambda client: self._region_starts(client, name))
+        return sorted({bytes(key) for key in starts if key})
+
+    def _table_names(self, client: Any) -> list[bytes]:
+        return list(client.getTableNames())
+
+    def _region_starts(self, client: Any, name: bytes) -> list[bytes]:
+        return [r.startKey for r in client.getTableRegions(name)]
 
     # ---- reads ------------------------------------------------------------------
 
@@ -691,14 +735,9 @@ class HBaseStore:
         plan = _plan(reads)
 
         def read(client: Any) -> _Answer:
-            if plan.wide_max is None:
-                results = client.getRowsWithColumns(name, order, plan.columns, {})
-            else:
-                results = client.getRowsWithColumnsTs(
-                    name, order, plan.columns, _upper(plan.wide_max), {}
-                )
             answer = _Answer()
-            self._resolve(client, name, plan, _parse_row_results(results), answer)
+            latest = self._latest_at(client, name, order, plan.columns, plan.wide_max)
+            self._resolve(client, name, plan, latest, answer)
             return answer
 
         return self._call(table, read).result(order, plan)
@@ -732,10 +771,7 @@ class HBaseStore:
         for max_ts, pairs in again.items():
             rows_ = list(dict.fromkeys(row for row, _ in pairs))
             cols = sorted({column for _, column in pairs})
-            results = client.getRowsWithColumnsTs(
-                name, rows_, [_enc(c) for c in cols], _upper(max_ts), {}
-            )
-            older = _parse_row_results(results)
+            older = self._latest_at(client, name, rows_, [_enc(c) for c in cols], max_ts)
             for read in plan.reads:
                 if read.versions != 1 or read.max_ts != max_ts:
                     continue
@@ -747,19 +783,40 @@ class HBaseStore:
                             and _in_range(read, ts)
                         ):
                             answer.add(row, column, [(ts, value)])
-        for read, row, column in pending:
+        pending = [p for p in pending if p[0].versions is None or p[0].versions > 0]
+        if pending:
+            for (read, row, column), history in zip(
+                pending, self._histories(client, name, pending), strict=True
+            ):
+                answer.add(row, column, [c for c in history if _in_range(read, c[0])])
+
+    def _latest_at(
+        self, client: Any, name: bytes, rows: list[bytes], columns: list[bytes],
+        max_ts: int | None,
+    ) -> _Latest:
+        """The newest cell of each of *columns* (Thrift column names) at or below
+        *max_ts* in each of *rows*: one ``getRowsWithColumns[Ts]``."""
+        if max_ts is None:
+            results = client.getRowsWithColumns(name, rows, columns, {})
+        else:
+            results = client.getRowsWithColumnsTs(name, rows, columns, _upper(max_ts), {})
+        return _parse_row_results(results)
+
+    def _histories(
+        self, client: Any, name: bytes, items: Sequence[tuple[Read, bytes, str]]
+    ) -> list[list[Cell]]:
+        """For each ``(read, row, column)``, the newest versions of the column at or
+        below the read's ``max_ts``, as many as it wants: one ``getVer[Ts]`` each
+        (Thrift1 reads one column of one row per call)."""
+        out: list[list[Cell]] = []
+        for read, row, column in items:
             versions = MAX_VERSIONS if read.versions is None else read.versions
-            if versions <= 0:
-                continue
             if read.max_ts is None:
                 tcells = client.getVer(name, row, _enc(column), versions, {})
             else:
                 tcells = client.getVerTs(name, row, _enc(column), _upper(read.max_ts), versions, {})
-            answer.add(
-                row,
-                column,
-                [(c.timestamp, c.value) for c in tcells if _in_range(read, c.timestamp)],
-            )
+            out.append([(c.timestamp, c.value) for c in tcells])
+        return out
 
     # ---- writes -----------------------------------------------------------------
 
@@ -797,12 +854,21 @@ class HBaseStore:
     def _chunks(self, table: str, by_row: Mapping[bytes, list[Any]]) -> Iterator[list[Any]]:
         """*by_row* as ``BatchMutation`` lists of at most ``max_request_bytes`` each
         (the Thrift server drops a bigger request, and the connection with it)."""
-        chunk: list[Any] = []
-        size = 0
-        for row, mutations in by_row.items():
-            weight = len(row) + sum(
+        return self._chunked(table, (
+            (row, len(row) + sum(
                 _MUTATION_OVERHEAD + len(m.column) + len(m.value or b"") for m in mutations
-            )
+            ), _hb.BatchMutation(row=row, mutations=mutations))
+            for row, mutations in by_row.items()
+        ))
+
+    def _chunked(
+        self, table: str, weighed: Iterable[tuple[bytes, int, T]]
+    ) -> Iterator[list[T]]:
+        """The items of *weighed* (``(row, bytes on the wire, item)``) in lists of at
+        most ``max_request_bytes`` each."""
+        chunk: list[T] = []
+        size = 0
+        for row, weight, item in weighed:
             if weight > self.max_request_bytes:
                 raise ValueTooLargeError(
                     f"the mutation of row {row[:80]!r} in table {table!r} takes {weight} "
@@ -812,7 +878,7 @@ class HBaseStore:
             if chunk and size + weight > self.max_request_bytes:
                 yield chunk
                 chunk, size = [], 0
-            chunk.append(_hb.BatchMutation(row=row, mutations=mutations))
+            chunk.append(item)
             size += weight
         if chunk:
             yield chunk
@@ -840,17 +906,7 @@ class HBaseStore:
         if _metrics._enabled:
             next(REQUESTS.check_and_set)
         name = self._name(table)
-        if expected is not None and len(expected) == 0:
-            raise InvalidArgument(
-                "expected=b'' is ambiguous on HBase (checkAndPut treats an empty value "
-                "as absent); use None for 'absent' and non-empty values"
-            )
-        if not new:
-            raise InvalidArgument(
-                f"new={new!r}: HBase checkAndPut treats an empty value as absent; "
-                "compare-and-set values must be non-empty"
-            )
-        _check_qualified(column)
+        _check_cas(column, expected, new)
         if puts:
             self.mutate_rows(table, [Mutation(row=row, puts=puts)])
         mput = _hb.Mutation(isDelete=False, column=_enc(column), value=bytes(new))
@@ -941,13 +997,12 @@ class HBaseStore:
                         scanner_id = self._open_scanner(
                             connection.client, name, begin, stop, plan, batch_size
                         )
-                    results = connection.client.scannerGetList(scanner_id, batch_size)
-                    if not results:
+                    latest = self._scanner_rows(connection.client, scanner_id, batch_size)
+                    if not latest:
                         return
-                    latest = _parse_row_results(results)
                     answer = _Answer()
                     self._resolve(connection.client, name, plan, latest, answer)
-                except _DECLARED as e:
+                except self._declared as e:
                     message = _message(e)
                     if scanner_id is None or not any(s in message for s in _SCANNER_GONE):
                         raise self._answered(e, table) from None
@@ -961,7 +1016,7 @@ class HBaseStore:
                     restarts = self._restart(restarts, f"connection broke ({e!r})")
                     continue
                 restarts = 0
-                last = results[-1].row
+                last = next(reversed(latest))
                 yield from answer.result(list(latest), plan).items()
         finally:
             if connection is not None:
@@ -980,6 +1035,13 @@ class HBaseStore:
         )
         return int(client.scannerOpenWithScan(name, tscan, {}))
 
+    def _scanner_rows(self, client: Any, scanner_id: int, count: int) -> _Latest:
+        """The scanner's next *count* rows (none: it is done)."""
+        return _parse_row_results(client.scannerGetList(scanner_id, count))
+
+    def _scanner_close(self, client: Any, scanner_id: int) -> None:
+        client.scannerClose(scanner_id)
+
     def _restart(self, restarts: int, why: str) -> int:
         if restarts >= _SCAN_RESTARTS:
             raise StoreUnavailable(
@@ -991,8 +1053,8 @@ class HBaseStore:
     def _close_scanner(self, connection: Any, scanner_id: int | None) -> None:
         try:
             if scanner_id is not None:
-                connection.client.scannerClose(scanner_id)
-        except _DECLARED as e:
+                self._scanner_close(connection.client, scanner_id)
+        except self._declared as e:
             logger.info("could not close scanner %d on %s: %s", scanner_id, self.url, e)
         except _BROKEN as e:
             logger.info("could not close scanner %d on %s: %r", scanner_id, self.url, e)
@@ -1010,19 +1072,17 @@ class HBaseStoreWithThrift2(HBaseStore):
     """:class:`HBaseStore` that also reaches the cluster's Thrift2 server (*thrift2*:
     ``(host, port)``) for what Thrift1 cannot say: the conditional delete
     (:class:`percolator._store.ConditionalDelete`) with which garbage collection
-    removes a deleted cell's last FREE lock (``percolator/stores/_hbase_thrift2.py``)."""
+    removes a deleted cell's last FREE lock, through a Thrift2 store on the same
+    tables (``percolator/stores/_hbase_thrift2.py``)."""
 
     capabilities = HBaseStore.capabilities | {DELETE_IF}
 
     def __init__(self, host: str, port: int, *, thrift2: tuple[str, int], **options: Any) -> None:
-        from percolator.stores._hbase_thrift2 import Thrift2Deletes
+        from percolator.stores._hbase_thrift2 import HBaseThrift2Store
 
         super().__init__(host, port, **options)
         try:
-            self._thrift2 = Thrift2Deletes(
-                *thrift2, timeout_ms=self.timeout_ms, transport=self.transport,
-                protocol=self.protocol,
-            )
+            self._thrift2 = HBaseThrift2Store(*thrift2, **{**options, "pool_size": 1})
         except BaseException:
             super().close()
             raise
@@ -1035,20 +1095,25 @@ class HBaseStoreWithThrift2(HBaseStore):
         :raises StoreUnavailable: the Thrift2 server could not be reached or failed; the
             delete may or may not have been applied.
         """
-        from percolator.stores._hbase_thrift2 import ANSWERED
-
-        name = self._name(table)
-        _check_qualified(column)
         if self._closed:
             raise StoreUnavailable(f"the store {self.url} is closed")
-        try:
-            return self._thrift2.delete_if(name, row, column, bytes(expected))
-        except ANSWERED as e:
-            raise self._answered(e, table) from e
+        return self._thrift2.delete_if(table, row, column, expected)
 
     def close(self) -> None:
         self._thrift2.close()
         super().close()
+
+
+def _tls_option(parsed: Any, url: str) -> TlsConfig | None:
+    """The ``tls`` keyword (a :class:`~percolator.TlsConfig`), or one made of the
+    url's ``tls_ca``, ``tls_cert`` and ``tls_key`` paths; None without either."""
+    given = check_tls(parsed.options.get("tls"), "option tls")
+    paths = {k: parsed.text(f"tls_{k}", "") or None for k in ("ca", "cert", "key")}
+    if given is not None and any(paths.values()):
+        raise InvalidArgument(f"give either tls= or tls_ca/tls_cert/tls_key in {url!r}, not both")
+    if given is None and any(paths.values()):
+        return TlsConfig(**paths)
+    return given
 
 
 def open_hbase_store(url: str, **options: Any) -> Store:
@@ -1081,14 +1146,31 @@ def open_hbase_store(url: str, **options: Any) -> Store:
     prefix = parsed.text("table_prefix", "") or None
     if prefix is not None and not _TABLE.match(prefix):
         raise InvalidArgument(f"bad table_prefix {prefix!r} in {url!r}")
+    api = parsed.text("api", "thrift1").lower()
+    if api not in _APIS:
+        raise InvalidArgument(
+            f"option api={api!r} in {url!r} must be one of {list(_APIS)}: the HBase Thrift "
+            "server the URL's host:port names (hbase thrift start, or hbase thrift2 start)"
+        )
     transport = parsed.text("transport", "buffered").lower()
-    if transport in _UNSUPPORTED_TRANSPORTS:
+    tls = _tls_option(parsed, url)
+    if api == "thrift2" and transport in ("http", "https"):
+        if tls is not None and transport != "https":
+            raise InvalidArgument(
+                f"TLS options in {url!r} need transport=https: HBase's Thrift server "
+                "serves TLS on its HTTP transport (hbase.thrift.ssl.enabled)")
+    elif tls is not None:
+        raise InvalidArgument(
+            f"TLS options in {url!r} need api=thrift2 and transport=https: HBase's Thrift "
+            "server serves TLS on its HTTP transport only (hbase.regionserver.thrift.http, "
+            "hbase.thrift.ssl.enabled), which happybase cannot speak (docs/tls.md)")
+    elif transport in _UNSUPPORTED_TRANSPORTS:
         raise InvalidArgument(
             f"option transport={transport!r} in {url!r}: {_UNSUPPORTED_TRANSPORTS[transport]} "
             "is not supported (happybase speaks Thrift1 over plain sockets only); run the "
             "HBase Thrift server in socket mode (transport=buffered or transport=framed)"
         )
-    if transport not in _TRANSPORTS:
+    if transport not in _TRANSPORTS and not (api == "thrift2" and transport in _HTTP):
         raise InvalidArgument(
             f"option transport={transport!r} in {url!r} must be one of {list(_TRANSPORTS)}"
         )
@@ -1111,7 +1193,18 @@ def open_hbase_store(url: str, **options: Any) -> Store:
     thrift2 = parsed.text("thrift2", "") or None
     kind: type[HBaseStore] = HBaseStore
     extra: dict[str, Any] = {}
-    if thrift2 is not None:
+    if api == "thrift2":
+        from percolator.stores._hbase_thrift2 import HBaseThrift2Store
+
+        if thrift2 is not None:
+            raise InvalidArgument(
+                f"option thrift2={thrift2!r} in {url!r} names the Thrift2 server of a "
+                "Thrift1 store; with api=thrift2 the URL's host:port is the Thrift2 "
+                "server: drop the option"
+            )
+        kind = HBaseThrift2Store
+        extra = {"tls": tls}
+    elif thrift2 is not None:
         from percolator.stores._hbase_thrift2 import parse_address
 
         kind, extra = HBaseStoreWithThrift2, {"thrift2": parse_address(thrift2, url)}

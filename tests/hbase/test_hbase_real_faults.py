@@ -62,7 +62,7 @@ def hbase() -> Iterator[object]:
     from tests._hbase_local import HBaseStartError, LocalHBase
     from tests._services import service_missing
 
-    server = LocalHBase()
+    server = LocalHBase(thrift2=False)  # these kills are of Thrift1's path: one JVM fewer
     try:
         server.start()
     except HBaseStartError as e:

@@ -106,3 +106,49 @@ def test_a_pass_removes_deleted_cells_entirely_locks_included(url: str) -> None:
             txn.set("g", rows[0], "c:x", b"again")
         assert percolator.Snapshot(c).get("g", rows[0], "c:x") == b"again"
         internals(c).store.drop_table("g")
+
+
+# ---- the Thrift2 data path (api=thrift2) -------------------------------------------
+
+
+def test_api_selects_the_gateway_and_a_wrong_port_or_value_says_what_to_do(
+    hbase_thrift: str, hbase_thrift2: str,
+) -> None:
+    from percolator.stores._hbase_thrift2 import HBaseThrift2Store
+    from percolator.stores.hbase import HBaseStore
+
+    thrift2 = open_store(hbase_store_url(hbase_thrift2, "api", api="thrift2"))
+    thrift1 = open_store(hbase_store_url(hbase_thrift, "api"))
+    try:
+        assert type(thrift2) is HBaseThrift2Store and type(thrift1) is HBaseStore
+        assert thrift2.atomic_row_cas and not thrift1.atomic_row_cas
+        assert "api=thrift2" in thrift2.url and "api=" not in thrift1.url
+        reopened = open_store(thrift2.url)  # the url names the gateway
+        assert type(reopened) is HBaseThrift2Store
+        reopened.close()
+    finally:
+        thrift2.close()
+        thrift1.close()
+    with pytest.raises(InvalidArgument, match="is HBase's Thrift1 server"):
+        open_store(hbase_store_url(hbase_thrift, "api", api="thrift2"))
+    with pytest.raises(InvalidArgument, match=r"api='thrift3'.*must be one of"):
+        open_store(f"hbase://{hbase_thrift2}?api=thrift3")
+    with pytest.raises(InvalidArgument, match="drop the option"):
+        open_store(f"hbase://{hbase_thrift2}?api=thrift2&thrift2={hbase_thrift2}")
+    with pytest.raises(StoreUnavailable, match=r"Thrift2 server at 127\.0\.0\.1:1\b"):
+        open_store("hbase://127.0.0.1:1?api=thrift2&timeout=2")
+
+
+def test_gc_on_the_thrift2_store_removes_deleted_cells_entirely(
+    hbase_thrift2: str, request: pytest.FixtureRequest,
+) -> None:
+    url = hbase_store_url(hbase_thrift2, request.node.name, api="thrift2")
+    with percolator.connect(url, safe_point_refresh=0.02) as c:
+        c.create_table("g")
+        with percolator.Transaction(c) as txn:
+            txn.set("g", b"gone", "c:x", b"v")
+        with percolator.Transaction(c) as txn:
+            txn.delete("g", b"gone", "c:x")
+        assert c.gc(retention=0).cells_removed == 1
+        assert list(internals(c).store.scan("g", None, None, [Read("l"), Read("w")])) == []
+        internals(c).store.drop_table("g")

@@ -36,12 +36,14 @@ from percolator._store import (
     Store,
 )
 from percolator.stores import open_store
-from tests._backends import drop_tables
+from tests._backends import WITH_THRIFT1, drop_tables
 
 EXPECTED: dict[str, frozenset[Capability[Any]]] = {
     "sqlite": frozenset({ATOMICALLY, CHECK_AND_SET_MANY, DELETE_IF, EMBEDDED_FILE,
                          NEWEST_OF_ROW, PUT_ROW, SINGLE_WRITER, VACUUM}),
-    "hbase": frozenset({CAS_ANSWER_MAY_BE_REPLAYED, INCREMENT, SPLIT_KEYS}),
+    "hbase": frozenset({CAS_ANSWER_MAY_BE_REPLAYED, CAS_DELETES, DELETE_IF, INCREMENT,
+                        SPLIT_KEYS}),
+    "hbase-thrift1": frozenset({CAS_ANSWER_MAY_BE_REPLAYED, INCREMENT, SPLIT_KEYS}),
     "bigtable": frozenset({CAS_DELETES, CHECK_AND_SET_MANY, DELETE_IF, INCREMENT,
                            NOTIFY_INDEX, SET_UNLESS, SPLIT_KEYS}),
 }
@@ -64,6 +66,7 @@ def check_declarations(store: Any) -> None:
     assert not [name for name in FLAGS if hasattr(store, name)], type(store).__name__
 
 
+@pytest.mark.parametrize("backend", WITH_THRIFT1)
 def test_every_backend_declares_what_it_implements(store_url: str, backend: str) -> None:
     store = open_store(store_url)
     try:

@@ -1,6 +1,6 @@
 """The store contract (``percolator/_store.py``, DESIGN.md §4), stated once and run
-over every backend: sqlite, hbase (the Thrift1 test server, or a real HBase with
-``PERCOLATOR_HBASE_THRIFT``) and bigtable (the emulator).
+over every backend: sqlite, hbase (a real HBase through Thrift2, and through Thrift1:
+``hbase-thrift1``) and bigtable (the emulator).
 
 Everything here goes through :func:`percolator.stores.open_store` on the
 ``store_url`` fixture, so a backend passes only if it honours the contract exactly
@@ -32,7 +32,7 @@ from percolator._store import (
     Store,
 )
 from percolator.stores import open_store
-from tests._backends import drop_tables
+from tests._backends import WITH_THRIFT1, drop_tables
 from tests._concurrency import run_concurrently
 
 T = "t"
@@ -40,9 +40,9 @@ FAMILIES = {"d": 0, "w": 0, "l": 1, "n": 0}
 """The shape of a percolator table: data and write records keep every version, the
 lock family one, the notify family every version."""
 
-# HBase Thrift1 cannot do these: its deletes are tombstones that hide versions put
-# later at or below their timestamp until a major compaction ("Deletes mask Puts"),
-# and a row mutation mixing timestamps or deletes and puts takes several calls.
+# HBase cannot do these: its deletes are tombstones that hide versions put later at or
+# below their timestamp until a major compaction ("Deletes mask Puts"), and on Thrift1
+# a row mutation mixing timestamps or deletes and puts takes several calls.
 HBASE_TOMBSTONES = (
     "HBase deletes are tombstones: they mask versions put later at or below their "
     "timestamp (documented in percolator/stores/hbase.py)"
@@ -51,6 +51,12 @@ HBASE_SPLIT_MUTATIONS = (
     "HBase Thrift1 applies a row mutation spanning several timestamps, or mixing deletes "
     "and puts, in several calls (documented in percolator/stores/hbase.py)"
 )
+
+
+@pytest.fixture(params=WITH_THRIFT1)
+def backend(request: pytest.FixtureRequest) -> str:
+    """Every backend, and HBase through Thrift1 too."""
+    return str(request.param)
 
 
 @pytest.fixture
@@ -389,7 +395,7 @@ def test_deletes_apply_before_puts(store: Store) -> None:
 def test_a_put_at_the_timestamp_of_a_delete_in_the_same_mutation_survives(
     store: Store, backend: str, request: pytest.FixtureRequest
 ) -> None:
-    if backend == "hbase":
+    if backend.startswith("hbase"):
         request.applymarker(pytest.mark.xfail(reason=HBASE_TOMBSTONES, strict=True))
     put(store, b"r", "d:c", [1, 2, 3])
     store.mutate_rows(T, [Mutation(b"r", puts=[("d:c", 3, b"new3")], deletes=[("d:c", 3)])])
@@ -401,7 +407,7 @@ def test_a_put_at_the_timestamp_of_a_delete_in_the_same_mutation_survives(
 def test_several_mutations_apply_in_order(
     store: Store, backend: str, request: pytest.FixtureRequest
 ) -> None:
-    if backend == "hbase":
+    if backend.startswith("hbase"):
         request.applymarker(pytest.mark.xfail(reason=HBASE_TOMBSTONES, strict=True))
     store.mutate_rows(
         T,
@@ -423,7 +429,7 @@ def test_mutations_keep_their_order_within_each_family_when_families_interleave(
 ) -> None:
     """A batch of many rows' puts and deletes in two families (a group commit's shape):
     each family's puts and deletes apply in the batch's order."""
-    if backend == "hbase":
+    if backend.startswith("hbase"):
         request.applymarker(pytest.mark.xfail(reason=HBASE_TOMBSTONES, strict=True))
     put(store, b"r", "n:c", [1, 2])
     batch = []
@@ -446,7 +452,7 @@ def test_a_mutation_is_atomic_within_its_row(
 ) -> None:
     """Readers never see part of a row's mutation: every cell of the row changes
     together, or none does."""
-    if backend == "hbase":  # a race: the torn read is likely, not certain
+    if backend == "hbase-thrift1":  # a race: the torn read is likely, not certain
         request.applymarker(pytest.mark.xfail(reason=HBASE_SPLIT_MUTATIONS, strict=False))
     columns = [f"d:c{i}" for i in range(8)]
     store.mutate_rows(T, [Mutation(b"r", puts=[(c, 1, b"0") for c in columns])])
@@ -501,7 +507,7 @@ def test_check_and_set_absent_match_and_mismatch(store: Store) -> None:
 def test_check_and_set_after_the_cell_is_deleted_sees_it_absent(
     store: Store, backend: str, request: pytest.FixtureRequest
 ) -> None:
-    if backend == "hbase":  # a race: the new cell gets server time, masked in the same ms
+    if backend.startswith("hbase"):  # a race: the new cell gets server time, masked in the same ms
         request.applymarker(pytest.mark.xfail(reason=HBASE_TOMBSTONES, strict=False))
     assert store.check_and_set(T, b"r", "l:c", None, b"L")
     [(ts, _)] = cells(store, b"r", Read("l"))["l:c"]
