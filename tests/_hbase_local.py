@@ -893,6 +893,67 @@ def _zk_answers(port: int) -> bool:
         return False
 
 
+ROLES = ("zookeeper", "master", "regionserver", "thrift")
+
+
+def run_role(role: str, data_dir: Path, zookeeper: str, hostname: str, port: int,
+             bind: str, thrift_port: int, thrift2_port: int | None,
+             thrift_args: Sequence[str]) -> int:
+    """One process of a multi-server HBase whose others run elsewhere (a container of
+    ``docker-compose.yml`` each): the settings of ``deploy/hbase/cluster-site.xml``
+    plus this one's address, ZooKeeper's and the root directory (*data_dir*/root, a
+    volume every HBase container mounts). The JVM runs in the foreground; ``thrift``
+    runs the Thrift1 server and, with *thrift2_port*, the Thrift2 server, and exits
+    when either does."""
+    zk_host, _, zk_port = zookeeper.rpartition(":")
+    site = {
+        **read_site(),
+        "hbase.rootdir": f"file://{data_dir}/root",
+        "hbase.tmp.dir": str(data_dir / f"tmp-{hostname}"),
+        "hbase.zookeeper.quorum": zk_host,
+        "hbase.zookeeper.property.clientPort": zk_port,
+        "hbase.master.hostname": hostname if role == "master" else "",
+        "hbase.regionserver.hostname": hostname if role == "regionserver" else "",
+        "hbase.master.port": str(port) if role == "master" else "16000",
+        "hbase.regionserver.port": str(port) if role == "regionserver" else "16020",
+    }
+    site = {k: v for k, v in site.items() if v}
+    conf = data_dir / f"conf-{hostname}"
+    (conf / "logs").mkdir(parents=True, exist_ok=True)
+    (conf / "hbase-site.xml").write_text(_site_xml(site))
+    (conf / "log4j2.properties").write_text(LOG4J2.replace(
+        "appender.file.type = File", "appender.file.type = Console").replace(
+        "appender.file.fileName = ${sys:hbase.log.file}\n", ""))
+    (conf / "zoo.cfg").write_text(_zoo_cfg(data_dir / "zk", port, bind))
+    cp = f"{conf}{os.pathsep}{classpath()}"
+    jvm = [java(), "-XX:+UseG1GC", "-Djava.net.preferIPv4Stack=true", *JDK17_FLAGS,
+           f"-Dlog4j.configurationFile=file:{conf}/log4j2.properties", "-cp", cp]
+    mains = {
+        "zookeeper": [ZK_HEAP, "org.apache.zookeeper.server.ZooKeeperServerMain",
+                      str(conf / "zoo.cfg")],
+        "master": [MASTER_HEAP, "org.apache.hadoop.hbase.master.HMaster", "start"],
+        "regionserver": [REGIONSERVER_HEAP,
+                         "org.apache.hadoop.hbase.regionserver.HRegionServer", "start"],
+    }
+    if role in mains:
+        heap, *rest = mains[role]
+        os.execv(jvm[0], [jvm[0], heap, *jvm[1:], *rest])
+    servers = [("org.apache.hadoop.hbase.thrift.ThriftServer", thrift_port)]
+    if thrift2_port:
+        servers.append(("org.apache.hadoop.hbase.thrift2.ThriftServer", thrift2_port))
+    procs = [subprocess.Popen([jvm[0], THRIFT_HEAP, *jvm[1:], main, "-b", bind, "-p",
+                               str(p), *thrift_args, "start"], preexec_fn=_die_with_parent)
+             for main, p in servers]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while all(proc.poll() is None for proc in procs):
+            time.sleep(1)
+    finally:
+        for proc in procs:
+            _kill(proc)
+    return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``scripts/hbase``: start one, print where, run until interrupted or until one of
     its JVMs dies (then stop the others, say which died and where it logged, exit 1)."""
@@ -913,9 +974,47 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "--dir used last, else a free one)")
     parser.add_argument("--thrift2-port", type=int, help="Thrift2 port (default: as "
                         "--thrift-port)")
+    parser.add_argument("--admin", metavar="COMMAND",
+                        help="run one region-administration command against the "
+                        "multi-server HBase running in --dir and exit: 'servers', "
+                        "'regions REGEX', 'move ENCODED host,port,startcode', "
+                        "'split TABLE KEY', 'balancer on|off' (deploy/hbase/RegionAdmin.java)")
+    parser.add_argument("--role", choices=ROLES,
+                        help="run one process of a multi-server HBase whose others run "
+                        "elsewhere (docker-compose.yml), in the foreground, with "
+                        "deploy/hbase/cluster-site.xml's settings; needs --dir (a volume "
+                        "shared by the HBase processes), --zookeeper, --hostname")
+    parser.add_argument("--zookeeper", default="zookeeper:2181",
+                        help="with --role: ZooKeeper's host:port")
+    parser.add_argument("--hostname", default="localhost",
+                        help="with --role: the name other processes reach this one by")
+    parser.add_argument("--port", type=int, default=0,
+                        help="with --role: the master's (16000), a region server's "
+                        "(16020) or ZooKeeper's (2181) port")
     parser.add_argument("thrift_args", nargs="*",
                         help="extra Thrift server arguments after --, e.g. -- -f -c")
     args = parser.parse_args(argv)
+    if args.role:
+        if not args.dir:
+            parser.error("--role needs --dir (the volume the HBase processes share)")
+        default_port = {"zookeeper": 2181, "master": 16000, "regionserver": 16020}
+        return run_role(args.role, Path(args.dir), args.zookeeper, args.hostname,
+                        args.port or default_port.get(args.role, 0), args.bind,
+                        args.thrift_port or 9090,
+                        (args.thrift2_port or 9091) if args.thrift2 else None,
+                        args.thrift_args)
+    if args.admin:
+        if not args.dir or not (Path(args.dir) / "cluster.json").exists():
+            parser.error("--admin needs the --dir of a running "
+                         "scripts/hbase --region-servers N")
+        try:
+            admin = RegionAdmin(LocalHBaseCluster.attach(args.dir))
+            print("\n".join(admin.command(*args.admin.split())))
+        except (HBaseStartError, RegionAdminError) as e:
+            print(f"scripts/hbase: {e}", file=sys.stderr)
+            return 1
+        admin.close()
+        return 0
     started = time.monotonic()
     hbase: LocalHBase
     try:

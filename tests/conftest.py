@@ -62,6 +62,8 @@ GROUPS = {
     # One worker runs the tests of each: its module-scoped HBase, which they kill -9,
     # is started once, not once per worker (and not beside a dozen others).
     "tests/hbase/test_hbase_real_faults.py": "hbase-real-faults",
+    # Its multi-server HBase (five JVMs) is started once, by one worker, for the module.
+    "tests/hbase/test_hbase_multi_server.py": "hbase-multi-server",
 }
 """Files whose tests ``--dist loadgroup`` keeps on one xdist worker, and the group."""
 
