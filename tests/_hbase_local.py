@@ -530,6 +530,11 @@ class LocalHBaseCluster(LocalHBase):
         bind: str = "127.0.0.1", thrift_port: int | None = None,
         thrift2_port: int | None = None,
     ) -> None:
+        # set before anything can fail: stop() runs at exit whatever happens below
+        self.zookeeper: subprocess.Popen[bytes] | None = None
+        self.region_servers: list[subprocess.Popen[bytes] | None] = []
+        self._admin: RegionAdmin | None = None
+        self._pids: dict[str, int] = {}
         super().__init__(data_dir, thrift_args=thrift_args, bind=bind,
                          thrift_port=thrift_port, thrift2_port=thrift2_port)
         saved = self.dir / "cluster.json"
@@ -564,10 +569,7 @@ class LocalHBaseCluster(LocalHBase):
             "hbase.master.wait.on.regionservers.mintostart": str(region_servers),
             **(site or {}),
         }
-        self.zookeeper: subprocess.Popen[bytes] | None = None
-        self.region_servers: list[subprocess.Popen[bytes] | None] = [None] * region_servers
-        self._admin: RegionAdmin | None = None
-        self._pids: dict[str, int] = {}
+        self.region_servers = [None] * region_servers
 
     def log(self, name: str) -> Path:
         """The log file of one process: ``zookeeper``, ``master``, ``rs0``...,

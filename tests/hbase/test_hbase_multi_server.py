@@ -288,3 +288,46 @@ def test_histories_hold_while_regions_move_split_and_fail_over(
     # No pass went past the held snapshot while it ran.
     assert all(s.safe_point <= held.start_ts for s in collector.summaries[:passes_with_hold])
     ours.close()
+
+
+def test_a_launcher_on_the_same_directory_has_the_same_addresses(tmp_path: Path) -> None:
+    """``scripts/hbase --region-servers N --dir DIR`` started again serves on the ports
+    of its first start (kept in DIR/cluster.json), and refuses another N."""
+    from tests._hbase_local import HBaseStartError, LocalHBaseCluster
+
+    first = LocalHBaseCluster(tmp_path, region_servers=2)
+    again = LocalHBaseCluster(tmp_path, region_servers=2)
+    assert (again.zk_port, again.master_port, again.regionserver_ports, again.thrift_port,
+            again.thrift2_port) == (first.zk_port, first.master_port,
+                                    first.regionserver_ports, first.thrift_port,
+                                    first.thrift2_port)
+    assert again.site["hbase.rootdir"] == first.site["hbase.rootdir"]
+    with pytest.raises(HBaseStartError, match="--region-servers 2"):
+        LocalHBaseCluster(tmp_path, region_servers=3)
+
+
+@pytest.mark.slow  # a second start of five JVMs: a minute or more
+def test_a_restart_on_the_same_directory_keeps_the_data(cluster: Any) -> None:
+    """Every JVM killed, then a launcher on the same directory: same Thrift address,
+    the rows committed before."""
+    from tests._hbase_local import LocalHBaseCluster
+
+    if os.environ.get("PERCOLATOR_HBASE_CLUSTER"):
+        pytest.skip("PERCOLATOR_HBASE_CLUSTER names a cluster this test does not restart")
+    url = hbase_store_url(cluster.hostport, "restart")
+    with percolator.connect(url) as c:
+        c.create_table("t")
+        with Transaction(c) as txn:
+            txn.set("t", b"r", "c:v", b"kept")
+    for proc in (cluster.thrift, *cluster.region_servers, cluster.hbase, cluster.zookeeper):
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+    again = LocalHBaseCluster(cluster.dir, region_servers=2).start()
+    try:
+        assert again.hostport == cluster.hostport
+        with percolator.connect(url) as c, Transaction(c) as txn:
+            assert txn.get("t", b"r", "c:v") == b"kept"
+    finally:
+        again._own_dir = False  # the module's cluster removes it
+        again.stop()
