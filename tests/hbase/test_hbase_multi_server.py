@@ -290,6 +290,80 @@ def test_histories_hold_while_regions_move_split_and_fail_over(
     ours.close()
 
 
+@pytest.fixture(scope="module")
+def spark_cluster() -> Iterator[Any]:
+    """A Spark standalone master and two workers (``tests/_spark_cluster.py``)."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        service_missing("PySpark is not installed: pip install 'percolator-txn[spark]'")
+    from tests._spark_cluster import SparkStandalone, SparkStartError
+
+    spark = SparkStandalone(workers=2)
+    try:
+        spark.start()
+    except SparkStartError as e:
+        spark.stop()
+        service_missing(f"could not start a Spark standalone cluster: {e}")
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
+@pytest.mark.timeout(900)
+def test_a_spark_cluster_loads_and_reads_one_snapshot_under_transfers(
+    cluster: Any, spark_cluster: Any, tmp_path: Path
+) -> None:
+    """On the multi-server HBase, from a Spark standalone cluster whose two executors
+    are JVMs of their own with Python workers of their own: the loader commits a file
+    as one transaction, and ``format("percolator")`` reads the accounts, one partition
+    per account, at one snapshot while three processes make transfers: every read sums
+    to the invariant total."""
+    accounts, initial = 8, 1000
+    url = hbase_store_url(cluster.hostport, "spark") + "&timeout=60"
+    with percolator.connect(url) as c:
+        c.create_table("accounts")
+        c.create_table("transfers")
+        with Transaction(c) as txn:
+            for i in range(accounts):
+                txn.set("accounts", b"acct%03d" % i, "bal:v", str(initial).encode())
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"d{i}", "text": f"text {i}"}) + "\n"
+                            for i in range(20)))
+    env = spark_cluster.env()
+    loaded = subprocess.run(
+        [sys.executable, "-m", "spark_loader", "--cluster", url, "--table", "docs",
+         "--input", str(docs), "--format", "jsonl", "--row-key", "id",
+         "--column", "text=d:text", "--master", spark_cluster.master_url],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    with percolator.connect(url) as c, Transaction(c) as txn:
+        assert {r: cells["d:text"] for r, cells in txn.scan("docs", columns=["d:text"])} == {
+            f"d{i}".encode(): f"text {i}".encode() for i in range(20)}
+    log = tmp_path / "committed.log"
+    workers = [subprocess.Popen([sys.executable, "-m", "tests.transactions._bank_worker", url,
+                                 str(accounts), str(seed), str(log)], cwd=ROOT,
+                                stderr=subprocess.DEVNULL) for seed in (1, 2, 3)]
+    out = tmp_path / "read.json"
+    try:
+        _wait_for(lambda: log.exists() and log.stat().st_size > 0, "a transfer")
+        read = subprocess.run(
+            [sys.executable, "-m", "tests.spark_loader._cluster_driver",
+             spark_cluster.master_url, url, str(accounts), str(out)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert read.returncode == 0, read.stderr[-3000:]
+        assert log.stat().st_size > 0
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()
+    result = json.loads(out.read_text())
+    assert result["totals"] == [[accounts, accounts * initial]] * 3
+    assert result["executors"] == 2
+    assert len(result["python_pids"]) >= 2 and result["driver_pid"] not in result["python_pids"]
+
+
 def test_a_launcher_on_the_same_directory_has_the_same_addresses(tmp_path: Path) -> None:
     """``scripts/hbase --region-servers N --dir DIR`` started again serves on the ports
     of its first start (kept in DIR/cluster.json), and refuses another N."""
