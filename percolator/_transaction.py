@@ -116,7 +116,10 @@ class Snapshot:
 
     :raises InvalidArgument: when *cluster* is not a :class:`Cluster`.
     :raises SnapshotTooOldError: when *start_ts* is below the safe point.
-    :raises OracleUnavailable: when no timestamp can be drawn.
+    :raises OracleUnavailable: when the cluster's timestamp oracle gives no timestamp.
+    :raises StoreUnavailable: when the store gives none: a cluster without an oracle
+        draws its timestamps from the store (SQLite, HBase, Bigtable), so an HBase
+        that does not answer fails here with the store's error, not the oracle's.
     """
 
     _internal_columns = False
@@ -761,6 +764,11 @@ class Transaction(TransactionBase):
     is for one thread at a time; many transactions may run at once, in any threads and
     processes. Methods of a committed or rolled-back transaction raise
     :class:`TransactionClosedError`.
+
+    Creating one draws its start timestamp (or a spare, above), from the cluster's
+    oracle if it has one (:class:`OracleUnavailable` when that fails) and otherwise
+    from the store (:class:`StoreUnavailable` when that fails: an HBase without an
+    oracle that does not answer).
     """
 
     _spare = 0

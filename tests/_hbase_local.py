@@ -32,6 +32,7 @@ import atexit
 import contextlib
 import ctypes
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -39,6 +40,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -242,6 +244,11 @@ class LocalHBase:
             # one region server, nothing to batch.
             "hbase.procedure.remote.dispatcher.delay.msec": "0",
             "zookeeper.session.timeout": "30000",
+            # HBase's clients (the Thrift server's, the master's) give ZooKeeper 10 s
+            # to answer by default: at load 27-47 on 2 cores a fresh clone's run failed
+            # 8 tests with "Zookeeper LIST could not be completed in 10000 ms".
+            "zookeeper.registry.async.get.timeout": "60000",
+            "hbase.zookeeper.sync.timeout.millis": "60000",
             # A test session leaves hundreds of small tables: with MSLAB each region's
             # memstore takes a 2 MB chunk per family on its first write, and 1 GB of
             # heap ran out after ~100 tables (OutOfMemoryError, region server abort).
@@ -345,13 +352,14 @@ class LocalHBase:
         return self
 
     def _jvm(self, heap: str, log: Path, main: str, *args: str,
-             detached: bool | None = None) -> subprocess.Popen[bytes]:
+             detached: bool | None = None, conf: Path | None = None,
+             ) -> subprocess.Popen[bytes]:
         command = [
             java(), heap, "-XX:+UseG1GC", "-Djava.net.preferIPv4Stack=true",
             *JDK17_FLAGS,
             f"-Dhbase.log.file={log}", f"-Dhbase.log.dir={log.parent}",
             f"-Dlog4j.configurationFile=file:{self.dir}/conf/log4j2.properties",
-            "-cp", f"{self.dir / 'conf'}{os.pathsep}{self._cp}", main, *args,
+            "-cp", f"{conf or self.dir / 'conf'}{os.pathsep}{self._cp}", main, *args,
         ]
         with open(log.with_suffix(".out"), "ab") as out:  # the JVM's own stdout/stderr
             return subprocess.Popen(
@@ -444,7 +452,10 @@ class LocalHBase:
 
     def answers(self) -> bool:
         """Whether the Thrift server answers a happybase call reaching a region server."""
-        import happybase
+        try:
+            import happybase
+        except ImportError:  # scripts/hbase outside the project's virtualenv
+            return _meta_get_answers(self.thrift_port, self.thrift_args)
 
         framed = "-f" in self.thrift_args or "-hsha" in self.thrift_args
         compact = "-c" in self.thrift_args
@@ -488,6 +499,361 @@ class LocalHBase:
         self.stop()
 
 
+CLUSTER_SITE = ROOT / "deploy" / "hbase" / "cluster-site.xml"
+"""The multi-server settings the launcher and docker-compose.yml share."""
+CLUSTER_START_SECONDS = 600.0
+"""How long a multi-server HBase may take to answer: 60 s at load 24, 100-235 s at
+load 15-47 on 2 cores (five JVMs starting at once)."""
+ZK_HEAP = "-Xmx128m"
+MASTER_HEAP = "-Xmx512m"
+REGIONSERVER_HEAP = "-Xmx768m"
+
+
+def read_site(path: Path = CLUSTER_SITE) -> dict[str, str]:
+    """The properties of an ``hbase-site.xml``-style file, in order."""
+    import xml.etree.ElementTree as ET
+
+    return {prop.findtext("name", "").strip(): prop.findtext("value", "").strip()
+            for prop in ET.parse(path).getroot().iter("property")}
+
+
+def _zoo_cfg(data_dir: Path, port: int, bind: str) -> str:
+    # admin.enableServer=false: ZooKeeper's admin server would take port 8080.
+    return (f"tickTime=2000\ndataDir={data_dir}\nclientPort={port}\n"
+            f"clientPortAddress={bind}\nadmin.enableServer=false\n"
+            "4lw.commands.whitelist=*\nmaxClientCnxns=0\nmaxSessionTimeout=60000\n")
+
+
+class LocalHBaseCluster(LocalHBase):
+    """A multi-server HBase in *data_dir*: ZooKeeper, an HMaster and *region_servers*
+    HRegionServers, each its own JVM, plus the Thrift1 server (and the Thrift2 server
+    on :meth:`start_thrift2`), on the local file system, with the settings of
+    ``deploy/hbase/cluster-site.xml``. Every JVM dies with the process that started it.
+
+    Its ports are chosen once and kept in ``DIR/cluster.json``: started again on the
+    same *data_dir* (``scripts/hbase --region-servers N --dir DIR``), it has the same
+    addresses and the same data. :meth:`kill_region_server` and
+    :meth:`start_region_server` kill -9 and restart one region server on its port;
+    :meth:`admin` administers the regions (tests/_hbase_local.py's
+    :class:`RegionAdmin`)."""
+
+    def __init__(
+        self, data_dir: str | Path | None = None, *, region_servers: int = 2,
+        thrift_args: Sequence[str] = (), site: dict[str, str] | None = None,
+        bind: str = "127.0.0.1", thrift_port: int | None = None,
+        thrift2_port: int | None = None, thrift2: bool = True,
+    ) -> None:
+        # set before anything can fail: stop() runs at exit whatever happens below
+        self.zookeeper: subprocess.Popen[bytes] | None = None
+        self.region_servers: list[subprocess.Popen[bytes] | None] = []
+        self._admin: RegionAdmin | None = None
+        self._pids: dict[str, int] = {}
+        super().__init__(data_dir, thrift_args=thrift_args, bind=bind,
+                         thrift_port=thrift_port, thrift2_port=thrift2_port, thrift2=thrift2)
+        saved = self.dir / "cluster.json"
+        ports = json.loads(saved.read_text()) if saved.exists() else {}
+        if ports and len(ports["regionservers"]) != region_servers:
+            raise HBaseStartError(
+                f"{self.dir} holds an HBase of {len(ports['regionservers'])} region servers "
+                f"(cluster.json), not {region_servers}: start it with --region-servers "
+                f"{len(ports['regionservers'])}, or use another --dir")
+        self.zk_port = ports.get("zookeeper") or self.zk_port
+        self.master_port = ports.get("master") or self.master_port
+        self.regionserver_ports: list[int] = ports.get("regionservers") or [
+            _free_port() for _ in range(region_servers)]
+        self.thrift_port = thrift_port or ports.get("thrift") or self.thrift_port
+        self.thrift2_port = thrift2_port or ports.get("thrift2") or self.thrift2_port
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps({
+            "zookeeper": self.zk_port, "master": self.master_port,
+            "regionservers": self.regionserver_ports, "thrift": self.thrift_port,
+            "thrift2": self.thrift2_port}))
+        self.site = {
+            **read_site(),
+            "hbase.rootdir": f"file://{self.dir}/root",
+            "hbase.tmp.dir": str(self.dir / "tmp"),
+            "hbase.zookeeper.quorum": "127.0.0.1",
+            "hbase.zookeeper.property.clientPort": str(self.zk_port),
+            "hbase.master.port": str(self.master_port),
+            "hbase.master.hostname": "127.0.0.1",
+            "hbase.regionserver.hostname": "127.0.0.1",
+            # The master waits for every region server before it assigns regions: none
+            # piles up on the first one to report.
+            "hbase.master.wait.on.regionservers.mintostart": str(region_servers),
+            **(site or {}),
+        }
+        self.region_servers = [None] * region_servers
+
+    def log(self, name: str) -> Path:
+        """The log file of one process: ``zookeeper``, ``master``, ``rs0``...,
+        ``thrift``, ``thrift2``."""
+        return self.dir / "logs" / f"{name}.log"
+
+    @property
+    def hbase_log(self) -> Path:
+        return self.log("master")
+
+    @property
+    def thrift2_log(self) -> Path:
+        return self.log("thrift2")
+
+    def logs(self) -> dict[str, Path]:
+        """Every process's log file, by process."""
+        names = ["zookeeper", "master", *(f"rs{i}" for i in range(len(self.region_servers))),
+                 "thrift", "thrift2"]
+        return {name: self.log(name) for name in names}
+
+    def _write_conf(self) -> None:
+        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        conf = self.dir / "conf"
+        conf.mkdir(parents=True, exist_ok=True)
+        (conf / "hbase-site.xml").write_text(_site_xml(self.site))
+        (conf / "log4j2.properties").write_text(LOG4J2)
+        (conf / "zoo.cfg").write_text(_zoo_cfg(self.dir / "zk", self.zk_port, "127.0.0.1"))
+        for i, port in enumerate(self.regionserver_ports):
+            rs_conf = self.dir / f"conf-rs{i}"
+            rs_conf.mkdir(exist_ok=True)
+            (rs_conf / "hbase-site.xml").write_text(_site_xml({
+                **self.site, "hbase.regionserver.port": str(port),
+                "hbase.tmp.dir": str(self.dir / f"tmp-rs{i}")}))
+
+    def start(self, timeout: float = CLUSTER_START_SECONDS) -> LocalHBaseCluster:
+        self._cp = classpath()
+        self._write_conf()
+        deadline = time.monotonic() + timeout
+        self.start_hbase(deadline - time.monotonic())
+        self.start_thrift(deadline - time.monotonic())
+        if self.with_thrift2:
+            self.start_thrift2(deadline - time.monotonic())
+        return self
+
+    def start_hbase(self, timeout: float = CLUSTER_START_SECONDS) -> None:
+        """Start ZooKeeper, the master and every region server; :meth:`wait_ready`
+        waits for the regions."""
+        for port in (self.zk_port, self.master_port, *self.regionserver_ports):
+            if _port_taken(port):
+                raise HBaseStartError(f"port {port} on 127.0.0.1 is taken (HBase's "
+                                      f"ZooKeeper/master/region servers need it)")
+        self.zookeeper = self._jvm(ZK_HEAP, self.log("zookeeper"),
+                                   "org.apache.zookeeper.server.ZooKeeperServerMain",
+                                   str(self.dir / "conf" / "zoo.cfg"))
+        deadline = time.monotonic() + timeout
+        while not _zk_answers(self.zk_port):
+            if self.zookeeper.poll() is not None or time.monotonic() > deadline:
+                raise self._failed("ZooKeeper", self.zookeeper, self.log("zookeeper"))
+            time.sleep(0.2)
+        self.hbase = self._jvm(MASTER_HEAP, self.log("master"),
+                               "org.apache.hadoop.hbase.master.HMaster", "start")
+        for i in range(len(self.region_servers)):
+            self.start_region_server(i)
+
+    def start_region_server(self, index: int) -> None:
+        """Start (or restart, on its port) region server *index*; it registers with the
+        master by itself (:meth:`RegionAdmin.servers` lists it once it has)."""
+        port = self.regionserver_ports[index]
+        if _port_taken(port):
+            raise HBaseStartError(f"port {port} on 127.0.0.1 is taken (region server "
+                                  f"{index} needs it)")
+        self.region_servers[index] = self._jvm(
+            REGIONSERVER_HEAP, self.log(f"rs{index}"),
+            "org.apache.hadoop.hbase.regionserver.HRegionServer", "start",
+            conf=self.dir / f"conf-rs{index}")
+
+    def kill_region_server(self, index: int) -> None:
+        """``kill -9`` region server *index* (started here, or by the launcher of an
+        :meth:`attach`-ed cluster)."""
+        proc = self.region_servers[index]
+        if proc is None and f"rs{index}" in self._pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._pids.pop(f"rs{index}"), signal.SIGKILL)
+        _kill(proc)
+
+    def record_pids(self) -> None:
+        """Write every running JVM's pid to ``DIR/pids.json`` (:meth:`attach` reads it)."""
+        procs = {"zookeeper": self.zookeeper, "master": self.hbase, "thrift": self.thrift,
+                 "thrift2": self.thrift2,
+                 **{f"rs{i}": p for i, p in enumerate(self.region_servers)}}
+        pids = {**self._pids, **{name: p.pid for name, p in procs.items()
+                                 if p is not None and p.poll() is None}}
+        (self.dir / "pids.json").write_text(json.dumps(pids))
+
+    @classmethod
+    def attach(cls, data_dir: str | Path) -> LocalHBaseCluster:
+        """The cluster a ``scripts/hbase --region-servers N --dir DIR`` runs already
+        (``PERCOLATOR_HBASE_CLUSTER=DIR`` for the multi-server tests: no start of its
+        own). Region servers it restarts outlive this process."""
+        directory = Path(data_dir)
+        ports = json.loads((directory / "cluster.json").read_text())
+        cluster = cls(directory, region_servers=len(ports["regionservers"]))
+        cluster._detached = True
+        cluster._own_dir = False
+        with contextlib.suppress(OSError):
+            cluster._pids = json.loads((directory / "pids.json").read_text())
+        cluster._cp = classpath()
+        return cluster
+
+    def wait_ready(self, timeout: float = CLUSTER_START_SECONDS) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.answers():
+            for what, proc in (("ZooKeeper", self.zookeeper), ("the master", self.hbase),
+                               ("the Thrift server", self.thrift)):
+                if proc is None or proc.poll() is not None:
+                    name = {"ZooKeeper": "zookeeper", "the master": "master"}.get(what, "thrift")
+                    if proc is None:
+                        raise HBaseStartError(f"{what} is not running")
+                    raise self._failed(what, proc, self.log(name))
+            if time.monotonic() > deadline:
+                raise HBaseStartError(
+                    f"the Thrift server (or HBase behind it) did not answer in {timeout:.0f} s;"
+                    f" last lines of {self.log('master')}:\n{_tail(self.log('master'))}")
+            time.sleep(0.3)
+
+    def kill_hbase(self) -> None:
+        """``kill -9`` every HBase JVM but the Thrift servers."""
+        for proc in self.region_servers:
+            _kill(proc)
+        _kill(self.hbase)
+        _kill(self.zookeeper)
+
+    def admin(self) -> RegionAdmin:
+        """The region administrator of this cluster (one JVM, started on first use)."""
+        if self._admin is None or not self._admin.alive():
+            self._admin = RegionAdmin(self)
+        return self._admin
+
+    def stop(self) -> None:
+        if self._admin is not None:
+            self._admin.close()
+        if self._pids:  # attached: restarted region servers are left running
+            self.record_pids()
+            return
+        _kill(self.thrift2)
+        _kill(self.thrift)
+        self.kill_hbase()
+        super().stop()
+
+    def __enter__(self) -> LocalHBaseCluster:
+        return self.start()
+
+
+ADMIN_SOURCE = ROOT / "deploy" / "hbase" / "RegionAdmin.java"
+
+
+def admin_classes() -> Path:
+    """The directory of ``RegionAdmin.class``, compiled from
+    ``deploy/hbase/RegionAdmin.java`` with javac against HBase's class path once and
+    cached under :data:`CACHE` (keyed by the source and the class path)."""
+    cp = classpath()
+    key = hashlib.sha256(ADMIN_SOURCE.read_bytes() + cp.encode()).hexdigest()[:16]
+    out = CACHE / f"admin-{key}"
+    if (out / "RegionAdmin.class").exists():
+        return out
+    javac = shutil.which("javac")
+    if javac is None:
+        raise HBaseStartError("javac is not installed (it compiles the region "
+                              "administrator): apt-get install openjdk-17-jdk-headless")
+    partial = CACHE / f"admin-{key}.{os.getpid()}.tmp"
+    partial.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run([javac, "-nowarn", "-cp", cp, "-d", str(partial), str(ADMIN_SOURCE)],
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise HBaseStartError(f"javac could not compile {ADMIN_SOURCE}:\n{result.stderr[-2000:]}")
+    with contextlib.suppress(OSError):  # a concurrent compiler won: its classes are the same
+        partial.rename(out)
+    shutil.rmtree(partial, ignore_errors=True)
+    return out
+
+
+class RegionAdminError(RuntimeError):
+    """HBase refused or failed an administrative command; the message is HBase's."""
+
+
+class Region:
+    """One region as :meth:`RegionAdmin.regions` lists it."""
+
+    def __init__(self, table: str, encoded: str, start_key: str, server: str) -> None:
+        self.table, self.encoded, self.start_key, self.server = table, encoded, start_key, server
+
+    @property
+    def port(self) -> int:
+        """The port of the region server holding it (``-1`` if none does)."""
+        return int(self.server.split(",")[1]) if self.server != "-" else -1
+
+    def __repr__(self) -> str:
+        return f"Region({self.table} {self.start_key!r} {self.encoded} on {self.server})"
+
+
+class RegionAdmin:
+    """``deploy/hbase/RegionAdmin.java`` running against *cluster*: HBase's own Admin
+    API (move, split, the servers and their regions) from Python, one command at a
+    time over the JVM's stdin and stdout."""
+
+    def __init__(self, cluster: LocalHBase, timeout: float = START_SECONDS) -> None:
+        command = [
+            java(), "-Xmx256m", "-Djava.net.preferIPv4Stack=true", *JDK17_FLAGS,
+            f"-Dhbase.log.file={cluster.dir / 'logs' / 'admin.log'}",
+            f"-Dlog4j.configurationFile=file:{cluster.dir}/conf/log4j2.properties",
+            "-cp", os.pathsep.join([str(cluster.dir / "conf"), str(admin_classes()),
+                                    classpath()]),
+            "RegionAdmin",
+        ]
+        self._proc = subprocess.Popen(command, cwd=cluster.dir, stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      text=True, preexec_fn=_die_with_parent)
+        self._lock = threading.Lock()
+        first = self._readline()
+        if first != "ready":
+            raise HBaseStartError(f"the region administrator did not start: {first!r}")
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def _readline(self) -> str:
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line:
+            raise RegionAdminError(f"the region administrator exited ({self._proc.poll()})")
+        return line.rstrip("\n")
+
+    def command(self, *words: str) -> list[str]:
+        """Run one command (RegionAdmin.java's list); its output lines."""
+        with self._lock:
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(" ".join(words) + "\n")
+            self._proc.stdin.flush()
+            head = self._readline()
+            if head.startswith("err "):
+                raise RegionAdminError(f"{' '.join(words)}: {head[4:]}")
+            return [self._readline() for _ in range(int(head.split()[1]))]
+
+    def servers(self) -> list[str]:
+        """The live region servers, ``host,port,startcode`` each."""
+        return self.command("servers")
+
+    def regions(self, table_regex: str) -> list[Region]:
+        """The online regions of the tables whose names match *table_regex*."""
+        return [Region(*line.split("\t")) for line in self.command("regions", table_regex)]
+
+    def move(self, region: Region, server: str) -> None:
+        """Move *region* to *server*; returns once it is open there."""
+        self.command("move", region.encoded, server)
+
+    def split(self, table: str, key: str) -> None:
+        """Split *table*'s region holding *key* at *key*; returns once both halves are
+        online."""
+        self.command("split", table, key)
+
+    def balancer(self, on: bool) -> None:
+        self.command("balancer", "on" if on else "off")
+
+    def wait_assigned(self, seconds: int = 300) -> None:
+        """Wait until no region is in transition."""
+        self.command("wait-assigned", str(seconds))
+
+    def close(self) -> None:
+        _kill(self._proc)  # type: ignore[arg-type]
+
+
 def _kill(proc: subprocess.Popen[bytes] | None) -> None:
     if proc is None:
         return
@@ -495,6 +861,42 @@ def _kill(proc: subprocess.Popen[bytes] | None) -> None:
         proc.kill()
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=30)
+
+
+def _meta_get_answers(port: int, thrift_args: Sequence[str]) -> bool:
+    """Whether the Thrift1 server on *port* answers ``getRow("hbase:meta", "-")`` (which
+    needs the master, a region server and the meta region), spoken by hand: the
+    launcher runs without happybase too (buffered transport, binary protocol only)."""
+    if "-f" in thrift_args or "-hsha" in thrift_args or "-c" in thrift_args:
+        return False  # framed or compact: only happybase speaks them here
+
+    def string(value: bytes) -> bytes:
+        return len(value).to_bytes(4, "big") + value
+
+    call = (b"\x80\x01\x00\x01" + string(b"getRow") + (1).to_bytes(4, "big")
+            + b"\x0b\x00\x01" + string(b"hbase:meta")       # 1: tableName
+            + b"\x0b\x00\x02" + string(b"-")                # 2: row (not empty)
+            + b"\x0d\x00\x03\x0b\x0b" + (0).to_bytes(4, "big")  # 3: attributes, empty
+            + b"\x00")
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(call)
+            reply = b""
+            while len(reply) < 64:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                reply += chunk
+                name_end = 8 + int.from_bytes(reply[4:8], "big") if len(reply) >= 8 else 0
+                if name_end and len(reply) >= name_end + 7:
+                    break
+    except OSError:
+        return False
+    if len(reply) < 8 or reply[3] != 2:  # not a REPLY (an EXCEPTION or nothing)
+        return False
+    name_end = 8 + int.from_bytes(reply[4:8], "big")
+    field = reply[name_end + 4:name_end + 7]  # after the sequence id: type, field id
+    return len(field) == 3 and field[1:] == b"\x00\x00"  # field 0: success, 1: IOError
 
 
 def _zk_answers(port: int) -> bool:
@@ -508,44 +910,208 @@ def _zk_answers(port: int) -> bool:
         return False
 
 
+ROLES = ("zookeeper", "master", "regionserver", "thrift")
+
+
+def run_role(role: str, data_dir: Path, zookeeper: str, hostname: str, port: int,
+             bind: str, thrift_port: int, thrift2_port: int | None,
+             thrift_args: Sequence[str]) -> int:
+    """One process of a multi-server HBase whose others run elsewhere (a container of
+    ``docker-compose.yml`` each): the settings of ``deploy/hbase/cluster-site.xml``
+    plus this one's address, ZooKeeper's and the root directory (*data_dir*/root, a
+    volume every HBase container mounts). The JVM runs in the foreground; ``thrift``
+    runs the Thrift1 server and, with *thrift2_port*, the Thrift2 server, and exits
+    when either does."""
+    zk_host, _, zk_port = zookeeper.rpartition(":")
+    site = {
+        **read_site(),
+        "hbase.rootdir": f"file://{data_dir}/root",
+        "hbase.tmp.dir": str(data_dir / f"tmp-{hostname}"),
+        "hbase.zookeeper.quorum": zk_host,
+        "hbase.zookeeper.property.clientPort": zk_port,
+        "hbase.master.hostname": hostname if role == "master" else "",
+        "hbase.regionserver.hostname": hostname if role == "regionserver" else "",
+        "hbase.master.port": str(port) if role == "master" else "16000",
+        "hbase.regionserver.port": str(port) if role == "regionserver" else "16020",
+    }
+    site = {k: v for k, v in site.items() if v}
+    conf = data_dir / f"conf-{hostname}"
+    (conf / "logs").mkdir(parents=True, exist_ok=True)
+    (conf / "hbase-site.xml").write_text(_site_xml(site))
+    (conf / "log4j2.properties").write_text(LOG4J2.replace(
+        "appender.file.type = File", "appender.file.type = Console").replace(
+        "appender.file.fileName = ${sys:hbase.log.file}\n", ""))
+    (conf / "zoo.cfg").write_text(_zoo_cfg(data_dir / "zk", port, bind))
+    cp = f"{conf}{os.pathsep}{classpath()}"
+    jvm = [java(), "-XX:+UseG1GC", "-Djava.net.preferIPv4Stack=true", *JDK17_FLAGS,
+           f"-Dlog4j.configurationFile=file:{conf}/log4j2.properties", "-cp", cp]
+    mains = {
+        "zookeeper": [ZK_HEAP, "org.apache.zookeeper.server.ZooKeeperServerMain",
+                      str(conf / "zoo.cfg")],
+        "master": [MASTER_HEAP, "org.apache.hadoop.hbase.master.HMaster", "start"],
+        "regionserver": [REGIONSERVER_HEAP,
+                         "org.apache.hadoop.hbase.regionserver.HRegionServer", "start"],
+    }
+    if role in mains:
+        heap, *rest = mains[role]
+        os.execv(jvm[0], [jvm[0], heap, *jvm[1:], *rest])
+    servers = [("org.apache.hadoop.hbase.thrift.ThriftServer", thrift_port)]
+    if thrift2_port:
+        servers.append(("org.apache.hadoop.hbase.thrift2.ThriftServer", thrift2_port))
+    procs = [subprocess.Popen([jvm[0], THRIFT_HEAP, *jvm[1:], main, "-b", bind, "-p",
+                               str(p), *thrift_args, "start"], preexec_fn=_die_with_parent)
+             for main, p in servers]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while all(proc.poll() is None for proc in procs):
+            time.sleep(1)
+    finally:
+        for proc in procs:
+            _kill(proc)
+    return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``scripts/hbase``: start one, print where, run until interrupted."""
+    """``scripts/hbase``: start one, print where, run until interrupted or until one of
+    its JVMs dies (then stop the others, say which died and where it logged, exit 1)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="scripts/hbase", description=__doc__.split("\n")[0])
-    parser.add_argument("--dir", help="data directory (kept); default: a temporary one")
+    parser.add_argument("--dir", help="data directory (kept, with its ports: start again "
+                        "with the same --dir for the same data and addresses); default: a "
+                        "temporary one, removed at exit")
+    parser.add_argument("--region-servers", type=int, default=0, metavar="N",
+                        help="a multi-server HBase: ZooKeeper, an HMaster and N "
+                        "HRegionServers, each its own JVM (default: standalone, one JVM)")
     parser.add_argument("--thrift2", action="store_true",
                         help="start the Thrift2 server (the default; kept for old scripts)")
     parser.add_argument("--no-thrift2", dest="no_thrift2", action="store_true",
                         help="start no Thrift2 server (the store's api=thrift2 needs one)")
     parser.add_argument("--bind", default="127.0.0.1",
                         help="address the Thrift servers listen on (0.0.0.0 in a container)")
-    parser.add_argument("--thrift-port", type=int, help="Thrift1 port (default: a free one)")
-    parser.add_argument("--thrift2-port", type=int, help="Thrift2 port (default: a free one)")
+    parser.add_argument("--thrift-port", type=int, help="Thrift1 port (default: the one "
+                        "--dir used last, else a free one)")
+    parser.add_argument("--thrift2-port", type=int, help="Thrift2 port (default: as "
+                        "--thrift-port)")
+    parser.add_argument("--admin", metavar="COMMAND",
+                        help="run one region-administration command against the "
+                        "multi-server HBase running in --dir and exit: 'servers', "
+                        "'regions REGEX', 'move ENCODED host,port,startcode', "
+                        "'split TABLE KEY', 'balancer on|off' (deploy/hbase/RegionAdmin.java)")
+    parser.add_argument("--role", choices=ROLES,
+                        help="run one process of a multi-server HBase whose others run "
+                        "elsewhere (docker-compose.yml), in the foreground, with "
+                        "deploy/hbase/cluster-site.xml's settings; needs --dir (a volume "
+                        "shared by the HBase processes), --zookeeper, --hostname")
+    parser.add_argument("--zookeeper", default="zookeeper:2181",
+                        help="with --role: ZooKeeper's host:port")
+    parser.add_argument("--hostname", default="localhost",
+                        help="with --role: the name other processes reach this one by")
+    parser.add_argument("--port", type=int, default=0,
+                        help="with --role: the master's (16000), a region server's "
+                        "(16020) or ZooKeeper's (2181) port")
     parser.add_argument("thrift_args", nargs="*",
                         help="extra Thrift server arguments after --, e.g. -- -f -c")
     args = parser.parse_args(argv)
+    if args.role:
+        if not args.dir:
+            parser.error("--role needs --dir (the volume the HBase processes share)")
+        default_port = {"zookeeper": 2181, "master": 16000, "regionserver": 16020}
+        return run_role(args.role, Path(args.dir), args.zookeeper, args.hostname,
+                        args.port or default_port.get(args.role, 0), args.bind,
+                        args.thrift_port or 9090,
+                        (args.thrift2_port or 9091) if args.thrift2 else None,
+                        args.thrift_args)
+    if args.admin:
+        if not args.dir or not (Path(args.dir) / "cluster.json").exists():
+            parser.error("--admin needs the --dir of a running "
+                         "scripts/hbase --region-servers N")
+        try:
+            admin = RegionAdmin(LocalHBaseCluster.attach(args.dir))
+            print("\n".join(admin.command(*args.admin.split())))
+        except (HBaseStartError, RegionAdminError) as e:
+            print(f"scripts/hbase: {e}", file=sys.stderr)
+            return 1
+        admin.close()
+        return 0
     started = time.monotonic()
-    hbase = LocalHBase(args.dir, thrift_args=args.thrift_args, bind=args.bind,
-                       thrift_port=args.thrift_port, thrift2_port=args.thrift2_port,
-                       thrift2=not args.no_thrift2)
+    hbase: LocalHBase
     try:
+        if args.region_servers > 0:
+            hbase = LocalHBaseCluster(
+                args.dir, region_servers=args.region_servers, thrift_args=args.thrift_args,
+                bind=args.bind, thrift_port=args.thrift_port, thrift2_port=args.thrift2_port,
+                thrift2=not args.no_thrift2)
+        else:
+            saved = Path(args.dir) / "thrift.json" if args.dir else None
+            ports = json.loads(saved.read_text()) if saved and saved.exists() else {}
+            hbase = LocalHBase(args.dir, thrift_args=args.thrift_args, bind=args.bind,
+                               thrift_port=args.thrift_port or ports.get("thrift"),
+                               thrift2_port=args.thrift2_port or ports.get("thrift2"),
+                               thrift2=not args.no_thrift2)
+            if saved:
+                saved.parent.mkdir(parents=True, exist_ok=True)
+                saved.write_text(json.dumps({"thrift": hbase.thrift_port,
+                                             "thrift2": hbase.thrift2_port}))
         hbase.start()
     except HBaseStartError as e:
         print(f"scripts/hbase: {e}", file=sys.stderr)
-        hbase.stop()
+        with contextlib.suppress(UnboundLocalError):
+            hbase.stop()
         return 1
-    print(f"HBase {hbase.dir} ready in {time.monotonic() - started:.1f} s; logs in "
-          f"{hbase.dir / 'logs'}", flush=True)
+    kept = ("kept" if args.dir else "removed at exit: --dir DIR keeps it")
+    print(f"HBase {hbase.dir} ready in {time.monotonic() - started:.1f} s (data {kept})",
+          flush=True)
+    processes: dict[str, subprocess.Popen[bytes] | None]
+    if isinstance(hbase, LocalHBaseCluster):
+        processes = {"zookeeper": hbase.zookeeper, "master": hbase.hbase,
+                     **{f"rs{i}": p for i, p in enumerate(hbase.region_servers)},
+                     "thrift": hbase.thrift, "thrift2": hbase.thrift2}
+        logs = hbase.logs()
+        print(f"ZooKeeper 127.0.0.1:{hbase.zk_port}; conf {hbase.dir / 'conf'}", flush=True)
+    else:
+        processes = {"hbase": hbase.hbase, "thrift": hbase.thrift, "thrift2": hbase.thrift2}
+        logs = {"hbase": hbase.hbase_log, "thrift": hbase.thrift_log,
+                "thrift2": hbase.thrift2_log}
+    for name, proc in processes.items():
+        if proc is not None:
+            print(f"  {name:9} pid {proc.pid:<7} logs {logs[name]}", flush=True)
+    if isinstance(hbase, LocalHBaseCluster):
+        hbase.record_pids()
     print(f"PERCOLATOR_HBASE_THRIFT={hbase.hostport}", flush=True)
     if hbase.thrift2 is not None:
         print(f"PERCOLATOR_HBASE_THRIFT2={hbase.hostport2}", flush=True)
         print(f"store URL: hbase://{hbase.hostport2}?api=thrift2", flush=True)
+    died = ""
     with contextlib.suppress(KeyboardInterrupt):
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        while hbase.hbase is not None and hbase.hbase.poll() is None:
+        while not died:
             time.sleep(1)
+            for name, proc in list(processes.items()):
+                if proc is None or proc.poll() is None:
+                    continue
+                if name.startswith("rs"):  # the cluster outlives a region server
+                    print(f"scripts/hbase: region server {name} exited with "
+                          f"{proc.returncode} (its regions reopen on the others); log: "
+                          f"{logs[name]}", file=sys.stderr, flush=True)
+                    del processes[name]
+                else:
+                    died = name
     hbase.stop()
+    if died:
+        proc = processes[died]
+        assert proc is not None
+        print(f"scripts/hbase: {died} exited with {proc.returncode}; stopped the others. "
+              f"Its log: {logs[died]} (last lines below)\n{_tail(logs[died], 15)}",
+              file=sys.stderr)
+        if args.dir:
+            print(f"Start it again on the same data and ports: scripts/hbase --dir {args.dir}"
+                  + (f" --region-servers {args.region_servers}" if args.region_servers else ""),
+                  file=sys.stderr)
+        else:
+            print("Its data was in a temporary directory, now removed (--dir DIR keeps it).",
+                  file=sys.stderr)
+        return 1
     return 0
 
 

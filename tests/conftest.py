@@ -64,6 +64,8 @@ GROUPS = {
     "tests/hbase/test_hbase_real_faults.py": "hbase-real-faults",
     # Its wheel, sdist and virtualenv are built once (module fixtures), on one worker.
     "tests/test_packaging.py": "packaging",
+    # Its multi-server HBase (five JVMs) is started once, by one worker, for the module.
+    "tests/hbase/test_hbase_multi_server.py": "hbase-multi-server",
 }
 """Files whose tests ``--dist loadgroup`` keeps on one xdist worker, and the group."""
 

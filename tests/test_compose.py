@@ -144,6 +144,36 @@ def test_hbase_is_the_version_the_tests_run_started_by_their_launcher() -> None:
     assert {9090, 9091} <= published
 
 
+def test_hbase_runs_the_launchers_multi_server_topology() -> None:
+    """A master, two region servers and the Thrift servers, each a container started
+    by the launcher's --role with deploy/hbase/cluster-site.xml (copied into the image):
+    the settings scripts/hbase --region-servers N uses. They share one root volume and
+    the zookeeper service, whose session limit admits HBase's session timeout."""
+    from tests._hbase_local import read_site
+
+    found = services()
+    roles: dict[str, list[str]] = {}
+    launcher = set(re.findall(r"--[a-z][-a-z0-9]*", option_help("tests._hbase_local")))
+    for name in ("hbase-master", "hbase-rs1", "hbase-rs2", "hbase"):
+        service = found[name]
+        cmd = service["command"]
+        assert cmd[:3] == ["python", "-m", "tests._hbase_local"], name
+        assert set(options_of(cmd)) <= launcher, name
+        assert value_of(cmd, "--zookeeper") == "zookeeper:2181", name
+        assert value_of(cmd, "--hostname") == service["hostname"], name
+        targets = [v["target"] if isinstance(v, dict) else v.split(":")[1]
+                   for v in service["volumes"]]  # long or short syntax, by version
+        assert targets == [value_of(cmd, "--dir")], name
+        roles.setdefault(value_of(cmd, "--role"), []).append(name)
+    assert roles == {"master": ["hbase-master"], "regionserver": ["hbase-rs1", "hbase-rs2"],
+                     "thrift": ["hbase"]}
+    dockerfile = (ROOT / "deploy" / "hbase" / "Dockerfile").read_text()
+    assert "COPY deploy/hbase/cluster-site.xml deploy/hbase/cluster-site.xml" in dockerfile
+    session_ms = int(read_site()["zookeeper.session.timeout"])
+    extra = found["zookeeper"]["environment"]["ZOO_CFG_EXTRA"]
+    assert int(re.search(r"maxSessionTimeout=(\d+)", extra)[1]) >= session_ms  # type: ignore[index]
+
+
 def test_oracle_replicas_match_the_oracle_cli() -> None:
     known = set(re.findall(r"--[a-z][-a-z]*", option_help("oracle")))
     zookeepers = set()

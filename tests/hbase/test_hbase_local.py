@@ -66,3 +66,29 @@ def test_a_process_attached_to_the_shared_hbase_knows_its_jvms(local_hbase: Loca
         assert Path(f"/proc/{pid}").exists()
     with pytest.raises(RuntimeError, match="neither started nor attached"):
         _ = LocalHBase(local_hbase.dir / "elsewhere").jvm_pids
+
+
+def test_scripts_hbase_runs_without_a_virtualenv() -> None:
+    """Outside any virtualenv (only /usr/bin:/bin on PATH, which has ``python3`` but
+    no ``python``) scripts/hbase still starts the launcher."""
+    import subprocess
+
+    if not shutil.which("python3", path="/usr/bin:/bin"):
+        pytest.skip("no python3 in /usr/bin:/bin")
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [str(root / "scripts" / "hbase"), "--help"], env={"PATH": "/usr/bin:/bin",
+                                                       "HOME": str(Path.home())},
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "--region-servers" in result.stdout
+
+
+def test_admin_without_a_cluster_directory_says_what_it_needs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests._hbase_local import main
+
+    with pytest.raises(SystemExit):
+        main(["--admin", "servers", "--dir", str(tmp_path)])
+    assert "--admin needs the --dir of a running" in capsys.readouterr().err

@@ -136,3 +136,31 @@ def test_long_commit_refreshes_its_primary(url: str) -> None:
     assert seen and set(seen) <= {None, b"v"}
     slow.close()
     reader_cluster.close()
+
+
+def test_a_commit_whose_clean_up_fails_warns_without_a_traceback(
+    url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past the commit point a failed clean-up (the secondaries' commit) leaves the
+    locks to readers: the commit succeeds and says so in one warning line, with no
+    traceback on stderr (one read like a failure); readers roll the locks forward."""
+    from percolator import StoreUnavailable
+    from percolator._two_phase import _Committer
+
+    def store_down(self: _Committer, commit_ts: int) -> None:
+        raise StoreUnavailable("the store went away after the commit point")
+
+    with percolator.connect(url) as cluster:
+        cluster.one_phase_commit = False  # the paper's two phases, as on HBase
+        txn = Transaction(cluster)
+        txn.set("t", b"r1", "c:v", b"new")
+        txn.set("t", b"r2", "c:v", b"new")
+        with monkeypatch.context() as patch:
+            patch.setattr(_Committer, "commit_secondaries", store_down)
+            with caplog.at_level("WARNING", logger="percolator"):
+                txn.commit()
+        warnings = [r for r in caplog.records if "clean-up left to readers" in r.message]
+        assert len(warnings) == 1 and warnings[0].exc_info is None
+        assert "StoreUnavailable: the store went away" in warnings[0].getMessage()
+        with Transaction(cluster) as reader:
+            assert reader.get("t", b"r2", "c:v") == b"new"

@@ -1,0 +1,410 @@
+"""A multi-server HBase (ZooKeeper, an HMaster and two HRegionServers, each its own JVM:
+``tests/_hbase_local.py``'s :class:`LocalHBaseCluster`) whose regions move, split and
+fail over while transactions, observers and garbage collection run.
+
+One cluster serves the module (its start is the cost: a minute on a loaded machine),
+and one run of faults serves every workload at once: two client processes of the
+nemesis suite's workloads (bank transfers and reads, list-appends checked by
+``percolator/conformance/_elle.py``, observed changes), an observer worker process, and
+in this process garbage-collection passes under a held snapshot. Through them, with
+HBase's own Admin API (``deploy/hbase/RegionAdmin.java``):
+
+1. every region of the test's tables moves to the other region server;
+2. the accounts table splits;
+3. ``kill -9`` of the region server holding every region of the test and ``hbase:meta``
+   (and, at the same moment, of one workload client, whose locks readers must
+   resolve), then its restart.
+
+What must hold (docs/hbase.md "A multi-server HBase"): no snapshot-isolation anomaly, no
+acknowledged transfer or append lost, the bank's total, no lock left, every change
+processed once and none twice, and no garbage-collection pass past the safe point of a
+running transaction (its reads do not change). The time each fault took until clients
+were served again is printed and recorded as a property of the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import percolator
+from percolator import StoreUnavailable, Transaction
+from percolator._encoding import Lock, decode_lock
+from percolator._internals import internals
+from percolator._store import Read
+from tests._hbase import hbase_store_url, require_hbase_client, unique_name
+from tests._services import service_missing
+
+pytestmark = pytest.mark.hbase
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLES = ("accounts", "transfers", "lists", "obs", "obslog", "held")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    require_hbase_client()
+    from tests._hbase_local import HBaseStartError, LocalHBaseCluster
+
+    if os.environ.get("PERCOLATOR_HBASE_CLUSTER"):  # a running one, for development
+        attached = LocalHBaseCluster.attach(os.environ["PERCOLATOR_HBASE_CLUSTER"])
+        attached.admin().balancer(False)
+        yield attached
+        attached.stop()
+        return
+    started = time.monotonic()
+    hbase = LocalHBaseCluster(region_servers=2)
+    try:
+        hbase.start()
+        hbase.admin().balancer(False)  # regions move when the test says so
+    except HBaseStartError as e:
+        hbase.stop()
+        service_missing(f"could not start a multi-server HBase: {e}")
+    print(f"multi-server HBase ready in {time.monotonic() - started:.1f} s")
+    try:
+        yield hbase
+    finally:
+        hbase.stop()
+        for proc in (hbase.zookeeper, hbase.hbase, hbase.thrift, hbase.thrift2,
+                     *hbase.region_servers):
+            assert proc is None or proc.poll() is not None  # nothing is left running
+
+
+def _wait_for(condition: Any, what: str, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _server(cluster: Any, index: int) -> str:
+    """The ``host,port,startcode`` of region server *index*, once it has registered."""
+    port = cluster.regionserver_ports[index]
+    found: list[str] = []
+
+    def registered() -> bool:
+        found[:] = [s for s in cluster.admin().servers() if int(s.split(",")[1]) == port]
+        return bool(found)
+
+    _wait_for(registered, f"region server {index} to register")
+    return found[0]
+
+
+def test_the_launcher_reports_servers_and_regions(cluster: Any) -> None:
+    """Two region servers registered, each on the port the launcher gave it; a table
+    made through Thrift is listed with the server holding its one region."""
+    admin = cluster.admin()
+    ports = sorted(int(s.split(",")[1]) for s in admin.servers())
+    assert ports == sorted(cluster.regionserver_ports)
+    url = hbase_store_url(cluster.hostport2, "listing", api="thrift2")
+    prefix = url.split("table_prefix=")[1].split("&")[0]
+    with percolator.connect(url) as c:
+        c.create_table("t")
+    assert f"{prefix}_t" in {r.table for r in admin.regions(f"{prefix}_.*")}
+    regions = admin.regions(f"{prefix}_t$")
+    assert [r.table for r in regions] == [f"{prefix}_t"]
+    assert regions[0].port in cluster.regionserver_ports
+    assert {r.table for r in admin.regions("hbase:meta")} == {"hbase:meta"}
+
+
+class _Timings(dict[str, float]):
+    def measure(self, name: str, action: Any) -> None:
+        started = time.monotonic()
+        action()
+        self[name] = round(time.monotonic() - started, 1)
+
+
+def _answered(directory: Path) -> int:
+    return sum(p.read_bytes().count(b'"type": "ok"') for p in directory.glob("*.jsonl"))
+
+
+def _progress(directory: Path, what: str, n: int = 10) -> None:
+    before = _answered(directory)
+    _wait_for(lambda: _answered(directory) >= before + n, what)
+
+
+def _client(config: dict[str, Any], node: str, seed: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.faults._workload", "run", "--config", json.dumps(config),
+         "--node", node, "--seed", str(seed), "--kinds", "bank,append,obs"],
+        cwd=ROOT, stderr=subprocess.DEVNULL)
+
+
+class _Collector(threading.Thread):
+    """Garbage-collection passes, one after another, until stopped; a pass that meets
+    a store outage is counted and the next one tried."""
+
+    def __init__(self, cluster: percolator.Cluster) -> None:
+        super().__init__(name="gc", daemon=True)
+        self.cluster = cluster
+        self.stop = threading.Event()
+        self.summaries: list[Any] = []
+        self.outages = 0
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.summaries.append(self.cluster.gc(retention=0))
+            except StoreUnavailable:
+                self.outages += 1
+            self.stop.wait(0.5)
+
+
+@pytest.mark.timeout(900)  # a cluster's faults on a loaded 2-core machine
+def test_histories_hold_while_regions_move_split_and_fail_over(
+    cluster: Any, tmp_path: Path, record_property: Any
+) -> None:
+    from tests._hbase_local import RegionAdminError
+    from tests.faults._checks import Report, check_append, check_bank, check_observers, count
+    from tests.faults._checks import load as load_histories
+    from tests.faults._workload import ACCOUNTS, INITIAL, account, final
+
+    admin = cluster.admin()
+    prefix = unique_name("multi")
+    url = (f"hbase://{cluster.hostport2}?api=thrift2&table_prefix={prefix}&pool_size=4"
+           "&timeout=30")
+    config = {"store": url, "oracle": None, "zookeeper": None, "dir": str(tmp_path),
+              "deadline": 10.0, "lock_ttl": 3.0, "session_timeout": 10.0}
+    workload = [sys.executable, "-m", "tests.faults._workload"]
+    subprocess.run([*workload, "setup", "--config", json.dumps(config)], cwd=ROOT,
+                   check=True, timeout=300)
+    ours = percolator.connect(url, lock_ttl=3.0)
+    held = Transaction(ours)  # a running transaction: garbage collection must spare it
+    held_balances = [held.get("accounts", account(i), "bal:v") for i in range(ACCOUNTS)]
+    assert held_balances == [str(INITIAL).encode()] * ACCOUNTS
+    clients = [_client(config, f"c{i}", i) for i in (1, 2)]
+    observer = subprocess.Popen(
+        [sys.executable, "-m", "observers", "--cluster", url, "--observers",
+         "tests.faults._workload:OBSERVERS", "--threads", "1", "--lock-ttl", "3",
+         "--gc-interval", "0", "--retry-delay", "0.2"],
+        cwd=ROOT, stderr=subprocess.DEVNULL)
+    collector = _Collector(ours)
+    collector.start()
+    timings = _Timings()
+    servers = [_server(cluster, 0), _server(cluster, 1)]
+    try:
+        _progress(tmp_path, "operations before the first move")
+        # 1. Every region of the test's tables to the other server, one at a time.
+        moves = []
+        for region in admin.regions(f"{prefix}_.*"):
+            target = servers[1] if region.port == cluster.regionserver_ports[0] else servers[0]
+            started = time.monotonic()
+            admin.move(region, target)
+            moves.append(time.monotonic() - started)
+        timings["move_max"] = round(max(moves), 1)
+        timings["moves"] = len(moves)
+        _progress(tmp_path, "operations after the moves")
+        # 2. The accounts table splits between its rows.
+        timings.measure("split", lambda: admin.split(f"{prefix}_accounts", "acct04"))
+        assert len(admin.regions(f"{prefix}_accounts$")) == 2
+        _progress(tmp_path, "operations after the split")
+        # 3. Everything (meta too) onto region server 0, then kill -9 it, and one client.
+        for region in [*admin.regions(f"{prefix}_.*"), *admin.regions("hbase:meta")]:
+            if region.port != cluster.regionserver_ports[0]:
+                admin.move(region, servers[0])
+        admin.close()  # its JVM would wait out the dead server's meta location
+        _progress(tmp_path, "operations before the kill")
+        killed_at = time.monotonic()
+        cluster.kill_region_server(0)
+        clients[0].kill()  # mid-transaction, most likely: its locks are left to readers
+        clients[0].wait()
+
+        def served_by_the_other() -> bool:
+            try:  # the administrator's own client waits for hbase:meta to reopen
+                regions = cluster.admin().regions(f"{prefix}_.*")
+            except RegionAdminError:
+                return False
+            return bool(regions) and all(r.port == cluster.regionserver_ports[1]
+                                         for r in regions)
+
+        _wait_for(served_by_the_other, "the other region server to take the regions over")
+        timings["kill_regions_reassigned"] = round(time.monotonic() - killed_at, 1)
+        before = _answered(tmp_path)
+        _wait_for(lambda: _answered(tmp_path) > before, "an operation answered after the kill")
+        timings["kill_first_answer"] = round(time.monotonic() - killed_at, 1)
+        restarted_at = time.monotonic()
+        cluster.start_region_server(0)
+        clients[0] = _client(config, "c3", 3)
+        servers[0] = _server(cluster, 0)
+        timings["restart_registered"] = round(time.monotonic() - restarted_at, 1)
+        # The restarted server serves again: half the tables move back to it.
+        for region in cluster.admin().regions(f"{prefix}_(accounts|lists|obs)$"):
+            cluster.admin().move(region, servers[0])
+        _progress(tmp_path, "operations after the restart")
+        # The held snapshot goes; the passes after it may collect what it kept.
+        for i in range(ACCOUNTS):  # still its own values, whatever passes ran
+            assert held.get("accounts", account(i), "bal:v") == held_balances[i]
+        held.close()
+        passes_with_hold = len(collector.summaries)
+        _wait_for(lambda: any(s.versions_removed for s in collector.summaries[passes_with_hold:]),
+                  "a collection pass to remove versions once the snapshot is released")
+        (tmp_path / "stop").touch()
+        for p in clients:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()  # its unanswered operation counts as indeterminate
+        state: dict[str, Any] = {}
+
+        def caught_up() -> bool:
+            final(config, str(tmp_path / "final.json"))
+            state.update(json.loads((tmp_path / "final.json").read_text()))
+            return bool(state["obs_in"] == state["obs_out"])
+
+        _wait_for(caught_up, "the observer to process every change")
+    finally:
+        collector.stop.set()
+        for p in (*clients, observer):
+            p.kill()
+            p.wait()
+    collector.join(timeout=120)
+    streams = load_histories(tmp_path)
+    report = Report()
+    count(streams, report)
+    check_bank(streams, state, report)
+    check_append(streams, state, report)
+    check_observers(streams, state, report)
+    for name, value in timings.items():
+        record_property(name, value)
+    print(f"timings (s): {timings}; gc passes {len(collector.summaries)} "
+          f"({collector.outages} met an outage)\n{report.summary()}")
+    assert report.anomalies == {}, report.summary()
+    assert report.counts["append"]["ok"] > 0 and report.counts["bank"]["ok"] > 0
+    # Every lock resolved: reading (above) and the collector leave none behind.
+    store = internals(ours).store
+    for table in TABLES:
+        for row, cells in store.scan(table, None, None, [Read("l")]):
+            for versions in cells.values():
+                state_ = decode_lock(versions[0][1])
+                assert not isinstance(state_, Lock), f"{table}/{row!r}: lock left: {state_}"
+    # No pass went past the held snapshot while it ran.
+    assert all(s.safe_point <= held.start_ts for s in collector.summaries[:passes_with_hold])
+    ours.close()
+
+
+@pytest.fixture(scope="module")
+def spark_cluster() -> Iterator[Any]:
+    """A Spark standalone master and two workers (``tests/_spark_cluster.py``)."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        service_missing("PySpark is not installed: pip install 'percolator-txn[spark]'")
+    from tests._spark_cluster import SparkStandalone, SparkStartError
+
+    spark = SparkStandalone(workers=2)
+    try:
+        spark.start()
+    except SparkStartError as e:
+        spark.stop()
+        service_missing(f"could not start a Spark standalone cluster: {e}")
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
+@pytest.mark.timeout(900)
+def test_a_spark_cluster_loads_and_reads_one_snapshot_under_transfers(
+    cluster: Any, spark_cluster: Any, tmp_path: Path
+) -> None:
+    """On the multi-server HBase, from a Spark standalone cluster whose two executors
+    are JVMs of their own with Python workers of their own: the loader commits a file
+    as one transaction, and ``format("percolator")`` reads the accounts, one partition
+    per account, at one snapshot while three processes make transfers: every read sums
+    to the invariant total."""
+    accounts, initial = 8, 1000
+    url = hbase_store_url(cluster.hostport2, "spark", api="thrift2") + "&timeout=60"
+    with percolator.connect(url) as c:
+        c.create_table("accounts")
+        c.create_table("transfers")
+        with Transaction(c) as txn:
+            for i in range(accounts):
+                txn.set("accounts", b"acct%03d" % i, "bal:v", str(initial).encode())
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"d{i}", "text": f"text {i}"}) + "\n"
+                            for i in range(20)))
+    env = spark_cluster.env()
+    loaded = subprocess.run(
+        [sys.executable, "-m", "spark_loader", "--cluster", url, "--table", "docs",
+         "--input", str(docs), "--format", "jsonl", "--row-key", "id",
+         "--column", "text=d:text", "--master", spark_cluster.master_url],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    with percolator.connect(url) as c, Transaction(c) as txn:
+        assert {r: cells["d:text"] for r, cells in txn.scan("docs", columns=["d:text"])} == {
+            f"d{i}".encode(): f"text {i}".encode() for i in range(20)}
+    log = tmp_path / "committed.log"
+    workers = [subprocess.Popen([sys.executable, "-m", "tests.transactions._bank_worker", url,
+                                 str(accounts), str(seed), str(log)], cwd=ROOT,
+                                stderr=subprocess.DEVNULL) for seed in (1, 2, 3)]
+    out = tmp_path / "read.json"
+    try:
+        _wait_for(lambda: log.exists() and log.stat().st_size > 0, "a transfer")
+        read = subprocess.run(
+            [sys.executable, "-m", "tests.spark_loader._cluster_driver",
+             spark_cluster.master_url, url, str(accounts), str(out)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert read.returncode == 0, read.stderr[-3000:]
+        assert log.stat().st_size > 0
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()
+    result = json.loads(out.read_text())
+    assert result["totals"] == [[accounts, accounts * initial]] * 3
+    assert result["executors"] == 2
+    assert len(result["python_pids"]) >= 2 and result["driver_pid"] not in result["python_pids"]
+
+
+def test_a_launcher_on_the_same_directory_has_the_same_addresses(tmp_path: Path) -> None:
+    """``scripts/hbase --region-servers N --dir DIR`` started again serves on the ports
+    of its first start (kept in DIR/cluster.json), and refuses another N."""
+    from tests._hbase_local import HBaseStartError, LocalHBaseCluster
+
+    first = LocalHBaseCluster(tmp_path, region_servers=2)
+    again = LocalHBaseCluster(tmp_path, region_servers=2)
+    assert (again.zk_port, again.master_port, again.regionserver_ports, again.thrift_port,
+            again.thrift2_port) == (first.zk_port, first.master_port,
+                                    first.regionserver_ports, first.thrift_port,
+                                    first.thrift2_port)
+    assert again.site["hbase.rootdir"] == first.site["hbase.rootdir"]
+    with pytest.raises(HBaseStartError, match="--region-servers 2"):
+        LocalHBaseCluster(tmp_path, region_servers=3)
+
+
+@pytest.mark.slow  # a second start of five JVMs: a minute or more
+def test_a_restart_on_the_same_directory_keeps_the_data(cluster: Any) -> None:
+    """Every JVM killed, then a launcher on the same directory: same Thrift address,
+    the rows committed before."""
+    from tests._hbase_local import LocalHBaseCluster
+
+    if os.environ.get("PERCOLATOR_HBASE_CLUSTER"):
+        pytest.skip("PERCOLATOR_HBASE_CLUSTER names a cluster this test does not restart")
+    url = hbase_store_url(cluster.hostport2, "restart", api="thrift2")
+    with percolator.connect(url) as c:
+        c.create_table("t")
+        with Transaction(c) as txn:
+            txn.set("t", b"r", "c:v", b"kept")
+    for proc in (cluster.thrift, cluster.thrift2, *cluster.region_servers, cluster.hbase,
+                 cluster.zookeeper):
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+    again = LocalHBaseCluster(cluster.dir, region_servers=2).start()
+    try:
+        assert again.hostport == cluster.hostport
+        with percolator.connect(url) as c, Transaction(c) as txn:
+            assert txn.get("t", b"r", "c:v") == b"kept"
+    finally:
+        again._own_dir = False  # the module's cluster removes it
+        again.stop()
