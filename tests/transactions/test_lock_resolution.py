@@ -17,7 +17,11 @@ import pytest
 
 import percolator
 from percolator import Transaction
+from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
+from percolator._encoding import WRITE, WriteKind, decode_write
 from percolator._internals import internals
+from percolator._store import Read
+from percolator.testing import client_of, crash_commit
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,6 +91,53 @@ def test_live_owner_blocks_readers_until_its_ttl(url: str, holder: Any) -> None:
         assert Transaction(cluster).get("t", b"r1", "c:v") == b"old"
         assert Transaction(cluster).get("t", b"r2", "c:v") == b"old"
     assert proc.poll() is None
+
+
+def test_a_live_owners_lock_is_rolled_back_once_its_ttl_has_passed(url: str) -> None:
+    # The owner (this process) stays alive: only the lock's wall time plus its ttl,
+    # against the clock, lets a reader roll it back (a killed owner would be at once).
+    with percolator.connect(url, lock_ttl=0.2) as owner, \
+            percolator.connect(url, lock_wait=10) as reader:
+        live = Transaction(owner)
+        live.set("t", b"r1", "c:v", b"mine")
+        with pytest.raises(SimulatedCrash):
+            commit_transaction(live, CrashPoint("prewrite", 0))
+        assert Transaction(reader).get("t", b"r1", "c:v") == b"old"
+        assert internals(reader).stats["locks_resolved"] == 1
+
+
+def test_each_lock_of_a_dead_owner_is_counted_once_as_it_is_resolved(url: str) -> None:
+    # The reader meets the primary first: rolling it back resolves that lock; the
+    # secondary, met next, is one more (its primary tells it was rolled back).
+    with percolator.connect(url, lock_wait=10) as reader:
+        dying = Transaction(client_of(reader))
+        dying.set("t", b"r1", "c:v", b"never")  # the primary: the first cell set
+        dying.set("t", b"r2", "c:v", b"never")
+        assert crash_commit(dying, CrashPoint("prewrite", 1)) is False
+        resolved = internals(reader).stats
+        assert Transaction(reader).get("t", b"r1", "c:v") == b"old"
+        assert resolved["locks_resolved"] == 1
+        assert Transaction(reader).get("t", b"r2", "c:v") == b"old"
+        assert resolved["locks_resolved"] == 2
+
+
+def test_a_delete_rolled_forward_by_a_reader_reads_as_deleted(url: str) -> None:
+    # The committer dies after its commit point: the reader rolls the secondary, a
+    # delete, forward, and must write it as a delete, not as a put of nothing.
+    with percolator.connect(url) as reader:
+        dying = Transaction(client_of(reader))
+        dying.set("t", b"r1", "c:v", b"new")  # the primary
+        dying.delete("t", b"r2", "c:v")
+        assert crash_commit(dying, CrashPoint("commit_point")) is True
+        txn = Transaction(reader)
+        assert txn.get("t", b"r2", "c:v") is None
+        assert txn.get("t", b"r1", "c:v") == b"new"
+        assert internals(reader).stats["locks_resolved"] == 1
+        # A put whose data cell is missing reads as None too: the record says delete
+        # (the change feed and GC tell the two apart).
+        records = internals(reader).store.read_rows(
+            "t", [b"r2"], [Read(WRITE, ("c:v",), versions=1)])[b"r2"][f"{WRITE}:c:v"]
+        assert decode_write(records[0][1]) == (WriteKind.DELETE, dying.start_ts)
 
 
 class SlowStore:
