@@ -18,7 +18,7 @@ import pytest
 import percolator
 from percolator import Transaction
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
-from percolator._encoding import WRITE, WriteKind, decode_write
+from percolator._encoding import LOCK, WRITE, Lock, WriteKind, decode_write, encode_lock
 from percolator._internals import internals
 from percolator._store import Read
 from percolator.testing import client_of, crash_commit
@@ -138,6 +138,19 @@ def test_a_delete_rolled_forward_by_a_reader_reads_as_deleted(url: str) -> None:
         records = internals(reader).store.read_rows(
             "t", [b"r2"], [Read(WRITE, ("c:v",), versions=1)])[b"r2"][f"{WRITE}:c:v"]
         assert decode_write(records[0][1]) == (WriteKind.DELETE, dying.start_ts)
+
+
+def test_a_lock_whose_primary_row_holds_nothing_is_rolled_back(url: str) -> None:
+    # Neither lock nor write record at the primary (GC removes a cell's records, then
+    # its FREE lock): the transaction cannot have committed, so its lock goes.
+    with percolator.connect(url, lock_wait=10) as reader:
+        start_ts = internals(reader).timestamps.get_timestamp()
+        orphan = Lock(start_ts, "t", b"gone", "c:v", owner="nobody",
+                      wall_ms=int(time.time() * 1000), ttl_ms=3_600_000)
+        assert internals(reader).store.check_and_set(
+            "t", b"r3", f"{LOCK}:c:v", None, encode_lock(orphan))
+        assert Transaction(reader).get("t", b"r3", "c:v") is None
+        assert internals(reader).stats["locks_resolved"] == 1
 
 
 class SlowStore:
