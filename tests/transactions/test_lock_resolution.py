@@ -18,7 +18,16 @@ import pytest
 import percolator
 from percolator import Transaction
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
-from percolator._encoding import LOCK, WRITE, Lock, WriteKind, decode_write, encode_lock
+from percolator._encoding import (
+    LOCK,
+    WRITE,
+    Committed,
+    Lock,
+    WriteKind,
+    decode_lock,
+    decode_write,
+    encode_lock,
+)
 from percolator._internals import internals
 from percolator._store import Read
 from percolator.testing import client_of, crash_commit
@@ -151,6 +160,43 @@ def test_a_lock_whose_primary_row_holds_nothing_is_rolled_back(url: str) -> None
             "t", b"r3", f"{LOCK}:c:v", None, encode_lock(orphan))
         assert Transaction(reader).get("t", b"r3", "c:v") is None
         assert internals(reader).stats["locks_resolved"] == 1
+
+
+class RowCasNotAtomic:
+    """The real store, declaring no atomic row compare-and-set (as HBase): a commit
+    point then writes COMMITTED to its primary, released in a step of its own."""
+
+    atomic_row_cas = False
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def test_a_primary_committed_by_a_later_transaction_says_nothing_of_an_earlier_one(
+        url: str) -> None:
+    # X dies after its prewrite; a reader rolls X's primary back, leaving X's secondary
+    # locked; Y then locks the same primary cell and dies right after its commit point,
+    # leaving it COMMITTED (for Y). X's secondary, met next, must still read as rolled
+    # back: the primary's COMMITTED value is Y's, not X's.
+    with percolator.connect(url, lock_wait=10) as reader:
+        x = Transaction(client_of(reader))
+        x.set("t", b"r1", "c:v", b"x")  # the primary
+        x.set("t", b"r2", "c:v", b"x")
+        assert crash_commit(x, CrashPoint("prewrite", 1)) is False
+        assert Transaction(reader).get("t", b"r1", "c:v") == b"old"
+        y_client = client_of(reader)
+        internals(y_client).store = RowCasNotAtomic(internals(y_client).store)  # type: ignore[assignment]
+        y = Transaction(y_client)
+        y.set("t", b"r1", "c:v", b"y")
+        assert crash_commit(y, CrashPoint("commit_point")) is True
+        primary = internals(reader).store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
+        assert isinstance(decode_lock(primary[b"r1"][f"{LOCK}:c:v"][0][1]), Committed)
+        txn = Transaction(reader)
+        assert txn.get("t", b"r2", "c:v") == b"old"
+        assert txn.get("t", b"r1", "c:v") == b"y"
 
 
 class SlowStore:
