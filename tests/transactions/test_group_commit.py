@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from percolator import Cluster, ConflictError, Snapshot, Transaction
 from percolator._commit import SimulatedCrash, commit_group, commit_transaction
+from percolator._encoding import LOCK
 from percolator._internals import internals
-from percolator._store import ATOMICALLY, declares
+from percolator._store import ATOMICALLY, Read, declares
 from percolator.testing import CrashPoint, client_of
 
 T, COL = "g", "c:v"
@@ -31,14 +32,20 @@ def table(cluster: Cluster) -> Cluster:
 
 
 class CountingSteps:
-    """The cluster's store, counting atomic steps (SQLite write transactions)."""
+    """The cluster's store, counting atomic steps (SQLite write transactions) and
+    compare-and-sets (a two-phase commit's steps; a one-phase commit makes none)."""
 
     def __init__(self, store: Any) -> None:
         self._store = store
         self.steps = 0
+        self.cas = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
+
+    def check_and_set(self, *args: Any, **kwargs: Any) -> bool:
+        self.cas += 1
+        return bool(self._store.check_and_set(*args, **kwargs))
 
     @contextlib.contextmanager
     def atomically(self) -> Iterator[None]:
@@ -66,15 +73,35 @@ def test_a_group_commits_each_member_as_if_alone(table: Cluster) -> None:
     finally:
         internals(table).store = counting._store if atomic else internals(table).store
     assert isinstance(outcomes[0], ConflictError)
+    assert (outcomes[0].table, outcomes[0].row, outcomes[0].column) == (T, b"a", COL)
     assert isinstance(outcomes[1], int)
     assert isinstance(outcomes[2], ConflictError)
     assert isinstance(outcomes[3], int) and outcomes[3] > outcomes[1]
     assert outcomes[4] == members[3].start_ts  # nothing to write
-    if atomic:
-        assert counting.steps == 1
+    if atomic:  # one step, and no member left it for a two-phase commit
+        assert (counting.steps, counting.cas) == (1, 0)
     snap = Snapshot(table)
     assert [snap.get(T, r, COL) for r in (b"a", b"b", b"c")] == [b"first", b"m0", b"m2"]
     assert Snapshot(table, start_ts=outcomes[3] - 1).get(T, b"c", COL) is None
+
+
+def test_a_member_leaves_an_existing_free_lock_as_it_was(table: Cluster) -> None:
+    # As a flat one-phase commit (percolator/_one_phase.py): a two-phase prewriter that
+    # read the FREE lock before this commit must find the same value in its CAS.
+    with Transaction(table) as first:
+        first.set(T, b"a", COL, b"first")
+    store = internals(table).store
+
+    def lock_of_a() -> bytes:
+        return bytes(store.read_rows(T, [b"a"], [Read(LOCK, (COL,))])[b"a"][f"{LOCK}:{COL}"][0][1])
+
+    before = lock_of_a()
+    member = Transaction(table)
+    member.set(T, b"a", COL, b"member")
+    assert isinstance(commit_group([member])[0], int)
+    assert Snapshot(table).get(T, b"a", COL) == b"member"
+    if declares(store, ATOMICALLY):  # elsewhere a two-phase commit writes a new FREE
+        assert lock_of_a() == before
 
 
 def test_a_member_that_meets_a_lock_commits_on_its_own(table: Cluster) -> None:

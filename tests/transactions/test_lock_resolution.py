@@ -22,6 +22,7 @@ from percolator._encoding import (
     LOCK,
     WRITE,
     Committed,
+    Free,
     Lock,
     WriteKind,
     decode_lock,
@@ -190,12 +191,17 @@ def test_a_primary_committed_by_a_later_transaction_says_nothing_of_an_earlier_o
         y_client = client_of(reader)
         internals(y_client).store = RowCasNotAtomic(internals(y_client).store)  # type: ignore[assignment]
         y = Transaction(y_client)
-        y.set("t", b"r1", "c:v", b"y")
+        y.set("t", b"r1", "c:v", b"y")  # Y's primary
+        y.set("t", b"r3", "c:v", b"y")
         assert crash_commit(y, CrashPoint("commit_point")) is True
         primary = internals(reader).store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
         assert isinstance(decode_lock(primary[b"r1"][f"{LOCK}:c:v"][0][1]), Committed)
         txn = Transaction(reader)
         assert txn.get("t", b"r2", "c:v") == b"old"
+        # Y's secondary: its primary, COMMITTED for Y, is rolled forward and freed.
+        assert txn.get("t", b"r3", "c:v") == b"y"
+        primary = internals(reader).store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
+        assert isinstance(decode_lock(primary[b"r1"][f"{LOCK}:c:v"][0][1]), Free)
         assert txn.get("t", b"r1", "c:v") == b"y"
 
 

@@ -24,6 +24,7 @@ import pytest
 import percolator
 from observers import Observer, Worker
 from percolator import Cluster, ConflictError, Snapshot, Transaction, TransactionBase
+from percolator._commit import commit_group
 from percolator._encoding import LOCK
 from percolator._internals import internals
 from percolator._notifications import pending_notifications
@@ -135,6 +136,30 @@ def test_a_flat_commit_of_an_observed_column_makes_its_notification(
     found = [(p.table, p.row, p.column, p.strong, p.timestamps)
              for p in pending_notifications(embedded)]
     assert found == [(T, ROW, COL, True, (txn.commit_ts,))]
+
+
+def test_a_group_commit_of_an_observed_column_makes_its_notification(
+    embedded: Cluster,
+) -> None:
+    """As the flat commit above, for a member of a group commit (``_one_phase_write``)."""
+
+    class Copy(Observer):
+        table, column = T, COL
+
+        def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+            txn.set(T, row, "out:v", txn.get(T, row, column) or b"")
+
+    embedded.create_table("other")
+    Worker(embedded, [Copy]).register()
+    client = client_of(embedded)
+    observed, other = Transaction(client), Transaction(client)
+    observed.set(T, ROW, COL, b"1")
+    other.set("other", ROW, COL, b"1")
+    outcomes = commit_group([observed, other])
+    assert all(isinstance(o, int) for o in outcomes)
+    found = [(p.table, p.row, p.column, p.strong, p.timestamps)
+             for p in pending_notifications(embedded)]
+    assert found == [(T, ROW, COL, True, (outcomes[0],))]
 
 
 def test_a_flat_commit_with_a_weak_notification_makes_it(embedded: Cluster) -> None:
