@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from percolator import Cluster, ConflictError, Snapshot, Transaction
 from percolator._commit import SimulatedCrash, commit_group, commit_transaction
-from percolator._encoding import LOCK
+from percolator._encoding import LOCK, Free, decode_lock
 from percolator._internals import internals
 from percolator._store import ATOMICALLY, Read, declares
 from percolator.testing import CrashPoint, client_of
@@ -92,16 +92,21 @@ def test_a_member_leaves_an_existing_free_lock_as_it_was(table: Cluster) -> None
         first.set(T, b"a", COL, b"first")
     store = internals(table).store
 
-    def lock_of_a() -> bytes:
-        return bytes(store.read_rows(T, [b"a"], [Read(LOCK, (COL,))])[b"a"][f"{LOCK}:{COL}"][0][1])
+    def lock_of(row: bytes) -> bytes | None:
+        cells = store.read_rows(T, [row], [Read(LOCK, (COL,))]).get(row, {}).get(f"{LOCK}:{COL}")
+        return bytes(cells[0][1]) if cells else None
 
-    before = lock_of_a()
+    before = lock_of(b"a")
     member = Transaction(table)
     member.set(T, b"a", COL, b"member")
+    member.set(T, b"b", COL, b"new")  # a cell without a lock cell yet
     assert isinstance(commit_group([member])[0], int)
     assert Snapshot(table).get(T, b"a", COL) == b"member"
     if declares(store, ATOMICALLY):  # elsewhere a two-phase commit writes a new FREE
-        assert lock_of_a() == before
+        assert lock_of(b"a") == before
+    # A lock cell exists wherever a write record does (the next writer's CAS needs it).
+    new = lock_of(b"b")
+    assert new is not None and isinstance(decode_lock(new), Free)
 
 
 def test_a_member_that_meets_a_lock_commits_on_its_own(table: Cluster) -> None:

@@ -141,7 +141,8 @@ def test_a_flat_commit_of_an_observed_column_makes_its_notification(
 def test_a_group_commit_of_an_observed_column_makes_its_notification(
     embedded: Cluster,
 ) -> None:
-    """As the flat commit above, for a member of a group commit (``_one_phase_write``)."""
+    """As the flat commits of an observed column and of a weak notification, for
+    members of a group commit (``_one_phase_write``)."""
 
     class Copy(Observer):
         table, column = T, COL
@@ -155,11 +156,13 @@ def test_a_group_commit_of_an_observed_column_makes_its_notification(
     observed, other = Transaction(client), Transaction(client)
     observed.set(T, ROW, COL, b"1")
     other.set("other", ROW, COL, b"1")
+    other.notify(T, b"weak", COL)  # and a weak notification, at its commit timestamp
     outcomes = commit_group([observed, other])
     assert all(isinstance(o, int) for o in outcomes)
-    found = [(p.table, p.row, p.column, p.strong, p.timestamps)
-             for p in pending_notifications(embedded)]
-    assert found == [(T, ROW, COL, True, (outcomes[0],))]
+    found = sorted((p.table, p.row, p.column, p.strong, p.weak, p.timestamps)
+                   for p in pending_notifications(embedded))
+    assert found == [(T, ROW, COL, True, False, (outcomes[0],)),
+                     (T, b"weak", COL, False, True, (outcomes[1],))]
 
 
 def test_a_flat_commit_with_a_weak_notification_makes_it(embedded: Cluster) -> None:
