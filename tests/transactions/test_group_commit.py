@@ -14,10 +14,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from percolator import Cluster, ConflictError, Snapshot, Transaction
+from percolator import (
+    Cluster,
+    ConflictError,
+    Snapshot,
+    SnapshotTooOldError,
+    Transaction,
+    TransactionClosedError,
+)
 from percolator._commit import SimulatedCrash, commit_group, commit_transaction
 from percolator._encoding import LOCK, Free, decode_lock
 from percolator._internals import internals
+from percolator._safe_point import SafePoint
 from percolator._store import ATOMICALLY, Read, declares
 from percolator.testing import CrashPoint, client_of
 
@@ -107,6 +115,39 @@ def test_a_member_leaves_an_existing_free_lock_as_it_was(table: Cluster) -> None
     # A lock cell exists wherever a write record does (the next writer's CAS needs it).
     new = lock_of(b"b")
     assert new is not None and isinstance(decode_lock(new), Free)
+
+
+def test_a_member_overtaken_by_the_safe_point_fails_alone(table: Cluster) -> None:
+    """A member whose start is below the safe point gets SnapshotTooOldError; a
+    read-only member commits at its start; neither keeps the others, after them in the
+    group, out of its one step. Every member is closed afterwards."""
+    stale = Transaction(table)
+    stale.set(T, b"a", COL, b"stale")
+    parts = internals(table)
+    SafePoint(parts.store, parts.coordination).advance(parts.timestamps.get_timestamp())
+    parts.safe_point._fetched = float("-inf")  # the commit's check reads it again
+    read_only, fresh = Transaction(table), [Transaction(table) for _ in range(2)]
+    read_only.get(T, b"b", COL)
+    fresh[0].set(T, b"b", COL, b"1")
+    fresh[1].set(T, b"c", COL, b"2")
+    atomic = declares(parts.store, ATOMICALLY)
+    counting = CountingSteps(parts.store)
+    if atomic:
+        parts.store = counting  # type: ignore[assignment]
+    try:
+        outcomes = commit_group([read_only, stale, *fresh])
+    finally:
+        parts.store = counting._store if atomic else parts.store
+    assert outcomes[0] == read_only.start_ts
+    assert isinstance(outcomes[1], SnapshotTooOldError)
+    assert isinstance(outcomes[2], int) and isinstance(outcomes[3], int)
+    if atomic:
+        assert (counting.steps, counting.cas) == (1, 0)
+    for txn in (stale, *fresh):
+        with pytest.raises(TransactionClosedError):
+            txn.commit()
+    snap = Snapshot(table)
+    assert [snap.get(T, r, COL) for r in (b"a", b"b", b"c")] == [None, b"1", b"2"]
 
 
 def test_a_member_that_meets_a_lock_commits_on_its_own(table: Cluster) -> None:
