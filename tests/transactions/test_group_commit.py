@@ -76,6 +76,7 @@ def test_a_group_commits_each_member_as_if_alone(table: Cluster) -> None:
     counting = CountingSteps(internals(table).store)
     if atomic:
         internals(table).store = counting  # type: ignore[assignment]
+    conflicts = internals(table).stats["conflicts"]
     try:
         outcomes = commit_group([before, *members])
     finally:
@@ -84,6 +85,8 @@ def test_a_group_commits_each_member_as_if_alone(table: Cluster) -> None:
     assert (outcomes[0].table, outcomes[0].row, outcomes[0].column) == (T, b"a", COL)
     assert isinstance(outcomes[1], int)
     assert isinstance(outcomes[2], ConflictError)
+    assert "written by a transaction committed with it" in str(outcomes[2])
+    assert internals(table).stats["conflicts"] == conflicts + 2
     assert isinstance(outcomes[3], int) and outcomes[3] > outcomes[1]
     assert outcomes[4] == members[3].start_ts  # nothing to write
     if atomic:  # one step, and no member left it for a two-phase commit
