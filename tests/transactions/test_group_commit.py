@@ -96,6 +96,19 @@ def test_a_group_commits_each_member_as_if_alone(table: Cluster) -> None:
     assert Snapshot(table, start_ts=outcomes[3] - 1).get(T, b"c", COL) is None
 
 
+def test_a_member_conflicts_with_any_earlier_member_of_its_cells(table: Cluster) -> None:
+    # Not only with the member just before it: the third writes what the first wrote.
+    members = [Transaction(table) for _ in range(3)]
+    members[0].set(T, b"a", COL, b"m0")
+    members[1].set(T, b"b", COL, b"m1")
+    members[2].set(T, b"a", COL, b"m2")
+    outcomes = commit_group(members)
+    assert isinstance(outcomes[0], int) and isinstance(outcomes[1], int)
+    assert isinstance(outcomes[2], ConflictError)
+    snap = Snapshot(table)
+    assert (snap.get(T, b"a", COL), snap.get(T, b"b", COL)) == (b"m0", b"m1")
+
+
 def test_a_member_leaves_an_existing_free_lock_as_it_was(table: Cluster) -> None:
     # As a flat one-phase commit (percolator/_one_phase.py): a two-phase prewriter that
     # read the FREE lock before this commit must find the same value in its CAS.
