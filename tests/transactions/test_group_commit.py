@@ -19,6 +19,7 @@ from percolator import (
     ConflictError,
     Snapshot,
     SnapshotTooOldError,
+    StoreUnavailable,
     Transaction,
     TransactionClosedError,
 )
@@ -76,7 +77,7 @@ def test_a_group_commits_each_member_as_if_alone(table: Cluster) -> None:
     counting = CountingSteps(internals(table).store)
     if atomic:
         internals(table).store = counting  # type: ignore[assignment]
-    conflicts = internals(table).stats["conflicts"]
+    conflicts, commits = internals(table).stats["conflicts"], internals(table).stats["commits"]
     try:
         outcomes = commit_group([before, *members])
     finally:
@@ -87,6 +88,8 @@ def test_a_group_commits_each_member_as_if_alone(table: Cluster) -> None:
     assert isinstance(outcomes[2], ConflictError)
     assert "written by a transaction committed with it" in str(outcomes[2])
     assert internals(table).stats["conflicts"] == conflicts + 2
+    assert internals(table).stats["commits"] == commits + 2  # the read-only one: none
+    assert (members[0].commit_ts, members[2].commit_ts) == (outcomes[1], outcomes[3])
     assert isinstance(outcomes[3], int) and outcomes[3] > outcomes[1]
     assert outcomes[4] == members[3].start_ts  # nothing to write
     if atomic:  # one step, and no member left it for a two-phase commit
@@ -107,6 +110,35 @@ def test_a_member_conflicts_with_any_earlier_member_of_its_cells(table: Cluster)
     assert isinstance(outcomes[2], ConflictError)
     snap = Snapshot(table)
     assert (snap.get(T, b"a", COL), snap.get(T, b"b", COL)) == (b"m0", b"m1")
+
+
+class FailingWrites(CountingSteps):
+    """The cluster's store, failing every batched write (a store gone mid-step)."""
+
+    def mutate_rows(self, table: str, mutations: Any) -> None:
+        raise StoreUnavailable("the store went away")
+
+
+def test_a_store_failure_in_the_step_fails_every_member_but_a_conflicting_one(
+        table: Cluster) -> None:
+    parts = internals(table)
+    if not declares(parts.store, ATOMICALLY):
+        pytest.skip("only a one-phase group commits in one step")
+    before = Transaction(table)  # conflicts with the next commit to "a"
+    before.set(T, b"a", COL, b"late")
+    with Transaction(table) as txn:
+        txn.set(T, b"a", COL, b"first")
+    member = Transaction(table)
+    member.set(T, b"b", COL, b"m")
+    failing = FailingWrites(parts.store)
+    parts.store = failing  # type: ignore[assignment]
+    try:
+        outcomes = commit_group([before, member])
+    finally:
+        parts.store = failing._store
+    assert isinstance(outcomes[0], ConflictError)
+    assert isinstance(outcomes[1], StoreUnavailable)  # rolled back with the step
+    assert Snapshot(table).get(T, b"b", COL) is None
 
 
 def test_a_member_leaves_an_existing_free_lock_as_it_was(table: Cluster) -> None:
