@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import percolator
 from percolator import (
     Cluster,
     ConflictError,
@@ -28,6 +30,7 @@ from percolator._encoding import LOCK, Free, decode_lock
 from percolator._internals import internals
 from percolator._safe_point import SafePoint
 from percolator._store import ATOMICALLY, Read, declares
+from percolator._timestamps import HostTimestamps
 from percolator.testing import CrashPoint, client_of
 
 T, COL = "g", "c:v"
@@ -139,6 +142,24 @@ def test_a_store_failure_in_the_step_fails_every_member_but_a_conflicting_one(
     assert isinstance(outcomes[0], ConflictError)
     assert isinstance(outcomes[1], StoreUnavailable)  # rolled back with the step
     assert Snapshot(table).get(T, b"b", COL) is None
+
+
+def test_a_group_with_no_room_left_in_the_block_commits_on_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The persisted block of timestamps (HostTimestamps.BLOCK) has no room for the whole
+    # group's commit timestamps: its members then commit one by one, in two phases.
+    monkeypatch.setattr(HostTimestamps, "BLOCK", 6)
+    monkeypatch.setattr(HostTimestamps, "REFILL", 3)
+    with percolator.connect(f"sqlite:///{tmp_path}/db") as cluster:
+        cluster.create_table(T)
+        members = [Transaction(cluster) for _ in range(12)]
+        for i, member in enumerate(members):
+            member.set(T, b"r%02d" % i, COL, b"%d" % i)
+        outcomes = commit_group(members)
+        assert all(isinstance(o, int) for o in outcomes), outcomes
+        snap = Snapshot(cluster)
+        assert [snap.get(T, b"r%02d" % i, COL) for i in range(12)] == [
+            b"%d" % i for i in range(12)]
 
 
 def test_a_member_leaves_an_existing_free_lock_as_it_was(table: Cluster) -> None:
