@@ -200,8 +200,9 @@ def test_a_flat_commit_of_several_cells_of_a_row_checks_and_locks_each(
     txn.set(T, ROW, COL, b"1")
     txn.set(T, ROW, later, b"1")
     txn.set(T, ROW, new, b"1")
-    with pytest.raises(ConflictError, match=later):
+    with pytest.raises(ConflictError, match=later) as conflict:
         txn.commit()
+    assert (conflict.value.table, conflict.value.row, conflict.value.column) == (T, ROW, later)
     with Transaction(embedded) as txn:
         txn.set(T, ROW, COL, b"2")
         txn.set(T, ROW, new, b"2")
