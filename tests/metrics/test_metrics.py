@@ -22,7 +22,7 @@ import percolator
 from observers import Worker, wait_for_observers
 from oracle import OracleClient
 from percolator import ConflictError, Snapshot, Transaction, metrics
-from percolator._commit import CrashPoint
+from percolator._commit import CrashPoint, commit_group
 from percolator._notifications import watch_pending_notifications
 from percolator.testing import client_of, crash_commit
 from tests._services import free_port
@@ -245,6 +245,24 @@ def test_transactions_are_counted_by_kind_and_outcome(cluster: percolator.Cluste
     delta = {n: local(f"percolator_transactions_{n}_total", kind="user") - before[n]
              for n in names}
     assert delta == {"begun": 3, "committed": 2, "conflicted": 1, "failed": 0}
+    assert local("percolator_commit_duration_seconds", kind="user") - commits == 3
+
+
+def test_a_group_commit_counts_each_member_by_outcome(cluster: percolator.Cluster) -> None:
+    names = ("committed", "conflicted", "failed")
+    before = {n: local(f"percolator_transactions_{n}_total", kind="user") for n in names}
+    commits = local("percolator_commit_duration_seconds", kind="user")
+    late = Transaction(cluster)  # conflicts with the next commit to "a"
+    late.set("docs", b"a", "raw:v", b"late")
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"a", "raw:v", b"1")
+    fine = Transaction(cluster)
+    fine.set("docs", b"b", "raw:v", b"1")
+    outcomes = commit_group([late, fine])
+    assert isinstance(outcomes[0], ConflictError) and isinstance(outcomes[1], int)
+    delta = {n: local(f"percolator_transactions_{n}_total", kind="user") - before[n]
+             for n in names}
+    assert delta == {"committed": 2, "conflicted": 1, "failed": 0}
     assert local("percolator_commit_duration_seconds", kind="user") - commits == 3
 
 

@@ -17,7 +17,21 @@ import pytest
 
 import percolator
 from percolator import Transaction
+from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
+from percolator._encoding import (
+    LOCK,
+    WRITE,
+    Committed,
+    Free,
+    Lock,
+    WriteKind,
+    decode_lock,
+    decode_write,
+    encode_lock,
+)
 from percolator._internals import internals
+from percolator._store import Read
+from percolator.testing import client_of, crash_commit
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,6 +101,124 @@ def test_live_owner_blocks_readers_until_its_ttl(url: str, holder: Any) -> None:
         assert Transaction(cluster).get("t", b"r1", "c:v") == b"old"
         assert Transaction(cluster).get("t", b"r2", "c:v") == b"old"
     assert proc.poll() is None
+
+
+def test_a_live_owners_lock_is_rolled_back_once_its_ttl_has_passed(url: str) -> None:
+    # The owner (this process) stays alive: only the lock's wall time plus its ttl,
+    # against the clock, lets a reader roll it back (a killed owner would be at once).
+    with percolator.connect(url, lock_ttl=0.2) as owner, \
+            percolator.connect(url, lock_wait=10) as reader:
+        live = Transaction(owner)
+        live.set("t", b"r1", "c:v", b"mine")
+        with pytest.raises(SimulatedCrash):
+            commit_transaction(live, CrashPoint("prewrite", 0))
+        assert Transaction(reader).get("t", b"r1", "c:v") == b"old"
+        assert internals(reader).stats["locks_resolved"] == 1
+
+
+def test_each_lock_of_a_dead_owner_is_counted_once_as_it_is_resolved(url: str) -> None:
+    # The reader meets the primary first: rolling it back resolves that lock; the
+    # secondary, met next, is one more (its primary tells it was rolled back).
+    with percolator.connect(url, lock_wait=10) as reader:
+        dying = Transaction(client_of(reader))
+        dying.set("t", b"r1", "c:v", b"never")  # the primary: the first cell set
+        dying.set("t", b"r2", "c:v", b"never")
+        assert crash_commit(dying, CrashPoint("prewrite", 1)) is False
+        resolved = internals(reader).stats
+        assert Transaction(reader).get("t", b"r1", "c:v") == b"old"
+        assert resolved["locks_resolved"] == 1
+        assert Transaction(reader).get("t", b"r2", "c:v") == b"old"
+        assert resolved["locks_resolved"] == 2
+
+
+def test_a_delete_rolled_forward_by_a_reader_reads_as_deleted(url: str) -> None:
+    # The committer dies after its commit point: the reader rolls the secondary, a
+    # delete, forward, and must write it as a delete, not as a put of nothing.
+    with percolator.connect(url) as reader:
+        dying = Transaction(client_of(reader))
+        dying.set("t", b"r1", "c:v", b"new")  # the primary
+        dying.delete("t", b"r2", "c:v")
+        assert crash_commit(dying, CrashPoint("commit_point")) is True
+        txn = Transaction(reader)
+        assert txn.get("t", b"r2", "c:v") is None
+        assert txn.get("t", b"r1", "c:v") == b"new"
+        assert internals(reader).stats["locks_resolved"] == 1
+        # A put whose data cell is missing reads as None too: the record says delete
+        # (the change feed and GC tell the two apart).
+        records = internals(reader).store.read_rows(
+            "t", [b"r2"], [Read(WRITE, ("c:v",), versions=1)])[b"r2"][f"{WRITE}:c:v"]
+        assert decode_write(records[0][1]) == (WriteKind.DELETE, dying.start_ts)
+
+
+def test_a_lock_whose_primary_row_holds_nothing_is_rolled_back(url: str) -> None:
+    # Neither lock nor write record at the primary (GC removes a cell's records, then
+    # its FREE lock): the transaction cannot have committed, so its lock goes.
+    with percolator.connect(url, lock_wait=10) as reader:
+        start_ts = internals(reader).timestamps.get_timestamp()
+        orphan = Lock(start_ts, "t", b"gone", "c:v", owner="nobody",
+                      wall_ms=int(time.time() * 1000), ttl_ms=3_600_000)
+        assert internals(reader).store.check_and_set(
+            "t", b"r3", f"{LOCK}:c:v", None, encode_lock(orphan))
+        assert Transaction(reader).get("t", b"r3", "c:v") is None
+        assert internals(reader).stats["locks_resolved"] == 1
+
+
+class RowCasNotAtomic:
+    """The real store, declaring no atomic row compare-and-set (as HBase): a commit
+    point then writes COMMITTED to its primary, released in a step of its own."""
+
+    atomic_row_cas = False
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def test_a_primary_committed_by_a_later_transaction_says_nothing_of_an_earlier_one(
+        url: str) -> None:
+    # X dies after its prewrite; a reader rolls X's primary back, leaving X's secondary
+    # locked; Y then locks the same primary cell and dies right after its commit point,
+    # leaving it COMMITTED (for Y). X's secondary, met next, must still read as rolled
+    # back: the primary's COMMITTED value is Y's, not X's.
+    with percolator.connect(url, lock_wait=10) as reader:
+        x = Transaction(client_of(reader))
+        x.set("t", b"r1", "c:v", b"x")  # the primary
+        x.set("t", b"r2", "c:v", b"x")
+        assert crash_commit(x, CrashPoint("prewrite", 1)) is False
+        assert Transaction(reader).get("t", b"r1", "c:v") == b"old"
+        y_client = client_of(reader)
+        internals(y_client).store = RowCasNotAtomic(internals(y_client).store)  # type: ignore[assignment]
+        y = Transaction(y_client)
+        y.set("t", b"r1", "c:v", b"y")  # Y's primary
+        y.set("t", b"r3", "c:v", b"y")
+        assert crash_commit(y, CrashPoint("commit_point")) is True
+        primary = internals(reader).store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
+        assert isinstance(decode_lock(primary[b"r1"][f"{LOCK}:c:v"][0][1]), Committed)
+        txn = Transaction(reader)
+        assert txn.get("t", b"r2", "c:v") == b"old"
+        # Y's secondary: its primary, COMMITTED for Y, is rolled forward and freed.
+        assert txn.get("t", b"r3", "c:v") == b"y"
+        primary = internals(reader).store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
+        assert isinstance(decode_lock(primary[b"r1"][f"{LOCK}:c:v"][0][1]), Free)
+        assert txn.get("t", b"r1", "c:v") == b"y"
+
+
+def test_a_committed_primary_met_by_a_reader_is_rolled_forward(url: str) -> None:
+    # On a store without atomic row CAS the commit point leaves the primary COMMITTED
+    # until its release; a reader meeting it there rolls it forward itself.
+    with percolator.connect(url, lock_wait=10) as reader:
+        y_client = client_of(reader)
+        internals(y_client).store = RowCasNotAtomic(internals(y_client).store)  # type: ignore[assignment]
+        y = Transaction(y_client)
+        y.set("t", b"r1", "c:v", b"y")  # the primary
+        y.set("t", b"r2", "c:v", b"y")
+        assert crash_commit(y, CrashPoint("commit_point")) is True
+        assert Transaction(reader).get("t", b"r1", "c:v") == b"y"
+        primary = internals(reader).store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
+        assert isinstance(decode_lock(primary[b"r1"][f"{LOCK}:c:v"][0][1]), Free)
+        assert Transaction(reader).get("t", b"r2", "c:v") == b"y"
 
 
 class SlowStore:

@@ -24,6 +24,7 @@ import pytest
 import percolator
 from observers import Observer, Worker
 from percolator import Cluster, ConflictError, Snapshot, Transaction, TransactionBase
+from percolator._commit import commit_group
 from percolator._encoding import LOCK
 from percolator._internals import internals
 from percolator._notifications import pending_notifications
@@ -137,6 +138,33 @@ def test_a_flat_commit_of_an_observed_column_makes_its_notification(
     assert found == [(T, ROW, COL, True, (txn.commit_ts,))]
 
 
+def test_a_group_commit_of_an_observed_column_makes_its_notification(
+    embedded: Cluster,
+) -> None:
+    """As the flat commits of an observed column and of a weak notification, for
+    members of a group commit (``_one_phase_write``)."""
+
+    class Copy(Observer):
+        table, column = T, COL
+
+        def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+            txn.set(T, row, "out:v", txn.get(T, row, column) or b"")
+
+    embedded.create_table("other")
+    Worker(embedded, [Copy]).register()
+    client = client_of(embedded)
+    observed, other = Transaction(client), Transaction(client)
+    observed.set(T, ROW, COL, b"1")
+    other.set("other", ROW, COL, b"1")
+    other.notify(T, b"weak", COL)  # and a weak notification, at its commit timestamp
+    outcomes = commit_group([observed, other])
+    assert all(isinstance(o, int) for o in outcomes)
+    found = sorted((p.table, p.row, p.column, p.strong, p.weak, p.timestamps)
+                   for p in pending_notifications(embedded))
+    assert found == [(T, ROW, COL, True, False, (outcomes[0],)),
+                     (T, b"weak", COL, False, True, (outcomes[1],))]
+
+
 def test_a_flat_commit_with_a_weak_notification_makes_it(embedded: Cluster) -> None:
     """A one-phase commit that writes a cell and weakly notifies another (of a column
     nobody observes) marks the other dirty, weakly, at its commit timestamp.
@@ -172,8 +200,9 @@ def test_a_flat_commit_of_several_cells_of_a_row_checks_and_locks_each(
     txn.set(T, ROW, COL, b"1")
     txn.set(T, ROW, later, b"1")
     txn.set(T, ROW, new, b"1")
-    with pytest.raises(ConflictError, match=later):
+    with pytest.raises(ConflictError, match=later) as conflict:
         txn.commit()
+    assert (conflict.value.table, conflict.value.row, conflict.value.column) == (T, ROW, later)
     with Transaction(embedded) as txn:
         txn.set(T, ROW, COL, b"2")
         txn.set(T, ROW, new, b"2")
