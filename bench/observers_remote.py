@@ -50,9 +50,16 @@ def _services() -> tuple[list[subprocess.Popen[bytes]], str, str]:
 
 
 def _url(kind: str, hostport: str, name: str) -> str:
+    """The store URL of *kind* on *hostport*: for ``hbase``, the Thrift2 data path when
+    ``PERCOLATOR_HBASE_THRIFT2`` names that HBase's Thrift2 server (the default wherever
+    the project starts HBase: docs/hbase.md), else Thrift1 on *hostport*."""
     if kind == "bigtable":
         return (f"bigtable://bench-project/bench-instance?emulator={hostport}"
                 f"&table_prefix={name}_{os.getpid()}")
+    thrift2 = os.environ.get("PERCOLATOR_HBASE_THRIFT2")
+    if thrift2:
+        return (f"hbase://{thrift2}?api=thrift2&table_prefix={name}_{os.getpid()}"
+                "&pool_size=4")
     return f"hbase://{hostport}?table_prefix={name}_{os.getpid()}&pool_size=4"
 
 

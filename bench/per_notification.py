@@ -35,7 +35,8 @@ set, as workers of separate processes have, so a run may find its notification
 served by another worker (an ``absent`` run, counted per notification in the
 ``absent`` column). ``--backend`` measures one store only; ``hbase`` (not measured
 unless named) is the HBase of ``PERCOLATOR_HBASE_THRIFT`` (host:port of its Thrift
-server), as the test suite's.
+server), as the test suite's, over Thrift2 when ``PERCOLATOR_HBASE_THRIFT2`` names its
+Thrift2 server (as ``scripts/hbase`` prints both).
 """
 
 from __future__ import annotations

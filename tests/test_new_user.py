@@ -10,6 +10,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +206,9 @@ def test_troubleshooting_shows_the_messages_as_printed(
         old = percolator.Snapshot(cluster)
         with percolator.Transaction(cluster) as later:
             later.set("accounts", b"bob", "bal:v", b"1")
+        # older than the pass's max_txn_age, or it still holds the safe point back: the
+        # commit above can take less than that 1 ms
+        time.sleep(0.05)
         cluster.gc(retention=0, max_txn_age=0.001)
         _troubleshooting_shows(printed(lambda: old.get("accounts", b"bob", "bal:v")))
         old.close()

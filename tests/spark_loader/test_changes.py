@@ -64,8 +64,9 @@ def test_a_commit_drawn_below_the_end_but_not_yet_visible_is_delivered_once(
 def test_a_commit_decided_at_its_primary_without_its_write_record_is_delivered_once(
     request: pytest.FixtureRequest, tmp_path: Path,
 ) -> None:
-    """On HBase the commit point decides the primary's lock (COMMITTED, with its commit
-    timestamp) and the release writes its write record after it. A batch ending
+    """On a store without atomic row compare-and-set (HBase through Thrift1) the commit
+    point decides the primary's lock (COMMITTED, with its commit timestamp) and the
+    release writes its write record after it (over Thrift2 one call does both). A batch ending
     between the two must wait for that commit: ``safe_end`` rolls the decided lock
     forward as a reader would (or ends below it), and the batch delivers the primary's
     cell once. The primary is the transaction's only cell here: resolving a secondary
@@ -75,7 +76,7 @@ def test_a_commit_decided_at_its_primary_without_its_write_record_is_delivered_o
     ``Committed`` branch of ``_below`` removed): the end goes above the commit, the
     batch finds no write record for the primary, the next starts above it, and the
     primary's change is never delivered."""
-    url = make_store_url("hbase", request, tmp_path)
+    url = make_store_url("hbase-thrift1", request, tmp_path)
     with percolator.connect(url) as cluster:
         assert not internals(cluster).store.atomic_row_cas  # decides, then releases
         cluster.create_table("t")

@@ -88,10 +88,11 @@ def _doubles() -> dict[str, Callable[[Store], Any]]:
     from tests.observers.test_notify_index import CountingIndexWrites
     from tests.observers.test_settle import NotifyWrites
     from tests.observers.test_settle_cluster import NotifyDeletes
+    from tests.observers.test_trickle import CountingStore
     from tests.transactions.test_group_commit import CountingSteps
     from tests.transactions.test_inline_values import _CommitAfterFirstRead
     from tests.transactions.test_lock_census import _FamiliesRead
-    from tests.transactions.test_lock_resolution import SlowStore
+    from tests.transactions.test_lock_resolution import RowCasNotAtomic, SlowStore
     from tests.transactions.test_prefetch import CountingReads
     from tests.transactions.test_prewrite import _Counted
     from tests.transactions.test_single_row import Counting
@@ -108,10 +109,12 @@ def _doubles() -> dict[str, Callable[[Store], Any]]:
         "observers.test_notify_index:CountingIndexWrites": CountingIndexWrites,
         "observers.test_settle:NotifyWrites": NotifyWrites,
         "observers.test_settle_cluster:NotifyDeletes": NotifyDeletes,
+        "observers.test_trickle:CountingStore": CountingStore,
         "transactions.test_group_commit:CountingSteps": CountingSteps,
         "transactions.test_inline_values:_CommitAfterFirstRead": lambda s: (
             _CommitAfterFirstRead(s, None)),
         "transactions.test_lock_census:_FamiliesRead": _FamiliesRead,
+        "transactions.test_lock_resolution:RowCasNotAtomic": RowCasNotAtomic,
         "transactions.test_lock_resolution:SlowStore": lambda s: SlowStore(s, 0.0),
         "transactions.test_prefetch:CountingReads": CountingReads,
         "transactions.test_prewrite:_Counted": _Counted,

@@ -164,7 +164,7 @@ def test_a_lock_whose_primary_row_holds_nothing_is_rolled_back(url: str) -> None
 
 
 class RowCasNotAtomic:
-    """The real store, declaring no atomic row compare-and-set (as HBase): a commit
+    """The real store, declaring no atomic row compare-and-set (as HBase over Thrift1): a commit
     point then writes COMMITTED to its primary, released in a step of its own."""
 
     atomic_row_cas = False
