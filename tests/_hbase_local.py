@@ -34,6 +34,7 @@ import ctypes
 import hashlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -142,8 +143,27 @@ def classpath(pom: Path = POM) -> str:
     return cached.read_text().strip()
 
 
+_PORTS = random.Random()  # its own: a test seeding the module's would repeat our choices
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
+    """A port nothing listens on, chosen below the kernel's ephemeral range. A port
+    from ``bind(0)`` is an ephemeral one, which the kernel may hand to any outgoing
+    connection before the server meant for it binds it: HBase's own connections took
+    the port chosen for its Thrift2 server once ("port ... is taken")."""
+    high = _ephemeral_low() - 1
+    for _ in range(100):
+        port = _PORTS.randint(min(20000, high - 1000), high)
+        if not _port_taken(port):
+            return port
+    with socket.socket() as s:  # a crowded range: the kernel's choice after all
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
