@@ -313,6 +313,9 @@ def spark_cluster() -> Iterator[Any]:
         spark.stop()
 
 
+@pytest.mark.slow  # a Spark master, two workers and their executors beside five HBase
+# JVMs on 2 cores: 458 s of one worker and much of the suite's CPU (CONTRIBUTING.md,
+# "What --run-slow holds back")
 @pytest.mark.timeout(900)
 def test_a_spark_cluster_loads_and_reads_one_snapshot_under_transfers(
     cluster: Any, spark_cluster: Any, tmp_path: Path
