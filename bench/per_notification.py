@@ -57,21 +57,28 @@ SECTION = "## Store calls and CPU per notification (bench/per_notification.py)"
 TRICKLE_SECTION = "## Observers at a trickle (bench/per_notification.py --trickle)"
 
 
+def calls() -> dict[str, float]:
+    """This process's store calls so far, by operation."""
+    from percolator import metrics
+
+    values, _ = metrics.snapshot()
+    return {labels[0]: v for (name, labels), v in values.items()
+            if name == "percolator_store_requests_total"}
+
+
+def absent() -> float:
+    """This process's observer runs so far that found their notification served."""
+    from percolator import metrics
+
+    values, _ = metrics.snapshot()
+    return sum(v for (name, labels), v in values.items()
+               if name == "percolator_observer_runs_total" and labels[-1] == "absent")
+
+
 def measure(url: str, n: int, threads: int = 1, workers: int = 1) -> dict[str, float]:
     import percolator
     from bench.observers import Copier, load
     from observers import Worker
-    from percolator import metrics
-
-    def calls() -> dict[str, float]:
-        values, _ = metrics.snapshot()
-        return {labels[0]: v for (name, labels), v in values.items()
-                if name == "percolator_store_requests_total"}
-
-    def absent() -> float:
-        values, _ = metrics.snapshot()
-        return sum(v for (name, labels), v in values.items()
-                   if name == "percolator_observer_runs_total" and labels[-1] == "absent")
 
     with percolator.connect(url) as cluster:
         cluster.create_table("bench")
@@ -106,16 +113,6 @@ def measure_trickle(url: str, n: int, rate: float, threads: int | None,
     from bench.observers import Copier
     from observers import Worker
     from percolator import metrics
-
-    def calls() -> dict[str, float]:
-        values, _ = metrics.snapshot()
-        return {labels[0]: v for (name, labels), v in values.items()
-                if name == "percolator_store_requests_total"}
-
-    def absent() -> float:
-        values, _ = metrics.snapshot()
-        return sum(v for (name, labels), v in values.items()
-                   if name == "percolator_observer_runs_total" and labels[-1] == "absent")
 
     def locks_met() -> float:
         values, _ = metrics.snapshot()
