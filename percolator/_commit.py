@@ -61,7 +61,7 @@ from percolator._one_phase import (
 )
 from percolator._store import Mutation
 from percolator._two_phase import (
-    _Committer,
+    TwoPhaseCommit,
     _finish_two_phase,
     _wake,
     committed_anyway,
@@ -70,11 +70,18 @@ from percolator._two_phase import (
 from percolator.metrics import observe as _observe
 
 if TYPE_CHECKING:
+    from percolator._cluster import Cluster
     from percolator._transaction import TransactionBase
 
 __all__ = [
-    "CrashPoint", "SimulatedCrash", "commit_group", "commit_transaction",
-    "committed_anyway", "free_locks_may_stay", "one_phase_steps",
+    "CrashPoint",
+    "SimulatedCrash",
+    "commit_group",
+    "commit_transaction",
+    "commits_in_one_phase",
+    "committed_anyway",
+    "free_locks_may_stay",
+    "one_phase_steps",
 ]
 
 log = logging.getLogger("percolator._commit")
@@ -141,7 +148,15 @@ def _commit_transaction(txn: TransactionBase, crash: CrashPoint | None) -> int:
             if notifies:
                 parts.wake_observers()
             return commit_ts
-    return _finish_two_phase(_Committer(txn, crash))
+    return _finish_two_phase(TwoPhaseCommit(txn, crash))
+
+
+def commits_in_one_phase(cluster: Cluster) -> bool:
+    """Whether *cluster*'s commits take one atomic step of its store (the embedded
+    store, with ``one_phase_commit`` on): then :func:`commit_group` commits its
+    transactions together in one store write, and a worker gathers its observer runs
+    into groups for it."""
+    return one_phase_steps(cluster) is not None
 
 
 def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]:
@@ -164,7 +179,7 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
     began = time.perf_counter()
     results: list[int | PercolatorError | None] = [None] * len(txns)
     steps = one_phase_steps(cluster)
-    grouped: list[tuple[int, _Committer]] = []
+    grouped: list[tuple[int, TwoPhaseCommit]] = []
     if steps is not None:
         for i, txn in enumerate(txns):
             if not txn._writes or txn._closed:
@@ -176,7 +191,7 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
                 results[i] = e
                 continue
             txn._closed = True
-            grouped.append((i, _Committer(txn, None)))
+            grouped.append((i, TwoPhaseCommit(txn, None)))
     if grouped:
         assert steps is not None
         try:
@@ -185,7 +200,7 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
                 # are in flight (holding back other clients' start timestamps) only
                 # for the writes. A member that writes a cell an earlier member
                 # writes conflicts with it, as it would meet its record in the store.
-                checked: list[tuple[int, _Committer, dict[int, Any]]] = []
+                checked: list[tuple[int, TwoPhaseCommit, dict[int, Any]]] = []
                 taken: set[tuple[str, bytes, str]] = set()
                 state = _read_prewrite_state([(member, member.cells) for _, member in grouped])
                 for i, member in grouped:

@@ -35,7 +35,7 @@ from percolator.metrics import observe as _observe
 
 if TYPE_CHECKING:
     from percolator._transaction import TransactionBase
-    from percolator._two_phase import _Committer
+    from percolator._two_phase import TwoPhaseCommit
 
 log = logging.getLogger("percolator._commit")
 
@@ -187,13 +187,13 @@ def _writes_from(store: Any, table: str, row: bytes, column: str, start_ts: int)
 
 
 def _read_prewrite_state(
-    members: Sequence[tuple[_Committer, list[_Cell]]],
+    members: Sequence[tuple[TwoPhaseCommit, list[_Cell]]],
 ) -> dict[int, tuple[bytes | None, list[Cell]]]:
     """For each cell of each ``(committer, cells)`` (keyed by ``id(cell)``): its lock and
     its write records at or above that committer's start_ts (:func:`_writes_since`),
     read with one store call per table for all of them (a group commit checks its
     members at once)."""
-    by_table: dict[str, list[tuple[_Committer, _Cell]]] = {}
+    by_table: dict[str, list[tuple[TwoPhaseCommit, _Cell]]] = {}
     for committer, cells in members:
         for cell in cells:
             by_table.setdefault(cell.table, []).append((committer, cell))

@@ -34,7 +34,7 @@ from percolator._store import (
     Mutation,
     offered,
 )
-from percolator._two_phase import _Committer
+from percolator._two_phase import TwoPhaseCommit
 
 if TYPE_CHECKING:
     from percolator._cluster import Cluster
@@ -228,7 +228,7 @@ def _settles_mutation(
 
 
 def _one_phase_check(
-    committer: _Committer, found: dict[int, tuple[bytes | None, list[Cell]]],
+    committer: TwoPhaseCommit, found: dict[int, tuple[bytes | None, list[Cell]]],
 ) -> bool:
     """A group member's checks inside the atomic step (see :func:`_one_phase_cell_ok`),
     given what :func:`_read_prewrite_state` read for the whole group. False when a
@@ -247,7 +247,7 @@ def _one_phase_check(
     return True
 
 
-def _one_phase_write(committer: _Committer, found: dict[int, tuple[bytes | None, list[Cell]]],
+def _one_phase_write(committer: TwoPhaseCommit, found: dict[int, tuple[bytes | None, list[Cell]]],
                      commit_ts: int, batch: dict[str, list[Mutation]]) -> None:
     """A group member's writes (:func:`_one_phase_puts`, and the notification an
     observer run served), added to *batch* for the caller to write (a group writes all

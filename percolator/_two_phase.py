@@ -62,7 +62,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("percolator._commit")
 
 
-class _Committer:
+class TwoPhaseCommit:
+    """The two-phase commit of one transaction, phase by phase: :meth:`prewrite` (lock
+    every cell, the primary first), :meth:`commit_point` (the primary's commit decides
+    the transaction), :meth:`commit_secondaries` (clean-up that readers would otherwise
+    roll forward), or :meth:`abort` (release what the prewrite locked).
+
+    ``cells`` holds one entry per written cell, the primary first. *crash* stops the
+    commit at a :class:`CrashPoint`, as if its process died there (test harnesses).
+    :func:`commit_transaction` runs the phases in order; a harness runs one of them
+    alone (``bench/parallel_prewrite.py`` times :meth:`prewrite_guarded`)."""
+
     def __init__(self, txn: TransactionBase, crash: CrashPoint | None) -> None:
         self.txn = txn
         self.cluster = txn.cluster
@@ -138,7 +148,7 @@ class _Committer:
                   value_to=_successor(_ROLLBACK_TAG)),
         ]
 
-    def _prewrite_guarded(self, store: GuardedSet, cell: _Cell) -> bool:
+    def prewrite_guarded(self, store: GuardedSet, cell: _Cell) -> bool:
         """Lock *cell* in one conditional mutation that the store applies only if no
         conflict condition holds at that moment (``set_unless``): checked and locked in
         one atomic step, no read. False: some condition held; nothing was written."""
@@ -207,7 +217,7 @@ class _Committer:
             if index:
                 self._refresh_primary()
             if id(cell) not in together and (
-                    guarded is None or not self._prewrite_guarded(guarded, cell)):
+                    guarded is None or not self.prewrite_guarded(guarded, cell)):
                 if id(cell) not in found:
                     if guarded is not None:
                         batch = [cell]
@@ -263,6 +273,13 @@ class _Committer:
     # --- commit -------------------------------------------------------------------------
 
     def commit_point(self, commit_ts: int) -> None:
+        """Decide the transaction: the primary's lock becomes its write record at
+        *commit_ts* (with the secondaries of its row, where the store writes a row
+        atomically), after the owner's identity is confirmed.
+
+        :raises ConflictError: a cleaner rolled the primary back first.
+        :raises CoordinationError: the owner's session expired (nothing written).
+        :raises CommitUnknownError: the store failed and the outcome cannot be told."""
         p = self.primary
         # Not under an identity whose session expired: others may treat its locks as
         # abandoned (raises CoordinationError; the caller releases the locks).
@@ -347,6 +364,8 @@ class _Committer:
         return committed_anyway(self.cluster, self._lock_for(self.primary), commit_ts, error)
 
     def commit_secondaries(self, commit_ts: int) -> None:
+        """After the commit point: write the other secondaries' records at *commit_ts*
+        and free their locks (a failure here leaves locks that readers roll forward)."""
         released = {id(c) for c in self._primary_row_secondaries()}
         secondaries = [c for c in self.locked[1:] if id(c) not in released]
         recorded = not self.store.atomic_row_cas
@@ -405,7 +424,7 @@ def free_locks_may_stay(store: Store) -> bool:
     return declares(store, ATOMICALLY)
 
 
-def _finish_two_phase(committer: _Committer) -> int:
+def _finish_two_phase(committer: TwoPhaseCommit) -> int:
     cluster = committer.cluster
     try:
         commit_ts = _commit_two_phase(committer)
@@ -419,7 +438,7 @@ def _finish_two_phase(committer: _Committer) -> int:
     return commit_ts
 
 
-def _wake(committer: _Committer) -> None:
+def _wake(committer: TwoPhaseCommit) -> None:
     if committer.notifies:
         internals(committer.cluster).wake_observers()
 
@@ -440,7 +459,7 @@ def _commit_timestamp(txn: TransactionBase) -> int:
     return drawn[0]
 
 
-def _commit_two_phase(committer: _Committer) -> int:
+def _commit_two_phase(committer: TwoPhaseCommit) -> int:
     txn, cluster = committer.txn, committer.cluster
     try:
         committer.prewrite()

@@ -29,7 +29,7 @@ from percolator._notify_index import (
     write_entries,
 )
 from percolator._store import NOTIFY_INDEX, Mutation, Read
-from percolator._two_phase import _Committer
+from percolator._two_phase import TwoPhaseCommit
 from percolator.testing import CrashPoint, Interleaving, client_of, crash_commit
 from tests._backends import make_store_url
 
@@ -91,7 +91,7 @@ def test_a_worker_keeps_the_entry_of_a_change_whose_lock_is_held(
     txn = Transaction(cluster)
     txn.set("docs", b"other", "misc:x", b"primary")
     txn.set("docs", b"k", "raw:v", b"late")
-    committer = _Committer(txn, None)
+    committer = TwoPhaseCommit(txn, None)
     committer.prewrite()
     commit_ts = internals(cluster).timestamps.get_timestamp()
     _write_notifications(txn, committer.cells, commit_ts)
@@ -111,7 +111,7 @@ def test_a_stale_entry_of_a_rolled_back_change_is_deleted(cluster: percolator.Cl
     Worker(cluster, [Copy]).register()
     txn = Transaction(cluster)
     txn.set("docs", b"r", "raw:v", b"never")
-    committer = _Committer(txn, None)
+    committer = TwoPhaseCommit(txn, None)
     committer.prewrite()
     _write_notifications(txn, committer.cells, internals(cluster).timestamps.get_timestamp())
     committer.abort()
@@ -279,7 +279,7 @@ def test_rows_settled_together_keep_the_entry_of_a_change_whose_lock_is_held(
     txn = Transaction(cluster)
     txn.set("docs", b"other", "misc:x", b"primary")
     txn.set("docs", b"k", "raw:v", b"late")
-    committer = _Committer(txn, None)
+    committer = TwoPhaseCommit(txn, None)
     committer.prewrite()
     commit_ts = internals(cluster).timestamps.get_timestamp()
     _write_notifications(txn, committer.cells, commit_ts)
@@ -331,7 +331,7 @@ def test_rows_settled_together_on_different_columns_keep_the_entry_of_a_held_loc
     txn = Transaction(cluster)
     txn.set("docs", b"other", "misc:x", b"primary")
     txn.set("docs", b"k", "raw:w", b"late")
-    committer = _Committer(txn, None)
+    committer = TwoPhaseCommit(txn, None)
     committer.prewrite()
     commit_ts = internals(cluster).timestamps.get_timestamp()
     _write_notifications(txn, committer.cells, commit_ts)
