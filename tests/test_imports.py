@@ -284,9 +284,15 @@ def circles(root: Path = ROOT) -> list[list[str]]:
     return sorted(found)
 
 
-@pytest.mark.xfail(strict=True, reason="percolator's commit circle: broken in the next commit")
-def test_no_import_circle_among_the_librarys_modules() -> None:
-    found = circles()
+@pytest.mark.parametrize("package", [
+    *(p for p in PACKAGES if p != "spark_loader"),
+    pytest.param("spark_loader", marks=pytest.mark.xfail(
+        strict=True, reason="_job, _read and _source: issue 49's split of _source.py "
+        "(branch i49b) takes the circle apart; drop this mark with it")),
+])
+def test_no_import_circle_among_the_librarys_modules(package: str) -> None:
+    found = [c for c in circles() if c[0].split(".")[0] in (package, *(
+        m for m, owner in ENTRY_POINTS.items() if owner == package))]
     assert not found, "import circles:\n" + "\n\n".join("\n".join(c) for c in found)
 
 
