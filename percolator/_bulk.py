@@ -723,9 +723,10 @@ class BulkLoad:
                 store.mutate_rows(LOADS_TABLE, [Mutation(self.row, body)])
                 won = lock_cas(store, LOADS_TABLE, self.row, column, held, decided)
         except PercolatorError as e:  # as a transaction's commit point (percolator/_cas.py)
-            won = committed_anyway(self.cluster, txn.lock(LOAD_COLUMN), commit_ts, e)
+            won = committed_anyway(internals(self.cluster), txn.lock(LOAD_COLUMN), commit_ts, e)
         else:
-            won = won or committed_anyway(self.cluster, txn.lock(LOAD_COLUMN), commit_ts, None)
+            won = won or committed_anyway(internals(self.cluster), txn.lock(LOAD_COLUMN),
+                                          commit_ts, None)
         if won and not store.atomic_row_cas:
             release(internals(self.cluster), LOADS_TABLE, self.row, LOAD_COLUMN, decided,
                     txn.start_ts, (commit_ts, False, False))

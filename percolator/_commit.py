@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from percolator import metrics as _metrics
-from percolator._commit_shared import (
+from percolator._commit_checks import (
     _COMMITTED,
     CrashPoint,
     SimulatedCrash,
@@ -120,19 +120,19 @@ def commit_transaction(
 
 def _commit_transaction(txn: TransactionBase, crash: CrashPoint | None) -> int:
     cluster = txn.cluster
+    parts = txn._parts  # internals(cluster), looked up once at the transaction's start
     txn._closed = True
     if not txn._writes:
         if txn._weak:
-            commit_ts = internals(cluster).timestamps.get_timestamp()
+            commit_ts = parts.timestamps.get_timestamp()
             _write_notifications(txn, [], commit_ts)
-            internals(cluster).wake_observers()
+            parts.wake_observers()
         else:
             commit_ts = txn.start_ts
         txn.commit_ts = commit_ts
         return commit_ts
     # Before anything (an overtaken transaction is told so, not sent into conflicts
     # with what GC left), and again where it counts, after the prewrite.
-    parts = txn._parts  # internals(cluster), looked up once at the transaction's start
     parts.safe_point.check(txn.start_ts)
     steps = one_phase_steps(cluster, parts) if crash is None else None
     if steps is not None:
@@ -176,16 +176,17 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
     cluster = txns[0].cluster
     if any(t.cluster is not cluster for t in txns):
         raise InvalidArgument("commit_group: every transaction must be of one cluster")
+    parts = internals(cluster)
     began = time.perf_counter()
     results: list[int | PercolatorError | None] = [None] * len(txns)
-    steps = one_phase_steps(cluster)
+    steps = one_phase_steps(cluster, parts)
     grouped: list[tuple[int, TwoPhaseCommit]] = []
     if steps is not None:
         for i, txn in enumerate(txns):
             if not txn._writes or txn._closed:
                 continue
             try:
-                internals(cluster).safe_point.check(txn.start_ts)
+                parts.safe_point.check(txn.start_ts)
             except PercolatorError as e:
                 txn._closed = True
                 results[i] = e
@@ -213,7 +214,7 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
                                      if (c.table, c.row, c.column) in taken),
                                 "written by a transaction committed with it", None)
                     except ConflictError as e:
-                        internals(cluster).stats["conflicts"] += 1
+                        parts.stats["conflicts"] += 1
                         results[i] = e
                         continue
                     if unlocked:
@@ -226,7 +227,7 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
                     _one_phase_write(member, found, commit_ts, batch)
                     results[i] = commit_ts
                 for table, mutations in batch.items():  # one write per table for all
-                    internals(cluster).store.mutate_rows(table, mutations)
+                    parts.store.mutate_rows(table, mutations)
         except PercolatorError as e:  # rolled back: none of the group committed
             for i, _ in grouped:
                 if not isinstance(results[i], ConflictError):
@@ -239,7 +240,7 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
         if isinstance(result, int):
             assert committer is not None
             txn.commit_ts = result
-            internals(cluster).stats["commits"] += 1
+            parts.stats["commits"] += 1
             _wake(committer)
         elif result is None:  # not grouped, or met a lock: on its own
             try:

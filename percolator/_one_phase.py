@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from percolator._commit_shared import (
+from percolator._commit_checks import (
     _LOCK_PREFIX,
     _check_writes,
     _write_notifications,
@@ -145,7 +145,7 @@ _CONFLICT_FIELDS = ((LOCK, "value"), (WRITE, "ts"))
 """What a one-phase commit's conflict read asks of each cell, in the order of its
 result: its lock's value (None: no lock cell; a lock cell's value is never empty),
 and its newest write record's timestamp (the records themselves only when that is at
-or above the start: :func:`percolator._commit_shared._writes_from`)."""
+or above the start: :func:`percolator._commit_checks._writes_from`)."""
 
 
 class _OnePhaseSteps(NamedTuple):
@@ -238,7 +238,7 @@ def _one_phase_check(
     """
     # Inside the atomic step, after its reads: no GC deletion can fall between
     # this check and the writes (see percolator._safe_point).
-    internals(committer.cluster).safe_point.check(committer.start_ts)
+    committer.parts.safe_point.check(committer.start_ts)
     for cell in committer.cells:
         lock_raw, writes = found[id(cell)]
         if not _one_phase_cell_ok(committer.start_ts, cell.table, cell.row, cell.column,

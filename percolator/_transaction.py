@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from percolator import metrics as _metrics
 from percolator._commit import commit_transaction
-from percolator._commit_shared import _CounterByKind
+from percolator._commit_checks import _CounterByKind
 from percolator._encoding import (
     DATA,
     FREE_TAG,

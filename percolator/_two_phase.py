@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING
 
 from percolator._cas import lock_cas
-from percolator._commit_shared import (
+from percolator._commit_checks import (
     _ROLLBACK_TAG,
     CrashPoint,
     SimulatedCrash,
@@ -56,7 +56,7 @@ from percolator._store import (
 )
 
 if TYPE_CHECKING:
-    from percolator._cluster import Cluster
+    from percolator._internals import Internals
     from percolator._transaction import TransactionBase
 
 log = logging.getLogger("percolator._commit")
@@ -76,7 +76,9 @@ class TwoPhaseCommit:
     def __init__(self, txn: TransactionBase, crash: CrashPoint | None) -> None:
         self.txn = txn
         self.cluster = txn.cluster
-        self.store = internals(txn.cluster).store
+        self.parts = parts = internals(txn.cluster)
+        """The cluster's parts, looked up once for the whole commit."""
+        self.store = parts.store
         self.crash = crash
         self.start_ts = txn.start_ts
         observed = self.cluster.observed_columns()
@@ -86,7 +88,7 @@ class TwoPhaseCommit:
         self.primary = self.cells[0]
         self.notifies = bool(txn._weak) or (bool(observed) and any(c.notify for c in self.cells))
         """Whether the commit makes notifications (weak ones, or of observed columns)."""
-        self.owner = internals(self.cluster).coordination.current_owner()
+        self.owner = parts.coordination.current_owner()
         self.ttl_ms = int(self.cluster.lock_ttl * 1000)
         self.locked: list[_Cell] = []
         self.refreshed_at = time.monotonic()
@@ -169,7 +171,7 @@ class TwoPhaseCommit:
             if lock_raw is not None and not isinstance(state, Free):
                 # Another transaction holds it (or its primary awaits clean-up): clean it
                 # up if its fate is decided or its owner is dead, else give way.
-                if not resolve_lock(internals(self.cluster), cell.table, cell.row, cell.column,
+                if not resolve_lock(self.parts, cell.table, cell.row, cell.column,
                                     lock_raw):
                     raise self._conflict(
                         cell, f"locked by live transaction {getattr(state, 'start_ts', '?')}",
@@ -206,7 +208,7 @@ class TwoPhaseCommit:
         """Lock the primary, then the secondaries (one batched read for all of them),
         or, where the store can test the conflict conditions itself, one conditional
         mutation per cell, reading only a cell whose conditions held."""
-        with internals(self.cluster).taking_locks():
+        with self.parts.taking_locks():
             self._prewrite_all()
 
     def _prewrite_all(self) -> None:
@@ -264,7 +266,7 @@ class TwoPhaseCommit:
         referenced by a write record, so it stays invisible."""
         for cell in reversed(self.locked):
             try:
-                release(internals(self.cluster), cell.table, cell.row, cell.column, cell.held,
+                release(self.parts, cell.table, cell.row, cell.column, cell.held,
                         self.start_ts, None)
             except PercolatorError:
                 log.warning("could not release lock of %d on %s/%r/%s; readers will clean it",
@@ -283,7 +285,7 @@ class TwoPhaseCommit:
         p = self.primary
         # Not under an identity whose session expired: others may treat its locks as
         # abandoned (raises CoordinationError; the caller releases the locks).
-        internals(self.cluster).coordination.confirm_owner(self.owner)
+        self.parts.coordination.confirm_owner(self.owner)
         self._refresh_primary()
         column = f"{LOCK}:{p.column}"
         delete, notify = p.value is None, p.notify
@@ -313,11 +315,11 @@ class TwoPhaseCommit:
         if not won:
             raise self._conflict(p, "rolled back by a cleaner before the commit point", None)
         self.txn.commit_ts = commit_ts
-        internals(self.cluster).stats["commits"] += 1
+        self.parts.stats["commits"] += 1
         self._maybe_crash("commit_point", 0)
         if not self.store.atomic_row_cas:
             try:
-                release(internals(self.cluster), p.table, p.row, p.column, decided, self.start_ts,
+                release(self.parts, p.table, p.row, p.column, decided, self.start_ts,
                         (commit_ts, delete, notify), inline=p.inline)
             except PercolatorError:
                 log.warning("committed %d but could not release its primary", self.start_ts)
@@ -361,7 +363,7 @@ class TwoPhaseCommit:
 
     def _committed_anyway(self, commit_ts: int, error: PercolatorError | None) -> bool:
         """:func:`committed_anyway` for this transaction's primary."""
-        return committed_anyway(self.cluster, self._lock_for(self.primary), commit_ts, error)
+        return committed_anyway(self.parts, self._lock_for(self.primary), commit_ts, error)
 
     def commit_secondaries(self, commit_ts: int) -> None:
         """After the commit point: write the other secondaries' records at *commit_ts*
@@ -379,7 +381,7 @@ class TwoPhaseCommit:
                 self.store.mutate_rows(table, mutations)
         for index, cell in enumerate(secondaries):
             self._maybe_crash("commit", index)
-            release(internals(self.cluster), cell.table, cell.row, cell.column, cell.held,
+            release(self.parts, cell.table, cell.row, cell.column, cell.held,
                     self.start_ts,
                     (commit_ts, cell.value is None, cell.notify), recorded=recorded,
                     inline=cell.inline)
@@ -387,7 +389,7 @@ class TwoPhaseCommit:
 
 
 def committed_anyway(
-    cluster: Cluster, lock: Lock, commit_ts: int, error: PercolatorError | None
+    parts: Internals, lock: Lock, commit_ts: int, error: PercolatorError | None
 ) -> bool:
     """Whether the commit at *commit_ts* of the transaction of *lock* (whose primary
     it names) applied although the commit point's compare-and-set said no (*error*
@@ -401,7 +403,7 @@ def committed_anyway(
     unknown = (f"the store failed at the commit point of transaction {lock.start_ts}: "
                f"{error}; it may or may not have committed")
     try:
-        status = check_txn_status(internals(cluster), lock)
+        status = check_txn_status(parts, lock)
     except PercolatorError as e:
         raise CommitUnknownError(
             unknown if error is not None else
@@ -425,33 +427,32 @@ def free_locks_may_stay(store: Store) -> bool:
 
 
 def _finish_two_phase(committer: TwoPhaseCommit) -> int:
-    cluster = committer.cluster
     try:
         commit_ts = _commit_two_phase(committer)
     except SimulatedCrash:
         raise  # a dead committer sweeps nothing
     except BaseException:
-        internals(cluster).sweep_locks()
+        committer.parts.sweep_locks()
         raise
-    internals(cluster).sweep_locks()
+    committer.parts.sweep_locks()
     _wake(committer)
     return commit_ts
 
 
 def _wake(committer: TwoPhaseCommit) -> None:
     if committer.notifies:
-        internals(committer.cluster).wake_observers()
+        committer.parts.wake_observers()
 
 
-def _commit_timestamp(txn: TransactionBase) -> int:
+def _commit_timestamp(committer: TwoPhaseCommit) -> int:
     """The commit timestamp, drawn after the prewrite. An observer run that asked for
     its worker's next start timestamp (``_next_start``) gets it from the same draw,
     one above: a start timestamp drawn after this one is valid at any later time (a
     commit below it drew its timestamp earlier, after its own locks were written, so
     a read at it finds the lock or the commit), which is what the worker's next run
     needs; docs/timestamps.md, "A start timestamp drawn with the previous commit"."""
-    timestamps = internals(txn.cluster).timestamps
-    spare = txn._next_start
+    timestamps = committer.parts.timestamps
+    spare = committer.txn._next_start
     if spare is None:
         return timestamps.get_timestamp()
     drawn = timestamps.get_timestamps(2)
@@ -460,14 +461,14 @@ def _commit_timestamp(txn: TransactionBase) -> int:
 
 
 def _commit_two_phase(committer: TwoPhaseCommit) -> int:
-    txn, cluster = committer.txn, committer.cluster
+    txn = committer.txn
     try:
         committer.prewrite()
         # After the prewrite, before the commit point: a transaction overtaken by the
         # GC safe point never commits (see percolator._safe_point).
-        internals(cluster).safe_point.check(txn.start_ts)
+        committer.parts.safe_point.check(txn.start_ts)
     except ConflictError:
-        internals(cluster).stats["conflicts"] += 1
+        committer.parts.stats["conflicts"] += 1
         committer.abort()
         raise
     except SimulatedCrash:
@@ -476,7 +477,7 @@ def _commit_two_phase(committer: TwoPhaseCommit) -> int:
         committer.abort()
         raise
     try:
-        commit_ts = _commit_timestamp(txn)
+        commit_ts = _commit_timestamp(committer)
         # Weak notifications go before the commit point, so a committer that dies after
         # it cannot lose them (nothing else would write them); one that fails at the
         # commit point leaves a spurious one, which only runs an observer for nothing.
@@ -489,7 +490,7 @@ def _commit_two_phase(committer: TwoPhaseCommit) -> int:
     try:
         committer.commit_point(commit_ts)
     except ConflictError:
-        internals(cluster).stats["conflicts"] += 1
+        committer.parts.stats["conflicts"] += 1
         committer.abort()
         raise
     except CoordinationError:  # raised before the commit point's write: nothing committed

@@ -111,7 +111,7 @@ if _typing.TYPE_CHECKING:
     )
     from percolator._observer_hooks import ObserverRun, Settlement, internal_columns
     from percolator._pause import pause_point
-    from percolator._recipe_support import committed_puts, last_task_run, record_task_run
+    from percolator._recipe_tables import committed_puts, last_task_run, record_task_run
     from percolator._store import (
         ATOMICALLY,
         CAPABILITIES,
@@ -250,9 +250,9 @@ _SOURCES: dict[str, str] = {
     "commit_transaction": "_commit",
     "commits_in_one_phase": "_commit",
     "TwoPhaseCommit": "_two_phase",
-    "committed_puts": "_recipe_support",
-    "last_task_run": "_recipe_support",
-    "record_task_run": "_recipe_support",
+    "committed_puts": "_recipe_tables",
+    "last_task_run": "_recipe_tables",
+    "record_task_run": "_recipe_tables",
     "BatchedDraws": "_batching",
     "pause_point": "_pause",
     "make_client": "_zk_client",

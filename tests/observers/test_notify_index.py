@@ -16,7 +16,7 @@ import percolator
 from observers import Observer, Worker, wait_for_observers
 from percolator import Snapshot, Transaction, TransactionBase, metrics
 from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
-from percolator._commit_shared import _write_notifications
+from percolator._commit_checks import _write_notifications
 from percolator._internals import internals
 from percolator._notifications import WaitTimeout, pending_notifications
 from percolator._notify_index import (

@@ -1,6 +1,7 @@
-"""What both commit paths share (:mod:`percolator._commit`): the conflict checks
-(first committer wins), the reads of a prewrite, the notifications a commit writes,
-the crash points of the tests, and the commit-latency record."""
+"""The checks and reads of a commit, and what it writes besides its cells, shared by
+both commit paths (:mod:`percolator._commit`): the conflict checks (first committer
+wins) and the reads of a prewrite they look at, the notifications a commit writes, the
+crash points of the tests, and the commit-latency record."""
 
 from __future__ import annotations
 
