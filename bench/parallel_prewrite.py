@@ -50,7 +50,7 @@ def main() -> int:
                         for i in range(k):
                             txn.set("b", b"%s-%d-%d-%d" % (mode.encode(), k, rep, i), "c:v",
                                     b"x")
-                        committer = TwoPhaseCommit(txn, None)
+                        committer = TwoPhaseCommit.of(txn)
                         t0, c0 = time.perf_counter(), time.process_time()
                         if mode == "seq":
                             done = [committer.prewrite_guarded(store, c)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from percolator import metrics as _metrics
 from percolator._commit import commit_transaction
-from percolator._commit_checks import _CounterByKind
+from percolator._commit_checks import WriteSet, _CounterByKind
 from percolator._encoding import (
     DATA,
     FREE_TAG,
@@ -678,6 +678,14 @@ class TransactionBase(Snapshot):
     def writes(self) -> dict[WriteKey, bytes | None]:
         """The buffered writes (value None: a delete), in the order first written."""
         return dict(self._writes)
+
+    def _write_set(self) -> WriteSet:
+        """Close the transaction and hand its commit what it wrote, once per commit
+        attempt (a commit that starts over hands it over again): the commit reads
+        nothing else of it (:class:`~percolator._commit_checks.WriteSet`)."""
+        self._closed = True
+        return WriteSet(self, self.cluster, self._parts, self._kind, self._writes, self._weak,
+                        self._settlement, self._next_start)
 
     def _scan(
         self, table: str, start: bytes | None, stop: bytes | None, columns: list[str] | None

@@ -14,6 +14,7 @@ from percolator._commit_checks import (
     _ROLLBACK_TAG,
     CrashPoint,
     SimulatedCrash,
+    WriteSet,
     _Cell,
     _check_writes,
     _conflict,
@@ -21,6 +22,7 @@ from percolator._commit_checks import (
     _read_prewrite_state,
     _successor,
     _write_notifications,
+    cells_of,
 )
 from percolator._encoding import (
     DATA,
@@ -40,7 +42,6 @@ from percolator._errors import (
     CoordinationError,
     PercolatorError,
 )
-from percolator._internals import internals
 from percolator._lock_resolver import check_txn_status, release, resolve_lock, write_cells
 from percolator._store import (
     ATOMICALLY,
@@ -68,30 +69,37 @@ class TwoPhaseCommit:
     the transaction), :meth:`commit_secondaries` (clean-up that readers would otherwise
     roll forward), or :meth:`abort` (release what the prewrite locked).
 
-    ``cells`` holds one entry per written cell, the primary first. *crash* stops the
-    commit at a :class:`CrashPoint`, as if its process died there (test harnesses).
-    :func:`commit_transaction` runs the phases in order; a harness runs one of them
-    alone (``bench/parallel_prewrite.py`` times :meth:`prewrite_guarded`)."""
+    It works on the :class:`WriteSet` the transaction handed over (*ws*; :meth:`of` takes
+    it from a transaction) and the cluster's parts it holds. ``cells`` holds one entry
+    per written cell, the primary first (*cells*: those of :func:`cells_of`, where the
+    caller made them). *crash* stops the commit at a :class:`CrashPoint`, as if its
+    process died there (test harnesses). :func:`commit_transaction` runs the phases in
+    order; a harness runs one of them alone (``bench/parallel_prewrite.py`` times
+    :meth:`prewrite_guarded`)."""
 
-    def __init__(self, txn: TransactionBase, crash: CrashPoint | None) -> None:
-        self.txn = txn
-        self.cluster = txn.cluster
-        self.parts = parts = internals(txn.cluster)
-        """The cluster's parts, looked up once for the whole commit."""
+    def __init__(self, ws: WriteSet, crash: CrashPoint | None,
+                 cells: tuple[list[_Cell], bool] | None = None) -> None:
+        self.write_set = ws
+        self.cluster = ws.cluster
+        self.parts = parts = ws.parts
+        """The cluster's parts, looked up once when the transaction began."""
         self.store = parts.store
         self.crash = crash
-        self.start_ts = txn.start_ts
-        observed = self.cluster.observed_columns()
-        self.cells = [
-            _Cell(t, r, c, v, (t, c) in observed) for (t, r, c), v in txn._writes.items()
-        ]
+        self.start_ts = ws.txn.start_ts
+        self.cells, self.notifies = cells_of(ws) if cells is None else cells
+        """The cells, and whether the commit makes notifications (weak ones, or of
+        observed columns)."""
         self.primary = self.cells[0]
-        self.notifies = bool(txn._weak) or (bool(observed) and any(c.notify for c in self.cells))
-        """Whether the commit makes notifications (weak ones, or of observed columns)."""
         self.owner = parts.coordination.current_owner()
         self.ttl_ms = int(self.cluster.lock_ttl * 1000)
         self.locked: list[_Cell] = []
         self.refreshed_at = time.monotonic()
+
+    @classmethod
+    def of(cls, txn: TransactionBase, crash: CrashPoint | None = None) -> TwoPhaseCommit:
+        """The two-phase commit of *txn*, which hands its writes over (and is closed
+        from then on)."""
+        return cls(txn._write_set(), crash)
 
     @property
     def recheck_after_lock(self) -> bool:
@@ -126,7 +134,7 @@ class TwoPhaseCommit:
     def _read_for_prewrite(self, cells: list[_Cell]) -> dict[int, tuple[bytes | None, list[Cell]]]:
         """One batched read per table: each cell's lock and its newest write record at or
         above start_ts (see :func:`_read_prewrite_state`)."""
-        return _read_prewrite_state([(self, cells)])
+        return _read_prewrite_state(self.store, [(self.start_ts, cells)])
 
     def _check_writes(self, cell: _Cell, writes: list[Cell]) -> None:
         _check_writes(self.start_ts, cell.table, cell.row, cell.column, writes)
@@ -303,8 +311,8 @@ class TwoPhaseCommit:
                     # Left in place if a cleaner rolled the primary forward first
                     # (lock_cas also answers True then): a later pass finds the
                     # notification acknowledged and deletes it.
-                    assert self.txn._settlement is not None
-                    self.txn._settlement.done = True
+                    assert self.write_set.settlement is not None
+                    self.write_set.settlement.done = True
             else:
                 decided = encode_lock(Committed(self.start_ts, commit_ts, delete, notify, p.inline))
                 won = lock_cas(self.store, p.table, p.row, column, p.held, decided)
@@ -314,7 +322,7 @@ class TwoPhaseCommit:
             won = won or self._committed_anyway(commit_ts, None)
         if not won:
             raise self._conflict(p, "rolled back by a cleaner before the commit point", None)
-        self.txn.commit_ts = commit_ts
+        self.write_set.txn.commit_ts = commit_ts
         self.parts.stats["commits"] += 1
         self._maybe_crash("commit_point", 0)
         if not self.store.atomic_row_cas:
@@ -331,7 +339,7 @@ class TwoPhaseCommit:
         deletion after the commit, and no window in which the run is committed and its
         notification still pending. The versions at or below the newest one the run
         read: a change committed meanwhile notifies again."""
-        settlement = self.txn._settlement  # see percolator._observer_hooks
+        settlement = self.write_set.settlement  # see percolator._observer_hooks
         p = self.primary
         if settlement is None or not declares(self.store, CAS_DELETES):
             return []
@@ -452,7 +460,7 @@ def _commit_timestamp(committer: TwoPhaseCommit) -> int:
     a read at it finds the lock or the commit), which is what the worker's next run
     needs; docs/timestamps.md, "A start timestamp drawn with the previous commit"."""
     timestamps = committer.parts.timestamps
-    spare = committer.txn._next_start
+    spare = committer.write_set.next_start
     if spare is None:
         return timestamps.get_timestamp()
     drawn = timestamps.get_timestamps(2)
@@ -461,7 +469,7 @@ def _commit_timestamp(committer: TwoPhaseCommit) -> int:
 
 
 def _commit_two_phase(committer: TwoPhaseCommit) -> int:
-    txn = committer.txn
+    txn, ws = committer.write_set.txn, committer.write_set
     try:
         committer.prewrite()
         # After the prewrite, before the commit point: a transaction overtaken by the
@@ -483,7 +491,7 @@ def _commit_two_phase(committer: TwoPhaseCommit) -> int:
         # commit point leaves a spurious one, which only runs an observer for nothing.
         # The index entries of strong ones go here too (a spurious entry is deleted by
         # the first worker that finds its cell settled).
-        _write_notifications(txn, committer.cells, commit_ts)
+        _write_notifications(ws, committer.cells, commit_ts)
     except BaseException:
         committer.abort()
         raise

@@ -36,7 +36,7 @@ def _one_phase_mutant(txn: Transaction) -> None:
     then one conditional mutation guarded by every conflict condition of the
     prewrite (live locks, newer writes, our rollback) that writes the write records
     and FREE locks at once."""
-    committer = TwoPhaseCommit(txn, None)
+    committer = TwoPhaseCommit.of(txn)
     store = internals(txn.cluster).store
     assert isinstance(store, GuardedSet)
     commit_ts = internals(txn.cluster).timestamps.get_timestamp()
