@@ -44,8 +44,12 @@ sys.path.insert(0, ROOT)
 
 import percolator  # noqa: E402
 from bench._common import cpu_model, write_section  # noqa: E402
-from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction  # noqa: E402
-from percolator._internals import internals  # noqa: E402
+from percolator.ext import (  # noqa: E402
+    CrashPoint,
+    SimulatedCrash,
+    commit_transaction,
+    internals,
+)
 from tests._zookeeper import ZooKeeperServer, four_letter  # noqa: E402
 
 SECTION = "## ZooKeeper coordination (bench/coordination.py)"
@@ -150,7 +154,7 @@ def ops_per_transaction(zk: ZooKeeperServer, transactions: int) -> dict[str, flo
 
 
 def advisory(zk: ZooKeeperServer, seconds: float) -> dict[str, float]:
-    from percolator._zookeeper import ZooKeeperCoordination
+    from percolator.ext import ZooKeeperCoordination
 
     chroot = zk.create_chroot()
     coords = [ZooKeeperCoordination(chroot) for _ in range(2)]

@@ -50,8 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import percolator
 from bench._common import cpu_model, write_section
-from percolator._internals import internals
-from percolator._store import Mutation, Read
+from percolator.ext import Mutation, Read, internals
 
 ROOT = Path(__file__).resolve().parent.parent
 REFRESH = 0.01

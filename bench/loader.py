@@ -29,8 +29,10 @@ if ROOT not in sys.path:
 
 import percolator  # noqa: E402
 from bench._common import cpu_model  # noqa: E402
-from percolator._encoding import FAMILIES  # noqa: E402
-from percolator._store import Mutation  # noqa: E402
+from percolator.ext import (  # noqa: E402
+    FAMILIES,
+    Mutation,
+)
 
 COLUMNS = 5
 

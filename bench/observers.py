@@ -47,8 +47,11 @@ import percolator  # noqa: E402
 from bench._common import cpu_model, write_section  # noqa: E402
 from observers import Observer, Worker, wait_for_observers  # noqa: E402
 from percolator import TransactionBase  # noqa: E402
-from percolator._internals import internals  # noqa: E402
-from percolator._store import Mutation, Read  # noqa: E402
+from percolator.ext import (  # noqa: E402
+    Mutation,
+    Read,
+    internals,
+)
 
 SECTION = "## Observers (bench/observers.py)"
 
@@ -212,7 +215,7 @@ def remote_curve(backend: str, processes: list[int], n: int, rounds: int) -> dic
     share of each worker process, of the store server and of this process (its
     completion checks) over the drain."""
     from bench.observers_remote import _cpu_seconds, _url
-    from percolator._notifications import wait_until_idle
+    from percolator.ext import wait_until_idle
 
     servers, hostport, stop = _start_store_server(backend)
     found: dict[int, list[dict[str, Any]]] = {}
@@ -280,7 +283,7 @@ def _start_store_server(backend: str) -> tuple[list[Any], str, Any]:
 
 def _raw_puts_per_s(cluster: percolator.Cluster, n: int) -> float:
     """Single-cell raw store puts per second, one call each, as the drain's baseline."""
-    from percolator._store import Mutation
+    from percolator.ext import Mutation
 
     store = internals(cluster).store
     store.create_table("rawputs", {"c": 1})

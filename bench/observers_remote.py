@@ -31,9 +31,12 @@ sys.path.insert(0, str(ROOT))
 
 import percolator  # noqa: E402
 from bench._common import cpu_model, write_section  # noqa: E402
-from percolator._internals import internals  # noqa: E402
-from percolator._notify_index import write_entries  # noqa: E402
-from percolator._store import Mutation, Read  # noqa: E402
+from percolator.ext import (  # noqa: E402
+    Mutation,
+    Read,
+    internals,
+    write_entries,
+)
 
 SECTION = "## Observers on remote stores (bench/observers_remote.py)"
 CLK_TCK = os.sysconf("SC_CLK_TCK")

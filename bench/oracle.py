@@ -201,7 +201,7 @@ class Server:
             return c.status()
 
     def wait(self, leader: bool = True, timeout: float = 30.0) -> None:
-        from percolator._errors import OracleUnavailable
+        from percolator import OracleUnavailable
 
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -325,7 +325,7 @@ def bench_tls(args: argparse.Namespace, tmp: str, plain: dict[str, float]) -> di
 def bench_failover(args: argparse.Namespace, tmp: str) -> list[float]:
     from oracle import OracleClient
     from oracle._target import zk_paths
-    from percolator._zk_client import make_client, start_client
+    from percolator.ext import make_client, start_client
     from tests._zookeeper import ZooKeeperServer, java_available
 
     missing = java_available()

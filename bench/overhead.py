@@ -40,9 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import percolator
 from bench._common import cpu_model
-from percolator._internals import internals
-from percolator._store import Guard, Mutation, Read
-from percolator._timestamps import StoreTimestamps
+from percolator.ext import Guard, Mutation, Read, StoreTimestamps, internals
 
 TABLE = "bench"
 COLUMN = "c:value"

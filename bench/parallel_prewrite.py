@@ -26,9 +26,7 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     import percolator
     from bench.observers_remote import _url
-    from percolator._internals import internals
-    from percolator._store import GuardedSet
-    from percolator._two_phase import _Committer
+    from percolator.ext import GuardedSet, TwoPhaseCommit, internals
     from tests._bigtable import start_emulator
 
     parser = argparse.ArgumentParser(description=__doc__)
@@ -52,14 +50,14 @@ def main() -> int:
                         for i in range(k):
                             txn.set("b", b"%s-%d-%d-%d" % (mode.encode(), k, rep, i), "c:v",
                                     b"x")
-                        committer = _Committer(txn, None)
+                        committer = TwoPhaseCommit.of(txn)
                         t0, c0 = time.perf_counter(), time.process_time()
                         if mode == "seq":
-                            done = [committer._prewrite_guarded(store, c)
+                            done = [committer.prewrite_guarded(store, c)
                                     for c in committer.cells]
                         else:
                             done = list(pool.map(
-                                lambda c: committer._prewrite_guarded(store, c),  # noqa: B023
+                                lambda c: committer.prewrite_guarded(store, c),  # noqa: B023
                                 committer.cells))
                         found[mode].append((time.perf_counter() - t0, time.process_time() - c0))
                         assert all(done)

@@ -20,8 +20,7 @@ import tempfile
 import time
 
 import percolator
-from percolator._internals import internals
-from percolator._timestamps import HostTimestamps
+from percolator.ext import HostTimestamps, internals
 
 
 class _NoWriteStep:

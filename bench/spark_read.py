@@ -33,9 +33,11 @@ if ROOT not in sys.path:
 
 import percolator  # noqa: E402
 from bench._common import cpu_model, write_section  # noqa: E402
-from percolator._encoding import WRITE  # noqa: E402
-from percolator._internals import internals  # noqa: E402
-from percolator._store import Read  # noqa: E402
+from percolator.ext import (  # noqa: E402
+    WRITE,
+    Read,
+    internals,
+)
 
 SECTION = "## Spark reads (bench/spark_read.py)"
 COLUMNS = ("c:a", "c:b")

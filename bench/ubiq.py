@@ -32,9 +32,12 @@ sys.path.insert(0, str(ROOT))
 import percolator  # noqa: E402
 from bench._common import header, publish  # noqa: E402
 from observers import Worker, ubiq  # noqa: E402
-from percolator._encoding import FAMILIES  # noqa: E402
-from percolator._internals import internals  # noqa: E402
-from percolator._store import Mutation, Read  # noqa: E402
+from percolator.ext import (  # noqa: E402
+    FAMILIES,
+    Mutation,
+    Read,
+    internals,
+)
 
 SECTION = "## Ubiq (bench/ubiq.py)"
 FILES = 10

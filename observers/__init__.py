@@ -22,7 +22,7 @@ from observers._observer import Observer
 from observers._periodic import Periodic
 from observers._verify import VerifyReport
 from observers._worker import CommitHook, Worker, load_observers, wait_for_observers
-from percolator._notifications import Quarantined, WaitTimeout, ack_column
+from percolator.ext import Quarantined, WaitTimeout, ack_column
 
 __all__ = [
     "CommitHook",

@@ -14,8 +14,11 @@ import sys
 import percolator
 from observers._periodic import Periodic
 from observers._worker import Worker, load_observers
-from percolator._notifications import watch_pending_notifications
-from percolator._tls import add_zookeeper_tls_arguments, zookeeper_tls_from_arguments
+from percolator.ext import (
+    add_zookeeper_tls_arguments,
+    watch_pending_notifications,
+    zookeeper_tls_from_arguments,
+)
 from percolator.metrics import add_arguments as add_metrics_arguments
 
 

@@ -8,9 +8,7 @@ import logging
 
 from observers._runs import Group, ObserverRuns, Outcome, Run
 from percolator import PercolatorError, is_retryable
-from percolator._commit import commit_group, one_phase_steps
-from percolator._internals import internals
-from percolator._notifications import format_row
+from percolator.ext import commit_group, commits_in_one_phase, format_row, internals
 from percolator.metrics import inc as _inc
 
 __all__ = ["GROUP_MAX", "GroupCommits"]
@@ -28,7 +26,7 @@ class GroupCommits(ObserverRuns):
     def _commits_in_groups(self) -> bool:
         """Whether observer commits can share a store write (the embedded store's
         one-phase commits)."""
-        return GROUP_MAX > 1 and one_phase_steps(self.cluster) is not None
+        return GROUP_MAX > 1 and commits_in_one_phase(self.cluster)
 
     def _flush(self, group: Group) -> None:
         """Commit the group's observer transactions together (``commit_group``: one

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from percolator import InvalidArgument, TransactionBase
-from percolator._encoding import check_column, check_table
-from percolator._observer_hooks import ObserverRun
+from percolator.ext import ObserverRun, check_column, check_table
 
 __all__ = ["Observer"]
 

@@ -19,8 +19,7 @@ import time
 from collections.abc import Callable
 
 from percolator import Cluster, InvalidArgument
-from percolator._internals import internals
-from percolator._recipe_support import last_task_run, record_task_run
+from percolator.ext import internals, last_task_run, record_task_run
 
 __all__ = ["Periodic"]
 

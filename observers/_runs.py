@@ -30,20 +30,23 @@ from percolator import (
     StoreUnavailable,
     is_retryable,
 )
-from percolator._commit import commit_transaction
-from percolator._encoding import NOTIFY
-from percolator._internals import internals
-from percolator._notifications import (
+from percolator.ext import (
+    NOTIFY,
     NOTIFY_WEAK,
+    Mutation,
+    NextStart,
     Quarantined,
+    Read,
+    RowCells,
+    Settlement,
     ack_column,
     clear_failures,
+    commit_transaction,
     format_row,
+    internals,
     quarantine,
     record_failure,
 )
-from percolator._observer_hooks import NextStart, Settlement
-from percolator._store import Mutation, Read, RowCells
 from percolator.metrics import inc as _inc
 from percolator.metrics import observe as _observe
 

@@ -14,10 +14,16 @@ from collections.abc import Iterator
 from observers._groups import GROUP_MAX, GroupCommits
 from observers._runs import Group, Indexed
 from percolator import PercolatorError
-from percolator._encoding import NOTIFY
-from percolator._internals import internals
-from percolator._notify_index import scan_index, settle, settle_rows
-from percolator._store import SPLIT_KEYS, Read, offered
+from percolator.ext import (
+    NOTIFY,
+    SPLIT_KEYS,
+    Read,
+    internals,
+    offered,
+    scan_index,
+    settle,
+    settle_rows,
+)
 from percolator.metrics import observe as _observe
 
 __all__ = ["Bell", "Handed", "ScanPasses", "Served", "Spread"]

@@ -60,10 +60,7 @@ from observers._runs import CommitHook, Failures
 from observers._scanning import Bell, ScanPasses, Served
 from observers._turns import StoreTurn, Waits
 from percolator import Cluster, InvalidArgument, PercolatorError
-from percolator._internals import internals
-from percolator._notifications import wait_until_idle
-from percolator._notify_index import migrate, uses_index
-from percolator._store import SINGLE_WRITER, declares
+from percolator.ext import SINGLE_WRITER, declares, internals, migrate, uses_index, wait_until_idle
 
 __all__ = ["CommitHook", "Worker", "wait_for_observers"]
 

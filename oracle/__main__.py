@@ -17,7 +17,7 @@ else:
     _MISSING = None
 from oracle import _INSTALL_HINT
 from percolator import InvalidArgument, PercolatorError, TlsConfig, TlsError
-from percolator._tls import add_zookeeper_tls_arguments, zookeeper_tls_from_arguments
+from percolator.ext import add_zookeeper_tls_arguments, zookeeper_tls_from_arguments
 from percolator.metrics import add_arguments as add_metrics_arguments
 
 log = logging.getLogger("oracle")

@@ -31,9 +31,14 @@ from oracle._target import (
     zk_paths,
 )
 from percolator import InvalidArgument, OracleUnavailable, TlsConfig, TlsError
-from percolator._batching import BatchedDraws
-from percolator._tls import HTTP2_PREFACE, check_tls, diagnose
-from percolator._zk_client import make_client, start_client
+from percolator.ext import (
+    HTTP2_PREFACE,
+    BatchedDraws,
+    check_tls,
+    diagnose,
+    make_client,
+    start_client,
+)
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient

@@ -43,9 +43,14 @@ from oracle._target import (
     zk_paths,
 )
 from percolator import InvalidArgument, TlsConfig
-from percolator._pause import pause_point
-from percolator._tls import check_tls, describe_server, validity_problem
-from percolator._zk_client import make_client, start_client
+from percolator.ext import (
+    check_tls,
+    describe_server,
+    make_client,
+    pause_point,
+    start_client,
+    validity_problem,
+)
 from percolator.metrics import observe as _observe
 
 if TYPE_CHECKING:

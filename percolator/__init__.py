@@ -39,9 +39,10 @@ if _typing.TYPE_CHECKING:
         ValueTooLargeError,
         is_retryable,
     )
-    from percolator._retry import RetryPolicy, transactional
+    from percolator._retry import RetryPolicy
     from percolator._tls import TlsConfig
     from percolator._transaction import Snapshot, Transaction, TransactionBase
+    from percolator._transactional import transactional
     from percolator._zookeeper import publish_config
 
 _PUBLIC: dict[str, str] = {
@@ -70,7 +71,7 @@ _PUBLIC: dict[str, str] = {
     "connect": "_cluster",
     "is_retryable": "_errors",
     "publish_config": "_zookeeper",
-    "transactional": "_retry",
+    "transactional": "_transactional",
 }
 """Public name -> the module defining it. The names are loaded at first use (PEP 562),
 so that a program that needs only the shared base (``_errors``, ``_tls``,

@@ -77,7 +77,8 @@ class BatchedDraws:
     def draw(self, n: int) -> range:
         """*n* consecutive timestamps from a request sent after this call began.
 
-        :raises: what :meth:`close` was given, once closed; what the request raised.
+        Once closed, it raises the error :meth:`close` was given; a request that
+        failed raises its error in every caller it served.
         """
         w = _Waiter(n)
         with self._lock:

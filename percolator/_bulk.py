@@ -153,6 +153,8 @@ class LoadTxn:
         return self.load_id.encode()
 
     def lock(self, column: str, wall_ms: int | None = None) -> Lock:
+        """The lock this load puts on a cell of *column*: its primary is the load's row
+        of the loads table; *wall_ms*, its time (the load's own by default)."""
         return Lock(
             start_ts=self.start_ts,
             primary_table=LOADS_TABLE,
@@ -721,9 +723,10 @@ class BulkLoad:
                 store.mutate_rows(LOADS_TABLE, [Mutation(self.row, body)])
                 won = lock_cas(store, LOADS_TABLE, self.row, column, held, decided)
         except PercolatorError as e:  # as a transaction's commit point (percolator/_cas.py)
-            won = committed_anyway(self.cluster, txn.lock(LOAD_COLUMN), commit_ts, e)
+            won = committed_anyway(internals(self.cluster), txn.lock(LOAD_COLUMN), commit_ts, e)
         else:
-            won = won or committed_anyway(self.cluster, txn.lock(LOAD_COLUMN), commit_ts, None)
+            won = won or committed_anyway(internals(self.cluster), txn.lock(LOAD_COLUMN),
+                                          commit_ts, None)
         if won and not store.atomic_row_cas:
             release(internals(self.cluster), LOADS_TABLE, self.row, LOAD_COLUMN, decided,
                     txn.start_ts, (commit_ts, False, False))
@@ -763,6 +766,8 @@ class BulkLoad:
         return bool(cells.get(self.row))
 
     def mark_finished(self, commit_ts: int) -> None:
+        """Record in the loads table that this load committed at *commit_ts*: a rerun of
+        it then finds it done (:class:`AlreadyLoaded`)."""
         internals(self.cluster).store.mutate_rows(
             LOADS_TABLE, [Mutation(self.row, [(_FINISHED, commit_ts, b"1")])]
         )

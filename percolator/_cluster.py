@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from percolator import _embedded_mode
 from percolator._coordination import Coordination
@@ -31,11 +31,9 @@ from percolator._safe_point import SafePoint
 from percolator._store import Mutation, Read, Store
 from percolator._timestamps import StoreTimestamps, TimestampSource, open_oracle
 from percolator._tls import TlsConfig, check_tls
+from percolator._transaction import Snapshot, Transaction
 from percolator.metrics import record_gc_pass
 from percolator.stores import open_store
-
-if TYPE_CHECKING:
-    from percolator._transaction import Snapshot, Transaction
 
 __all__ = ["Cluster", "connect"]
 
@@ -376,15 +374,11 @@ class Cluster:
 
     def transaction(self) -> Transaction:
         """A new :class:`~percolator.Transaction` (same as ``Transaction(cluster)``)."""
-        from percolator._transaction import Transaction
-
         return Transaction(self)
 
     def snapshot(self, *, start_ts: int | None = None) -> Snapshot:
         """A new :class:`~percolator.Snapshot` (same as ``Snapshot(cluster)``): close
         it, or use it as a context manager, as it holds garbage collection back."""
-        from percolator._transaction import Snapshot
-
         return Snapshot(self, start_ts=start_ts)
 
     @property

@@ -38,10 +38,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from percolator import metrics as _metrics
-from percolator._commit_shared import (
+from percolator._commit_checks import (
     _COMMITTED,
     CrashPoint,
     SimulatedCrash,
+    WriteSet,
+    _conflict,
     _read_prewrite_state,
     _record,
     _write_notifications,
@@ -54,6 +56,7 @@ from percolator._errors import (
 )
 from percolator._internals import internals
 from percolator._one_phase import (
+    GroupMember,
     _commit_one_phase,
     _one_phase_check,
     _one_phase_write,
@@ -61,20 +64,26 @@ from percolator._one_phase import (
 )
 from percolator._store import Mutation
 from percolator._two_phase import (
-    _Committer,
+    TwoPhaseCommit,
     _finish_two_phase,
-    _wake,
     committed_anyway,
     free_locks_may_stay,
 )
 from percolator.metrics import observe as _observe
 
 if TYPE_CHECKING:
+    from percolator._cluster import Cluster
     from percolator._transaction import TransactionBase
 
 __all__ = [
-    "CrashPoint", "SimulatedCrash", "commit_group", "commit_transaction",
-    "committed_anyway", "free_locks_may_stay", "one_phase_steps",
+    "CrashPoint",
+    "SimulatedCrash",
+    "commit_group",
+    "commit_transaction",
+    "commits_in_one_phase",
+    "committed_anyway",
+    "free_locks_may_stay",
+    "one_phase_steps",
 ]
 
 log = logging.getLogger("percolator._commit")
@@ -92,45 +101,46 @@ def commit_transaction(
     safe point (nothing of it committed), to make *txn* ready for one more attempt,
     which is the one the metrics count."""
     began = _perf_counter()
+    ws = txn._write_set()
     try:
         try:
-            commit_ts = _commit_transaction(txn, crash)
+            commit_ts = _commit_write_set(ws, crash)
         except (ConflictError, SnapshotTooOldError) as first:
             if again is None:
                 raise
             if isinstance(first, ConflictError):  # counted where it was met; not the app's
-                txn._parts.stats["conflicts"] -= 1
+                ws.parts.stats["conflicts"] -= 1
             again()
-            commit_ts = _commit_transaction(txn, crash)
+            commit_ts = _commit_write_set(txn._write_set(), crash)
     except BaseException as e:
-        _record(txn._kind, began, e)
+        _record(ws.kind, began, e)
         raise
     if _metrics._enabled:  # _record's, in line: every transaction's commit comes here
-        next(_COMMITTED[txn._kind])
-        _observe("percolator_commit_duration_seconds", _perf_counter() - began, txn._kind)
+        next(_COMMITTED[ws.kind])
+        _observe("percolator_commit_duration_seconds", _perf_counter() - began, ws.kind)
     return commit_ts
 
 
-def _commit_transaction(txn: TransactionBase, crash: CrashPoint | None) -> int:
-    cluster = txn.cluster
-    txn._closed = True
-    if not txn._writes:
-        if txn._weak:
-            commit_ts = internals(cluster).timestamps.get_timestamp()
-            _write_notifications(txn, [], commit_ts)
-            internals(cluster).wake_observers()
+def _commit_write_set(ws: WriteSet, crash: CrashPoint | None) -> int:
+    """Commit what a transaction handed over (*ws*): in one phase where the store can
+    (and no crash point is set), else in two."""
+    txn, parts = ws.txn, ws.parts
+    if not ws.writes:
+        if ws.weak:
+            commit_ts = parts.timestamps.get_timestamp()
+            _write_notifications(ws, [], commit_ts)
+            parts.wake_observers()
         else:
             commit_ts = txn.start_ts
         txn.commit_ts = commit_ts
         return commit_ts
     # Before anything (an overtaken transaction is told so, not sent into conflicts
     # with what GC left), and again where it counts, after the prewrite.
-    parts = txn._parts  # internals(cluster), looked up once at the transaction's start
     parts.safe_point.check(txn.start_ts)
-    steps = one_phase_steps(cluster, parts) if crash is None else None
+    steps = one_phase_steps(ws.cluster, parts) if crash is None else None
     if steps is not None:
         try:
-            one_phase = _commit_one_phase(txn, steps)
+            one_phase = _commit_one_phase(ws, steps)
         except ConflictError:
             parts.stats["conflicts"] += 1
             raise
@@ -141,7 +151,24 @@ def _commit_transaction(txn: TransactionBase, crash: CrashPoint | None) -> int:
             if notifies:
                 parts.wake_observers()
             return commit_ts
-    return _finish_two_phase(_Committer(txn, crash))
+    return _finish_two_phase(TwoPhaseCommit(ws, crash))
+
+
+def _open_write_set(txn: TransactionBase) -> WriteSet:
+    """*txn*'s write set, handed over now.
+
+    :raises TransactionClosedError: *txn* is closed (committed or rolled back)."""
+    if txn.closed:
+        txn._check_open()
+    return txn._write_set()
+
+
+def commits_in_one_phase(cluster: Cluster) -> bool:
+    """Whether *cluster*'s commits take one atomic step of its store (the embedded
+    store, with ``one_phase_commit`` on): then :func:`commit_group` commits its
+    transactions together in one store write, and a worker gathers its observer runs
+    into groups for it."""
+    return one_phase_steps(cluster) is not None
 
 
 def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]:
@@ -161,22 +188,25 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
     cluster = txns[0].cluster
     if any(t.cluster is not cluster for t in txns):
         raise InvalidArgument("commit_group: every transaction must be of one cluster")
+    parts = internals(cluster)
     began = time.perf_counter()
     results: list[int | PercolatorError | None] = [None] * len(txns)
-    steps = one_phase_steps(cluster)
-    grouped: list[tuple[int, _Committer]] = []
+    steps = one_phase_steps(cluster, parts)
+    grouped: list[tuple[int, GroupMember]] = []
+    handed: dict[int, WriteSet] = {}
     if steps is not None:
         for i, txn in enumerate(txns):
-            if not txn._writes or txn._closed:
+            if txn.closed:
+                continue
+            ws = handed[i] = txn._write_set()
+            if not ws.writes:
                 continue
             try:
-                internals(cluster).safe_point.check(txn.start_ts)
+                parts.safe_point.check(txn.start_ts)
             except PercolatorError as e:
-                txn._closed = True
                 results[i] = e
                 continue
-            txn._closed = True
-            grouped.append((i, _Committer(txn, None)))
+            grouped.append((i, GroupMember.of(ws)))
     if grouped:
         assert steps is not None
         try:
@@ -185,20 +215,22 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
                 # are in flight (holding back other clients' start timestamps) only
                 # for the writes. A member that writes a cell an earlier member
                 # writes conflicts with it, as it would meet its record in the store.
-                checked: list[tuple[int, _Committer, dict[int, Any]]] = []
+                checked: list[tuple[int, GroupMember, dict[int, Any]]] = []
                 taken: set[tuple[str, bytes, str]] = set()
-                state = _read_prewrite_state([(member, member.cells) for _, member in grouped])
+                state = _read_prewrite_state(parts.store, [
+                    (member.write_set.txn.start_ts, member.cells) for _, member in grouped])
                 for i, member in grouped:
                     try:
                         unlocked = _one_phase_check(member, state)
                         cells = {(c.table, c.row, c.column) for c in member.cells}
                         if not taken.isdisjoint(cells):
-                            raise member._conflict(
-                                next(c for c in member.cells
-                                     if (c.table, c.row, c.column) in taken),
-                                "written by a transaction committed with it", None)
+                            first = next(c for c in member.cells
+                                         if (c.table, c.row, c.column) in taken)
+                            raise _conflict(member.write_set.txn.start_ts, first.table,
+                                            first.row, first.column,
+                                            "written by a transaction committed with it", None)
                     except ConflictError as e:
-                        internals(cluster).stats["conflicts"] += 1
+                        parts.stats["conflicts"] += 1
                         results[i] = e
                         continue
                     if unlocked:
@@ -211,7 +243,7 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
                     _one_phase_write(member, found, commit_ts, batch)
                     results[i] = commit_ts
                 for table, mutations in batch.items():  # one write per table for all
-                    internals(cluster).store.mutate_rows(table, mutations)
+                    parts.store.mutate_rows(table, mutations)
         except PercolatorError as e:  # rolled back: none of the group committed
             for i, _ in grouped:
                 if not isinstance(results[i], ConflictError):
@@ -220,19 +252,21 @@ def commit_group(txns: Sequence[TransactionBase]) -> list[int | PercolatorError]
     outcomes: list[int | PercolatorError] = []
     for i, txn in enumerate(txns):
         result = results[i]
-        committer = members.get(i)
+        member_i = members.get(i)
         if isinstance(result, int):
-            assert committer is not None
+            assert member_i is not None
             txn.commit_ts = result
-            internals(cluster).stats["commits"] += 1
-            _wake(committer)
+            parts.stats["commits"] += 1
+            if member_i.notifies:
+                parts.wake_observers()
         elif result is None:  # not grouped, or met a lock: on its own
             try:
-                if committer is not None:
-                    result = _finish_two_phase(committer)
+                if member_i is not None:  # its cells, made once, go on in two phases
+                    result = _finish_two_phase(TwoPhaseCommit(
+                        member_i.write_set, None, (member_i.cells, member_i.notifies)))
                 else:
-                    txn._check_open()
-                    result = _commit_transaction(txn, None)
+                    ws = handed.get(i) or _open_write_set(txn)
+                    result = _commit_write_set(ws, None)
             except PercolatorError as e:
                 result = e
         _record(txn._kind, began, result if isinstance(result, PercolatorError) else None)

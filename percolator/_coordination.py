@@ -34,6 +34,10 @@ class ObservedRegistry(Protocol):
 
 
 class Coordination(Protocol):
+    """Who is alive, and advisory locks among clients: what a cluster asks of its
+    coordinator (:class:`LocalCoordination` for one host, ZooKeeper for many). Every
+    call is cheap in the steady state; correctness never rests on an advisory lock."""
+
     @property
     def observed_registry(self) -> ObservedRegistry | None:
         """The registry of observed columns this coordination keeps, or None."""
@@ -85,7 +89,9 @@ class Coordination(Protocol):
         """Release *key* (a no-op if it is not held by this process)."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Give up this client's identity and its advisory locks."""
+        ...
 
 
 def _boot_id() -> str:

@@ -33,9 +33,17 @@ from enum import Enum
 from percolator._errors import InvalidArgument, ValueTooLargeError
 
 DATA = "d"
+"""The family of a large put's value, at its start timestamp (a small one travels in
+its lock, then its write record)."""
 WRITE = "w"
+"""The family of write records, at commit timestamps: a record names the start
+timestamp of the commit it records and its :class:`WriteKind`."""
 LOCK = "l"
+"""The family of locks, one version per cell: :class:`Lock` while a commit holds it,
+then the primary's decision or a FREE lock (:func:`decode_lock`)."""
 NOTIFY = "n"
+"""The family of notifications of observed columns, at commit timestamps (a worker
+runs the observers of a cell whose notification is newer than its acknowledgement)."""
 FAMILIES: dict[str, int] = {DATA: 0, WRITE: 0, LOCK: 1, NOTIFY: 0}
 """Physical families of every user table: name -> versions kept (0 = all)."""
 
@@ -57,6 +65,9 @@ def physical(family: str, column: str) -> str:
 
 
 def check_table(table: object) -> str:
+    """*table*, if it is a valid table name.
+
+    :raises InvalidArgument: otherwise, saying what a name may hold."""
     if not isinstance(table, str):
         raise InvalidArgument(f"table must be a str, got {type(table).__name__}: {table!r}")
     if not _TABLE_RE.fullmatch(table):
@@ -68,6 +79,10 @@ def check_table(table: object) -> str:
 
 
 def check_row(row: object) -> bytes:
+    """*row*, if it is a valid row key (non-empty bytes of at most
+    :data:`~percolator.MAX_ROW_BYTES`).
+
+    :raises InvalidArgument: otherwise."""
     if not isinstance(row, bytes):
         raise InvalidArgument(f"row must be bytes, got {type(row).__name__}: {row!r}")
     if not row:
@@ -134,6 +149,9 @@ def check_value(value: object) -> bytes:
 
 
 class WriteKind(Enum):
+    """What a write record records, in its first byte: a put, a delete, or the
+    rollback of the transaction that started at its start timestamp."""
+
     PUT = b"P"
     DELETE = b"D"
     ROLLBACK = b"R"
@@ -170,6 +188,8 @@ _WRITE_KINDS[INLINE_TAG] = WriteKind.PUT
 
 
 def decode_write(value: bytes) -> tuple[WriteKind, int]:
+    """A write record's kind and the start timestamp of the commit it records
+    (:func:`encode_write`'s inverse; :func:`inline_value` gives its value, if any)."""
     kind, start_ts = _WRITE.unpack_from(value)
     return _WRITE_KINDS[kind], start_ts
 
@@ -204,6 +224,7 @@ class Lock:
     value): whoever rolls the cell forward copies it into the write record."""
 
     def is_primary(self, table: str, row: bytes, column: str) -> bool:
+        """Whether the cell *table*/*row*/*column* is this lock's primary."""
         return (table, row, column) == (self.primary_table, self.primary_row, self.primary_column)
 
 
@@ -284,6 +305,9 @@ def encode_lock(state: LockState) -> bytes:
 
 
 def decode_lock(value: bytes) -> LockState:
+    """A lock cell's state: :class:`Lock` (held), :class:`Committed` or
+    :class:`RolledBack` (a primary decided, awaiting clean-up), or :class:`Free`
+    (:func:`encode_lock`'s inverse)."""
     tag = value[:1]
     if tag == b"L":
         _, start_ts, wall_ms, ttl_ms, flags = _LOCK_HEAD.unpack_from(value)

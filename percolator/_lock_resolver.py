@@ -40,9 +40,11 @@ __all__ = ["LockHost", "TxnStatus", "check_txn_status", "resolve_lock", "write_c
 
 
 class LockHost(Protocol):
-    """What resolving a lock uses of a cluster: its store, its coordination (is the
-    lock's owner alive?) and its counters. :class:`~percolator.Cluster` is one; the
-    resolver needs nothing else of it (no transactions, no GC, no observers)."""
+    """What resolving a lock uses of a cluster's parts: its store, its coordination (is
+    the lock's owner alive?) and its counters. A cluster's
+    :class:`~percolator._internals.Internals` (``internals(cluster)``) is one; the public
+    :class:`~percolator.Cluster` is not (it shows none of them). The resolver needs
+    nothing else (no transactions, no GC, no observers)."""
 
     @property
     def store(self) -> Store: ...
@@ -89,7 +91,7 @@ def write_cells(
 
 
 def release(
-    cluster: LockHost,
+    parts: LockHost,
     table: str,
     row: bytes,
     column: str,
@@ -108,7 +110,7 @@ def release(
     row CAS the caller already wrote them (in a batch), so only the lock is freed.
     *inline*: the put's value, carried in its write record. Returns whether the CAS won.
     """
-    store = cluster.store
+    store = parts.store
     free = encode_lock(Free(start_ts, commit is not None))
     puts = write_cells(column, start_ts, *commit, inline) if commit is not None else []
     if puts and not store.atomic_row_cas:
@@ -118,13 +120,13 @@ def release(
     return lock_cas(store, table, row, f"{LOCK}:{column}", held, free, puts)
 
 
-def check_txn_status(cluster: LockHost, lock: Lock) -> TxnStatus:
+def check_txn_status(parts: LockHost, lock: Lock) -> TxnStatus:
     """Read X's primary (lock cell first, then write records, in one row read) and
     tell whether X committed, rolled back, or is pending. Finishes the clean-up of a
     primary caught between its decision and FREE."""
     table, row, column = lock.primary_table, lock.primary_row, lock.primary_column
     start_ts = lock.start_ts
-    cells = cluster.store.read_rows(
+    cells = parts.store.read_rows(
         table,
         [row],
         [Read(LOCK, (column,)), Read(WRITE, (column,), min_ts=start_ts, versions=None)],
@@ -136,12 +138,12 @@ def check_txn_status(cluster: LockHost, lock: Lock) -> TxnStatus:
         return TxnStatus(start_ts, pending=state, pending_raw=raw)
     if isinstance(state, Committed) and state.start_ts == start_ts:
         assert raw is not None
-        release(cluster, table, row, column, raw, start_ts,
+        release(parts, table, row, column, raw, start_ts,
                 (state.commit_ts, state.delete, state.notify), inline=state.value)
         return TxnStatus(start_ts, commit_ts=state.commit_ts)
     if isinstance(state, RolledBack) and state.start_ts == start_ts:
         assert raw is not None
-        release(cluster, table, row, column, raw, start_ts, None)
+        release(parts, table, row, column, raw, start_ts, None)
         return TxnStatus(start_ts, rolled_back=True)
     for ts, value in cells.get(f"{WRITE}:{column}", []):
         kind, data_ts = decode_write(value)
@@ -158,27 +160,27 @@ def _expired(lock: Lock) -> bool:
     return time.time() * 1000 > lock.wall_ms + lock.ttl_ms
 
 
-def roll_back_primary(cluster: LockHost, status: TxnStatus) -> bool:
+def roll_back_primary(parts: LockHost, status: TxnStatus) -> bool:
     """The cleaner's decision: CAS X's primary LOCKED -> ROLLED_BACK, then leave a
     ROLLBACK record at X.start_ts and free the cell. False if X moved first."""
     lock, raw = status.pending, status.pending_raw
     assert lock is not None and raw is not None
     table, row, column = lock.primary_table, lock.primary_row, lock.primary_column
     decided = encode_lock(RolledBack(lock.start_ts))
-    if not lock_cas(cluster.store, table, row, f"{LOCK}:{column}", raw, decided):
+    if not lock_cas(parts.store, table, row, f"{LOCK}:{column}", raw, decided):
         return False
-    cluster.store.mutate_rows(
+    parts.store.mutate_rows(
         table,
         [Mutation(row, [(f"{WRITE}:{column}", lock.start_ts,
                          encode_write(WriteKind.ROLLBACK, lock.start_ts))])],
     )
-    release(cluster, table, row, column, decided, lock.start_ts, None)
+    release(parts, table, row, column, decided, lock.start_ts, None)
     log.info("rolled back transaction %d (owner %s)", lock.start_ts, lock.owner)
     return True
 
 
 def resolve_lock(
-    cluster: LockHost, table: str, row: bytes, column: str, raw: bytes
+    parts: LockHost, table: str, row: bytes, column: str, raw: bytes
 ) -> bool:
     """Resolve the lock cell value *raw* found at (*table*, *row*, *column*).
 
@@ -189,31 +191,31 @@ def resolve_lock(
     if isinstance(state, Free):
         return True
     if isinstance(state, Committed):
-        release(cluster, table, row, column, raw, state.start_ts,
+        release(parts, table, row, column, raw, state.start_ts,
                 (state.commit_ts, state.delete, state.notify), inline=state.value)
         return True
     if isinstance(state, RolledBack):
-        release(cluster, table, row, column, raw, state.start_ts, None)
+        release(parts, table, row, column, raw, state.start_ts, None)
         return True
-    status = check_txn_status(cluster, state)
+    status = check_txn_status(parts, state)
     if status.pending is not None:
         primary = status.pending
-        alive = cluster.coordination.is_alive(primary.owner)
+        alive = parts.coordination.is_alive(primary.owner)
         if alive is not False and not _expired(primary):
             return False
-        if not roll_back_primary(cluster, status):
+        if not roll_back_primary(parts, status):
             return True  # X moved (committed, refreshed or cleaned): look again
         status = TxnStatus(state.start_ts, rolled_back=True)
-        cluster.stats["locks_resolved"] += 1
+        parts.stats["locks_resolved"] += 1
         _inc("percolator_locks_resolved_total", "rolled_back")
     if state.is_primary(table, row, column):
         return True  # check_txn_status or roll_back_primary already cleaned it
     if status.commit_ts is not None:
-        release(cluster, table, row, column, raw, state.start_ts,
+        release(parts, table, row, column, raw, state.start_ts,
                 (status.commit_ts, state.delete, state.notify), inline=state.value)
     else:
-        release(cluster, table, row, column, raw, state.start_ts, None)
-    cluster.stats["locks_resolved"] += 1
+        release(parts, table, row, column, raw, state.start_ts, None)
+    parts.stats["locks_resolved"] += 1
     _inc("percolator_locks_resolved_total",
          "rolled_forward" if status.commit_ts is not None else "rolled_back")
     return True

@@ -69,7 +69,10 @@ __all__ = [
 
 ACK_FAMILY = "_ack"
 NOTIFY_STRONG = b"1"
+"""The value of a notification that a commit of an observed column writes."""
 NOTIFY_WEAK = b"w"
+"""The value of a weak notification (``Transaction.notify``): it runs the observers
+of a cell without a write to it."""
 _QUARANTINE = b"quarantine/"
 _FAILURES = b"failures/"
 _FAILURE = struct.Struct(">QI")  # notify timestamp of the notification, failures of it

@@ -81,9 +81,9 @@ _MIGRATED = b"notify-index/"
 
 
 class IndexHost(LockHost, Protocol):
-    """What the notification index uses of a cluster: what lock resolution does, and
-    its timestamps (entries it writes again, and the migration marker, take a fresh
-    timestamp)."""
+    """What the notification index uses of a cluster's parts (``internals(cluster)``):
+    what lock resolution does, and its timestamps (entries it writes again, and the
+    migration marker, take a fresh timestamp)."""
 
     @property
     def timestamps(self) -> TimestampSource: ...

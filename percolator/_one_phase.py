@@ -10,12 +10,15 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from percolator._commit_shared import (
+from percolator._commit_checks import (
     _LOCK_PREFIX,
+    WriteSet,
+    _Cell,
     _check_writes,
     _write_notifications,
     _write_notifications_of,
     _writes_from,
+    cells_of,
 )
 from percolator._encoding import (
     FREE_TAG,
@@ -34,19 +37,18 @@ from percolator._store import (
     Mutation,
     offered,
 )
-from percolator._two_phase import _Committer
 
 if TYPE_CHECKING:
     from percolator._cluster import Cluster
     from percolator._internals import Internals
     from percolator._observer_hooks import Settlement
-    from percolator._transaction import TransactionBase
 
 log = logging.getLogger("percolator._commit")
 
 
-def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int, bool] | None:
-    """Commit *txn* in one atomic store step (the embedded store, :func:`one_phase_steps`).
+def _commit_one_phase(ws: WriteSet, steps: _OnePhaseSteps) -> tuple[int, bool] | None:
+    """Commit the write set *ws* in one atomic store step (the embedded store,
+    :func:`one_phase_steps`).
 
     One SQLite write transaction checks every cell for conflicts, then writes the
     write records, each carrying its value (no data cell), at a commit timestamp drawn
@@ -69,10 +71,10 @@ def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int,
 
     :raises ConflictError: a cell was written since the transaction's start.
     """
-    start_ts, parts = txn.start_ts, txn._parts
+    start_ts, parts = ws.txn.start_ts, ws.parts
     in_flight, atomically, newest_of_row, put_row = steps
     rows: dict[tuple[str, bytes], list[tuple[str, bytes | None]]] = {}
-    for (table, row, column), value in txn._writes.items():
+    for (table, row, column), value in ws.writes.items():
         cells = rows.get((table, row))
         if cells is None:
             rows[(table, row)] = [(column, value)]
@@ -106,9 +108,9 @@ def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int,
         if taken is None:
             return None
         commit_ts = taken[0]
-        observed = txn.cluster.observed_columns()
+        observed = ws.cluster.observed_columns()
         strong: list[tuple[str, bytes, str]] = []
-        settles = txn._settlement
+        settles = ws.settlement
         # Each row's puts straight to put_row (no Mutation objects, no grouping by
         # table) unless the commit serves an observer run's notification, whose
         # deletion is batched with the puts of its table.
@@ -127,15 +129,15 @@ def _commit_one_phase(txn: TransactionBase, steps: _OnePhaseSteps) -> tuple[int,
             else:
                 by_table.setdefault(table, []).append(Mutation(row, puts))
         if settles is not None:
-            _settles_mutation(txn, by_table)
+            _settles_mutation(ws, by_table)
         for table, mutations in by_table.items():
             if put_row is not None and len(mutations) == 1 and not mutations[0].deletes:
                 put_row(table, mutations[0].row, mutations[0].puts)  # no batching
             else:
                 parts.store.mutate_rows(table, mutations)
-        notifies = bool(txn._weak or strong)
+        notifies = bool(ws.weak or strong)
         if notifies:
-            _write_notifications_of(txn, strong, commit_ts)
+            _write_notifications_of(ws, strong, commit_ts)
         if settles is not None:
             settles.done = True
         return commit_ts, notifies
@@ -145,7 +147,7 @@ _CONFLICT_FIELDS = ((LOCK, "value"), (WRITE, "ts"))
 """What a one-phase commit's conflict read asks of each cell, in the order of its
 result: its lock's value (None: no lock cell; a lock cell's value is never empty),
 and its newest write record's timestamp (the records themselves only when that is at
-or above the start: :func:`percolator._commit_shared._writes_from`)."""
+or above the start: :func:`percolator._commit_checks._writes_from`)."""
 
 
 class _OnePhaseSteps(NamedTuple):
@@ -215,20 +217,37 @@ def _one_phase_puts(start_ts: int, commit_ts: int, column: str, value: bytes | N
 
 
 def _settles_mutation(
-    txn: TransactionBase, by_table: dict[str, list[Mutation]]
+    ws: WriteSet, by_table: dict[str, list[Mutation]]
 ) -> Settlement | None:
     """Add to *by_table* the deletion of the notification an observer run serves, if
-    *txn* is such a run (its settlement, returned): its one-phase commit serves it in
+    *ws* is such a run's (its settlement, returned): its one-phase commit serves it in
     the same atomic step."""
-    settlement = txn._settlement  # see percolator._observer_hooks
+    settlement = ws.settlement  # see percolator._observer_hooks
     if settlement is not None:
         by_table.setdefault(settlement.table, []).append(Mutation(
             settlement.row, deletes=[(settlement.notify_column, settlement.newest)]))
     return settlement
 
 
+class GroupMember(NamedTuple):
+    """A transaction of a group commit (:func:`percolator._commit.commit_group`): its
+    write set and the cells of it (:func:`cells_of`), made once; a member the group
+    cannot commit goes on as a :class:`~percolator._two_phase.TwoPhaseCommit` of
+    them."""
+
+    write_set: WriteSet
+    cells: list[_Cell]
+    notifies: bool
+    """Whether its commit makes notifications (weak ones, or of observed columns)."""
+
+    @classmethod
+    def of(cls, ws: WriteSet) -> GroupMember:
+        """The member committing *ws*."""
+        return cls(ws, *cells_of(ws))
+
+
 def _one_phase_check(
-    committer: _Committer, found: dict[int, tuple[bytes | None, list[Cell]]],
+    member: GroupMember, found: dict[int, tuple[bytes | None, list[Cell]]],
 ) -> bool:
     """A group member's checks inside the atomic step (see :func:`_one_phase_cell_ok`),
     given what :func:`_read_prewrite_state` read for the whole group. False when a
@@ -236,29 +255,31 @@ def _one_phase_check(
 
     :raises ConflictError: a cell was written since the transaction's start.
     """
+    start_ts = member.write_set.txn.start_ts
     # Inside the atomic step, after its reads: no GC deletion can fall between
     # this check and the writes (see percolator._safe_point).
-    internals(committer.cluster).safe_point.check(committer.start_ts)
-    for cell in committer.cells:
+    member.write_set.parts.safe_point.check(start_ts)
+    for cell in member.cells:
         lock_raw, writes = found[id(cell)]
-        if not _one_phase_cell_ok(committer.start_ts, cell.table, cell.row, cell.column,
+        if not _one_phase_cell_ok(start_ts, cell.table, cell.row, cell.column,
                                   lock_raw, writes):
             return False
     return True
 
 
-def _one_phase_write(committer: _Committer, found: dict[int, tuple[bytes | None, list[Cell]]],
+def _one_phase_write(member: GroupMember, found: dict[int, tuple[bytes | None, list[Cell]]],
                      commit_ts: int, batch: dict[str, list[Mutation]]) -> None:
     """A group member's writes (:func:`_one_phase_puts`, and the notification an
     observer run served), added to *batch* for the caller to write (a group writes all
     of its members' at once), then its notifications."""
-    start_ts = committer.start_ts
-    for cell in committer.cells:
+    ws = member.write_set
+    start_ts = ws.txn.start_ts
+    for cell in member.cells:
         batch.setdefault(cell.table, []).append(Mutation(cell.row, _one_phase_puts(
             start_ts, commit_ts, cell.column, cell.value, cell.notify,
             found[id(cell)][0] is not None)))
-    settles = _settles_mutation(committer.txn, batch)
-    if committer.notifies:
-        _write_notifications(committer.txn, committer.cells, commit_ts)
+    settles = _settles_mutation(ws, batch)
+    if member.notifies:
+        _write_notifications(ws, member.cells, commit_ts)
     if settles is not None:
         settles.done = True

@@ -467,21 +467,49 @@ class RowNewest(Protocol):
 
 
 CAS_ANSWER_MAY_BE_REPLAYED: Capability[None] = Capability("cas_answer_may_be_replayed")
+"""A flag (HBase): a False from :meth:`Store.check_and_set` may answer a replayed attempt
+that applied; lock-cell compare-and-sets then read the cell again (``percolator/_cas.py``)."""
 INCREMENT: Capability[Incrementing] = Capability("increment", ("increment",))
+""":class:`Incrementing`: an atomic counter in one round trip (timestamps from the store)."""
 SET_UNLESS: Capability[GuardedSet] = Capability("set_unless", ("set_unless",))
+""":class:`GuardedSet`: a conditional mutation guarded by "no cell matches a
+:class:`Guard`", in one round trip (the two-phase prewrite's check and lock in one)."""
 CHECK_AND_SET_MANY: Capability[BatchedCas] = Capability(
     "check_and_set_many", ("check_and_set_many",))
+""":class:`BatchedCas`: many independent compare-and-sets of one table in one
+request (bulk loads)."""
 DELETE_IF: Capability[ConditionalDelete] = Capability("delete_if", ("delete_if",))
+""":class:`ConditionalDelete`: remove a single-version cell if its value is the one
+expected, in one round trip (garbage collection's last FREE lock of a deleted cell)."""
 CAS_DELETES: Capability[CasDeletes] = Capability("cas_deletes")
+""":class:`CasDeletes`: a compare-and-set that also deletes versions of other cells of
+its row (an observer run's notification is deleted by its commit point)."""
 SPLIT_KEYS: Capability[SplitKeys] = Capability("split_keys", ("split_keys",))
+""":class:`SplitKeys`: the row keys where the store would cut a table for parallel
+reads (parallel readers and the workers' scan starts)."""
 NOTIFY_INDEX: Capability[None] = Capability("notify_index")
+"""A flag (Bigtable): notifications are found through the notification index
+(``percolator/_notify_index.py``), not by a family-filtered scan of every row."""
 ATOMICALLY: Capability[AtomicSteps] = Capability("atomically", ("atomically",))
+""":class:`AtomicSteps`: several store calls as one atomic step (the embedded store's
+one-phase commit)."""
 SINGLE_WRITER: Capability[None] = Capability("single_writer")
+"""A flag (embedded store): one writer at a time; workers default to one scanner
+thread and take turns at the store."""
 EMBEDDED_FILE: Capability[EmbeddedFile] = Capability(
     "embedded_file", ("path", "any_untagged", "newest_at"))
+""":class:`EmbeddedFile`: the store's file (beside which the cluster keeps its
+sidecar files), the lock census's question, and one cell's newest version at or below
+a timestamp without :meth:`Store.read_rows`' objects."""
 VACUUM: Capability[Vacuuming] = Capability("vacuum", ("vacuum",))
+""":class:`Vacuuming`: return free space to the file system after garbage
+collection."""
 PUT_ROW: Capability[RowPut] = Capability("put_row", ("put_row",))
+""":class:`RowPut`: one row's puts straight on the atomic step's transaction, without
+:meth:`Store.mutate_rows`' batching."""
 NEWEST_OF_ROW: Capability[RowNewest] = Capability("newest_of_row", ("newest_of_row",))
+""":class:`RowNewest`: the newest version's timestamp or value of some cells of one
+row, as one flat tuple (the one-phase commit's conflict read)."""
 
 CAPABILITIES: tuple[Capability[Any], ...] = (
     CAS_ANSWER_MAY_BE_REPLAYED, INCREMENT, SET_UNLESS, CHECK_AND_SET_MANY, DELETE_IF,

@@ -55,11 +55,21 @@ MAX_BATCH = 10_000_000
 
 
 class TimestampSource(Protocol):
-    def get_timestamp(self) -> int: ...
+    """Where a cluster draws its timestamps: strictly increasing across every client of
+    the store, each drawn one above any commit timestamp already visible
+    (:class:`StoreTimestamps`, :class:`HostTimestamps`, the oracle's client)."""
 
-    def get_timestamps(self, n: int) -> range: ...
+    def get_timestamp(self) -> int:
+        """One new timestamp."""
+        ...
 
-    def close(self) -> None: ...
+    def get_timestamps(self, n: int) -> range:
+        """*n* new consecutive timestamps, in one draw."""
+        ...
+
+    def close(self) -> None:
+        """Release what the source holds (connections, files)."""
+        ...
 
 
 SPARE_MAX_AGE = 1.0
@@ -80,6 +90,7 @@ class NextStart:
     """``_forks.generation`` when it was drawn: a forked child must not use it too."""
 
     def fill(self, ts: int) -> None:
+        """Hold *ts*, drawn now, for :meth:`take`."""
         # ts last: a transaction handed to another thread may commit there while its
         # own thread takes, which reads ts first.
         self.drawn, self.generation = time.monotonic(), _forks.generation
@@ -213,9 +224,12 @@ class StoreTimestamps:
         )
 
     def get_timestamp(self) -> int:
+        """One new timestamp (:meth:`get_timestamps`)."""
         return self.get_timestamps(1)[0]
 
     def get_timestamps(self, n: int) -> range:
+        """*n* new consecutive timestamps, from the store's counter (draws of
+        concurrent threads share one increment)."""
         return self._draws.draw(_check_count(n))
 
     def _advance(self, n: int) -> int:
@@ -526,9 +540,12 @@ class HostTimestamps:
         return self._sidecar_lock
 
     def get_timestamp(self) -> int:
+        """One new timestamp from this host's block (:meth:`get_timestamps`)."""
         return self._draw(1)[0]  # every transaction's start: no count to check
 
     def get_timestamps(self, n: int) -> range:
+        """*n* new consecutive timestamps from the block this host holds (persisted
+        ahead in the store; the sidecar lock shares it among the host's processes)."""
         return self._draw(_check_count(n))
 
     def _draw(self, n: int) -> range:
@@ -693,6 +710,7 @@ class HostTimestamps:
                 self._put_state(resume, in_flight, pid, resume)
 
     def close(self) -> None:
+        """Close the sidecar file (its lock released, this process no longer present)."""
         with self._lock:
             if self._fd >= 0:
                 if self._holding and self._generation == _forks.generation:

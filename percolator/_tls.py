@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 #: sent after a handshake with a gRPC server, which answers with its SETTINGS at once, or
 #: with a TLS alert when it refuses our certificate after the handshake (TLS 1.3).
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+"""The HTTP/2 connection preface and an empty SETTINGS frame: what :func:`diagnose`
+sends a gRPC server (the oracle) after the TLS handshake to learn whether it accepts
+this client's certificate."""
 #: A four-letter word ZooKeeper answers (or closes on) at once, for the same purpose.
 ZOOKEEPER_HELLO = b"isro"
 

@@ -12,9 +12,8 @@ from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING
 
 from percolator import metrics as _metrics
-from percolator._cluster import Cluster
 from percolator._commit import commit_transaction
-from percolator._commit_shared import _CounterByKind
+from percolator._commit_checks import WriteSet, _CounterByKind
 from percolator._encoding import (
     DATA,
     FREE_TAG,
@@ -36,7 +35,7 @@ from percolator._encoding import (
     inline_value,
 )
 from percolator._errors import InvalidArgument, LockedError, TransactionClosedError
-from percolator._internals import internals
+from percolator._internals import Internals, internals
 from percolator._lock_resolver import resolve_lock
 from percolator._retry import Attempts
 from percolator._store import Read, RowCells
@@ -44,6 +43,7 @@ from percolator.metrics import inc as _inc
 from percolator.metrics import observe as _observe
 
 if TYPE_CHECKING:
+    from percolator._cluster import Cluster
     from percolator._observer_hooks import Settlement
     from percolator._timestamps import NextStart
 
@@ -132,14 +132,17 @@ class Snapshot:
     stops: the read then raises :class:`LockedError` at once."""
 
     def __init__(self, cluster: Cluster, *, start_ts: int | None = None) -> None:
-        if not isinstance(cluster, Cluster):
+        # A Cluster is what holds its own Internals (this module does not import
+        # percolator._cluster, which imports it to make transactions).
+        parts = getattr(cluster, "_internals", None)
+        if type(parts) is not Internals or parts.cluster is not cluster:
             raise InvalidArgument(
                 f"a transaction needs a percolator.Cluster, got {type(cluster).__name__}"
             )
         if cluster._closed:
             cluster._check_open()
         self.cluster = cluster
-        self._parts = cluster._internals  # internals(cluster): a Cluster has them
+        self._parts = parts
         self._closed = False
         self._began = time.time()
         self._safe_point = self._parts.safe_point
@@ -675,6 +678,14 @@ class TransactionBase(Snapshot):
     def writes(self) -> dict[WriteKey, bytes | None]:
         """The buffered writes (value None: a delete), in the order first written."""
         return dict(self._writes)
+
+    def _write_set(self) -> WriteSet:
+        """Close the transaction and hand its commit what it wrote, once per commit
+        attempt (a commit that starts over hands it over again): the commit reads
+        nothing else of it (:class:`~percolator._commit_checks.WriteSet`)."""
+        self._closed = True
+        return WriteSet(self, self.cluster, self._parts, self._kind, self._writes, self._weak,
+                        self._settlement, self._next_start)
 
     def _scan(
         self, table: str, start: bytes | None, stop: bytes | None, columns: list[str] | None

@@ -10,10 +10,11 @@ import time
 from typing import TYPE_CHECKING
 
 from percolator._cas import lock_cas
-from percolator._commit_shared import (
+from percolator._commit_checks import (
     _ROLLBACK_TAG,
     CrashPoint,
     SimulatedCrash,
+    WriteSet,
     _Cell,
     _check_writes,
     _conflict,
@@ -21,6 +22,7 @@ from percolator._commit_shared import (
     _read_prewrite_state,
     _successor,
     _write_notifications,
+    cells_of,
 )
 from percolator._encoding import (
     DATA,
@@ -40,7 +42,6 @@ from percolator._errors import (
     CoordinationError,
     PercolatorError,
 )
-from percolator._internals import internals
 from percolator._lock_resolver import check_txn_status, release, resolve_lock, write_cells
 from percolator._store import (
     ATOMICALLY,
@@ -56,30 +57,49 @@ from percolator._store import (
 )
 
 if TYPE_CHECKING:
-    from percolator._cluster import Cluster
+    from percolator._internals import Internals
     from percolator._transaction import TransactionBase
 
 log = logging.getLogger("percolator._commit")
 
 
-class _Committer:
-    def __init__(self, txn: TransactionBase, crash: CrashPoint | None) -> None:
-        self.txn = txn
-        self.cluster = txn.cluster
-        self.store = internals(txn.cluster).store
+class TwoPhaseCommit:
+    """The two-phase commit of one transaction, phase by phase: :meth:`prewrite` (lock
+    every cell, the primary first), :meth:`commit_point` (the primary's commit decides
+    the transaction), :meth:`commit_secondaries` (clean-up that readers would otherwise
+    roll forward), or :meth:`abort` (release what the prewrite locked).
+
+    It works on the :class:`WriteSet` the transaction handed over (*ws*; :meth:`of` takes
+    it from a transaction) and the cluster's parts it holds. ``cells`` holds one entry
+    per written cell, the primary first (*cells*: those of :func:`cells_of`, where the
+    caller made them). *crash* stops the commit at a :class:`CrashPoint`, as if its
+    process died there (test harnesses). :func:`commit_transaction` runs the phases in
+    order; a harness runs one of them alone (``bench/parallel_prewrite.py`` times
+    :meth:`prewrite_guarded`)."""
+
+    def __init__(self, ws: WriteSet, crash: CrashPoint | None,
+                 cells: tuple[list[_Cell], bool] | None = None) -> None:
+        self.write_set = ws
+        self.cluster = ws.cluster
+        self.parts = parts = ws.parts
+        """The cluster's parts, looked up once when the transaction began."""
+        self.store = parts.store
         self.crash = crash
-        self.start_ts = txn.start_ts
-        observed = self.cluster.observed_columns()
-        self.cells = [
-            _Cell(t, r, c, v, (t, c) in observed) for (t, r, c), v in txn._writes.items()
-        ]
+        self.start_ts = ws.txn.start_ts
+        self.cells, self.notifies = cells_of(ws) if cells is None else cells
+        """The cells, and whether the commit makes notifications (weak ones, or of
+        observed columns)."""
         self.primary = self.cells[0]
-        self.notifies = bool(txn._weak) or (bool(observed) and any(c.notify for c in self.cells))
-        """Whether the commit makes notifications (weak ones, or of observed columns)."""
-        self.owner = internals(self.cluster).coordination.current_owner()
+        self.owner = parts.coordination.current_owner()
         self.ttl_ms = int(self.cluster.lock_ttl * 1000)
         self.locked: list[_Cell] = []
         self.refreshed_at = time.monotonic()
+
+    @classmethod
+    def of(cls, txn: TransactionBase, crash: CrashPoint | None = None) -> TwoPhaseCommit:
+        """The two-phase commit of *txn*, which hands its writes over (and is closed
+        from then on)."""
+        return cls(txn._write_set(), crash)
 
     @property
     def recheck_after_lock(self) -> bool:
@@ -114,7 +134,7 @@ class _Committer:
     def _read_for_prewrite(self, cells: list[_Cell]) -> dict[int, tuple[bytes | None, list[Cell]]]:
         """One batched read per table: each cell's lock and its newest write record at or
         above start_ts (see :func:`_read_prewrite_state`)."""
-        return _read_prewrite_state([(self, cells)])
+        return _read_prewrite_state(self.store, [(self.start_ts, cells)])
 
     def _check_writes(self, cell: _Cell, writes: list[Cell]) -> None:
         _check_writes(self.start_ts, cell.table, cell.row, cell.column, writes)
@@ -138,7 +158,7 @@ class _Committer:
                   value_to=_successor(_ROLLBACK_TAG)),
         ]
 
-    def _prewrite_guarded(self, store: GuardedSet, cell: _Cell) -> bool:
+    def prewrite_guarded(self, store: GuardedSet, cell: _Cell) -> bool:
         """Lock *cell* in one conditional mutation that the store applies only if no
         conflict condition holds at that moment (``set_unless``): checked and locked in
         one atomic step, no read. False: some condition held; nothing was written."""
@@ -159,7 +179,7 @@ class _Committer:
             if lock_raw is not None and not isinstance(state, Free):
                 # Another transaction holds it (or its primary awaits clean-up): clean it
                 # up if its fate is decided or its owner is dead, else give way.
-                if not resolve_lock(internals(self.cluster), cell.table, cell.row, cell.column,
+                if not resolve_lock(self.parts, cell.table, cell.row, cell.column,
                                     lock_raw):
                     raise self._conflict(
                         cell, f"locked by live transaction {getattr(state, 'start_ts', '?')}",
@@ -196,7 +216,7 @@ class _Committer:
         """Lock the primary, then the secondaries (one batched read for all of them),
         or, where the store can test the conflict conditions itself, one conditional
         mutation per cell, reading only a cell whose conditions held."""
-        with internals(self.cluster).taking_locks():
+        with self.parts.taking_locks():
             self._prewrite_all()
 
     def _prewrite_all(self) -> None:
@@ -207,7 +227,7 @@ class _Committer:
             if index:
                 self._refresh_primary()
             if id(cell) not in together and (
-                    guarded is None or not self._prewrite_guarded(guarded, cell)):
+                    guarded is None or not self.prewrite_guarded(guarded, cell)):
                 if id(cell) not in found:
                     if guarded is not None:
                         batch = [cell]
@@ -254,7 +274,7 @@ class _Committer:
         referenced by a write record, so it stays invisible."""
         for cell in reversed(self.locked):
             try:
-                release(internals(self.cluster), cell.table, cell.row, cell.column, cell.held,
+                release(self.parts, cell.table, cell.row, cell.column, cell.held,
                         self.start_ts, None)
             except PercolatorError:
                 log.warning("could not release lock of %d on %s/%r/%s; readers will clean it",
@@ -263,10 +283,17 @@ class _Committer:
     # --- commit -------------------------------------------------------------------------
 
     def commit_point(self, commit_ts: int) -> None:
+        """Decide the transaction: the primary's lock becomes its write record at
+        *commit_ts* (with the secondaries of its row, where the store writes a row
+        atomically), after the owner's identity is confirmed.
+
+        :raises ConflictError: a cleaner rolled the primary back first.
+        :raises CoordinationError: the owner's session expired (nothing written).
+        :raises CommitUnknownError: the store failed and the outcome cannot be told."""
         p = self.primary
         # Not under an identity whose session expired: others may treat its locks as
         # abandoned (raises CoordinationError; the caller releases the locks).
-        internals(self.cluster).coordination.confirm_owner(self.owner)
+        self.parts.coordination.confirm_owner(self.owner)
         self._refresh_primary()
         column = f"{LOCK}:{p.column}"
         delete, notify = p.value is None, p.notify
@@ -284,8 +311,8 @@ class _Committer:
                     # Left in place if a cleaner rolled the primary forward first
                     # (lock_cas also answers True then): a later pass finds the
                     # notification acknowledged and deletes it.
-                    assert self.txn._settlement is not None
-                    self.txn._settlement.done = True
+                    assert self.write_set.settlement is not None
+                    self.write_set.settlement.done = True
             else:
                 decided = encode_lock(Committed(self.start_ts, commit_ts, delete, notify, p.inline))
                 won = lock_cas(self.store, p.table, p.row, column, p.held, decided)
@@ -295,12 +322,12 @@ class _Committer:
             won = won or self._committed_anyway(commit_ts, None)
         if not won:
             raise self._conflict(p, "rolled back by a cleaner before the commit point", None)
-        self.txn.commit_ts = commit_ts
-        internals(self.cluster).stats["commits"] += 1
+        self.write_set.txn.commit_ts = commit_ts
+        self.parts.stats["commits"] += 1
         self._maybe_crash("commit_point", 0)
         if not self.store.atomic_row_cas:
             try:
-                release(internals(self.cluster), p.table, p.row, p.column, decided, self.start_ts,
+                release(self.parts, p.table, p.row, p.column, decided, self.start_ts,
                         (commit_ts, delete, notify), inline=p.inline)
             except PercolatorError:
                 log.warning("committed %d but could not release its primary", self.start_ts)
@@ -312,7 +339,7 @@ class _Committer:
         deletion after the commit, and no window in which the run is committed and its
         notification still pending. The versions at or below the newest one the run
         read: a change committed meanwhile notifies again."""
-        settlement = self.txn._settlement  # see percolator._observer_hooks
+        settlement = self.write_set.settlement  # see percolator._observer_hooks
         p = self.primary
         if settlement is None or not declares(self.store, CAS_DELETES):
             return []
@@ -344,9 +371,11 @@ class _Committer:
 
     def _committed_anyway(self, commit_ts: int, error: PercolatorError | None) -> bool:
         """:func:`committed_anyway` for this transaction's primary."""
-        return committed_anyway(self.cluster, self._lock_for(self.primary), commit_ts, error)
+        return committed_anyway(self.parts, self._lock_for(self.primary), commit_ts, error)
 
     def commit_secondaries(self, commit_ts: int) -> None:
+        """After the commit point: write the other secondaries' records at *commit_ts*
+        and free their locks (a failure here leaves locks that readers roll forward)."""
         released = {id(c) for c in self._primary_row_secondaries()}
         secondaries = [c for c in self.locked[1:] if id(c) not in released]
         recorded = not self.store.atomic_row_cas
@@ -360,7 +389,7 @@ class _Committer:
                 self.store.mutate_rows(table, mutations)
         for index, cell in enumerate(secondaries):
             self._maybe_crash("commit", index)
-            release(internals(self.cluster), cell.table, cell.row, cell.column, cell.held,
+            release(self.parts, cell.table, cell.row, cell.column, cell.held,
                     self.start_ts,
                     (commit_ts, cell.value is None, cell.notify), recorded=recorded,
                     inline=cell.inline)
@@ -368,7 +397,7 @@ class _Committer:
 
 
 def committed_anyway(
-    cluster: Cluster, lock: Lock, commit_ts: int, error: PercolatorError | None
+    parts: Internals, lock: Lock, commit_ts: int, error: PercolatorError | None
 ) -> bool:
     """Whether the commit at *commit_ts* of the transaction of *lock* (whose primary
     it names) applied although the commit point's compare-and-set said no (*error*
@@ -382,7 +411,7 @@ def committed_anyway(
     unknown = (f"the store failed at the commit point of transaction {lock.start_ts}: "
                f"{error}; it may or may not have committed")
     try:
-        status = check_txn_status(internals(cluster), lock)
+        status = check_txn_status(parts, lock)
     except PercolatorError as e:
         raise CommitUnknownError(
             unknown if error is not None else
@@ -405,34 +434,33 @@ def free_locks_may_stay(store: Store) -> bool:
     return declares(store, ATOMICALLY)
 
 
-def _finish_two_phase(committer: _Committer) -> int:
-    cluster = committer.cluster
+def _finish_two_phase(committer: TwoPhaseCommit) -> int:
     try:
         commit_ts = _commit_two_phase(committer)
     except SimulatedCrash:
         raise  # a dead committer sweeps nothing
     except BaseException:
-        internals(cluster).sweep_locks()
+        committer.parts.sweep_locks()
         raise
-    internals(cluster).sweep_locks()
+    committer.parts.sweep_locks()
     _wake(committer)
     return commit_ts
 
 
-def _wake(committer: _Committer) -> None:
+def _wake(committer: TwoPhaseCommit) -> None:
     if committer.notifies:
-        internals(committer.cluster).wake_observers()
+        committer.parts.wake_observers()
 
 
-def _commit_timestamp(txn: TransactionBase) -> int:
+def _commit_timestamp(committer: TwoPhaseCommit) -> int:
     """The commit timestamp, drawn after the prewrite. An observer run that asked for
     its worker's next start timestamp (``_next_start``) gets it from the same draw,
     one above: a start timestamp drawn after this one is valid at any later time (a
     commit below it drew its timestamp earlier, after its own locks were written, so
     a read at it finds the lock or the commit), which is what the worker's next run
     needs; docs/timestamps.md, "A start timestamp drawn with the previous commit"."""
-    timestamps = internals(txn.cluster).timestamps
-    spare = txn._next_start
+    timestamps = committer.parts.timestamps
+    spare = committer.write_set.next_start
     if spare is None:
         return timestamps.get_timestamp()
     drawn = timestamps.get_timestamps(2)
@@ -440,15 +468,15 @@ def _commit_timestamp(txn: TransactionBase) -> int:
     return drawn[0]
 
 
-def _commit_two_phase(committer: _Committer) -> int:
-    txn, cluster = committer.txn, committer.cluster
+def _commit_two_phase(committer: TwoPhaseCommit) -> int:
+    txn, ws = committer.write_set.txn, committer.write_set
     try:
         committer.prewrite()
         # After the prewrite, before the commit point: a transaction overtaken by the
         # GC safe point never commits (see percolator._safe_point).
-        internals(cluster).safe_point.check(txn.start_ts)
+        committer.parts.safe_point.check(txn.start_ts)
     except ConflictError:
-        internals(cluster).stats["conflicts"] += 1
+        committer.parts.stats["conflicts"] += 1
         committer.abort()
         raise
     except SimulatedCrash:
@@ -457,20 +485,20 @@ def _commit_two_phase(committer: _Committer) -> int:
         committer.abort()
         raise
     try:
-        commit_ts = _commit_timestamp(txn)
+        commit_ts = _commit_timestamp(committer)
         # Weak notifications go before the commit point, so a committer that dies after
         # it cannot lose them (nothing else would write them); one that fails at the
         # commit point leaves a spurious one, which only runs an observer for nothing.
         # The index entries of strong ones go here too (a spurious entry is deleted by
         # the first worker that finds its cell settled).
-        _write_notifications(txn, committer.cells, commit_ts)
+        _write_notifications(ws, committer.cells, commit_ts)
     except BaseException:
         committer.abort()
         raise
     try:
         committer.commit_point(commit_ts)
     except ConflictError:
-        internals(cluster).stats["conflicts"] += 1
+        committer.parts.stats["conflicts"] += 1
         committer.abort()
         raise
     except CoordinationError:  # raised before the commit point's write: nothing committed

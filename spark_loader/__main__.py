@@ -105,7 +105,7 @@ def _export_parser() -> argparse.ArgumentParser:
 def _add_cluster_arguments(p: argparse.ArgumentParser) -> None:
     """How executors and the driver reach the cluster: oracle, ZooKeeper, and TLS to
     each (the same options as the worker's)."""
-    from percolator._tls import add_zookeeper_tls_arguments
+    from percolator.ext import add_zookeeper_tls_arguments
 
     p.add_argument("--oracle", help="timestamp oracle (grpc://host:port, grpcs://... or zk://...)")
     p.add_argument("--zookeeper", help="ZooKeeper coordination host:port/chroot")
@@ -119,7 +119,7 @@ def _connect_options(args: argparse.Namespace, **options: Any) -> dict[str, Any]
 
     :raises InvalidArgument: for missing or unsafe TLS files.
     """
-    from percolator._tls import zookeeper_tls_from_arguments
+    from percolator.ext import zookeeper_tls_from_arguments
 
     if args.oracle:
         options["oracle"] = args.oracle

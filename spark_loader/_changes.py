@@ -40,21 +40,21 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import percolator
-from percolator._encoding import (
+from percolator.ext import (
     DATA,
     FREE_TAG,
     LOCK,
     WRITE,
     Committed,
     Lock,
+    Read,
     WriteKind,
     decode_lock,
     decode_write,
     inline_value,
+    internals,
+    resolve_lock,
 )
-from percolator._internals import internals
-from percolator._lock_resolver import resolve_lock
-from percolator._store import Read
 
 __all__ = ["Change", "changes", "safe_end"]
 

@@ -31,8 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import percolator
 from percolator import ConflictError, PercolatorError, SnapshotTooOldError, UnknownTableError
-from percolator._bulk import AlreadyLoaded, BulkLoad, LoadTxn, finish_rows, prewrite_rows
-from percolator._internals import internals
+from percolator.ext import AlreadyLoaded, BulkLoad, LoadTxn, finish_rows, internals, prewrite_rows
 from percolator.metrics import inc as _inc
 from spark_loader._records import ColumnMap, Parsed, Reject, dedupe, parse_csv, parse_json, to_cells
 

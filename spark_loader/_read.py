@@ -23,9 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import percolator
 from percolator import InvalidArgument, PercolatorError
-from percolator._encoding import WRITE, check_column
-from percolator._internals import internals
-from percolator._store import SPLIT_KEYS, Read, offered
+from percolator.ext import SPLIT_KEYS, WRITE, Read, check_column, internals, offered
 from spark_loader._compat import renamed_keyword
 from spark_loader._job import _require_pyspark, check_workers, executor_cluster
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from percolator import MAX_ROW_BYTES, MAX_VALUE_BYTES, InvalidArgument
-from percolator._encoding import check_column
+from percolator.ext import check_column
 
 __all__ = ["ColumnMap", "Parsed", "Reject", "dedupe", "parse_csv", "parse_json", "to_cells"]
 

@@ -50,16 +50,16 @@ from percolator import (
     SnapshotTooOldError,
     TlsConfig,
 )
-from percolator._bulk import (
+from percolator.ext import (
     AlreadyLoaded,
     BulkLoad,
     LoadTxn,
     begin_or_join,
+    check_column,
+    internals,
     prewrite_rows,
     refresh_primary,
 )
-from percolator._encoding import check_column
-from percolator._internals import internals
 from spark_loader._changes import changes, safe_end
 from spark_loader._job import (
     MAX_REJECTS_KEPT,

@@ -18,7 +18,8 @@ def _isort_key(name: str) -> tuple[int, str]:
     return (0 if name.isupper() else 1 if name[:1].isupper() else 2, name)
 
 
-@pytest.mark.parametrize("package", ["percolator", "oracle", "observers", "spark_loader"])
+@pytest.mark.parametrize(
+    "package", ["percolator", "percolator.ext", "oracle", "observers", "spark_loader"])
 def test_all_is_sorted_and_complete(package: str) -> None:
     module = importlib.import_module(package)
     names = module.__all__

@@ -30,7 +30,7 @@ from observers._recipes import load_object, run_command
 from observers.photon._adapter import Adapter, JsonAdapter
 from observers.photon._pipeline import JoinPipeline, State, iter_jsonl
 from percolator import Snapshot
-from percolator._notifications import quarantined
+from percolator.ext import quarantined
 
 
 def _adapter(spec: str | None) -> Adapter | None:

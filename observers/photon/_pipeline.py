@@ -65,8 +65,7 @@ from observers._recipes import check_pipeline, seconds
 from observers.photon._adapter import Adapter, BadEvent, JsonAdapter
 from observers.photon._events import LOGGED, EventStore
 from percolator import Cluster, InvalidArgument, Snapshot, TransactionBase, transactional
-from percolator._notifications import pending_notifications, quarantined
-from percolator._recipe_support import committed_puts
+from percolator.ext import committed_puts, pending_notifications, quarantined
 
 __all__ = ["PLACEHOLDER", "IngestResult", "JoinPipeline", "State", "VerifyReport", "row_key"]
 

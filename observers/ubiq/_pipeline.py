@@ -75,9 +75,7 @@ from percolator import (
     TransactionBase,
     transactional,
 )
-from percolator._internals import internals
-from percolator._notifications import ack_column, pending_notifications
-from percolator._observer_hooks import internal_columns
+from percolator.ext import ack_column, internal_columns, internals, pending_notifications
 
 __all__ = [
     "Application", "BadRecord", "CoverageReport", "LogPipeline", "Output", "Record", "WorkUnit",

@@ -19,7 +19,7 @@ __all__ = ["BACKENDS", "open_store"]
 
 BACKENDS: dict[str, str] = {
     "sqlite": "percolator.stores.sqlite:open_sqlite_store",
-    "hbase": "percolator.stores.hbase:open_hbase_store",
+    "hbase": "percolator.stores._hbase_open:open_hbase_store",
     "bigtable": "percolator.stores.bigtable:open_bigtable_store",
 }
 """URL scheme -> ``module:function`` that opens a store of that scheme (imported only

@@ -418,7 +418,7 @@ def _latest(results: Sequence[Any]) -> _Latest:
 class HBaseThrift2Store(HBaseStore):
     """The store contract over an HBase Thrift2 server (see the module docstring).
 
-    Build it with :func:`percolator.stores.hbase.open_hbase_store` and ``api=thrift2``;
+    Build it with :func:`percolator.stores._hbase_open.open_hbase_store` and ``api=thrift2``;
     the options are the Thrift1 store's (:class:`HBaseStore`), and *ssl_context*, if
     given, wraps every connection in TLS.
     """

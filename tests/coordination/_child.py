@@ -47,14 +47,14 @@ def hold(store: str, zookeeper: str) -> None:
 
     cluster = percolator.connect(store, zookeeper=zookeeper, zookeeper_session_timeout=2.0)
     cluster.one_phase_commit = False
-    commit_point = _commit._Committer.commit_point
+    commit_point = _commit.TwoPhaseCommit.commit_point
 
-    def held(self: _commit._Committer, commit_ts: int) -> None:
+    def held(self: _commit.TwoPhaseCommit, commit_ts: int) -> None:
         print("HELD", self.owner, flush=True)
         sys.stdin.readline()
         commit_point(self, commit_ts)
 
-    _commit._Committer.commit_point = held  # type: ignore[method-assign]
+    _commit.TwoPhaseCommit.commit_point = held  # type: ignore[method-assign]
     txn = percolator.Transaction(cluster)
     txn.set("t", b"r1", "c:v", b"new")
     txn.set("t", b"r2", "c:v", b"new")

@@ -23,6 +23,7 @@ API_PAGES = {
     "percolator.testing": "testing",
     "percolator.metrics": "metrics",
     "percolator.stores": "stores",
+    "percolator.ext": "ext",
     "observers": "observers",
     "observers.photon": "photon",
     "observers.millwheel": "millwheel",

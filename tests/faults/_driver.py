@@ -44,9 +44,9 @@ def write(path: str, record: dict[str, Any]) -> None:
 
 def hold(config: dict[str, Any], out: str, mode: str, value: str, prefix: str) -> None:
     cluster = connect(config)
-    original = _commit._Committer.commit_point
+    original = _commit.TwoPhaseCommit.commit_point
 
-    def held_commit_point(self: _commit._Committer, commit_ts: int) -> None:
+    def held_commit_point(self: _commit.TwoPhaseCommit, commit_ts: int) -> None:
         zk = getattr(internals(cluster).coordination, "_zk", None)
         write(out + ".held", {"start_ts": self.start_ts, "commit_ts": commit_ts,
                               "owner": self.owner,
@@ -59,7 +59,7 @@ def hold(config: dict[str, Any], out: str, mode: str, value: str, prefix: str) -
                 time.sleep(0.05)
         original(self, commit_ts)
 
-    _commit._Committer.commit_point = held_commit_point  # type: ignore[method-assign]
+    _commit.TwoPhaseCommit.commit_point = held_commit_point  # type: ignore[method-assign]
     txn = percolator.Transaction(cluster)
     txn.set("held", f"{prefix}a".encode(), "c:v", value.encode())
     txn.set("held", f"{prefix}b".encode(), "c:v", value.encode())

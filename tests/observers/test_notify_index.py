@@ -14,7 +14,7 @@ import percolator
 from observers import Observer, Worker, wait_for_observers
 from percolator import Snapshot, Transaction, TransactionBase, metrics
 from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
-from percolator._commit_shared import _write_notifications
+from percolator._commit_checks import _write_notifications
 from percolator._internals import internals
 from percolator._notifications import WaitTimeout, pending_notifications
 from percolator._notify_index import (
@@ -27,7 +27,7 @@ from percolator._notify_index import (
     write_entries,
 )
 from percolator._store import NOTIFY_INDEX, Mutation, Read
-from percolator._two_phase import _Committer
+from percolator._two_phase import TwoPhaseCommit
 from percolator.testing import CrashPoint, Interleaving, client_of, crash_commit
 from tests._backends import backend_fixture
 
@@ -85,10 +85,10 @@ def test_a_worker_keeps_the_entry_of_a_change_whose_lock_is_held(
     txn = Transaction(cluster)
     txn.set("docs", b"other", "misc:x", b"primary")
     txn.set("docs", b"k", "raw:v", b"late")
-    committer = _Committer(txn, None)
+    committer = TwoPhaseCommit.of(txn)
     committer.prewrite()
     commit_ts = internals(cluster).timestamps.get_timestamp()
-    _write_notifications(txn, committer.cells, commit_ts)
+    _write_notifications(committer.write_set, committer.cells, commit_ts)
     seen = {c: ts for t, r, e in scan_index(internals(cluster), None, None) if r == b"k"
             for c, ts in e.items()}
     # a worker finds the entry, no notify cell yet: the entry must stay
@@ -105,9 +105,10 @@ def test_a_stale_entry_of_a_rolled_back_change_is_deleted(cluster: percolator.Cl
     Worker(cluster, [Copy]).register()
     txn = Transaction(cluster)
     txn.set("docs", b"r", "raw:v", b"never")
-    committer = _Committer(txn, None)
+    committer = TwoPhaseCommit.of(txn)
     committer.prewrite()
-    _write_notifications(txn, committer.cells, internals(cluster).timestamps.get_timestamp())
+    _write_notifications(committer.write_set, committer.cells,
+                         internals(cluster).timestamps.get_timestamp())
     committer.abort()
     assert ("docs", b"r") in entries(cluster)
     with Worker(cluster, [Copy], threads=2) as worker:
@@ -273,10 +274,10 @@ def test_rows_settled_together_keep_the_entry_of_a_change_whose_lock_is_held(
     txn = Transaction(cluster)
     txn.set("docs", b"other", "misc:x", b"primary")
     txn.set("docs", b"k", "raw:v", b"late")
-    committer = _Committer(txn, None)
+    committer = TwoPhaseCommit.of(txn)
     committer.prewrite()
     commit_ts = internals(cluster).timestamps.get_timestamp()
-    _write_notifications(txn, committer.cells, commit_ts)
+    _write_notifications(committer.write_set, committer.cells, commit_ts)
     seen = list(scan_index(internals(cluster), None, None))
     assert {r for _, r, _ in seen} == {b"a", b"b", b"k"}
     counting = CountingIndexWrites(internals(cluster).store)
@@ -325,10 +326,10 @@ def test_rows_settled_together_on_different_columns_keep_the_entry_of_a_held_loc
     txn = Transaction(cluster)
     txn.set("docs", b"other", "misc:x", b"primary")
     txn.set("docs", b"k", "raw:w", b"late")
-    committer = _Committer(txn, None)
+    committer = TwoPhaseCommit.of(txn)
     committer.prewrite()
     commit_ts = internals(cluster).timestamps.get_timestamp()
-    _write_notifications(txn, committer.cells, commit_ts)
+    _write_notifications(committer.write_set, committer.cells, commit_ts)
     held = {c: ts for _, r, e in scan_index(internals(cluster), None, None) if r == b"k"
             for c, ts in e.items()}
     assert list(held) == ["raw:w"]

@@ -314,7 +314,7 @@ def test_observers_never_see_uncommitted_or_rolled_back_data(
         wait_for_observers(cluster, timeout=60)
         live = Transaction(cluster)  # holds locks while the observers run
         live.set("docs", b"doc4", "raw:v", b"in-flight")
-        commit = percolator._commit._Committer(live, None)
+        commit = percolator._commit.TwoPhaseCommit.of(live)
         commit.prewrite()
         time.sleep(0.5)
         commit.abort()

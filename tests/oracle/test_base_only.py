@@ -19,6 +19,7 @@ SHARED_BASE = {
     "percolator._pause",
     "percolator._tls",
     "percolator._zk_client",
+    "percolator.ext",  # loads each name from its module at first use
     "percolator.metrics",
 }
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from percolator._commit_shared import _ROLLBACK_TAG, _not_starting_with
+from percolator._commit_checks import _ROLLBACK_TAG, _not_starting_with
 from percolator._encoding import FREE_TAG
 from percolator._store import Guard
 

@@ -63,7 +63,7 @@ def test_a_commit_point_lost_to_a_cleaner_leaves_nothing_visible(bank: Cluster) 
     session, and stays paused long enough for the session to expire; a reader rolls
     it back; T1 wakes and makes its compare-and-set.
 
-    Guards ``if not won:`` in ``_Committer.commit_point`` (carrying on after the lost
+    Guards ``if not won:`` in ``TwoPhaseCommit.commit_point`` (carrying on after the lost
     CAS frees bob with T1's write record: bob 60, alice 100) and, on the embedded
     store, ``check_and_set`` applying its puts only when the compare succeeds
     (else alice's write record lands while T1 gets ConflictError)."""
@@ -86,7 +86,7 @@ def test_a_committer_whose_session_expired_does_not_reach_its_commit_point(
     expires; nobody touches its locks. Woken, it must not commit them (issue 21):
     its commit raises CoordinationError, releases its locks, and nothing is visible.
 
-    Guards ``confirm_owner`` in ``_Committer.commit_point`` (without it T1 commits:
+    Guards ``confirm_owner`` in ``TwoPhaseCommit.commit_point`` (without it T1 commits:
     alice 40, bob 60)."""
     with Interleaving(bank) as world:
         client = committer(bank)
@@ -134,7 +134,7 @@ def test_a_prewrite_rolls_a_committed_primary_forward_before_locking_it(
     """T1 dies right after its commit point (on HBase its primary lock is left
     COMMITTED, its write record not yet written); T2 then writes T1's primary cell.
 
-    Guards ``not isinstance(state, Free)`` in ``_Committer._prewrite``: a prewrite
+    Guards ``not isinstance(state, Free)`` in ``TwoPhaseCommit._prewrite``: a prewrite
     that takes only LOCKED as held replaces T1's COMMITTED lock with its own, T1's
     write record is never written, and a reader then rolls bob back."""
     assert crash_commit(transfer(committer(bank)), CrashPoint("commit_point"))

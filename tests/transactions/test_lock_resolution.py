@@ -277,9 +277,9 @@ def test_a_commit_whose_clean_up_fails_warns_without_a_traceback(
     locks to readers: the commit succeeds and says so in one warning line, with no
     traceback on stderr (one read like a failure); readers roll the locks forward."""
     from percolator import StoreUnavailable
-    from percolator._two_phase import _Committer
+    from percolator._two_phase import TwoPhaseCommit
 
-    def store_down(self: _Committer, commit_ts: int) -> None:
+    def store_down(self: TwoPhaseCommit, commit_ts: int) -> None:
         raise StoreUnavailable("the store went away after the commit point")
 
     with percolator.connect(url) as cluster:
@@ -288,7 +288,7 @@ def test_a_commit_whose_clean_up_fails_warns_without_a_traceback(
         txn.set("t", b"r1", "c:v", b"new")
         txn.set("t", b"r2", "c:v", b"new")
         with monkeypatch.context() as patch:
-            patch.setattr(_Committer, "commit_secondaries", store_down)
+            patch.setattr(TwoPhaseCommit, "commit_secondaries", store_down)
             with caplog.at_level("WARNING", logger="percolator"):
                 txn.commit()
         warnings = [r for r in caplog.records if "clean-up left to readers" in r.message]

@@ -25,7 +25,7 @@ from percolator._encoding import LOCK, Free, encode_lock
 from percolator._internals import internals
 from percolator._lock_resolver import write_cells
 from percolator._store import GuardedSet
-from percolator._two_phase import _Committer
+from percolator._two_phase import TwoPhaseCommit
 from percolator.testing import Interleaving, Step, client_of
 
 T, ROW, COL = "bank", b"acct", "bal:v"
@@ -36,7 +36,7 @@ def _one_phase_mutant(txn: Transaction) -> None:
     then one conditional mutation guarded by every conflict condition of the
     prewrite (live locks, newer writes, our rollback) that writes the write records
     and FREE locks at once."""
-    committer = _Committer(txn, None)
+    committer = TwoPhaseCommit.of(txn)
     store = internals(txn.cluster).store
     assert isinstance(store, GuardedSet)
     commit_ts = internals(txn.cluster).timestamps.get_timestamp()

@@ -1,14 +1,15 @@
-"""What both commit paths share (:mod:`percolator._commit`): the conflict checks
-(first committer wins), the reads of a prewrite, the notifications a commit writes,
-the crash points of the tests, and the commit-latency record."""
+"""The checks and reads of a commit, and what it writes besides its cells, shared by
+both commit paths (:mod:`percolator._commit`): the conflict checks (first committer
+wins) and the reads of a prewrite they look at, the notifications a commit writes, the
+crash points of the tests, and the commit-latency record."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from percolator import metrics as _metrics
 from percolator._encoding import (
@@ -22,7 +23,6 @@ from percolator._encoding import (
 from percolator._errors import (
     ConflictError,
 )
-from percolator._internals import internals
 from percolator._notify_index import write_entries
 from percolator._store import (
     Cell,
@@ -34,8 +34,39 @@ from percolator.metrics import inc as _inc
 from percolator.metrics import observe as _observe
 
 if TYPE_CHECKING:
+    from percolator._cluster import Cluster
+    from percolator._internals import Internals
+    from percolator._observer_hooks import Settlement
+    from percolator._timestamps import NextStart
     from percolator._transaction import TransactionBase
-    from percolator._two_phase import _Committer
+
+WriteKey = tuple[str, bytes, str]
+"""A cell: ``(table, row, column)``."""
+
+
+class WriteSet(NamedTuple):
+    """What a transaction hands its commit, once, as the commit begins
+    (``TransactionBase._write_set``, which closes the transaction: none of this changes
+    while the commit runs). The commit reads nothing else of the transaction; it gives
+    back the commit timestamp (``txn.commit_ts``) and reads the start timestamp
+    (``txn.start_ts``, public, drawn at first use: a commit that writes no cell need not
+    draw one)."""
+
+    txn: TransactionBase
+    cluster: Cluster
+    parts: Internals
+    """The cluster's parts, looked up once when the transaction began."""
+    kind: str
+    """The ``kind`` label of the transaction's metrics."""
+    writes: Mapping[WriteKey, bytes | None]
+    """The buffered writes, in the order first written (None: a delete)."""
+    weak: Mapping[WriteKey, None]
+    """The cells of its weak notifications."""
+    settlement: Settlement | None
+    """The notification an observer run's commit serves (:mod:`percolator._observer_hooks`)."""
+    next_start: NextStart | None
+    """Where an observer run's two-phase commit leaves the start timestamp it draws with
+    its commit timestamp."""
 
 log = logging.getLogger("percolator._commit")
 
@@ -122,33 +153,42 @@ def _not_starting_with(
             Guard(column, min_ts=min_ts, latest=latest, value_from=_successor(tag))]
 
 
-def _write_weak_notifications(txn: TransactionBase, commit_ts: int) -> None:
+def _write_weak_notifications(ws: WriteSet, commit_ts: int) -> None:
     # At commit_ts, drawn before this write: it may land under a worker's deletion of a
     # newer notification of the cell, whose run served it (percolator/_store.py).
     by_table: dict[str, list[Mutation]] = {}
-    for table, row, column in txn._weak:
+    for table, row, column in ws.weak:
         by_table.setdefault(table, []).append(
             Mutation(row, [(f"{NOTIFY}:{column}", commit_ts, NOTIFY_WEAK)])
         )
     for table, mutations in by_table.items():
-        internals(txn.cluster).store.mutate_rows(table, mutations)
+        ws.parts.store.mutate_rows(table, mutations)
 
 
-def _write_notifications(txn: TransactionBase, cells: list[_Cell], commit_ts: int) -> None:
+def _write_notifications(ws: WriteSet, cells: list[_Cell], commit_ts: int) -> None:
     """Before the commit point: the weak notify cells, then the index entries of every
     notification the commit makes (``percolator/_notify_index.py``, stores that have
     it), so that whatever writes the strong notify cells later (this committer, or a
     cleaner rolling it forward) finds their entries there."""
-    _write_notifications_of(txn, [(c.table, c.row, c.column) for c in cells if c.notify],
+    _write_notifications_of(ws, [(c.table, c.row, c.column) for c in cells if c.notify],
                             commit_ts)
 
 
-def _write_notifications_of(txn: TransactionBase, strong: list[tuple[str, bytes, str]],
+def _write_notifications_of(ws: WriteSet, strong: list[tuple[str, bytes, str]],
                             commit_ts: int) -> None:
     """:func:`_write_notifications`, given the cells of the *strong* notifications."""
-    if txn._weak:
-        _write_weak_notifications(txn, commit_ts)
-    write_entries(internals(txn.cluster), [*txn._weak, *strong], commit_ts)
+    if ws.weak:
+        _write_weak_notifications(ws, commit_ts)
+    write_entries(ws.parts, [*ws.weak, *strong], commit_ts)
+
+
+def cells_of(ws: WriteSet) -> tuple[list[_Cell], bool]:
+    """The cells a commit of *ws* writes, in the order first written (the first is the
+    two-phase commit's primary), and whether the commit makes notifications (weak ones,
+    or of observed columns)."""
+    observed = ws.cluster.observed_columns()
+    cells = [_Cell(t, r, c, v, (t, c) in observed) for (t, r, c), v in ws.writes.items()]
+    return cells, bool(ws.weak) or (bool(observed) and any(c.notify for c in cells))
 
 
 _PREWRITE_READS: dict[tuple[str, ...], list[Read]] = {}
@@ -187,19 +227,18 @@ def _writes_from(store: Any, table: str, row: bytes, column: str, start_ts: int)
 
 
 def _read_prewrite_state(
-    members: Sequence[tuple[_Committer, list[_Cell]]],
+    store: Any, members: Sequence[tuple[int, list[_Cell]]],
 ) -> dict[int, tuple[bytes | None, list[Cell]]]:
-    """For each cell of each ``(committer, cells)`` (keyed by ``id(cell)``): its lock and
-    its write records at or above that committer's start_ts (:func:`_writes_since`),
-    read with one store call per table for all of them (a group commit checks its
-    members at once)."""
-    by_table: dict[str, list[tuple[_Committer, _Cell]]] = {}
-    for committer, cells in members:
+    """For each cell of each ``(start_ts, cells)`` (keyed by ``id(cell)``): its lock and
+    its write records at or above that start_ts (:func:`_writes_since`), read from
+    *store* with one call per table for all of them (a group commit checks its members
+    at once)."""
+    by_table: dict[str, list[tuple[int, _Cell]]] = {}
+    for start_ts, cells in members:
         for cell in cells:
-            by_table.setdefault(cell.table, []).append((committer, cell))
+            by_table.setdefault(cell.table, []).append((start_ts, cell))
     found: dict[int, tuple[bytes | None, list[Cell]]] = {}
     for table, group in by_table.items():
-        store = group[0][0].store
         columns: tuple[str, ...]
         if len(group) == 1:  # a single-cell transaction: no duplicates to drop
             rows, columns = [group[0][1].row], (group[0][1].column,)
@@ -209,10 +248,10 @@ def _read_prewrite_state(
         # The newest record is, for each member, its newest at or above its own start
         # when it is at or above that start at all.
         result = store.read_rows(table, rows, _prewrite_reads(columns))
-        for committer, cell in group:
+        for start_ts, cell in group:
             row_cells = result.get(cell.row, {})
             lock = row_cells.get(f"{LOCK}:{cell.column}")
-            writes = _writes_since(store, table, cell.row, cell.column, committer.start_ts,
+            writes = _writes_since(store, table, cell.row, cell.column, start_ts,
                                    row_cells.get(f"{WRITE}:{cell.column}", []))
             found[id(cell)] = (lock[0][1] if lock else None, writes)
     return found
