@@ -246,6 +246,58 @@ def test_status_and_wait_read_the_index_not_the_table(
         assert list(pending_notifications(cluster)) == []
 
 
+def test_pending_notifications_of_one_table_find_every_entry_of_it_and_no_other(
+    cluster: percolator.Cluster,
+) -> None:
+    """``pending_notifications`` asked for one table reads the index, where the entries
+    of two tables interleave (buckets spread them), in batches of rows: every pending
+    notification of that table, past the other table's entries and past a batch's
+    end, and none of the other table."""
+    cluster.create_table("other")
+    docs = [b"d%03d" % i for i in range(120)]  # more than one batch of rows (100)
+    with Transaction(cluster) as txn:
+        for row in docs:
+            txn.notify("docs", row, "raw:v")
+        for i in range(30):
+            txn.notify("other", b"o%02d" % i, "raw:v")
+    for table in ("docs", "other"):
+        migrate(internals(cluster), table)  # as a worker does: the index then answers
+    assert {p.row for p in pending_notifications(cluster, ["docs"])} == set(docs)
+    assert {p.table for p in pending_notifications(cluster)} == {"docs", "other"}
+
+
+def test_a_settle_looks_first_and_leaves_a_busy_cells_entry_as_written(
+    cluster: percolator.Cluster,
+) -> None:
+    """``settle`` (as a worker calls it on a row it could not process) looks at the
+    cell before deleting anything: the entry of a cell whose live committer holds its
+    lock (entry written, commit point not yet made) stays as written, at its
+    timestamp. Deleted and written back, it would carry a new timestamp, which a
+    worker's lookout takes for new work."""
+    Worker(cluster, [Copy]).register()
+    with Interleaving(cluster) as world:
+        writer = client_of(cluster)
+        writer.one_phase_commit = False
+        txn = Transaction(writer)
+        txn.set("docs", b"p", "misc:x", b"primary")
+        txn.set("docs", b"k", "raw:v", b"late")
+        committer = world.actor("committer", txn.commit, clients=[writer])
+        committer.run_until(lambda s: s.matches("timestamp"))
+        committer.step()  # drew its commit timestamp
+        committer.run_until(lambda s: s.matches("check_and_set", row=b"p"))  # the commit point
+        written = entries_at(cluster)[("docs", b"k")]
+        assert settle(internals(cluster), "docs", b"k", written) == ["raw:v"]
+        assert entries_at(cluster)[("docs", b"k")] == written
+        committer.finish()
+    with Worker(cluster, [Copy], threads=1):
+        wait_for_observers(cluster, 60)
+    assert Snapshot(cluster).get("docs", b"k", "out:v") == b"late"
+
+
+def entries_at(cluster: percolator.Cluster) -> dict[tuple[str, bytes], dict[str, int]]:
+    return {(t, r): cols for t, r, cols in scan_index(internals(cluster), None, None)}
+
+
 class CountingIndexWrites:
     """The cluster's store, counting calls that delete index entries, reads of the
     data table's notify cells, and all reads of the data table."""
