@@ -22,6 +22,7 @@ from observers import Observer, Worker, wait_for_observers
 from percolator import Snapshot, Transaction, TransactionBase, metrics
 from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
 from percolator._commit_shared import _write_notifications
+from percolator._encoding import FREE_TAG
 from percolator._internals import internals
 from percolator._notifications import WaitTimeout, pending_notifications
 from percolator._notify_index import (
@@ -292,6 +293,63 @@ def test_a_settle_looks_first_and_leaves_a_busy_cells_entry_as_written(
     with Worker(cluster, [Copy], threads=1):
         wait_for_observers(cluster, 60)
     assert Snapshot(cluster).get("docs", b"k", "out:v") == b"late"
+
+
+def test_settling_resolves_a_dead_committers_lock_and_keeps_its_entry(
+    cluster: percolator.Cluster,
+) -> None:
+    """The committer died after its commit point, k's lock still held (entry written,
+    notify cell not yet): settling k resolves the lock as a reader would (rolled
+    forward, which writes the notify cell), keeps the entry, and the change is
+    observed."""
+    Worker(cluster, [Copy]).register()
+    dying = Transaction(client_of(cluster))
+    dying.set("docs", b"p", "misc:x", b"primary")
+    dying.set("docs", b"k", "raw:v", b"late")
+    assert crash_commit(dying, CrashPoint("commit_point")) is True
+    written = entries_at(cluster)[("docs", b"k")]
+    assert settle(internals(cluster), "docs", b"k", written) == ["raw:v"]
+    lock = internals(cluster).store.read_rows("docs", [b"k"], [Read("l", ("raw:v",))])
+    assert lock[b"k"]["l:raw:v"][0][1][:1] == FREE_TAG  # rolled forward
+    with Worker(cluster, [Copy], threads=1):
+        wait_for_observers(cluster, 60)
+    assert Snapshot(cluster).get("docs", b"k", "out:v") == b"late"
+
+
+@pytest.mark.parametrize("look_first", [True, False], ids=["looked-first", "deleted-first"])
+def test_rows_settled_together_keep_a_held_entry_behind_a_lock_of_another_rows_column(
+    cluster: percolator.Cluster, look_first: bool
+) -> None:
+    """settle_rows of rows a (raw:v, settled) and k (its entry on raw:w), where k's live
+    committer holds k's locks on raw:v and raw:w: the read for the batch returns k's
+    raw:v lock too (a column of a's); passing over it, the re-check must still see
+    k's raw:w lock and keep its entry."""
+    Worker(cluster, [Copy, CopyW]).register()
+    write(cluster, b"a", b"1")
+    with Worker(cluster, [Copy, CopyW], threads=1):
+        wait_for_observers(cluster, 60)
+    stale = internals(cluster).timestamps.get_timestamp()
+    write_entries(internals(cluster), [("docs", b"a", "raw:v")], stale)  # a settled cell
+    with Interleaving(cluster) as world:
+        writer = client_of(cluster)
+        writer.one_phase_commit = False
+        txn = Transaction(writer)
+        txn.set("docs", b"p", "misc:x", b"primary")
+        txn.set("docs", b"k", "raw:v", b"v")
+        txn.set("docs", b"k", "raw:w", b"w")
+        committer = world.actor("committer", txn.commit, clients=[writer])
+        committer.run_until(lambda s: s.matches("timestamp"))
+        committer.step()  # drew its commit timestamp
+        committer.run_until(lambda s: s.matches("check_and_set", row=b"p"))  # the commit point
+        held = {"raw:w": entries_at(cluster)[("docs", b"k")]["raw:w"]}
+        batch = [("docs", b"a", {"raw:v": stale}), ("docs", b"k", held)]
+        kept = settle_rows(internals(cluster), batch, look_first=look_first)
+        assert kept == {("docs", b"a"): [], ("docs", b"k"): ["raw:w"]}
+        assert "raw:w" in entries_at(cluster)[("docs", b"k")]
+        committer.finish()
+    with Worker(cluster, [Copy, CopyW], threads=1):
+        wait_for_observers(cluster, 60)
+    assert Snapshot(cluster).get("docs", b"k", "out:w") == b"w"
 
 
 def entries_at(cluster: percolator.Cluster) -> dict[tuple[str, bytes], dict[str, int]]:
