@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import sysconfig
@@ -95,6 +96,8 @@ def _build(folder: Path) -> WheelVenv:
                     str(wheel)], check=True, timeout=300, env=built.env())
     paths = sysconfig.get_paths()
     theirs = dict.fromkeys([paths["purelib"], paths["platlib"]])  # once each, in order
+    if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
+        theirs[site.getusersitepackages()] = None  # pip install --user
     (built.site_packages / "zz-test-interpreter-packages.pth").write_text(
         "".join(f"{p}\n" for p in theirs))
     return built
