@@ -1,14 +1,16 @@
-"""Runs one page's examples, as a reader would, in the interpreter of the virtualenv
-that has the wheel installed (tests/docs/test_examples.py starts it, one process per
-page). It imports nothing of the checkout: only the standard library, and what the
-page imports, which must come from the wheel.
+"""Runs pages' examples, as a reader would, in the interpreter of the virtualenv that
+has the wheel installed (tests/docs/test_examples.py starts it). It imports nothing of
+the checkout: only the standard library, and what the pages import, which must come
+from the wheel.
 
     python _page_runner.py REQUEST.json
 
-REQUEST.json holds the page's directory (empty, the current directory of its blocks),
-its blocks (``where``, ``path``, ``line``, ``lang``, ``code``), the warnings not to
-take as errors, and where to write the result: the block that failed and why, what
-the page left running, and where each of our modules it imported came from.
+REQUEST.json holds the warnings not to take as errors and the pages, run one after
+the other (the Spark pages share one process, as they share its JVM), each with its
+directory (empty, the current directory of its blocks), its blocks (``where``,
+``path``, ``line``, ``lang``, ``code``), and where to write its result: the block that
+failed and why, what the page left running, and where each of our modules imported
+by then came from.
 """
 
 from __future__ import annotations
@@ -87,18 +89,14 @@ def _close(namespace: dict[str, Any]) -> None:
                 value.close()
 
 
-def main(request_file: str) -> None:
-    request = json.loads(Path(request_file).read_text())
-    directory = request["directory"]
+def _run_page(page: dict[str, Any]) -> None:
+    directory = page["directory"]
     os.chdir(directory)
     sys.path[0] = directory  # as ``python`` started in the reader's directory
-    warnings.simplefilter("error")  # as the suite takes them (setup.cfg)
-    for category in request["ignore_warnings"]:
-        warnings.simplefilter("ignore", getattr(builtins, category))
     namespace: dict[str, Any] = {"__name__": "__example__"}
     result: dict[str, Any] = {"failed": None, "error": "", "left_open": []}
     try:
-        for block in request["blocks"]:
+        for block in page["blocks"]:
             try:
                 _run(block, namespace, directory)
             except ShellFailed as e:
@@ -113,7 +111,16 @@ def main(request_file: str) -> None:
         _close(namespace)
         result["modules"] = {name: getattr(sys.modules[name], "__file__", None)
                              for name in OUR_MODULES if name in sys.modules}
-        Path(request["result"]).write_text(json.dumps(result))
+        Path(page["result"]).write_text(json.dumps(result))
+
+
+def main(request_file: str) -> None:
+    request = json.loads(Path(request_file).read_text())
+    warnings.simplefilter("error")  # as the suite takes them (setup.cfg)
+    for category in request["ignore_warnings"]:
+        warnings.simplefilter("ignore", getattr(builtins, category))
+    for page in request["pages"]:
+        _run_page(page)
 
 
 if __name__ == "__main__":

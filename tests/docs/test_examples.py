@@ -3,11 +3,12 @@ virtualenv (tests/_wheel.py), as a new user would run it (tests/docs/_examples.p
 how a page is run and which markers a block may carry): a broken example fails here,
 with a traceback into the Markdown file.
 
-Each page runs once, in a process of its own: the virtualenv's interpreter runs
-tests/docs/_page_runner.py, which runs the page's blocks in order in an empty
-directory, the shell blocks with the virtualenv's ``python`` and console scripts
-first on ``PATH``, and reports the block that failed, what the page left running, and
-where each of our modules it imported came from (the wheel, never the checkout)."""
+Each page runs once, in a process of its own (the Spark pages share one, and its
+JVM): the virtualenv's interpreter runs tests/docs/_page_runner.py, which runs the
+page's blocks in order in an empty directory, the shell blocks with the virtualenv's
+``python`` and console scripts first on ``PATH``, and reports the block that failed,
+what the page left running, and where each of our modules it imported came from (the
+wheel, never the checkout)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import json
 import os
 import signal
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +54,18 @@ def test_page_examples_run(page: Path, tmp_path: Path, wheel_venv: WheelVenv) ->
     _run_page(page, tmp_path, wheel_venv, wheel_venv.env(), IGNORED_WARNINGS)
 
 
-@pytest.mark.spark
-@pytest.mark.timeout(PAGE_TIMEOUT + 60)
-@pytest.mark.parametrize("page", [p for p in pages() if _needs_spark(p)],
-                         ids=lambda p: str(p.relative_to(ROOT)))
-def test_spark_page_examples_run(page: Path, tmp_path: Path, wheel_venv: WheelVenv) -> None:
-    """The page's ``SparkSession.builder.getOrCreate()`` starts a local Spark of its
-    own, whose Python workers are the virtualenv's (they find ``format("percolator")``
-    in the wheel), sized like the suite's (two cores, UI off) by the environment."""
+SPARK_PAGES = [p for p in pages() if _needs_spark(p)]
+
+
+@pytest.fixture(scope="module")
+def spark_pages_run(wheel_venv: WheelVenv, tmp_path_factory: pytest.TempPathFactory
+                    ) -> dict[Path, Outcome]:
+    """The Spark pages, run one after the other by one process of the virtualenv (one
+    JVM: the first page's ``SparkSession.builder.getOrCreate()`` starts a local Spark,
+    the next page's returns it, as a reader's second script in one session would);
+    each page in its own empty directory and namespace. Its Python workers are the
+    virtualenv's (they find ``format("percolator")`` in the wheel), and the
+    environment sizes it like the suite's session (two cores, UI off)."""
     require_spark()
     env = wheel_venv.env()
     env.update(
@@ -71,41 +77,85 @@ def test_spark_page_examples_run(page: Path, tmp_path: Path, wheel_venv: WheelVe
         "--conf spark.sql.shuffle.partitions=2 --conf spark.default.parallelism=2 "
         "pyspark-shell",
     )
-    _run_page(page, tmp_path, wheel_venv, env, SPARK_IGNORED_WARNINGS)
+    outcomes = _run_pages(SPARK_PAGES, tmp_path_factory.mktemp("spark-pages"), wheel_venv,
+                          env, SPARK_IGNORED_WARNINGS)
+    return dict(zip(SPARK_PAGES, outcomes, strict=True))
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(PAGE_TIMEOUT * len(SPARK_PAGES) + 60)  # the fixture runs them all
+@pytest.mark.parametrize("page", SPARK_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_spark_page_examples_run(page: Path, spark_pages_run: dict[Path, Outcome],
+                                 wheel_venv: WheelVenv) -> None:
+    _check(spark_pages_run[page], wheel_venv)
+
+
+@dataclass
+class Outcome:
+    """How one page ran: the runner's result, or why there is none."""
+
+    name: str
+    result: dict[str, Any] | None
+    output: str  # the runner's stdout and stderr (of all the pages it ran)
+    trouble: str = ""
 
 
 def _run_page(page: Path, tmp_path: Path, venv: WheelVenv, env: dict[str, str],
               ignored_warnings: tuple[str, ...]) -> None:
     """The page's examples as printed, in order, in an empty directory, by the
     virtualenv's interpreter (tests/docs/_page_runner.py)."""
-    name = page.relative_to(ROOT) if page.is_relative_to(ROOT) else page
-    directory = tmp_path / "page"  # empty: pytest's own files stay out of the page's way
-    directory.mkdir(parents=True)
-    request, result_file = tmp_path / "request.json", tmp_path / "result.json"
-    request.write_text(json.dumps({
-        "directory": str(directory),
-        "result": str(result_file),
-        "ignore_warnings": list(ignored_warnings),
-        "blocks": [{"where": b.where, "path": str(b.path), "line": b.line, "lang": b.lang,
-                    "code": b.code} for b in _runnable(page)],
-    }))
-    runner = subprocess.Popen([str(venv.python), str(RUNNER), str(request)], cwd=directory,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, start_new_session=True)
+    (outcome,) = _run_pages([page], tmp_path, venv, env, ignored_warnings)
+    _check(outcome, venv)
+
+
+def _run_pages(pages: list[Path], tmp_path: Path, venv: WheelVenv, env: dict[str, str],
+               ignored_warnings: tuple[str, ...]) -> list[Outcome]:
+    """*pages*, one after the other, by one process of the virtualenv's interpreter."""
+    requests = []
+    for number, page in enumerate(pages):
+        directory = tmp_path / f"page-{number}" / "page"  # empty: pytest's files elsewhere
+        directory.mkdir(parents=True)
+        requests.append({
+            "directory": str(directory),
+            "result": str(directory.parent / "result.json"),
+            "blocks": [{"where": b.where, "path": str(b.path), "line": b.line,
+                        "lang": b.lang, "code": b.code} for b in _runnable(page)],
+        })
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"ignore_warnings": list(ignored_warnings),
+                                   "pages": requests}))
+    runner = subprocess.Popen([str(venv.python), str(RUNNER), str(request)],
+                              cwd=requests[0]["directory"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    timeout = PAGE_TIMEOUT * len(pages)
+    trouble = ""
     try:
-        output, _ = runner.communicate(timeout=PAGE_TIMEOUT)
+        output, _ = runner.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(runner.pid, signal.SIGKILL)  # and what the page started (a JVM)
         output, _ = runner.communicate()
-        pytest.fail(f"{name} still runs after {PAGE_TIMEOUT:.0f} s\n"
-                    f"{output}", pytrace=False)
-    if not result_file.exists():
-        pytest.fail(f"{name}: the page runner exited {runner.returncode} without a result"
-                    f"\n{output}", pytrace=False)
-    result: dict[str, Any] = json.loads(result_file.read_text())
+        trouble = f"still runs after {timeout:.0f} s"
+    outcomes = []
+    for page, asked in zip(pages, requests, strict=True):
+        name = str(page.relative_to(ROOT) if page.is_relative_to(ROOT) else page)
+        result_file = Path(asked["result"])
+        if result_file.exists():
+            outcomes.append(Outcome(name, json.loads(result_file.read_text()), output))
+        else:
+            outcomes.append(Outcome(name, None, output, trouble or (
+                f"the page runner exited {runner.returncode} without its result")))
+    return outcomes
+
+
+def _check(outcome: Outcome, venv: WheelVenv) -> None:
+    """Fail the test as the page failed: its failing block (a traceback into the
+    Markdown file), what it left open, or a module not the wheel's."""
+    result, name = outcome.result, outcome.name
+    if result is None:
+        pytest.fail(f"{name}: {outcome.trouble}\n{outcome.output}", pytrace=False)
     if result["failed"]:
-        pytest.fail(f"{result['failed']}: {result['error']}\n--- the page's output\n{output}",
-                    pytrace=False)
+        pytest.fail(f"{result['failed']}: {result['error']}\n--- the runner's output\n"
+                    f"{outcome.output}", pytrace=False)
     assert not result["left_open"], f"{name} leaves: " + "; ".join(result["left_open"])
     not_the_wheels = {module: file for module, file in result["modules"].items()
                       if not (file and Path(file).is_relative_to(venv.prefix))}
