@@ -97,9 +97,10 @@ def build_harness() -> str:
 
 
 def _jvm_command(heap: str, classpath: str, log: Path, main: str, *args: str) -> list[str]:
-    from tests._hbase_local import JDK17_FLAGS, java
+    from tests._hbase_local import JDK17_FLAGS, java, jvm_options
 
     return [java(), heap, "-XX:+UseG1GC", "-Djava.net.preferIPv4Stack=true", *JDK17_FLAGS,
+            *jvm_options(),
             f"-Dhbase.log.file={log}",
             f"-Dlog4j.configurationFile=file:{log.parent}/log4j2.properties",
             "-cp", classpath, main, *args]

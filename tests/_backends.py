@@ -4,8 +4,18 @@
 parameter (sqlite: a new file; hbase: a real HBase through its Thrift2 server, the
 store's ``api=thrift2``; hbase-thrift1: the same HBase through its Thrift1 server, as
 happybase speaks it; bigtable: the cbtemulator), and ``cluster`` a connected
-:class:`percolator.Cluster` on it. ``PERCOLATOR_HBASE_THRIFT`` and
-``PERCOLATOR_HBASE_THRIFT2`` name an HBase of your own (``tests/_hbase.py``).
+:class:`percolator.Cluster` on it, holding the tables ``cluster_tables`` names.
+``PERCOLATOR_HBASE_THRIFT`` and ``PERCOLATOR_HBASE_THRIFT2`` name an HBase of your own
+(``tests/_hbase.py``).
+
+These are the only ``store_url`` and ``cluster`` fixtures; a module chooses among them
+without writing its own:
+
+- its backends: every one by default (``BACKENDS``); another list of this file
+  (``SQLITE_AND_BIGTABLE``, ``WITH_THRIFT1``, ``WITH_FAULTS``) or a single backend with
+  ``backend = backend_fixture(WITH_FAULTS)`` or ``backend = backend_fixture("sqlite")``
+  in the module (a single backend is not a parameter: its tests' ids stay bare);
+- its tables: by overriding ``cluster_tables``.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,11 +34,15 @@ import percolator
 from percolator._internals import internals
 from percolator._store import Store
 
-BACKENDS = [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("hbase", id="hbase", marks=pytest.mark.hbase),
-    pytest.param("bigtable", id="bigtable", marks=pytest.mark.bigtable),
-]
+SQLITE = pytest.param("sqlite", id="sqlite")
+HBASE = pytest.param("hbase", id="hbase", marks=pytest.mark.hbase)
+BIGTABLE = pytest.param("bigtable", id="bigtable", marks=pytest.mark.bigtable)
+BACKENDS = [SQLITE, HBASE, BIGTABLE]
+SQLITE_AND_BIGTABLE = [SQLITE, BIGTABLE]
+"""The embedded store and the Bigtable emulator, without HBase: for workloads of processes
+killed and restarted, or of thousands of commits, whose table DDL and round trips
+would take minutes on HBase. Bigtable is the store that finds notifications through
+the index (``percolator/_notify_index.py``), SQLite the one that scans for them."""
 HBASE_THRIFT1 = pytest.param("hbase-thrift1", id="hbase-thrift1", marks=pytest.mark.hbase)
 """The Thrift1 lane (happybase, for gateways that speak only Thrift1): the store
 contract, the transaction tests and the fault tests run on it too (``WITH_THRIFT1``)."""
@@ -79,6 +94,26 @@ def make_store_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path)
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+def backend_fixture(backends: str | list[Any]) -> Any:
+    """A module's own ``backend`` fixture (assign it to the name ``backend``): over a
+    list of parameters (``SQLITE_AND_BIGTABLE``, ``WITH_FAULTS``, ...), or the one
+    backend named, unparametrized."""
+    if isinstance(backends, str):
+        name = backends
+
+        @pytest.fixture(name="backend")
+        def one_backend() -> str:
+            return name
+
+        return one_backend
+
+    @pytest.fixture(name="backend", params=backends)
+    def each_backend(request: pytest.FixtureRequest) -> str:
+        return str(request.param)
+
+    return each_backend
 
 
 @pytest.fixture
@@ -141,8 +176,17 @@ _BACKGROUND_DROPS = _BackgroundDrops()
 
 
 @pytest.fixture
-def cluster(store_url: str) -> Iterator[percolator.Cluster]:
+def cluster_tables() -> tuple[str, ...]:
+    """The tables ``cluster`` creates before the test: none; a module whose tests all
+    start from the same tables overrides this fixture."""
+    return ()
+
+
+@pytest.fixture
+def cluster(store_url: str, cluster_tables: tuple[str, ...]) -> Iterator[percolator.Cluster]:
     with percolator.connect(store_url) as c:
+        for table in cluster_tables:
+            c.create_table(table)
         yield c
         drop_tables(c)
 

@@ -102,6 +102,18 @@ def _tail(path: Path, lines: int = 30) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+JVM_OPTIONS_ENV = "PERCOLATOR_JVM_OPTS"
+
+
+def jvm_options() -> list[str]:
+    """Extra options for every JVM the test launchers start (``PERCOLATOR_JVM_OPTS``,
+    split on whitespace). Unset, HBase runs as it would in production, fully
+    JIT-compiled (``scripts/hbase``, bench/). The test suite sets
+    ``-XX:TieredStopAtLevel=1`` (tests/conftest.py): its JVMs live minutes, and C2's
+    compilations were half their CPU (CONTRIBUTING.md, "Test suite time")."""
+    return os.environ.get(JVM_OPTIONS_ENV, "").split()
+
+
 def java() -> str:
     """The ``java`` to run, JDK 11 or newer (``JAVA_HOME`` first, then ``PATH``)."""
     home = os.environ.get("JAVA_HOME")
@@ -376,7 +388,7 @@ class LocalHBase:
              ) -> subprocess.Popen[bytes]:
         command = [
             java(), heap, "-XX:+UseG1GC", "-Djava.net.preferIPv4Stack=true",
-            *JDK17_FLAGS,
+            *JDK17_FLAGS, *jvm_options(),
             f"-Dhbase.log.file={log}", f"-Dhbase.log.dir={log.parent}",
             f"-Dlog4j.configurationFile=file:{self.dir}/conf/log4j2.properties",
             "-cp", f"{conf or self.dir / 'conf'}{os.pathsep}{self._cp}", main, *args,
@@ -811,7 +823,7 @@ class RegionAdmin:
     def __init__(self, cluster: LocalHBase, timeout: float = START_SECONDS) -> None:
         command = [
             java(), "-Xmx256m", "-Djava.net.preferIPv4Stack=true", *JDK17_FLAGS,
-            f"-Dhbase.log.file={cluster.dir / 'logs' / 'admin.log'}",
+            *jvm_options(), f"-Dhbase.log.file={cluster.dir / 'logs' / 'admin.log'}",
             f"-Dlog4j.configurationFile=file:{cluster.dir}/conf/log4j2.properties",
             "-cp", os.pathsep.join([str(cluster.dir / "conf"), str(admin_classes()),
                                     classpath()]),

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests._hbase_local import _die_with_parent, _free_port, _kill, _tail
+from tests._hbase_local import _die_with_parent, _free_port, _kill, _tail, jvm_options
 
 ROOT = Path(__file__).resolve().parents[1]
 START_SECONDS = 300.0
@@ -49,6 +49,7 @@ class SparkStandalone:
                 # executors of 512 MB fit the workers (768 MB): an application that
                 # sets no spark.executor.memory would ask for 1 GB and never run
                 "SPARK_EXECUTOR_MEMORY": "512m",
+                "SPARK_DAEMON_JAVA_OPTS": " ".join(jvm_options()),
                 "SPARK_WORKER_DIR": str(self.dir / "work")}
 
     def _start(self, name: str, *args: str) -> Path:

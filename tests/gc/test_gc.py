@@ -30,7 +30,7 @@ from percolator._gc import collect
 from percolator._internals import internals
 from percolator._store import ConditionalDelete, Mutation, Read
 from percolator.testing import CrashPoint, client_of, crash_commit
-from tests._backends import drop_tables, make_store_url
+from tests._backends import drop_tables
 
 ROOT = Path(__file__).resolve().parents[2]
 T = "t"
@@ -40,13 +40,8 @@ REFRESH = 0.02
 
 
 @pytest.fixture
-def url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return make_store_url(backend, request, tmp_path)
-
-
-@pytest.fixture
-def gc_cluster(url: str) -> Iterator[percolator.Cluster]:
-    with percolator.connect(url, safe_point_refresh=REFRESH) as c:
+def gc_cluster(store_url: str) -> Iterator[percolator.Cluster]:
+    with percolator.connect(store_url, safe_point_refresh=REFRESH) as c:
         c.create_table(T)
         yield c
         drop_tables(c)
@@ -291,7 +286,7 @@ cluster.close()
 
 
 def test_a_young_transaction_in_another_process_holds_the_safe_point_back_past_an_older_one(
-    gc_cluster: percolator.Cluster, url: str,
+    gc_cluster: percolator.Cluster, store_url: str,
 ) -> None:
     """The same across processes: a client holding a transaction that began two hours
     ago and a young one publishes both, and a pass with max_txn_age an hour overtakes
@@ -300,7 +295,7 @@ def test_a_young_transaction_in_another_process_holds_the_safe_point_back_past_a
     c = gc_cluster
     put(c, b"r", b"1")
     child = subprocess.Popen(
-        [sys.executable, "-c", OLD_AND_YOUNG, url, str(REFRESH)],
+        [sys.executable, "-c", OLD_AND_YOUNG, store_url, str(REFRESH)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT, text=True,
     )
     try:
@@ -424,7 +419,7 @@ class ParkingStore:
 
 @pytest.mark.parametrize("collector_refresh", [0.5, 0.02], ids=["same", "faster-collector"])
 def test_a_reader_parked_before_its_read_while_a_pass_removes_its_version(
-    url: str, collector_refresh: float,
+    store_url: str, collector_refresh: float,
 ) -> None:
     """The race "reader passed its checks, a pass advances the safe point and removes
     the version, reader reads": the reader's cached safe point was fresh when it
@@ -433,8 +428,8 @@ def test_a_reader_parked_before_its_read_while_a_pass_removes_its_version(
     for less time than the reader does: its pass must then wait out the reader's
     (announced) refresh, not its own."""
     refresh = 0.5  # long enough that the reader's cache is fresh when it parks
-    with percolator.connect(url, safe_point_refresh=refresh) as c, \
-            percolator.connect(url, safe_point_refresh=collector_refresh) as collector:
+    with percolator.connect(store_url, safe_point_refresh=refresh) as c, \
+            percolator.connect(store_url, safe_point_refresh=collector_refresh) as collector:
         c.create_table(T)
         put(c, b"r", b"seen")
         put(c, b"r", b"kept", column="c:y")
@@ -468,7 +463,7 @@ def test_a_reader_parked_before_its_read_while_a_pass_removes_its_version(
 
 
 def test_a_fetch_whose_reply_comes_late_counts_its_freshness_from_before_its_read(
-    url: str,
+    store_url: str,
 ) -> None:
     """The reader's fetch reads the safe point before a pass persists it, and its reply
     comes back only after the pass has waited its grace and removed the version (a
@@ -476,8 +471,8 @@ def test_a_fetch_whose_reply_comes_late_counts_its_freshness_from_before_its_rea
     as the reply: stale by then, so the reader's check fetches again and raises
     instead of returning the row without the removed version."""
     refresh = 0.5
-    with percolator.connect(url, safe_point_refresh=refresh) as c, \
-            percolator.connect(url, safe_point_refresh=REFRESH) as collector:
+    with percolator.connect(store_url, safe_point_refresh=refresh) as c, \
+            percolator.connect(store_url, safe_point_refresh=REFRESH) as collector:
         c.create_table(T)
         put(c, b"r", b"seen")
         put(c, b"r", b"kept", column="c:y")
@@ -552,15 +547,15 @@ class PassToKill:
         self.proc.wait()
 
 
-def test_a_pass_that_finds_the_safe_point_unchanged_still_waits_its_grace(url: str) -> None:
+def test_a_pass_that_finds_the_safe_point_unchanged_still_waits_its_grace(store_url: str) -> None:
     """A pass persists the safe point P and is killed in its grace wait (or a second
     pass runs beside it). The next pass, held at P by the transaction that set it,
     finds P unchanged: it must still wait the grace before removing anything below P,
     or a reader below P whose cached safe point predates P but is still fresh reads the
     row with a version missing instead of getting SnapshotTooOldError."""
     refresh = 0.5
-    with percolator.connect(url, safe_point_refresh=refresh) as c, \
-            percolator.connect(url, safe_point_refresh=REFRESH) as collector:
+    with percolator.connect(store_url, safe_point_refresh=refresh) as c, \
+            percolator.connect(store_url, safe_point_refresh=REFRESH) as collector:
         # The reader's publications lag (parked): no pass sees it, so P overtakes it.
         lagging = ParkingStore(internals(c).safe_point.store, ("mutate_rows",), META_TABLE)
         lagging.thread = "percolator-safe-point"
@@ -573,7 +568,7 @@ def test_a_pass_that_finds_the_safe_point_unchanged_still_waits_its_grace(url: s
             put(c, b"r", b"newer")
             holder = percolator.Snapshot(collector)  # P: the collector's running transaction
             internals(collector).safe_point.publish()
-            with PassToKill(url) as first:
+            with PassToKill(store_url) as first:
                 internals(c).safe_point.fetch()  # the reader's cache: fresh, from before P
                 first.run_until(collector, holder.start_ts)
             assert raw(c, b"r")["w:c:x"][-1][1].endswith(b"seen"), "it removed nothing"
@@ -616,7 +611,7 @@ class ParkingTimestamps:
 
 @pytest.mark.parametrize("one_phase", [False, True], ids=["two-phase", "one-phase"])
 def test_a_writer_parked_before_its_prewrite_while_a_pass_removes_its_conflict(
-    url: str, backend: str, one_phase: bool,
+    store_url: str, backend: str, one_phase: bool,
 ) -> None:
     """The same race for a writer: its commit passed the first check, then a pass
     removes the DELETE it conflicts with (the whole cell), then it prewrites (or, in
@@ -624,7 +619,7 @@ def test_a_writer_parked_before_its_prewrite_while_a_pass_removes_its_conflict(
     (inside the atomic step) refuses the commit."""
     if one_phase and backend != "sqlite":
         pytest.skip("only the embedded store commits in one phase")
-    with percolator.connect(url, safe_point_refresh=0.5) as c:
+    with percolator.connect(store_url, safe_point_refresh=0.5) as c:
         c.one_phase_commit = one_phase
         c.create_table(T)
         put(c, b"r", b"1")
@@ -652,7 +647,7 @@ def test_a_writer_parked_before_its_prewrite_while_a_pass_removes_its_conflict(
         thread = threading.Thread(target=commit)
         thread.start()
         assert parking.parked.wait(60)
-        with percolator.connect(url, safe_point_refresh=0.5) as collector:  # own cache
+        with percolator.connect(store_url, safe_point_refresh=0.5) as collector:  # own cache
             summary = collect(collector, retention=0, max_txn_age=1e-9)
         assert summary.cells_removed == 1
         parking.go.set()
@@ -679,12 +674,12 @@ cluster.close()
 
 
 def test_a_long_running_reader_in_another_process_keeps_its_snapshot(
-    gc_cluster: percolator.Cluster, url: str,
+    gc_cluster: percolator.Cluster, store_url: str,
 ) -> None:
     c = gc_cluster
     put(c, b"r", b"v0")
     child = subprocess.Popen(
-        [sys.executable, "-c", READER, url, str(REFRESH)],
+        [sys.executable, "-c", READER, store_url, str(REFRESH)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT, text=True,
     )
     try:
@@ -753,10 +748,10 @@ class DrawParking:
         return ts
 
 
-def test_a_pass_waits_for_a_transaction_of_its_process_drawing_its_start(url: str) -> None:
+def test_a_pass_waits_for_a_transaction_of_its_process_drawing_its_start(store_url: str) -> None:
     """A transaction that drew its start timestamp but is not registered yet: a pass in
     the same process, even with retention 0, must not take a safe point above it."""
-    with percolator.connect(url, safe_point_refresh=REFRESH) as c:
+    with percolator.connect(store_url, safe_point_refresh=REFRESH) as c:
         c.create_table(T)
         put(c, b"r", b"1")
         parking = DrawParking(internals(c).timestamps)

@@ -92,3 +92,22 @@ def test_admin_without_a_cluster_directory_says_what_it_needs(
     with pytest.raises(SystemExit):
         main(["--admin", "servers", "--dir", str(tmp_path)])
     assert "--admin needs the --dir of a running" in capsys.readouterr().err
+
+
+def test_the_suites_jvms_take_its_jvm_options(
+    local_hbase: LocalHBase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The suite's HBase JVMs run with ``PERCOLATOR_JVM_OPTS`` (C1 only, by
+    tests/conftest.py's default: half their CPU), and the variable unset adds
+    nothing, as for ``scripts/hbase`` and bench/."""
+    from tests._hbase_local import JVM_OPTIONS_ENV, jvm_options
+
+    options = jvm_options()
+    assert options, f"{JVM_OPTIONS_ENV} is empty in the test session"
+    for pid in local_hbase.jvm_pids:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        assert set(options) <= set(argv), (pid, argv[:6])
+    monkeypatch.delenv(JVM_OPTIONS_ENV)
+    assert jvm_options() == []
+    monkeypatch.setenv(JVM_OPTIONS_ENV, " -XX:TieredStopAtLevel=1  -Xss1m ")
+    assert jvm_options() == ["-XX:TieredStopAtLevel=1", "-Xss1m"]

@@ -57,7 +57,7 @@ def tls_server(request: pytest.FixtureRequest,
         pkcs12,
     )
 
-    from tests._hbase_local import JDK17_FLAGS, classpath, java
+    from tests._hbase_local import JDK17_FLAGS, classpath, java, jvm_options
 
     base = tmp_path_factory.mktemp("hbase-tls")
     ca = TestCA(str(base / "ca"))
@@ -84,7 +84,7 @@ def tls_server(request: pytest.FixtureRequest,
     log = base / "thrift2-tls.log"
     with open(log, "wb") as out:
         server = subprocess.Popen(
-            [java(), "-Xmx256m", *JDK17_FLAGS, f"-Dhbase.log.dir={base}",
+            [java(), "-Xmx256m", *JDK17_FLAGS, *jvm_options(), f"-Dhbase.log.dir={base}",
              "-Dhbase.log.file=thrift2-tls.log", "-cp", f"{conf}{os.pathsep}{classpath()}",
              "org.apache.hadoop.hbase.thrift2.ThriftServer", "-b", "127.0.0.1",
              "-p", str(port), "start"],

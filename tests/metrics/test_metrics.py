@@ -13,7 +13,6 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from percolator import ConflictError, Snapshot, Transaction, metrics
 from percolator._commit import CrashPoint, commit_group
 from percolator._notifications import watch_pending_notifications
 from percolator.testing import client_of, crash_commit
+from tests._backends import backend_fixture
 from tests._services import free_port
 from tests._zookeeper import DIE_WITH_PARENT
 from tests.observers import _app
@@ -71,25 +71,24 @@ def local(name: str, **labels: str) -> float:
     return values.get(key, 0.0)
 
 
+backend = backend_fixture("sqlite")
+
+
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[percolator.Cluster]:
-    with percolator.connect(f"sqlite:///{tmp_path}/db.sqlite") as c:
-        for table in ("docs", "log", "flaky"):
-            c.create_table(table)
-        yield c
+def cluster_tables() -> tuple[str, ...]:
+    return ("docs", "log", "flaky")
 
 
 # --- real processes ---------------------------------------------------------------------
 
 def test_worker_process_metrics_move_as_observers_run(
-    cluster: percolator.Cluster, tmp_path: Path
+    cluster: percolator.Cluster, store_url: str, tmp_path: Path
 ) -> None:
     port = free_port()
     log = tmp_path / "worker.log"
-    url = f"sqlite:///{tmp_path}/db.sqlite"
     with open(log, "ab") as log_file:
         proc = subprocess.Popen(
-            [*DIE_WITH_PARENT, sys.executable, "-m", "observers", "--cluster", url,
+            [*DIE_WITH_PARENT, sys.executable, "-m", "observers", "--cluster", store_url,
              "--observers", "tests.observers._app:ALL", "--threads", "2", "--max-failures",
              "1", "--metrics-port", str(port), "--log-level", "WARNING"],
             cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
@@ -493,7 +492,7 @@ def _query(port: int, promql: str) -> list[dict[str, object]]:
 
 @pytest.mark.oracle
 def test_prometheus_scrapes_a_worker_and_an_oracle(
-    cluster: percolator.Cluster, tmp_path: Path
+    cluster: percolator.Cluster, store_url: str, tmp_path: Path
 ) -> None:
     binary = shutil.which("prometheus")
     if binary is None:
@@ -524,8 +523,7 @@ def test_prometheus_scrapes_a_worker_and_an_oracle(
             start(sys.executable, "-m", "oracle", "--listen", f"127.0.0.1:{oracle_port}",
                   "--state-file", str(tmp_path / "ceiling"),
                   "--metrics-port", str(oracle_metrics))
-            start(sys.executable, "-m", "observers", "--cluster",
-                  f"sqlite:///{tmp_path}/db.sqlite", "--observers",
+            start(sys.executable, "-m", "observers", "--cluster", store_url, "--observers",
                   "tests.observers._app:OBSERVERS", "--threads", "1",
                   "--metrics-port", str(worker_metrics))
             start(binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path}/tsdb",

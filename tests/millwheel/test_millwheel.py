@@ -26,7 +26,7 @@ from observers.millwheel import _pipeline
 from observers.millwheel.__main__ import main as mw_main
 from percolator import Cluster, Snapshot, Transaction
 from percolator.testing import CrashPoint, client_of, crash_commit
-from tests._backends import make_store_url
+from tests._backends import SQLITE_AND_BIGTABLE, make_store_url
 from tests._concurrency import spawn_module
 from tests.millwheel import _app
 
@@ -117,10 +117,7 @@ def _spawn(url: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
                         "tests.millwheel._app:make", "--threads", "2", env=env)
 
 
-@pytest.mark.parametrize("backend", [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("bigtable", id="bigtable", marks=pytest.mark.bigtable),
-])
+@pytest.mark.parametrize("backend", SQLITE_AND_BIGTABLE)
 def test_workers_and_injectors_killed_with_sigkill_keep_counts_exact(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

@@ -19,7 +19,7 @@ from observers import millwheel as mw
 from observers.millwheel import _pipeline
 from percolator import Cluster, Snapshot, Transaction
 from percolator.testing import CrashPoint, client_of, crash_commit
-from tests._backends import make_store_url
+from tests._backends import SQLITE_AND_BIGTABLE, make_store_url
 from tests._concurrency import spawn_module
 from tests.millwheel import _app
 from tests.millwheel.test_millwheel import (
@@ -117,10 +117,7 @@ def _spawn(url: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
 
 
 @pytest.mark.parametrize("weak", [True, False], ids=["weak", "strong"])
-@pytest.mark.parametrize("backend", [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("bigtable", id="bigtable", marks=pytest.mark.bigtable),
-])
+@pytest.mark.parametrize("backend", SQLITE_AND_BIGTABLE)
 def test_relay_workers_killed_with_sigkill_lose_nothing(
     backend: str, weak: bool, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

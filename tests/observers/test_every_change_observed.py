@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ import percolator
 from observers import Worker, wait_for_observers
 from percolator import Snapshot
 from percolator._notifications import pending_notifications
-from tests._backends import make_store_url
+from tests._backends import SQLITE_AND_BIGTABLE, backend_fixture
 from tests.observers import _app
 from tests.observers.test_observers import ROOT, start_worker, wait_until_catching_sigterm
 
@@ -41,19 +40,12 @@ THREADS = int(os.environ.get("EVERY_CHANGE_THREADS", "2"))
 """Scanner threads per worker process."""
 
 
-@pytest.fixture(params=[
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("bigtable", id="bigtable", marks=pytest.mark.bigtable),
-])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return make_store_url(str(request.param), request, tmp_path)
+backend = backend_fixture(SQLITE_AND_BIGTABLE)
 
 
 @pytest.fixture
-def cluster(url: str) -> Iterator[percolator.Cluster]:
-    with percolator.connect(url) as c:
-        c.create_table("docs")
-        yield c
+def cluster_tables() -> tuple[str, ...]:
+    return ("docs",)
 
 
 def _writers(url: str, round_: int, changes: int) -> list[subprocess.Popen[bytes]]:
@@ -68,18 +60,18 @@ def _writers(url: str, round_: int, changes: int) -> list[subprocess.Popen[bytes
 
 
 def test_every_change_is_observed_under_concurrent_writers_and_workers(
-    cluster: percolator.Cluster, url: str, tmp_path: Path
+    cluster: percolator.Cluster, store_url: str, tmp_path: Path
 ) -> None:
-    changes = CHANGES if url.startswith("sqlite") else 60
+    changes = CHANGES if store_url.startswith("sqlite") else 60
     Worker(cluster, _app.COPIER).register()
-    for round_ in range(ROUNDS if url.startswith("sqlite") else 1):
-        workers = [start_worker(url, tmp_path, f"w{i}", threads=THREADS,
+    for round_ in range(ROUNDS if store_url.startswith("sqlite") else 1):
+        workers = [start_worker(store_url, tmp_path, f"w{i}", threads=THREADS,
                                 app="tests.observers._app:COPIER", OBSERVERS_TEST_SLEEP="0")
                    for i in range(2)]
         try:
             for w in workers:  # running, so that they work while the writers write
                 wait_until_catching_sigterm(w)
-            writers = _writers(url, round_, changes)
+            writers = _writers(store_url, round_, changes)
             for w in writers:
                 _, err = w.communicate(timeout=300)
                 assert w.returncode == 0, err.decode()

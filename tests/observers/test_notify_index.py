@@ -7,8 +7,6 @@ scanners wake for new work."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -31,7 +29,7 @@ from percolator._notify_index import (
 from percolator._store import NOTIFY_INDEX, Mutation, Read
 from percolator._two_phase import _Committer
 from percolator.testing import CrashPoint, Interleaving, client_of, crash_commit
-from tests._backends import make_store_url
+from tests._backends import backend_fixture
 
 pytestmark = pytest.mark.bigtable
 
@@ -43,16 +41,12 @@ class Copy(Observer):
         txn.set(self.table, row, "out:v", txn.get(self.table, row, column) or b"")
 
 
-@pytest.fixture
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return make_store_url("bigtable", request, tmp_path)
+backend = backend_fixture("bigtable")
 
 
 @pytest.fixture
-def cluster(url: str) -> Iterator[percolator.Cluster]:
-    with percolator.connect(url) as c:
-        c.create_table("docs")
-        yield c
+def cluster_tables() -> tuple[str, ...]:
+    return ("docs",)
 
 
 def entries(cluster: percolator.Cluster) -> dict[tuple[str, bytes], set[str]]:
@@ -123,10 +117,10 @@ def test_a_stale_entry_of_a_rolled_back_change_is_deleted(cluster: percolator.Cl
     assert Snapshot(cluster).get("docs", b"r", "out:v") is None
 
 
-def test_a_table_from_before_the_index_keeps_its_pending_notifications(url: str) -> None:
+def test_a_table_from_before_the_index_keeps_its_pending_notifications(store_url: str) -> None:
     """A notification written without an index entry (the layout before it, or a
     client that does not write it) is found by the migration a worker runs once."""
-    with percolator.connect(url) as old:
+    with percolator.connect(store_url) as old:
         store = internals(old).store
         store.capabilities = store.capabilities - {NOTIFY_INDEX}  # an older client
         old.create_table("docs")
@@ -134,7 +128,7 @@ def test_a_table_from_before_the_index_keeps_its_pending_notifications(url: str)
         write(old, b"before", b"pending")
         notify = internals(old).store.read_rows("docs", [b"before"], [Read("n")])
         assert notify[b"before"]  # the old layout: a notify cell, no entry
-    with percolator.connect(url) as cluster:
+    with percolator.connect(store_url) as cluster:
         assert entries(cluster) == {}
         with Worker(cluster, [Copy], threads=2):
             wait_for_observers(cluster, 60)
@@ -143,11 +137,11 @@ def test_a_table_from_before_the_index_keeps_its_pending_notifications(url: str)
         assert entries(cluster) == {}
 
 
-def test_sleeping_scanners_wake_for_a_change_made_in_another_process(url: str) -> None:
+def test_sleeping_scanners_wake_for_a_change_made_in_another_process(store_url: str) -> None:
     """Scanners that found nothing sleep for idle_max (here an hour): the lookout sees
     the new entry and wakes them. (A commit through another Cluster object does not
     ring this process's bell, as one in another process would not.)"""
-    with percolator.connect(url) as cluster, percolator.connect(url) as other:
+    with percolator.connect(store_url) as cluster, percolator.connect(store_url) as other:
         cluster.create_table("docs")
         worker = Worker(cluster, [Copy], threads=2, idle_max=3600, poll_interval=0.02)
         with worker:
@@ -159,8 +153,8 @@ def test_sleeping_scanners_wake_for_a_change_made_in_another_process(url: str) -
         assert Snapshot(cluster).get("docs", b"x", "out:v") == b"woken"
 
 
-def test_a_local_commit_wakes_sleeping_scanners_without_the_lookout(url: str) -> None:
-    with percolator.connect(url) as cluster:
+def test_a_local_commit_wakes_sleeping_scanners_without_the_lookout(store_url: str) -> None:
+    with percolator.connect(store_url) as cluster:
         cluster.create_table("docs")
         worker = Worker(cluster, [Copy], threads=2, idle_max=3600, poll_interval=3600)
         with worker:
@@ -188,19 +182,19 @@ def test_a_bulk_load_of_an_observed_column_is_observed(cluster: percolator.Clust
 
 
 def test_status_and_wait_read_the_index_not_the_table(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``pending_notifications`` (``percolator status``, metrics) and ``wait`` cost
     O(pending) on Bigtable: once a table is migrated they read its index entries and
     the rows they name, never a scan of the table; a table not yet migrated is
     scanned, so a notification from before the index is still seen."""
-    with percolator.connect(url) as old:
+    with percolator.connect(store_url) as old:
         store = internals(old).store
         store.capabilities = store.capabilities - {NOTIFY_INDEX}  # an older client
         old.create_table("docs")
         Worker(old, [Copy]).register()
         write(old, b"before", b"pending")
-    with percolator.connect(url) as cluster:
+    with percolator.connect(store_url) as cluster:
         assert [(p.table, p.row) for p in pending_notifications(cluster)] == [
             ("docs", b"before")]  # unmigrated: found by a scan
         Worker(cluster, [Copy]).register()  # migrates

@@ -13,7 +13,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,29 +26,21 @@ from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._internals import internals
 from percolator._notifications import held_locks, pending_notifications, quarantined
 from percolator.testing import client_of, crash_commit
-from tests._backends import make_store_url
+from tests._backends import SQLITE_AND_BIGTABLE, backend_fixture
 from tests.observers import _app
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.observers._app:OBSERVERS"
 
 
-@pytest.fixture(params=[
-    pytest.param("sqlite", id="sqlite"),
-    # Bigtable finds notifications through the index (percolator/_notify_index.py):
-    # the same crashes must lose none there.
-    pytest.param("bigtable", id="bigtable", marks=pytest.mark.bigtable),
-])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return make_store_url(str(request.param), request, tmp_path)
+# Bigtable finds notifications through the index (percolator/_notify_index.py): the
+# same crashes must lose none there.
+backend = backend_fixture(SQLITE_AND_BIGTABLE)
 
 
 @pytest.fixture
-def cluster(url: str) -> Iterator[percolator.Cluster]:
-    with percolator.connect(url) as c:
-        for table in ("docs", "log", "flaky"):
-            c.create_table(table)
-        yield c
+def cluster_tables() -> tuple[str, ...]:
+    return ("docs", "log", "flaky")
 
 
 def log_rows(cluster: percolator.Cluster, kind: str) -> list[tuple[bytes, bytes]]:
@@ -150,10 +141,10 @@ def test_observers_bound_at_run_time_are_checked_and_run(cluster: percolator.Clu
 
 
 def test_workers_killed_mid_transaction_process_every_change_once(
-    cluster: percolator.Cluster, url: str, tmp_path: Path
+    cluster: percolator.Cluster, store_url: str, tmp_path: Path
 ) -> None:
     Worker(cluster, _app.OBSERVERS).register()
-    workers = [start_worker(url, tmp_path, f"w{i}") for i in range(2)]
+    workers = [start_worker(store_url, tmp_path, f"w{i}") for i in range(2)]
     rng = random.Random(5)
     final: dict[bytes, bytes] = {}
     kills = 0
@@ -173,7 +164,7 @@ def test_workers_killed_mid_transaction_process_every_change_once(
                 workers[victim].send_signal(signal.SIGKILL)
                 workers[victim].wait()  # reap it, so its pid is gone at once
                 kills += 1
-                workers[victim] = start_worker(url, tmp_path, f"w{victim}")
+                workers[victim] = start_worker(store_url, tmp_path, f"w{victim}")
             time.sleep(0.01)
         wait_for_observers(cluster, timeout=90)
     finally:
@@ -253,14 +244,14 @@ def test_a_signal_while_the_worker_registers_is_not_lost(
 
 
 def test_a_second_signal_stops_a_worker_whose_observer_hangs(
-    cluster: percolator.Cluster, url: str, tmp_path: Path
+    cluster: percolator.Cluster, store_url: str, tmp_path: Path
 ) -> None:
     """The first SIGTERM waits for the observer's transaction; a second one exits at
     once, and the abandoned run leaves its notification and no lock."""
     mark = tmp_path / "hanging"
     Worker(cluster, _app.HANGING).register()
     write(cluster, b"doc", b"v", column="hang:x")
-    proc = start_worker(url, tmp_path, "w", threads=1, app="tests.observers._app:HANGING",
+    proc = start_worker(store_url, tmp_path, "w", threads=1, app="tests.observers._app:HANGING",
                         OBSERVERS_TEST_HANG_MARK=str(mark))
     try:
         deadline = time.monotonic() + 60
@@ -286,11 +277,11 @@ def test_a_second_signal_stops_a_worker_whose_observer_hangs(
 
 
 def test_change_committed_by_crashed_writer_is_rolled_forward_and_observed(
-    cluster: percolator.Cluster, url: str
+    cluster: percolator.Cluster, store_url: str
 ) -> None:
     worker = Worker(cluster, _app.OBSERVERS, threads=2)
     worker.register()
-    with percolator.connect(url) as doomed:
+    with percolator.connect(store_url) as doomed:
         txn = percolator.Transaction(doomed)
         txn.set("docs", b"other", "misc:x", b"primary")     # the primary
         txn.set("docs", b"crashed", "raw:v", b"after-commit-point")  # a secondary
@@ -304,12 +295,12 @@ def test_change_committed_by_crashed_writer_is_rolled_forward_and_observed(
 
 
 def test_observers_never_see_uncommitted_or_rolled_back_data(
-    cluster: percolator.Cluster, url: str
+    cluster: percolator.Cluster, store_url: str
 ) -> None:
     worker = Worker(cluster, _app.OBSERVERS, threads=2)
     worker.register()
     write(cluster, b"doc", b"committed")
-    with percolator.connect(url) as doomed:
+    with percolator.connect(store_url) as doomed:
         txn = percolator.Transaction(doomed)
         txn.set("docs", b"doc", "raw:v", b"uncommitted")
         txn.set("docs", b"doc2", "raw:v", b"uncommitted")
@@ -394,7 +385,7 @@ def test_many_changes_collapse_and_acks_reject_reruns(cluster: percolator.Cluste
 
 
 def test_failing_observer_is_quarantined_and_retried_from_the_cli(
-    cluster: percolator.Cluster, url: str, capsys: pytest.CaptureFixture[str]
+    cluster: percolator.Cluster, store_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with Transaction(cluster) as txn:
         txn.set("flaky", b"config", "cfg:fail", b"1")
@@ -409,7 +400,7 @@ def test_failing_observer_is_quarantined_and_retried_from_the_cli(
         assert record.observer == "Flaky" and record.failures == 3
         assert "RuntimeError: configured to fail" in record.error
         status = subprocess.run(
-            [sys.executable, "-m", "percolator", "status", "--cluster", url],
+            [sys.executable, "-m", "percolator", "status", "--cluster", store_url],
             cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
         ).stdout
         assert "quarantined notifications: 1" in status
@@ -419,7 +410,7 @@ def test_failing_observer_is_quarantined_and_retried_from_the_cli(
         assert worker.stats["failures"] == 3  # not retried forever
         with Transaction(cluster) as txn:
             txn.set("flaky", b"config", "cfg:fail", b"0")
-        assert percolator_main(["retry", "--cluster", url, "flaky", "r1"]) == 0
+        assert percolator_main(["retry", "--cluster", store_url, "flaky", "r1"]) == 0
         assert "1 notification(s) put back" in capsys.readouterr().out
         wait_for_observers(cluster, timeout=60)
     assert quarantined(cluster) == []
@@ -459,14 +450,14 @@ def test_failures_are_counted_across_workers(cluster: percolator.Cluster) -> Non
 
 
 def test_wait_times_out_listing_what_is_pending(
-    cluster: percolator.Cluster, url: str, capsys: pytest.CaptureFixture[str]
+    cluster: percolator.Cluster, store_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cluster.observe("docs", "raw:v")
     write(cluster, b"stuck-row", b"x")
     with pytest.raises(WaitTimeout, match=r"docs/stuck-row/raw:v") as info:
         wait_for_observers(cluster, timeout=0.2)
     assert len(info.value.pending) == 1
-    assert percolator_main(["wait", "--cluster", url, "--timeout", "0.2"]) == 1
+    assert percolator_main(["wait", "--cluster", store_url, "--timeout", "0.2"]) == 1
     assert "docs/stuck-row/raw:v" in capsys.readouterr().err
     with Worker(cluster, _app.OBSERVERS, threads=1):
-        assert percolator_main(["wait", "--cluster", url, "--timeout", "60"]) == 0
+        assert percolator_main(["wait", "--cluster", store_url, "--timeout", "60"]) == 0

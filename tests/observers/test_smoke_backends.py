@@ -7,20 +7,15 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-import pytest
-
 import percolator
 from observers import Observer, Worker, wait_for_observers
 from percolator import Snapshot, Transaction, TransactionBase
-from tests._backends import WITH_FAULTS
+from tests._backends import WITH_FAULTS, backend_fixture
 
 ROWS = [b"doc%02d" % i for i in range(6)]
 
 
-@pytest.fixture(params=WITH_FAULTS)
-def backend(request: pytest.FixtureRequest) -> str:
-    """Every backend, and HBase with faults (``tests/_backends.py``)."""
-    return str(request.param)
+backend = backend_fixture(WITH_FAULTS)
 
 
 class Upper(Observer):

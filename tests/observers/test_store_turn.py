@@ -7,22 +7,20 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 import percolator
 from observers import Observer, Worker, _turns
 from percolator import TransactionBase
+from tests._backends import backend_fixture
+
+backend = backend_fixture("sqlite")
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[percolator.Cluster]:
-    with percolator.connect(f"sqlite://{tmp_path}/db") as c:
-        c.create_table("docs")
-        c.observe("docs", "raw:v")
-        yield c
+def cluster_tables() -> tuple[str, ...]:
+    return ("docs",)
 
 
 class _Overlaps(Observer):
@@ -51,6 +49,7 @@ class _Overlaps(Observer):
 
 
 def _write_rows(cluster: percolator.Cluster, n: int) -> None:
+    cluster.observe("docs", "raw:v")  # before the writes: each one notifies
     with percolator.Transaction(cluster) as txn:
         for i in range(n):
             txn.set("docs", b"r%04d" % i, "raw:v", b"v%d" % i)

@@ -22,7 +22,7 @@ from percolator import Snapshot, Transaction, TransactionBase, metrics
 from percolator._encoding import META_TABLE
 from percolator._internals import internals
 from percolator._notify_index import scan_index
-from tests._backends import BACKENDS, make_store_url
+from tests._backends import make_store_url
 
 
 class Copy(Observer):
@@ -152,16 +152,11 @@ def test_a_notification_at_a_trickle_costs_at_most_six_store_calls_on_bigtable(
     assert store.calls["scan"] == n // 2, calls  # the looks' scans, and no pass's
 
 
-@pytest.fixture(params=BACKENDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return make_store_url(str(request.param), request, tmp_path)
-
-
 @pytest.fixture
-def clusters(url: str) -> Iterator[tuple[percolator.Cluster, percolator.Cluster]]:
+def clusters(store_url: str) -> Iterator[tuple[percolator.Cluster, percolator.Cluster]]:
     """The worker's cluster and another client's: a commit through another Cluster
     object does not ring the worker's bell, as one in another process would not."""
-    with percolator.connect(url) as cluster, percolator.connect(url) as other:
+    with percolator.connect(store_url) as cluster, percolator.connect(store_url) as other:
         cluster.create_table("docs")
         yield cluster, other
 

@@ -22,6 +22,7 @@ from observers import Worker, photon, wait_for_observers
 from observers.photon._events import LOGGED
 from percolator import Cluster, Snapshot
 from percolator._notifications import quarantined
+from tests._backends import SQLITE_AND_BIGTABLE, make_store_url
 from tests._concurrency import spawn_module
 from tests.photon.test_photon import generate, now_ms, outputs, pipeline, reference
 
@@ -148,10 +149,7 @@ def _spawn(url: str, clicks: Path, queries: Path) -> subprocess.Popen[bytes]:
     return spawn_module("tests.photon._feed_proc", url, str(clicks), str(queries))
 
 
-@pytest.mark.parametrize("backend", [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("bigtable", id="bigtable", marks=pytest.mark.bigtable),
-])
+@pytest.mark.parametrize("backend", SQLITE_AND_BIGTABLE)
 def test_a_process_joining_from_the_index_killed_with_sigkill_joins_everything_once(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
@@ -161,7 +159,6 @@ def test_a_process_joining_from_the_index_killed_with_sigkill_joins_everything_o
     afresh (empty cache: every query read from the log) finishes. Every click is
     joined once with its query's bytes, neither feed read an event twice, and every
     primary row is a reference (or the placeholder of a query that never came)."""
-    from tests._backends import make_store_url
     url = make_store_url(backend, request, tmp_path)
     logs, qlogs = tmp_path / "clicks", tmp_path / "queries"
     logs.mkdir()

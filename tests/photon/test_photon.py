@@ -29,7 +29,7 @@ from observers.photon.__main__ import main as photon_main
 from percolator import Cluster, Snapshot, Transaction
 from percolator._notifications import quarantined, retry_quarantined
 from percolator.testing import CrashPoint, Interleaving, client_of, crash_commit
-from tests._backends import make_store_url
+from tests._backends import SQLITE_AND_BIGTABLE, make_store_url
 from tests._concurrency import spawn_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -656,10 +656,7 @@ def _spawn(url: str, *args: str) -> subprocess.Popen[bytes]:
     return spawn_module("observers.photon", *args, "--cluster", url, "--name", "clicks")
 
 
-@pytest.mark.parametrize("backend", [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("bigtable", id="bigtable", marks=pytest.mark.bigtable),
-])
+@pytest.mark.parametrize("backend", SQLITE_AND_BIGTABLE)
 def test_workers_and_ingesters_killed_with_sigkill_join_everything_once(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from percolator._encoding import MAX_VALUE_BYTES, Free, Lock, decode_lock, decod
 from percolator._internals import internals
 from percolator._store import Read
 from spark_loader import LoadError, load_dataframe, load_files
+from tests._backends import backend_fixture
 from tests._services import free_port
 
 pytestmark = [
@@ -49,15 +49,7 @@ def write_jsonl(path: Path, recs: list[dict[str, Any]], extra: tuple[str, ...] =
     return str(path)
 
 
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite://{tmp_path}/repo.db"
-
-
-@pytest.fixture
-def cluster(url: str) -> Iterator[percolator.Cluster]:
-    with percolator.connect(url) as c:
-        yield c
+backend = backend_fixture("sqlite")
 
 
 def visible(cluster: percolator.Cluster, table: str = "docs") -> dict[bytes, dict[str, bytes]]:
@@ -86,7 +78,7 @@ def assert_clean(cluster: percolator.Cluster, table: str = "docs") -> None:
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
-def test_load_each_format(spark: Any, tmp_path: Path, url: str, cluster: percolator.Cluster,
+def test_load_each_format(spark: Any, tmp_path: Path, store_url: str, cluster: percolator.Cluster,
                           fmt: str) -> None:
     recs = records(300)
     path = tmp_path / f"in.{fmt}"
@@ -99,26 +91,26 @@ def test_load_each_format(spark: Any, tmp_path: Path, url: str, cluster: percola
             w.writerows(recs)
     else:
         spark.createDataFrame(recs).write.parquet(str(path))
-    result = load_files(spark, str(path), fmt, url, "docs", "url", COLUMNS)
+    result = load_files(spark, str(path), fmt, store_url, "docs", "url", COLUMNS)
     assert (result.rows, result.cells, result.rejects) == (300, 600, 0)
     assert result.commit_ts is not None and not result.already_loaded
     assert visible(cluster) == expected(recs)
     assert_clean(cluster)
 
 
-def test_dataframe_api_and_idempotent_rerun(spark: Any, url: str,
+def test_dataframe_api_and_idempotent_rerun(spark: Any, store_url: str,
                                             cluster: percolator.Cluster) -> None:
     recs = records(200)
     df = spark.createDataFrame(recs)
-    first = load_dataframe(df, url, "docs", "url", COLUMNS, load_id="df-1")
+    first = load_dataframe(df, store_url, "docs", "url", COLUMNS, load_id="df-1")
     assert (first.rows, first.cells) == (200, 400)
-    again = load_dataframe(df, url, "docs", "url", COLUMNS, load_id="df-1")
+    again = load_dataframe(df, store_url, "docs", "url", COLUMNS, load_id="df-1")
     assert again.already_loaded and again.commit_ts == first.commit_ts
     assert (again.rows, again.cells) == (200, 400)
     assert visible(cluster) == expected(recs)
     assert_clean(cluster)  # exactly one write record per cell: nothing written twice
     # a different load id is a new load: a newer version of the same cells
-    third = load_dataframe(spark.createDataFrame(records(200, "v2-")), url, "docs", "url",
+    third = load_dataframe(spark.createDataFrame(records(200, "v2-")), store_url, "docs", "url",
                            COLUMNS, load_id="df-2")
     assert third.commit_ts is not None and third.commit_ts > (first.commit_ts or 0)
     assert visible(cluster) == expected(records(200, "v2-"))
@@ -127,7 +119,7 @@ def test_dataframe_api_and_idempotent_rerun(spark: Any, url: str,
 # --- atomic visibility -------------------------------------------------------------------------
 
 
-def test_reader_racing_a_load_sees_all_or_nothing(spark: Any, tmp_path: Path, url: str,
+def test_reader_racing_a_load_sees_all_or_nothing(spark: Any, tmp_path: Path, store_url: str,
                                                   cluster: percolator.Cluster) -> None:
     recs = records(400)
     path = write_jsonl(tmp_path / "in.jsonl", recs)
@@ -136,7 +128,7 @@ def test_reader_racing_a_load_sees_all_or_nothing(spark: Any, tmp_path: Path, ur
 
     def run() -> None:
         try:
-            outcome["result"] = load_files(spark, path, "jsonl", url, "docs", "url", COLUMNS,
+            outcome["result"] = load_files(spark, path, "jsonl", store_url, "docs", "url", COLUMNS,
                                            batch_cells=40,
                                            test_hooks={"batch_delay": 0.05})
         except BaseException as e:  # pragma: no cover - reported below
@@ -185,12 +177,12 @@ def _locks_of_load(cluster: percolator.Cluster) -> int:
 # running the suite's other services it took over two minutes to write its first locks.
 @pytest.mark.timeout(900)
 def test_killed_load_leaves_nothing_and_rerun_completes(
-    spark: Any, tmp_path: Path, url: str, cluster: percolator.Cluster
+    spark: Any, tmp_path: Path, store_url: str, cluster: percolator.Cluster
 ) -> None:
     recs = records(600)
     path = write_jsonl(tmp_path / "in.jsonl", recs)
     proc = subprocess.Popen(
-        _loader_cmd(url, path, "--batch-cells", "50", "--test-batch-delay", "0.2"),
+        _loader_cmd(store_url, path, "--batch-cells", "50", "--test-batch-delay", "0.2"),
         env=_env(), cwd=tmp_path, start_new_session=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
@@ -207,23 +199,23 @@ def test_killed_load_leaves_nothing_and_rerun_completes(
     assert _locks_of_load(cluster) >= 100
     # The driver is dead: a reader rolls its locks back at once and sees nothing.
     assert visible(cluster) == {}
-    result = load_files(spark, path, "jsonl", url, "docs", "url", COLUMNS)
+    result = load_files(spark, path, "jsonl", store_url, "docs", "url", COLUMNS)
     assert not result.already_loaded and result.rows == 600
     assert visible(cluster) == expected(recs)
     assert_clean(cluster)
 
 
 @pytest.mark.timeout(900)
-def test_crash_after_the_commit_point_rerun_finishes(tmp_path: Path, spark: Any, url: str,
+def test_crash_after_the_commit_point_rerun_finishes(tmp_path: Path, spark: Any, store_url: str,
                                                      cluster: percolator.Cluster) -> None:
     recs = records(300)
     path = write_jsonl(tmp_path / "in.jsonl", recs)
-    done = subprocess.run(_loader_cmd(url, path, "--test-crash-after-commit"), env=_env(),
+    done = subprocess.run(_loader_cmd(store_url, path, "--test-crash-after-commit"), env=_env(),
                           cwd=tmp_path, capture_output=True, timeout=480)
     assert done.returncode == 137, done.stderr.decode()[-3000:]
     assert _locks_of_load(cluster) == 600  # committed, nothing released yet
     # A rerun finds the committed load and rolls its leftover locks forward.
-    result = load_files(spark, path, "jsonl", url, "docs", "url", COLUMNS)
+    result = load_files(spark, path, "jsonl", store_url, "docs", "url", COLUMNS)
     assert result.already_loaded and result.rows == 300
     assert _locks_of_load(cluster) == 0
     assert visible(cluster) == expected(recs)
@@ -264,7 +256,7 @@ def test_newer_write_fails_the_load_and_live_lock_is_waited_for(tmp_path: Path) 
 # --- bad input ----------------------------------------------------------------------------------
 
 
-def test_rejects_are_counted_written_and_bounded(spark: Any, tmp_path: Path, url: str,
+def test_rejects_are_counted_written_and_bounded(spark: Any, tmp_path: Path, store_url: str,
                                                  cluster: percolator.Cluster) -> None:
     recs = records(50)
     bad = [
@@ -279,13 +271,13 @@ def test_rejects_are_counted_written_and_bounded(spark: Any, tmp_path: Path, url
     path = write_jsonl(tmp_path / "in.jsonl", recs, tuple(bad))
     rejects = tmp_path / "rejects.jsonl"
     with pytest.raises(LoadError, match="7 rejects, more than --max-rejects 2") as info:
-        load_files(spark, path, "jsonl", url, "docs", "url", COLUMNS, max_rejects=2,
+        load_files(spark, path, "jsonl", store_url, "docs", "url", COLUMNS, max_rejects=2,
                    rejects_path=str(rejects))
     assert info.value.result is not None and info.value.result.rejects == 7
     assert visible(cluster) == {}  # nothing of a failed load is visible...
     assert _locks_of_load(cluster) == 0  # ...and no lock is left behind
 
-    result = load_files(spark, path, "jsonl", url, "docs", "url", COLUMNS, max_rejects=10,
+    result = load_files(spark, path, "jsonl", store_url, "docs", "url", COLUMNS, max_rejects=10,
                         rejects_path=str(rejects))
     assert (result.rows, result.rejects) == (49, 7)
     lines = [json.loads(line) for line in rejects.read_text().splitlines()]
@@ -304,16 +296,16 @@ def test_rejects_are_counted_written_and_bounded(spark: Any, tmp_path: Path, url
 
 
 def test_unknown_table_field_and_unreachable_store(spark: Any, tmp_path: Path,
-                                                   url: str) -> None:
+                                                   store_url: str) -> None:
     path = write_jsonl(tmp_path / "in.jsonl", records(5))
     with pytest.raises(LoadError, match="unknown table"):
-        load_files(spark, path, "jsonl", url, "nope", "url", COLUMNS, create_table=False)
+        load_files(spark, path, "jsonl", store_url, "nope", "url", COLUMNS, create_table=False)
     csv_path = tmp_path / "in.csv"
     csv_path.write_text("url,html\nu1,x\n")
     with pytest.raises(LoadError, match=r"unknown field\(s\) \['lang'\]"):
-        load_files(spark, str(csv_path), "csv", url, "docs", "url", COLUMNS)
+        load_files(spark, str(csv_path), "csv", store_url, "docs", "url", COLUMNS)
     with pytest.raises(percolator.InvalidArgument, match="bad column"):
-        load_files(spark, path, "jsonl", url, "docs", "url", {"html": "nocolon"})
+        load_files(spark, path, "jsonl", store_url, "docs", "url", {"html": "nocolon"})
     missing = f"sqlite://{tmp_path}/no/such/dir/repo.db"
     with pytest.raises(LoadError, match=f"cannot reach the store sqlite://{tmp_path}/no/such"):
         load_files(spark, path, "jsonl", missing, "docs", "url", COLUMNS)
@@ -322,7 +314,7 @@ def test_unknown_table_field_and_unreachable_store(spark: Any, tmp_path: Path,
 # --- observers -----------------------------------------------------------------------------------
 
 
-def test_loaded_rows_trigger_observers(spark: Any, tmp_path: Path, url: str,
+def test_loaded_rows_trigger_observers(spark: Any, tmp_path: Path, store_url: str,
                                        cluster: percolator.Cluster) -> None:
     from observers import Observer, Worker, wait_for_observers
 
@@ -336,7 +328,7 @@ def test_loaded_rows_trigger_observers(spark: Any, tmp_path: Path, url: str,
     recs = records(40)
     path = write_jsonl(tmp_path / "in.jsonl", recs)
     with Worker(cluster, [Lengths], threads=2):
-        result = load_files(spark, path, "jsonl", url, "docs", "url", COLUMNS)
+        result = load_files(spark, path, "jsonl", store_url, "docs", "url", COLUMNS)
         assert result.rows == 40
         wait_for_observers(cluster, timeout=60)
     with percolator.Transaction(cluster) as txn:
@@ -345,10 +337,10 @@ def test_loaded_rows_trigger_observers(spark: Any, tmp_path: Path, url: str,
                 str(len(r["html"])).encode()
 
 
-def test_observe_option_writes_notify_cells(spark: Any, tmp_path: Path, url: str,
+def test_observe_option_writes_notify_cells(spark: Any, tmp_path: Path, store_url: str,
                                            cluster: percolator.Cluster) -> None:
     path = write_jsonl(tmp_path / "in.jsonl", records(20))
-    result = load_files(spark, path, "jsonl", url, "docs", "url", COLUMNS,
+    result = load_files(spark, path, "jsonl", store_url, "docs", "url", COLUMNS,
                         observe=["meta:lang"])
     assert ("docs", "meta:lang") in cluster.observed_columns()
     notified = {row for row, _ in internals(cluster).store.scan("docs", None, None, [Read("n")])}
@@ -405,7 +397,7 @@ def test_load_into_hbase(spark: Any, tmp_path: Path, hbase_thrift: str) -> None:
 
 
 def test_cli_works_without_an_activated_virtualenv(
-    spark: Any, tmp_path: Path, url: str, cluster: percolator.Cluster
+    spark: Any, tmp_path: Path, store_url: str, cluster: percolator.Cluster
 ) -> None:
     """`venv/bin/python -m spark_loader` with `python3` on PATH another interpreter (one
     without pyspark or this package): Spark's executors must run the loader's own Python,
@@ -422,7 +414,7 @@ def test_cli_works_without_an_activated_virtualenv(
     # loader's interpreter (here through its sys.path), not through PYTHONPATH or the cwd.
     driver = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
               "from spark_loader.__main__ import main; sys.exit(main())")
-    command = _loader_cmd(url, path, "--metrics-port", str(port))
+    command = _loader_cmd(store_url, path, "--metrics-port", str(port))
     command[1:3] = ["-c", driver, str(ROOT)]
     out = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True,
                          timeout=600)
@@ -431,7 +423,7 @@ def test_cli_works_without_an_activated_virtualenv(
 
 
 def test_a_committed_load_is_counted_in_the_metrics(
-    spark: Any, tmp_path: Path, url: str, cluster: percolator.Cluster
+    spark: Any, tmp_path: Path, store_url: str, cluster: percolator.Cluster
 ) -> None:
     from percolator import metrics
 
@@ -443,6 +435,6 @@ def test_a_committed_load_is_counted_in_the_metrics(
 
     before = counted()
     path = write_jsonl(tmp_path / "in.jsonl", records(12), extra=("not json",))
-    load_files(spark, path, "jsonl", url, "docs", "url", COLUMNS)
+    load_files(spark, path, "jsonl", store_url, "docs", "url", COLUMNS)
     after = counted()
     assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (12, 1, 1)

@@ -32,7 +32,7 @@ from percolator._store import (
     Store,
 )
 from percolator.stores import open_store
-from tests._backends import WITH_THRIFT1, drop_tables
+from tests._backends import WITH_THRIFT1, backend_fixture, drop_tables
 from tests._concurrency import run_concurrently
 
 T = "t"
@@ -53,10 +53,7 @@ HBASE_SPLIT_MUTATIONS = (
 )
 
 
-@pytest.fixture(params=WITH_THRIFT1)
-def backend(request: pytest.FixtureRequest) -> str:
-    """Every backend, and HBase through Thrift1 too."""
-    return str(request.param)
+backend = backend_fixture(WITH_THRIFT1)
 
 
 @pytest.fixture

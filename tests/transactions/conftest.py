@@ -4,11 +4,6 @@
 
 from __future__ import annotations
 
-import pytest
+from tests._backends import WITH_THRIFT1, backend_fixture
 
-from tests._backends import WITH_THRIFT1
-
-
-@pytest.fixture(params=WITH_THRIFT1)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+backend = backend_fixture(WITH_THRIFT1)

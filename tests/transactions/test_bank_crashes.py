@@ -19,20 +19,15 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 import percolator
 from percolator.conformance._bank import ACCOUNTS, check_final, open_accounts, read_total
-from tests._backends import WITH_FAULTS
+from tests._backends import WITH_FAULTS, backend_fixture
 
 WORKERS = 3
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(params=WITH_FAULTS)
-def backend(request: pytest.FixtureRequest) -> str:
-    """Every backend, and HBase with faults (``tests/_backends.py``)."""
-    return str(request.param)
+backend = backend_fixture(WITH_FAULTS)
 
 
 def _start(url: str, seed: int, log: Path) -> subprocess.Popen[bytes]:

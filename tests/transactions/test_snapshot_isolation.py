@@ -47,7 +47,7 @@ from percolator._gc import GcSummary, collect
 from percolator._internals import internals
 from percolator.conformance._si import CRASH_POINTS, Model
 from percolator.testing import CrashPoint, client_of, crash_commit
-from tests._backends import WITH_FAULTS, drop_tables
+from tests._backends import WITH_FAULTS, backend_fixture, drop_tables
 from tests._services import in_ci
 
 TABLES = ("ta", "tb")
@@ -70,10 +70,7 @@ class Open:
     writes: dict[Key, bytes | None] = field(default_factory=dict)
 
 
-@pytest.fixture(params=WITH_FAULTS)
-def backend(request: pytest.FixtureRequest) -> str:
-    """Every backend, and HBase with faults (``tests/_backends.py``)."""
-    return str(request.param)
+backend = backend_fixture(WITH_FAULTS)
 
 
 class FreshTables:

@@ -27,7 +27,7 @@ from percolator._coordination import LocalCoordination
 from percolator._internals import internals
 from percolator._notifications import pending_notifications
 from percolator.testing import CrashPoint, Interleaving, client_of, crash_commit
-from tests._backends import make_store_url
+from tests._backends import SQLITE_AND_BIGTABLE, make_store_url
 from tests._concurrency import spawn_module
 from tests.ubiq import _app
 
@@ -280,10 +280,7 @@ def _spawn(url: str, root: Path, site: str, **env: str) -> subprocess.Popen[byte
                         env={"UBIQ_ROOT": str(root), **env})
 
 
-@pytest.mark.parametrize("backend", [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("bigtable", id="bigtable", marks=pytest.mark.bigtable),
-])
+@pytest.mark.parametrize("backend", SQLITE_AND_BIGTABLE)
 @pytest.mark.parametrize("files", [20, 150], ids=["20-files", "150-small-files"])
 def test_workers_killed_mid_unit_and_the_file_sink(
     backend: str, files: int, request: pytest.FixtureRequest, tmp_path: Path
