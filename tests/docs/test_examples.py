@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests._hbase_local import jvm_options
 from tests._spark import require_spark
 from tests._wheel import WheelVenv
 from tests.docs._examples import (
@@ -72,10 +74,12 @@ def spark_pages_run(wheel_venv: WheelVenv, tmp_path_factory: pytest.TempPathFact
         SPARK_LOCAL_IP="127.0.0.1",
         PYSPARK_PYTHON=str(wheel_venv.python),
         PYSPARK_DRIVER_PYTHON=str(wheel_venv.python),
-        PYSPARK_SUBMIT_ARGS="--master local[2] --driver-memory 1g "
-        "--conf spark.ui.enabled=false --conf spark.ui.showConsoleProgress=false "
-        "--conf spark.sql.shuffle.partitions=2 --conf spark.default.parallelism=2 "
-        "pyspark-shell",
+        PYSPARK_SUBMIT_ARGS=shlex.join([
+            "--master", "local[2]", "--driver-memory", "1g",
+            *(["--driver-java-options", " ".join(jvm_options())] if jvm_options() else []),
+            "--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false",
+            "--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.default.parallelism=2",
+            "pyspark-shell"]),
     )
     outcomes = _run_pages(SPARK_PAGES, tmp_path_factory.mktemp("spark-pages"), wheel_venv,
                           env, SPARK_IGNORED_WARNINGS)
