@@ -98,15 +98,16 @@ class SnapshotTooOldError(PercolatorError):
 
     Not retryable as it stands (the same start timestamp stays too old); a new
     transaction gets a fresh start timestamp. ``start_ts`` is the transaction's,
-    ``safe_point`` the safe point that overtook it.
+    ``safe_point`` the safe point that overtook it; *what* names the reader in the
+    message (``"transaction"``, or ``"snapshot"`` for a :class:`Snapshot`).
     """
 
-    def __init__(self, start_ts: int, safe_point: int) -> None:
+    def __init__(self, start_ts: int, safe_point: int, what: str = "transaction") -> None:
+        open_one = "start a new transaction" if what == "transaction" else f"open a new {what}"
         super().__init__(
-            f"transaction {start_ts} is too old: the garbage-collection safe point is "
-            f"{safe_point}, and versions older than it may be gone; start a new "
-            "transaction (keep transactions shorter than the GC retention and "
-            "max_txn_age, or raise them)"
+            f"{what} {start_ts} is too old: the garbage-collection safe point is "
+            f"{safe_point}, and versions older than it may be gone; {open_one} (keep "
+            f"{what}s shorter than the GC retention and max_txn_age, or raise them)"
         )
         self.start_ts = start_ts
         self.safe_point = safe_point

@@ -208,12 +208,13 @@ class SafePoint:
             self.fetch()
         return self._value
 
-    def check(self, start_ts: int) -> None:
-        """Raise :class:`SnapshotTooOldError` if *start_ts* is below the safe point."""
+    def check(self, start_ts: int, what: str = "transaction") -> None:
+        """Raise :class:`SnapshotTooOldError` if *start_ts* is below the safe point
+        (*what* names its reader in the message: a transaction, or a snapshot)."""
         if time.monotonic() - self._fetched > self.refresh:  # current(), in line
             self.fetch()
         if start_ts < self._value:
-            raise SnapshotTooOldError(start_ts, self._value)
+            raise SnapshotTooOldError(start_ts, self._value, what)
 
     def fetch(self) -> int:
         """Read the persisted safe point now (one store read) and cache it."""

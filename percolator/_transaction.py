@@ -150,7 +150,7 @@ class Snapshot:
         if start_ts is None:
             self._begin()
         else:
-            self._safe_point.check(start_ts)
+            self._safe_point.check(start_ts, self._what)
             self.start_ts = start_ts
             self._safe_point.register(self)
         if self._writable:
@@ -179,7 +179,7 @@ class Snapshot:
         sp = self._safe_point
         # SafePoint.check inlined for the fast path: fresh cache, start_ts not below.
         if _monotonic() - sp._fetched > sp.refresh or self.start_ts < sp._value:
-            sp.check(self.start_ts)
+            sp.check(self.start_ts, self._what)
 
     def _draw_start(self) -> int:
         """Draw :attr:`start_ts` now, and hold the safe point at it."""
@@ -189,6 +189,11 @@ class Snapshot:
         """How a snapshot made without a start timestamp gets one (a
         :class:`Transaction` may hold a spare instead)."""
         self._draw_start()
+
+    @property
+    def _what(self) -> str:
+        """What it is called in messages."""
+        return "transaction" if self._writable else "snapshot"
 
     def _label(self) -> str:
         # Not self.start_ts: a transaction that has not drawn it yet would draw it.
@@ -448,7 +453,7 @@ class Snapshot:
                 _observe("percolator_read_duration_seconds", _perf_counter() - began)
             sp = self._safe_point
             if _monotonic() - sp._fetched > sp.refresh or self.start_ts < sp._value:
-                sp.check(self.start_ts)
+                sp.check(self.start_ts, self._what)
         else:
             found_row, left_out = self._read_row_with(table, row, (column,), extra)
             value = found_row.get(column)

@@ -13,9 +13,8 @@ import pytest
 from tests._services import service_missing
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
-    """A ``SparkSession`` on ``local[2]`` with the UI off, shared by the session."""
+def require_spark() -> None:
+    """PySpark and Java are here, or the test fails in CI and skips elsewhere."""
     try:
         import pyspark  # noqa: F401
     except ImportError:
@@ -23,6 +22,12 @@ def spark() -> Iterator[Any]:
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         service_missing("Java is not installed (PySpark needs a JDK 17): apt-get install "
                         "openjdk-17-jre-headless")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """A ``SparkSession`` on ``local[2]`` with the UI off, shared by the session."""
+    require_spark()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 

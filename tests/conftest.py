@@ -15,6 +15,7 @@ pytest_plugins: list[str] = [
     "tests._zookeeper",
     "tests._hbase",
     "tests._spark",
+    "tests._wheel",
 ]
 
 # The JVMs the suite starts (HBase and its Thrift servers, the region administrator,
@@ -69,8 +70,6 @@ GROUPS = {
     # One worker runs the tests of each: its module-scoped HBase, which they kill -9,
     # is started once, not once per worker (and not beside a dozen others).
     "tests/hbase/test_hbase_real_faults.py": "hbase-real-faults",
-    # Its wheel, sdist and virtualenv are built once (module fixtures), on one worker.
-    "tests/test_packaging.py": "packaging",
     # Its multi-server HBase (five JVMs) is started once, by one worker, for the module.
     "tests/hbase/test_hbase_multi_server.py": "hbase-multi-server",
     # Module fixtures that start servers: spread over workers, each worker that ran

@@ -1,12 +1,11 @@
 """The distribution as a package index shows it and a new user installs it (issue 50):
 the LICENSE ships in the wheel and the sdist, the metadata names the project's pages,
 README.md's links work on the index page (absolute, each naming a file of this
-repository), the sdist carries the whole test tree, and the first pages a new user
-reads (docs/index.md, README.md, docs/embedded.md) run as printed from the wheel
-installed into a fresh virtualenv.
+repository), the sdist carries the whole test tree, and the fresh virtualenv with the
+wheel installed, in which every page of docs/ runs (tests/docs/test_examples.py),
+imports our modules from the wheel, not from this checkout.
 
-The wheel and the sdist are built once per session from a copy of the checkout
-(setuptools' build backend, in this interpreter: no build isolation, no download)."""
+The wheel, the sdist and the virtualenv are built once per run (tests/_wheel.py)."""
 
 from __future__ import annotations
 
@@ -25,10 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs._examples import blocks
+from tests._wheel import OUR_MODULES, WheelVenv
 
 ROOT = Path(__file__).resolve().parents[1]
-_SKIP = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".*cache")
 
 
 def _repository() -> str:
@@ -37,20 +35,9 @@ def _repository() -> str:
     return config["metadata"]["url"].rstrip("/")
 
 
-@pytest.fixture(scope="module")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    source = tmp_path_factory.mktemp("source") / "percolator-txn"
-    shutil.copytree(ROOT, source, ignore=_SKIP)
-    out = tmp_path_factory.mktemp("dist")
-    subprocess.run(
-        [sys.executable, "-c",
-         "import sys\nfrom setuptools import build_meta as b\nout = sys.argv[1]\n"
-         "b.build_sdist(out)\nb.build_wheel(out)", str(out)],  # build_meta rewrites argv
-        cwd=source, check=True, capture_output=True, text=True, timeout=300,
-    )
-    (sdist,) = out.glob("*.tar.gz")
-    (wheel,) = out.glob("*.whl")
-    return {"sdist": sdist, "wheel": wheel}
+@pytest.fixture
+def dist(wheel_venv: WheelVenv) -> dict[str, Path]:
+    return {"sdist": wheel_venv.sdist, "wheel": wheel_venv.wheel}
 
 
 def _wheel_metadata(wheel: Path) -> Message:
@@ -108,6 +95,36 @@ def _check_repository_link(url: str, repository: str, where: str) -> None:
     assert (ROOT / match[1]).exists(), f"{where}: {url} names {match[1]}, which is missing"
 
 
+_GITHUB = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+(?:/(?:blob|tree)/main/[^)\s\"'>#]+)?")
+
+
+def test_the_repository_url_is_one_setting() -> None:
+    """setup.cfg's ``url`` is the repository's address, the one place to change it:
+    the project URLs derive from it, mkdocs.yml's ``repo_url`` is it, and each link
+    of the docs to a file of this repository is under it (a placeholder today: the
+    project's public address replaces it there and in the places this names)."""
+    repository = _repository()
+    raw = configparser.RawConfigParser()
+    raw.read(ROOT / "setup.cfg")
+    assert raw["metadata"]["url"] == repository
+    assert "github.com" not in raw["metadata"]["project_urls"], \
+        "setup.cfg: write the project URLs as %(url)s/..., derived from url"
+    mkdocs = (ROOT / "mkdocs.yml").read_text()
+    assert re.search(r"^repo_url: (\S+)$", mkdocs, re.M)[1] == repository  # type: ignore[index]
+    assert re.search(r"^repo_name: (\S+)$", mkdocs, re.M)[1] == repository.rsplit(  # type: ignore[index]
+        "/", 1)[1]
+    elsewhere = []
+    for page in [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md",
+                 *sorted((ROOT / "docs").rglob("*.md"))]:
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            for link in _GITHUB.findall(line):
+                names_ours = "/main/" in link and (ROOT / link.split("/main/", 1)[1]).exists()
+                if names_ours and not link.startswith(repository + "/"):
+                    elsewhere.append(f"{page.relative_to(ROOT)}:{number}: {link}")
+    assert not elsewhere, (f"links to files of this repository not under setup.cfg's url "
+                           f"{repository}: " + ", ".join(elsewhere))
+
+
 def test_twine_passes_both(dist: dict[str, Path]) -> None:
     """What the package index checks on upload: metadata, and the long description
     renders (twine comes with the test extra: missing, this fails in CI)."""
@@ -136,52 +153,23 @@ def test_the_long_description_links_work_on_an_index_page(dist: dict[str, Path])
             _check_repository_link(link, _repository(), "README.md")
 
 
-_DRIVER = """
-import json, os, subprocess, sys
-namespace = {"__name__": "__example__"}
-for where, lang, code in json.load(open(sys.argv[1])):
-    if lang == "python":
-        exec(compile(code, where, "exec"), namespace)
-    else:
-        subprocess.run(["bash", "-euo", "pipefail", "-c", code], check=True)
-import percolator
-assert "/venv/" in percolator.__file__, percolator.__file__
-"""
-
-
-@pytest.fixture(scope="module")
-def wheel_venv(dist: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
-               ) -> dict[str, str]:
-    """A new virtualenv into which only the wheel was installed (the embedded store
-    needs no other package), and the environment that runs its commands first."""
-    venv = tmp_path_factory.mktemp("wheel-venv") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
-                   timeout=120)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["PATH"] = os.pathsep.join([str(venv / "bin"), env.get("PATH", "")])
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"),
-                    "install", "-q", "--no-deps", "--no-index", str(dist["wheel"])],
-                   check=True, timeout=300, env=env)
-    return env
-
-
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("page", ["docs/index.md", "README.md", "docs/embedded.md"])
-def test_the_first_pages_run_from_the_wheel_in_a_fresh_virtualenv(
-    page: str, wheel_venv: dict[str, str], tmp_path: Path
+def test_the_fresh_virtualenv_imports_our_modules_from_the_wheel(
+    wheel_venv: WheelVenv, tmp_path: Path
 ) -> None:
-    """The pages a new user reads first, their examples as printed and in order, in a
-    new directory, by the wheel's virtualenv and its console scripts (the other pages
-    run from the checkout: tests/docs/test_examples.py)."""
-    examples = [(b.where, b.lang, b.code) for b in blocks(ROOT / page)
-                if b.is_example and b.no_run is None]
-    assert examples
-    (tmp_path / "examples.json").write_text(json.dumps(examples))
-    (tmp_path / "driver.py").write_text(_DRIVER)
-    work = tmp_path / "fresh"
-    work.mkdir()
+    """Where the docs pages run (tests/docs/test_examples.py): each of our modules, and
+    the ``percolator`` command, is the wheel's, though the third-party packages of the
+    extras come from this interpreter and this checkout is installed in it (editable,
+    a ``.pth`` line that the virtualenv does not take)."""
     done = subprocess.run(
-        ["python", str(tmp_path / "driver.py"), str(tmp_path / "examples.json")],
-        cwd=work, env=wheel_venv, capture_output=True, text=True, timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+        [str(wheel_venv.python), "-c",
+         "import importlib, json, sys\n"
+         "print(json.dumps({m: importlib.import_module(m).__file__ for m in sys.argv[1:]}))",
+         *OUR_MODULES],
+        cwd=tmp_path, env=wheel_venv.env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert set(found) == set(OUR_MODULES)
+    for module, file in found.items():
+        assert Path(file).is_relative_to(wheel_venv.site_packages), (module, file)
+    command = shutil.which("percolator", path=wheel_venv.env()["PATH"])
+    assert command is not None and Path(command).parent == wheel_venv.prefix / "bin"

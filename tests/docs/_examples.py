@@ -4,8 +4,9 @@ Each page runs on its own, as printed: in a new empty directory (the current
 directory of its Python and shell blocks), its blocks in order, the Python blocks in
 one namespace (a later block uses what an earlier one of the same page defined), each
 shell block in one ``bash -e``. Nothing is given to a page that it does not show: no
-``import``, no cluster, no file. The ``percolator``, ``percolator-*`` commands and
-``python`` import this checkout.
+``import``, no cluster, no file. The page runs from the wheel built from this
+checkout, in a fresh virtualenv (tests/_wheel.py): its ``python`` and its
+``percolator``, ``percolator-*`` commands (tests/docs/test_examples.py).
 
 Markers are HTML comments right before a block (blank lines between are allowed),
 invisible on GitHub and on the site:
@@ -15,8 +16,8 @@ invisible on GitHub and on the site:
   and ``tests/docs/test_examples.py`` counts them per page (``NO_RUN``), so that a new
   one is a visible change;
 * ``<!-- needs: spark -->`` the block needs PySpark and Java: its page runs in the
-  Spark test (marked ``spark``), whose session ``SparkSession.builder...getOrCreate()``
-  in the page returns (a page shows how it builds ``spark``).
+  Spark test (marked ``spark``), where ``SparkSession.builder...getOrCreate()`` in the
+  page starts a local Spark (a page shows how it builds ``spark``).
 
 There is no hidden setup: what a block needs (a repository, input files) is made by an
 earlier block of its page, where the reader sees it.

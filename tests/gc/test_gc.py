@@ -184,6 +184,30 @@ def test_a_closed_snapshot_stops_holding_the_safe_point_back(
     assert percolator.Snapshot(c).get(T, b"r", "c:x") == b"2"
 
 
+def test_the_too_old_error_names_a_snapshot_a_snapshot(tmp_path: Path) -> None:
+    """The message calls the reader what the user made: a snapshot's says "snapshot"
+    and to open a new one, a transaction's says "transaction" (the wording is the
+    same on every backend: one embedded store)."""
+    with percolator.connect(f"sqlite:{tmp_path / 'repo.db'}",
+                            safe_point_refresh=REFRESH) as c:
+        c.create_table(T)
+        put(c, b"r", b"old")
+        snapshot, transaction = percolator.Snapshot(c), percolator.Transaction(c)
+        put(c, b"r", b"new")
+        c.gc(retention=0, max_txn_age=1e-9)  # overtakes both
+        for reader, what, remedy in ((snapshot, "snapshot", "open a new snapshot"),
+                                     (transaction, "transaction", "start a new transaction")):
+            with pytest.raises(percolator.SnapshotTooOldError) as info:
+                reader.get(T, b"r", "c:x")
+            assert str(info.value).startswith(f"{what} {reader.start_ts} is too old: ")
+            assert f"; {remedy} (keep {what}s shorter" in str(info.value)
+        with pytest.raises(percolator.SnapshotTooOldError,
+                           match=f"^snapshot {snapshot.start_ts} is too old: "):
+            percolator.Snapshot(c, start_ts=snapshot.start_ts)
+        snapshot.close()
+        transaction.close()
+
+
 def test_a_snapshot_below_the_safe_point_raises_instead_of_reading(
     gc_cluster: percolator.Cluster,
 ) -> None:
