@@ -1,4 +1,4 @@
-"""The change feed's store half (spark_loader._changes), without Spark: where a batch
+"""The change feed's store half (spark_loader._commit_range), without Spark: where a batch
 may end while a two-phase commit is between drawing its commit timestamp and making
 its commit point, or has made it but not yet written its write records, run
 deterministically with the interleaving harness on SQLite and HBase."""
@@ -13,7 +13,7 @@ import percolator
 from percolator._interleaving import Interleaving
 from percolator._internals import internals
 from percolator.testing import client_of
-from spark_loader._changes import changes, safe_end
+from spark_loader._commit_range import changes, safe_end
 from tests._backends import drop_tables, make_store_url
 
 
