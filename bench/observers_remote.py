@@ -104,7 +104,7 @@ def scan_cost(kind: str, hostport: str, big: int, dirty: int = 1000,
             probe, family = [], []
             for _ in range(repeats):
                 t1 = time.perf_counter()
-                found = sum(1 for _ in worker._pending())
+                found = sum(1 for _ in worker._scanner.pending())
                 probe.append(time.perf_counter() - t1)
                 assert found == dirty, found
                 t1 = time.perf_counter()

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import functions as F
 
     from spark_loader import load_dataframe, read_table
-    from spark_loader._read import plan_ranges
+    from spark_loader._snapshot import plan_ranges
 
     loads = [os.getloadavg()[0]]
     began = time.perf_counter()

@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from observers._observer import ObserverTransaction
 from percolator import Cluster, InvalidArgument
+from percolator.ext import ObserverRun
 
 __all__ = ["Change", "TableChanges"]
 
@@ -64,7 +64,7 @@ class TableChanges:
             raise InvalidArgument(f"limit must be an int >= 1, got {limit!r}")
         after = int(position.get("a", 0))
         # A snapshot that remembers the commit timestamp of each cell it reads.
-        snap = ObserverTransaction(self.cluster)
+        snap = ObserverRun(self.cluster)
         try:
             upto = int(position.get("p", snap.start_ts))
             start = bytes.fromhex(position["r"]) + b"\0" if "r" in position else None

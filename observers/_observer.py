@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from percolator import InvalidArgument, TransactionBase
-from percolator.ext import ObserverRun, check_column, check_table
+from percolator.ext import check_column, check_table
 
 __all__ = ["Observer"]
 
@@ -91,9 +91,3 @@ def check_observer(observer: Observer | type[Observer]) -> None:
             f"bad observer name {name!r}: a non-empty str, no '@' or control characters"
         )
 
-
-class ObserverTransaction(ObserverRun):
-    """The observer's transaction: a :class:`TransactionBase` (no commit) that also
-    remembers the commit timestamp of the newest write it read per cell, and that
-    the worker switches into reading and writing acknowledgement columns (the
-    contract is :mod:`percolator._observer_hooks`)."""

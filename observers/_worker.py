@@ -35,11 +35,13 @@ is quarantined (see
 :mod:`percolator._notifications`): ``percolator status`` shows it and
 ``percolator retry`` puts it back.
 
-:class:`Worker` (configuration and life cycle) is made of layers, each in its module
-and each relying only on the ones below it: the scan passes (:mod:`observers._scanning`),
-group commits on the embedded store (:mod:`observers._groups`) and the observer run
-(:mod:`observers._runs`); scanners of a single-writer store take turns at it
-(:mod:`observers._turns`).
+:class:`Worker` (configuration and life cycle) owns two parts and starts their
+threads: a :class:`~observers._scanner.Scanner` (its scanner and lookout threads find
+the rows to serve) hands each row, with the notify cells its scan read, to a
+:class:`~observers._runner.Runner` (the observer runs and their commits, alone or in
+groups). Both share the worker's :class:`~observers._backoff.Backoff` (failing cells)
+and, on a single-writer store with several scanners, its
+:class:`~observers._store_turn.StoreTurn`.
 """
 
 from __future__ import annotations
@@ -53,14 +55,15 @@ from collections.abc import Iterable, Sequence
 from types import FrameType
 from typing import Any
 
+from observers._backoff import Backoff
 from observers._observer import Observer, check_observer
 from observers._periodic import Periodic
 from observers._recipes import load_object
-from observers._runs import CommitHook, Failures
-from observers._scanning import Bell, ScanPasses, Served
-from observers._turns import StoreTurn, Waits
+from observers._runner import CommitHook, Runner
+from observers._scanner import Scanner
+from observers._store_turn import StoreTurn, Waits
 from percolator import Cluster, InvalidArgument, PercolatorError
-from percolator.ext import SINGLE_WRITER, declares, internals, migrate, uses_index, wait_until_idle
+from percolator.ext import SINGLE_WRITER, declares, internals, migrate, wait_until_idle
 
 __all__ = ["CommitHook", "Worker", "wait_for_observers"]
 
@@ -86,7 +89,7 @@ def wait_for_observers(cluster: Cluster, timeout: float | None = 60.0) -> None:
     wait_until_idle(cluster, timeout)
 
 
-class Worker(ScanPasses):
+class Worker:
     """Runs *observers* on *cluster* with *threads* scanner threads. Left out, it
     picks what measured fastest for an observer that only uses the store: 1 on the
     embedded store, and 4 on remote stores, whose round trips threads overlap. On the
@@ -193,36 +196,35 @@ class Worker(ScanPasses):
         for table, column in self._by_column:
             self._columns[table] = (*self._columns.get(table, ()), column)
         self.threads = threads
-        self._store_turn = (StoreTurn() if threads > 1 and declares(
-            internals(cluster).store, SINGLE_WRITER) else None)
-        self._waits = {o.name: Waits() for o in self.observers}
         self.max_failures = max_failures
         self.retry_delay = retry_delay
         self.max_retry_delay = max_retry_delay
         self.idle_max = idle_max
         self.poll_interval = poll_interval
         self.on_commit = on_commit
-        self.stats: Counter[str] = Counter()
-        self._stats_lock = threading.Lock()
-        self._failures: dict[tuple[str, bytes, str], Failures] = {}
-        self._failures_lock = threading.Lock()
-        self._sample: dict[str, list[bytes]] = {t: [] for t in self._columns}
-        self._splits: dict[str, tuple[float, list[bytes]]] = {}
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
         self.tasks = list(tasks)
         for task in self.tasks:
             if not isinstance(task, Periodic):
                 raise InvalidArgument(f"tasks must be observers.Periodic, got {task!r:.80}")
-        self._bell = Bell()
-        self._sleeping = 0
-        self._indexed = uses_index(internals(cluster).store)
-        self._next_starts = threading.local()
-        self._served = Served()
-        self._passed_at = 0.0
-        self._unsettled: list[tuple[str, bytes, dict[str, int]]] = []
-        self._unsettled_since = 0.0
-        self._unsettled_lock = threading.Lock()
+        self.stats: Counter[str] = Counter()
+        self._stats_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        store_turn = (StoreTurn() if threads > 1 and declares(
+            internals(cluster).store, SINGLE_WRITER) else None)
+        self._runner = Runner(
+            cluster, self._by_column, backoff=Backoff(retry_delay, max_retry_delay),
+            count=self._count, stop=self._stop, store_turn=store_turn,
+            waits={o.name: Waits() for o in self.observers}, on_commit=on_commit,
+            max_failures=max_failures)
+        self._scanner = Scanner(
+            cluster, self._runner, self._columns, threads=threads, idle_max=idle_max,
+            poll_interval=poll_interval, count=self._count, stop=self._stop,
+            store_turn=store_turn)
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._stats_lock:
+            self.stats[key] += n
 
     # --- life cycle -----------------------------------------------------------------
 
@@ -246,15 +248,17 @@ class Worker(ScanPasses):
         if self._threads:
             raise InvalidArgument("this worker is already started")
         self.register()
-        internals(self.cluster).wakeups.append(self._bell.set)
+        bell = self._scanner.bell
+        internals(self.cluster).wakeups.append(bell.set)
         for i in range(self.threads):
-            thread = threading.Thread(target=self._scanner, name=f"observers-scanner-{i}",
-                                      daemon=True)
+            thread = threading.Thread(target=self._scanner.scanner_thread,
+                                      name=f"observers-scanner-{i}", daemon=True)
             thread.start()
             self._threads.append(thread)
         for task in self.tasks:
             task.start()
-        lookout = threading.Thread(target=self._lookout, name="observers-lookout", daemon=True)
+        lookout = threading.Thread(target=self._scanner.lookout_thread,
+                                   name="observers-lookout", daemon=True)
         lookout.start()
         self._threads.append(lookout)
         log.info("worker started: %d scanner thread(s), observers %s", self.threads,
@@ -264,19 +268,20 @@ class Worker(ScanPasses):
         """Ask the scanners to stop after their current transaction and wait for them
         (at most *timeout* seconds each)."""
         self._stop.set()
-        self._bell.set()
+        self._scanner.bell.set()
         for task in self.tasks:
             task.stop(timeout)
         for thread in self._threads:
             thread.join(timeout)
         self._threads = []
         try:
-            self._settle_deferred(force=True)
+            self._scanner.settle_deferred(force=True)
         except PercolatorError:
             log.warning("could not settle served index entries; a later look will",
                         exc_info=True)
-        if self._bell.set in internals(self.cluster).wakeups:
-            internals(self.cluster).wakeups.remove(self._bell.set)
+        wakeups = internals(self.cluster).wakeups
+        if self._scanner.bell.set in wakeups:
+            wakeups.remove(self._scanner.bell.set)
         log.info("worker stopped: %s", dict(self.stats))
 
     def run(self) -> None:

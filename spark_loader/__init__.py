@@ -21,8 +21,9 @@ PySpark is needed only when a load or a read runs: ``pip install 'percolator-txn
 
 from spark_loader._export import ExportResult, export_table
 from spark_loader._job import LoadError, LoadResult, load_dataframe, load_files
-from spark_loader._read import ReadError, decode_columns, read_table, start_ts_of
+from spark_loader._read import decode_columns, read_table, start_ts_of
 from spark_loader._records import Reject
+from spark_loader._snapshot import ReadError
 
 __all__ = [
     "ExportResult",

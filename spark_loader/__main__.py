@@ -155,10 +155,10 @@ def _export(argv: list[str]) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     import percolator
     from spark_loader._export import export_table
-    from spark_loader._job import _require_pyspark
+    from spark_loader._spark import require_pyspark
 
     try:
-        _require_pyspark()
+        require_pyspark()
         connect = _connect_options(args)
     except percolator.InvalidArgument as e:
         print(f"percolator-load export: {e}", file=sys.stderr)
@@ -175,7 +175,7 @@ def _export(argv: list[str]) -> int:
         print(f"percolator-load export: {e}", file=sys.stderr)
         return 1
     except Exception as e:  # a Spark job failed: its text carries the executor's error
-        from spark_loader._read import ReadError
+        from spark_loader._snapshot import ReadError
 
         text = str(e)
         mark = f"{ReadError.__name__}: "
@@ -199,10 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     import percolator
-    from spark_loader._job import LoadError, _require_pyspark, load_files
+    from spark_loader._job import LoadError, load_files
+    from spark_loader._spark import require_pyspark
 
     try:
-        _require_pyspark()
+        require_pyspark()
     except percolator.InvalidArgument as e:
         print(f"percolator-load: {e}", file=sys.stderr)
         return 2

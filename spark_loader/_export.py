@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from percolator import InvalidArgument
 from spark_loader._compat import renamed_keyword
-from spark_loader._read import ROW_KEY, ReadError, is_connect, read_table, start_ts_of
+from spark_loader._options import ROW_KEY
+from spark_loader._read import read_table, start_ts_of
+from spark_loader._snapshot import ReadError
+from spark_loader._spark import is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -15,14 +15,12 @@ Stages (one Percolator transaction, see :mod:`percolator._bulk`):
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import gc
 import hashlib
 import json
 import logging
 import os
-import threading
 import time
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
@@ -34,6 +32,7 @@ from percolator import ConflictError, PercolatorError, SnapshotTooOldError, Unkn
 from percolator.ext import AlreadyLoaded, BulkLoad, LoadTxn, finish_rows, internals, prewrite_rows
 from percolator.metrics import inc as _inc
 from spark_loader._records import ColumnMap, Parsed, Reject, dedupe, parse_csv, parse_json, to_cells
+from spark_loader._spark import check_workers, executor_cluster, require_classic, require_pyspark
 
 if TYPE_CHECKING:
     from pyspark import RDD
@@ -46,102 +45,6 @@ log = logging.getLogger(__name__)
 FORMATS = ("jsonl", "csv", "parquet")
 MAX_REJECTS_KEPT = 10_000
 """Reject records kept per partition for the rejects file (all are counted)."""
-
-
-def _require_pyspark() -> None:
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
-        raise percolator.InvalidArgument(
-            "the bulk loader needs PySpark: pip install 'percolator-txn[spark]'"
-        ) from None
-
-
-_PROBE = """
-def probe(_):
-    import importlib, sys
-    missing = []
-    for name in ("percolator", "spark_loader"):
-        try:
-            importlib.import_module(name)
-        except Exception as e:
-            missing.append(f"{name} ({type(e).__name__}: {e})")
-    yield sys.executable, sys.version.split()[0], missing
-"""
-"""What a worker is asked before a job: compiled outside any module of ours, so that
-Spark's pickling sends it by value and a worker without the package can run it."""
-
-_checked_apps: set[str] = set()
-
-
-def _require_classic(spark: object, what: str) -> None:
-    from spark_loader._read import is_connect
-
-    if is_connect(spark):
-        raise percolator.InvalidArgument(
-            f"{what} needs a classic SparkSession (it runs on RDDs), got a Spark Connect "
-            "session; there, write with df.write.format(\"percolator\").mode(\"append\")"
-            ".option(\"url\", ...).option(\"table\", ...).option(\"loadId\", ...).save(), "
-            "the same one-transaction load (see docs/spark.md)")
-
-
-def local_workers_run_this_python(spark: SparkSession) -> bool:
-    """In local mode, have Spark's Python workers run this interpreter, unless the
-    user chose one (``PYSPARK_PYTHON``, ``spark.pyspark.python``); say whether it did.
-
-    A session built in a script starts its workers with ``python3`` from PATH, which
-    under cron, a unit file or ``venv/bin/python script.py`` is not the driver's
-    interpreter and lacks the package. Local workers run on this machine and must be
-    of the driver's Python version anyway, so this interpreter is the right one.
-    PySpark reads ``sc.pythonExec`` each time it ships a Python function (RDD jobs,
-    UDFs, ``spark.dataSource.register``); a data source Spark finds by its name is
-    started by the JVM from its own environment, out of our reach.
-    """
-    import sys
-
-    sc = spark.sparkContext
-    if (not str(sc.master).startswith("local") or os.environ.get("PYSPARK_PYTHON")
-            or sc.getConf().get("spark.pyspark.python")):
-        return False
-    sc.pythonExec = sys.executable
-    return True
-
-
-def check_workers(spark: SparkSession) -> None:
-    """Fail fast, on the driver, when Spark's Python workers cannot import this
-    package: run a one-task probe job (once per Spark application) and raise with the
-    interpreter they run, what it could not import and the fix. Without it the first
-    job fails with a ``ModuleNotFoundError`` deep in a Java stack trace. In local mode
-    with no interpreter chosen, the workers run this one (see
-    :func:`local_workers_run_this_python`) and the probe confirms it.
-
-    :raises InvalidArgument: the workers' Python lacks ``percolator`` or ``spark_loader``.
-    """
-    local_workers_run_this_python(spark)
-    sc = spark.sparkContext
-    app = str(sc.applicationId)
-    if app in _checked_apps:
-        return
-    namespace: dict[str, Any] = {"__name__": "percolator_worker_probe"}
-    exec(compile(_PROBE, "<percolator worker probe>", "exec"), namespace)
-    sc.setJobDescription("percolator: can the Python workers import percolator?")
-    try:
-        ((executable, version, missing),) = (
-            sc.parallelize([0], 1).mapPartitions(namespace["probe"]).collect())
-    finally:
-        sc.setJobDescription(None)  # type: ignore[arg-type]
-    if missing:
-        import sys
-
-        raise percolator.InvalidArgument(
-            f"Spark's Python workers run {executable} (Python {version}), which cannot import "
-            f"{' nor '.join(missing)}. Install percolator-txn for that interpreter (on every "
-            "executor), or have Spark run one that has it: set PYSPARK_PYTHON in the "
-            f"environment before the SparkSession starts (e.g. PYSPARK_PYTHON={sys.executable}"
-            "; a session built in Python reads only that), or spark.pyspark.python with "
-            "spark-submit; on a cluster, ship the package (spark-submit --py-files, or "
-            "install it on the nodes)")
-    _checked_apps.add(app)
 
 
 class LoadError(PercolatorError):
@@ -194,36 +97,6 @@ class _Options:
     batch_delay: float  # tests only: pause after each prewrite batch
 
 
-# --- executors ---------------------------------------------------------------------------
-
-_clusters: dict[tuple[str, tuple[tuple[str, Any], ...]], percolator.Cluster] = {}
-_clusters_lock = threading.Lock()
-
-
-def _close_clusters() -> None:
-    for cluster in _clusters.values():
-        cluster.close()
-    _clusters.clear()
-
-
-atexit.register(_close_clusters)
-
-
-def _cluster(options: _Options) -> percolator.Cluster:
-    return executor_cluster(options.url, options.connect)
-
-
-def executor_cluster(url: str, connect: tuple[tuple[str, Any], ...]) -> percolator.Cluster:
-    """One cluster per Python worker process, url and options (workers are reused)."""
-    key = (url, connect)
-    with _clusters_lock:
-        cluster = _clusters.get(key)
-        if cluster is None or cluster.closed:
-            cluster = percolator.connect(url, **dict(connect))
-            _clusters[key] = cluster
-        return cluster
-
-
 def _prewrite_partition(
     options: _Options, txn: LoadTxn, items: Iterable[tuple[bytes, Any]]
 ) -> Iterator[tuple[str, Any]]:
@@ -246,7 +119,7 @@ def _prewrite_partition(
 
     pause = (lambda: time.sleep(options.batch_delay)) if options.batch_delay else None
     try:
-        cluster = _cluster(options)
+        cluster = executor_cluster(options.url, options.connect)
         with _collector_paused():
             for row, cells in prewrite_rows(cluster, txn, rows(),
                                               batch_cells=options.batch_cells, after_batch=pause):
@@ -261,7 +134,7 @@ def _prewrite_partition(
 def _release_partition(
     options: _Options, txn: LoadTxn, commit_ts: int | None, items: Iterable[tuple[str, Any]]
 ) -> None:
-    cluster = _cluster(options)
+    cluster = executor_cluster(options.url, options.connect)
     rows = (value for kind, value in items if kind == "L")
     with _collector_paused():
         finish_rows(cluster, txn, rows, commit_ts, batch_cells=options.batch_cells)
@@ -474,8 +347,8 @@ def load_dataframe(
     :raises LoadError: when the load fails (too many rejects, a write-write conflict,
         a cell kept locked, an unreachable store); nothing of it is then visible.
     """
-    _require_pyspark()
-    _require_classic(df.sparkSession, "load_dataframe")
+    require_pyspark()
+    require_classic(df.sparkSession, "load_dataframe")
     mapping = ColumnMap.of(row_key, columns)
     missing = [f for f in mapping.fields() if f not in df.columns]
     if missing:
@@ -523,8 +396,8 @@ def load_files(
     default *load_id* is derived from the table, the mapping, the format and the
     files' paths, sizes and modification times.
     """
-    _require_pyspark()
-    _require_classic(spark, "load_files")
+    require_pyspark()
+    require_classic(spark, "load_files")
     if fmt not in FORMATS:
         raise percolator.InvalidArgument(f"unknown format {fmt!r}: expected one of {FORMATS}")
     mapping = ColumnMap.of(row_key, columns)

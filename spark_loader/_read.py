@@ -1,208 +1,63 @@
-"""The read side: a Percolator table as a Spark DataFrame, at one snapshot.
-
-The driver draws one start timestamp (or takes the caller's) and cuts the table into
-row-key ranges; every Spark partition scans its range through
-:class:`percolator.Snapshot` at that same timestamp, so the DataFrame is one consistent
-snapshot: exactly the transactions that committed before the timestamp, whatever
-commits while the job runs. A partition that meets a lock resolves it as any reader
-does (rolls a dead writer back, or forward when its primary committed), waiting up to
-the cluster's lock wait for a live one.
-
-Ranges: by default, where the store reports its own cut points (Bigtable
-``SampleRowKeys``, HBase ``getTableRegions``) the table is cut there; otherwise (SQLite,
-a one-region HBase table), or when a number of partitions is asked for, the driver
-samples the row keys with one key scan and cuts at evenly spaced samples.
+"""The read side: a Percolator table as a Spark DataFrame, at one snapshot
+(:func:`read_table`; how the snapshot is planned and read: :mod:`spark_loader._snapshot`).
+On a classic SparkSession the partitions are RDD tasks of our own; on Spark Connect,
+which has no RDDs, the same read goes through ``format("percolator")``.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import percolator
 from percolator import InvalidArgument, PercolatorError
-from percolator.ext import SPLIT_KEYS, WRITE, Read, check_column, internals, offered
+from percolator.ext import internals
 from spark_loader._compat import renamed_keyword
-from spark_loader._job import _require_pyspark, check_workers, executor_cluster
+from spark_loader._options import ROW_KEY, source_options
+from spark_loader._snapshot import (
+    Range,
+    ReadSpec,
+    check_columns,
+    check_splits,
+    check_start_ts,
+    open_snapshot,
+    plan_read,
+    read_error,
+)
+from spark_loader._spark import check_workers, is_connect, require_pyspark
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["ROW_KEY", "ReadError", "decode_columns", "plan_ranges", "read_table", "start_ts_of"]
-
-ROW_KEY = "row"
-"""Name of the DataFrame's row-key column (user columns always hold a colon)."""
-
-SAMPLES_PER_RANGE = 64
-"""Keys kept per wanted range when the driver samples the row keys itself."""
-
-Range = tuple[bytes | None, bytes | None]
-
-
-class ReadError(PercolatorError):
-    """Reading a table failed in a Spark partition. The message names the table, the
-    start timestamp and the row range, then the cause (for example a lock still held
-    by a live writer past the lock wait, or a start timestamp below the garbage
-    collection safe point: snapshot too old)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Spec:
-    url: str
-    connect: tuple[tuple[str, Any], ...]
-    table: str
-    columns: tuple[str, ...] | None
-    start_ts: int
-
-
-def is_connect(spark: object) -> bool:
-    """Whether *spark* is a Spark Connect session (no sparkContext, no RDDs)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-def _check_columns(columns: object) -> tuple[str, ...] | None:
-    if columns is None:
-        return None
-    if isinstance(columns, str | bytes) or not isinstance(columns, Iterable):
-        raise InvalidArgument(
-            f"columns must be a list of 'family:qualifier' strings or None, got {columns!r:.80}"
-        )
-    checked = tuple(check_column(c) for c in columns)
-    if not checked:
-        raise InvalidArgument("columns is empty: name at least one 'family:qualifier' "
-                              "(or pass None for every column)")
-    if len(set(checked)) != len(checked):
-        raise InvalidArgument(f"columns names a column twice: {list(checked)}")
-    return checked
-
-
-def _check_start_ts(start_ts: object, cluster: percolator.Cluster) -> int:
-    now = internals(cluster).timestamps.get_timestamp()
-    if start_ts is None:
-        return now
-    if isinstance(start_ts, bool) or not isinstance(start_ts, int) or start_ts <= 0:
-        raise InvalidArgument(f"start_ts must be a positive int timestamp or None, "
-                              f"got {start_ts!r}")
-    if start_ts > now:
-        # Transactions may still commit below a timestamp not yet issued: such a read
-        # would not be repeatable.
-        raise InvalidArgument(f"start_ts {start_ts} is in the future (the oracle is at "
-                              f"{now}); pass a timestamp the oracle issued, such as the "
-                              "start_ts of an earlier read")
-    return start_ts
-
-
-def _check_splits(splits: object) -> int | list[bytes] | None:
-    if splits is None:
-        return None
-    if isinstance(splits, int) and not isinstance(splits, bool):
-        if splits < 1:
-            raise InvalidArgument(f"splits must be a positive number of partitions, got {splits}")
-        return splits
-    if isinstance(splits, str | bytes) or not isinstance(splits, Iterable):
-        raise InvalidArgument(f"splits must be None, a number of partitions or a list of "
-                              f"row keys (bytes), got {splits!r:.80}")
-    keys = list(splits)
-    bad = [k for k in keys if not isinstance(k, bytes) or not k]
-    if bad:
-        raise InvalidArgument(f"split keys must be non-empty bytes, got {bad[0]!r:.80}")
-    return sorted(set(keys))
-
-
-def _ranges(keys: Sequence[bytes]) -> list[Range]:
-    return list(zip([None, *keys], [*keys, None], strict=True))
-
-
-def _evenly(keys: Sequence[bytes], parts: int) -> list[bytes]:
-    """``parts - 1`` keys spread evenly over the sorted *keys* (fewer if they repeat)."""
-    if parts <= 1 or not keys:
-        return []
-    return sorted({keys[i * len(keys) // parts] for i in range(1, parts)})
-
-
-def _sample_keys(cluster: percolator.Cluster, table: str, columns: tuple[str, ...] | None,
-                 parts: int) -> list[bytes]:
-    """A uniform sample of the table's row keys (one key scan on the driver,
-    reservoir sampling: memory bounded by ``SAMPLES_PER_RANGE * parts``)."""
-    size = SAMPLES_PER_RANGE * parts
-    rng = random.Random(0)
-    sample: list[bytes] = []
-    read = Read(WRITE, columns)  # rows with a committed (or resolved) change
-    for seen, (row, _) in enumerate(internals(cluster).store.scan(table, None, None, [read])):
-        if seen < size:
-            sample.append(row)
-        else:
-            j = rng.randrange(seen + 1)
-            if j < size:
-                sample[j] = row
-    return sorted(sample)
-
-
-def plan_ranges(cluster: percolator.Cluster, table: str, splits: int | Sequence[bytes] | None,
-                *, default_parts: int, columns: Sequence[str] | None = None) -> list[Range]:
-    """The row-key ranges ``[start, stop)`` (None: unbounded) that cover *table*.
-
-    *splits*: a list of row keys cuts there; a number asks for that many ranges of
-    about as many rows each (cut at sampled keys); None takes the store's own cut
-    points (Bigtable tablets and samples, HBase regions, as Hadoop's input formats
-    do), or ``default_parts`` ranges of sampled keys where it reports none.
-    """
-    checked = _check_splits(splits)
-    if isinstance(checked, list):
-        return _ranges(checked)
-    if checked is None:
-        splitting = offered(internals(cluster).store, SPLIT_KEYS)
-        if splitting is not None:
-            store_keys = splitting.split_keys(table)
-            if store_keys:
-                return _ranges(store_keys)
-        checked = default_parts
-    if checked <= 1:
-        return [(None, None)]
-    wanted = tuple(columns) if columns is not None else None
-    return _ranges(_evenly(_sample_keys(cluster, table, wanted, checked), checked))
+__all__ = ["decode_columns", "read_table", "start_ts_of"]
 
 
 # --- executors ---------------------------------------------------------------------------
-
-
-def _snapshot(spec: _Spec, where: str) -> percolator.Snapshot:
-    try:
-        return percolator.Snapshot(executor_cluster(spec.url, spec.connect), start_ts=spec.start_ts)
-    except PercolatorError as e:
-        raise _read_error(spec, where, e) from e
-
-
-def _read_error(spec: _Spec, where: str, e: PercolatorError) -> ReadError:
-    return ReadError(f"reading table {spec.table!r} at start_ts {spec.start_ts} ({where}) "
-                     f"failed: {type(e).__name__}: {e}")
 
 
 def _where(start: bytes | None, stop: bytes | None) -> str:
     return f"rows [{start!r}, {stop!r})"
 
 
-def _scan(spec: _Spec, bounds: Iterable[Range],
+def _scan(spec: ReadSpec, bounds: Iterable[Range],
           columns: tuple[str, ...] | None) -> Iterator[tuple[Range, bytes, dict[str, bytes]]]:
     for start, stop in bounds:
         where = _where(start, stop)
-        snap = _snapshot(spec, where)
+        snap = open_snapshot(spec, where)
         try:
             for row, values in snap.scan(spec.table, start, stop, columns):
                 yield (start, stop), row, values
         except PercolatorError as e:
-            raise _read_error(spec, where, e) from e
+            raise read_error(spec, where, e) from e
 
 
-def _read_partition(spec: _Spec, columns: tuple[str, ...],
+def _read_partition(spec: ReadSpec, columns: tuple[str, ...],
                     bounds: Iterable[Range]) -> Iterator[tuple[bytes | None, ...]]:
     for _, row, values in _scan(spec, bounds, columns):
         yield (row, *[values.get(c) for c in columns])
 
 
-def _columns_of_partition(spec: _Spec, bounds: Iterable[Range]) -> Iterator[str]:
+def _columns_of_partition(spec: ReadSpec, bounds: Iterable[Range]) -> Iterator[str]:
     seen: set[str] = set()
     for _, _, values in _scan(spec, bounds, None):
         seen.update(values)
@@ -260,31 +115,21 @@ def read_table(
         partition's read fails; it names the table, *start_ts*, the row range and the
         cause.
     """
-    _require_pyspark()
+    require_pyspark()
     if is_connect(spark):
         return _read_over_connect(spark, url, table, columns, start_ts, splits,
                                   dict(connect_options or {}))
     if not hasattr(spark, "sparkContext"):
         raise InvalidArgument(f"spark must be a SparkSession, got {type(spark).__name__}")
-    wanted = _check_columns(columns)
+    wanted = check_columns(columns)
     check_workers(spark)
     options = dict(connect_options or {})
+    sc = spark.sparkContext
     with percolator.connect(url, **options) as cluster:
-        internals(cluster).require_table(table)
-        ts = _check_start_ts(start_ts, cluster)
-        sc = spark.sparkContext
-        ranges = plan_ranges(cluster, table, splits, default_parts=2 * sc.defaultParallelism,
-                             columns=wanted)
-        # Read the first row here: an error that every partition would meet (a
-        # snapshot too old for garbage collection, a store refusing the read) is
-        # raised now, before Spark starts work.
-        probe = percolator.Snapshot(cluster, start_ts=ts).scan(
-            table, ranges[0][0], ranges[0][1], wanted)
-        try:
-            next(probe, None)
-        finally:
-            getattr(probe, "close", lambda: None)()  # an HBase scanner, say
-    spec = _Spec(url, tuple(sorted(options.items())), table, wanted, ts)
+        plan = plan_read(cluster, table, wanted, start_ts, splits,
+                         default_parts=2 * sc.defaultParallelism)
+    ts, ranges = plan.start_ts, list(plan.ranges)
+    spec = ReadSpec(url, tuple(sorted(options.items())), table, wanted, ts)
     bounds = sc.parallelize(ranges, len(ranges))
     if wanted is None:
         sc.setJobDescription(f"percolator read {table}@{ts}: columns")
@@ -310,17 +155,15 @@ def _read_over_connect(spark: SparkSession, cluster_url: str, table: str,
     same DataFrame through ``format("percolator")`` at one start timestamp drawn
     here. *columns* None: the columns are found by a scan of the table at that
     snapshot, here (name them to save it); *splits* may only be a number."""
-    from spark_loader._source import source_options
-
-    wanted = _check_columns(columns)
-    checked = _check_splits(splits)
+    wanted = check_columns(columns)
+    checked = check_splits(splits)
     if isinstance(checked, list):
         raise InvalidArgument("splits as a list of row keys needs a classic SparkSession; on "
                               "Spark Connect give a number of partitions (or None)")
     options = source_options(connect_options)
     with percolator.connect(cluster_url, **connect_options) as cluster:
         internals(cluster).require_table(table)
-        ts = _check_start_ts(start_ts, cluster)
+        ts = check_start_ts(start_ts, cluster)
         if wanted is None:
             found: set[str] = set()
             for _, values in percolator.Snapshot(cluster, start_ts=ts).scan(table):

@@ -284,12 +284,7 @@ def circles(root: Path = ROOT) -> list[list[str]]:
     return sorted(found)
 
 
-@pytest.mark.parametrize("package", [
-    *(p for p in PACKAGES if p != "spark_loader"),
-    pytest.param("spark_loader", marks=pytest.mark.xfail(
-        strict=True, reason="_job, _read and _source: issue 49's split of _source.py "
-        "(branch i49b) takes the circle apart; drop this mark with it")),
-])
+@pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_circle_among_the_librarys_modules(package: str) -> None:
     found = [c for c in circles() if c[0].split(".")[0] in (package, *(
         m for m, owner in ENTRY_POINTS.items() if owner == package))]

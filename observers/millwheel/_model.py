@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from percolator import InvalidArgument
 
-if TYPE_CHECKING:
-    from observers.millwheel._pipeline import _KeyRun
-
-__all__ = ["Computation", "Context", "IterableSource", "Record", "Source", "State", "Timer"]
+__all__ = ["Computation", "Context", "IterableSource", "KeyRun", "Record", "Source", "State",
+           "Timer"]
 
 END_OF_TIME = 2**62
 """The watermark of a source that has nothing more to give."""
@@ -74,11 +72,33 @@ class IterableSource:
         return records, b"%d" % end, self._after[end]
 
 
+class KeyRun(Protocol):
+    """What :class:`State` and :class:`Context` use of one run of a computation for one
+    key, inside its transaction (the pipeline's key run, in
+    :mod:`observers.millwheel._pipeline`, is one): the key, its input watermark, its
+    state cells, its timers and its productions."""
+
+    key: bytes
+
+    @property
+    def input_watermark(self) -> int: ...
+
+    def state_get(self, name: str) -> bytes | None: ...
+
+    def state_set(self, name: str, value: bytes | None) -> None: ...
+
+    def set_timer(self, tag: str, time_ms: int) -> None: ...
+
+    def delete_timer(self, tag: str) -> None: ...
+
+    def produce(self, stream: str, value: bytes, ts: int, key: bytes | None) -> None: ...
+
+
 class State:
     """A key's persistent state: named cells of its row, read and written in the key
     run's transaction (committed with the records it consumes and produces)."""
 
-    def __init__(self, run: _KeyRun) -> None:
+    def __init__(self, run: KeyRun) -> None:
         self._run = run
 
     def get(self, name: str) -> bytes | None:
@@ -111,7 +131,7 @@ class Context:
        only the committed run counts. Keep side effects out of them.
     """
 
-    def __init__(self, run: _KeyRun) -> None:
+    def __init__(self, run: KeyRun) -> None:
         self._run = run
         self.key: bytes = run.key
         self.state = State(run)

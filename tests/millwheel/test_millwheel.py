@@ -215,7 +215,7 @@ def test_the_watermark_never_goes_back_and_no_window_fires_early(
             with Snapshot(cluster) as snap:
                 keys = [k for k, _ in snap.scan(node.table)]
             if keys:
-                worker._process_row(node.table, rng.choice(keys))
+                worker._scanner.serve_row(node.table, rng.choice(keys))
 
         for step in schedule:
             if step < 3:
@@ -234,7 +234,7 @@ def test_the_watermark_never_goes_back_and_no_window_fires_early(
                 with Snapshot(cluster) as snap:
                     keys = [k for k, _ in snap.scan(node.table)]
                 for key in keys:
-                    worker._process_row(node.table, key)
+                    worker._scanner.serve_row(node.table, key)
             if all(s.pending == 0 and s.timers == 0 and s.low_watermark >= END
                    for s in pipeline.status()):
                 break
@@ -293,7 +293,7 @@ def _run_keys(pipeline: mw.Pipeline, worker: Worker, name: str,
         with Snapshot(pipeline.cluster) as snap:
             keys = [k for k, _ in snap.scan(node.table)]
     for key in keys:
-        worker._process_row(node.table, key)
+        worker._scanner.serve_row(node.table, key)
 
 
 def _drain(pipeline: mw.Pipeline, worker: Worker) -> None:

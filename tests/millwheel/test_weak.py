@@ -92,12 +92,12 @@ def test_a_failed_hand_off_fails_the_weak_run_that_made_it(cluster: Cluster) -> 
     worker = Worker(cluster, pipeline.observers(), threads=1, retry_delay=0)
     worker.register()
     relay = pipeline.nodes["Relay"]
-    worker._process_row(relay.table, b"7")
+    worker._scanner.serve_row(relay.table, b"7")
     assert _FlakyTally.failed == [b"v00007"] and worker.stats["failures"] == 1
     with Snapshot(cluster) as snap:  # the Relay's records of key 7 are still pending
         cells = [c for _, row in snap.scan(relay.table, b"7", b"7\0") for c in row]
         assert sum(1 for c in cells if c.startswith("in:")) == 4
-    worker._process_row(relay.table, b"7")
+    worker._scanner.serve_row(relay.table, b"7")
     run_to_the_end(pipeline)
     counts = _app.tallies(pipeline)
     assert set(counts) == {v for v, _ in records} and counts[b"v00007"] == 1

@@ -39,7 +39,7 @@ def test_a_change_rolled_forward_during_a_weak_run_is_still_observed(cluster: Cl
     worker.register()
     with Transaction(cluster) as txn:
         txn.set(T, ROW, COL, b"old")
-    worker._process_row(T, ROW)
+    worker._scanner.serve_row(T, ROW)
     assert Recorder.seen == [b"old"]
 
     with Interleaving(cluster) as world:
@@ -53,7 +53,7 @@ def test_a_change_rolled_forward_during_a_weak_run_is_still_observed(cluster: Cl
         weak.commit()
         t1 = world.actor("T1", t1_txn.commit, clients=[client])
         t1.run_until(lambda s: s.matches("timestamp"))  # prewritten; commit ts next
-        run = world.actor("worker", lambda: worker._process_row(T, ROW))
+        run = world.actor("worker", lambda: worker._scanner.serve_row(T, ROW))
         run.run_until(lambda s: s.matches("timestamp"))  # read the weak notification
         run.step()  # drew its start timestamp: below T1's commit timestamp
         t1.step()
@@ -61,7 +61,7 @@ def test_a_change_rolled_forward_during_a_weak_run_is_still_observed(cluster: Cl
         t1.kill()
         assert run.finish()
     assert Recorder.seen == [b"old", b"old"]
-    worker._process_row(T, ROW)
+    worker._scanner.serve_row(T, ROW)
     assert Recorder.seen[-1] == b"new"
 
 
@@ -69,13 +69,13 @@ def test_a_run_that_reads_its_notification_leaves_one_committed_after_its_start(
     cluster: Cluster,
 ) -> None:
     """The index pass's run draws its start timestamp, then reads the notification and
-    the cell in one store call (``_process_indexed``). A change committed between the
+    the cell in one store call (``Runner.run_noticed``). A change committed between the
     draw and the read notifies above the snapshot, which does not hold the change:
     the run serves only the notify versions at or below its start timestamp, and the
     newer one stays for the next run, which observes the change.
 
     Catches the mutant that serves every notify version read (``served = versions``
-    in ``ObserverRuns._observe``): the run deletes the new notification with the old
+    in ``Runner._observe``): the run deletes the new notification with the old
     one, and the change is never observed."""
     Recorder.seen = []
     worker = Worker(cluster, [Recorder()], threads=1)
@@ -83,14 +83,14 @@ def test_a_run_that_reads_its_notification_leaves_one_committed_after_its_start(
     with Transaction(cluster) as txn:
         txn.set(T, ROW, COL, b"old")
     with Interleaving(cluster) as world:
-        run = world.actor("worker", lambda: worker._process_indexed(T, ROW, [COL]))
+        run = world.actor("worker", lambda: worker._scanner.serve_indexed(T, ROW, [COL]))
         run.run_until(lambda s: s.matches("timestamp"))
         run.step()  # drew its start timestamp; reads next
         with Transaction(cluster) as txn:  # not an actor: commits at once
             txn.set(T, ROW, COL, b"new")
         assert run.finish()
     assert Recorder.seen == [b"old"]
-    assert worker._process_indexed(T, ROW, [COL])
+    assert worker._scanner.serve_indexed(T, ROW, [COL])
     assert Recorder.seen == [b"old", b"new"]
 
 
@@ -113,15 +113,15 @@ def test_a_run_begun_at_the_previous_commits_draw_leaves_newer_notifications(
     with Transaction(cluster) as txn:
         txn.set(T, PRIMARY, COL, b"p")
         txn.set(T, ROW, COL, b"old")
-    assert worker._process_indexed(T, PRIMARY, [COL])  # commits; leaves a start
-    assert worker._next_start().ts
+    assert worker._scanner.serve_indexed(T, PRIMARY, [COL])  # commits; leaves a start
+    assert worker._runner.next_start().ts
     with Transaction(cluster) as txn:
         txn.set(T, ROW, COL, b"new")
-    assert worker._process_indexed(T, ROW, [COL])
+    assert worker._scanner.serve_indexed(T, ROW, [COL])
     assert Recorder.seen == [b"old"]
-    assert worker._process_indexed(T, ROW, [COL])
+    assert worker._scanner.serve_indexed(T, ROW, [COL])
     assert Recorder.seen == [b"old", b"new"]
-    assert not worker._process_indexed(T, ROW, [COL])  # served: nothing left
+    assert not worker._scanner.serve_indexed(T, ROW, [COL])  # served: nothing left
 
 
 def test_an_absent_run_that_read_a_newer_notification_hands_on_no_start(
@@ -135,7 +135,7 @@ def test_an_absent_run_that_read_a_newer_notification_hands_on_no_start(
 
     Catches the absent run that hands on its start timestamp whatever it read
     (``held.ts = txn.start_ts`` without ``not notice.later`` in
-    ``ObserverRuns._transaction``): the second run is absent too. The runs' logic is
+    ``Runner._transaction``): the second run is absent too. The runs' logic is
     the store's business nowhere, so SQLite alone plays it."""
     cluster = sqlite_cluster
     cluster.one_phase_commit = False  # the spare is drawn by two-phase commits
@@ -144,11 +144,11 @@ def test_an_absent_run_that_read_a_newer_notification_hands_on_no_start(
     worker.register()
     with Transaction(cluster) as txn:
         txn.set(T, PRIMARY, COL, b"p")
-    assert worker._process_indexed(T, PRIMARY, [COL])  # commits; leaves a start
-    assert worker._next_start().ts
+    assert worker._scanner.serve_indexed(T, PRIMARY, [COL])  # commits; leaves a start
+    assert worker._runner.next_start().ts
     with Transaction(cluster) as txn:  # above that start: ROW's only notification
         txn.set(T, ROW, COL, b"new")
-    assert not worker._process_indexed(T, ROW, [COL])  # absent: the change is newer
+    assert not worker._scanner.serve_indexed(T, ROW, [COL])  # absent: the change is newer
     assert Recorder.seen == []
-    assert worker._process_indexed(T, ROW, [COL])
+    assert worker._scanner.serve_indexed(T, ROW, [COL])
     assert Recorder.seen == [b"new"]

@@ -511,11 +511,11 @@ def test_a_scanner_skips_a_row_another_scanner_of_its_worker_served(
     write(cluster, b"r1", b"1")
     write(cluster, b"r2", b"2")
     with Interleaving(cluster) as world:
-        b = world.actor("B", worker._index_pass)
+        b = world.actor("B", worker._scanner.index_pass)
         b.run_until(lambda s: s.matches("timestamp"))  # B's run of its first row
         b.run_until(lambda s: s.matches("scan", table=INDEX_TABLE))  # the second's entry
         parked = len(b.steps)
-        assert worker._index_pass()  # A: skips B's row, serves the other and settles it
+        assert worker._scanner.index_pass()  # A: skips B's row, serves the other and settles it
         b.finish()
     again = [str(s) for s in b.steps[parked:]
              if s.op == "timestamp" or s.matches("read_rows", column="w:raw:v")]
@@ -536,7 +536,7 @@ def test_an_index_pass_costs_one_read_per_row_and_settles_many_rows_in_one_call(
 
     Catches the mutant SETTLE_MAX = 32 (seven deletions and re-check reads: 0.07 calls
     per notification, the 4.1 before) and the run reading its notification apart
-    (``_process_indexed`` going through ``_process_row``: two reads per row)."""
+    (``Scanner.serve_indexed`` going through ``Scanner.serve_row``: two reads per row)."""
     n = 200
     Worker(cluster, [Copy]).register()
     with Transaction(cluster) as txn:
@@ -568,11 +568,11 @@ def test_a_run_that_finds_its_notification_served_is_in_the_run_metrics(
     already: here by the run before it) draws a timestamp and reads the row: it is
     counted as ``percolator_observer_runs_total{outcome="absent"}`` and timed in
     ``percolator_observer_run_duration_seconds`` (docs/metrics.md). Fails if
-    ``ObserverRuns._process_indexed`` returns before recording an absent run, as it did."""
+    ``Runner.run_noticed`` returns before recording an absent run, as it did."""
     worker = Worker(cluster, [Copy], threads=1)
     worker.register()
     write(cluster, b"r1", b"1")
-    name = worker._by_column[("docs", "raw:v")][0].name
+    name = worker._runner.by_column[("docs", "raw:v")][0].name
 
     def runs() -> tuple[float, float, int]:
         values, hists = metrics.snapshot()
@@ -582,9 +582,9 @@ def test_a_run_that_finds_its_notification_served_is_in_the_run_metrics(
                 sum(counts))
 
     absent, committed, timed = runs()
-    assert worker._process_indexed("docs", b"r1", ["raw:v"])
+    assert worker._scanner.serve_indexed("docs", b"r1", ["raw:v"])
     assert runs() == (absent, committed + 1, timed + 1)
-    assert not worker._process_indexed("docs", b"r1", ["raw:v"])  # served: absent
+    assert not worker._scanner.serve_indexed("docs", b"r1", ["raw:v"])  # served: absent
     assert runs() == (absent + 1, committed + 1, timed + 2)
     assert Snapshot(cluster).get("docs", b"r1", "out:v") == b"1"
 
@@ -624,7 +624,7 @@ def test_absent_runs_settle_their_entries_in_the_batch_and_reuse_their_start(
     Catches two mutants: an absent run's entry settled alone (``settle`` in
     ``_index_scan``, as before: 2 more reads and a deletion per run), and the absent
     run's start timestamp not handed on (``held.ts = txn.start_ts`` removed in
-    ``ObserverRuns._transaction``: a timestamp request per run)."""
+    ``Runner._transaction``: a timestamp request per run)."""
     n = 20
     worker = Worker(cluster, [Copy], threads=1)
     worker.register()
@@ -634,14 +634,14 @@ def test_absent_runs_settle_their_entries_in_the_batch_and_reuse_their_start(
             txn.set("docs", row, "raw:v", b"x")
     served_elsewhere(cluster, rows)
     assert {r for _, r in entries(cluster)} == set(rows)
-    name = worker._by_column[("docs", "raw:v")][0].name
+    name = worker._runner.by_column[("docs", "raw:v")][0].name
     absent = metrics.snapshot()[0].get(("percolator_observer_runs_total", (name, "absent")), 0)
     counting = CountingIndexWrites(internals(cluster).store)
     internals(cluster).store = counting  # type: ignore[assignment]
     draws = CountingDraws(internals(cluster).timestamps)
     internals(cluster).timestamps = draws  # type: ignore[assignment]
     try:
-        assert not worker._index_pass()  # no work done
+        assert not worker._scanner.index_pass()  # no work done
     finally:
         internals(cluster).store = counting._store  # type: ignore[assignment]
         internals(cluster).timestamps = draws._timestamps  # type: ignore[assignment]
@@ -676,13 +676,13 @@ def test_a_notification_written_before_an_absent_runs_batch_is_settled_survives(
     write_entries(internals(cluster), [("docs", b"r", "raw:v")],
                   internals(cluster).timestamps.get_timestamp() + 1_000_000)
     with Interleaving(cluster) as world:
-        scanner = world.actor("scanner", worker._index_pass)
+        scanner = world.actor("scanner", worker._scanner.index_pass)
         scanner.run_until(lambda s: s.matches("read_rows", table="docs"))
         scanner.step()  # the absent run's read
         scanner.run_until(lambda s: s.matches("mutate_rows", table=INDEX_TABLE))
         write(cluster, b"r", b"new")  # not an actor: commits at once
         scanner.finish()
     assert ("docs", b"r") in entries(cluster)
-    assert worker._index_pass()
+    assert worker._scanner.index_pass()
     assert Snapshot(cluster).get("docs", b"r", "out:v") == b"new"
     assert entries(cluster) == {}

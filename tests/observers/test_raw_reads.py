@@ -75,7 +75,7 @@ def test_a_run_begun_between_a_commits_COMMIT_and_its_slot_clearing_serves_it(
         writer.start()
         assert parked.committed.wait(10)
         assert list(pending_notifications(cluster)), "the scan can read the notification"
-        run = threading.Thread(target=worker._process_row, args=("t", b"r"))
+        run = threading.Thread(target=worker._scanner.serve_row, args=("t", b"r"))
         run.start()
         assert drawing.drawing.wait(10)  # the run is drawing its start timestamp
         parked.proceed.set()
@@ -114,9 +114,9 @@ def test_a_run_whose_snapshot_is_below_the_notification_leaves_it(tmp_path: Path
             txn.set("t", b"r", "in:v", b"new")
         assert txn.commit_ts is not None
         internals(cluster).timestamps = Below(internals(cluster).timestamps, txn.commit_ts - 1)  # type: ignore[assignment]
-        worker._process_row("t", b"r")
+        worker._scanner.serve_row("t", b"r")
         assert _out(cluster) is None
         assert list(pending_notifications(cluster)), "the notification was deleted unserved"
-        worker._process_row("t", b"r")
+        worker._scanner.serve_row("t", b"r")
         assert _out(cluster) == b"new"
         assert not list(pending_notifications(cluster))

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import percolator
-from observers import Observer, Worker, _groups, wait_for_observers
+from observers import Observer, Worker, _runner, wait_for_observers
 from percolator import TransactionBase
 from percolator._internals import internals
 from percolator._notifications import pending_notifications
@@ -85,7 +85,7 @@ def test_an_observer_commit_of_its_own_deletes_its_notification(
     """Runs committed one by one (no groups): each through the flat one-phase commit
     of ``commit_transaction``, which must serve the notification in its atomic step
     as the group commit does (``_settles_mutation`` in ``_commit_one_phase``)."""
-    monkeypatch.setattr(_groups, "GROUP_MAX", 1)  # read by GroupCommits at each pass
+    monkeypatch.setattr(_runner, "GROUP_MAX", 1)  # read by Runner.commits_in_groups at each pass
     outside, rows = _run(tmp_path, [Copy], one_phase=True)
     assert outside == 0
     assert {r: v["out:v"] for r, v in rows.items()} == {b"r%02d" % i: b"v%d" % i
@@ -109,7 +109,7 @@ def test_two_observers_of_a_column_both_run_before_the_deletion(tmp_path: Path) 
 def test_a_scanner_commits_its_runs_in_groups(tmp_path: Path) -> None:
     """On the embedded store a scanner commits up to GROUP_MAX observer runs in one
     write transaction (``commit_group``), each run still exactly once."""
-    from observers._groups import GROUP_MAX
+    from observers._runner import GROUP_MAX
 
     steps = [0]
     with percolator.connect(f"sqlite://{tmp_path}/db") as cluster:

@@ -36,7 +36,7 @@ def test_a_fresh_worker_starts_at_the_stores_split_keys(
         splits = getattr(internals(cluster).store, "split_keys", lambda table: [])("t")
         assert bool(splits) == reports_split_keys(backend), splits  # regions; samples
         worker = Worker(cluster, [Touch], threads=1)
-        starts = {worker._random_start("t") for _ in range(50)}  # nothing seen yet
+        starts = {worker._scanner.random_start("t") for _ in range(50)}  # nothing seen yet
         if not splits:
             assert starts == {None}  # from the first row, then from rows seen
         else:
@@ -46,8 +46,8 @@ def test_a_fresh_worker_starts_at_the_stores_split_keys(
             else:  # the emulator's samples are rows, and vary from call to call
                 assert starts <= rows, starts
             assert worker.stats["split_starts"] == 50
-        worker._remember("t", b"r0150")  # once rows are seen, both kinds
-        mixed = {worker._random_start("t") for _ in range(200)}
+        worker._scanner.remember("t", b"r0150")  # once rows are seen, both kinds
+        mixed = {worker._scanner.random_start("t") for _ in range(200)}
         assert b"r0150" in mixed and (not splits or len(mixed) > 1)
         if backend != "sqlite":
             for table in internals(cluster).store.list_tables():

@@ -1,5 +1,5 @@
 """The scanners of one worker on the embedded store take turns at the store work
-(``observers._turns.StoreTurn``): they keep the turn through quick observer code,
+(``observers._store_turn.StoreTurn``): they keep the turn through quick observer code,
 let go of it around observer code that waits, and lend it when a run they kept it
 through turns out slow, so that one slow run never stalls the other scanners."""
 
@@ -11,7 +11,7 @@ import time
 import pytest
 
 import percolator
-from observers import Observer, Worker, _turns
+from observers import Observer, Worker, _store_turn
 from percolator import TransactionBase
 from tests._backends import backend_fixture
 
@@ -69,8 +69,8 @@ def test_scanners_keep_the_turn_through_quick_observer_code(
     runs are ever inside it at once (each kept the turn), and every change is copied.
     (A loaded machine that stops a thread inside the observer for milliseconds would
     make a run look slow or waiting; the test keeps those rules out of the way.)"""
-    monkeypatch.setattr(_turns.StoreTurn, "LEND_AFTER", 30.0)
-    monkeypatch.setattr(_turns.Waits, "WAITING", 30.0)
+    monkeypatch.setattr(_store_turn.StoreTurn, "LEND_AFTER", 30.0)
+    monkeypatch.setattr(_store_turn.Waits, "WAITING", 30.0)
     observer = _Overlaps(pause=0.0)
     _write_rows(cluster, 300)
     with Worker(cluster, [observer], threads=4) as worker:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-import observers._scanning
+import observers._scanner
 import percolator
 from observers import Observer, Worker
 from percolator import Snapshot, Transaction, TransactionBase, metrics
@@ -111,11 +111,11 @@ def test_a_notification_at_a_trickle_costs_at_most_six_store_calls_on_bigtable(
 
     Fails with one call per notification more than six: a scanner pass per hand-off
     (two scans), each row's entries settled alone (a deletion and a read), the
-    notification read apart from the run's read (``_process_row``), or a start held
+    notification read apart from the run's read (``Scanner.serve_row``), or a start held
     from a commit before the look used for the newer notification (an absent run, then
     a fresh draw and a second read: caught by the absent count)."""
     n = 20
-    monkeypatch.setattr(observers._scanning, "SETTLE_DELAY", 3600.0)
+    monkeypatch.setattr(observers._scanner, "SETTLE_DELAY", 3600.0)
     with percolator.connect(bigtable_url) as cluster, \
             percolator.connect(bigtable_url) as writer:
         cluster.create_table("docs")
@@ -130,13 +130,13 @@ def test_a_notification_at_a_trickle_costs_at_most_six_store_calls_on_bigtable(
             for i in range(0, n, 2):
                 write(writer, b"r%02d" % i, b"%d" % i)
                 write(writer, b"r%02d" % (i + 1), b"%d" % (i + 1))
-                seen = worker._look(seen)
+                seen = worker._scanner.look(seen)
                 served = 0
-                while (handed := worker._bell.take()) is not None:  # as two scanners would
-                    worker._serve_handed(*handed)
+                while (handed := worker._scanner.bell.take()) is not None:  # as two scanners would
+                    worker._scanner.serve_handed(*handed)
                     served += 1
                 assert served == 2  # both new rows, each handed over once
-            worker._settle_deferred(force=True)
+            worker._scanner.settle_deferred(force=True)
         finally:
             host.store, host.timestamps = store._store, timestamps._source
         assert worker.stats["committed"] == n
@@ -218,12 +218,12 @@ def test_a_handed_row_whose_run_began_below_its_notification_runs_again(
     worker.register()
     below = internals(cluster).timestamps.get_timestamp()
     write(cluster, b"r", b"late")
-    worker._look(frozenset())
-    handed = worker._bell.take()
+    worker._scanner.look(frozenset())
+    handed = worker._scanner.bell.take()
     assert handed is not None and handed[1] == b"r"
-    worker._next_start().fill(below)  # drawn after the look began, below the commit
+    worker._runner.next_start().fill(below)  # drawn after the look began, below the commit
     absent = absent_runs()
-    worker._serve_handed(*handed)
+    worker._scanner.serve_handed(*handed)
     assert absent_runs() == absent + 1  # the first run, at the held start
     assert worker.stats["committed"] == 1
     with Snapshot(cluster) as snap:

@@ -97,7 +97,7 @@ def _drain(worker: Worker, cluster: percolator.Cluster) -> None:
     for _ in range(5):
         if not list(pending_notifications(cluster, ["docs"])):
             return
-        worker._process_row("docs", ROW)
+        worker._scanner.serve_row("docs", ROW)
     raise AssertionError("notifications still pending after five passes")
 
 
@@ -115,7 +115,7 @@ def test_weak_notification_landing_below_a_processed_one_was_served_by_that_run(
     try:
         assert arrived.wait(60)  # locked, commit timestamp drawn, weak write not yet made
         changed_at = _change(cluster)  # a later change of the notified cell
-        worker._process_row("docs", ROW)  # processed; notify versions <= it deleted
+        worker._scanner.serve_row("docs", ROW)  # processed; notify versions <= it deleted
         assert [start > changed_at for start, _ in observer.runs] == [True]
     finally:
         go.set()
@@ -138,7 +138,7 @@ def test_weak_notification_above_what_a_run_processed_survives_its_deletion(
     worker.register()
     _change(cluster)
     observer.resume.clear()
-    thread = threading.Thread(target=worker._process_row, args=("docs", ROW))
+    thread = threading.Thread(target=worker._scanner.serve_row, args=("docs", ROW))
     thread.start()
     try:
         assert observer.entered.wait(60)  # the run has started (and read the notify cell)

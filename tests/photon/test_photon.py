@@ -139,7 +139,7 @@ def _race(cluster: Cluster, joiner_first: bool) -> photon.State | None:
     worker.register()
     row = photon.row_key(b"c")
     with Interleaving(cluster) as world:
-        joiner = world.actor("joiner", lambda: worker._process_row(p.foreign, row))
+        joiner = world.actor("joiner", lambda: worker._scanner.serve_row(p.foreign, row))
         ingest = world.actor("ingest", lambda: p.log_primary(cluster, [q]))
         joiner.run_until(lambda s: s.matches("read_rows", table=p.primary))
         joiner.step()  # the joiner has read the query's row: absent
@@ -216,11 +216,11 @@ def test_a_sweeper_clock_ahead_of_the_joiners_still_ends_the_wait(cluster: Clust
     sweeper = photon.JoinPipeline.open(cluster, "clicks", now=lambda: (joiner_now[0] + 5) / 1000)
     p.log_foreign(cluster, [{"click": "c", "query": "q", "t": t}])
     worker, row = _joiner_on(p), photon.row_key(b"c")
-    worker._process_row(p.foreign, row)
+    worker._scanner.serve_row(p.foreign, row)
     assert p.state(Snapshot(cluster), b"c") is photon.State.WAITING
     joiner_now[0] = t + 600_000 - 3
     assert sweeper.sweep() == 1
-    worker._process_row(p.foreign, row)
+    worker._scanner.serve_row(p.foreign, row)
     assert p.state(Snapshot(cluster), b"c") is photon.State.UNJOINABLE
     with Snapshot(cluster) as snap:
         assert list(snap.scan(p.deadlines, None, None, ["d:x"])) == []
@@ -234,7 +234,7 @@ def test_verify_reports_a_waiting_event_nothing_will_wake(cluster: Cluster) -> N
     t = now_ms()
     p = pipeline(cluster, now=lambda: t / 1000)
     p.log_foreign(cluster, [{"click": "c", "query": "q", "t": t}])
-    _joiner_on(p)._process_row(p.foreign, photon.row_key(b"c"))
+    _joiner_on(p)._scanner.serve_row(p.foreign, photon.row_key(b"c"))
     assert p.verify().ok
     with Transaction(cluster) as txn:
         (deadline, _), = txn.scan(p.deadlines, None, None, ["d:x"])
@@ -252,7 +252,7 @@ def test_verify_reports_an_output_committed_twice(cluster: Cluster) -> None:
     p.log_foreign(cluster, [{"click": c, "query": "q", "t": t} for c in ("once", "twice")])
     worker = _joiner_on(p)
     for click in (b"once", b"twice"):
-        worker._process_row(p.foreign, photon.row_key(click))
+        worker._scanner.serve_row(p.foreign, photon.row_key(click))
     assert p.verify().ok
     joined = outputs(p)
     with Transaction(cluster) as txn:  # "once": deleted, then written back
@@ -278,17 +278,17 @@ def test_a_joiner_woken_in_the_deadline_millisecond_gives_up_as_the_sweep_does(
     p.log_foreign(cluster, [{"click": "late", "query": "q", "t": t},
                             {"click": "woken", "query": "q", "t": t}])
     worker = _joiner_on(p)
-    worker._process_row(p.foreign, photon.row_key(b"late"))
+    worker._scanner.serve_row(p.foreign, photon.row_key(b"late"))
     assert p.state(Snapshot(cluster), b"late") is photon.State.UNJOINABLE
     joiner_now[0] = t
-    worker._process_row(p.foreign, photon.row_key(b"woken"))
+    worker._scanner.serve_row(p.foreign, photon.row_key(b"woken"))
     assert p.state(Snapshot(cluster), b"woken") is photon.State.WAITING
     for now, state in ((deadline - 1, photon.State.WAITING),
                        (deadline, photon.State.UNJOINABLE)):
         assert p.sweep(now_ms=now - 1) == 0  # the sweep, a step behind, fires nothing
         joiner_now[0] = now
         _wake(p, photon.row_key(b"woken"))
-        worker._process_row(p.foreign, photon.row_key(b"woken"))
+        worker._scanner.serve_row(p.foreign, photon.row_key(b"woken"))
         assert p.state(Snapshot(cluster), b"woken") is state, now - deadline
     assert list(Snapshot(cluster).scan(p.deadlines, None, None, ["d:x"])) == []
     assert p.verify().ok
@@ -451,7 +451,7 @@ def test_a_primary_arriving_during_retention_outlives_its_old_placeholder(
     clock = [t - 2 * day]
     p = pipeline(cluster, retention=DAY, now=lambda: clock[0] / 1000)
     p.log_foreign(cluster, [{"click": "c", "query": "q", "t": clock[0]}])
-    _joiner_on(p)._process_row(p.foreign, photon.row_key(b"c"))
+    _joiner_on(p)._scanner.serve_row(p.foreign, photon.row_key(b"c"))
     clock[0] = t
     with Interleaving(cluster) as world:
         retention = world.actor("retention", lambda: p.apply_retention(t))
@@ -483,10 +483,10 @@ def test_retention_keeps_a_placeholder_until_its_last_waiters_deadline(
     p = pipeline(cluster, retention=DAY, now=lambda: clock[0] / 1000)
     joiner = _joiner_on(p)
     p.log_foreign(cluster, [{"click": "old", "query": "q", "t": clock[0]}])
-    assert joiner._process_row(p.foreign, photon.row_key(b"old"))
+    assert joiner._scanner.serve_row(p.foreign, photon.row_key(b"old"))
     clock[0] = t
     p.log_foreign(cluster, [{"click": "new", "query": "q", "t": t}])
-    assert joiner._process_row(p.foreign, photon.row_key(b"new"))
+    assert joiner._scanner.serve_row(p.foreign, photon.row_key(b"new"))
     with Snapshot(cluster) as snap:
         assert {p.state(snap, c) for c in (b"old", b"new")} == {photon.State.WAITING}
     assert p.apply_retention(t) == 1  # the old click
@@ -494,7 +494,7 @@ def test_retention_keeps_a_placeholder_until_its_last_waiters_deadline(
         waiters = snap.get(p.primary, photon.row_key(b"q"), "j:waiters") or b""
         assert photon.row_key(b"new") in waiters.split(b"\n")
     assert p.log_primary(cluster, [{"query": "q", "t": t}]).written == 1
-    assert joiner._process_row(p.foreign, photon.row_key(b"new"))
+    assert joiner._scanner.serve_row(p.foreign, photon.row_key(b"new"))
     with Snapshot(cluster) as snap:
         assert p.state(snap, b"new") is photon.State.JOINED
     assert set(outputs(p)) == {b"new"}
@@ -518,7 +518,7 @@ def test_retention_racing_a_join_of_the_same_event_leaves_no_output(
     worker.register()
     with Interleaving(cluster) as world:
         joiner = world.actor("joiner",
-                             lambda: worker._process_row(p.foreign, photon.row_key(b"c0")))
+                             lambda: worker._scanner.serve_row(p.foreign, photon.row_key(b"c0")))
         retention = world.actor("retention", lambda: p.apply_retention(now))
         joiner.run_until(lambda s: s.matches("read_rows", table=p.primary))
         joiner.step()

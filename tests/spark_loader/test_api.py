@@ -70,7 +70,7 @@ def test_load_subcommand_is_the_default_command(capsys: pytest.CaptureFixture[st
 def test_row_ranges_cover_the_table_and_spread_its_rows(tmp_path: Any) -> None:
     """Sampled split keys cut 1,000 rows into ranges of about equal size that cover
     every row once; given keys are sorted and deduplicated; bad splits are refused."""
-    from spark_loader._read import plan_ranges
+    from spark_loader._snapshot import plan_ranges
 
     with percolator.connect(f"sqlite://{tmp_path}/r.db") as cluster:
         cluster.create_table("t")

@@ -1,4 +1,4 @@
-"""The change feed's store half (spark_loader._changes), without Spark: where a batch
+"""The change feed's store half (spark_loader._commit_range), without Spark: where a batch
 may end while a two-phase commit is between drawing its commit timestamp and making
 its commit point, or has made it but not yet written its write records, run
 deterministically with the interleaving harness on SQLite and HBase."""
@@ -17,7 +17,7 @@ from percolator._internals import internals
 from percolator._observer_hooks import internal_columns
 from percolator._store import Read
 from percolator.testing import CrashPoint, client_of, crash_commit
-from spark_loader._changes import changes, safe_end
+from spark_loader._commit_range import changes, safe_end
 from tests._backends import drop_tables, make_store_url
 
 

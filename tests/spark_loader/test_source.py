@@ -110,7 +110,7 @@ def test_a_partition_longer_than_an_arrow_batch_reads_every_row(
     """The reader hands Spark Arrow record batches of ARROW_BATCH_ROWS rows: one
     partition of two and a half batches reads every row once, in key order, typed; a
     timestamp field (read row by row: Arrow would take a naive time as UTC) too."""
-    from spark_loader._source import ARROW_BATCH_ROWS
+    from spark_loader._batch_read import ARROW_BATCH_ROWS
 
     url = f"sqlite://{tmp_path}/long.db"
     n = ARROW_BATCH_ROWS * 5 // 2
@@ -400,7 +400,9 @@ def test_a_micro_batch_written_under_two_load_transactions_is_refused(
 
     from percolator._bulk import begin_or_join, prewrite_rows
     from spark_loader import LoadError
-    from spark_loader._source import PercolatorDataSource, StreamReport, WriteReport
+    from spark_loader._batch_write import WriteReport
+    from spark_loader._source import PercolatorDataSource
+    from spark_loader._stream_write import StreamReport
 
     url = f"sqlite://{tmp_path}/s.db"
     schema = T.StructType([T.StructField("row", T.StringType()),
@@ -683,7 +685,8 @@ def test_the_change_feed_batches_deliver_every_commit_once_across_kills(
     from its checkpoint, after reading again a batch whose output it lost (the same
     ends: the same records). Then the writers are killed and an availableNow run
     catches up. Every committed cell of the table is delivered exactly once."""
-    from spark_loader._source import PercolatorDataSource, _ts_of
+    from spark_loader._change_feed import _ts_of
+    from spark_loader._source import PercolatorDataSource
 
     accounts = 6
     url = f"sqlite://{tmp_path}/bank.db"
@@ -763,7 +766,8 @@ def test_micro_batches_written_then_read_back_through_the_change_feed(tmp_path: 
     from pyspark.sql import Row
     from pyspark.sql import types as T
 
-    from spark_loader._source import PercolatorDataSource, _ts_of
+    from spark_loader._change_feed import _ts_of
+    from spark_loader._source import PercolatorDataSource
 
     url = f"sqlite://{tmp_path}/rt.db"
     schema = T.StructType([T.StructField("row", T.StringType()),

@@ -160,7 +160,7 @@ def _kill_while_taking_a_unit(url: str, root: Path, kill_at: int, one_phase: boo
             processor._start = lambda row, owner: handed.append(row)  # type: ignore[method-assign]
             worker = Worker(dying, observers, threads=1)
             worker.register()
-            run = world.actor("processor", lambda: worker._process_row(p.units, row),
+            run = world.actor("processor", lambda: worker._scanner.serve_row(p.units, row),
                               clients=[dying])
             for _ in range(kill_at):
                 run.step()
@@ -220,7 +220,7 @@ def test_the_lease_sweep_wakes_a_unit_an_older_version_stranded(
             old.setattr(_pipeline._Processor, "_start", lambda self, row, owner: None)
             worker = Worker(cluster, p.observers("a"), threads=1)
             worker.register()
-            worker._process_row(p.units, row)
+            worker._scanner.serve_row(p.units, row)
         assert p.stranded() == [row]
         assert p.coverage()["one.jsonl"] == [
             "1 unit(s) pending, 1 with neither a lease nor a notification"]

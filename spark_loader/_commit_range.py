@@ -1,7 +1,7 @@
 """The change feed of a table: the cells committed between two commit timestamps.
 
 This is the store-level half of ``spark.readStream.format("percolator")`` (the Spark
-half is :class:`spark_loader._source.PercolatorChangeFeed`); it needs no Spark.
+half is :class:`spark_loader._change_feed.PercolatorChangeFeed`); it needs no Spark.
 
 An offset ``o`` means: every commit with ``commit_ts < o`` has been delivered. A
 micro-batch ``[o1, o2)`` reads the write records (family ``w``, one per committed

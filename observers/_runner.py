@@ -1,8 +1,12 @@
-"""The observer run: for one dirty cell, per observer of its column, a transaction
-that reads the column and the observer's acknowledgement, calls ``process`` if the
-column changed since, writes the acknowledgement and commits (or leaves the run in a
-group, :mod:`observers._groups`); failures back off and, counted across the cluster,
-end in quarantine. The transaction's side of the contract is
+"""The runner: the observer runs of a :class:`~observers.Worker`, and their commits.
+
+It is handed a row's notify cells as the scanner read them (:meth:`Runner.run_cells`)
+and runs, per dirty cell and per observer of its column, a transaction that reads the
+column and the observer's acknowledgement, calls ``process`` if the column changed
+since, writes the acknowledgement and commits, alone or, on the embedded store, with
+the other runs of the scanner's pass in one group (:meth:`Runner.flush`,
+``commit_group``). Failures back off (:mod:`observers._backoff`) and, counted across
+the cluster, end in quarantine. The transaction's side of the contract is
 :mod:`percolator._observer_hooks`."""
 
 from __future__ import annotations
@@ -14,12 +18,12 @@ import random
 import threading
 import time
 import traceback
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from observers._observer import Observer, ObserverTransaction
-from observers._turns import StoreTurn, Waits
+from observers._backoff import Backoff
+from observers._observer import Observer
+from observers._store_turn import StoreTurn, Waits
 from percolator import (
     Cluster,
     CommitUnknownError,
@@ -35,13 +39,15 @@ from percolator.ext import (
     NOTIFY_WEAK,
     Mutation,
     NextStart,
+    ObserverRun,
     Quarantined,
-    Read,
     RowCells,
     Settlement,
     ack_column,
     clear_failures,
+    commit_group,
     commit_transaction,
+    commits_in_one_phase,
     format_row,
     internals,
     quarantine,
@@ -51,7 +57,7 @@ from percolator.metrics import inc as _inc
 from percolator.metrics import observe as _observe
 
 __all__ = [
-    "CommitHook", "Failures", "Group", "Indexed", "Notice", "ObserverRuns", "Outcome", "Run",
+    "GROUP_MAX", "CommitHook", "Group", "Indexed", "Notice", "Outcome", "Run", "Runner",
 ]
 
 log = logging.getLogger("observers")
@@ -59,19 +65,15 @@ log = logging.getLogger("observers")
 CommitHook = Callable[[Observer, str, bytes, str, int, int], None]
 """``on_commit(observer, table, row, column, change_ts, commit_ts)``."""
 
-
-@dataclass(slots=True)
-class Failures:
-    """This process's back-off for one failing cell: its failures, and when to try next."""
-
-    count: int
-    next_try: float
+GROUP_MAX = 32
+"""Observer transactions a scanner thread commits together on the embedded store
+(one SQLite write transaction for up to this many; see ``commit_group``)."""
 
 
 class Outcome:
     """How one observer run ended (the ``outcome`` label of its metrics)."""
 
-    DEFERRED = "deferred"  # left in a group, committed by _flush
+    DEFERRED = "deferred"  # left in a group, committed by Runner.flush
     COMMITTED = "committed"
     SKIPPED = "skipped"  # its metrics label is "acked_already"
     CONFLICT = "conflict"
@@ -81,8 +83,8 @@ class Outcome:
 
 
 class Indexed(enum.Enum):
-    """What became of a row an index pass named (:meth:`ObserverRuns._process_indexed`),
-    and so of its index entries. True only for WORKED (work was done)."""
+    """What became of a row an index pass named (:meth:`Runner.run_noticed`), and so
+    of its index entries. True only for WORKED (work was done)."""
 
     WORKED = "worked"  # runs ran: the entries go with the scanner's batch
     SERVED = "served"  # absent, no notify version at all: with the batch too
@@ -108,7 +110,7 @@ class Notice:
 class Run:
     """An observer run whose transaction waits in a group for its commit."""
 
-    txn: ObserverTransaction
+    txn: ObserverRun
     observer: Observer
     table: str
     row: bytes
@@ -125,27 +127,40 @@ class Group:
     keys: list[str] = field(default_factory=list)
 
 
-class ObserverRuns:
-    """The observer runs of a :class:`~observers.Worker` (its base: the worker sets
-    these attributes)."""
+class Runner:
+    """Runs the observers of *by_column* (``(table, column)``: its observers, in
+    order) on *cluster* and commits their transactions. Shared by the scanner threads
+    of one worker: *count* adds to the worker's stats; *backoff* holds this process's
+    failing cells; *stop* is set when the worker stops (a lock wait is then cut
+    short); *store_turn* (on a single-writer store with several scanners) is let go
+    while an observer that waits runs (*waits*: per observer name); *on_commit* and
+    *max_failures* are the :class:`~observers.Worker`'s."""
 
-    cluster: Cluster
-    on_commit: CommitHook | None
-    max_failures: int
-    retry_delay: float
-    max_retry_delay: float
-    stats: Counter[str]
-    _stats_lock: threading.Lock
-    _by_column: dict[tuple[str, str], list[Observer]]
-    _columns: dict[str, tuple[str, ...]]
-    _failures: dict[tuple[str, bytes, str], Failures]
-    _failures_lock: threading.Lock
-    _store_turn: StoreTurn | None
-    _waits: dict[str, Waits]
-    _stop: threading.Event
-    _next_starts: threading.local  # .next: this scanner thread's NextStart
+    def __init__(
+        self,
+        cluster: Cluster,
+        by_column: dict[tuple[str, str], list[Observer]],
+        *,
+        backoff: Backoff,
+        count: Callable[..., None],
+        stop: threading.Event,
+        store_turn: StoreTurn | None,
+        waits: dict[str, Waits],
+        on_commit: CommitHook | None,
+        max_failures: int,
+    ) -> None:
+        self.cluster = cluster
+        self.by_column = by_column
+        self.backoff = backoff
+        self._count = count
+        self._stop = stop
+        self._store_turn = store_turn
+        self._waits = waits
+        self.on_commit = on_commit
+        self.max_failures = max_failures
+        self._next_starts = threading.local()  # .next: this scanner thread's NextStart
 
-    def _next_start(self) -> NextStart:
+    def next_start(self) -> NextStart:
         """This scanner thread's :class:`NextStart`: a start timestamp left by its
         previous run's commit, for its next run."""
         held: NextStart | None = getattr(self._next_starts, "next", None)
@@ -153,17 +168,26 @@ class ObserverRuns:
             held = self._next_starts.next = NextStart()
         return held
 
-    def _count(self, key: str, n: int = 1) -> None:
-        with self._stats_lock:
-            self.stats[key] += n
+    def commits_in_groups(self) -> bool:
+        """Whether observer commits can share a store write (the embedded store's
+        one-phase commits)."""
+        return GROUP_MAX > 1 and commits_in_one_phase(self.cluster)
 
-    def _process_row(self, table: str, row: bytes, group: Group | None = None) -> bool:
-        """Run the observers of every dirty cell of *row*; True if anything was done.
-        With *group*, a run whose commit can delete its notification is left in the
-        group, to be committed with others (:meth:`_flush`)."""
-        cells = internals(self.cluster).store.read_rows(
-            table, [row], [Read(NOTIFY, self._columns[table], versions=None)]
-        ).get(row, {})
+    def run_cells(self, table: str, row: bytes, cells: RowCells,
+                  group: Group | None = None) -> bool:
+        """Run the observers of every dirty cell of *row*, given its notify *cells*
+        (``notify:<column>``: every version, newest first) as the scanner read them;
+        True if anything was done. With *group*, a run whose commit can delete its
+        notification is left in the group, to be committed with others
+        (:meth:`flush`).
+
+        The cells may be a little old: the scanner read them before it took the
+        row's advisory lock, and another scanner may have served them meanwhile.
+        That costs a run, never a wrong result: the run reads its column and
+        acknowledgement at a snapshot drawn after the read, so a change served
+        already is acknowledged (the run skips it, as two workers' runs of one change
+        do), and it deletes only the versions it was handed, so a newer notification
+        stays for a later pass."""
         worked = False
         for name, versions in cells.items():
             column = name[len(NOTIFY) + 1 :]
@@ -171,18 +195,14 @@ class ObserverRuns:
                 continue
             newest = versions[0][0]
             weak = any(value == NOTIFY_WEAK for _, value in versions)
-            key = (table, row, column)
-            if self._failures:
-                with self._failures_lock:
-                    failure = self._failures.get(key)
-                if failure is not None and failure.next_try > time.monotonic():
-                    continue
+            if self.backoff.waiting(table, row, column):
+                continue
             done = True
             settled = False
-            observers = self._by_column[(table, column)]
+            observers = self.by_column[(table, column)]
             # One observer and no failure to clear: its commit may delete the
             # notification itself (one-phase commits do, in their atomic step).
-            settle = newest if len(observers) == 1 and not self._failures else None
+            settle = newest if len(observers) == 1 and not self.backoff else None
             for observer in observers:
                 began = time.perf_counter()
                 outcome, error, settled = self._run_observer(
@@ -198,19 +218,24 @@ class ObserverRuns:
                 self._served_notification(table, row, column, newest)
         return worked
 
-    def _process_indexed(self, table: str, row: bytes, columns: Iterable[str]) -> Indexed:
-        """:meth:`_process_row` for a row the notification index (or a lookout's look,
-        :meth:`~observers._scanning.ScanPasses._serve_handed`) named with *columns*.
-        One such column with one observer and no failure to clear (the common case):
-        the run draws its start timestamp first and reads the notification with its
-        own first read (:meth:`ObserverRun.get_row_notified`), one store call where the
-        notify read and the run's read were two. Otherwise as :meth:`_process_row`.
-        The answer tells the pass what to do with the row's entries (:class:`Indexed`)."""
+    def sole_observer(self, table: str, columns: Iterable[str]) -> Observer | None:
+        """The observer for :meth:`run_noticed` of a row with notifications of
+        *columns*: one column with one observer, when no failure is to be cleared (the
+        common case); else None (the row's notify cells are to be read and run with
+        :meth:`run_cells`)."""
         wanted = list(columns)
-        observers = self._by_column.get((table, wanted[0]), []) if len(wanted) == 1 else []
-        if len(observers) != 1 or self._failures:
-            return Indexed.WORKED if self._process_row(table, row) else Indexed.UNSETTLED
-        observer, column = observers[0], wanted[0]
+        if len(wanted) != 1 or self.backoff:
+            return None
+        observers = self.by_column.get((table, wanted[0]), [])
+        return observers[0] if len(observers) == 1 else None
+
+    def run_noticed(self, observer: Observer, table: str, row: bytes,
+                    column: str) -> Indexed:
+        """Run *observer* on a cell the notification index (or a lookout's look) named,
+        without its notify cells: the run draws its start timestamp first and reads
+        the notification with its own first read (:meth:`ObserverRun.get_row_notified`),
+        one store call where the notify read and the run's read were two. The answer
+        tells the scanner what to do with the row's index entries (:class:`Indexed`)."""
         notice = Notice()
         began = time.perf_counter()
         outcome, error, settled = self._run_observer(
@@ -224,6 +249,41 @@ class ObserverRuns:
         # worker, whose batch has not settled the entry yet), or is newer than its
         # snapshot (then the entry must stay, and costs nothing left alone).
         return Indexed.LATER if notice.later else Indexed.SERVED
+
+    def flush(self, group: Group) -> None:
+        """Commit the group's observer transactions together (``commit_group``: one
+        SQLite write transaction), then account for each as a single run would, and
+        let go of the rows' advisory locks."""
+        runs, keys = group.runs, group.keys
+        group.runs, group.keys = [], []
+        try:
+            if not runs:
+                return
+            outcomes = commit_group([run.txn for run in runs])
+            for run, outcome in zip(runs, outcomes, strict=True):
+                self._account(run, outcome)
+        finally:
+            for key in keys:
+                internals(self.cluster).coordination.release_advisory_lock(key)
+
+    def _account(self, run: Run, outcome: int | PercolatorError) -> None:
+        name = run.observer.name
+        if isinstance(outcome, PercolatorError):
+            # The notification stays: a later pass runs the observer again.
+            if is_retryable(outcome):
+                self._count("conflicts")
+                _inc("percolator_observer_runs_total", name, Outcome.CONFLICT)
+            else:
+                log.warning("%s on %s/%s/%s: %s; will retry", name, run.table,
+                            format_row(run.row), run.column, outcome)
+                _inc("percolator_observer_runs_total", name, Outcome.TRANSIENT)
+            return
+        self._count(Outcome.COMMITTED)
+        _inc("percolator_observer_runs_total", name, Outcome.COMMITTED)
+        settlement = run.txn.settlement
+        if settlement is not None and not settlement.done:  # committed in two phases
+            self._delete_notification(run.table, run.row, run.column, settlement.newest)
+        self._committed(run.observer, run.table, run.row, run.column, run.change, outcome)
 
     def _ended(
         self, observer: Observer, table: str, row: bytes, column: str, began: float,
@@ -254,11 +314,8 @@ class ObserverRuns:
         """The runs of a cell ended served and their commits did not delete its
         notification: clear its failures, if any, and delete it (versions up to
         *newest*)."""
-        if self._failures:
-            with self._failures_lock:
-                failed_here = self._failures.pop((table, row, column), None)
-            if failed_here is not None:
-                clear_failures(self.cluster, table, row, column)
+        if self.backoff.clear(table, row, column):
+            clear_failures(self.cluster, table, row, column)
         self._delete_notification(table, row, column, newest)
 
     def _run_observer(
@@ -311,14 +368,14 @@ class ObserverRuns:
     ) -> tuple[str, bool]:
         held: NextStart | None = None
         if notice is None:
-            txn = ObserverTransaction(self.cluster)
+            txn = ObserverRun(self.cluster)
         else:
             # The run reads its notification after its start timestamp (step 2 of
             # percolator/_observer_hooks.py): it may begin at one its thread's previous
             # commit drew (step 5), and leaves one for the next.
-            held = self._next_start()
+            held = self.next_start()
             spare, held.ts = held.ts, 0
-            txn = ObserverTransaction(self.cluster, start_ts=spare or None)
+            txn = ObserverRun(self.cluster, start_ts=spare or None)
             txn.pass_start_on(held)
         if notice is None and txn.start_ts < newest:
             # The notification was read raw, from a commit newer than this snapshot:
@@ -349,7 +406,7 @@ class ObserverRuns:
         return outcome, settled
 
     def _observe(
-        self, txn: ObserverTransaction, observer: Observer, table: str, row: bytes,
+        self, txn: ObserverRun, observer: Observer, table: str, row: bytes,
         column: str, weak: bool, settle: int | None, group: Group | None,
         notice: Notice | None = None,
     ) -> tuple[str, bool]:
@@ -407,14 +464,8 @@ class ObserverRuns:
         newest: int, error: BaseException,
     ) -> None:
         self._count("failures")
-        key = (table, row, column)
         count = record_failure(self.cluster, table, row, column, newest)  # cluster-wide
-        with self._failures_lock:
-            failure = self._failures.get(key) or Failures(0, 0.0)
-            failure.count += 1  # this process's back-off
-            delay = min(self.retry_delay * 2 ** (failure.count - 1), self.max_retry_delay)
-            failure.next_try = time.monotonic() + delay * random.uniform(0.8, 1.2)
-            self._failures[key] = failure
+        delay = self.backoff.failed(table, row, column)  # this process's back-off
         where = f"{table}/{format_row(row)}/{column}"
         if count < self.max_failures:
             log.warning("observer %s failed on %s (%d/%d), retrying in %.2fs: %s",
@@ -426,8 +477,7 @@ class ObserverRuns:
             Quarantined(table, row, column, observer.name, text, count, weak, time.time()),
             newest,
         )
-        with self._failures_lock:
-            self._failures.pop(key, None)
+        self.backoff.clear(table, row, column)
         clear_failures(self.cluster, table, row, column)
         self._count("quarantined")
         _inc("percolator_observer_runs_total", observer.name, "quarantined")
@@ -449,17 +499,3 @@ class ObserverRuns:
                 self.on_commit(observer, table, row, column, change, commit_ts)
             except Exception:
                 log.exception("on_commit hook failed")
-
-    def _backing_off(self, table: str, row: bytes, cells: RowCells) -> bool:
-        return self._backing_off_columns(table, row, [n[len(NOTIFY) + 1 :] for n in cells])
-
-    def _backing_off_columns(self, table: str, row: bytes, columns: Iterable[str]) -> bool:
-        if not self._failures:
-            return False
-        now = time.monotonic()
-        with self._failures_lock:
-            for column in columns:
-                failure = self._failures.get((table, row, column))
-                if failure is None or failure.next_try <= now:
-                    return False
-        return True

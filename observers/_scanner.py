@@ -1,6 +1,9 @@
-"""Scan passes: scanner threads find dirty cells (the notify family, or the
-notification index) from random places, spread out when they meet (Percolator §2.4),
-sleep when idle and are woken by a lookout thread or a local commit."""
+"""The scanner: the scanner threads of a :class:`~observers.Worker` find dirty rows
+(the notify family, or the notification index) from random places, spread out when
+they meet (Percolator §2.4), sleep when idle and are woken by a lookout thread or a
+local commit. A row found is handed to the :class:`~observers._runner.Runner` with
+the notify cells the scan read; the scanner settles the index entries of the rows it
+served."""
 
 from __future__ import annotations
 
@@ -9,11 +12,11 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
-from observers._groups import GROUP_MAX, GroupCommits
-from observers._runs import Group, Indexed
-from percolator import PercolatorError
+from observers._runner import GROUP_MAX, Group, Indexed, Runner
+from observers._store_turn import StoreTurn
+from percolator import Cluster, PercolatorError
 from percolator.ext import (
     NOTIFY,
     SPLIT_KEYS,
@@ -23,10 +26,11 @@ from percolator.ext import (
     scan_index,
     settle,
     settle_rows,
+    uses_index,
 )
 from percolator.metrics import observe as _observe
 
-__all__ = ["Bell", "Handed", "ScanPasses", "Served", "Spread"]
+__all__ = ["Bell", "Handed", "Scanner", "Served", "Spread"]
 
 log = logging.getLogger("observers")
 
@@ -48,7 +52,7 @@ SERVED_MAX = 8192
 """Index entries a worker remembers having served (:class:`Served`)."""
 HANDOFF_MAX = 64
 """New pending rows a lookout's look may hand to sleeping scanners, one row each
-(:meth:`ScanPasses._lookout`); more wake every scanner for passes of their own (a
+(:meth:`Scanner.lookout_thread`); more wake every scanner for passes of their own (a
 burst: the passes' batches serve it for fewer calls)."""
 SETTLE_DELAY = 1.0
 """Seconds the index entries of rows served from a lookout's hand-off may wait to be
@@ -157,32 +161,58 @@ class Bell:
                                        timeout)
 
 
-class ScanPasses(GroupCommits):
-    """The scanner and lookout threads of a :class:`~observers.Worker`."""
+class Scanner:
+    """The scanner and lookout threads of a :class:`~observers.Worker` (the worker
+    starts them on :meth:`scanner_thread` and :meth:`lookout_thread`): they find the
+    rows to serve in the tables of *columns* (table: its observed columns) and hand
+    them to *runner*. *threads* is how many scanner threads run (the anti-clumping
+    skips scale with it); *idle_max* and *poll_interval* are the worker's; *count*
+    adds to its stats; *stop* is set when it stops; *store_turn* (on a single-writer
+    store with several scanners) is taken around each pass and each row served."""
 
-    threads: int
-    idle_max: float
-    poll_interval: float
-    _sample: dict[str, list[bytes]]
-    _splits: dict[str, tuple[float, list[bytes]]]
-    _bell: Bell
-    _sleeping: int
-    _indexed: bool
-    _served: Served
-    _passed_at: float  # when a scanner of the worker last began a pass
-    # served hand-offs' rows whose entries wait to be settled
-    _unsettled: list[tuple[str, bytes, dict[str, int]]]
-    _unsettled_since: float
-    _unsettled_lock: threading.Lock
+    def __init__(
+        self,
+        cluster: Cluster,
+        runner: Runner,
+        columns: dict[str, tuple[str, ...]],
+        *,
+        threads: int,
+        idle_max: float,
+        poll_interval: float,
+        count: Callable[..., None],
+        stop: threading.Event,
+        store_turn: StoreTurn | None,
+    ) -> None:
+        self.cluster = cluster
+        self.runner = runner
+        self.columns = columns
+        self.threads = threads
+        self.idle_max = idle_max
+        self.poll_interval = poll_interval
+        self._count = count
+        self._stop = stop
+        self._store_turn = store_turn
+        self.bell = Bell()
+        self._sample: dict[str, list[bytes]] = {t: [] for t in columns}
+        self._splits: dict[str, tuple[float, list[bytes]]] = {}
+        self._sleeping = 0  # scanner threads asleep (the lookout looks meanwhile)
+        self._sleeping_lock = threading.Lock()
+        self._indexed = uses_index(internals(cluster).store)
+        self._served = Served()
+        self._passed_at = 0.0  # when a scanner of the worker last began a pass
+        # served hand-offs' rows whose entries wait to be settled
+        self._unsettled: list[tuple[str, bytes, dict[str, int]]] = []
+        self._unsettled_since = 0.0
+        self._unsettled_lock = threading.Lock()
 
-    def _remember(self, table: str, row: bytes) -> None:
+    def remember(self, table: str, row: bytes) -> None:
         sample = self._sample[table]
         if len(sample) < SAMPLE:
             sample.append(row)
         else:
             sample[random.randrange(SAMPLE)] = row
 
-    def _random_start(self, table: str) -> bytes | None:
+    def random_start(self, table: str) -> bytes | None:
         """Where a pass over *table* begins: half the time (always, before any row is
         seen) a random tablet or region boundary where the store tells them (Percolator
         §2.4: scanners start at random tablets), else a random row seen before."""
@@ -213,17 +243,18 @@ class ScanPasses(GroupCommits):
             self._splits[table] = (now, keys)
         return keys
 
-    def _scanner(self) -> None:
+    def scanner_thread(self) -> None:
+        """A scanner thread's life: passes, rows handed over, sleep; until *stop*."""
         pass_due = True  # a first pass, then one per ring, or when idle long enough
         while not self._stop.is_set():
-            rung = self._bell.rung
-            handed = self._bell.take()
+            rung = self.bell.rung
+            handed = self.bell.take()
             if handed is not None:
                 turn = self._store_turn
                 if turn is not None and not turn.take(self._stop):
                     break  # stopping
                 try:
-                    self._serve_handed(*handed)
+                    self.serve_handed(*handed)
                 except PercolatorError:
                     log.warning("handed row failed; a later pass retries it", exc_info=True)
                 except Exception:
@@ -241,7 +272,7 @@ class ScanPasses(GroupCommits):
                     if turn is not None and not turn.take(self._stop):
                         break  # stopping
                     try:
-                        worked = self._scan_pass()
+                        worked = self.scan_pass()
                     finally:
                         if turn is not None:
                             turn.give()
@@ -259,18 +290,15 @@ class ScanPasses(GroupCommits):
             # may be tried again.
             self._count("idle")
             wait = random.uniform(self.idle_max / 2, self.idle_max)
-            due = None
-            if self._failures:
-                with self._failures_lock:
-                    due = min((f.next_try for f in self._failures.values()), default=None)
-                if due is not None:
-                    wait = min(wait, max(due - time.monotonic(), 0.0) + 0.001)
-            with self._stats_lock:
+            due = self.runner.backoff.next_due()
+            if due is not None:
+                wait = min(wait, max(due - time.monotonic(), 0.0) + 0.001)
+            with self._sleeping_lock:
                 self._sleeping += 1
             try:
-                woken = self._bell.wait(rung, wait)
+                woken = self.bell.wait(rung, wait)
             finally:
-                with self._stats_lock:
+                with self._sleeping_lock:
                     self._sleeping -= 1
             # A ring asks every scanner for a pass; a row handed over is served alone.
             # Waking without either, a scanner passes if a failure is due or no other
@@ -278,15 +306,15 @@ class ScanPasses(GroupCommits):
             # work, so the scanners' timed passes only look for what it left (a row
             # handed over that a scanner could not serve), and one of them does.
             now = time.monotonic()
-            pass_due = (self._bell.rung != rung if woken else
+            pass_due = (self.bell.rung != rung if woken else
                         (due is not None and due <= now)
                         or now - self._passed_at >= self.idle_max / 2)
 
-    def _serve_handed(self, table: str, row: bytes, entries: dict[str, int],
+    def serve_handed(self, table: str, row: bytes, entries: dict[str, int],
                       looked: float) -> None:
         """Serve one row a lookout handed over, as a pass would serve it (advisory lock,
         back-off of failures), without a pass. The run reads the notification in its
-        own first read (:meth:`_process_indexed`: the lookout read only the newest
+        own first read (:meth:`serve_indexed`: the lookout read only the newest
         version). It begins at the start its thread's previous commit drew only if that
         was drawn after the look began (*looked*): one drawn before is most likely
         below the notification, which the run would find above its snapshot and leave.
@@ -302,13 +330,13 @@ class ScanPasses(GroupCommits):
             self._count("meetings")
             return
         try:
-            if self._backing_off_columns(table, row, entries):
+            if self.runner.backoff.all_waiting(table, row, entries):
                 return
-            held = self._next_start()
+            held = self.runner.next_start()
             if held.drawn < looked:
                 held.ts = 0
             for _ in range(2):
-                done = self._process_indexed(table, row, entries)
+                done = self.serve_indexed(table, row, entries)
                 if done is not Indexed.LATER:
                     break
                 held.ts = 0  # a LATER run leaves none; a fresh start for the next
@@ -327,9 +355,9 @@ class ScanPasses(GroupCommits):
             if not self._unsettled:
                 self._unsettled_since = time.monotonic()
             self._unsettled.append((table, row, entries))
-        self._settle_deferred()
+        self.settle_deferred()
 
-    def _settle_deferred(self, force: bool = False) -> None:
+    def settle_deferred(self, force: bool = False) -> None:
         """Settle the entries of rows served from hand-offs together, once SETTLE_MAX
         of them wait or the first waited SETTLE_DELAY seconds (or now, with *force*)."""
         with self._unsettled_lock:
@@ -344,25 +372,25 @@ class ScanPasses(GroupCommits):
             self._served.forget(batch)  # left in the index for a later look to settle
             raise
 
-    def _lookout(self) -> None:
+    def lookout_thread(self) -> None:
         """Every ``poll_interval`` seconds while a scanner sleeps, read what is pending
         (O(pending notifications)). New rows (a notification the previous look did not
         see, not served here) are handed to the sleeping scanners, one scanner per row,
         which serve them without a pass of their own; more than HANDOFF_MAX of them
         ring every scanner for passes. Busy scanners need no lookout. It also settles
-        the batch of served hand-offs when due (:meth:`_settle_deferred`)."""
+        the batch of served hand-offs when due (:meth:`settle_deferred`)."""
         seen: frozenset[tuple[str, bytes, str, int]] = frozenset()
         while not self._stop.wait(self.poll_interval):
             try:
-                self._settle_deferred()
+                self.settle_deferred()
             except PercolatorError:
                 log.debug("settling failed", exc_info=True)
             if not self._sleeping:
                 seen = frozenset()  # look afresh once they sleep again
                 continue
-            seen = self._look(seen)
+            seen = self.look(seen)
 
-    def _look(
+    def look(
         self, seen: frozenset[tuple[str, bytes, str, int]],
     ) -> frozenset[tuple[str, bytes, str, int]]:
         """One look of the lookout: read what is pending, hand the rows of
@@ -371,7 +399,7 @@ class ScanPasses(GroupCommits):
         Returns what this look saw (*seen* again if it failed)."""
         looked = time.monotonic()
         try:
-            found = frozenset(self._pending())
+            found = frozenset(self.pending())
         except PercolatorError:
             log.debug("lookout failed", exc_info=True)
             return seen
@@ -383,34 +411,35 @@ class ScanPasses(GroupCommits):
         if handed:
             self._count("wakeups")
             if len(handed) > HANDOFF_MAX:
-                self._bell.set()
+                self.bell.set()
             else:
-                self._bell.hand(handed)
+                self.bell.hand(handed)
         return found
 
-    def _pending(self) -> Iterator[tuple[str, bytes, str, int]]:
+    def pending(self) -> Iterator[tuple[str, bytes, str, int]]:
         """``(table, row, column, newest notify or index timestamp)`` of the pending
         notifications of the observed columns."""
         if self._indexed:
             host = internals(self.cluster)
             for table, row, entries in scan_index(host, None, None, batch_size=1000):
-                observed = self._columns.get(table, ())
+                observed = self.columns.get(table, ())
                 for column, ts in entries.items():
                     if column in observed:
                         yield table, row, column, ts
             return
-        for table, columns in self._columns.items():
+        for table, columns in self.columns.items():
             for row, cells in internals(self.cluster).store.scan(table, None, None,
                                                       [Read(NOTIFY, columns)], batch_size=1000):
                 for name, versions in cells.items():
                     yield table, row, name[len(NOTIFY) + 1 :], versions[0][0]
 
-    def _scan_pass(self) -> bool:
+    def scan_pass(self) -> bool:
+        """One pass over the index or the notify family; True if it did work."""
         if self._indexed:
-            return self._index_pass()
+            return self.index_pass()
         return self._family_pass()
 
-    def _index_pass(self) -> bool:
+    def index_pass(self) -> bool:
         """One pass over the notification index from a random place, wrapping around
         (anti-clumping as in :meth:`_family_pass`). The entries of rows it processed
         are settled together, up to ``SETTLE_MAX`` rows at a time and at the end of the
@@ -427,12 +456,12 @@ class ScanPasses(GroupCommits):
         try:
             worked = self._index_scan(processed)
             self._settle_processed(processed)
-            self._settle_deferred(force=True)
+            self.settle_deferred(force=True)
         finally:
             self._served.forget(processed)  # left unsettled: a failed pass
             # A scanner that goes to sleep would wake with a stale snapshot, whose
             # runs would leave the newer notifications it came for: draw afresh.
-            self._next_start().ts = 0
+            self.runner.next_start().ts = 0
         return worked
 
     def _settle_processed(self, processed: list[tuple[str, bytes, dict[str, int]]]) -> None:
@@ -452,7 +481,7 @@ class ScanPasses(GroupCommits):
             for table, row, entries in scan_index(internals(self.cluster), lo, hi):
                 if self._stop.is_set():
                     return worked
-                observed = self._columns.get(table, ())
+                observed = self.columns.get(table, ())
                 mine = {c: ts for c, ts in entries.items() if c in observed}
                 if not mine or spread.skipping():
                     continue
@@ -464,8 +493,9 @@ class ScanPasses(GroupCommits):
                         return True
                     continue
                 try:
-                    done = (Indexed.UNSETTLED if self._backing_off_columns(table, row, mine)
-                            else self._process_indexed(table, row, mine))
+                    done = (Indexed.UNSETTLED
+                            if self.runner.backoff.all_waiting(table, row, mine)
+                            else self.serve_indexed(table, row, mine))
                     worked = worked or bool(done)
                     if done is Indexed.WORKED or done is Indexed.SERVED:
                         # An absent run's entry too: deleted with the batch, re-checked
@@ -486,7 +516,7 @@ class ScanPasses(GroupCommits):
         whether it did any. (A pass over one random table only, then sleep, left work
         in the other tables to the next wake-up: when observers watch several tables,
         as a pipeline's stages do, a woken scanner often looked in the wrong one.)"""
-        tables = list(self._columns)
+        tables = list(self.columns)
         random.shuffle(tables)
         return any(self._table_pass(table) for table in tables)
 
@@ -495,16 +525,16 @@ class ScanPasses(GroupCommits):
         finds another on its row skips a random stretch ahead; after a few such
         meetings in one pass it jumps to a new random place (a new pass), so scanners
         spread out instead of clumping."""
-        group = Group() if self._commits_in_groups() else None
+        group = Group() if self.runner.commits_in_groups() else None
         try:
             return self._table_pass_rows(table, group)
         finally:
             if group is not None:
-                self._flush(group)
+                self.runner.flush(group)
 
     def _table_pass_rows(self, table: str, group: Group | None) -> bool:
-        reads = [Read(NOTIFY, self._columns[table], versions=None)]
-        start = self._random_start(table)
+        reads = [Read(NOTIFY, self.columns[table], versions=None)]
+        start = self.random_start(table)
         ranges = [(start, None), (None, start)] if start is not None else [(None, None)]
         worked = False
         spread = Spread(self.threads, GROUP_MAX if group is not None else 1)
@@ -514,8 +544,9 @@ class ScanPasses(GroupCommits):
             for row, cells in store.scan(table, lo, hi, reads, batch_size=128):
                 if self._stop.is_set():
                     return worked
-                self._remember(table, row)
-                if spread.skipping() or self._backing_off(table, row, cells):
+                self.remember(table, row)
+                if spread.skipping() or self.runner.backoff.all_waiting(
+                        table, row, [name[len(NOTIFY) + 1 :] for name in cells]):
                     continue
                 key = f"{table}/{row.hex()}"
                 if not coordination.try_advisory_lock(key):
@@ -525,7 +556,7 @@ class ScanPasses(GroupCommits):
                 deferred = False
                 waiting = len(group.runs) if group is not None else 0
                 try:
-                    if self._process_row(table, row, group):
+                    if self.runner.run_cells(table, row, cells, group):
                         worked = True
                     deferred = group is not None and len(group.runs) > waiting
                 finally:
@@ -535,7 +566,7 @@ class ScanPasses(GroupCommits):
                     else:
                         coordination.release_advisory_lock(key)
                 if group is not None and len(group.runs) >= GROUP_MAX:
-                    self._flush(group)
+                    self.runner.flush(group)
         return worked
 
     def _met(self, spread: Spread) -> bool:
@@ -546,3 +577,25 @@ class ScanPasses(GroupCommits):
             self._count("jumps")
             return True
         return False
+
+    def serve_row(self, table: str, row: bytes, group: Group | None = None) -> bool:
+        """Read the notify cells of *row* and hand them to the runner
+        (:meth:`Runner.run_cells`); True if anything was done. A pass over the notify
+        family needs no such read: its scan read the cells."""
+        cells = internals(self.cluster).store.read_rows(
+            table, [row], [Read(NOTIFY, self.columns[table], versions=None)]
+        ).get(row, {})
+        return self.runner.run_cells(table, row, cells, group)
+
+    def serve_indexed(self, table: str, row: bytes, columns: Iterable[str]) -> Indexed:
+        """Serve a row the notification index (or a lookout's look) named with
+        *columns*. The common case, one such column with one observer and no failure
+        to clear, runs without a read of the notify cells
+        (:meth:`Runner.run_noticed`: the run reads the notification in its own first
+        read); otherwise as :meth:`serve_row`. The answer tells the pass what to do
+        with the row's entries (:class:`Indexed`)."""
+        wanted = list(columns)
+        observer = self.runner.sole_observer(table, wanted)
+        if observer is None:
+            return Indexed.WORKED if self.serve_row(table, row) else Indexed.UNSETTLED
+        return self.runner.run_noticed(observer, table, row, wanted[0])
