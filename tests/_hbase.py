@@ -124,6 +124,13 @@ def start_test_server(
 
 TEST_SERVER = "test-server"
 """The value of ``PERCOLATOR_HBASE_THRIFT`` that picks the Python test server."""
+SESSION_SITE = {"zookeeper.session.timeout": "120000"}
+"""The session's HBase (never killed: the fault tests start their own) keeps its
+ZooKeeper session for 2 minutes (HBase passes it to its own ZooKeeper server as
+``maxSessionTimeout``): at load 40-60 on 2 cores its master's session to the ZooKeeper
+in its own JVM expired after 30 s, and the master aborted (twice, 2026-11-28). A killed
+HBase would wait that long for its old region server's session on restart, so the
+fault tests' HBases keep 30 s."""
 _SESSION_HBASE: list[LocalHBase] = []
 """The standalone HBase of this session, once started (:func:`local_hbase`)."""
 
@@ -149,7 +156,7 @@ def hbase_thrift() -> Iterator[str]:
         _SESSION_HBASE.append(hbase)
         yield hbase.hostport
         return
-    hbase = _start(LocalHBase())
+    hbase = _start(LocalHBase(site=SESSION_SITE))
     _SESSION_HBASE.append(hbase)
     try:
         yield hbase.hostport
@@ -171,7 +178,7 @@ def _start(hbase: LocalHBase) -> LocalHBase:
 def _start_shared() -> dict[str, Any]:
     from tests._hbase_local import LocalHBase
 
-    return _start(LocalHBase(detached=True)).describe()
+    return _start(LocalHBase(detached=True, site=SESSION_SITE)).describe()
 
 
 @pytest.fixture(scope="session")

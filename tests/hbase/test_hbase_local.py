@@ -111,3 +111,20 @@ def test_the_suites_jvms_take_its_jvm_options(
     assert jvm_options() == []
     monkeypatch.setenv(JVM_OPTIONS_ENV, " -XX:TieredStopAtLevel=1  -Xss1m ")
     assert jvm_options() == ["-XX:TieredStopAtLevel=1", "-Xss1m"]
+
+
+def test_the_session_hbase_keeps_zookeeper_sessions_for_two_minutes(
+    local_hbase: LocalHBase,
+) -> None:
+    """The ZooKeeper in the session's HBase grants sessions of 2 minutes (its master's
+    own expired after 30 s at load 40-60, and the master aborted): a client asking for
+    them is given them, not the 40 s ZooKeeper caps sessions at by default."""
+    from kazoo.client import KazooClient
+
+    zk = KazooClient(hosts=f"127.0.0.1:{local_hbase.zk_port}", timeout=120.0)
+    zk.start(timeout=60)
+    try:
+        assert zk._session_timeout >= 120_000  # as negotiated with the server, in ms
+    finally:
+        zk.stop()
+        zk.close()
