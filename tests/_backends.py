@@ -195,3 +195,16 @@ def cluster(store_url: str, cluster_tables: tuple[str, ...]) -> Iterator[percola
 def sqlite_cluster(tmp_path: Path) -> Iterator[percolator.Cluster]:
     with percolator.connect(f"sqlite:///{tmp_path}/repo.db") as c:
         yield c
+
+
+@pytest.fixture
+def seeded_sqlite_url(tmp_path: Path) -> str:
+    """A fresh embedded store with table ``t`` seeded: rows r1, r2 hold ``c:v = old``
+    (the lock-resolution and coordination tests start from it)."""
+    url = f"sqlite:///{tmp_path}/repo.db"
+    with percolator.connect(url) as cluster:
+        cluster.create_table("t")
+        with percolator.Transaction(cluster) as txn:
+            txn.set("t", b"r1", "c:v", b"old")
+            txn.set("t", b"r2", "c:v", b"old")
+    return url

@@ -2,20 +2,13 @@ from __future__ import annotations
 
 import pytest
 
-import percolator
 from tests._zookeeper import ZooKeeperServer
 
 
 @pytest.fixture
-def store_url(tmp_path: object) -> str:
-    """A fresh embedded store with table ``t`` seeded: rows r1, r2 hold ``c:v = old``."""
-    url = f"sqlite:///{tmp_path}/repo.db"
-    with percolator.connect(url) as cluster:
-        cluster.create_table("t")
-        with percolator.Transaction(cluster) as txn:
-            txn.set("t", b"r1", "c:v", b"old")
-            txn.set("t", b"r2", "c:v", b"old")
-    return url
+def store_url(seeded_sqlite_url: str) -> str:
+    """These tests' store: ``seeded_sqlite_url`` (tests/_backends.py)."""
+    return seeded_sqlite_url
 
 
 @pytest.fixture

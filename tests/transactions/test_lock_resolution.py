@@ -38,14 +38,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path}/repo.db"
-    with percolator.connect(url) as cluster:
-        cluster.create_table("t")
-        with Transaction(cluster) as txn:
-            txn.set("t", b"r1", "c:v", b"old")
-            txn.set("t", b"r2", "c:v", b"old")
-    return url
+def url(seeded_sqlite_url: str) -> str:
+    return seeded_sqlite_url
 
 
 @pytest.fixture
