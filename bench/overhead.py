@@ -3,7 +3,9 @@
     python bench/overhead.py                      # embedded SQLite store
     python bench/overhead.py --backend bigtable   # starts the cbtemulator itself
     python bench/overhead.py --backend hbase      # starts a standalone HBase 2.6 (or
-                                                  # PERCOLATOR_HBASE_THRIFT=host:port)
+                                                  # PERCOLATOR_HBASE_THRIFT=host:port and
+                                                  # PERCOLATOR_HBASE_THRIFT2=host:port);
+                                                  # over Thrift2, then Thrift1 (--api)
     python bench/overhead.py --backend hbase-test-server   # the Python Thrift test server
 
 Measured in one run: each transactional operation is paired with its raw
@@ -107,12 +109,13 @@ class CountingTimestamps:
 
 
 @contextmanager
-def open_backend(backend: str) -> Iterator[str]:
+def open_backend(backend: str, api: str = "both") -> Iterator[dict[str, str]]:
+    """The store URLs to measure, by the label their table's heading gets."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if backend == "sqlite":
         directory = tempfile.mkdtemp(prefix="percolator-bench-")
         try:
-            yield f"sqlite:///{directory}/bench.db"
+            yield {backend: f"sqlite:///{directory}/bench.db"}
         finally:
             shutil.rmtree(directory, ignore_errors=True)
     elif backend == "bigtable":
@@ -121,16 +124,25 @@ def open_backend(backend: str) -> Iterator[str]:
 
         proc, hostport = start_emulator()
         try:
-            yield bigtable_store_url(hostport, "overhead")
+            yield {backend: bigtable_store_url(hostport, "overhead")}
         finally:
             proc.kill()
             proc.wait()
-    elif backend in ("hbase", "hbase-test-server"):
+    elif backend == "hbase-test-server":
         sys.path.insert(0, root)
         from tests._hbase import hbase_for_bench, hbase_store_url
 
-        with hbase_for_bench(backend.removeprefix("hbase-")) as hostport:
-            yield hbase_store_url(hostport, "overhead")
+        with hbase_for_bench("test-server") as hostport:
+            yield {backend: hbase_store_url(hostport, "overhead")}
+    elif backend == "hbase":
+        sys.path.insert(0, root)
+        from tests._hbase import hbase_servers_for_bench, hbase_store_url
+
+        with hbase_servers_for_bench() as (thrift1, thrift2):
+            urls = {"hbase over Thrift2": hbase_store_url(thrift2, "overhead", api="thrift2"),
+                    "hbase over Thrift1": hbase_store_url(thrift1, "overhead")}
+            yield {label: url for label, url in urls.items()
+                   if api == "both" or label.endswith(api.title())}
     else:
         raise SystemExit(f"unknown backend {backend!r}")
 
@@ -156,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--backend", choices=["sqlite", "bigtable", "hbase", "hbase-test-server"], default="sqlite"
     )
+    parser.add_argument(
+        "--api", choices=["both", "thrift2", "thrift1"], default="both",
+        help="--backend hbase: the store over HBase's Thrift2 server, its Thrift1 server, "
+             "or both one after the other on the same HBase (the default)",
+    )
     parser.add_argument("--ops", type=int, default=2000, help="operations per side per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
@@ -177,12 +194,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     with ExitStack() as stack:
-        url = stack.enter_context(open_backend(args.backend))
+        urls = stack.enter_context(open_backend(args.backend, args.api))
         options: dict[str, Any] = {}
         if args.oracle:
             options["oracle"] = stack.enter_context(standalone_oracle())
-        cluster = stack.enter_context(percolator.connect(url, **options))
-        return measure(args, cluster)
+        failed = 0
+        for label, url in urls.items():
+            with percolator.connect(url, **options) as cluster:
+                failed |= measure(args, cluster, label)
+        return failed
 
 
 @contextmanager
@@ -199,7 +219,7 @@ def standalone_oracle() -> Iterator[str]:
             server.kill()
 
 
-def measure(args: argparse.Namespace, cluster: percolator.Cluster) -> int:
+def measure(args: argparse.Namespace, cluster: percolator.Cluster, label: str) -> int:
     store = CountingStore(internals(cluster).store)
     internals(cluster).store = store  # type: ignore[assignment]
     timestamps = internals(cluster).timestamps
@@ -302,14 +322,15 @@ def measure(args: argparse.Namespace, cluster: percolator.Cluster) -> int:
         return statistics.median(ratios[a])
 
     source = ", timestamps from a gRPC oracle" if args.oracle else ""
-    print(f"## Transaction overhead, {args.backend}{source} (bench/overhead.py)\n")
+    print(f"## Transaction overhead, {label}{source} (bench/overhead.py)\n")
     print(
         f"- machine: {os.cpu_count()} cores, {cpu_model()}, {platform.python_implementation()} "
         f"{platform.python_version()}"
     )
     print(f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC")
     print(
-        f"- command: `python bench/overhead.py --backend {args.backend} --ops {args.ops} "
+        f"- command: `python bench/overhead.py --backend {args.backend}"
+        f"{' --api ' + args.api if args.backend == 'hbase' else ''} --ops {args.ops} "
         f"--rounds {args.rounds}{' --oracle' if args.oracle else ''}"
         f"{' --calls' if args.calls else ''}"
         f"{' --clock cpu' if args.clock == 'cpu' else ''}`\n"

@@ -304,7 +304,25 @@ def hbase_for_bench(kind: str = "hbase") -> Iterator[str]:
     if chosen and chosen != TEST_SERVER:
         yield chosen
         return
+    with hbase_servers_for_bench() as (thrift1, _):
+        yield thrift1
+
+
+@contextlib.contextmanager
+def hbase_servers_for_bench() -> Iterator[tuple[str, str]]:
+    """``(Thrift1, Thrift2)`` ``host:port`` of one real HBase for a benchmark:
+    ``PERCOLATOR_HBASE_THRIFT`` and ``PERCOLATOR_HBASE_THRIFT2`` if set, otherwise a
+    standalone HBase of its own with both servers, fully JIT-compiled (the test
+    suite's JVM options are the suite's: ``PERCOLATOR_JVM_OPTS`` is unset here)."""
+    chosen = os.environ.get(ENV)
+    if chosen and chosen != TEST_SERVER:
+        thrift2 = os.environ.get("PERCOLATOR_HBASE_THRIFT2")
+        if not thrift2:
+            raise SystemExit(f"{ENV}={chosen} is set: set PERCOLATOR_HBASE_THRIFT2 to its "
+                             "HBase's Thrift2 server too")
+        yield chosen, thrift2
+        return
     from tests._hbase_local import LocalHBase
 
     with LocalHBase() as hbase:
-        yield hbase.hostport
+        yield hbase.hostport, hbase.hostport2
