@@ -31,8 +31,6 @@ def spark() -> Iterator[Any]:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    from tests._hbase_local import jvm_options
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # pyspark's version checks of pandas and friends
         session = (
@@ -44,7 +42,6 @@ def spark() -> Iterator[Any]:
             .config("spark.default.parallelism", "2")
             .config("spark.driver.memory", "1g")
             .config("spark.python.worker.reuse", "true")
-            .config("spark.driver.extraJavaOptions", " ".join(jvm_options()))
             .getOrCreate()
         )
     session.sparkContext.setLogLevel("ERROR")

@@ -302,3 +302,17 @@ def test_a_partition_error_names_table_timestamp_and_range(spark: Any, tmp_path:
                                             r"\(rows \[b'm', None\)\) failed: LockedError"):
             df.collect()
         assert issubclass(ReadError, percolator.PercolatorError)
+
+
+def test_the_suites_spark_drivers_take_its_jvm_options(spark: Any) -> None:
+    """Every Spark driver the suite starts, in its own process or in a test's driver
+    subprocess, runs with ``PERCOLATOR_JVM_OPTS`` (C1 only: its JVM answers in a
+    third of the time), given through ``PYSPARK_SUBMIT_ARGS`` by tests/conftest.py:
+    the session's own JVM says so."""
+    from tests._hbase_local import jvm_options
+
+    options = jvm_options()
+    assert options
+    arguments = spark.sparkContext._jvm.java.lang.management.ManagementFactory \
+        .getRuntimeMXBean().getInputArguments()
+    assert set(options) <= {str(a) for a in arguments}

@@ -262,7 +262,7 @@ def test_a_snapshot_below_the_gc_safe_point_fails_while_planning(
         _read(spark, url, "t", columns="f:v", startTs=str(old)).collect()
     text = str(caught.value)
     assert "Failed to generate Python data source read partitions" in text
-    assert f"transaction {old} is too old" in text
+    assert f"snapshot {old} is too old" in text  # the read is a Snapshot
     assert f"safe point is {summary.safe_point}" in text
 
 
