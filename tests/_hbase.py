@@ -316,9 +316,9 @@ def hbase_servers_for_bench() -> Iterator[tuple[str, str]]:
     suite's JVM options are the suite's: ``PERCOLATOR_JVM_OPTS`` is unset here)."""
     chosen = os.environ.get(ENV)
     if chosen and chosen != TEST_SERVER:
-        thrift2 = os.environ.get("PERCOLATOR_HBASE_THRIFT2")
+        thrift2 = os.environ.get(ENV + "2")
         if not thrift2:
-            raise SystemExit(f"{ENV}={chosen} is set: set PERCOLATOR_HBASE_THRIFT2 to its "
+            raise SystemExit(f"{ENV}={chosen} is set: set {ENV}2 to its "
                              "HBase's Thrift2 server too")
         yield chosen, thrift2
         return

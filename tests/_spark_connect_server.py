@@ -18,8 +18,6 @@ def main(port: str) -> None:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    from tests._hbase_local import jvm_options
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         spark = (SparkSession.builder.master("local[2]").appName("percolator-connect-tests")
@@ -32,7 +30,6 @@ def main(port: str) -> None:
                  .config("spark.default.parallelism", "2")
                  .config("spark.driver.memory", "1g")
                  .config("spark.python.worker.reuse", "true")
-                 .config("spark.driver.extraJavaOptions", " ".join(jvm_options()))
                  .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     print("ready", flush=True)
