@@ -124,13 +124,15 @@ def start_test_server(
 
 TEST_SERVER = "test-server"
 """The value of ``PERCOLATOR_HBASE_THRIFT`` that picks the Python test server."""
-SESSION_SITE = {"zookeeper.session.timeout": "120000"}
+SESSION_SITE = {"zookeeper.session.timeout": "120000",
+                "zookeeper.session.timeout.localHBaseCluster": "120000"}
 """The session's HBase (never killed: the fault tests start their own) keeps its
-ZooKeeper session for 2 minutes (HBase passes it to its own ZooKeeper server as
-``maxSessionTimeout``): at load 40-60 on 2 cores its master's session to the ZooKeeper
-in its own JVM expired after 30 s, and the master aborted (twice, 2026-11-28). A killed
-HBase would wait that long for its old region server's session on restart, so the
-fault tests' HBases keep 30 s."""
+ZooKeeper sessions for 2 minutes: its master's and region server's
+(``zookeeper.session.timeout.localHBaseCluster``, HBase's 10 s by default in a standalone
+HBase, whatever ``zookeeper.session.timeout`` says) and its Thrift servers'. At load
+24-60 on 2 cores the JVM paused for 8 s and more, the master's session expired, and the
+master aborted (2026-11-28 and 29). A killed HBase would wait that long for its old
+master's session on restart, so the fault tests' HBases keep HBase's 10 s."""
 _SESSION_HBASE: list[LocalHBase] = []
 """The standalone HBase of this session, once started (:func:`local_hbase`)."""
 

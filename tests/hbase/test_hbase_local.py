@@ -121,6 +121,8 @@ def test_the_session_hbase_keeps_zookeeper_sessions_for_two_minutes(
     them is given them, not the 40 s ZooKeeper caps sessions at by default."""
     from kazoo.client import KazooClient
 
+    from tests._hbase_local import LOCAL_SESSION
+
     zk = KazooClient(hosts=f"127.0.0.1:{local_hbase.zk_port}", timeout=120.0)
     zk.start(timeout=60)
     try:
@@ -128,3 +130,7 @@ def test_the_session_hbase_keeps_zookeeper_sessions_for_two_minutes(
     finally:
         zk.stop()
         zk.close()
+    # Its master and region server ask for 2 minutes too: a standalone HBase takes their
+    # session from this property (HBase's default 10 s), not zookeeper.session.timeout.
+    site = (local_hbase.dir / "conf" / "hbase-site.xml").read_text()
+    assert f"<name>{LOCAL_SESSION}</name><value>120000</value>" in site
