@@ -66,17 +66,22 @@ def assert_exact(p: ubiq.LogPipeline, root: Path) -> None:
     assert all(not problems for problems in p.coverage().values()), p.coverage()
 
 
-def test_exactly_once_on_growing_files(cluster: Cluster, tmp_path: Path) -> None:
+def test_exactly_once_on_growing_files(cluster: Cluster, backend: str, tmp_path: Path) -> None:
+    # Fewer records on HBase (32 units instead of 75), where each unit's commit and its
+    # roll-ups cost round trips to the JVMs: the embedded store and Bigtable carry the
+    # volume, HBase the same growing files cut into units (CONTRIBUTING.md, the suite's
+    # time).
+    records = 600 if backend == "hbase" else 1500
     reported: list[str] = []
     p = _app.pipeline(cluster, tmp_path, unit_bytes=512,
                       on_commit=lambda unit: reported.append(unit.id))
     p.create()
-    run_writer(p, _app.Writer(tmp_path, files=20, records=1500, seed=1))
+    run_writer(p, _app.Writer(tmp_path, files=20, records=records, seed=1))
     assert_exact(p, tmp_path)
     assert p.quarantined() == []  # no record was ever cut in two
     with Snapshot(cluster) as snap:
         units = [c for _, c in snap.scan(p.units, None, None, ["u:state"])]
-    assert len(units) > 40 and {c["u:state"] for c in units} == {b"C"}
+    assert len(units) > 40 * records // 1500 and {c["u:state"] for c in units} == {b"C"}
     assert len(reported) == len(set(reported)) == len(units)  # on_commit: once a unit
 
 
