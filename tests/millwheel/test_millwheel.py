@@ -26,7 +26,7 @@ from observers.millwheel import _pipeline
 from observers.millwheel.__main__ import main as mw_main
 from percolator import Cluster, Snapshot, Transaction
 from percolator.testing import CrashPoint, client_of, crash_commit
-from tests._backends import SQLITE_AND_BIGTABLE, make_store_url
+from tests._backends import SQLITE_AND_BIGTABLE, drop_tables, make_store_url
 from tests._concurrency import spawn_module
 from tests.millwheel import _app
 
@@ -89,27 +89,29 @@ def test_a_restarted_injector_replays_nothing_twice(cluster: Cluster) -> None:
 
 def test_a_key_run_dying_inside_its_commit_is_all_or_nothing(store_url: str) -> None:
     """A Windower run that consumes records, fires a timer, arms timers and produces
-    a window dies at each point of its commit; the rest of the pipeline then runs.
-    Counts stay exact: the run's effects landed together or not at all."""
-    for point in (CrashPoint("prewrite", 0), CrashPoint("prewrite", 2),
-                  CrashPoint("commit_point"), CrashPoint("commit", 1)):
-        with percolator.connect(store_url) as cluster:
-            records = _app.make_input(3, 120, queries=1)
-            pipeline = _app.build(cluster, records)
-            pipeline.create()
-            pipeline.inject("queries")
-            pipeline.advance()  # the end of input: every timer of q0 is due
+    a window dies at each point of its commit, each on a query of its own; the rest
+    of the pipeline then runs. Counts stay exact, per query: each run's effects
+    landed together or not at all. (One pipeline for the four points, each owning a
+    key: on HBase a pipeline per point made and dropped its tables four times.)"""
+    points = (CrashPoint("prewrite", 0), CrashPoint("prewrite", 2),
+              CrashPoint("commit_point"), CrashPoint("commit", 1))
+    with percolator.connect(store_url) as cluster:
+        records = _app.make_input(3, 240, queries=len(points))
+        pipeline = _app.build(cluster, records)
+        pipeline.create()
+        pipeline.inject("queries")
+        pipeline.advance()  # the end of input: every timer of every query is due
+        node = pipeline.nodes["Windower"]
+        for key, point in zip((b"q%d" % i for i in range(len(points))), points, strict=True):
             dying = client_of(cluster)
             dying.one_phase_commit = False
             txn = Transaction(dying)
-            node = pipeline.nodes["Windower"]
-            _pipeline._KeyRun(txn, pipeline, node, b"q0").run()
+            _pipeline._KeyRun(txn, pipeline, node, key).run()
             assert txn.writes  # consumed, fired and produced something
             crash_commit(txn, point)
-            run_to_the_end(pipeline)
-            assert_exact(pipeline, records)
-            for table in cluster.tables():
-                cluster.drop_table(table)
+        run_to_the_end(pipeline)
+        assert_exact(pipeline, records)
+        drop_tables(cluster)
 
 
 def _spawn(url: str, env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import pytest
 from hypothesis import settings
@@ -55,6 +55,7 @@ ROWS = (b"r1", b"r2", b"r3")
 COLUMNS = ("c:x", "c:y")
 KEYS = [(t, r, c) for t in TABLES for r in ROWS for c in COLUMNS]
 Key = tuple[str, bytes, str]
+_T = TypeVar("_T")
 
 _names = itertools.count()
 exercised: collections.Counter[str] = collections.Counter()
@@ -73,36 +74,49 @@ class Open:
 backend = backend_fixture(WITH_FAULTS)
 
 
-class FreshTables:
-    """New tables for the examples, made ahead in batches whose creations overlap:
-    on HBase a creation takes 1-2 s, mostly the master's procedures waiting, and two
-    per example made the state machine the suite's slowest test there. (One at a time
-    on the embedded store, where a creation is cheap and writes take turns anyway.)"""
+class FreshRows:
+    """Where the examples write: the same two tables for every example of a run, each
+    example under a row prefix of its own (``<n>/``, its scans bounded to it), so that
+    an example starts from empty rows as it would from new tables. On HBase a table's
+    creation and its drop cost seconds of the master's procedures, and two new tables
+    per example (over 300 in a run) made this the suite's slowest test there.
+    Garbage-collection passes go over the earlier examples' rows too: those hold
+    what their own final full pass left, so a pass changes nothing there."""
 
     def __init__(self, cluster: percolator.Cluster) -> None:
-        self.cluster = cluster
-        self.batch = 1 if internals(cluster).store.url.startswith("sqlite") else 12
-        self.ready: list[str] = []
+        self.tables = {t: f"x{next(_names)}" for t in TABLES}
+        for name in self.tables.values():
+            cluster.create_table(name)
+        self.examples = itertools.count()
 
-    def take(self) -> str:
-        if not self.ready:
-            names = [f"x{next(_names)}" for _ in range(self.batch)]
-            with ThreadPoolExecutor(self.batch) as pool:
-                list(pool.map(self.cluster.create_table, names))
-            self.ready = names
-        return self.ready.pop()
+    def take(self) -> bytes:
+        return b"%d/" % next(self.examples)
 
 
 def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
-    fresh = FreshTables(cluster)
+    fresh = FreshRows(cluster)
 
     class SnapshotIsolation(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.names = {t: fresh.take() for t in TABLES}
+            self.names = fresh.tables
+            self.prefix = fresh.take()
             self.model = Model()
             self.open: list[Open] = []
             self.safe_point = internals(cluster).safe_point.fetch()
+
+        # --- this example's rows ------------------------------------------------------
+
+        def row(self, row: bytes) -> bytes:
+            return self.prefix + row
+
+        def bounds(self, start: bytes | None, stop: bytes | None) -> tuple[bytes, bytes]:
+            """The store's bounds of a scan of ``[start, stop)`` of this example's rows."""
+            return (self.prefix + (start or b""),
+                    self.prefix + (stop if stop is not None else b"\xff"))
+
+        def unprefixed(self, rows: Iterable[tuple[bytes, _T]]) -> list[tuple[bytes, _T]]:
+            return [(row[len(self.prefix):], cells) for row, cells in rows]
 
         # --- the model (percolator.conformance._si, shared with the conformance run) --
 
@@ -132,10 +146,10 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
             table, row, column = key
             if self.too_old(h) and key not in h.writes:
                 with pytest.raises(SnapshotTooOldError):
-                    h.txn.get(self.names[table], row, column)
+                    h.txn.get(self.names[table], self.row(row), column)
                 exercised["too old"] += 1
                 return
-            assert h.txn.get(self.names[table], row, column) == self.snapshot(h).get(key)
+            assert h.txn.get(self.names[table], self.row(row), column) == self.snapshot(h).get(key)
 
         @precondition(lambda self: self.open)
         @rule(i=st.integers(0, 3), table=st.sampled_from(TABLES), row=st.sampled_from(ROWS))
@@ -144,10 +158,10 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
             expected = {c: v for (t, r, c), v in self.snapshot(h).items() if (t, r) == (table, row)}
             if self.too_old(h) and any((table, row, c) not in h.writes for c in COLUMNS):
                 with pytest.raises(SnapshotTooOldError):
-                    h.txn.get_row(self.names[table], row, list(COLUMNS))
+                    h.txn.get_row(self.names[table], self.row(row), list(COLUMNS))
                 exercised["too old"] += 1
                 return
-            assert h.txn.get_row(self.names[table], row, list(COLUMNS)) == expected
+            assert h.txn.get_row(self.names[table], self.row(row), list(COLUMNS)) == expected
 
         @precondition(lambda self: self.open)
         @rule(
@@ -161,10 +175,11 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
             expected = self.model.rows(h.txn.start_ts, h.writes, table, start, stop)
             if self.too_old(h):
                 with pytest.raises(SnapshotTooOldError):
-                    list(h.txn.scan(self.names[table], start, stop))
+                    list(h.txn.scan(self.names[table], *self.bounds(start, stop)))
                 exercised["too old"] += 1
                 return
-            assert list(h.txn.scan(self.names[table], start, stop)) == expected
+            assert self.unprefixed(h.txn.scan(self.names[table], *self.bounds(start, stop))
+                                   ) == expected
 
         @precondition(lambda self: self.open)
         @rule(
@@ -176,9 +191,9 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
             h = self.pick(i)
             table, row, column = key
             if value is None:
-                h.txn.delete(self.names[table], row, column)
+                h.txn.delete(self.names[table], self.row(row), column)
             else:
-                h.txn.set(self.names[table], row, column, value)
+                h.txn.set(self.names[table], self.row(row), column, value)
             h.writes[key] = value
 
         @precondition(lambda self: len(self.open) >= 2)
@@ -187,7 +202,7 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
             """Contended cells: without this, random writes rarely collide."""
             table, row, column = key
             for h in self.open:
-                h.txn.set(self.names[table], row, column, value)
+                h.txn.set(self.names[table], self.row(row), column, value)
                 h.writes[key] = value
 
         @precondition(lambda self: self.open)
@@ -285,13 +300,14 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
             for table in TABLES:
                 got = {
                     (table, r, c): v
-                    for r, vs in final.scan(self.names[table])
+                    for r, vs in self.unprefixed(final.scan(self.names[table],
+                                                            *self.bounds(None, None)))
                     for c, v in vs.items()
                 }
                 assert got == {k: v for k, v in snapshot.items() if k[0] == table}
             for table in TABLES:
                 locks = internals(cluster).store.scan(
-                    self.names[table], None, None, [percolator._store.Read("l")]
+                    self.names[table], *self.bounds(None, None), [percolator._store.Read("l")]
                 )
                 for _, cells in locks:
                     for versions in cells.values():
@@ -302,10 +318,11 @@ def make_machine(cluster: percolator.Cluster) -> type[RuleBasedStateMachine]:
             # timestamp range: they go once a newer version is kept).
             for table in TABLES:
                 name = self.names[table]
-                for row, cells in internals(cluster).store.scan(
-                    name, None, None, [percolator._store.Read("w", versions=None),
-                                       percolator._store.Read("d", versions=None)]
-                ):
+                for row, cells in self.unprefixed(internals(cluster).store.scan(
+                    name, *self.bounds(None, None),
+                    [percolator._store.Read("w", versions=None),
+                     percolator._store.Read("d", versions=None)]
+                )):
                     for column, versions in cells.items():
                         key = (table, row, column[2:])
                         assert column.startswith("w:"), (key, versions)

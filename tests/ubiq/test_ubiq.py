@@ -27,7 +27,7 @@ from percolator._coordination import LocalCoordination
 from percolator._internals import internals
 from percolator._notifications import pending_notifications
 from percolator.testing import CrashPoint, Interleaving, client_of, crash_commit
-from tests._backends import SQLITE_AND_BIGTABLE, make_store_url
+from tests._backends import SQLITE_AND_BIGTABLE, drop_tables, make_store_url
 from tests._concurrency import spawn_module
 from tests.ubiq import _app
 
@@ -66,17 +66,22 @@ def assert_exact(p: ubiq.LogPipeline, root: Path) -> None:
     assert all(not problems for problems in p.coverage().values()), p.coverage()
 
 
-def test_exactly_once_on_growing_files(cluster: Cluster, tmp_path: Path) -> None:
+def test_exactly_once_on_growing_files(cluster: Cluster, backend: str, tmp_path: Path) -> None:
+    # Fewer records on HBase (32 units instead of 75), where each unit's commit and its
+    # roll-ups cost round trips to the JVMs: the embedded store and Bigtable carry the
+    # volume, HBase the same growing files cut into units (CONTRIBUTING.md, the suite's
+    # time).
+    records = 600 if backend == "hbase" else 1500
     reported: list[str] = []
     p = _app.pipeline(cluster, tmp_path, unit_bytes=512,
                       on_commit=lambda unit: reported.append(unit.id))
     p.create()
-    run_writer(p, _app.Writer(tmp_path, files=20, records=1500, seed=1))
+    run_writer(p, _app.Writer(tmp_path, files=20, records=records, seed=1))
     assert_exact(p, tmp_path)
     assert p.quarantined() == []  # no record was ever cut in two
     with Snapshot(cluster) as snap:
         units = [c for _, c in snap.scan(p.units, None, None, ["u:state"])]
-    assert len(units) > 40 and {c["u:state"] for c in units} == {b"C"}
+    assert len(units) > 40 * records // 1500 and {c["u:state"] for c in units} == {b"C"}
     assert len(reported) == len(set(reported)) == len(units)  # on_commit: once a unit
 
 
@@ -137,20 +142,19 @@ def test_a_unit_commit_dying_at_any_point_lands_whole_or_not_at_all(
 
 
 def _kill_while_taking_a_unit(url: str, root: Path, kill_at: int, one_phase: bool) -> bool:
-    """Kill the processor's run on a fresh unit before its *kill_at*-th step (or once
-    it returned, with the thread it handed the unit to not yet run: the process
-    died); check that nothing is stranded and that a live worker then commits the
-    unit exactly once. Returns whether the run had returned."""
-    (root / "a").mkdir(parents=True)
-    (root / "b").mkdir()
-    (root / "a" / "one.jsonl").write_bytes(
+    """Kill the processor's run on a fresh unit (of a file of its own) before its
+    *kill_at*-th step (or once it returned, with the thread it handed the unit to not
+    yet run: the process died); check that nothing is stranded and that a live worker
+    then commits the unit exactly once. Returns whether the run had returned."""
+    name = f"one{kill_at}.jsonl"
+    (root / "a" / name).write_bytes(
         b"".join(json.dumps({"k": f"k{i % 3}"}).encode() + b"\n" for i in range(30)))
-    row = _pipeline.unit_row("one.jsonl", 0)
-    with percolator.connect(url) as cluster:
+    row = _pipeline.unit_row(name, 0)
+    with percolator.connect(url) as cluster:  # a fresh client: its first calls are steps too
         p = _app.pipeline(cluster, root, max_unit_delay=0, local_eta=600)
-        p.create()
+        p.create()  # made by the first kill point, found by the others
         p.track("a")
-        assert _app.cut(p, "one.jsonl") == 1
+        assert _app.cut(p, name) == 1
         handed: list[bytes] = []
         with Interleaving(cluster) as world:
             dying = client_of(cluster)
@@ -173,15 +177,10 @@ def _kill_while_taking_a_unit(url: str, root: Path, kill_at: int, one_phase: boo
         with Worker(cluster, [*p.observers("a"), _app.RollUp], tasks=p.tasks("a"),
                     threads=1):
             settle(p)
-        assert_exact(p, root)
-        for table in cluster.tables():
-            cluster.drop_table(table)
+        assert_exact(p, root)  # this unit once, and every unit before it still once
     return returned
 
 
-# On HBase each kill point makes and drops the pipeline's tables (seconds of DDL
-# each): over 300 s while the suite's other workers share the 2 cores.
-@pytest.mark.timeout(900)
 @pytest.mark.parametrize("one_phase", [True, False], ids=["one-phase", "two-phase"])
 def test_a_worker_dying_at_any_step_of_taking_a_unit_strands_nothing(
     store_url: str, tmp_path: Path, one_phase: bool
@@ -192,11 +191,20 @@ def test_a_worker_dying_at_any_step_of_taking_a_unit_strands_nothing(
     unit must keep a notification or a lease, and a live worker with the lease sweep
     must then commit it exactly once. Fails when the lease is taken by the thread
     rather than in the acknowledging transaction: killed after the acknowledgement,
-    the unit has neither, and is pending for ever."""
+    the unit has neither, and is pending for ever.
+
+    Each kill point takes the unit of a file of its own, in the same tables, whose
+    earlier units are all committed: the run's steps on it are those on a fresh
+    pipeline's unit (new tables for each point made this the suite's slowest test on
+    HBase: eight creations and drops per point, 14 points, over 200 s)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
     kill_at = 0
-    while not _kill_while_taking_a_unit(store_url, tmp_path / str(kill_at), kill_at, one_phase):
+    while not _kill_while_taking_a_unit(store_url, tmp_path, kill_at, one_phase):
         kill_at += 1
     assert kill_at > 3
+    with percolator.connect(store_url) as cluster:
+        drop_tables(cluster)
 
 
 def test_the_lease_sweep_wakes_a_unit_an_older_version_stranded(
