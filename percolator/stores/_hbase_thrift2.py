@@ -32,9 +32,9 @@ assembly of answers, the scan loop with its restarts. What each method sends:
   sets to ``max(now_ms, timestamp of the compared cell)`` (as Thrift1's ``checkAndPut``):
   lock cells carry server time, so a lock written again after a delete of its column
   is not hidden by that delete's marker longer than a millisecond. A put at timestamp
-  0 among the *puts* (the other lock cells of the row, which Bigtable keeps at 0)
-  gets that same server timestamp; other puts keep theirs, as HBase honours explicit
-  timestamps in ``checkAndMutate``.
+  0 in the compared cell's family (the other lock cells of the row, which Bigtable
+  keeps at 0) gets that same server timestamp; every other put keeps its own, 0
+  included, as HBase honours explicit timestamps in ``checkAndMutate``.
 * :meth:`~HBaseStore.increment`: one ``increment``; :meth:`~HBaseStore.delete_if`:
   one ``checkAndMutate`` deleting the column; :meth:`~HBaseStore.scan`:
   ``openScanner`` + one ``getScannerRows`` per *batch_size* rows (+1 at the end) +
@@ -643,8 +643,9 @@ class HBaseThrift2Store(HBaseStore):
     ) -> bool:
         """Compare-and-set of ``(row, column)`` with *puts* and *deletes* of the same
         row in the same atomic step: one ``checkAndMutate`` (``atomic_row_cas``;
-        :class:`percolator._store.CasDeletes`). A put at timestamp 0 is written at the
-        compared cell's new timestamp (see the module docstring)."""
+        :class:`percolator._store.CasDeletes`). A put at timestamp 0 in the compared
+        cell's family is written at the compared cell's new timestamp (see the module
+        docstring); every other put at its own."""
         if _metrics._enabled:
             next(REQUESTS.check_and_set)
         name = self._name(table)
@@ -658,7 +659,7 @@ class HBaseThrift2Store(HBaseStore):
             put_family, put_qualifier = split_column(put_column)
             cells.append(_t2.TColumnValue(
                 family=_enc(put_family), qualifier=_enc(put_qualifier), value=bytes(value),
-                timestamp=ts or None))
+                timestamp=_put_timestamp(ts, put_family, family)))
         removed = []
         for delete_column, max_ts in deletes:
             self._check_ts(max_ts)
@@ -706,6 +707,17 @@ class HBaseThrift2Store(HBaseStore):
 def _calling(method: str, *args: Any) -> Callable[[Any], Any]:
     """The work ``client.method(*args)`` for :meth:`HBaseStore._call`."""
     return lambda client: getattr(client, method)(*args)
+
+
+def _put_timestamp(ts: int, put_family: str, compared_family: str) -> int | None:
+    """The ``TColumnValue`` timestamp of a put of ``check_and_set`` (None: server time).
+
+    A put at 0 in the compared cell's family, which keeps one version (another lock
+    cell of the row, freed by the commit point), takes the server time the compared
+    cell gets: such cells carry server time on HBase, so one written at 0 would sit
+    under its current version, unseen. Every other put keeps its timestamp, 0 included
+    (0 is a timestamp, not "unset")."""
+    return None if ts == 0 and put_family == compared_family else ts
 
 
 def _row_mutations(row: bytes, puts: list[Any], deletes: list[Any]) -> Any:

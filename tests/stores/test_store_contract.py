@@ -535,6 +535,32 @@ def test_check_and_set_puts_on_failure_follow_atomic_row_cas(store: Store) -> No
         assert got == {"d:c": [(8, b"more"), (7, b"data")], "w:c": [(9, b"w")]}
 
 
+def test_check_and_set_puts_at_timestamp_zero_are_written_at_zero(store: Store) -> None:
+    """0 is a timestamp like any other for the puts of another family (HBase over
+    Thrift2 once wrote them at server time, as it writes the compared cell)."""
+    puts = [("d:c", 0, b"data@0"), ("w:c", 0, b"PUT@0"), ("d:c", 3, b"data@3")]
+    assert store.check_and_set(T, b"r", "l:c", None, b"L", puts=puts)
+    assert cells(store, b"r", Read("d", versions=None), Read("w")) == {
+        "d:c": [(3, b"data@3"), (0, b"data@0")], "w:c": [(0, b"PUT@0")]}
+
+
+def test_check_and_set_frees_another_lock_of_its_row_with_a_put_at_zero(
+    store: Store,
+) -> None:
+    """What the commit point relies on where ``atomic_row_cas`` holds: a put at 0 in
+    the compared cell's family (a lock of the row, one version) becomes that cell's
+    latest value, even over a value a compare-and-set wrote (at server time on HBase)."""
+    if not store.atomic_row_cas:
+        pytest.skip("without atomic_row_cas the protocol frees each lock with its own "
+                    "compare-and-set, never with a put")
+    assert store.check_and_set(T, b"r", "l:primary", None, b"LOCKED-p")
+    assert store.check_and_set(T, b"r", "l:secondary", None, b"LOCKED-s")
+    assert store.check_and_set(T, b"r", "l:primary", b"LOCKED-p", b"FREE-p",
+                               puts=[("l:secondary", 0, b"FREE-s")])
+    assert values(cells(store, b"r", Read("l", versions=None))) == {
+        "l:primary": [b"FREE-p"], "l:secondary": [b"FREE-s"]}
+
+
 def test_concurrent_check_and_set_has_exactly_one_winner(store: Store) -> None:
     contenders = 8
     results: dict[int, bool] = {}
