@@ -25,9 +25,10 @@ previous TSO stopped):
   cell, a transfer (read two rows, write both); Python: our store's raw put and get of
   one cell (one Thrift call each), ours, the same three;
 * a contended bank: 20 accounts, 8 threads in one client process each side;
-* uncontended transfers: 1,000 accounts, ``--clients`` (8) client *processes* each
-  side, 8 JVMs of the harness (each its own HBase connection and TSO connection) and 8
-  Python processes (each its own store connections and oracle channel): processes,
+* uncontended transfers: 1,000 accounts (``--accounts``), ``--clients`` (8) client
+  *processes* each side, 8 JVMs of the harness (each its own HBase connection and TSO
+  connection) and 8 Python processes (each its own store connections and oracle
+  channel): processes,
   because a Python process runs one thread at a time, so threads in one process would
   measure the GIL, and because threads of one JVM share one TSO connection whose
   requests the TSO batches, which 8 application processes would not. For the record,
@@ -95,7 +96,6 @@ BOTH_HEADING = ("## Side by side with Apache Omid, redone at 10 ms and 1 ms with
 """The section of a run at both batch timeouts (the default)."""
 VALUE = 100
 ACCOUNTS = 20
-UNCONTENDED_ACCOUNTS = 1000
 BALANCE = 1000
 JAVA_HEAP = "-Xmx512m"
 TSO_CONFLICT_MAP = 1_000_000
@@ -539,7 +539,7 @@ def _together(clients: Sequence[LineClient], args: argparse.Namespace) -> dict[s
     is the sum of the processes' own rates."""
     for seconds in (args.warmup_seconds, args.bank_seconds):
         for c in clients:
-            c.send("bank", UNCONTENDED_ACCOUNTS, 1, seconds)
+            c.send("bank", args.accounts, 1, seconds)
         answers = [_checked(c.what, c.answer()) for c in clients]
     return {"committed": sum(a["committed"] for a in answers),
             "aborted": sum(a["aborted"] for a in answers),
@@ -561,12 +561,12 @@ def _clients(start: Callable[[int], LineClient], n: int) -> Iterator[list[LineCl
 
 def uncontended(args: argparse.Namespace, session: Session, tso_port: int
                 ) -> dict[str, dict[str, Any]]:
-    """Uncontended transfers over 1,000 accounts: ``--clients`` client processes each
+    """Uncontended transfers over ``--accounts`` (1,000): ``--clients`` client processes each
     side, then, for the record, as many threads in one client process each side.
     Each bank's total is read after its side's runs."""
     java, py, n = session.java, session.py, args.clients
     found: dict[str, dict[str, Any]] = {}
-    java.call("bank_init", UNCONTENDED_ACCOUNTS, BALANCE)
+    java.call("bank_init", args.accounts, BALANCE)
     with _clients(lambda i: java_harness(session.classpath, session.workdir,
                                          f"omid-client{i}"), n) as clients:
         for c in clients:
@@ -576,20 +576,20 @@ def uncontended(args: argparse.Namespace, session: Session, tso_port: int
         session.client_pids += [c.pid for c in clients]
         for c in clients:
             c.call("disconnect")
-    found[f"Omid, {n} threads in one JVM"] = _checked("Omid's bank", java.call(
-        "bank", UNCONTENDED_ACCOUNTS, n, args.bank_seconds))
-    omid_total = java.call("bank_total", UNCONTENDED_ACCOUNTS)["total"]
-    _progress(f"Omid's {n} threads run")
-    py.bank_init(UNCONTENDED_ACCOUNTS)
     _progress(f"Omid's {n} client processes run")
+    found[f"Omid, {n} threads in one JVM"] = _checked("Omid's bank", java.call(
+        "bank", args.accounts, n, args.bank_seconds))
+    omid_total = java.call("bank_total", args.accounts)["total"]
+    _progress(f"Omid's {n} threads run")
+    py.bank_init(args.accounts)
     with _clients(lambda i: python_client(session.url, session.oracle_url, session.workdir,
                                           f"our-client{i}"), n) as clients:
         found[f"ours, {n} client processes (Python)"] = _together(clients, args)
         session.client_pids += [c.pid for c in clients]
     _progress(f"our {n} client processes run")
-    found[f"ours, {n} threads in one process"] = py.bank(UNCONTENDED_ACCOUNTS, n,
+    found[f"ours, {n} threads in one process"] = py.bank(args.accounts, n,
                                                            args.bank_seconds)
-    ours_total = py.bank_total(UNCONTENDED_ACCOUNTS)
+    ours_total = py.bank_total(args.accounts)
     for name, result in found.items():
         result.setdefault("rate", result["committed"] / result["seconds"])
         result["total"] = omid_total if name.startswith("Omid") else ours_total
@@ -646,7 +646,7 @@ def report(args: argparse.Namespace, runs: Sequence[Run], command: str,
         f"operations: alternating chunks of {args.chunk} ops, {args.rounds} rounds of "
         f"{args.ops} ops each after one uncounted warm-up round; {args.rows} rows of "
         f"{VALUE}-byte values each side; round trips counted over {args.trip_ops} more",
-        f"uncontended: {UNCONTENDED_ACCOUNTS:,} accounts of {BALANCE}, {n} client processes "
+        f"uncontended: {args.accounts:,} accounts of {BALANCE}, {n} client processes "
         f"each side, one thread each ({n} JVMs of the harness, each with its own HBase and "
         f"TSO connections; {n} Python processes, each with its own store connections and "
         f"oracle channel), {args.warmup_seconds:g} s of warm-up then {args.bank_seconds:g} "
@@ -661,7 +661,7 @@ def report(args: argparse.Namespace, runs: Sequence[Run], command: str,
                  [(_bank_rate(r.banks["Omid"]), _bank_rate(r.banks["ours"])) for r in runs]))
     for kind, label in ((f"{n} client processes", f"{n} client processes"),
                         (f"{n} threads in one", f"{n} threads in one client process")):
-        rows.append((f"uncontended, {label} ({UNCONTENDED_ACCOUNTS:,} accounts)",
+        rows.append((f"uncontended, {label} ({args.accounts:,} accounts)",
                      [(_loose_rate(r, "Omid", kind), _loose_rate(r, "ours", kind))
                       for r in runs]))
     lines += ["", "Committed transactions/s, ours against Omid's:", "",
@@ -707,23 +707,23 @@ def _timeout_tables(args: argparse.Namespace, run: Run) -> list[str]:
         tried = b["committed"] + b["aborted"]
         lines.append(f"| {side} | {b['committed'] / b['seconds']:,.0f} | "
                      f"{b['aborted'] / max(tried, 1):.1%} | {b['total']} ({ACCOUNTS * BALANCE}) |")
-    lines += ["", f"Uncontended: {UNCONTENDED_ACCOUNTS:,} accounts, the same transfers.", "",
+    lines += ["", f"Uncontended: {args.accounts:,} accounts, the same transfers.", "",
               "| clients | committed/s | abort rate | total after (expected) |",
               "|---|---:|---:|---:|"]
     for name, b in run.uncontended.items():
         tried = b["committed"] + b["aborted"]
         lines.append(f"| {name} | {b['rate']:,.0f} | {b['aborted'] / max(tried, 1):.1%} | "
-                     f"{b['total']} ({UNCONTENDED_ACCOUNTS * BALANCE}) |")
+                     f"{b['total']} ({args.accounts * BALANCE}) |")
     return lines
 
 
-def broken_totals(runs: Sequence[Run]) -> list[str]:
+def broken_totals(args: argparse.Namespace, runs: Sequence[Run]) -> list[str]:
     """Every bank whose total after the run is not the one it started with."""
     bad = [f"{r.batch_timeout_ms} ms, contended, {side}" for r in runs
            for side, b in r.banks.items() if b["total"] != ACCOUNTS * BALANCE]
     return bad + [f"{r.batch_timeout_ms} ms, uncontended, {name}" for r in runs
                   for name, b in r.uncontended.items()
-                  if b["total"] != UNCONTENDED_ACCOUNTS * BALANCE]
+                  if b["total"] != args.accounts * BALANCE]
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -734,6 +734,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=8, help="threads of the contended bank")
     parser.add_argument("--clients", type=int, default=8,
                         help="client processes each side of the uncontended run")
+    parser.add_argument("--accounts", type=int, default=1000,
+                        help="accounts of the uncontended run (the contended bank has 20)")
     parser.add_argument("--bank-seconds", type=float, default=10.0,
                         help="how long each bank run is measured")
     parser.add_argument("--warmup-seconds", type=float, default=3.0,
@@ -760,6 +762,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if min(args.batch_timeout_ms) < 1 or len(set(args.batch_timeout_ms)) < len(
             args.batch_timeout_ms):
         parser.error("--batch-timeout-ms: each at least 1, none twice")
+    if args.accounts < 2:
+        parser.error("--accounts must be at least 2 (a transfer moves money between two)")
     for name in ("ops", "chunk", "rounds", "threads", "clients", "trip_ops"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -785,7 +789,7 @@ def main(argv: list[str] | None = None) -> int:
     load.append(os.getloadavg()[0])
     lines = report(args, runs, command, s.servers, load)
     publish(heading(args), lines, args.write)
-    bad = broken_totals(runs)
+    bad = broken_totals(args, runs)
     if bad:
         print(f"bank totals do not hold: {bad}", file=sys.stderr)
         return 1

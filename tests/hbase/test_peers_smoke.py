@@ -53,7 +53,7 @@ def test_both_sides_complete_transactions_and_keep_their_bank_totals(
 
     args = peers.parse_args([
         "--batch-timeout-ms", "10,1", "--ops", "2", "--chunk", "2", "--rounds", "1",
-        "--threads", "2", "--clients", "1", "--bank-seconds", "0.3",
+        "--threads", "2", "--clients", "1", "--accounts", "10", "--bank-seconds", "0.3",
         "--warmup-seconds", "0.1", "--rows", "10", "--trip-ops", "1", "--idle-seconds", "0.1",
     ])
     with peers.session(args, peers_hbase) as session:
@@ -72,12 +72,12 @@ def test_both_sides_complete_transactions_and_keep_their_bank_totals(
         assert len(run.uncontended) == 4
     # Every bank's total, each side's at each timeout: the benchmark fails a run where
     # one breaks (broken_totals).
-    contended, loose = peers.ACCOUNTS * peers.BALANCE, peers.UNCONTENDED_ACCOUNTS * peers.BALANCE
+    contended, loose = peers.ACCOUNTS * peers.BALANCE, args.accounts * peers.BALANCE
     assert [(run.batch_timeout_ms, side, b["total"]) for run in runs
             for side, b in run.banks.items()] == [
         (t, side, contended) for t in (10, 1) for side in ("Omid", "ours")]
     assert [b["total"] for run in runs for b in run.uncontended.values()] == [loose] * 8
-    assert peers.broken_totals(runs) == []
+    assert peers.broken_totals(args, runs) == []
     lines = peers.report(args, runs, "smoke", session.servers)
     assert lines[0] == peers.BOTH_HEADING.format(clients=1)
     for row in ("| single-cell txn, one client |", "| uncontended, 1 client processes"):
