@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import platform
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -215,7 +216,17 @@ def kill(proc: subprocess.Popen[bytes] | None) -> None:
 
 def spawn(command: list[str], cwd: Path, log: Path, **kw: Any) -> subprocess.Popen[bytes]:
     """Start *command* with its stderr appended to *log*; it dies with this process
-    (``PR_SET_PDEATHSIG``), so that a benchmark killed leaves nothing running."""
+    (``PR_SET_PDEATHSIG``), so that a benchmark killed leaves nothing running.
+
+    The death signal is set by ``setpriv --pdeathsig KILL`` (util-linux), which then
+    execs *command* under the same pid, rather than by a ``preexec_fn``: a
+    ``preexec_fn`` makes Python fork the whole process, and a child forked from a
+    process with live gRPC channels (our oracle's) ran gRPC's fork handlers and
+    aborted before its exec (a client JVM exited with -6, 2026-11-29)."""
+    if shutil.which("setpriv"):
+        with open(log, "ab") as f:
+            return subprocess.Popen(["setpriv", "--pdeathsig", "KILL", *command], cwd=cwd,
+                                    stderr=f, **kw)
     from tests._hbase_local import _die_with_parent
 
     with open(log, "ab") as f:

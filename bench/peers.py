@@ -738,7 +738,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="accounts of the uncontended run (the contended bank has 20)")
     parser.add_argument("--bank-seconds", type=float, default=10.0,
                         help="how long each bank run is measured")
-    parser.add_argument("--warmup-seconds", type=float, default=3.0,
+    parser.add_argument("--warmup-seconds", type=float, default=5.0,
                         help="uncounted transfers of the uncontended run's client processes "
                              "before the measured ones")
     parser.add_argument("--batch-timeout-ms", default="10,1",
