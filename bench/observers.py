@@ -418,8 +418,8 @@ def drain_worker(url: str) -> int:
 
 def hbase_drain(url: str, processes: int, n: int, raw_puts: int, servers: HBaseServers,
                 api: str, workdir: Path, timeout: float = 3600.0) -> dict[str, Any]:
-    """A backlog of *n* notifications of the Copier (loaded in transactions of 500
-    changes before any worker runs) drained by *processes* worker processes started
+    """A backlog of *n* notifications of the Copier (:func:`_backlog`, before any
+    worker runs) drained by *processes* worker processes started
     together (:func:`drain_worker`), timed from their ``go`` to the last observer
     commit; with the workers' store calls per notification by operation, the CPU of
     every worker and of HBase's JVM and the Thrift server in use, and raw single-cell
@@ -432,7 +432,7 @@ def hbase_drain(url: str, processes: int, n: int, raw_puts: int, servers: HBaseS
         raw = _raw_puts_per_s(cluster, raw_puts)
         cluster.create_table("bench")
         cluster.observe("bench", "in:v")
-        load(cluster, n, b"c", per_txn=500)
+        _backlog(cluster, n)
         workers = [LineClient([sys.executable, "-P", str(Path(__file__).resolve()),
                                "--drain-worker", url], ROOT, workdir / f"worker{i}.log",
                               f"worker process {i}", env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -475,6 +475,21 @@ def hbase_drain(url: str, processes: int, n: int, raw_puts: int, servers: HBaseS
             "worker_cpu_pct": [100 * (a["cpu"] - b["cpu"]) / elapsed
                                for a, b in zip(after, before, strict=True)],
             "server_cpu_pct": {name: 100 * v / elapsed for name, v in srv.items()}}
+
+
+def _backlog(cluster: percolator.Cluster, n: int, per_txn: int = 500, threads: int = 4) -> None:
+    """*n* changes of the Copier's column, rows of their own, in transactions of
+    *per_txn* committed by *threads* threads at once (their round trips overlap: 20,000
+    took about a minute one transaction at a time on a loaded machine)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def commit(first: int) -> None:
+        with percolator.Transaction(cluster) as txn:
+            for j in range(first, min(n, first + per_txn)):
+                txn.set("bench", b"r%07d" % j, "in:v", b"c%d" % j)
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(commit, range(0, n, per_txn)))
 
 
 def hbase_drains(args: argparse.Namespace, processes: list[int], n: int) -> str:
@@ -525,8 +540,8 @@ def hbase_report(processes: list[int], n: int, drains: dict[str, dict[int, list[
         f"load average (1 min) at start and end: {load[0]:.1f}, {load[1]:.1f}",
         f"{servers.described}",
         f"observer `Copier` (reads one cell, writes one); {n:,} notifications loaded (500 "
-        "changes a transaction) before the workers start; each worker process a `Worker` "
-        "with its default scanner threads (4 on remote stores), all started together and "
+        "changes a transaction, 4 at once) before the workers start; each worker process a "
+        "`Worker` with its default scanner threads (4 on remote stores), all started together and "
         "timed to the last observer commit; store calls are the worker processes' own "
         "(`percolator_store_requests_total`), from their start to the end of the drain, "
         "per notification, timestamps apart (their `increment`s, the store's timestamp "
