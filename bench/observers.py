@@ -393,10 +393,11 @@ def drain_worker(url: str) -> int:
     """``--drain-worker URL``: one worker process of :func:`hbase_drain`, a ``Worker``
     of the Copier with its default scanner threads (4 on remote stores), speaking
     ``bench._common.LineClient``'s protocol: ``go`` starts it; ``stats`` answers its
-    observer commits and this process's store calls by operation so far
-    (``percolator_store_requests_total``) and CPU seconds."""
+    observer commits, this process's store calls by operation so far
+    (``percolator_store_requests_total``), its observer runs that found their
+    notification already served (by another process's scanner), and CPU seconds."""
     from bench._common import serve_lines
-    from bench.per_notification import calls
+    from bench.per_notification import absent, calls
 
     def handle(words: list[str]) -> dict[str, Any]:
         if words[0] == "go":
@@ -404,7 +405,7 @@ def drain_worker(url: str) -> int:
             return {"ok": True}
         if words[0] == "stats":
             return {"committed": worker.stats["committed"], "calls": calls(),
-                    "cpu": time.process_time()}
+                    "absent": absent(), "cpu": time.process_time()}
         raise ValueError(f"unknown command {words[0]}")
 
     with percolator.connect(url) as cluster:
@@ -472,6 +473,8 @@ def hbase_drain(url: str, processes: int, n: int, raw_puts: int, servers: HBaseS
         calls.update({op: v - b["calls"].get(op, 0) for op, v in a["calls"].items()})
     return {"per_s": n / elapsed, "raw_puts_per_s": raw, "seconds": elapsed,
             "calls": {op: v / n for op, v in calls.items() if v / n >= 0.005},
+            "absent": sum(a["absent"] - b["absent"] for a, b in zip(after, before, strict=True))
+            / n,
             "worker_cpu_pct": [100 * (a["cpu"] - b["cpu"]) / elapsed
                                for a, b in zip(after, before, strict=True)],
             "server_cpu_pct": {name: 100 * v / elapsed for name, v in srv.items()}}
@@ -545,15 +548,17 @@ def hbase_report(processes: list[int], n: int, drains: dict[str, dict[int, list[
         "timed to the last observer commit; store calls are the worker processes' own "
         "(`percolator_store_requests_total`), from their start to the end of the drain, "
         "per notification, timestamps apart (their `increment`s, the store's timestamp "
-        f"counter) as issue 47 counts them, and all; median of {rounds} round(s); CPU as % "
+        f"counter) as issue 47 counts them, and all; absent runs: runs that found their "
+        "notification served already (by another scanner), per notification; median of "
+        f"{rounds} round(s); CPU as % "
         "of one core over the drain, from /proc; raw puts: single-cell puts on the same "
         "store just before, one store call each"), "",
         "| store API | worker processes | notifications/s | vs 1 process | raw puts/s "
         "| notifications / raw puts | store calls per notification, timestamps apart "
-        "(all) | by operation "
+        "(all) | by operation | absent runs "
         "| CPU per worker process | HBase CPU | Thrift server CPU | CPU ms per notification: "
         "workers + HBase + Thrift | the machine's bound from CPU alone |",
-        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---|---:|"]
+        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|---:|"]
 
     def med(values: list[float]) -> float:
         return float(statistics.median(values)) if values else float("nan")
@@ -581,7 +586,8 @@ def hbase_report(processes: list[int], n: int, drains: dict[str, dict[int, list[
                 f"{med([r['per_s'] / r['raw_puts_per_s'] for r in rows]):.2f} | "
                 f"**{apart:.2f}** ({total:.2f}) | "
                 f"{', '.join(f'{op} {v:.2f}' for op, v in by_op.items())} | "
-                f"{worker:.0f}% | {_pct(hbase)} | {_pct(thrift)} | "
+                f"{med([r['absent'] for r in rows]):.2f} | {worker:.0f}% | {_pct(hbase)} | "
+                f"{_pct(thrift)} | "
                 + " + ".join("-" if m != m else f"{m:.1f}" for m in ms)
                 + f" | {bound:,.0f}/s |")
     if any(trickles.values()):
