@@ -1,26 +1,46 @@
-"""Side by side with the peer: Apache Omid and us on the same HBase, in one run (issue 39).
+"""Side by side with the peer: Apache Omid and us on the same HBase, in one run (issues 39
+and 47).
 
-    python bench/peers.py                  # print the section
-    python bench/peers.py --write          # and put it in BENCHMARKS.md
+    python bench/peers.py                            # at 10 ms and 1 ms: print the section
+    python bench/peers.py --write                    # and put it in BENCHMARKS.md
+    python bench/peers.py --batch-timeout-ms 1       # one batch timeout, its own section
 
-One standalone HBase 2.6 (the test suite's launcher, ``tests/_hbase_local.py``) with
-its Thrift1 server; Omid's TSO against it (commit and timestamp tables made by Omid's
-``OmidTableManager``, persisted in HBase); our gRPC oracle (``python -m oracle``). Then,
-alternating in chunks so that the shared machine's noise falls on every operation
-alike, after one warm-up round that is not counted:
+One HBase for both sides: a standalone HBase 2.6 started here (the test suite's
+launcher, ``tests/_hbase_local.py``) with its Thrift2 and Thrift1 servers, or the one
+``PERCOLATOR_HBASE_CONF`` (its conf directory: Omid's client finds HBase through its
+``hbase-site.xml``), ``PERCOLATOR_HBASE_THRIFT`` and ``PERCOLATOR_HBASE_THRIFT2`` name
+(``scripts/hbase --dir DIR``: its conf is ``DIR/conf``). Our side speaks Thrift2, the
+HBase store's default (``--api thrift1`` for the Thrift1 store). Our gRPC oracle
+(``python -m oracle``) serves our timestamps.
 
-* Java (``bench/peers/``, Omid 1.1.3 and HBase's own client): raw ``Table.put`` and
-  ``Table.get`` of one cell; Omid's single-cell transaction (begin, put, commit), a
-  read-only transaction reading one cell, a transfer (read two rows, write both);
-* Python: raw happybase ``put`` and ``row`` of one cell; ours, the same three.
+Then, for each Omid TSO batch timeout of ``--batch-timeout-ms`` in turn (default 10
+and 1: Omid's default and its low-latency setting), an Omid TSO started for it (its
+timestamps and commits in HBase, in the tables Omid's ``OmidTableManager`` made; the
+previous TSO stopped):
 
-Each side's ratio is to its own raw client (the median of per-round ratios). CPU per
-operation is read from ``/proc/PID/stat`` of every process (clients, TSO or oracle,
-HBase, its Thrift server) around each chunk; round trips from the HBase client's
-metrics (Java) and a counting proxy round the store (Python). Then a contended bank
-(20 accounts, 8 threads) on each side, and each bank's total checked afterwards.
+* alternating in chunks, so that the machine's noise falls on every operation alike,
+  after one warm-up round that is not counted: Java (``bench/peers/``, Omid 1.1.3 and
+  HBase's own client) raw ``Table.put`` and ``Table.get`` of one cell, Omid's
+  single-cell transaction (begin, put, commit), a read-only transaction reading one
+  cell, a transfer (read two rows, write both); Python: our store's raw put and get of
+  one cell (one Thrift call each), ours, the same three;
+* a contended bank: 20 accounts, 8 threads in one client process each side;
+* uncontended transfers: 1,000 accounts (``--accounts``), ``--clients`` (8) client
+  *processes* each side, 8 JVMs of the harness (each its own HBase connection and TSO
+  connection) and 8 Python processes (each its own store connections and oracle
+  channel): processes,
+  because a Python process runs one thread at a time, so threads in one process would
+  measure the GIL, and because threads of one JVM share one TSO connection whose
+  requests the TSO batches, which 8 application processes would not. For the record,
+  the same transfers from 8 threads in one client process each side follow.
 
-Every JVM started here is killed at the end, on error too (and, through
+Every bank's total is checked afterwards. Each side's ratio is to its own raw client
+(the median of per-round ratios). CPU per operation is read from ``/proc/PID/stat`` of
+every process (clients, TSO or oracle, HBase, the Thrift server our side uses) around
+each chunk; round trips from the HBase client's metrics (Java) and a counting proxy
+round the store (Python).
+
+Every JVM and process started here is killed at the end, on error too (and, through
 ``PR_SET_PDEATHSIG``, when this process dies).
 """
 
@@ -29,7 +49,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import json
+import itertools
 import os
 import random
 import shutil
@@ -42,32 +62,49 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
-from percolator.ext import internals
+from percolator.ext import Mutation, Read, internals
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._common import header, publish  # noqa: E402
+from bench._common import (  # noqa: E402
+    HBaseServers,
+    LineClient,
+    hbase_servers_from_env,
+    hbase_servers_of,
+    head_commit,
+    header,
+    kill,
+    publish,
+    serve_lines,
+    spawn,
+    tail,
+)
 
 if TYPE_CHECKING:
-    from tests._hbase_local import LocalHBase
+    import percolator
+    from bench.oracle import Server
 
 PEERS = ROOT / "bench" / "peers"
 HEADING = "## Side by side with Apache Omid on one HBase (bench/peers.py)"
-ROWS = 1000
+BOTH_HEADING = ("## Side by side with Apache Omid, redone at 10 ms and 1 ms with {clients} "
+                "uncontended client processes (issue 47)")
+"""The section of a run at both batch timeouts (the default)."""
 VALUE = 100
 ACCOUNTS = 20
 BALANCE = 1000
 JAVA_HEAP = "-Xmx512m"
 TSO_CONFLICT_MAP = 1_000_000
 """Omid's default conflictMapSize (100 M entries) allocates ~1.6 GB at start."""
+RAW_FAMILY, RAW_QUALIFIER = "d", "value"
 
 
 class PeerError(RuntimeError):
-    """The Java side could not be built, started or answered; the message says how."""
+    """A side could not be built, started or answered; the message says how."""
 
 
 # -- the Java side ----------------------------------------------------------------------
@@ -90,8 +127,8 @@ def build_harness() -> str:
             stdin=subprocess.DEVNULL, capture_output=True, text=True,
         )
         if result.returncode != 0 or not cp_file.exists():
-            tail = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
-            raise PeerError(f"mvn could not build {PEERS} (exit {result.returncode}):\n{tail}")
+            last = "\n".join((result.stdout + result.stderr).splitlines()[-20:])
+            raise PeerError(f"mvn could not build {PEERS} (exit {result.returncode}):\n{last}")
         stamp.write_text(key)
     return os.pathsep.join([str(target / "classes"), cp_file.read_text().strip()])
 
@@ -106,67 +143,19 @@ def _jvm_command(heap: str, classpath: str, log: Path, main: str, *args: str) ->
             "-cp", classpath, main, *args]
 
 
-def _spawn(command: list[str], cwd: Path, out: Path, **kw: Any) -> subprocess.Popen[bytes]:
-    from tests._hbase_local import _die_with_parent
-
-    with open(out, "ab") as f:
-        return subprocess.Popen(command, cwd=cwd, stderr=f, preexec_fn=_die_with_parent, **kw)
-
-
-class JavaHarness:
-    """``peers.Harness`` in its own JVM, spoken to one line at a time."""
-
-    def __init__(self, classpath: str, workdir: Path) -> None:
-        self.log = workdir / "harness.log"
-        self.proc = _spawn(
-            _jvm_command(JAVA_HEAP, classpath, self.log, "peers.Harness"), workdir, self.log,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        )
-        self._out: IO[bytes] = self.proc.stdout  # type: ignore[assignment]
-        self._answer()  # {"ready": true}
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def _answer(self) -> dict[str, Any]:
-        line = self._out.readline()
-        if not line:
-            raise PeerError(f"the Java harness exited ({self.proc.poll()}); see {self.log}:\n"
-                            + _tail(self.log))
-        answer: dict[str, Any] = json.loads(line)
-        if "error" in answer:
-            raise PeerError(f"the Java harness failed: {answer['error']}; see {self.log}")
-        return answer
-
-    def call(self, *words: object) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write((" ".join(map(str, words)) + "\n").encode())
-        self.proc.stdin.flush()
-        return self._answer()
-
-    def stop(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(b"quit\n")
-            self.proc.stdin.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
-        _kill(self.proc)
+def java_harness(classpath: str, workdir: Path, name: str = "harness") -> LineClient:
+    """``peers.Harness`` in a JVM of its own (its commands: its Javadoc)."""
+    log = workdir / f"{name}.log"
+    return LineClient(_jvm_command(JAVA_HEAP, classpath, log, "peers.Harness"), workdir, log,
+                      f"the Java {name}")
 
 
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _kill(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is not None and proc.poll() is None:
-        proc.kill()
-    if proc is not None:
-        proc.wait()
+def python_client(url: str, oracle: str, workdir: Path, name: str) -> LineClient:
+    """This script's ``--client`` mode in a process of its own, on our store *url*."""
+    log = workdir / f"{name}.log"
+    return LineClient([sys.executable, "-P", str(Path(__file__).resolve()), "--client", url,
+                       oracle], ROOT, log, f"our {name}",
+                      env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 def tso_config(port: int, batch_timeout_ms: int) -> str:
@@ -186,12 +175,12 @@ def tso_config(port: int, batch_timeout_ms: int) -> str:
 def start_tso(classpath: str, workdir: Path, batch_timeout_ms: int,
               timeout: float = 120.0) -> tuple[subprocess.Popen[bytes], int]:
     """Omid's TSO server in its own JVM, ready when its port accepts."""
-    conf = workdir / "tso-conf"
+    conf = workdir / f"tso-{batch_timeout_ms}ms"
     conf.mkdir(exist_ok=True)
     port = _free_port()
     (conf / "omid-server-configuration.yml").write_text(tso_config(port, batch_timeout_ms))
-    log = workdir / "tso.log"
-    proc = _spawn(_jvm_command(JAVA_HEAP, f"{conf}{os.pathsep}{classpath}", log,
+    log = workdir / f"tso-{batch_timeout_ms}ms.log"
+    proc = spawn(_jvm_command(JAVA_HEAP, f"{conf}{os.pathsep}{classpath}", log,
                                "org.apache.omid.tso.TSOServer"), workdir, log,
                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout
@@ -199,8 +188,8 @@ def start_tso(classpath: str, workdir: Path, batch_timeout_ms: int,
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
             return proc, port
         if proc.poll() is not None or time.monotonic() > deadline:
-            _kill(proc)
-            raise PeerError(f"Omid's TSO did not start ({proc.returncode}); {log}:\n{_tail(log)}")
+            kill(proc)
+            raise PeerError(f"Omid's TSO did not start ({proc.returncode}); {log}:\n{tail(log)}")
         time.sleep(0.3)
 
 
@@ -231,28 +220,69 @@ def cpu_seconds(pid: int) -> float:
 # -- the Python side --------------------------------------------------------------------
 
 
+def account(i: int) -> bytes:
+    return b"acct%03d" % i
+
+
+def transfers(cluster: percolator.Cluster, accounts: int, threads: int, seconds: float,
+              seed: int = 0) -> dict[str, float]:
+    """Transfers between random accounts of the bank table from *threads* threads for
+    *seconds*: each reads both balances and writes both. Committed and aborted counts."""
+    import percolator
+
+    committed, aborted, failed = Counter[int](), Counter[int](), []
+    deadline = time.monotonic() + seconds
+
+    def worker(k: int) -> None:
+        rnd = random.Random(seed * 1000 + k)
+        try:
+            while time.monotonic() < deadline:
+                a = rnd.randrange(accounts)
+                b = (a + 1 + rnd.randrange(accounts - 1)) % accounts
+                amount = 1 + rnd.randrange(10)
+                try:
+                    with percolator.Transaction(cluster) as txn:
+                        va = int(txn.get("bank", account(a), "c:balance") or b"0")
+                        vb = int(txn.get("bank", account(b), "c:balance") or b"0")
+                        txn.set("bank", account(a), "c:balance", str(va - amount).encode())
+                        txn.set("bank", account(b), "c:balance", str(vb + amount).encode())
+                    committed[k] += 1
+                except (percolator.ConflictError, percolator.LockedError):
+                    aborted[k] += 1
+        except Exception as e:  # reported: a thread that dies is not an abort
+            failed.append(e)
+
+    started = time.monotonic()
+    workers = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    if failed:
+        raise PeerError(f"our bank: {len(failed)} threads failed: {failed[0]!r}")
+    return {"committed": sum(committed.values()), "aborted": sum(aborted.values()),
+            "seconds": time.monotonic() - started}
+
+
 class PythonSide:
-    """Raw happybase and our transactions on the same HBase, through its Thrift1 server."""
+    """Our store's raw calls and our transactions on the same HBase, through its
+    Thrift2 server (or its Thrift1 server, ``--api thrift1``)."""
 
-    def __init__(self, hostport: str, oracle: str) -> None:
-        import happybase
-
+    def __init__(self, url: str, oracle: str, api: str, rows: int) -> None:
         import percolator
 
-        host, _, port = hostport.rpartition(":")
-        self.hb = happybase.Connection(host, int(port))
-        if b"peers_hbraw" not in self.hb.tables():
-            self.hb.create_table("peers_hbraw", {"f": {}})
-        self.raw = self.hb.table("peers_hbraw")
-        self.cluster = percolator.connect(
-            f"hbase://{hostport}?table_prefix=peers_ours_&pool_size=10", oracle=oracle)
+        self.api = "Thrift2" if api == "thrift2" else "Thrift1"
+        self.cluster = percolator.connect(url, oracle=oracle)
+        internals(self.cluster).store.create_table("raw", {RAW_FAMILY: 1})
         self.cluster.create_table("data")
         self.cluster.create_table("bank")
-        self.rows = [b"row%06d" % i for i in range(ROWS)]
+        self.rows = [b"row%06d" % i for i in range(rows)]
         self._seq = 0
-        with self.raw.batch() as batch:
-            for row in self.rows:
-                batch.put(row, {b"f:value": self.value()})
+        # Raw cells at explicit timestamps, newer in every run on the same HBase.
+        self._ts = itertools.count(time.time_ns() // 1000)
+        internals(self.cluster).store.mutate_rows("raw", [
+            Mutation(row, [(f"{RAW_FAMILY}:{RAW_QUALIFIER}", next(self._ts), self.value())])
+            for row in self.rows])
         with percolator.Transaction(self.cluster) as txn:
             for row in self.rows:
                 txn.set("data", row, "c:value", self.value())
@@ -262,16 +292,19 @@ class PythonSide:
         return bytes([97 + self._seq % 26]) * VALUE
 
     def row(self) -> bytes:
-        return self.rows[random.randrange(ROWS)]
+        return random.choice(self.rows)
 
     def timestamp(self) -> None:
         internals(self.cluster).timestamps.get_timestamp()
 
     def raw_put(self) -> None:
-        self.raw.put(self.row(), {b"f:value": self.value()})
+        internals(self.cluster).store.mutate_rows("raw", [Mutation(
+            self.row(), [(f"{RAW_FAMILY}:{RAW_QUALIFIER}", next(self._ts), self.value())])])
 
     def raw_get(self) -> None:
-        if not self.raw.row(self.row(), columns=[b"f:value"]):
+        row = self.row()
+        if not internals(self.cluster).store.read_rows(
+                "raw", [row], [Read(RAW_FAMILY, (RAW_QUALIFIER,))]).get(row):
             raise PeerError("raw row missing")
 
     def write(self) -> None:
@@ -297,11 +330,12 @@ class PythonSide:
             txn.set("data", a, "c:value", vb)
             txn.set("data", b, "c:value", va)
 
-    def count_round_trips(self, op: Callable[[], None], n: int = 100) -> str:
+    def count_round_trips(self, op: Callable[[], None], n: int) -> str:
         """Thrift round trips (each call the store makes on a Thrift connection), the
         store calls they serve, and oracle calls, per *op*: counted over *n* untimed
         runs by proxies round the store and the timestamp source, and round the store's
-        one gateway to Thrift (``_call``; a ``check_and_set`` that carries puts is two)."""
+        one gateway to Thrift (``_call``; on Thrift1 a ``check_and_set`` that carries
+        puts is two)."""
         from bench.overhead import CountingStore, CountingTimestamps
 
         store, timestamps = internals(self.cluster).store, internals(self.cluster).timestamps
@@ -324,98 +358,97 @@ class PythonSide:
         oracle = counting.calls.pop("timestamp", 0) / n
         thrift = counting.calls.pop("thrift", 0) / n
         calls = ", ".join(f"{k} {v / n:g}" for k, v in sorted(counting.calls.items()))
-        return f"Thrift {thrift:g}{f' ({calls})' if calls else ''}, oracle {oracle:g}"
+        return f"{self.api} {thrift:g}{f' ({calls})' if calls else ''}, oracle {oracle:g}"
 
-    def bank_init(self) -> None:
+    def bank_init(self, accounts: int) -> None:
         import percolator
 
         with percolator.Transaction(self.cluster) as txn:
-            for i in range(ACCOUNTS):
-                txn.set("bank", b"acct%03d" % i, "c:balance", str(BALANCE).encode())
+            for i in range(accounts):
+                txn.set("bank", account(i), "c:balance", str(BALANCE).encode())
 
-    def bank(self, threads: int, seconds: float) -> dict[str, float]:
-        import percolator
+    def bank(self, accounts: int, threads: int, seconds: float) -> dict[str, float]:
+        return transfers(self.cluster, accounts, threads, seconds)
 
-        committed, aborted, failed = Counter[int](), Counter[int](), []
-        deadline = time.monotonic() + seconds
-
-        def worker(k: int) -> None:
-            rnd = random.Random(k)
-            try:
-                while time.monotonic() < deadline:
-                    a = rnd.randrange(ACCOUNTS)
-                    b = (a + 1 + rnd.randrange(ACCOUNTS - 1)) % ACCOUNTS
-                    amount = 1 + rnd.randrange(10)
-                    try:
-                        with percolator.Transaction(self.cluster) as txn:
-                            va = int(txn.get("bank", b"acct%03d" % a, "c:balance") or b"0")
-                            vb = int(txn.get("bank", b"acct%03d" % b, "c:balance") or b"0")
-                            txn.set("bank", b"acct%03d" % a, "c:balance", str(va - amount).encode())
-                            txn.set("bank", b"acct%03d" % b, "c:balance", str(vb + amount).encode())
-                        committed[k] += 1
-                    except (percolator.ConflictError, percolator.LockedError):
-                        aborted[k] += 1
-            except Exception as e:  # reported: a thread that dies is not an abort
-                failed.append(e)
-
-        started = time.monotonic()
-        workers = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
-        for t in workers:
-            t.start()
-        for t in workers:
-            t.join()
-        if failed:
-            raise PeerError(f"our bank: {len(failed)} threads failed: {failed[0]!r}")
-        return {"committed": sum(committed.values()), "aborted": sum(aborted.values()),
-                "seconds": time.monotonic() - started}
-
-    def bank_total(self) -> int:
+    def bank_total(self, accounts: int) -> int:
         import percolator
 
         with percolator.Transaction(self.cluster) as txn:
-            return sum(int(txn.get("bank", b"acct%03d" % i, "c:balance") or b"0")
-                       for i in range(ACCOUNTS))
+            found = txn.get_rows("bank", [account(i) for i in range(accounts)], ["c:balance"])
+            return sum(int(found[account(i)].get("c:balance") or b"0")
+                       for i in range(accounts))
 
     def close(self) -> None:
+        """Drop this run's tables (an HBase of your own keeps no litter) and close."""
+        with contextlib.suppress(Exception):  # a failed run's cleanup must not mask it
+            for table in ("data", "bank"):
+                self.cluster.drop_table(table)
+            internals(self.cluster).store.drop_table("raw")
         self.cluster.close()
-        self.hb.close()
+
+
+def client_main(url: str, oracle: str) -> int:
+    """``--client URL ORACLE``: one of our client processes of the uncontended run,
+    speaking the Java harness's line protocol for the command they share, ``bank
+    ACCOUNTS THREADS SECONDS`` (and ``quit``)."""
+    import percolator
+
+    def handle(words: list[str]) -> dict[str, Any]:
+        if words[0] != "bank":
+            raise ValueError(f"unknown command {words[0]}")
+        return {**transfers(cluster, int(words[1]), int(words[2]), float(words[3]),
+                            seed=os.getpid())}
+
+    with percolator.connect(url, oracle=oracle) as cluster:
+        serve_lines(handle)
+    return 0
 
 
 # -- the run ----------------------------------------------------------------------------
 
-OPS: dict[str, tuple[str, str]] = {
-    # name: (side, the raw operation its ratio is taken to)
-    "Omid timestamp (TSO begin)": ("omid", ""),
-    "Java raw put": ("omid", ""),
-    "Java raw get": ("omid", ""),
-    "Omid single-cell txn": ("omid", "Java raw put"),
-    "Omid read-only txn": ("omid", "Java raw get"),
-    "Omid transfer txn": ("omid", "Java raw put"),
-    "ours timestamp (oracle)": ("ours", ""),
-    "happybase raw put": ("ours", ""),
-    "happybase raw get": ("ours", ""),
-    "ours single-cell txn": ("ours", "happybase raw put"),
-    "ours read-only txn": ("ours", "happybase raw get"),
-    "ours transfer txn": ("ours", "happybase raw put"),
-}
 JAVA_OPS = {"Omid timestamp (TSO begin)": "omid_begin",
             "Java raw put": "raw_put", "Java raw get": "raw_get",
             "Omid single-cell txn": "omid_write", "Omid read-only txn": "omid_read",
             "Omid transfer txn": "omid_transfer"}
+PAIRS = {"single-cell txn": ("Omid single-cell txn", "ours single-cell txn"),
+         "read-only txn": ("Omid read-only txn", "ours read-only txn"),
+         "transfer txn": ("Omid transfer txn", "ours transfer txn")}
+"""The operations both sides run, for the summary: (Omid's, ours)."""
+
+
+def operations(api: str) -> dict[str, tuple[str, str]]:
+    """Every operation measured, with its side and the raw operation its ratio is
+    taken to (our raw calls are named by the Thrift server our store speaks)."""
+    raw = "Thrift2" if api == "thrift2" else "Thrift1"
+    return {
+        "Omid timestamp (TSO begin)": ("omid", ""),
+        "Java raw put": ("omid", ""),
+        "Java raw get": ("omid", ""),
+        "Omid single-cell txn": ("omid", "Java raw put"),
+        "Omid read-only txn": ("omid", "Java raw get"),
+        "Omid transfer txn": ("omid", "Java raw put"),
+        "ours timestamp (oracle)": ("ours", ""),
+        f"{raw} raw put": ("ours", ""),
+        f"{raw} raw get": ("ours", ""),
+        "ours single-cell txn": ("ours", f"{raw} raw put"),
+        "ours read-only txn": ("ours", f"{raw} raw get"),
+        "ours transfer txn": ("ours", f"{raw} raw put"),
+    }
 
 
 class Run:
-    """Everything one run starts, and its measurements."""
+    """The measurements at one batch timeout, and the processes whose CPU they charge."""
 
-    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
-        self.args = args
-        self.workdir = workdir
-        self.procs: dict[str, int] = {}
+    def __init__(self, batch_timeout_ms: int, procs: dict[str, int]) -> None:
+        self.batch_timeout_ms = batch_timeout_ms
+        self.procs = procs
         self.seconds: dict[str, list[float]] = defaultdict(list)  # per round
         self.cpu: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.ops_done: Counter[str] = Counter()
         self.trips: dict[str, str] = {}
         self.idle: dict[str, float] = {}  # CPU seconds per second with nothing to do
+        self.banks: dict[str, dict[str, Any]] = {}
+        self.uncontended: dict[str, dict[str, Any]] = {}
 
     def measure_idle(self, seconds: float) -> None:
         """Each process's CPU while no operation runs (HBase's chores, the JVMs' GC and
@@ -438,8 +471,8 @@ class Run:
         return seconds
 
 
-def measure(args: argparse.Namespace, run: Run, java: JavaHarness, py: PythonSide) -> None:
-    """Every operation of :data:`OPS` in alternating chunks, a warm-up round first."""
+def measure(args: argparse.Namespace, run: Run, java: LineClient, py: PythonSide) -> None:
+    """Every operation in alternating chunks, a warm-up round first."""
     java_trips: dict[str, tuple[float, float]] = {}
 
     def java_op(op: str) -> Callable[[int], float]:
@@ -457,10 +490,10 @@ def measure(args: argparse.Namespace, run: Run, java: JavaHarness, py: PythonSid
             return time.perf_counter() - start
         return go
 
-    py_ops = {"ours timestamp (oracle)": py.timestamp,
-              "happybase raw put": py.raw_put, "happybase raw get": py.raw_get,
-              "ours single-cell txn": py.write, "ours read-only txn": py.read,
-              "ours transfer txn": py.transfer}
+    names = operations(args.api)
+    py_ops = dict(zip([name for name, (side, _) in names.items() if side == "ours"],
+                      (py.timestamp, py.raw_put, py.raw_get, py.write, py.read, py.transfer),
+                      strict=True))
     fns = {**{k: java_op(v) for k, v in JAVA_OPS.items()},
            **{k: py_op(v) for k, v in py_ops.items()}}
     run.measure_idle(args.idle_seconds)
@@ -470,41 +503,180 @@ def measure(args: argparse.Namespace, run: Run, java: JavaHarness, py: PythonSid
         per_round: dict[str, float] = defaultdict(float)
         for first in range(0, args.ops, args.chunk):
             n = min(args.chunk, args.ops - first)
-            for name in OPS:
+            for name in names:
                 per_round[name] += run.chunk(name, fns[name], n, counted=rnd > 0)
         if rnd > 0:
-            for name in OPS:
+            for name in names:
                 run.seconds[name].append(per_round[name])
     for name, op in JAVA_OPS.items():
         rpcs, tso = java_trips[op]
         run.trips[name] = f"HBase RPC {rpcs:g}, TSO {tso:g}"
     for name, fn in py_ops.items():
-        if "raw" in name:  # one happybase call: one Thrift round trip, no store in between
-            run.trips[name] = "Thrift 1, oracle 0"
-            continue
-        run.trips[name] = py.count_round_trips(fn)
+        run.trips[name] = py.count_round_trips(fn, args.trip_ops)
 
 
-def bank(args: argparse.Namespace, java: JavaHarness, py: PythonSide) -> dict[str, dict[str, Any]]:
+def bank(args: argparse.Namespace, java: LineClient, py: PythonSide) -> dict[str, dict[str, Any]]:
+    """The contended bank, each side in one client process of ``--threads`` threads."""
     java.call("bank_init", ACCOUNTS, BALANCE)
-    omid = java.call("bank", ACCOUNTS, args.threads, args.bank_seconds)
+    omid = _checked("Omid's bank", java.call("bank", ACCOUNTS, args.threads, args.bank_seconds))
     omid["total"] = java.call("bank_total", ACCOUNTS)["total"]
-    py.bank_init()
-    ours = py.bank(args.threads, args.bank_seconds)
-    ours["total"] = py.bank_total()
+    py.bank_init(ACCOUNTS)
+    ours = py.bank(ACCOUNTS, args.threads, args.bank_seconds)
+    ours["total"] = py.bank_total(ACCOUNTS)
     return {"Omid": omid, "ours": ours}
 
 
+def _checked(what: str, answer: dict[str, Any]) -> dict[str, Any]:
+    if answer.get("failed_threads"):
+        raise PeerError(f"{what}: {answer['failed_threads']} threads failed (see the "
+                        "harness's log)")
+    return answer
+
+
+def _together(clients: Sequence[LineClient], args: argparse.Namespace) -> dict[str, Any]:
+    """Uncontended transfers from every client process at once, one thread each: a
+    warm-up of ``--warmup-seconds`` (not counted), then ``--bank-seconds``. The rate
+    is the sum of the processes' own rates."""
+    for seconds in (args.warmup_seconds, args.bank_seconds):
+        for c in clients:
+            c.send("bank", args.accounts, 1, seconds)
+        answers = [_checked(c.what, c.answer()) for c in clients]
+    return {"committed": sum(a["committed"] for a in answers),
+            "aborted": sum(a["aborted"] for a in answers),
+            "seconds": max(a["seconds"] for a in answers),
+            "rate": sum(a["committed"] / a["seconds"] for a in answers)}
+
+
+@contextlib.contextmanager
+def _clients(start: Callable[[int], LineClient], n: int) -> Iterator[list[LineClient]]:
+    """*n* client processes, all started before any is waited for; stopped after."""
+    clients: list[LineClient] = []
+    try:
+        clients = [start(i) for i in range(n)]
+        yield [c.ready() for c in clients]
+    finally:
+        for c in clients:
+            c.stop()
+
+
+def uncontended(args: argparse.Namespace, session: Session, tso_port: int
+                ) -> dict[str, dict[str, Any]]:
+    """Uncontended transfers over ``--accounts`` (1,000): ``--clients`` client processes each
+    side, then, for the record, as many threads in one client process each side.
+    Each bank's total is read after its side's runs."""
+    java, py, n = session.java, session.py, args.clients
+    found: dict[str, dict[str, Any]] = {}
+    java.call("bank_init", args.accounts, BALANCE)
+    with _clients(lambda i: java_harness(session.classpath, session.workdir,
+                                         f"omid-client{i}"), n) as clients:
+        for c in clients:
+            c.call("setup", "peers", args.rows)
+            c.call("connect", f"127.0.0.1:{tso_port}")
+        found[f"Omid, {n} client processes (JVMs)"] = _together(clients, args)
+        session.client_pids += [c.pid for c in clients]
+        for c in clients:
+            c.call("disconnect")
+    _progress(f"Omid's {n} client processes run")
+    found[f"Omid, {n} threads in one JVM"] = _checked("Omid's bank", java.call(
+        "bank", args.accounts, n, args.bank_seconds))
+    omid_total = java.call("bank_total", args.accounts)["total"]
+    _progress(f"Omid's {n} threads run")
+    py.bank_init(args.accounts)
+    with _clients(lambda i: python_client(session.url, session.oracle_url, session.workdir,
+                                          f"our-client{i}"), n) as clients:
+        found[f"ours, {n} client processes (Python)"] = _together(clients, args)
+        session.client_pids += [c.pid for c in clients]
+    _progress(f"our {n} client processes run")
+    found[f"ours, {n} threads in one process"] = py.bank(args.accounts, n,
+                                                           args.bank_seconds)
+    ours_total = py.bank_total(args.accounts)
+    for name, result in found.items():
+        result.setdefault("rate", result["committed"] / result["seconds"])
+        result["total"] = omid_total if name.startswith("Omid") else ours_total
+    return found
+
+
 def heading(args: argparse.Namespace) -> str:
-    """The section's heading: one per Omid batch timeout, so both can stand."""
-    return HEADING.replace("HBase", f"HBase, TSO batch timeout {args.batch_timeout_ms} ms")
+    """The section's heading: the issue-47 section for a run at 10 and 1 ms, else one
+    per batch timeout (or set of them), so that each can stand."""
+    timeouts = args.batch_timeout_ms
+    if sorted(timeouts) == [1, 10]:
+        return BOTH_HEADING.format(clients=args.clients)
+    which = " and ".join(map(str, timeouts))
+    plural = "s" if len(timeouts) > 1 else ""
+    return HEADING.replace("HBase", f"HBase, TSO batch timeout{plural} {which} ms")
 
 
-def report(args: argparse.Namespace, run: Run, banks: dict[str, dict[str, Any]],
-           command: str, load: Sequence[float] = ()) -> list[str]:
-    def rate(name: str) -> float:
-        return float(statistics.median(args.ops / s for s in run.seconds[name]))
+def _bank_rate(result: dict[str, Any]) -> float:
+    return float(result["committed"] / result["seconds"])
 
+
+def _loose_rate(run: Run, side: str, kind: str) -> float:
+    """The uncontended rate of *side*'s clients of *kind* (processes, or threads)."""
+    return float(next(v["rate"] for k, v in run.uncontended.items()
+                      if k.startswith(side) and kind in k))
+
+
+def _rate(run: Run, args: argparse.Namespace, name: str) -> float:
+    return float(statistics.median(args.ops / s for s in run.seconds[name]))
+
+
+def report(args: argparse.Namespace, runs: Sequence[Run], command: str,
+           servers: HBaseServers, load: Sequence[float] = ()) -> list[str]:
+    """The section: a summary of both sides' committed transactions/s at every batch
+    timeout, then each timeout's tables."""
+    raw = "Thrift2" if args.api == "thrift2" else "Thrift1"
+    n = args.clients
+    lines = header(
+        heading(args), command, f"commit {head_commit()}",
+        *([f"load average (1 min) at start and end: {load[0]:.1f}, {load[1]:.1f}"]
+          if load else []),
+        f"{servers.described}; same run, Omid's TSO started for each batch timeout in "
+        f"turn (the previous one stopped), our oracle and both sides' tables kept",
+        f"Omid 1.1.3 (omid-tso-server, omid-hbase-client, omid-hbase-tools from Maven Central, "
+        f"HBase client 2.6.1), Java 17, clients and TSO {JAVA_HEAP}; TSO: timestamps and "
+        f"commits in HBase (OMID_TIMESTAMP_TABLE, OMID_COMMIT_TABLE by OmidTableManager), "
+        f"conflictMapSize {TSO_CONFLICT_MAP:,}, batchPersistTimeoutInMs as headed, "
+        f"waitStrategy LOW_CPU, lowLatency false; client: postCommitMode SYNC (shadow cells "
+        f"written before commit returns), conflict detection CELL; data tables VERSIONS => "
+        f"2147483647",
+        f"ours: percolator-txn over HBase's {raw} server (the store's api="
+        f"{args.api}), timestamps from `python -m oracle` (gRPC); CPython "
+        f"{sys.version.split()[0]}",
+        f"operations: alternating chunks of {args.chunk} ops, {args.rounds} rounds of "
+        f"{args.ops} ops each after one uncounted warm-up round; {args.rows} rows of "
+        f"{VALUE}-byte values each side; round trips counted over {args.trip_ops} more",
+        f"uncontended: {args.accounts:,} accounts of {BALANCE}, {n} client processes "
+        f"each side, one thread each ({n} JVMs of the harness, each with its own HBase and "
+        f"TSO connections; {n} Python processes, each with its own store connections and "
+        f"oracle channel), {args.warmup_seconds:g} s of warm-up then {args.bank_seconds:g} "
+        f"s; then {n} threads in one client process each side for the record (a Python "
+        "process runs one thread at a time; a JVM's threads share its TSO connection, "
+        "whose requests the TSO batches)",
+    )
+    rows: list[tuple[str, list[tuple[float, float]]]] = [
+        (f"{label}, one client", [(_rate(r, args, omid), _rate(r, args, ours)) for r in runs])
+        for label, (omid, ours) in PAIRS.items()]
+    rows.append((f"contended bank ({ACCOUNTS} accounts, {args.threads} threads in one client)",
+                 [(_bank_rate(r.banks["Omid"]), _bank_rate(r.banks["ours"])) for r in runs]))
+    for kind, label in ((f"{n} client processes", f"{n} client processes"),
+                        (f"{n} threads in one", f"{n} threads in one client process")):
+        rows.append((f"uncontended, {label} ({args.accounts:,} accounts)",
+                     [(_loose_rate(r, "Omid", kind), _loose_rate(r, "ours", kind))
+                      for r in runs]))
+    lines += ["", "Committed transactions/s, ours against Omid's:", "",
+              "| transactions | " + " | ".join(
+                  f"{r.batch_timeout_ms} ms: Omid | ours | ours / Omid" for r in runs) + " |",
+              "|---|" + "---:|---:|---:|" * len(runs)]
+    for label, values in rows:
+        lines.append(f"| {label} | " + " | ".join(
+            f"{o:,.0f} | {u:,.0f} | " + (f"{u / o:.2f}" if o else "-") for o, u in values) + " |")
+    for run in runs:
+        lines += ["", *_timeout_tables(args, run)]
+    return lines
+
+
+def _timeout_tables(args: argparse.Namespace, run: Run) -> list[str]:
     def ratio(name: str, base: str) -> float:
         pairs = zip(run.seconds[name], run.seconds[base], strict=True)
         return float(statistics.median(b / s for s, b in pairs))
@@ -512,93 +684,184 @@ def report(args: argparse.Namespace, run: Run, banks: dict[str, dict[str, Any]],
     groups = {"client": ("java client", "python client"), "TSO/oracle": ("tso", "oracle"),
               "HBase": ("hbase",), "Thrift": ("thrift",)}
     idle = ", ".join(f"{p} {run.idle.get(p, 0.0) * 1e3:.0f}" for p in run.procs)
-    lines = header(
-        heading(args), command,
-        *([f"load average (1 min) at start and end: {load[0]:.1f}, {load[1]:.1f} (other "
-           f"helpers' JVMs and tests share the 2 cores)"] if load else []),
-        f"CPU is charged net of each process's idle CPU (ms per second, measured for "
-        f"{args.idle_seconds:g} s before the warm-up: {idle})",
-        f"same HBase 2.6.1 standalone (one JVM, -Xmx1g, local FS; Thrift1 -Xmx384m), same "
-        f"run, alternating chunks of {args.chunk} ops, {args.rounds} rounds of {args.ops} ops "
-        f"each after one uncounted warm-up round; {ROWS} rows of {VALUE}-byte values each side",
-        f"Omid 1.1.3 (omid-tso-server, omid-hbase-client, omid-hbase-tools from Maven Central, "
-        f"HBase client 2.6.1), Java 17, client and TSO {JAVA_HEAP}; TSO: timestamps and commits "
-        f"in HBase (OMID_TIMESTAMP_TABLE, OMID_COMMIT_TABLE by OmidTableManager), "
-        f"conflictMapSize {TSO_CONFLICT_MAP:,}, batchPersistTimeoutInMs "
-        f"{args.batch_timeout_ms}, waitStrategy LOW_CPU, lowLatency false; client: "
-        f"postCommitMode SYNC (shadow cells written before commit returns), conflict "
-        f"detection CELL; data tables VERSIONS => 2147483647",
-        "ours: percolator-txn over happybase/Thrift1 (buffered, binary), store pool 10, "
-        "timestamps from `python -m oracle` (gRPC); CPython "
-        f"{sys.version.split()[0]}",
-    )
-    lines += ["", "| operation | ops/s (median of rounds) | ratio to own raw | round trips per op "
-              "| CPU ms/op: client | TSO/oracle | HBase | Thrift |",
-              "|---|---:|---:|---|---:|---:|---:|---:|"]
-    for name, (_, base) in OPS.items():
+    lines = [f"### TSO batch timeout {run.batch_timeout_ms} ms", "",
+             f"CPU is charged net of each process's idle CPU (ms per second, measured for "
+             f"{args.idle_seconds:g} s before the warm-up: {idle}); the Thrift column is the "
+             f"server our side speaks to.", "",
+             "| operation | ops/s (median of rounds) | ratio to own raw | round trips per op "
+             "| CPU ms/op: client | TSO/oracle | HBase | Thrift |",
+             "|---|---:|---:|---|---:|---:|---:|---:|"]
+    for name, (_, base) in operations(args.api).items():
         done = run.ops_done[name]
-        cpu = [sum(run.cpu[name][p] for p in procs if p in run.procs) / done * 1e3
-               for procs in groups.values()]
+        cpu = [f"{sum(run.cpu[name][p] for p in procs if p in run.procs) / done * 1e3:.2f}"
+               if any(p in run.procs for p in procs) else "-" for procs in groups.values()]
         r = f"{ratio(name, base):.2f}" if base else ""
-        lines.append(f"| {name} | {rate(name):,.0f} | {r} | {run.trips[name]} | "
-                     + " | ".join(f"{c:.2f}" for c in cpu) + " |")
-    lines += ["", f"Contended bank: {ACCOUNTS} accounts of {BALANCE}, {args.threads} threads, "
-              f"{args.bank_seconds:g} s each side, transfers read both rows and write both.", "",
+        lines.append(f"| {name} | {_rate(run, args, name):,.0f} | {r} | {run.trips[name]} | "
+                     + " | ".join(cpu) + " |")
+    lines += ["", f"Contended bank: {ACCOUNTS} accounts of {BALANCE}, {args.threads} threads "
+              f"in one client process, {args.bank_seconds:g} s each side, transfers read both "
+              "rows and write both.", "",
               "| side | committed/s | abort rate | total after (expected) |",
               "|---|---:|---:|---:|"]
-    for side, b in banks.items():
+    for side, b in run.banks.items():
         tried = b["committed"] + b["aborted"]
         lines.append(f"| {side} | {b['committed'] / b['seconds']:,.0f} | "
                      f"{b['aborted'] / max(tried, 1):.1%} | {b['total']} ({ACCOUNTS * BALANCE}) |")
+    lines += ["", f"Uncontended: {args.accounts:,} accounts, the same transfers.", "",
+              "| clients | committed/s | abort rate | total after (expected) |",
+              "|---|---:|---:|---:|"]
+    for name, b in run.uncontended.items():
+        tried = b["committed"] + b["aborted"]
+        lines.append(f"| {name} | {b['rate']:,.0f} | {b['aborted'] / max(tried, 1):.1%} | "
+                     f"{b['total']} ({args.accounts * BALANCE}) |")
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def broken_totals(args: argparse.Namespace, runs: Sequence[Run]) -> list[str]:
+    """Every bank whose total after the run is not the one it started with."""
+    bad = [f"{r.batch_timeout_ms} ms, contended, {side}" for r in runs
+           for side, b in r.banks.items() if b["total"] != ACCOUNTS * BALANCE]
+    return bad + [f"{r.batch_timeout_ms} ms, uncontended, {name}" for r in runs
+                  for name, b in r.uncontended.items()
+                  if b["total"] != args.accounts * BALANCE]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ops", type=int, default=400, help="operations per op per round")
-    parser.add_argument("--chunk", type=int, default=50)
+    parser.add_argument("--ops", type=int, default=200, help="operations per op per round")
+    parser.add_argument("--chunk", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=8)
-    parser.add_argument("--bank-seconds", type=float, default=10.0)
-    parser.add_argument("--batch-timeout-ms", type=int, default=10,
-                        help="Omid's batchPersistTimeoutInMs (its default: 10)")
+    parser.add_argument("--threads", type=int, default=8, help="threads of the contended bank")
+    parser.add_argument("--clients", type=int, default=8,
+                        help="client processes each side of the uncontended run")
+    parser.add_argument("--accounts", type=int, default=1000,
+                        help="accounts of the uncontended run (the contended bank has 20)")
+    parser.add_argument("--bank-seconds", type=float, default=10.0,
+                        help="how long each bank run is measured")
+    parser.add_argument("--warmup-seconds", type=float, default=5.0,
+                        help="uncounted transfers of the uncontended run's client processes "
+                             "before the measured ones")
+    parser.add_argument("--batch-timeout-ms", default="10,1",
+                        help="Omid's batchPersistTimeoutInMs, comma-separated: every one in "
+                             "turn, in one run (default 10,1; Omid's default is 10)")
+    parser.add_argument("--api", choices=("thrift2", "thrift1"), default="thrift2",
+                        help="the HBase server our store speaks to (default thrift2)")
+    parser.add_argument("--rows", type=int, default=1000, help="rows each side reads and writes")
+    parser.add_argument("--trip-ops", type=int, default=100,
+                        help="untimed runs of each of our operations that count its round trips")
     parser.add_argument("--idle-seconds", type=float, default=5.0,
                         help="how long each process's idle CPU is measured, to charge "
                              "chunks net of it")
     parser.add_argument("--write", action="store_true", help="put the section in BENCHMARKS.md")
     args = parser.parse_args(argv)
-    for name in ("ops", "chunk", "rounds", "threads", "batch_timeout_ms"):
+    try:
+        args.batch_timeout_ms = [int(t) for t in args.batch_timeout_ms.split(",")]
+    except ValueError:
+        parser.error(f"--batch-timeout-ms takes milliseconds, comma-separated: "
+                     f"{args.batch_timeout_ms!r}")
+    if min(args.batch_timeout_ms) < 1 or len(set(args.batch_timeout_ms)) < len(
+            args.batch_timeout_ms):
+        parser.error("--batch-timeout-ms: each at least 1, none twice")
+    if args.accounts < 2:
+        parser.error("--accounts must be at least 2 (a transfer moves money between two)")
+    for name in ("ops", "chunk", "rounds", "threads", "clients", "trip_ops"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("bank_seconds", "idle_seconds"):
+    if args.rows < 2:
+        parser.error("--rows must be at least 2 (a transfer reads two)")
+    for name in ("bank_seconds", "idle_seconds", "warmup_seconds"):
         if not getattr(args, name) > 0:
             parser.error(f"--{name.replace('_', '-')} must be more than 0")
-    command = "python bench/peers.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--client"]:
+        return client_main(argv[1], argv[2])
+    args = parse_args(argv)
+    command = ("python bench/peers.py " + " ".join(argv)).strip()
     load = [os.getloadavg()[0]]
-    with session(args) as (run, java, py):
-        measure(args, run, java, py)
-        _progress("operations measured")
-        banks = bank(args, java, py)
+    runs = []
+    with session(args) as s:
+        for timeout in args.batch_timeout_ms:
+            runs.append(measure_at(args, s, timeout))
     load.append(os.getloadavg()[0])
-    lines = report(args, run, banks, command.strip(), load)
+    lines = report(args, runs, command, s.servers, load)
     publish(heading(args), lines, args.write)
-    bad = [side for side, b in banks.items() if b["total"] != ACCOUNTS * BALANCE]
+    bad = broken_totals(args, runs)
     if bad:
         print(f"bank totals do not hold: {bad}", file=sys.stderr)
         return 1
     return 0
 
 
-@contextlib.contextmanager
-def session(args: argparse.Namespace, hbase: LocalHBase | None = None
-            ) -> Iterator[tuple[Run, JavaHarness, PythonSide]]:
-    """The Omid TSO, our oracle, the Java harness and the Python side on *hbase* (a
-    standalone HBase started here if None), all stopped (the JVMs killed) when the
-    block ends, however it ends; an HBase started here is stopped too."""
+def measure_at(args: argparse.Namespace, s: Session, batch_timeout_ms: int) -> Run:
+    """Everything measured at one batch timeout, with a TSO of its own."""
+    with s.tso(batch_timeout_ms) as (run, port):
+        measure(args, run, s.java, s.py)
+        _progress(f"{batch_timeout_ms} ms: operations measured")
+        run.banks = bank(args, s.java, s.py)
+        _progress(f"{batch_timeout_ms} ms: contended banks run")
+        run.uncontended = uncontended(args, s, port)
+        _progress(f"{batch_timeout_ms} ms: uncontended transfers run")
+    return run
 
+
+@dataclass
+class Session:
+    """What a run starts once and keeps across batch timeouts: the HBase (or the one
+    it was given), the Java harness, our oracle and our side."""
+
+    args: argparse.Namespace
+    workdir: Path
+    servers: HBaseServers
+    classpath: str
+    java: LineClient
+    oracle: Server
+    py: PythonSide
+    url: str
+    loaded: bool = False
+    client_pids: list[int] = field(default_factory=list)
+    """The uncontended runs' client processes (each stopped after its run)."""
+
+    @property
+    def oracle_url(self) -> str:
+        return f"grpc://{self.oracle.address}"
+
+    @contextlib.contextmanager
+    def tso(self, batch_timeout_ms: int) -> Iterator[tuple[Run, int]]:
+        """Omid's TSO at *batch_timeout_ms*, the harness connected to it (and Omid's rows
+        loaded, the first time); the harness disconnected and the TSO killed after."""
+        proc, port = start_tso(self.classpath, self.workdir, batch_timeout_ms)
+        _progress(f"TSO at {batch_timeout_ms} ms up")
+        try:
+            self.java.call("connect", f"127.0.0.1:{port}")
+            if not self.loaded:
+                self.java.call("load")
+                self.loaded = True
+            thrift = "thrift2" if self.args.api == "thrift2" else "thrift"
+            procs = {"java client": self.java.pid, "python client": os.getpid(),
+                     "tso": proc.pid, "oracle": self.oracle.process.pid,
+                     **{name: self.servers.pids[key] for name, key in
+                        (("hbase", "hbase"), ("thrift", thrift)) if key in self.servers.pids}}
+            yield Run(batch_timeout_ms, procs), port
+            self.java.call("disconnect")
+        finally:
+            kill(proc)
+
+
+@contextlib.contextmanager
+def session(args: argparse.Namespace, servers: HBaseServers | None = None
+            ) -> Iterator[Session]:
+    """The Java harness, our oracle and our side on the HBase of *servers*, or (None)
+    on the one the environment names (``bench._common.hbase_servers_from_env``), or on
+    a standalone HBase started here; all stopped (the JVMs killed) when the block
+    ends, however it ends; an HBase started here is stopped too. The harness's,
+    TSOs' and clients' logs are kept when the block fails."""
     workdir = Path(tempfile.mkdtemp(prefix="percolator-peers-"))
     try:
-        with _started(args, hbase, workdir) as started:
+        with _started(args, servers, workdir) as started:
             yield started
     except BaseException:
         print(f"peers: the harness's and the TSO's logs are kept in {workdir}", file=sys.stderr)
@@ -607,45 +870,46 @@ def session(args: argparse.Namespace, hbase: LocalHBase | None = None
 
 
 @contextlib.contextmanager
-def _started(args: argparse.Namespace, hbase: LocalHBase | None, workdir: Path
-             ) -> Iterator[tuple[Run, JavaHarness, PythonSide]]:
+def _started(args: argparse.Namespace, servers: HBaseServers | None, workdir: Path
+              ) -> Iterator[Session]:
     from bench.oracle import Server
     from tests._hbase_local import LocalHBase
 
     with contextlib.ExitStack() as stack:
         classpath = build_harness()
         _progress("harness built")
-        if hbase is None:
-            hbase = LocalHBase()
-            stack.callback(hbase.stop)
-            hbase.start()
+        servers = servers or hbase_servers_from_env(need_conf=True)
+        if servers is None:
+            own = LocalHBase()
+            stack.callback(own.stop)
+            own.start()
+            servers = hbase_servers_of(own)
             _progress("HBase ready")
         # The Java processes find HBase (its ZooKeeper) through its hbase-site.xml.
-        (workdir / "log4j2.properties").write_text(
-            (hbase.dir / "conf" / "log4j2.properties").read_text())
-        cp = f"{hbase.dir / 'conf'}{os.pathsep}{classpath}"
-        java = JavaHarness(cp, workdir)
-        _progress("harness JVM up")
+        if servers.conf is None:
+            raise PeerError("Omid's client needs the HBase's conf directory (hbase-site.xml)")
+        log4j = servers.conf / "log4j2.properties"
+        if log4j.exists():
+            (workdir / "log4j2.properties").write_text(log4j.read_text())
+        cp = f"{servers.conf}{os.pathsep}{classpath}"
+        java = java_harness(cp, workdir)
         stack.callback(java.stop)
-        java.call("setup", "peers", ROWS)  # Omid's tables first: the TSO reads them
+        java.ready()
+        _progress("harness JVM up")
+        java.call("setup", "peers", args.rows)  # Omid's tables first: the TSO reads them
         _progress("tables created")
-        tso, port = start_tso(cp, workdir, args.batch_timeout_ms)
-        _progress("TSO up")
-        stack.callback(_kill, tso)
-        java.call("connect", f"127.0.0.1:{port}")
-        java.call("load")
-        _progress("Omid connected, rows loaded")
         oracle = Server(["--state-file", str(workdir / "oracle.state")], str(workdir))
         stack.callback(oracle.kill)
         oracle.wait()
-        py = PythonSide(hbase.hostport, f"grpc://{oracle.address}")
+        hostport = servers.thrift2 if args.api == "thrift2" else servers.thrift1
+        # Tables of this run's own: our oracle starts its timestamps afresh, below
+        # those of an earlier run's commits on the same HBase.
+        url = (f"hbase://{hostport}?table_prefix=peers_ours_{os.getpid()}_&pool_size=10"
+               + ("&api=thrift2" if args.api == "thrift2" else ""))
+        py = PythonSide(url, f"grpc://{oracle.address}", args.api, args.rows)
         _progress("oracle up, our tables loaded")
         stack.callback(py.close)
-        run = Run(args, workdir)
-        hbase_pid, thrift_pid = hbase.jvm_pids  # also when another test process started it
-        run.procs = {"java client": java.pid, "python client": os.getpid(), "tso": tso.pid,
-                     "oracle": oracle.process.pid, "hbase": hbase_pid, "thrift": thrift_pid}
-        yield run, java, py
+        yield Session(args, workdir, servers, cp, java, oracle, py, url)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,8 @@ import org.apache.omid.transaction.TransactionManager;
  *   setup PREFIX ROWS          create Omid's commit and timestamp tables (OmidTableManager)
  *                              and PREFIX_raw, PREFIX_omid, PREFIX_bank (unlimited versions)
  *   connect TSO_HOSTPORT       open Omid's transaction manager against the TSO
+ *   disconnect                 close it (before its TSO is stopped, so that the next
+ *                              connect, to another TSO, starts clean)
  *   load                       write ROWS rows to the raw and the Omid table
  *   run OP N                   N operations of OP: raw_put raw_get omid_begin omid_write omid_read
  *                              omid_transfer (omid_begin: a start timestamp from the TSO, alone)
@@ -115,6 +117,9 @@ public final class Harness {
             case "connect":
                 connect(w[1]);
                 return "{\"ok\": true}";
+            case "disconnect":
+                disconnect();
+                return "{\"ok\": true}";
             case "load":
                 load();
                 return "{\"ok\": true}";
@@ -167,6 +172,7 @@ public final class Harness {
     }
 
     private void connect(String tso) throws Exception {
+        disconnect();
         HBaseOmidClientConfiguration omidConf = new HBaseOmidClientConfiguration();
         omidConf.setConnectionString(tso);
         Configuration hconf = new Configuration(conf);
@@ -176,6 +182,18 @@ public final class Harness {
         f.setAccessible(true);
         omidConnection = (Connection) f.get(tm);
         omidTable = new TTable(omidConnection, name("omid").getNameAsString());
+    }
+
+    private void disconnect() throws IOException {
+        if (omidTable != null) {
+            omidTable.close();
+            omidTable = null;
+        }
+        if (tm != null) {
+            tm.close();
+            tm = null;
+        }
+        omidConnection = null;
     }
 
     private byte[] value() {
@@ -291,9 +309,11 @@ public final class Harness {
     private void bankInit(int accounts, long balance) throws Exception {
         try (TTable bank = new TTable(omidConnection, name("bank").getNameAsString())) {
             Transaction tx = begin();
+            List<Put> puts = new ArrayList<>();  // one batch: 1,000 accounts in one call
             for (int i = 0; i < accounts; i++) {
-                bank.put(tx, new Put(account(i)).addColumn(FAMILY, BALANCE, Bytes.toBytes(balance)));
+                puts.add(new Put(account(i)).addColumn(FAMILY, BALANCE, Bytes.toBytes(balance)));
             }
+            bank.put(tx, puts);
             commit(tx);
         }
     }
@@ -363,12 +383,7 @@ public final class Harness {
     }
 
     private void close() throws IOException {
-        if (omidTable != null) {
-            omidTable.close();
-        }
-        if (tm != null) {
-            tm.close();
-        }
+        disconnect();
         if (rawTable != null) {
             rawTable.close();
         }
