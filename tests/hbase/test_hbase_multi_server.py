@@ -44,7 +44,10 @@ from percolator._store import Read
 from tests._hbase import hbase_store_url, require_hbase_client, unique_name
 from tests._services import service_missing
 
-pytestmark = pytest.mark.hbase
+# The hang guard of every test here covers the module cluster's start too (pytest-timeout
+# times a test's fixtures with it): up to CLUSTER_START_SECONDS (600 s). Beside two CPU
+# hogs (load 40-63) that start took past the default 300 s, and the first test errored.
+pytestmark = [pytest.mark.hbase, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = ("accounts", "transfers", "lists", "obs", "obslog", "held")
@@ -169,7 +172,7 @@ def spark_cluster(spark_starting: Any, cluster: Any) -> Iterator[Any]:
 
 @pytest.mark.slow  # two Spark applications beside five HBase JVMs on 2 cores: 451 s at
 # load 29-34 (CONTRIBUTING.md, "What --run-slow holds back")
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(1500)
 def test_a_spark_cluster_loads_reads_at_one_snapshot_and_streams_exactly_once(
     cluster: Any, spark_cluster: Any, tmp_path: Path
 ) -> None:
@@ -300,7 +303,7 @@ class _Collector(threading.Thread):
             self.stop.wait(0.5)
 
 
-@pytest.mark.timeout(900)  # a cluster's faults on a loaded 2-core machine
+@pytest.mark.timeout(1500)  # a cluster's start and faults on a loaded 2-core machine
 def test_histories_hold_while_regions_move_split_and_fail_over(
     cluster: Any, tmp_path: Path, record_property: Any
 ) -> None:
