@@ -4,7 +4,10 @@ each its own JVM started by pyspark's ``bin/spark-class`` (the pip package has n
 then run in JVMs of their own under the workers, each with Python workers of the
 Python that ``PYSPARK_PYTHON`` names (this one), with this checkout on their
 ``PYTHONPATH``. Every JVM dies with the process that started it
-(``PR_SET_PDEATHSIG``, kept across spark-class's ``exec``)."""
+(``PR_SET_PDEATHSIG``, kept across spark-class's ``exec``).
+
+:meth:`SparkStandalone.start_in_background` starts it beside something else (the
+multi-server HBase's start: most of either is waiting on a JVM)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -33,6 +37,10 @@ class SparkStandalone:
         self.workers = workers
         self.port = _free_port()
         self.procs: list[subprocess.Popen[bytes]] = []
+        self._starter: threading.Thread | None = None
+        self._start_error: BaseException | None = None
+        self._start_ended = threading.Event()
+        self._stopped = threading.Event()
 
     @property
     def master_url(self) -> str:
@@ -55,6 +63,8 @@ class SparkStandalone:
     def _start(self, name: str, *args: str) -> Path:
         import pyspark
 
+        if self._stopped.is_set():
+            raise SparkStartError("stopped while starting")
         spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
         log = self.dir / f"{name}.log"
         with open(log, "ab") as out:
@@ -67,6 +77,8 @@ class SparkStandalone:
     def _wait(self, log: Path, line: str, deadline: float) -> None:
         proc = self.procs[-1]
         while line not in (log.read_text(errors="replace") if log.exists() else ""):
+            if self._stopped.is_set():
+                raise SparkStartError("stopped while starting")
             if proc.poll() is not None or time.monotonic() > deadline:
                 state = "exited" if proc.poll() is not None else "did not start in time"
                 raise SparkStartError(f"{log.stem} {state}; last lines of {log}:\n{_tail(log)}")
@@ -87,7 +99,37 @@ class SparkStandalone:
             self._wait(log, "Successfully registered with master", deadline)
         return self
 
+    def start_in_background(self, timeout: float = START_SECONDS) -> None:
+        """:meth:`start` in a thread; :meth:`wait_started` waits for it. The thread
+        lives until :meth:`stop`: the JVMs' ``PR_SET_PDEATHSIG`` fires when the
+        *thread* that started them ends, not only its process."""
+
+        def run() -> None:
+            try:
+                self.start(timeout)
+            except BaseException as e:  # raised again by wait_started
+                self._start_error = e
+            finally:
+                self._start_ended.set()
+            self._stopped.wait()
+
+        self._starter = threading.Thread(target=run, name="spark-standalone", daemon=True)
+        self._starter.start()
+
+    def wait_started(self) -> SparkStandalone:
+        """The cluster, once :meth:`start_in_background` has started it (started here
+        and now if that was not called).
+
+        :raises SparkStartError: as :meth:`start`."""
+        if self._starter is None:
+            return self.start()
+        self._start_ended.wait()
+        if self._start_error is not None:
+            raise self._start_error
+        return self
+
     def stop(self) -> None:
+        self._stopped.set()  # a start in the background ends (its JVMs with its thread)
         for proc in reversed(self.procs):
             _kill(proc)
         self.procs.clear()

@@ -44,14 +44,47 @@ from percolator._store import Read
 from tests._hbase import hbase_store_url, require_hbase_client, unique_name
 from tests._services import service_missing
 
-pytestmark = pytest.mark.hbase
+# The hang guard of every test here covers the module cluster's start too (pytest-timeout
+# times a test's fixtures with it): up to CLUSTER_START_SECONDS (600 s). Beside two CPU
+# hogs (load 40-63) that start took past the default 300 s, and the first test errored.
+pytestmark = [pytest.mark.hbase, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = ("accounts", "transfers", "lists", "obs", "obslog", "held")
 
 
+def _spark_test_runs(request: pytest.FixtureRequest) -> bool:
+    """Whether this run holds a test of this module that uses the Spark cluster."""
+    return any(getattr(item, "module", None) is request.module
+               and "spark_cluster" in getattr(item, "fixturenames", ())
+               and item.get_closest_marker("skip") is None for item in request.session.items)
+
+
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
+def spark_starting(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A Spark standalone master and two workers (``tests/_spark_cluster.py``), started
+    in the background when a test of the module will use them: the multi-server
+    HBase's start (:func:`cluster`) goes on meanwhile. None otherwise."""
+    if not _spark_test_runs(request):
+        yield None
+        return
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        yield None  # spark_cluster says so
+        return
+    from tests._spark_cluster import SparkStandalone
+
+    spark = SparkStandalone(workers=2)
+    spark.start_in_background()
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(spark_starting: Any) -> Iterator[Any]:
     require_hbase_client()
     from tests._hbase_local import HBaseStartError, LocalHBaseCluster
 
@@ -117,6 +150,116 @@ def test_the_launcher_reports_servers_and_regions(cluster: Any) -> None:
     assert {r.table for r in admin.regions("hbase:meta")} == {"hbase:meta"}
 
 
+@pytest.fixture
+def spark_cluster(spark_starting: Any, cluster: Any) -> Iterator[Any]:
+    """The Spark standalone cluster of :func:`spark_starting`, once started; stopped
+    after the test (its JVMs would idle through the module's fault test)."""
+    if spark_starting is None:
+        service_missing("PySpark is not installed: pip install 'percolator-txn[spark]'")
+    from tests._spark_cluster import SparkStartError
+
+    waited = time.monotonic()
+    try:
+        spark_starting.wait_started()
+    except SparkStartError as e:
+        service_missing(f"could not start a Spark standalone cluster: {e}")
+    print(f"Spark standalone cluster ready, {time.monotonic() - waited:.1f} s after HBase")
+    try:
+        yield spark_starting
+    finally:
+        spark_starting.stop()
+
+
+@pytest.mark.slow  # two Spark applications beside five HBase JVMs on 2 cores: 451 s at
+# load 29-34 (CONTRIBUTING.md, "What --run-slow holds back")
+@pytest.mark.timeout(1500)
+def test_a_spark_cluster_loads_reads_at_one_snapshot_and_streams_exactly_once(
+    cluster: Any, spark_cluster: Any, tmp_path: Path
+) -> None:
+    """On the multi-server HBase, from a Spark standalone cluster whose two executors
+    are JVMs of their own with Python workers of their own, one application
+    (``tests/spark_loader/_cluster_driver.py``):
+
+    1. runs the loader (``python -m spark_loader``), which commits a file as one
+       transaction;
+    2. reads the accounts with ``format("percolator")``, one partition per account, at
+       one snapshot, three times, while three processes make transfers: every read
+       sums to the invariant total;
+    3. writes three micro-batches with ``writeStream.format("percolator")``, and is
+       killed -9 right after the commit point of batch 1, before Spark records the
+       batch done.
+
+    The query restarted from its checkpoint (a new driver, new executors) replays
+    batch 1, which finds its load committed and writes nothing, then writes batch 2:
+    every row once, every cell one write record, one load per batch (the checks of
+    the local stream tests, ``tests/spark_loader/_stream_batches.py``)."""
+    from tests.spark_loader._stream_batches import (
+        assert_every_row_once,
+        kill_when_parked,
+        write_batch_files,
+    )
+
+    accounts, initial = 8, 1000
+    url = hbase_store_url(cluster.hostport2, "spark", api="thrift2") + "&timeout=60"
+    with percolator.connect(url) as c:
+        c.create_table("accounts")
+        c.create_table("transfers")
+        with Transaction(c) as txn:
+            for i in range(accounts):
+                txn.set("accounts", b"acct%03d" % i, "bal:v", str(initial).encode())
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": f"d{i}", "text": f"text {i}"}) + "\n"
+                            for i in range(20)))
+    source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    write_batch_files(source, 3)
+    log, out = tmp_path / "committed.log", tmp_path / "read.json"
+    driver_log = tmp_path / "driver.log"
+    config = {
+        "master": spark_cluster.master_url, "url": url, "accounts": accounts,
+        "transfers": str(log), "out": str(out),
+        "load": ["--cluster", url, "--table", "docs", "--input", str(docs), "--format",
+                 "jsonl", "--row-key", "id", "--column", "text=d:text", "--master",
+                 spark_cluster.master_url],
+        "stream": {"table": "stream", "source": str(source), "checkpoint": str(checkpoint)},
+    }
+    env = spark_cluster.env()
+
+    def driver(park: dict[str, str]) -> subprocess.Popen[bytes]:
+        with open(driver_log, "ab") as output:
+            return subprocess.Popen(
+                [sys.executable, "-m", "tests.spark_loader._cluster_driver", json.dumps(config)],
+                cwd=ROOT, env={**env, **park}, start_new_session=True, stdout=output,
+                stderr=subprocess.STDOUT)
+
+    workers = [subprocess.Popen([sys.executable, "-m", "tests.transactions._bank_worker", url,
+                                 str(accounts), str(seed), str(log)], cwd=ROOT,
+                                stderr=subprocess.DEVNULL) for seed in (1, 2, 3)]
+    try:
+        kill_when_parked(driver, tmp_path / "park", "committed-1", 600, output=driver_log)
+        assert log.stat().st_size > 0 and all(w.poll() is None for w in workers)
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()
+    result = json.loads(out.read_text())
+    assert result["loaded"] == 0, driver_log.read_text()[-3000:]
+    with percolator.connect(url) as c, Transaction(c) as txn:
+        assert {r: cells["d:text"] for r, cells in txn.scan("docs", columns=["d:text"])} == {
+            f"d{i}".encode(): f"text {i}".encode() for i in range(20)}
+    assert result["totals"] == [[accounts, accounts * initial]] * 3
+    assert result["executors"] == 2
+    assert len(result["python_pids"]) >= 2 and result["driver_pid"] not in result["python_pids"]
+    with percolator.connect(url) as c:  # batch 1 committed, batch 2 not begun
+        assert percolator.Snapshot(c).get("stream", b"k1-9", "v:n") == b"109"
+        assert percolator.Snapshot(c).get("stream", b"k2-0", "v:n") is None
+    restarted = subprocess.run(
+        [sys.executable, "-m", "tests.spark_loader._stream_driver", url, "stream", str(source),
+         str(checkpoint), spark_cluster.master_url],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
+    assert_every_row_once(url, "stream", 3)
+
+
 class _Timings(dict[str, float]):
     def measure(self, name: str, action: Any) -> None:
         started = time.monotonic()
@@ -160,7 +303,7 @@ class _Collector(threading.Thread):
             self.stop.wait(0.5)
 
 
-@pytest.mark.timeout(900)  # a cluster's faults on a loaded 2-core machine
+@pytest.mark.timeout(1500)  # a cluster's start and faults on a loaded 2-core machine
 def test_histories_hold_while_regions_move_split_and_fail_over(
     cluster: Any, tmp_path: Path, record_property: Any
 ) -> None:
@@ -290,83 +433,6 @@ def test_histories_hold_while_regions_move_split_and_fail_over(
     # No pass went past the held snapshot while it ran.
     assert all(s.safe_point <= held.start_ts for s in collector.summaries[:passes_with_hold])
     ours.close()
-
-
-@pytest.fixture(scope="module")
-def spark_cluster() -> Iterator[Any]:
-    """A Spark standalone master and two workers (``tests/_spark_cluster.py``)."""
-    try:
-        import pyspark  # noqa: F401
-    except ImportError:
-        service_missing("PySpark is not installed: pip install 'percolator-txn[spark]'")
-    from tests._spark_cluster import SparkStandalone, SparkStartError
-
-    spark = SparkStandalone(workers=2)
-    try:
-        spark.start()
-    except SparkStartError as e:
-        spark.stop()
-        service_missing(f"could not start a Spark standalone cluster: {e}")
-    try:
-        yield spark
-    finally:
-        spark.stop()
-
-
-@pytest.mark.slow  # a Spark master, two workers and their executors beside five HBase
-# JVMs on 2 cores: 458 s of one worker and much of the suite's CPU (CONTRIBUTING.md,
-# "What --run-slow holds back")
-@pytest.mark.timeout(900)
-def test_a_spark_cluster_loads_and_reads_one_snapshot_under_transfers(
-    cluster: Any, spark_cluster: Any, tmp_path: Path
-) -> None:
-    """On the multi-server HBase, from a Spark standalone cluster whose two executors
-    are JVMs of their own with Python workers of their own: the loader commits a file
-    as one transaction, and ``format("percolator")`` reads the accounts, one partition
-    per account, at one snapshot while three processes make transfers: every read sums
-    to the invariant total."""
-    accounts, initial = 8, 1000
-    url = hbase_store_url(cluster.hostport2, "spark", api="thrift2") + "&timeout=60"
-    with percolator.connect(url) as c:
-        c.create_table("accounts")
-        c.create_table("transfers")
-        with Transaction(c) as txn:
-            for i in range(accounts):
-                txn.set("accounts", b"acct%03d" % i, "bal:v", str(initial).encode())
-    docs = tmp_path / "docs.jsonl"
-    docs.write_text("".join(json.dumps({"id": f"d{i}", "text": f"text {i}"}) + "\n"
-                            for i in range(20)))
-    env = spark_cluster.env()
-    loaded = subprocess.run(
-        [sys.executable, "-m", "spark_loader", "--cluster", url, "--table", "docs",
-         "--input", str(docs), "--format", "jsonl", "--row-key", "id",
-         "--column", "text=d:text", "--master", spark_cluster.master_url],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert loaded.returncode == 0, loaded.stderr[-3000:]
-    with percolator.connect(url) as c, Transaction(c) as txn:
-        assert {r: cells["d:text"] for r, cells in txn.scan("docs", columns=["d:text"])} == {
-            f"d{i}".encode(): f"text {i}".encode() for i in range(20)}
-    log = tmp_path / "committed.log"
-    workers = [subprocess.Popen([sys.executable, "-m", "tests.transactions._bank_worker", url,
-                                 str(accounts), str(seed), str(log)], cwd=ROOT,
-                                stderr=subprocess.DEVNULL) for seed in (1, 2, 3)]
-    out = tmp_path / "read.json"
-    try:
-        _wait_for(lambda: log.exists() and log.stat().st_size > 0, "a transfer")
-        read = subprocess.run(
-            [sys.executable, "-m", "tests.spark_loader._cluster_driver",
-             spark_cluster.master_url, url, str(accounts), str(out)],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        assert read.returncode == 0, read.stderr[-3000:]
-        assert log.stat().st_size > 0
-    finally:
-        for w in workers:
-            w.kill()
-            w.wait()
-    result = json.loads(out.read_text())
-    assert result["totals"] == [[accounts, accounts * initial]] * 3
-    assert result["executors"] == 2
-    assert len(result["python_pids"]) >= 2 and result["driver_pid"] not in result["python_pids"]
 
 
 def test_a_launcher_on_the_same_directory_has_the_same_addresses(tmp_path: Path) -> None:

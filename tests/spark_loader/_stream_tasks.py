@@ -7,7 +7,7 @@ real driver (tests/spark_loader/test_source.py): the test kills this process wit
 ``kill -9`` where ``_PERCOLATOR_TEST_PARK_AFTER_PREWRITE`` parks it.
 
 ``python -m tests.spark_loader._stream_tasks URL TABLE DONE RUN BATCHES``
-(micro-batch *b* holds rows ``k<b>-0`` .. ``k<b>-9``, ``v:n`` = 100 b + i, five per task)
+(the micro-batches of ``tests/spark_loader/_stream_batches.py``, five rows per task)
 """
 
 from __future__ import annotations
@@ -19,13 +19,10 @@ from pyspark.sql import Row
 from pyspark.sql import types as T
 
 from spark_loader._source import PercolatorDataSource
+from tests.spark_loader._stream_batches import ROWS, rows_of
 
-ROWS, TASKS = 10, 2
+TASKS = 2
 SCHEMA = T.StructType([T.StructField("row", T.StringType()), T.StructField("v:n", T.LongType())])
-
-
-def rows_of(batch: int) -> list[Row]:
-    return [Row(**{"row": f"k{batch}-{i}", "v:n": batch * 100 + i}) for i in range(ROWS)]
 
 
 def main(url: str, table: str, done_file: str, run: str, batches: int) -> None:
@@ -36,7 +33,7 @@ def main(url: str, table: str, done_file: str, run: str, batches: int) -> None:
     for batch in range(batches):
         if str(batch) in recorded:
             continue
-        rows = rows_of(batch)
+        rows = [Row(**{"row": row, "v:n": value}) for row, value in rows_of(batch)]
         share = ROWS // TASKS
         reports = [writer.write_task(run, batch, iter(rows[t * share:(t + 1) * share]))
                    for t in range(TASKS)]

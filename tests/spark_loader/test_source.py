@@ -20,11 +20,16 @@ from typing import Any
 import pytest
 
 import percolator
-from percolator._bulk import LOADS_TABLE, AlreadyLoaded
+from percolator._bulk import AlreadyLoaded
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._gc import collect
 from percolator._internals import internals
 from percolator._store import Read
+from tests.spark_loader._stream_batches import (
+    assert_every_row_once,
+    kill_when_parked,
+    write_batch_files,
+)
 
 pytestmark = [
     pytest.mark.spark,
@@ -435,11 +440,12 @@ def test_a_micro_batch_written_under_two_load_transactions_is_refused(
     assert got == {b"k0": b"0", b"k1": b"1"}
 
 
-def _stream(url: str, source: Path, checkpoint: Path, **env: str) -> subprocess.Popen[bytes]:
+def _stream(url: str, source: Path, checkpoint: Path, env: dict[str, str] | None = None
+            ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.spark_loader._stream_driver", url, "t", str(source),
          str(checkpoint)],
-        cwd=ROOT, env={**os.environ, **env}, start_new_session=True,
+        cwd=ROOT, env={**os.environ, **(env or {})}, start_new_session=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
@@ -454,54 +460,31 @@ def test_a_stream_killed_mid_batch_and_restarted_writes_every_row_once(tmp_path:
     is killed again right after the commit point of batch 2, before Spark records
     the batch done; the next restart replays batch 2, which finds its load committed
     and writes nothing. Every row is in the table and every cell has exactly one
-    write record: no batch committed twice, none lost."""
+    write record: no batch committed twice, none lost (the tests share their batches
+    and checks: tests/spark_loader/_stream_batches.py; the Spark-cluster test runs
+    the same query on a standalone cluster)."""
     url = f"sqlite://{tmp_path}/s.db"
     source, checkpoint, park = tmp_path / "in", tmp_path / "checkpoint", tmp_path / "park"
-    source.mkdir()
-    park.mkdir()
-    for batch in range(3):
-        with open(source / f"f{batch}.json", "w") as f:
-            f.writelines(json.dumps({"row": f"k{batch}-{i}", "v:n": batch * 100 + i}) + "\n"
-                         for i in range(10))
-        os.utime(source / f"f{batch}.json", (batch + 1, batch + 1))  # the order of batches
+    write_batch_files(source, 3)
     with percolator.connect(url) as cluster:
         cluster.create_table("t")
 
-    def run_until(point: str) -> None:
-        (park / f"park-{point}").touch()
-        driver = _stream(url, source, checkpoint, _PERCOLATOR_TEST_PARK_AFTER_PREWRITE=str(park))
-        try:
-            deadline = time.monotonic() + 600
-            while not (park / point).exists():
-                assert driver.poll() is None, driver.communicate()[0].decode()[-3000:]
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
-        finally:
-            os.killpg(driver.pid, signal.SIGKILL)
-            driver.wait()
-        (park / f"park-{point}").unlink()
+    def driver(env: dict[str, str]) -> subprocess.Popen[bytes]:
+        return _stream(url, source, checkpoint, env)
 
-    run_until("prewritten-1")  # killed mid-batch 1
+    kill_when_parked(driver, park, "prewritten-1", 600)  # killed mid-batch 1
     with percolator.connect(url) as cluster:
         assert percolator.Snapshot(cluster).get("t", b"k0-0", "v:n") == b"0"  # batch 0 done
         assert percolator.Snapshot(cluster).get("t", b"k1-0", "v:n") is None
-    run_until("committed-2")  # the replay of 1 commits; killed after committing batch 2
+    # the replay of 1 commits; killed after committing batch 2
+    kill_when_parked(driver, park, "committed-2", 600)
     with percolator.connect(url) as cluster:
         assert percolator.Snapshot(cluster).get("t", b"k2-0", "v:n") == b"200"
     for _ in range(2):  # Spark replays batch 2 (not recorded done), then has nothing to do
         again = _stream(url, source, checkpoint)
         out, _ = again.communicate(timeout=600)
         assert again.returncode == 0, out.decode()[-3000:]
-    with percolator.connect(url) as cluster:
-        snap = percolator.Snapshot(cluster)
-        got = {r: v["v:n"] for r, v in snap.scan("t", None, None, ["v:n"])}
-        assert got == {f"k{b}-{i}".encode(): str(b * 100 + i).encode()
-                       for b in range(3) for i in range(10)}
-        writes = internals(cluster).store.scan("t", None, None, [Read("w", versions=None)])
-        assert all(len(versions) == 1 for _, cells in writes for versions in cells.values())
-        loads = [r for r, _ in internals(cluster).store.scan(LOADS_TABLE, None, None,
-                                                  [Read("w", versions=None)])]
-        assert len([r for r in loads if r.startswith(b"stream-")]) == 3
+    assert_every_row_once(url, "t", 3)
 
 
 def test_stream_tasks_killed_mid_batch_and_replayed_write_every_row_once(
@@ -519,51 +502,26 @@ def test_stream_tasks_killed_mid_batch_and_replayed_write_every_row_once(
     properties a task reads its run and batch from, and Spark's own replay."""
     url = f"sqlite://{tmp_path}/s.db"
     done, park = tmp_path / "done", tmp_path / "park"
-    park.mkdir()
     with percolator.connect(url) as cluster:
         cluster.create_table("t")
 
-    def driver(run: str, **env: str) -> subprocess.Popen[bytes]:
+    def driver(run: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [sys.executable, "-m", "tests.spark_loader._stream_tasks", url, "t", str(done),
-             run, "3"], cwd=ROOT, env={**os.environ, **env}, start_new_session=True,
+             run, "3"], cwd=ROOT, env={**os.environ, **(env or {})}, start_new_session=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
-    def run_until(run: str, point: str) -> None:
-        (park / f"park-{point}").touch()
-        proc = driver(run, _PERCOLATOR_TEST_PARK_AFTER_PREWRITE=str(park))
-        try:
-            deadline = time.monotonic() + 120
-            while not (park / point).exists():
-                assert proc.poll() is None, proc.communicate()[0].decode()[-3000:]
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
-        finally:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        (park / f"park-{point}").unlink()
-
-    run_until("run1", "prewritten-1")  # batch 0 done; killed mid-batch 1
-    with percolator.connect(url) as cluster:
+    kill_when_parked(lambda env: driver("run1", env), park, "prewritten-1", 120)
+    with percolator.connect(url) as cluster:  # batch 0 done; killed mid-batch 1
         assert percolator.Snapshot(cluster).get("t", b"k0-0", "v:n") == b"0"
         assert percolator.Snapshot(cluster).get("t", b"k1-0", "v:n") is None
-    run_until("run2", "committed-2")  # replays 1; killed after committing 2
+    # replays 1; killed after committing 2
+    kill_when_parked(lambda env: driver("run2", env), park, "committed-2", 120)
     assert done.read_text().split() == ["0", "1"]  # batch 2 not recorded done
     last = driver("run3")
     out, _ = last.communicate(timeout=120)
     assert last.returncode == 0, out.decode()[-3000:]
-    with percolator.connect(url) as cluster:
-        snap = percolator.Snapshot(cluster)
-        got = {r: v["v:n"] for r, v in snap.scan("t", None, None, ["v:n"])}
-        assert got == {f"k{b}-{i}".encode(): str(b * 100 + i).encode()
-                       for b in range(3) for i in range(10)}
-        writes = internals(cluster).store.scan("t", None, None, [Read("w", versions=None)])
-        assert all(len(versions) == 1 for _, cells in writes for versions in cells.values())
-        loads = {r: cells for r, cells in internals(cluster).store.scan(
-            LOADS_TABLE, None, None, [Read("w", versions=None)]) if r.startswith(b"stream-")}
-        assert len(loads) == 3  # one committed load per batch, none twice:
-        assert all(len([ts for ts, record in versions if record[:1] != b"R"]) == 1
-                   for cells in loads.values() for versions in cells.values())
+    assert_every_row_once(url, "t", 3)
 
 
 # --- streaming read: the change feed -----------------------------------------------------------
