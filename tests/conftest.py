@@ -89,6 +89,13 @@ GROUPS = {
 """Files whose tests ``--dist loadgroup`` keeps on one xdist worker, and the group."""
 
 
+def _uses_spark_session(item: pytest.Item) -> bool:
+    """Whether the test runs Spark in its worker (the session-wide SparkSession or Spark
+    Connect client, directly or through ``session``); the other Spark tests start their
+    drivers in processes of their own, or use no Spark at all."""
+    return bool({"spark", "spark_connect", "session"} & set(getattr(item, "fixturenames", ())))
+
+
 def _uses_spark_connect(item: pytest.Item) -> bool:
     params = getattr(getattr(item, "callspec", None), "params", {})
     fixtures = getattr(item, "fixturenames", ())
@@ -99,9 +106,11 @@ def _uses_spark_connect(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         group = GROUPS.get(os.path.relpath(item.path, ROOT))
-        if group is None and "spark" in item.keywords:
+        if group is None and "spark" in item.keywords and _uses_spark_session(item):
             # A SparkSession lives in its worker: the classic tests share one worker's,
             # the Spark Connect ones (a server JVM and a thin client) run on another.
+            # Tests whose Spark runs in processes of their own (the stream and
+            # change-feed drivers, local workers, examples) spread over every worker.
             group = "spark-connect" if _uses_spark_connect(item) else "spark"
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
