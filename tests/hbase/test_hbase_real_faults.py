@@ -295,25 +295,34 @@ def test_histories_hold_across_kill_9_of_hbase_and_of_thrift(
     procs = [subprocess.Popen([*workload, "run", "--config", json.dumps(config), "--node",
                                f"c{i}", "--seed", str(i), "--kinds", "bank,append,obs"],
                               cwd=ROOT, stderr=subprocess.DEVNULL) for i in (1, 2)]
-    procs.append(subprocess.Popen(
-        [sys.executable, "-m", "observers", "--cluster", config["store"],  # type: ignore[list-item]
-         "--observers", "tests.faults._workload:OBSERVERS", "--threads", "1",
-         "--lock-ttl", "3", "--gc-interval", "0", "--retry-delay", "0.2"],
-        cwd=ROOT, stderr=subprocess.DEVNULL))
+    observer_log = tmp_path / "observer.log"
+    with open(observer_log, "wb") as log_file:
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "observers", "--cluster", config["store"],  # type: ignore[list-item]
+             "--observers", "tests.faults._workload:OBSERVERS", "--threads", "1",
+             "--lock-ttl", "3", "--gc-interval", "0", "--retry-delay", "0.2"],
+            cwd=ROOT, stderr=log_file))
 
     def answered() -> int:
         return sum(p.read_bytes().count(b'"type": "ok"') for p in tmp_path.glob("*.jsonl"))
+
+    began = time.monotonic()
+
+    def phase(what: str) -> None:  # printed with a failure: where the time went
+        print(f"{time.monotonic() - began:6.1f} s: {what}", flush=True)
 
     try:
         def progress(what: str) -> None:
             before = answered()
             _wait_for(lambda: answered() >= before + 15, what, timeout=240)
+            phase(what)
 
         for which in ("hbase", "thrift"):
             progress(f"operations before killing {which}")
             _kill(hbase, which)
             time.sleep(2)  # the clients meet the dead server
             _restart(hbase, which)
+            phase(f"{which} restarted")
         progress("operations after the restarts")
         (tmp_path / "stop").touch()
         for p in procs[:2]:
@@ -321,6 +330,7 @@ def test_histories_hold_across_kill_9_of_hbase_and_of_thrift(
                 p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()  # its unanswered operation counts as indeterminate
+        phase("clients stopped")
         state: dict[str, object] = {}
 
         def caught_up() -> bool:
@@ -328,7 +338,13 @@ def test_histories_hold_across_kill_9_of_hbase_and_of_thrift(
             state.update(json.loads((tmp_path / "final.json").read_text()))
             return state["obs_in"] == state["obs_out"]
 
-        _wait_for(caught_up, "the observer to process every change", timeout=180)
+        try:
+            _wait_for(caught_up, "the observer to process every change", timeout=180)
+        except AssertionError as e:
+            tail = "\n".join(observer_log.read_text(errors="replace").splitlines()[-60:])
+            raise AssertionError(f"{e}; in {state.get('obs_in')}, out {state.get('obs_out')}; "
+                                 f"the observer's log ends:\n{tail}") from None
+        phase("the observer caught up")
     finally:
         for p in procs:
             p.kill()
