@@ -6,8 +6,9 @@ column and the observer's acknowledgement, calls ``process`` if the column chang
 since, writes the acknowledgement and commits, alone or, on the embedded store, with
 the other runs of the scanner's pass in one group (:meth:`Runner.flush`,
 ``commit_group``). Failures back off (:mod:`observers._backoff`) and, counted across
-the cluster, end in quarantine. The transaction's side of the contract is
-:mod:`percolator._observer_hooks`."""
+the cluster, end in quarantine. A run that the store, the timestamp source or the
+coordination service failed is no failure: its error ends the scanner's pass. The
+transaction's side of the contract is :mod:`percolator._observer_hooks`."""
 
 from __future__ import annotations
 
@@ -93,6 +94,20 @@ class Indexed(enum.Enum):
 
     def __bool__(self) -> bool:
         return self is Indexed.WORKED
+
+
+_UNAVAILABLE = (StoreUnavailable, OracleUnavailable, CoordinationError)
+
+
+def _given_up_on(outcome: str, error: BaseException | None) -> None:
+    """Raise the error of a run that the store, the timestamp source or the
+    coordination service failed (*outcome* TRANSIENT): the scanner's pass ends there
+    and the scanner backs off. The next run of the pass would wait for the same
+    service, as long (a dead HBase behind a live Thrift server answers each call after
+    the store's deadline, two socket timeouts), and every row of the scan's batch
+    (128) after it too, where the next pass, after the back-off, may find it back."""
+    if outcome == Outcome.TRANSIENT and isinstance(error, _UNAVAILABLE):
+        raise error
 
 
 @dataclass(slots=True)
@@ -230,6 +245,7 @@ class Runner:
                     served = 0
                 elif served is None or served > notice.newest:
                     served = notice.newest
+                _given_up_on(outcome, error)
                 if outcome == Outcome.FAILED:
                     break
             if served and not settled:
@@ -261,6 +277,7 @@ class Runner:
         if (self._ended(observer, table, row, column, began, outcome, error, notice.weak,
                         notice.newest) and not settled):
             self._served_notification(table, row, column, notice.newest)
+        _given_up_on(outcome, error)
         if outcome != Outcome.ABSENT:
             return Indexed.WORKED
         # An absent run did no work: its notification was served already (by another
@@ -358,13 +375,13 @@ class Runner:
                 log.warning("commit outcome of %s on %s/%s/%s unknown; will look again",
                             observer.name, table, format_row(row), column)
                 return Outcome.TRANSIENT, None, False
-            except (StoreUnavailable, OracleUnavailable, CoordinationError) as e:
+            except _UNAVAILABLE as e:
                 # Not the observer's fault: keep the notification, count no failure
-                # towards quarantine, and let the scanner back off.
+                # towards quarantine; the caller raises it (_given_up_on), so that the
+                # scanner ends its pass and backs off.
                 log.warning("%s on %s/%s/%s: %s; will retry", observer.name, table,
                             format_row(row), column, e)
-                time.sleep(0.1)
-                return Outcome.TRANSIENT, None, False
+                return Outcome.TRANSIENT, e, False
             except PercolatorError as e:
                 if self._stop.is_set():  # a lock wait cut short: the next pass retries
                     return Outcome.TRANSIENT, None, False

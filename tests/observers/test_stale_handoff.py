@@ -13,14 +13,15 @@ hand-off, and a run deletes no notification it did not serve."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
 
 import percolator
 from observers import Observer, Worker
-from percolator import Cluster, Transaction
-from percolator.ext import pending_notifications
+from percolator import Cluster, StoreUnavailable, Transaction
+from percolator.ext import internals, pending_notifications
 from percolator.testing import Actor, Interleaving
 from tests._backends import SQLITE_AND_BIGTABLE
 
@@ -147,3 +148,38 @@ def test_a_change_committed_after_the_runs_start_keeps_its_notification(
     assert mine._scanner.serve_row(T, ROW)
     assert Recorder.seen == [b"old", b"new"]
     assert _pending(cluster) == []
+
+
+def test_a_pass_ends_at_the_first_run_the_store_fails(tmp_path: Path) -> None:
+    """The store goes away between the pass's scan and its runs (here the embedded
+    store is closed under the pass; in tests/hbase/test_hbase_real_faults.py HBase is
+    killed): the first run fails with StoreUnavailable, counted as no failure of the
+    observer, and the pass ends there, raising it, for the scanner to back off. The
+    rest of the scan's batch is left to a later pass: on a dead HBase behind a live
+    Thrift server each of its runs would wait the store's deadline (two socket
+    timeouts) to fail the same way. Once the store is back, each change is run once.
+
+    Catches the runner that swallows the error and goes on to the next row of the
+    batch (issue 49's runner): the pass runs all three rows."""
+    url = f"sqlite:///{tmp_path}/repo.db"
+    rows = [b"a", b"b", b"c"]
+    with percolator.connect(url) as cluster:
+        cluster.create_table(T)
+        mine, _ = _workers(cluster)
+        with Transaction(cluster) as txn:
+            for row in rows:
+                txn.set(T, row, COL, row)
+        with Interleaving(cluster) as world:
+            scan = _parked_after_its_scan(world, mine)
+            internals(cluster).store.close()  # the store goes away
+            with pytest.raises(StoreUnavailable):
+                scan.finish()
+        assert [s.op for s in scan.steps].count("timestamp") == 1  # one run, not three
+        assert Recorder.seen == []
+    with percolator.connect(url) as cluster:  # the store is back
+        again, _ = _workers(cluster)
+        while again._scanner.scan_pass():
+            pass
+        assert sorted(Recorder.seen) == rows  # type: ignore[type-var]
+        assert _pending(cluster) == []
+        assert again.stats["failures"] == 0
