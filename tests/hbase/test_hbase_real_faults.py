@@ -27,6 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,6 +130,22 @@ def _wait_for(condition: object, what: str, timeout: float = 120) -> None:
     while not condition():  # type: ignore[operator]
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _wait_while_progressing(condition: object, progress: object, what: str,
+                            stall: float = 180) -> None:
+    """Wait until *condition()* holds, for as long as *progress()* (a value that changes
+    as the work advances) keeps changing: give up only after *stall* seconds without a
+    change (a hang), not after a fixed total that a loaded machine may need (pytest's
+    timeout bounds the test)."""
+    last, since = progress(), time.monotonic()  # type: ignore[operator]
+    while not condition():  # type: ignore[operator]
+        now, seen = time.monotonic(), progress()  # type: ignore[operator]
+        if seen != last:
+            last, since = seen, now
+        elif now - since > stall:
+            raise AssertionError(f"timed out waiting for {what}: no progress in {stall:g} s")
         time.sleep(0.1)
 
 
@@ -331,15 +348,20 @@ def test_histories_hold_across_kill_9_of_hbase_and_of_thrift(
             except subprocess.TimeoutExpired:
                 p.kill()  # its unanswered operation counts as indeterminate
         phase("clients stopped")
-        state: dict[str, object] = {}
+        state: dict[str, Any] = {}
 
         def caught_up() -> bool:
             final(config, str(tmp_path / "final.json"))
             state.update(json.loads((tmp_path / "final.json").read_text()))
-            return state["obs_in"] == state["obs_out"]
+            return bool(state["obs_in"] == state["obs_out"])
+
+        def observed() -> tuple[int, int]:  # the observer's commits, the rows caught up
+            inputs, outputs = state.get("obs_in", {}), state.get("obs_out", {})
+            return len(state.get("obslog", ())), sum(
+                outputs.get(row) == value for row, value in inputs.items())
 
         try:
-            _wait_for(caught_up, "the observer to process every change", timeout=180)
+            _wait_while_progressing(caught_up, observed, "the observer to process every change")
         except AssertionError as e:
             tail = "\n".join(observer_log.read_text(errors="replace").splitlines()[-60:])
             raise AssertionError(f"{e}; in {state.get('obs_in')}, out {state.get('obs_out')}; "
