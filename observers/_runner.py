@@ -6,8 +6,9 @@ column and the observer's acknowledgement, calls ``process`` if the column chang
 since, writes the acknowledgement and commits, alone or, on the embedded store, with
 the other runs of the scanner's pass in one group (:meth:`Runner.flush`,
 ``commit_group``). Failures back off (:mod:`observers._backoff`) and, counted across
-the cluster, end in quarantine. The transaction's side of the contract is
-:mod:`percolator._observer_hooks`."""
+the cluster, end in quarantine. A run that the store, the timestamp source or the
+coordination service failed is no failure: its error ends the scanner's pass. The
+transaction's side of the contract is :mod:`percolator._observer_hooks`."""
 
 from __future__ import annotations
 
@@ -95,15 +96,30 @@ class Indexed(enum.Enum):
         return self is Indexed.WORKED
 
 
+_UNAVAILABLE = (StoreUnavailable, OracleUnavailable, CoordinationError)
+
+
+def _given_up_on(outcome: str, error: BaseException | None) -> None:
+    """Raise the error of a run that the store, the timestamp source or the
+    coordination service failed (*outcome* TRANSIENT): the scanner's pass ends there
+    and the scanner backs off. The next run of the pass would wait for the same
+    service, as long (a dead HBase behind a live Thrift server answers each call after
+    the store's deadline, two socket timeouts), and every row of the scan's batch
+    (128) after it too, where the next pass, after the back-off, may find it back."""
+    if outcome == Outcome.TRANSIENT and isinstance(error, _UNAVAILABLE):
+        raise error
+
+
 @dataclass(slots=True)
 class Notice:
-    """The notification a run read in its own first read (an index pass): its newest
-    notify version at or below the run's start_ts (0: none), whether one of those is
-    weak, and (an absent run) whether a version above start_ts was read."""
+    """The notification a run read in its own first read: its newest notify version
+    at or below the run's start_ts (0: none), whether one of those is weak, (an
+    absent run) whether a version above start_ts was read, and the start_ts."""
 
     newest: int = 0
     weak: bool = False
     later: bool = False
+    start_ts: int = 0
 
 
 @dataclass(slots=True)
@@ -181,41 +197,59 @@ class Runner:
         notification is left in the group, to be committed with others
         (:meth:`flush`).
 
-        The cells may be a little old: the scanner read them before it took the
-        row's advisory lock, and another scanner may have served them meanwhile.
-        That costs a run, never a wrong result: the run reads its column and
-        acknowledgement at a snapshot drawn after the read, so a change served
-        already is acknowledged (the run skips it, as two workers' runs of one change
-        do), and it deletes only the versions it was handed, so a newer notification
-        stays for a later pass."""
+        The cells only name the dirty columns: the scanner read them before it took
+        the row's advisory lock, and another worker may have served them meanwhile,
+        or a newer notification may have come. Each run reads the notification again
+        in its own first read (:meth:`ObserverRun.get_row_notified`, the same store
+        call as its read of the column and the acknowledgement), after its start
+        timestamp, and serves what that read found at or below it: a notification
+        served already is absent (a weak one would otherwise be run a second time,
+        since its run does not look at the acknowledgement), and one committed after
+        the start timestamp stays for a later pass."""
         worked = False
         for name, versions in cells.items():
             column = name[len(NOTIFY) + 1 :]
             if not versions:
                 continue
-            newest = versions[0][0]
-            weak = any(value == NOTIFY_WEAK for _, value in versions)
             if self.backoff.waiting(table, row, column):
                 continue
-            done = True
-            settled = False
+            handed = versions[0][0]
             observers = self.by_column[(table, column)]
             # One observer and no failure to clear: its commit may delete the
             # notification itself (one-phase commits do, in their atomic step).
-            settle = newest if len(observers) == 1 and not self.backoff else None
+            settle = len(observers) == 1 and not self.backoff
+            served: int | None = None  # the newest version every run served (0: not all)
+            settled = False
             for observer in observers:
+                notice = Notice()
                 began = time.perf_counter()
                 outcome, error, settled = self._run_observer(
-                    observer, table, row, column, weak, newest, settle,
-                    group if settle is not None else None)
-                worked = True
+                    observer, table, row, column, notice, settle=settle,
+                    group=group if settle else None)
+                if outcome != Outcome.ABSENT or notice.later:
+                    worked = True
+                if outcome == Outcome.ABSENT and notice.later and notice.start_ts < handed:
+                    # The scanner read the notification before this start timestamp was
+                    # drawn: every timestamp source draws above what was read before
+                    # the draw (docs/timestamps.md). Should one not, the notification
+                    # stays for a later pass rather than being lost.
+                    log.error("%s on %s/%s/%s: snapshot %d is below the notification %d; "
+                              "leaving it for a later pass", observer.name, table,
+                              format_row(row), column, notice.start_ts, handed)
+                # A run that failed before it read the notification counts its failure
+                # against the one the scanner read.
+                newest, weak = ((notice.newest, notice.weak) if notice.newest else
+                                (handed, any(v == NOTIFY_WEAK for _, v in versions)))
                 if not self._ended(observer, table, row, column, began, outcome, error,
                                    weak, newest):
-                    done = False
+                    served = 0
+                elif served is None or served > notice.newest:
+                    served = notice.newest
+                _given_up_on(outcome, error)
                 if outcome == Outcome.FAILED:
                     break
-            if done and not settled:
-                self._served_notification(table, row, column, newest)
+            if served and not settled:
+                self._served_notification(table, row, column, served)
         return worked
 
     def sole_observer(self, table: str, columns: Iterable[str]) -> Observer | None:
@@ -239,10 +273,11 @@ class Runner:
         notice = Notice()
         began = time.perf_counter()
         outcome, error, settled = self._run_observer(
-            observer, table, row, column, False, 0, notice=notice)
+            observer, table, row, column, notice, settle=True, spare=True)
         if (self._ended(observer, table, row, column, began, outcome, error, notice.weak,
                         notice.newest) and not settled):
             self._served_notification(table, row, column, notice.newest)
+        _given_up_on(outcome, error)
         if outcome != Outcome.ABSENT:
             return Indexed.WORKED
         # An absent run did no work: its notification was served already (by another
@@ -319,36 +354,34 @@ class Runner:
         self._delete_notification(table, row, column, newest)
 
     def _run_observer(
-        self, observer: Observer, table: str, row: bytes, column: str, weak: bool,
-        newest: int, settle: int | None = None, group: Group | None = None,
-        notice: Notice | None = None,
+        self, observer: Observer, table: str, row: bytes, column: str, notice: Notice,
+        *, settle: bool, group: Group | None = None, spare: bool = False,
     ) -> tuple[str, BaseException | None, bool]:
-        """Run one observer transaction, retrying conflicts a few times, for the
-        notification versions up to *newest* (the newest one read). With *settle*
-        (the newest notification version read), its commit may delete the
-        notification; the third value tells whether it did (or, for a run left in
-        *group*, that the group's commit will see to it). With *notice*, the run reads
-        the notification itself and fills *notice* (*weak*, *newest* and *settle*
-        are then taken from it)."""
+        """Run one observer transaction, retrying conflicts a few times. The run reads
+        the notification itself and fills *notice*. With *settle*, its commit may
+        delete the notification; the third value tells whether it did (or, for a run
+        left in *group*, that the group's commit will see to it). With *spare*, it
+        may begin at a start timestamp its thread's previous commit drew
+        (:class:`NextStart`)."""
         for attempt in range(4):
             if attempt:
                 time.sleep(random.uniform(0, 0.005 * 2**attempt))
             try:
-                outcome, settled = self._transaction(observer, table, row, column, weak,
-                                                     newest, settle, group, notice)
+                outcome, settled = self._transaction(observer, table, row, column, notice,
+                                                     settle, group, spare)
             except ObserverError as e:
                 return Outcome.FAILED, e.__cause__ or e, False
             except CommitUnknownError:
                 log.warning("commit outcome of %s on %s/%s/%s unknown; will look again",
                             observer.name, table, format_row(row), column)
                 return Outcome.TRANSIENT, None, False
-            except (StoreUnavailable, OracleUnavailable, CoordinationError) as e:
+            except _UNAVAILABLE as e:
                 # Not the observer's fault: keep the notification, count no failure
-                # towards quarantine, and let the scanner back off.
+                # towards quarantine; the caller raises it (_given_up_on), so that the
+                # scanner ends its pass and backs off.
                 log.warning("%s on %s/%s/%s: %s; will retry", observer.name, table,
                             format_row(row), column, e)
-                time.sleep(0.1)
-                return Outcome.TRANSIENT, None, False
+                return Outcome.TRANSIENT, e, False
             except PercolatorError as e:
                 if self._stop.is_set():  # a lock wait cut short: the next pass retries
                     return Outcome.TRANSIENT, None, False
@@ -362,42 +395,31 @@ class Runner:
         return Outcome.CONFLICT, None, False
 
     def _transaction(
-        self, observer: Observer, table: str, row: bytes, column: str, weak: bool,
-        newest: int, settle: int | None, group: Group | None = None,
-        notice: Notice | None = None,
+        self, observer: Observer, table: str, row: bytes, column: str, notice: Notice,
+        settle: bool, group: Group | None, spare: bool,
     ) -> tuple[str, bool]:
         held: NextStart | None = None
-        if notice is None:
+        if not spare:
             txn = ObserverRun(self.cluster)
         else:
             # The run reads its notification after its start timestamp (step 2 of
             # percolator/_observer_hooks.py): it may begin at one its thread's previous
             # commit drew (step 5), and leaves one for the next.
             held = self.next_start()
-            spare, held.ts = held.ts, 0
-            txn = ObserverRun(self.cluster, start_ts=spare or None)
+            spare_ts, held.ts = held.ts, 0
+            txn = ObserverRun(self.cluster, start_ts=spare_ts or None)
             txn.pass_start_on(held)
-        if notice is None and txn.start_ts < newest:
-            # The notification was read raw, from a commit newer than this snapshot:
-            # the run could not see the change it is for, and would skip it and
-            # delete its notification. Every timestamp source draws above what was
-            # read before the draw (docs/timestamps.md); should one not, the
-            # notification stays for a later pass rather than being lost.
-            txn.close()
-            log.error("%s on %s/%s/%s: snapshot %d is below the notification %d; "
-                      "leaving it for a later pass", observer.name, table, format_row(row),
-                      column, txn.start_ts, newest)
-            return Outcome.TRANSIENT, False
+        notice.newest, notice.weak, notice.later = 0, False, False  # a retry reads again
+        notice.start_ts = txn.start_ts
         try:
-            outcome, settled = self._observe(txn, observer, table, row, column, weak,
-                                             settle, group, notice)
+            outcome, settled = self._observe(txn, observer, table, row, column, settle,
+                                             group, notice)
         except BaseException:
             # Its error travels on (to the log, whose handlers may keep the record and
             # so the traceback's frames): the run must not hold the safe point meanwhile.
             txn.close()
             raise
-        if held is not None and notice is not None and outcome == Outcome.ABSENT and (
-                not notice.later):
+        if held is not None and outcome == Outcome.ABSENT and not notice.later:
             # It read, found nothing and wrote nothing: its start timestamp is as good
             # for the next run as a fresh draw (step 5 of percolator/_observer_hooks.py;
             # docs/timestamps.md). One that read a notification above it is stale: the
@@ -407,25 +429,21 @@ class Runner:
 
     def _observe(
         self, txn: ObserverRun, observer: Observer, table: str, row: bytes,
-        column: str, weak: bool, settle: int | None, group: Group | None,
-        notice: Notice | None = None,
+        column: str, settle: bool, group: Group | None, notice: Notice,
     ) -> tuple[str, bool]:
         txn.stop_waiting_on(self._stop)
         ack = ack_column(observer.name, column)
         txn.internal_columns(True)
-        if notice is None:
-            values = txn.get_row(table, row, [column, ack])
-        else:
-            values, versions = txn.get_row_notified(table, row, [column, ack], column)
-            # A version above start_ts was committed after the draw: its change is not
-            # in this snapshot, so this run must not serve (delete) it.
-            served = [(ts, value) for ts, value in versions if ts <= txn.start_ts]
-            if not served:
-                notice.later = bool(versions)
-                txn.close()
-                return Outcome.ABSENT, False
-            notice.newest = settle = served[0][0]
-            notice.weak = weak = any(value == NOTIFY_WEAK for _, value in served)
+        values, versions = txn.get_row_notified(table, row, [column, ack], column)
+        # A version above start_ts was committed after the draw: its change is not
+        # in this snapshot, so this run must not serve (delete) it.
+        served = [(ts, value) for ts, value in versions if ts <= txn.start_ts]
+        if not served:
+            notice.later = bool(versions)
+            txn.close()
+            return Outcome.ABSENT, False
+        notice.newest = served[0][0]
+        notice.weak = weak = any(value == NOTIFY_WEAK for _, value in served)
         change = txn.change_version(table, row, column)
         acked = int(values.get(ack, b"0"))
         if change <= acked and not weak:
@@ -450,8 +468,8 @@ class Runner:
             ) from e
         txn.internal_columns(True)
         txn.set(table, row, ack, str(max(change, acked)).encode())
-        if settle is not None:
-            txn.settle_on_commit(Settlement(table, row, column, settle))
+        if settle:
+            txn.settle_on_commit(Settlement(table, row, column, notice.newest))
             if group is not None:
                 group.runs.append(Run(txn, observer, table, row, column, change))
                 return Outcome.DEFERRED, True

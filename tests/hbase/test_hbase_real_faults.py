@@ -27,6 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -129,6 +130,22 @@ def _wait_for(condition: object, what: str, timeout: float = 120) -> None:
     while not condition():  # type: ignore[operator]
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _wait_while_progressing(condition: object, progress: object, what: str,
+                            stall: float = 180) -> None:
+    """Wait until *condition()* holds, for as long as *progress()* (a value that changes
+    as the work advances) keeps changing: give up only after *stall* seconds without a
+    change (a hang), not after a fixed total that a loaded machine may need (pytest's
+    timeout bounds the test)."""
+    last, since = progress(), time.monotonic()  # type: ignore[operator]
+    while not condition():  # type: ignore[operator]
+        now, seen = time.monotonic(), progress()  # type: ignore[operator]
+        if seen != last:
+            last, since = seen, now
+        elif now - since > stall:
+            raise AssertionError(f"timed out waiting for {what}: no progress in {stall:g} s")
         time.sleep(0.1)
 
 
@@ -295,25 +312,34 @@ def test_histories_hold_across_kill_9_of_hbase_and_of_thrift(
     procs = [subprocess.Popen([*workload, "run", "--config", json.dumps(config), "--node",
                                f"c{i}", "--seed", str(i), "--kinds", "bank,append,obs"],
                               cwd=ROOT, stderr=subprocess.DEVNULL) for i in (1, 2)]
-    procs.append(subprocess.Popen(
-        [sys.executable, "-m", "observers", "--cluster", config["store"],  # type: ignore[list-item]
-         "--observers", "tests.faults._workload:OBSERVERS", "--threads", "1",
-         "--lock-ttl", "3", "--gc-interval", "0", "--retry-delay", "0.2"],
-        cwd=ROOT, stderr=subprocess.DEVNULL))
+    observer_log = tmp_path / "observer.log"
+    with open(observer_log, "wb") as log_file:
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "observers", "--cluster", config["store"],  # type: ignore[list-item]
+             "--observers", "tests.faults._workload:OBSERVERS", "--threads", "1",
+             "--lock-ttl", "3", "--gc-interval", "0", "--retry-delay", "0.2"],
+            cwd=ROOT, stderr=log_file))
 
     def answered() -> int:
         return sum(p.read_bytes().count(b'"type": "ok"') for p in tmp_path.glob("*.jsonl"))
+
+    began = time.monotonic()
+
+    def phase(what: str) -> None:  # printed with a failure: where the time went
+        print(f"{time.monotonic() - began:6.1f} s: {what}", flush=True)
 
     try:
         def progress(what: str) -> None:
             before = answered()
             _wait_for(lambda: answered() >= before + 15, what, timeout=240)
+            phase(what)
 
         for which in ("hbase", "thrift"):
             progress(f"operations before killing {which}")
             _kill(hbase, which)
             time.sleep(2)  # the clients meet the dead server
             _restart(hbase, which)
+            phase(f"{which} restarted")
         progress("operations after the restarts")
         (tmp_path / "stop").touch()
         for p in procs[:2]:
@@ -321,14 +347,26 @@ def test_histories_hold_across_kill_9_of_hbase_and_of_thrift(
                 p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()  # its unanswered operation counts as indeterminate
-        state: dict[str, object] = {}
+        phase("clients stopped")
+        state: dict[str, Any] = {}
 
         def caught_up() -> bool:
             final(config, str(tmp_path / "final.json"))
             state.update(json.loads((tmp_path / "final.json").read_text()))
-            return state["obs_in"] == state["obs_out"]
+            return bool(state["obs_in"] == state["obs_out"])
 
-        _wait_for(caught_up, "the observer to process every change", timeout=180)
+        def observed() -> tuple[int, int]:  # the observer's commits, the rows caught up
+            inputs, outputs = state.get("obs_in", {}), state.get("obs_out", {})
+            return len(state.get("obslog", ())), sum(
+                outputs.get(row) == value for row, value in inputs.items())
+
+        try:
+            _wait_while_progressing(caught_up, observed, "the observer to process every change")
+        except AssertionError as e:
+            tail = "\n".join(observer_log.read_text(errors="replace").splitlines()[-60:])
+            raise AssertionError(f"{e}; in {state.get('obs_in')}, out {state.get('obs_out')}; "
+                                 f"the observer's log ends:\n{tail}") from None
+        phase("the observer caught up")
     finally:
         for p in procs:
             p.kill()
