@@ -185,6 +185,9 @@ def test_timestamp_zero_and_large_timestamps(store: Store) -> None:
     assert versions(store, b"r", "d:c", max_ts=big - 1) == [(0, b"zero")]
     assert versions(store, b"r", "d:c", max_ts=0) == [(0, b"zero")]
     assert versions(store, b"r", "d:c", min_ts=big) == [(big, b"big")]
+    # a delete at or below 0 is one of the version at 0 (0 does not mean "every version")
+    store.mutate_rows(T, [Mutation(b"r", deletes=[("d:c", 0)])])
+    assert versions(store, b"r", "d:c", versions=None) == [(big, b"big")]
 
 
 def test_versions_limit(store: Store) -> None:
