@@ -247,6 +247,30 @@ def test_transactions_are_counted_by_kind_and_outcome(cluster: percolator.Cluste
     assert local("percolator_commit_duration_seconds", kind="user") - commits == 3
 
 
+def test_a_commits_duration_is_the_time_its_commit_took(cluster: percolator.Cluster) -> None:
+    """The commit duration histogram gets, per commit (committed or conflicted), a
+    positive time within the wall time measured around the commits."""
+    key = ("percolator_commit_duration_seconds", ("user",))
+
+    def total() -> tuple[float, float]:
+        counts, seconds = metrics.snapshot()[1].get(key, ([], 0.0))
+        return float(sum(counts)), seconds
+
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"a", "raw:v", b"0")
+    late = Transaction(cluster)  # conflicts with the next commit to "a"
+    late.set("docs", b"a", "raw:v", b"late")
+    (count, seconds), began = total(), time.perf_counter()
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"a", "raw:v", b"1")
+    with pytest.raises(ConflictError):
+        late.commit()
+    took = time.perf_counter() - began
+    after_count, after_seconds = total()
+    assert after_count == count + 2
+    assert 0 < after_seconds - seconds <= took
+
+
 def test_a_group_commit_counts_each_member_by_outcome(cluster: percolator.Cluster) -> None:
     names = ("committed", "conflicted", "failed")
     before = {n: local(f"percolator_transactions_{n}_total", kind="user") for n in names}

@@ -6,7 +6,9 @@ import pytest
 
 import percolator
 from percolator import Cluster, Transaction
+from percolator._encoding import NOTIFY
 from percolator._internals import internals
+from percolator._store import Read
 from percolator.testing import CrashPoint, client_of, crash_commit
 
 
@@ -240,3 +242,46 @@ def test_get_rows_waits_out_and_resolves_a_lock_like_get_row(accounts: Cluster) 
     reader = Transaction(accounts)
     assert reader.get_rows("accounts", [b"a", b"b"], ["bal:amount"]) == {
         b"a": {"bal:amount": b"2"}, b"b": {"bal:amount": b"2"}}
+
+
+@pytest.mark.parametrize("one_phase", [True, False], ids=["one-phase", "two-phase"])
+def test_a_commit_that_makes_a_notification_wakes_this_processs_workers(
+    accounts: Cluster, one_phase: bool
+) -> None:
+    """A commit that makes a notification (a write of an observed column, or a weak
+    one alone) wakes this process's idle workers at once (``Internals.wakeups``, which
+    a worker's scanners listen on); one that makes none leaves them asleep. So does
+    each committed member of a group commit."""
+    from percolator._commit import commit_group
+
+    accounts.one_phase_commit = one_phase
+    accounts.observe("accounts", "bal:amount")
+    rung: list[int] = []
+    wakeups = internals(accounts).wakeups
+    wakeups.append(lambda: rung.append(1))
+    try:
+        with Transaction(accounts) as quiet:
+            quiet.set("accounts", b"alice", "bal:note", b"not observed")
+        assert rung == []
+        with Transaction(accounts) as strong:
+            strong.set("accounts", b"alice", "bal:amount", b"1")
+        assert rung == [1]
+        with Transaction(accounts) as weak:
+            weak.notify("accounts", b"bob", "bal:amount")
+        assert rung == [1, 1]
+        # It writes no cell, yet commits at a timestamp of its own, its notification's.
+        assert weak.commit_ts is not None and weak.commit_ts > weak.start_ts
+        notify = f"{NOTIFY}:bal:amount"
+        found = internals(accounts).store.read_rows(
+            "accounts", [b"bob"], [Read(NOTIFY, ("bal:amount",))])
+        assert [ts for ts, _ in found[b"bob"][notify]] == [weak.commit_ts]
+        with Transaction(accounts) as read_only:  # commits at its start, nothing rung
+            read_only.get("accounts", b"alice", "bal:amount")
+        assert read_only.commit_ts == read_only.start_ts
+        members = [Transaction(accounts) for _ in range(2)]
+        members[0].set("accounts", b"carol", "bal:note", b"not observed")
+        members[1].set("accounts", b"carol", "bal:amount", b"2")
+        assert all(isinstance(o, int) for o in commit_group(members))
+        assert rung == [1, 1, 1]
+    finally:
+        wakeups.pop()

@@ -25,7 +25,12 @@ from percolator import (
     Transaction,
     TransactionClosedError,
 )
-from percolator._commit import SimulatedCrash, commit_group, commit_transaction
+from percolator._commit import (
+    SimulatedCrash,
+    commit_group,
+    commit_transaction,
+    commits_in_one_phase,
+)
 from percolator._encoding import LOCK, Free, decode_lock
 from percolator._internals import internals
 from percolator._safe_point import SafePoint
@@ -111,7 +116,11 @@ def test_a_member_conflicts_with_any_earlier_member_of_its_cells(table: Cluster)
     members[2].set(T, b"a", COL, b"m2")
     outcomes = commit_group(members)
     assert isinstance(outcomes[0], int) and isinstance(outcomes[1], int)
-    assert isinstance(outcomes[2], ConflictError)
+    conflict = outcomes[2]
+    assert isinstance(conflict, ConflictError)
+    # The conflict names its transaction and the cell, as one met in the store does.
+    assert (conflict.start_ts, conflict.table, conflict.row, conflict.column) == (
+        members[2].start_ts, T, b"a", COL)
     snap = Snapshot(table)
     assert (snap.get(T, b"a", COL), snap.get(T, b"b", COL)) == (b"m0", b"m1")
 
@@ -218,6 +227,44 @@ def test_a_member_overtaken_by_the_safe_point_fails_alone(table: Cluster) -> Non
             txn.commit()
     snap = Snapshot(table)
     assert [snap.get(T, r, COL) for r in (b"a", b"b", b"c")] == [None, b"1", b"2"]
+
+
+def test_a_closed_member_fails_alone_and_keeps_no_other_out_of_the_step(
+        table: Cluster) -> None:
+    """A member committed already (closed) gets TransactionClosedError; the members
+    after it in the group still share the group's one step."""
+    done = Transaction(table)
+    done.set(T, b"a", COL, b"done")
+    done.commit()
+    fresh = [Transaction(table) for _ in range(2)]
+    fresh[0].set(T, b"b", COL, b"1")
+    fresh[1].set(T, b"c", COL, b"2")
+    parts = internals(table)
+    atomic = declares(parts.store, ATOMICALLY)
+    counting = CountingSteps(parts.store)
+    if atomic:
+        parts.store = counting  # type: ignore[assignment]
+    try:
+        outcomes = commit_group([done, *fresh])
+    finally:
+        parts.store = counting._store if atomic else parts.store
+    assert isinstance(outcomes[0], TransactionClosedError)
+    assert isinstance(outcomes[1], int) and isinstance(outcomes[2], int)
+    if atomic:
+        assert (counting.steps, counting.cas) == (1, 0)
+    snap = Snapshot(table)
+    assert [snap.get(T, r, COL) for r in (b"a", b"b", b"c")] == [b"done", b"1", b"2"]
+
+
+def test_a_cluster_tells_whether_its_groups_share_one_step(table: Cluster) -> None:
+    """commits_in_one_phase: on a store with an atomic step and one-phase commits on
+    (the embedded store), a group commits in one step, so a worker gathers its runs
+    into groups; with one-phase commits off, or elsewhere, it does not."""
+    atomic = declares(internals(table).store, ATOMICALLY)
+    assert commits_in_one_phase(table) is atomic
+    two_phase = client_of(table)
+    two_phase.one_phase_commit = False
+    assert commits_in_one_phase(two_phase) is False
 
 
 def test_a_member_that_meets_a_lock_commits_on_its_own(table: Cluster) -> None:

@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 
 from percolator import Cluster, ConflictError, OracleUnavailable, Transaction, metrics
+from percolator._commit import SimulatedCrash, commit_transaction
 from percolator._internals import internals
 from percolator._safe_point import SafePoint
 from percolator._timestamps import NextStart
-from percolator.testing import Interleaving, client_of
+from percolator.testing import CrashPoint, Interleaving, client_of
 
 T, X, Y, COL = "t", b"x", b"y", "c:v"
 
@@ -139,6 +140,55 @@ def test_a_write_meeting_a_commit_since_its_spare_commits_at_a_fresh_start(
     assert _count("percolator_transactions_conflicted_total") == conflicted
     assert _count("percolator_transactions_committed_total") == committed + 1
     assert (stats["conflicts"], stats["commits"]) == (conflicts, commits + 1)
+
+
+def test_a_commit_that_starts_over_counts_only_its_last_attempt(cluster: Cluster) -> None:
+    """commit_transaction's *again*: the first attempt conflicts, *again* makes the
+    transaction ready at a fresh start, and the second attempt commits. The first
+    attempt's conflict, which the application never sees, is counted neither in the
+    cluster's stats (``percolator status``) nor in the metrics. On every store: the
+    test hands *again* itself (the embedded store's transactions take no spare)."""
+    cluster.create_table(T)
+    stale, loser = Transaction(cluster), Transaction(cluster)
+    stale.set(T, X, COL, b"stale")
+    loser.set(T, X, COL, b"loser")
+    stale_start = stale.start_ts
+    assert loser.start_ts > 0
+    with Transaction(cluster) as other:
+        other.set(T, X, COL, b"other")
+    assert other.commit_ts is not None and other.commit_ts > stale_start
+    stats = internals(cluster).stats
+    conflicts, commits = stats["conflicts"], stats["commits"]
+    with pytest.raises(ConflictError):  # a conflict the application sees: counted
+        loser.commit()
+    assert (stats["conflicts"], stats["commits"]) == (conflicts + 1, commits)
+    conflicted = _count("percolator_transactions_conflicted_total")
+    committed = _count("percolator_transactions_committed_total")
+    conflicts += 1
+    commit_ts = commit_transaction(stale, again=stale._start_over)
+    assert stale.commit_ts == commit_ts
+    assert stale.start_ts > other.commit_ts and commit_ts > stale.start_ts
+    assert cluster.snapshot().get(T, X, COL) == b"stale"
+    assert (stats["conflicts"], stats["commits"]) == (conflicts, commits + 1)
+    assert _count("percolator_transactions_conflicted_total") == conflicted
+    assert _count("percolator_transactions_committed_total") == committed + 1
+
+
+def test_a_commit_that_starts_over_stops_at_its_crash_point(cluster: Cluster) -> None:
+    """A test harness's crash point holds for the attempt after *again* too: the
+    commit stops there (its primary committed, as a process that died right after
+    its commit point leaves it), and a reader rolls it forward."""
+    cluster.create_table(T)
+    stale = Transaction(cluster)
+    stale.set(T, X, COL, b"stale")
+    stale.set(T, Y, COL, b"stale")
+    assert stale.start_ts > 0
+    with Transaction(cluster) as other:
+        other.set(T, X, COL, b"other")
+    with pytest.raises(SimulatedCrash):
+        commit_transaction(stale, CrashPoint("commit_point"), again=stale._start_over)
+    assert stale.commit_ts is not None
+    assert cluster.snapshot().get(T, Y, COL) == b"stale"
 
 
 def test_a_write_meeting_a_live_lock_still_conflicts(table: Cluster) -> None:
