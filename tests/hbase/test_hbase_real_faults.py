@@ -113,14 +113,14 @@ def _url(hbase: object, name: str) -> str:
     return hbase_store_url(hbase.hostport, name) + f"&timeout={TIMEOUT:g}"  # type: ignore[attr-defined]
 
 
-def _connect(hbase: object, name: str, *tables: str) -> percolator.Cluster:
-    """A cluster with the short socket timeout of these tests, its *tables* created first
-    at the store's default one: at load 40-60 a table's creation (HBase procedures, not
-    the faults under test) ran out the 8 s and failed the test."""
-    with percolator.connect(hbase_store_url(hbase.hostport, name)) as setup:  # type: ignore[attr-defined]
+def _connect(url: str, *tables: str) -> percolator.Cluster:
+    """A cluster on *url* (with the short socket timeout of these tests), its *tables*
+    created first at the store's default timeout: at load 40-60 a table's creation (HBase
+    procedures, not the faults under test) ran out the 8 s and failed the test."""
+    with percolator.connect(url.replace(f"&timeout={TIMEOUT:g}", "")) as setup:
         for table in tables:
             setup.create_table(table)
-    return percolator.connect(_url(hbase, name))
+    return percolator.connect(url)
 
 
 def _bank_client(url: str, seed: int, log: Path) -> subprocess.Popen[bytes]:
@@ -172,7 +172,7 @@ def _fails_in_time(call: object) -> BaseException:
 @pytest.mark.parametrize("which", ["hbase", "thrift"])
 def test_bank_survives_kill_9_of_the_server(hbase: object, which: str, tmp_path: Path) -> None:
     url = _url(hbase, f"bank_{which}")
-    cluster = _connect(hbase, f"bank_{which}", "accounts", "transfers")
+    cluster = _connect(url, "accounts", "transfers")
     with Transaction(cluster) as txn:
         for i in range(ACCOUNTS):
             txn.set("accounts", b"acct%03d" % i, "bal:v", str(INITIAL).encode())
@@ -238,7 +238,7 @@ class Upper(Observer):
 def test_observers_process_each_change_once_across_a_kill_9(
     hbase: object, which: str
 ) -> None:
-    cluster = _connect(hbase, f"obs_{which}", "docs")
+    cluster = _connect(_url(hbase, f"obs_{which}"), "docs")
     commits: Counter[tuple[bytes, int]] = Counter()
     lock = threading.Lock()
 
