@@ -703,18 +703,21 @@ def _timeout_tables(args: argparse.Namespace, run: Run) -> list[str]:
               "rows and write both.", "",
               "| side | committed/s | abort rate | total after (expected) |",
               "|---|---:|---:|---:|"]
-    for side, b in run.banks.items():
-        tried = b["committed"] + b["aborted"]
-        lines.append(f"| {side} | {b['committed'] / b['seconds']:,.0f} | "
-                     f"{b['aborted'] / max(tried, 1):.1%} | {b['total']} ({ACCOUNTS * BALANCE}) |")
+    lines += [_bank_row(side, b["committed"] / b["seconds"], b, ACCOUNTS)
+              for side, b in run.banks.items()]
     lines += ["", f"Uncontended: {args.accounts:,} accounts, the same transfers.", "",
               "| clients | committed/s | abort rate | total after (expected) |",
               "|---|---:|---:|---:|"]
-    for name, b in run.uncontended.items():
-        tried = b["committed"] + b["aborted"]
-        lines.append(f"| {name} | {b['rate']:,.0f} | {b['aborted'] / max(tried, 1):.1%} | "
-                     f"{b['total']} ({args.accounts * BALANCE}) |")
+    lines += [_bank_row(name, b["rate"], b, args.accounts)
+              for name, b in run.uncontended.items()]
     return lines
+
+
+def _bank_row(name: str, rate: float, bank: dict[str, Any], accounts: int) -> str:
+    """One bank run's row: committed/s, abort rate, and its total against the expected."""
+    tried = bank["committed"] + bank["aborted"]
+    return (f"| {name} | {rate:,.0f} | {bank['aborted'] / max(tried, 1):.1%} | "
+            f"{bank['total']} ({accounts * BALANCE}) |")
 
 
 def broken_totals(args: argparse.Namespace, runs: Sequence[Run]) -> list[str]:
