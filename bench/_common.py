@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from tests._hbase_local import kill, tail
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 
 
@@ -196,22 +198,6 @@ def hbase_servers_from_env(need_conf: bool = False) -> HBaseServers | None:
 
 class ChildFailed(RuntimeError):
     """A benchmark's child process died or answered an error; the message names its log."""
-
-
-def tail(path: Path, lines: int = 25) -> str:
-    """The last *lines* of the log at *path* (for an error message)."""
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def kill(proc: subprocess.Popen[bytes] | None) -> None:
-    """Kill *proc* if it still runs, and reap it."""
-    if proc is not None and proc.poll() is None:
-        proc.kill()
-    if proc is not None:
-        proc.wait()
 
 
 def spawn(command: list[str], cwd: Path, log: Path, **kw: Any) -> subprocess.Popen[bytes]:

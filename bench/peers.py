@@ -78,12 +78,11 @@ from bench._common import (  # noqa: E402
     hbase_servers_of,
     head_commit,
     header,
-    kill,
     publish,
     serve_lines,
     spawn,
-    tail,
 )
+from tests._hbase_local import kill, tail  # noqa: E402
 
 if TYPE_CHECKING:
     import percolator

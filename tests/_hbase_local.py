@@ -98,7 +98,8 @@ class HBaseStartError(RuntimeError):
     """HBase could not be obtained or started; the message says what failed."""
 
 
-def _tail(path: Path, lines: int = 30) -> str:
+def tail(path: Path, lines: int = 30) -> str:
+    """The last *lines* of the log at *path* (for an error message)."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
@@ -427,8 +428,8 @@ class LocalHBase:
     def _failed(self, what: str, proc: subprocess.Popen[bytes], log: Path) -> HBaseStartError:
         state = (f"exited with {proc.returncode}" if proc.poll() is not None
                  else "did not answer in time")
-        text = (f"{what} {state}; last lines of {log}:\n{_tail(log)}\n"
-                f"-- {log.with_suffix('.out')}:\n{_tail(log.with_suffix('.out'), 10)}")
+        text = (f"{what} {state}; last lines of {log}:\n{tail(log)}\n"
+                f"-- {log.with_suffix('.out')}:\n{tail(log.with_suffix('.out'), 10)}")
         return HBaseStartError(text)
 
     def start_hbase(self, timeout: float = START_SECONDS) -> None:
@@ -469,7 +470,7 @@ class LocalHBase:
         if not self._cp:
             self._cp = classpath()
         if self._detached and self.hbase is None:  # attached: it is this process's
-            atexit.register(lambda: _kill(self.thrift2))
+            atexit.register(lambda: kill(self.thrift2))
         if _port_taken(self.thrift2_port):
             raise HBaseStartError(f"port {self.thrift2_port} on 127.0.0.1 is taken "
                                   "(the Thrift2 server needs it)")
@@ -533,17 +534,17 @@ class LocalHBase:
 
     def kill_hbase(self) -> None:
         """``kill -9`` the HBase JVM (master, region server and ZooKeeper at once)."""
-        _kill(self.hbase)
+        kill(self.hbase)
 
     def kill_thrift(self) -> None:
         """``kill -9`` the Thrift server alone."""
-        _kill(self.thrift)
+        kill(self.thrift)
 
     def stop(self) -> None:
         """Kill the JVMs and remove the data directory if it was made here."""
-        _kill(self.thrift2)
-        _kill(self.thrift)
-        _kill(self.hbase)
+        kill(self.thrift2)
+        kill(self.thrift)
+        kill(self.hbase)
         if self._own_dir and self.dir.exists() and not os.environ.get("PERCOLATOR_HBASE_KEEP"):
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -721,7 +722,7 @@ class LocalHBaseCluster(LocalHBase):
         if proc is None and f"rs{index}" in self._pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self._pids.pop(f"rs{index}"), signal.SIGKILL)
-        _kill(proc)
+        kill(proc)
 
     def record_pids(self) -> None:
         """Write every running JVM's pid to ``DIR/pids.json`` (:meth:`attach` reads it)."""
@@ -760,15 +761,15 @@ class LocalHBaseCluster(LocalHBase):
             if time.monotonic() > deadline:
                 raise HBaseStartError(
                     f"the Thrift server (or HBase behind it) did not answer in {timeout:.0f} s;"
-                    f" last lines of {self.log('master')}:\n{_tail(self.log('master'))}")
+                    f" last lines of {self.log('master')}:\n{tail(self.log('master'))}")
             time.sleep(0.3)
 
     def kill_hbase(self) -> None:
         """``kill -9`` every HBase JVM but the Thrift servers."""
         for proc in self.region_servers:
-            _kill(proc)
-        _kill(self.hbase)
-        _kill(self.zookeeper)
+            kill(proc)
+        kill(self.hbase)
+        kill(self.zookeeper)
 
     def admin(self) -> RegionAdmin:
         """The region administrator of this cluster (one JVM, started on first use)."""
@@ -782,8 +783,8 @@ class LocalHBaseCluster(LocalHBase):
         if self._pids:  # attached: restarted region servers are left running
             self.record_pids()
             return
-        _kill(self.thrift2)
-        _kill(self.thrift)
+        kill(self.thrift2)
+        kill(self.thrift)
         self.kill_hbase()
         super().stop()
 
@@ -861,10 +862,10 @@ class RegionAdmin:
         assert self._proc.stdout is not None
         ready, _, _ = select.select([self._proc.stdout], [], [], timeout)
         if not ready:
-            _kill(self._proc)  # type: ignore[arg-type]
+            kill(self._proc)  # type: ignore[arg-type]
             log = cluster.dir / "logs" / "admin.log"
             raise HBaseStartError(f"the region administrator did not start in {timeout:.0f} s;"
-                                  f" last lines of {log}:\n{_tail(log)}")
+                                  f" last lines of {log}:\n{tail(log)}")
         first = self._readline()
         if first != "ready":
             raise HBaseStartError(f"the region administrator did not start: {first!r}")
@@ -915,10 +916,11 @@ class RegionAdmin:
         self.command("wait-assigned", str(seconds))
 
     def close(self) -> None:
-        _kill(self._proc)  # type: ignore[arg-type]
+        kill(self._proc)  # type: ignore[arg-type]
 
 
-def _kill(proc: subprocess.Popen[bytes] | None) -> None:
+def kill(proc: subprocess.Popen[bytes] | None) -> None:
+    """Kill *proc* if it still runs, and reap it."""
     if proc is None:
         return
     if proc.poll() is None:
@@ -1031,7 +1033,7 @@ def run_role(role: str, data_dir: Path, zookeeper: str, hostname: str, port: int
             time.sleep(1)
     finally:
         for proc in procs:
-            _kill(proc)
+            kill(proc)
     return 1
 
 
@@ -1167,7 +1169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         proc = processes[died]
         assert proc is not None
         print(f"scripts/hbase: {died} exited with {proc.returncode}; stopped the others. "
-              f"Its log: {logs[died]} (last lines below)\n{_tail(logs[died], 15)}",
+              f"Its log: {logs[died]} (last lines below)\n{tail(logs[died], 15)}",
               file=sys.stderr)
         if args.dir:
             print(f"Start it again on the same data and ports: scripts/hbase --dir {args.dir}"

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests._hbase_local import _die_with_parent, _free_port, _kill, _tail, jvm_options
+from tests._hbase_local import _die_with_parent, _free_port, jvm_options, kill, tail
 
 ROOT = Path(__file__).resolve().parents[1]
 START_SECONDS = 300.0
@@ -81,7 +81,7 @@ class SparkStandalone:
                 raise SparkStartError("stopped while starting")
             if proc.poll() is not None or time.monotonic() > deadline:
                 state = "exited" if proc.poll() is not None else "did not start in time"
-                raise SparkStartError(f"{log.stem} {state}; last lines of {log}:\n{_tail(log)}")
+                raise SparkStartError(f"{log.stem} {state}; last lines of {log}:\n{tail(log)}")
             time.sleep(0.2)
 
     def start(self, timeout: float = START_SECONDS) -> SparkStandalone:
@@ -131,7 +131,7 @@ class SparkStandalone:
     def stop(self) -> None:
         self._stopped.set()  # a start in the background ends (its JVMs with its thread)
         for proc in reversed(self.procs):
-            _kill(proc)
+            kill(proc)
         self.procs.clear()
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
