@@ -241,6 +241,7 @@ def remote_curve(backend: str, processes: list[int], n: int, rounds: int) -> dic
     completion checks) over the drain."""
     from bench.observers_remote import _cpu_seconds, _url
     from percolator.ext import wait_until_idle
+    from tests._hbase import hbase_store_url
 
     servers, hostport, stop = _start_store_server(backend)
     found: dict[int, list[dict[str, Any]]] = {}
@@ -250,7 +251,7 @@ def remote_curve(backend: str, processes: list[int], n: int, rounds: int) -> dic
                 # The test server's own URL: _url would pick a real HBase's Thrift2
                 # server that PERCOLATOR_HBASE_THRIFT2 names.
                 url = (_url(backend, hostport, f"curve{r}x{p}") if backend == "bigtable" else
-                       f"hbase://{hostport}?table_prefix=curve{r}x{p}_{os.getpid()}&pool_size=4")
+                       hbase_store_url(hostport, f"curve{r}x{p}"))
                 with percolator.connect(url) as cluster:
                     raw_puts = _raw_puts_per_s(cluster, n)
                     cluster.create_table("bench")
@@ -383,10 +384,10 @@ def real_hbase() -> Iterator[HBaseServers]:
 def hbase_url(servers: HBaseServers, api: str, name: str) -> str:
     """A store URL on *servers* over *api* (``thrift2``, the store's default, or
     ``thrift1``) whose tables no other run shares."""
-    prefix = f"{name}_{os.getpid()}"
-    if api == "thrift2":
-        return f"hbase://{servers.thrift2}?api=thrift2&table_prefix={prefix}&pool_size=4"
-    return f"hbase://{servers.thrift1}?table_prefix={prefix}&pool_size=4"
+    from tests._hbase import hbase_store_url
+
+    return hbase_store_url(servers.thrift2 if api == "thrift2" else servers.thrift1, name,
+                           api=api)
 
 
 def drain_worker(url: str) -> int:
