@@ -702,7 +702,7 @@ def _timeout_tables(args: argparse.Namespace, run: Run) -> list[str]:
               "rows and write both.", "",
               "| side | committed/s | abort rate | total after (expected) |",
               "|---|---:|---:|---:|"]
-    lines += [_bank_row(side, b["committed"] / b["seconds"], b, ACCOUNTS)
+    lines += [_bank_row(side, _bank_rate(b), b, ACCOUNTS)
               for side, b in run.banks.items()]
     lines += ["", f"Uncontended: {args.accounts:,} accounts, the same transfers.", "",
               "| clients | committed/s | abort rate | total after (expected) |",
