@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests._hbase_local import LOCAL_SESSION
 from tests._services import (
     free_port,
     service_missing,
@@ -124,8 +125,7 @@ def start_test_server(
 
 TEST_SERVER = "test-server"
 """The value of ``PERCOLATOR_HBASE_THRIFT`` that picks the Python test server."""
-SESSION_SITE = {"zookeeper.session.timeout": "120000",
-                "zookeeper.session.timeout.localHBaseCluster": "120000"}
+SESSION_SITE = {"zookeeper.session.timeout": "120000", LOCAL_SESSION: "120000"}
 """The session's HBase (never killed: the fault tests start their own) keeps its
 ZooKeeper sessions for 2 minutes: its master's and region server's
 (``zookeeper.session.timeout.localHBaseCluster``, HBase's 10 s by default in a standalone
