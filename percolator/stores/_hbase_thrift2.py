@@ -527,7 +527,13 @@ class HBaseThrift2Store(HBaseStore):
             # The message is the bare table name whatever went wrong: ask.
             if not client.tableExists(table):
                 raise
-        existing = client.getTableDescriptor(table)
+        return self._families_of(client, name)
+
+    def _enabled(self, client: Any, name: bytes) -> bool:
+        return bool(client.isTableEnabled(self._table_name(name)))
+
+    def _families_of(self, client: Any, name: bytes) -> dict[bytes, Any]:
+        existing = client.getTableDescriptor(self._table_name(name))
         return {bytes(c.name) + b":": c for c in existing.columns or ()}
 
     def _drop(self, client: Any, name: bytes) -> None:

@@ -38,7 +38,12 @@ Failures a real cluster shows and how they are met:
   server); a scanner the server forgot (HBase 2.4+: unused for 120 s) or lost with its
   connection is opened again after the last row returned;
 * ``createTable`` racing another client's answers ``IOError(TableExistsException)``:
-  the table exists, and its families are checked as for ``AlreadyExists``.
+  the table exists, and its families are checked as for ``AlreadyExists``;
+* ``createTable`` is answered once HBase's procedure has opened the table's regions;
+  one slower than the socket timeout goes on in HBase without us: when the resend's
+  answer is lost too, :meth:`~HBaseStore.create_table` waits until the table is there
+  and enabled (``isTableEnabled``), as it does for an existing table not enabled yet,
+  so that it returns only once the table is usable.
 
 Tables get one HBase family per physical family with ``VERSIONS`` set from
 :meth:`HBaseStore.create_table` (0, "keep all", becomes ``2**31 - 1``). Logical
@@ -157,6 +162,10 @@ which it closes an idle connection."""
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024
 """Below libthrift's (0.14+) ``maxMessageSize`` of 100 MB, over which the server drops
 the request and the connection."""
+CREATE_WAIT_S = 120.0
+"""How long :meth:`HBaseStore.create_table` waits at least (the socket ``timeout`` if
+longer) for a table whose ``createTable`` got no answer, or which exists but is not
+enabled yet, to be there and enabled."""
 MAX_VERSIONS = 2**31 - 1
 FOREVER = 2**31 - 1  # HConstants.FOREVER: a family's time to live when it has none
 _LATEST = 2**63 - 1  # HConstants.LATEST_TIMESTAMP
@@ -623,11 +632,67 @@ class HBaseStore:
                 raise InvalidArgument(f"versions of family {family!r} must be >= 0: {versions!r}")
             descriptors.append(self._descriptor(family, versions))
 
-        existing = self._call(table, lambda client: self._create(client, name, descriptors))
+        deadline = time.monotonic() + max(self.timeout_ms / 1000, CREATE_WAIT_S)
+        try:
+            existing = self._call(table, lambda client: self._create(client, name, descriptors))
+        except StoreUnavailable as e:
+            if not isinstance(e.__cause__, _BROKEN):
+                raise  # HBase answered: a failure, not a create still under way
+            # No answer to either send (a create slower than the socket timeout):
+            # HBase may still be creating it. Done once it is there and enabled.
+            existing = self._await_created(table, name, descriptors, deadline, e)
         if existing is None:
             logger.info("created HBase table %s", _dec(name))
-            return
+            return  # answered once HBase's procedure ended: its regions are open
         self._check_families(table, families, existing)
+        self._await_enabled(table, name, deadline)
+
+    def _await_created(
+        self, table: str, name: bytes, descriptors: list[Any], deadline: float,
+        lost: StoreUnavailable,
+    ) -> Mapping[bytes, Any]:
+        """The families of *table*, once HBase has created and enabled it after a
+        ``createTable`` whose answer was lost (*lost*): while it is unknown to HBase,
+        ``createTable`` is sent again (queued behind a create under way, it answers
+        "exists" when that one ends).
+
+        :raises StoreUnavailable: not there and enabled by *deadline*."""
+        pause = 0.1
+        while True:
+            try:
+                if self._call(table, lambda client: self._enabled(client, name)):
+                    return self._call(table, lambda client: self._families_of(client, name))
+            except UnknownTableError:
+                try:
+                    if self._call(table, lambda client: self._create(client, name, descriptors),
+                                  safe=False) is None:
+                        return self._call(table, lambda client: self._families_of(client, name))
+                except StoreUnavailable as e:
+                    if not isinstance(e.__cause__, _BROKEN):
+                        raise
+            if time.monotonic() > deadline:
+                raise StoreUnavailable(
+                    f"createTable {_dec(name)} on the {self._where} got no answer ({lost}) "
+                    f"and the table was not there and enabled "
+                    f"{max(self.timeout_ms / 1000, CREATE_WAIT_S):.0f} s later; HBase may "
+                    "still create it: calling create_table again is safe") from lost
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    def _await_enabled(self, table: str, name: bytes, deadline: float) -> None:
+        """Return once *table*, which exists, is enabled (its regions open): another
+        client may be creating it, or an operator altering it.
+
+        :raises StoreUnavailable: still not enabled at *deadline*."""
+        pause = 0.1
+        while not self._call(table, lambda client: self._enabled(client, name)):
+            if time.monotonic() > deadline:
+                raise StoreUnavailable(
+                    f"table {table!r} ({_dec(name)}) exists on the {self._where} but is "
+                    "not enabled: HBase is still creating it, or it was disabled (HBase "
+                    f"shell: enable '{_dec(name)}')")
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
     def _create(
         self, client: Any, name: bytes, descriptors: list[Any]
@@ -644,6 +709,14 @@ class HBaseStore:
             # its createTable.
             if "TableExistsException" not in _message(e):
                 raise
+        return self._families_of(client, name)
+
+    def _enabled(self, client: Any, name: bytes) -> bool:
+        """Whether the table is enabled (HBase: a missing one is an error)."""
+        return bool(client.isTableEnabled(name))
+
+    def _families_of(self, client: Any, name: bytes) -> Mapping[bytes, Any]:
+        """The table's families' descriptors by ``b"family:"``, as :meth:`_create`."""
         return dict(client.getColumnDescriptors(name))
 
     def _check_families(

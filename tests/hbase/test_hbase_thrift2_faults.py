@@ -1,16 +1,14 @@
 """Faults of the Thrift2 data path on a real HBase (the session's): a connection the
 network drops, an answer lost after ``checkAndMutate`` applied, the same call applied
-twice (HBase's own client retries it without a nonce), and a scanner the server
-forgot. A small TCP relay between the store and the real Thrift2 server plays the
-network's part; the server and HBase behind it are real (docs/hbase.md, "Failures
+twice (HBase's own client retries it without a nonce), a ``createTable`` whose
+answers never come (on both gateways), and a scanner the server forgot. A small TCP
+relay between the store and the real Thrift server (``tests/_thrift_relay.py``) plays
+the network's part; the server and HBase behind it are real (docs/hbase.md, "Failures
 and how they are met").
 """
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -23,76 +21,11 @@ from percolator._store import Mutation, Read, Store
 from percolator.stores import open_store
 from tests._backends import drop_tables
 from tests._hbase import hbase_store_url
+from tests._thrift_relay import Relay
 
 pytestmark = pytest.mark.hbase
 
 T = "t"
-
-
-class Relay:
-    """A TCP relay to *target*. Thrift's client waits for each answer before its next
-    request, so the relay passes a request on and then the answer back, except for the
-    first request that names :attr:`method` once :attr:`fault` is set: ``"drop"`` sends
-    it, takes HBase's answer and closes the client's connection (the answer is lost);
-    ``"replay"`` sends it twice and returns the second answer (a retry of an applied
-    call)."""
-
-    def __init__(self, target: str) -> None:
-        host, _, port = target.rpartition(":")
-        self.target = (host, int(port))
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.hostport = f"127.0.0.1:{self.listener.getsockname()[1]}"
-        self.method = b"checkAndMutate"
-        self.fault: str | None = None
-        self.played = 0
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                client, _ = self.listener.accept()
-                threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _take_fault(self, request: bytes) -> str | None:
-        with self._lock:
-            if self.fault is None or self.method not in request:
-                return None
-            fault, self.fault = self.fault, None
-            self.played += 1
-            return fault
-
-    @staticmethod
-    def _answer(server: socket.socket) -> bytes:
-        """HBase's whole answer: what arrives until the line is quiet (loopback)."""
-        server.settimeout(None)
-        answer = server.recv(1 << 20)
-        server.settimeout(0.05)
-        with contextlib.suppress(TimeoutError):
-            while more := server.recv(1 << 20):
-                answer += more
-        return answer
-
-    def _serve(self, client: socket.socket) -> None:
-        server = socket.create_connection(self.target)
-        with contextlib.suppress(OSError):
-            while request := client.recv(1 << 20):
-                fault = self._take_fault(request)
-                server.sendall(request)
-                answer = self._answer(server)
-                if fault == "replay":
-                    server.sendall(request)
-                    answer = self._answer(server)
-                elif fault == "drop":
-                    break  # the call applied; its answer never arrives
-                client.sendall(answer)
-        for sock in (client, server):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 @pytest.fixture
@@ -153,9 +86,15 @@ def test_reads_and_writes_go_on_over_a_dropped_connection(store: Store, relay: R
     assert store.read_rows(T, [b"r"], [Read("d")]) == {b"r": {"d:c": [(1, b"one")]}}
 
 
+@pytest.mark.parametrize("fault", ["drop", "replay"])
 def test_a_transaction_whose_commit_point_answer_is_lost_commits_once(
-    relay: Relay, request: pytest.FixtureRequest,
+    relay: Relay, fault: str, request: pytest.FixtureRequest,
 ) -> None:
+    """The commit point's ``checkAndMutate`` applies and its answer is lost (``drop``:
+    StoreUnavailable) or is that of a second send (``replay``: False, the lock already
+    changed by the first): the transaction reports its commit, once. With the commit
+    point taking the store's answer as its outcome, ``replay`` fails with
+    ConflictError."""
     with percolator.connect(hbase_store_url(relay.hostport, request.node.name,
                                             api="thrift2")) as cluster:
         cluster.one_phase_commit = False
@@ -169,7 +108,7 @@ def test_a_transaction_whose_commit_point_answer_is_lost_commits_once(
             nonlocal calls
             calls += 1
             if calls == 2:  # the prewrite's, then the commit point's
-                relay.fault = "drop"
+                relay.fault = fault
             return original(*args, **kwargs)  # type: ignore[arg-type]
 
         internals(cluster).store.check_and_set = lose_the_commit_points_answer  # type: ignore[method-assign]
@@ -178,6 +117,34 @@ def test_a_transaction_whose_commit_point_answer_is_lost_commits_once(
         internals(cluster).store.check_and_set = original  # type: ignore[method-assign]
         assert Transaction(cluster).get("bank", b"alice", "bal:amount") == b"100"
         drop_tables(cluster)
+
+
+@pytest.mark.parametrize("api", ["thrift2", "thrift1"])
+def test_a_create_table_whose_answers_never_come_returns_once_the_table_is_usable(
+    api: str, request: pytest.FixtureRequest,
+) -> None:
+    """Every ``createTable`` reaches HBase and its answer never comes back (the relay
+    closes the connection at once, as a socket timeout on a slow create does), the
+    store's resend on a new connection included: HBase creates the table on its own.
+    ``create_table`` returns once the table is there and enabled, and the table is
+    used at once. (It raised ``StoreUnavailable`` after the second lost answer, and a
+    caller that went on met a table still being created.)"""
+    relay = Relay(request.getfixturevalue("hbase_thrift2" if api == "thrift2" else
+                                          "hbase_thrift"))
+    relay.method, relay.fault, relay.repeat = b"createTable", "cut", True
+    try:
+        with percolator.connect(hbase_store_url(relay.hostport, request.node.name,
+                                                api=api)) as cluster:
+            cluster.create_table("bank")
+            assert relay.played >= 2, "both sends of the create were cut"
+            relay.fault = None
+            with Transaction(cluster) as txn:
+                txn.set("bank", b"alice", "bal:amount", b"100")
+            assert Transaction(cluster).get("bank", b"alice", "bal:amount") == b"100"
+            cluster.create_table("bank")  # again: it exists, with the same families
+            drop_tables(cluster)
+    finally:
+        relay.close()
 
 
 def test_a_scanner_the_server_forgot_is_opened_again_after_the_last_row(
