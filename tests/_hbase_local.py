@@ -722,6 +722,10 @@ class LocalHBaseCluster(LocalHBase):
         if proc is None and f"rs{index}" in self._pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self._pids.pop(f"rs{index}"), signal.SIGKILL)
+            # Not our child to reap: returned once its port is free for a restart.
+            deadline = time.monotonic() + 30
+            while _port_taken(self.regionserver_ports[index]) and time.monotonic() < deadline:
+                time.sleep(0.05)
         kill(proc)
 
     def record_pids(self) -> None:

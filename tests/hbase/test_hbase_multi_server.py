@@ -20,6 +20,10 @@ acknowledged transfer or append lost, the bank's total, no lock left, every chan
 processed once and none twice, and no garbage-collection pass past the safe point of a
 running transaction (its reads do not change). The time each fault took until clients
 were served again is printed and recorded as a property of the test.
+
+A commit point in flight across a region server's ``kill -9`` has a test of its own,
+deterministic by parking the committer before it (its answer replayed as HBase's client
+does after a lost answer): the client reports what the store holds.
 """
 
 from __future__ import annotations
@@ -433,6 +437,94 @@ def test_histories_hold_while_regions_move_split_and_fail_over(
     # No pass went past the held snapshot while it ran.
     assert all(s.safe_point <= held.start_ts for s in collector.summaries[:passes_with_hold])
     ours.close()
+
+
+def test_a_commit_point_sent_into_a_region_servers_death_reports_what_the_store_holds(
+    cluster: Any, record_property: Any
+) -> None:
+    """A committer parked before its commit point (``percolator.testing.Interleaving``),
+    its lock written; ``kill -9`` of the region server holding its primary's region
+    (not ``hbase:meta``), restarted at once; the committer released into the outage.
+    Its commit point's ``checkAndMutate`` waits in the Thrift2 server, whose HBase
+    client retries it until the region reopens, and applies; then it is sent once more,
+    as HBase's client does when a region server's answer to an applied call is lost
+    (no nonce): the retry finds the lock already changed by the first attempt and
+    answers False. The client must report what the store holds: committed (readable at
+    once) or ``CommitUnknownError``, never a conflict ("rolled back") for a transaction
+    that committed; and no lock is left.
+
+    The second send is played by a TCP relay in front of the Thrift2 server
+    (``tests/_thrift_relay.py``): for HBase's own client to retry an applied call, the
+    region server must die after applying the mutation and before its answer leaves,
+    a window inside its JVM that no parking from outside reaches (killed before the
+    call, the first attempt never applies; after the answer, nothing is retried).
+
+    Guards the commit point's handling of a False answer (``lock_cas`` reading the lock
+    again, ``committed_anyway``; docs/hbase.md): with ``TwoPhaseCommit.commit_point``
+    taking the store's answer as its outcome, the client reports ``ConflictError`` for
+    a transaction whose write every reader sees."""
+    from percolator import CommitUnknownError, ConflictError, Snapshot
+    from percolator.testing import Interleaving, client_of
+    from tests._thrift_relay import Relay
+
+    admin = cluster.admin()
+    relay = Relay(cluster.hostport2)
+    prefix = unique_name("commit_point")
+    ours = percolator.connect(f"hbase://{relay.hostport}?api=thrift2&table_prefix={prefix}")
+    try:
+        ours.create_table("bank")
+        holding_meta = {r.port for r in admin.regions("hbase:meta")}
+        victim = next(i for i, port in enumerate(cluster.regionserver_ports)
+                      if port not in holding_meta)
+        victim_name = _server(cluster, victim)
+        for region in admin.regions(f"{prefix}_bank$"):
+            if region.port != cluster.regionserver_ports[victim]:
+                admin.move(region, victim_name)
+        reported: type[BaseException] | None = None
+        # An actor may run 300 s between two steps: its commit point waits out the
+        # failover (the Thrift servers' operation timeout is 90 s).
+        with Interleaving(ours, timeout=300) as world:
+            client = client_of(ours)
+            txn = Transaction(client)
+            txn.set("bank", b"alice", "bal:v", b"100")
+            committer = world.actor("committer", txn.commit, clients=[client])
+            # Its commit point: the compare-and-set from its own LOCKED value.
+            committer.run_until(lambda s: s.matches("check_and_set", row=b"alice")
+                                and s.args[3] is not None
+                                and isinstance(decode_lock(s.args[3]), Lock))
+            killed_at = time.monotonic()
+            cluster.kill_region_server(victim)
+            cluster.start_region_server(victim)  # registers while the call waits
+            relay.fault = "replay"
+            try:
+                committer.finish()
+            except (CommitUnknownError, ConflictError) as e:
+                reported = type(e)
+            answered = round(time.monotonic() - killed_at, 1)
+        assert relay.played == 1
+        value = Snapshot(ours).get("bank", b"alice", "bal:v")
+        assert (reported, value) in {(None, b"100"), (CommitUnknownError, b"100"),
+                                     (CommitUnknownError, None), (ConflictError, None)}, (
+            f"the client reported {reported.__name__ if reported else 'a commit'}; "
+            f"the store holds {value!r}")
+        store = internals(ours).store
+        for row, cells in store.scan("bank", None, None, [Read("l")]):
+            for versions in cells.values():
+                state = decode_lock(versions[0][1])
+                assert not isinstance(state, Lock), f"bank/{row!r}: lock left: {state}"
+        # Back for the tests after this one: registered anew (another start code).
+        _wait_for(lambda: any(int(name.split(",")[1]) == cluster.regionserver_ports[victim]
+                              and name != victim_name for name in cluster.admin().servers()),
+                  "the restarted region server to register")
+        registered = round(time.monotonic() - killed_at, 1)
+    finally:
+        ours.close()
+        relay.close()
+    record_property("commit_point_answered", answered)
+    record_property("restart_registered", registered)
+    print(f"the commit point answered {answered} s after the kill (reported "
+          f"{reported.__name__ if reported else 'committed'}); the region server "
+          f"registered again after {registered} s")
 
 
 def test_a_launcher_on_the_same_directory_has_the_same_addresses(tmp_path: Path) -> None:
