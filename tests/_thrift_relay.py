@@ -24,7 +24,8 @@ class Relay:
       call);
     * ``"cut"`` sends it and closes both connections at once, without waiting for the
       answer (a client whose socket timed out on a slow call: the server finishes the
-      call on its own)."""
+      call on its own);
+    * ``"count"`` passes it on as any other: :attr:`played` counts the calls made."""
 
     def __init__(self, target: str) -> None:
         host, _, port = target.rpartition(":")

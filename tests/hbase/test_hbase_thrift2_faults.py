@@ -1,14 +1,16 @@
 """Faults of the Thrift2 data path on a real HBase (the session's): a connection the
 network drops, an answer lost after ``checkAndMutate`` applied, the same call applied
-twice (HBase's own client retries it without a nonce), a ``createTable`` whose
-answers never come (on both gateways), and a scanner the server forgot. A small TCP
-relay between the store and the real Thrift server (``tests/_thrift_relay.py``) plays
-the network's part; the server and HBase behind it are real (docs/hbase.md, "Failures
-and how they are met").
+twice (HBase's own client retries it without a nonce), a ``createTable`` whose answers
+never come (on both gateways) and one of a table not enabled, and a scanner the server
+forgot. A small TCP relay between the store and the real Thrift server
+(``tests/_thrift_relay.py``) plays the network's part; the server and HBase behind it
+are real (docs/hbase.md, "Failures and how they are met").
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -142,6 +144,44 @@ def test_a_create_table_whose_answers_never_come_returns_once_the_table_is_usabl
                 txn.set("bank", b"alice", "bal:amount", b"100")
             assert Transaction(cluster).get("bank", b"alice", "bal:amount") == b"100"
             cluster.create_table("bank")  # again: it exists, with the same families
+            drop_tables(cluster)
+    finally:
+        relay.close()
+
+
+def test_create_table_of_an_existing_table_not_enabled_returns_once_it_is(
+    hbase_thrift: str, request: pytest.FixtureRequest,
+) -> None:
+    """A table that exists but is disabled (as while another client creates it, or an
+    operator alters it): ``create_table`` asks whether it is enabled until it is, and
+    returns only then; the table is used at once. (It returned at once, its families
+    checked, the table still disabled.)"""
+    import happybase
+
+    relay = Relay(hbase_thrift)
+    url = hbase_store_url(relay.hostport, request.node.name, api="thrift1")
+    try:
+        with percolator.connect(url) as cluster:
+            cluster.create_table("bank")
+            physical = internals(cluster).store._name("bank")  # type: ignore[attr-defined]
+            host, _, port = hbase_thrift.rpartition(":")
+            raw = happybase.Connection(host, int(port))
+            raw.disable_table(physical)
+            relay.method, relay.fault, relay.repeat = b"isTableEnabled", "count", True
+            creating = threading.Thread(target=cluster.create_table, args=("bank",))
+            creating.start()
+            deadline = time.monotonic() + 120
+            while relay.played == 0 and creating.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert relay.played > 0 and creating.is_alive(), "create_table did not wait"
+            raw.enable_table(physical)
+            raw.close()
+            creating.join(timeout=300)
+            assert not creating.is_alive()
+            relay.fault = None
+            with Transaction(cluster) as txn:
+                txn.set("bank", b"alice", "bal:amount", b"100")
+            assert Transaction(cluster).get("bank", b"alice", "bal:amount") == b"100"
             drop_tables(cluster)
     finally:
         relay.close()
