@@ -24,4 +24,7 @@ def test_spark_tests_are_grouped_only_when_spark_runs_in_their_worker() -> None:
     # test_read's tests take the session's SparkSession; test_workers' start drivers of
     # their own in subprocesses.
     assert any(i.startswith("tests/spark_loader/test_read.py::") for i in grouped), grouped
+    # its export command runs Spark in a process of its own
+    assert ("tests/spark_loader/test_read.py::test_export_cli_jsonl_round_trip_with_a_"
+            "foreign_python3_on_path") not in grouped
     assert not any(i.startswith("tests/spark_loader/test_workers.py::") for i in grouped)

@@ -146,14 +146,6 @@ def build_relay(cluster: percolator.Cluster, records: list[tuple[bytes, int]], w
     return pipeline
 
 
-def make_relay(cluster: percolator.Cluster) -> mw.Pipeline:
-    """The relay pipeline of the worker processes: MW_RECORDS values, MW_WEAK=1 for weak
-    productions."""
-    return build_relay(cluster, relay_input(int(os.environ.get("MW_RECORDS", "400"))),
-                       os.environ.get("MW_WEAK") == "1",
-                       inject_batch=int(os.environ.get("MW_BATCH", "500")))
-
-
 def tallies(pipeline: mw.Pipeline, computation: str = "Tally") -> dict[bytes, int]:
     """value -> how many times it reached the Tally (or another Tally class)."""
     found: dict[bytes, int] = {}
@@ -165,9 +157,20 @@ def tallies(pipeline: mw.Pipeline, computation: str = "Tally") -> dict[bytes, in
     return found
 
 
+def log_bytes_injected(pipeline: mw.Pipeline, injector: str = "values") -> int:
+    """How many bytes of its files the LogSource of *injector* has injected (committed
+    positions)."""
+    with percolator.Snapshot(pipeline.cluster) as snap:
+        raw = snap.get(pipeline.meta, b"inj/" + injector.encode(), "c:pos")
+    files = json.loads(raw)["s"]["f"] if raw else {}
+    return sum(offset for offset, _ in files.values())
+
+
 def make_log_relay(cluster: percolator.Cluster) -> mw.Pipeline:
-    """The relay pipeline fed by a LogSource tailing MW_LOG_DIR (``*.log``), strong."""
-    return build_relay(cluster, [], False, inject_batch=int(os.environ.get("MW_BATCH", "50")),
+    """The relay pipeline fed by a LogSource tailing MW_LOG_DIR (``*.log``); strong, or
+    weak productions with MW_WEAK=1."""
+    return build_relay(cluster, [], os.environ.get("MW_WEAK") == "1",
+                       inject_batch=int(os.environ.get("MW_BATCH", "50")),
                        source=mw.LogSource(os.environ["MW_LOG_DIR"]))
 
 

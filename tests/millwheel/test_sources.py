@@ -6,7 +6,6 @@ from the start again."""
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import time
@@ -127,10 +126,7 @@ def test_a_log_source_process_killed_with_sigkill_resumes_where_it_committed(
         pipeline.create()
 
         def injected() -> int:
-            with Snapshot(cluster) as snap:
-                raw = snap.get(pipeline.meta, b"inj/values", "c:pos")
-            files = json.loads(raw)["s"]["f"] if raw else {}
-            return sum(offset for offset, _ in files.values()) // 7
+            return _app.log_bytes_injected(pipeline) // 7
 
         proc = _spawn(url, logs)
         kills, written = 0, 0

@@ -197,19 +197,25 @@ def test_ranges_spread_rows_and_export_round_trip(
                 internals(cluster).store.drop_table(table)
 
 
-def test_export_cli_jsonl_round_trip_with_a_foreign_python3_on_path(
-    spark: Any, tmp_path: Path
-) -> None:
-    """The export command, in its own process whose PATH starts with a ``python3`` that
-    cannot run Spark's workers (as in an unactivated virtualenv): its workers run the
-    driver's interpreter, it prints a summary, and the JSON lines hold the table."""
-    url = f"sqlite://{tmp_path}/repo.db"
+def _docs(url: str) -> None:
+    """50 rows of HTML (not ASCII) and a language in the table docs."""
     with percolator.connect(url) as cluster:
         cluster.create_table("docs")
         with percolator.Transaction(cluster) as txn:
             for i in range(50):
                 txn.set("docs", b"d%03d" % i, "raw:html", "<p>é%d</p>".encode() % i)
                 txn.set("docs", b"d%03d" % i, "meta:lang", b"en")
+
+
+def test_export_cli_jsonl_round_trip_with_a_foreign_python3_on_path(tmp_path: Path) -> None:
+    """The export command, in its own process whose PATH starts with a ``python3`` that
+    cannot run Spark's workers (as in an unactivated virtualenv): its workers run the
+    driver's interpreter, it prints a summary, and the JSON lines hold the table.
+
+    It takes no session SparkSession (its Spark runs in the command's process), so it
+    is not kept on the worker of the session's tests (tests/conftest.py)."""
+    url = f"sqlite://{tmp_path}/repo.db"
+    _docs(url)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     foreign = bin_dir / "python3"
@@ -233,6 +239,11 @@ def test_export_cli_jsonl_round_trip_with_a_foreign_python3_on_path(
     # parquet round trip through the loader runs on every backend above.
     assert sorted(lines, key=lambda r: r["row"]) == [
         {"row": f"d{i:03d}", "raw:html": f"<p>é{i}</p>", "meta:lang": "en"} for i in range(50)]
+
+
+def test_decode_columns_reads_the_cells_as_text(spark: Any, tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path}/repo.db"
+    _docs(url)
     assert [r.asDict() for r in decode_columns(read_table(spark, url, "docs", ["raw:html"],
                                                           splits=[b"d010"])).take(1)] == \
         [{"row": "d000", "raw:html": "<p>é0</p>"}]
