@@ -4,6 +4,7 @@ import os
 import shlex
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,40 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             stop_shared_services(Path(os.environ.pop(SHARED_ENV)))
 
 
+_STARTED = time.monotonic()
+_WORKERS: dict[str, dict[str, float]] = {}
+"""Per pytest-xdist worker (on the controller): seconds of tests run, tests, and when
+its last test ended, for the summary that shows which worker the suite waited for."""
+_WORKER_GROUPS: dict[str, set[str]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)  # set by xdist on the controller's copy
+    if node is None:
+        return
+    worker = str(node.gateway.id)
+    seen = _WORKERS.setdefault(worker, {"busy": 0.0, "tests": 0, "last": 0.0})
+    seen["busy"] += report.duration
+    seen["last"] = time.monotonic() - _STARTED
+    if report.when == "call":
+        seen["tests"] += 1
+    for name, value in report.user_properties:
+        if name == "xdist_group":
+            _WORKER_GROUPS.setdefault(worker, set()).add(str(value))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _WORKERS:
+        return
+    # The suite lasts as long as its busiest worker: CONTRIBUTING.md, "Test suite time".
+    terminalreporter.section("time per xdist worker")
+    for worker, seen in sorted(_WORKERS.items(), key=lambda kv: -kv[1]["last"]):
+        groups = ", ".join(sorted(_WORKER_GROUPS.get(worker, ()))) or "none"
+        terminalreporter.write_line(
+            f"{worker}: last test ended at {seen['last']:.0f} s; {seen['busy']:.0f} s in "
+            f"{seen['tests']:.0f} tests; groups: {groups}")
+
+
 GROUPS = {
     # One worker runs the tests of each: its module-scoped HBase, which they kill -9,
     # is started once, not once per worker (and not beside a dozen others).
@@ -114,6 +149,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             group = "spark-connect" if _uses_spark_connect(item) else "spark"
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+            item.user_properties.append(("xdist_group", group))  # for the worker summary
     # The cluster stores always commit in two phases (a lock-free one-phase commit is
     # unsafe there: tests/transactions/test_one_phase_cluster.py), so a one-phase
     # variant on them would run the two-phase one again, at HBase's DDL prices.

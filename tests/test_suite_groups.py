@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.conftest import ROOT
 
@@ -28,3 +29,32 @@ def test_spark_tests_are_grouped_only_when_spark_runs_in_their_worker() -> None:
     assert ("tests/spark_loader/test_read.py::test_export_cli_jsonl_round_trip_with_a_"
             "foreign_python3_on_path") not in grouped
     assert not any(i.startswith("tests/spark_loader/test_workers.py::") for i in grouped)
+
+
+def test_a_group_runs_on_one_worker(tmp_path: Path) -> None:
+    """``--dist loadgroup`` keeps an ``xdist_group``'s tests on one worker: a real
+    two-worker session of tests that record the worker they ran on. (pytest 9.2 with
+    pytest-xdist 3.8 spreads them, and every worker then starts the group's module
+    services, a SparkSession or a five-JVM HBase, for itself: setup.cfg pins pytest.)"""
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # not the checkout's setup.cfg
+    (tmp_path / "test_grouped.py").write_text(
+        "import os, time, pytest\n"
+        "@pytest.mark.parametrize('i', range(8))\n"
+        "@pytest.mark.xdist_group('together')\n"
+        "def test_grouped(i):\n"
+        f"    (__import__('pathlib').Path({str(seen)!r}) / str(i)).write_text(\n"
+        "        os.environ['PYTEST_XDIST_WORKER'])\n"
+        "    time.sleep(0.05)\n"
+        "@pytest.mark.parametrize('i', range(8))\n"
+        "def test_free(i):\n"
+        "    time.sleep(0.05)\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q",
+         "-p", "no:cacheprovider", "-c", str(tmp_path / "pytest.ini"), str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    workers = {p.read_text() for p in seen.iterdir()}
+    assert len(list(seen.iterdir())) == 8
+    assert len(workers) == 1, f"the group ran on {sorted(workers)}"
