@@ -87,6 +87,10 @@ class Transfers:
                      rng.randint(1, 50))
                 self.committed += 1
                 seq += 1
+                # a transfer each 50 ms a thread is concurrency enough for a read that
+                # takes seconds; at full speed they were 877 in one read, each one
+                # CPU of this process and of HBase's that the read waited for
+                self._stop.wait(0.05)
         except BaseException as e:  # reported by the read
             self.errors.append(e)
 
