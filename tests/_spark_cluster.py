@@ -41,6 +41,7 @@ class SparkStandalone:
         self._start_error: BaseException | None = None
         self._start_ended = threading.Event()
         self._stopped = threading.Event()
+        self._timeout = START_SECONDS
 
     @property
     def master_url(self) -> str:
@@ -58,6 +59,9 @@ class SparkStandalone:
                 # sets no spark.executor.memory would ask for 1 GB and never run
                 "SPARK_EXECUTOR_MEMORY": "512m",
                 "SPARK_DAEMON_JAVA_OPTS": " ".join(jvm_options()),
+                # the JVM of bin/spark-class that builds each command line (the master's,
+                # a worker's, a driver's): it lives a second, C1 is all it needs
+                "SPARK_LAUNCHER_OPTS": " ".join(jvm_options()),
                 "SPARK_WORKER_DIR": str(self.dir / "work")}
 
     def _start(self, name: str, *args: str) -> Path:
@@ -113,6 +117,7 @@ class SparkStandalone:
                 self._start_ended.set()
             self._stopped.wait()
 
+        self._timeout = timeout
         self._starter = threading.Thread(target=run, name="spark-standalone", daemon=True)
         self._starter.start()
 
@@ -123,7 +128,9 @@ class SparkStandalone:
         :raises SparkStartError: as :meth:`start`."""
         if self._starter is None:
             return self.start()
-        self._start_ended.wait()
+        if not self._start_ended.wait(self._timeout + 60):
+            raise SparkStartError(f"the master and workers did not start in "
+                                  f"{self._timeout:.0f} s (logs in {self.dir})")
         if self._start_error is not None:
             raise self._start_error
         return self

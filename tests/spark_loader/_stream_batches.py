@@ -63,7 +63,10 @@ def kill_when_parked(start: Callable[[dict[str, str]], subprocess.Popen[bytes]],
                     out += output.read_text(errors="replace")
                 raise AssertionError(f"the driver exited ({driver.returncode}) before "
                                      f"{point}:\n{out[-3000:]}")
-            assert time.monotonic() < deadline, f"the driver did not reach {point}"
+            if time.monotonic() > deadline:
+                last = output.read_text(errors="replace")[-3000:] if output else ""
+                raise AssertionError(f"the driver did not reach {point} in {timeout:.0f} s"
+                                     + (f"; its last output:\n{last}" if last else ""))
             time.sleep(0.05)
     finally:
         os.killpg(driver.pid, signal.SIGKILL)

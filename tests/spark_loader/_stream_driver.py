@@ -16,12 +16,14 @@ import warnings
 from typing import Any
 
 
-def driver_session(app: str, master: str | None = None) -> Any:
+def driver_session(app: str, master: str | None = None, executors: int = 2) -> Any:
     """A small SparkSession for a test's own driver process (this one's,
     ``_feed_driver``'s and ``_cluster_driver``'s): ``local[2]``, or an application of
-    the standalone cluster at *master* with two executors of one core each (one per
-    worker), compiled as the suite's other JVMs are (``PERCOLATOR_JVM_OPTS``, C1 only:
-    the driver gets them through ``PYSPARK_SUBMIT_ARGS``, tests/conftest.py)."""
+    the standalone cluster at *master* with *executors* executors of one core each (at
+    most one per worker), compiled as the suite's other JVMs are
+    (``PERCOLATOR_JVM_OPTS``, C1 only: the driver gets them through
+    ``PYSPARK_SUBMIT_ARGS``, tests/conftest.py). Its jobs wait for all of them: up
+    to 240 s, for executor JVMs starting on a loaded machine."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
@@ -33,9 +35,11 @@ def driver_session(app: str, master: str | None = None) -> Any:
     if master:
         builder = (builder.config("spark.executor.memory", "512m")
                    .config("spark.executor.cores", "1")
-                   .config("spark.cores.max", "2")
-                   # jobs wait for both executors (up to 30 s): tasks on two JVMs
+                   .config("spark.cores.max", str(executors))
+                   # jobs wait for every executor (Spark's default: 30 s at most), so
+                   # that tasks run on as many JVMs as asked
                    .config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
+                   .config("spark.scheduler.maxRegisteredResourcesWaitingTime", "240s")
                    .config("spark.executor.extraJavaOptions",
                            os.environ.get("PERCOLATOR_JVM_OPTS", ""))
                    .config("spark.executorEnv.PYTHONPATH", os.environ.get("PYTHONPATH", "")))
