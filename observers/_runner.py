@@ -58,7 +58,8 @@ from percolator.metrics import inc as _inc
 from percolator.metrics import observe as _observe
 
 __all__ = [
-    "GROUP_MAX", "CommitHook", "Group", "Indexed", "Notice", "Outcome", "Run", "Runner",
+    "GROUP_MAX", "RECENT_MAX", "RECENT_SECONDS", "CommitHook", "Group", "Indexed", "Notice",
+    "Outcome", "Ran", "Recent", "Run", "Runner",
 ]
 
 log = logging.getLogger("observers")
@@ -69,6 +70,12 @@ CommitHook = Callable[[Observer, str, bytes, str, int, int], None]
 GROUP_MAX = 32
 """Observer transactions a scanner thread commits together on the embedded store
 (one SQLite write transaction for up to this many; see ``commit_group``)."""
+RECENT_MAX = 8192
+"""Cells whose notification this worker process saw served lately (:class:`Recent`)."""
+RECENT_SECONDS = 10.0
+"""How long :class:`Recent` vouches for a cell served: longer than a scan's batch takes
+to serve (seconds, even on a loaded machine), short enough that a notification it
+should somehow not vouch for waits no longer than that for another pass."""
 
 
 class Outcome:
@@ -81,6 +88,62 @@ class Outcome:
     TRANSIENT = "transient"
     FAILED = "failed"
     ABSENT = "absent"  # no notification at or below the run's snapshot (Notice)
+
+
+class Ran(enum.Enum):
+    """What :meth:`Runner.run_cells` did with a row's dirty cells. True but for NOTHING
+    (the scanner's pass did work, or has met another scanner: it goes on either way)."""
+
+    NOTHING = "nothing"  # no run, or runs that found nothing to do
+    WORKED = "worked"  # runs ran
+    MET = "met"  # a run found its notification served by another scanner meanwhile
+
+    def __bool__(self) -> bool:
+        return self is not Ran.NOTHING
+
+
+class Recent:
+    """Cells whose notify versions this worker process saw served lately, up to which
+    timestamp: served by one of its runs (deleted, by the run's commit or after it),
+    or found served by another worker (a run that read none left). A scanner whose
+    batch, read before, still lists such a cell at or below that timestamp is behind
+    another scanner: it skips the row without a run (which would draw a timestamp and
+    read to find nothing) and moves on (Percolator §2.4's meeting). Only served
+    versions are vouched for, and only for RECENT_SECONDS: a newer notification is
+    above them, and a row skipped wrongly waits for a later pass, never for ever."""
+
+    def __init__(self, limit: int = RECENT_MAX, seconds: float = RECENT_SECONDS) -> None:
+        self._limit = limit
+        self._seconds = seconds
+        self._cells: dict[tuple[str, bytes, str], tuple[int, float]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, table: str, row: bytes, column: str, newest: int) -> None:
+        """The notify versions of the cell at or below *newest* are served."""
+        key = (table, row, column)
+        now = time.monotonic()
+        with self._lock:
+            held = self._cells.pop(key, None)
+            self._cells[key] = (max(newest, held[0]) if held else newest, now)
+            while len(self._cells) > self._limit:  # the oldest go first
+                del self._cells[next(iter(self._cells))]
+
+    def holds(self, table: str, row: bytes, cells: RowCells) -> bool:
+        """Whether every notify cell of *cells* (``notify:<column>``: versions newest
+        first) lists only versions served lately."""
+        if not self._cells:
+            return False
+        now = time.monotonic()
+        found = False
+        with self._lock:
+            for name, versions in cells.items():
+                if not versions:
+                    continue
+                held = self._cells.get((table, row, name[len(NOTIFY) + 1 :]))
+                if held is None or versions[0][0] > held[0] or now - held[1] > self._seconds:
+                    return False
+                found = True
+        return found
 
 
 class Indexed(enum.Enum):
@@ -150,7 +213,9 @@ class Runner:
     failing cells; *stop* is set when the worker stops (a lock wait is then cut
     short); *store_turn* (on a single-writer store with several scanners) is let go
     while an observer that waits runs (*waits*: per observer name); *on_commit* and
-    *max_failures* are the :class:`~observers.Worker`'s."""
+    *max_failures* are the :class:`~observers.Worker`'s. *recent*, given where several
+    scanner threads share the runner, remembers the cells served lately, for
+    :meth:`served_lately`."""
 
     def __init__(
         self,
@@ -164,6 +229,7 @@ class Runner:
         waits: dict[str, Waits],
         on_commit: CommitHook | None,
         max_failures: int,
+        recent: Recent | None = None,
     ) -> None:
         self.cluster = cluster
         self.by_column = by_column
@@ -175,6 +241,7 @@ class Runner:
         self.on_commit = on_commit
         self.max_failures = max_failures
         self._next_starts = threading.local()  # .next: this scanner thread's NextStart
+        self._recent = recent
 
     def next_start(self) -> NextStart:
         """This scanner thread's :class:`NextStart`: a start timestamp left by its
@@ -190,10 +257,10 @@ class Runner:
         return GROUP_MAX > 1 and commits_in_one_phase(self.cluster)
 
     def run_cells(self, table: str, row: bytes, cells: RowCells,
-                  group: Group | None = None) -> bool:
+                  group: Group | None = None) -> Ran:
         """Run the observers of every dirty cell of *row*, given its notify *cells*
         (``notify:<column>``: every version, newest first) as the scanner read them;
-        True if anything was done. With *group*, a run whose commit can delete its
+        what was done (:class:`Ran`). With *group*, a run whose commit can delete its
         notification is left in the group, to be committed with others
         (:meth:`flush`).
 
@@ -205,8 +272,10 @@ class Runner:
         timestamp, and serves what that read found at or below it: a notification
         served already is absent (a weak one would otherwise be run a second time,
         since its run does not look at the acknowledgement), and one committed after
-        the start timestamp stays for a later pass."""
-        worked = False
+        the start timestamp stays for a later pass. A run that found its notification
+        served already (absent) tells the scanner it met another
+        (:attr:`Ran.MET`), and the cell is remembered as served (:meth:`served_lately`)."""
+        ran = Ran.NOTHING
         for name, versions in cells.items():
             column = name[len(NOTIFY) + 1 :]
             if not versions:
@@ -220,14 +289,21 @@ class Runner:
             settle = len(observers) == 1 and not self.backoff
             served: int | None = None  # the newest version every run served (0: not all)
             settled = False
+            outcome = Outcome.ABSENT
             for observer in observers:
                 notice = Notice()
                 began = time.perf_counter()
                 outcome, error, settled = self._run_observer(
                     observer, table, row, column, notice, settle=settle,
                     group=group if settle else None)
-                if outcome != Outcome.ABSENT or notice.later:
-                    worked = True
+                if outcome == Outcome.ABSENT and not notice.later:
+                    # Served by another scanner between the scan and the run: no version
+                    # is left, those handed included. (One acknowledged already may be
+                    # a crashed run's, whose notification stayed: no meeting.)
+                    ran = Ran.MET
+                    self._remember(table, row, column, handed)
+                elif ran is Ran.NOTHING:
+                    ran = Ran.WORKED
                 if outcome == Outcome.ABSENT and notice.later and notice.start_ts < handed:
                     # The scanner read the notification before this start timestamp was
                     # drawn: every timestamp source draws above what was read before
@@ -250,7 +326,20 @@ class Runner:
                     break
             if served and not settled:
                 self._served_notification(table, row, column, served)
-        return worked
+                self._remember(table, row, column, served)
+            elif served and outcome != Outcome.DEFERRED:  # its commit deleted it
+                self._remember(table, row, column, served)
+        return ran
+
+    def served_lately(self, table: str, row: bytes, cells: RowCells) -> bool:
+        """Whether every notify version of *cells* (a scanner's read of *row*) was
+        served lately, by this process's runs or found served by another's
+        (:class:`Recent`): a scanner that meets such a row is behind another."""
+        return self._recent is not None and self._recent.holds(table, row, cells)
+
+    def _remember(self, table: str, row: bytes, column: str, newest: int) -> None:
+        if self._recent is not None:
+            self._recent.add(table, row, column, newest)
 
     def sole_observer(self, table: str, columns: Iterable[str]) -> Observer | None:
         """The observer for :meth:`run_noticed` of a row with notifications of
@@ -316,8 +405,10 @@ class Runner:
         self._count(Outcome.COMMITTED)
         _inc("percolator_observer_runs_total", name, Outcome.COMMITTED)
         settlement = run.txn.settlement
-        if settlement is not None and not settlement.done:  # committed in two phases
-            self._delete_notification(run.table, run.row, run.column, settlement.newest)
+        if settlement is not None:
+            if not settlement.done:  # committed in two phases
+                self._delete_notification(run.table, run.row, run.column, settlement.newest)
+            self._remember(run.table, run.row, run.column, settlement.newest)
         self._committed(run.observer, run.table, run.row, run.column, run.change, outcome)
 
     def _ended(
@@ -436,14 +527,21 @@ class Runner:
         txn.internal_columns(True)
         values, versions = txn.get_row_notified(table, row, [column, ack], column)
         # A version above start_ts was committed after the draw: its change is not
-        # in this snapshot, so this run must not serve (delete) it.
-        served = [(ts, value) for ts, value in versions if ts <= txn.start_ts]
-        if not served:
+        # in this snapshot, so this run must not serve (delete) it. (Versions come
+        # newest first: one loop, no list, on every run's path.)
+        start_ts, newest, weak = txn.start_ts, 0, False
+        for ts, value in versions:
+            if ts <= start_ts:
+                if not newest:
+                    newest = ts
+                if value == NOTIFY_WEAK:
+                    weak = True
+                    break
+        if not newest:
             notice.later = bool(versions)
             txn.close()
             return Outcome.ABSENT, False
-        notice.newest = served[0][0]
-        notice.weak = weak = any(value == NOTIFY_WEAK for _, value in served)
+        notice.newest, notice.weak = newest, weak
         change = txn.change_version(table, row, column)
         acked = int(values.get(ack, b"0"))
         if change <= acked and not weak:

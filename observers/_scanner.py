@@ -3,24 +3,30 @@
 they meet (Percolator §2.4), sleep when idle and are woken by a lookout thread or a
 local commit. A row found is handed to the :class:`~observers._runner.Runner` with
 the notify cells the scan read; the scanner settles the index entries of the rows it
-served."""
+served. A scanner meets another when a row's advisory lock is taken, when its batch
+lists a row served lately in this process (:meth:`Runner.served_lately`), or when a
+run finds its notification served already (by another process's scanner, whose
+advisory locks this one may not see): it leaves the rest of its batch and scans on
+from past it, a random stretch further."""
 
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from observers._runner import GROUP_MAX, Group, Indexed, Runner
+from observers._runner import GROUP_MAX, Group, Indexed, Ran, Runner
 from observers._store_turn import StoreTurn
 from percolator import Cluster, PercolatorError
 from percolator.ext import (
     NOTIFY,
     SPLIT_KEYS,
     Read,
+    RowCells,
     internals,
     offered,
     scan_index,
@@ -36,6 +42,18 @@ log = logging.getLogger("observers")
 
 SAMPLE = 4096
 """Rows of each table a worker remembers, to start passes at."""
+SAMPLE_READ = 1024
+"""Rows of the notify family a worker reads to start at, before it has seen any, on
+a store that reports no split keys (one HBase region, the embedded store): its
+scanners, and those of workers started with it, then start all over the first of
+them, where they all began at the first row."""
+SCAN_BATCH = 64
+"""Rows a family pass reads per scan of the notify family. It serves them, then scans
+again after the last one: a fresh read, without the rows other scanners served
+meanwhile, where one scan's batches of 128 went stale while their rows were served
+(2-3 s each on HBase) and a scanner behind another ran its rows again to find them
+served (absent runs: a timestamp and a read each). One scan call per 64 rows, 0.016
+per notification."""
 SPLITS_REFRESH = 60.0
 """Seconds between two questions to the store for a table's split keys."""
 SETTLE_MAX = 256
@@ -60,6 +78,18 @@ settled together (at most ``SETTLE_MAX`` rows): at a trickle each such row is se
 alone, and settling each alone cost a deletion and a re-check read per notification.
 Meanwhile the entries stay in the index, where this worker's lookout and scanners know
 them as served (:class:`Served`)."""
+
+
+def _first_rows(scan: Iterator[tuple[bytes, RowCells]],
+                count: int) -> list[tuple[bytes, RowCells]]:
+    """The first *count* rows of *scan*, which is then closed (an HBase scanner is let go
+    of at once, not when the iterator is collected)."""
+    try:
+        return list(itertools.islice(scan, count))
+    finally:
+        close = getattr(scan, "close", None)
+        if close is not None:
+            close()
 
 
 class Served:
@@ -98,7 +128,9 @@ class Served:
 class Spread:
     """The anti-clumping state of one scan pass (Percolator §2.4): a scanner that meets
     another on a row skips a random stretch ahead; after a few meetings it ends the
-    pass, so that the next one starts at a new random place."""
+    pass, so that the next one starts at a new random place. (A family pass meets
+    another on a row whose advisory lock is held, or that was served since its scan,
+    and skips from past its batch: :meth:`Scanner._table_pass_rows`.)"""
 
     def __init__(self, threads: int, held: int = 1) -> None:
         self.threads = threads
@@ -195,6 +227,7 @@ class Scanner:
         self.bell = Bell()
         self._sample: dict[str, list[bytes]] = {t: [] for t in columns}
         self._splits: dict[str, tuple[float, list[bytes]]] = {}
+        self._sampled: dict[str, float] = {}  # table: when its sample was last read
         self._sleeping = 0  # scanner threads asleep (the lookout looks meanwhile)
         self._sleeping_lock = threading.Lock()
         self._indexed = uses_index(internals(cluster).store)
@@ -508,6 +541,7 @@ class Scanner:
                     internals(self.cluster).coordination.release_advisory_lock(key)
                 if len(processed) >= SETTLE_MAX:
                     self._settle_processed(processed)
+
         return worked
 
     def _family_pass(self) -> bool:
@@ -533,41 +567,93 @@ class Scanner:
                 self.runner.flush(group)
 
     def _table_pass_rows(self, table: str, group: Group | None) -> bool:
+        """The rows of :meth:`_table_pass`, read SCAN_BATCH at a time (each batch a
+        scan of its own, from past the previous one), served by :meth:`_serve_batch`."""
         reads = [Read(NOTIFY, self.columns[table], versions=None)]
+        store = internals(self.cluster).store
+        if not self._sample[table] and not self._split_keys(table):
+            self._read_sample(table, reads)
         start = self.random_start(table)
         ranges = [(start, None), (None, start)] if start is not None else [(None, None)]
         worked = False
         spread = Spread(self.threads, GROUP_MAX if group is not None else 1)
-        coordination = internals(self.cluster).coordination
-        store = internals(self.cluster).store
         for lo, hi in ranges:
-            for row, cells in store.scan(table, lo, hi, reads, batch_size=128):
+            while True:
+                asked = spread.skip + SCAN_BATCH
+                batch = _first_rows(store.scan(table, lo, hi, reads, batch_size=asked), asked)
                 if self._stop.is_set():
                     return worked
-                self.remember(table, row)
-                if spread.skipping() or self.runner.backoff.all_waiting(
-                        table, row, [name[len(NOTIFY) + 1 :] for name in cells]):
-                    continue
-                key = f"{table}/{row.hex()}"
-                if not coordination.try_advisory_lock(key):
-                    if self._met(spread):
-                        return True  # a new pass starts at a new random place
-                    continue
-                deferred = False
-                waiting = len(group.runs) if group is not None else 0
-                try:
-                    if self.runner.run_cells(table, row, cells, group):
-                        worked = True
-                    deferred = group is not None and len(group.runs) > waiting
-                finally:
-                    if deferred:  # held until the group is committed
-                        assert group is not None
-                        group.keys.append(key)
-                    else:
-                        coordination.release_advisory_lock(key)
-                if group is not None and len(group.runs) >= GROUP_MAX:
-                    self.runner.flush(group)
+                served, ended = self._serve_batch(table, batch, group, spread)
+                worked = worked or served
+                if ended:
+                    return True  # a new pass starts at a new random place
+                if len(batch) < asked:
+                    break  # the range is done
+                lo = batch[-1][0] + b"\x00"  # the next row after the batch
+                if hi is not None and lo >= hi:
+                    break
         return worked
+
+    def _serve_batch(self, table: str, batch: list[tuple[bytes, RowCells]],
+                     group: Group | None, spread: Spread) -> tuple[bool, bool]:
+        """Serve the rows of one scan's *batch*, but those *spread* skips; whether
+        anything was done, and whether the pass ends (its scanner met others too often).
+
+        A row whose advisory lock is held, or that this worker process served since
+        the scan (:meth:`Runner.served_lately`), is another scanner's meeting, and
+        costs nothing: the scanner skips a random stretch of its batch. A run that
+        finds its notification served already (another process's scanner, whose
+        advisory locks this one does not see) tells that the batch is stale where the
+        other has been: the scanner leaves the rest of it, and scans on from past it,
+        a random stretch further, rather than run the other's rows again (a timestamp
+        and a read each, to find nothing)."""
+        coordination = internals(self.cluster).coordination
+        worked = False
+        for row, cells in batch:
+            if self._stop.is_set():
+                break
+            self.remember(table, row)
+            if spread.skipping() or self.runner.backoff.all_waiting(
+                    table, row, [name[len(NOTIFY) + 1 :] for name in cells]):
+                continue
+            key = f"{table}/{row.hex()}"
+            if (self.runner.served_lately(table, row, cells)
+                    or not coordination.try_advisory_lock(key)):
+                if self._met(spread):
+                    return True, True
+                continue
+            deferred = False
+            waiting = len(group.runs) if group is not None else 0
+            ran = Ran.NOTHING
+            try:
+                ran = self.runner.run_cells(table, row, cells, group)
+                deferred = group is not None and len(group.runs) > waiting
+            finally:
+                if deferred:  # held until the group is committed
+                    assert group is not None
+                    group.keys.append(key)
+                else:
+                    coordination.release_advisory_lock(key)
+            if group is not None and len(group.runs) >= GROUP_MAX:
+                self.runner.flush(group)
+            if ran is Ran.MET:
+                return True, self._met(spread)
+            worked = worked or bool(ran)
+        return worked, False
+
+    def _read_sample(self, table: str, reads: list[Read]) -> None:
+        """Remember the first SAMPLE_READ rows of the notify family (one scan), to
+        start passes at (see SAMPLE_READ); at most once per SPLITS_REFRESH seconds
+        while none is found (an idle worker's passes)."""
+        now = time.monotonic()
+        read = self._sampled.get(table)
+        if read is not None and now - read < SPLITS_REFRESH:
+            return
+        self._sampled[table] = now
+        store = internals(self.cluster).store
+        for row, _ in _first_rows(store.scan(table, None, None, reads,
+                                             batch_size=SAMPLE_READ), SAMPLE_READ):
+            self.remember(table, row)
 
     def _met(self, spread: Spread) -> bool:
         """Another scanner holds the row: count the meeting; True when the pass should
@@ -585,7 +671,7 @@ class Scanner:
         cells = internals(self.cluster).store.read_rows(
             table, [row], [Read(NOTIFY, self.columns[table], versions=None)]
         ).get(row, {})
-        return self.runner.run_cells(table, row, cells, group)
+        return bool(self.runner.run_cells(table, row, cells, group))
 
     def serve_indexed(self, table: str, row: bytes, columns: Iterable[str]) -> Indexed:
         """Serve a row the notification index (or a lookout's look) named with

@@ -7,7 +7,11 @@ around. On a store with a notification index (Bigtable, where a family-filtered
 scan reads the whole table: :mod:`percolator._notify_index`) it scans the index
 instead, from a random place, and deletes the entries it finds settled. Before
 working on a row it takes an advisory lock; when another scanner holds it, the
-scanner jumps to a new random place (the paper's anti-clumping).
+scanner jumps to a new random place (the paper's anti-clumping). A scanner of the
+notify family reads 64 rows per scan and also meets another on a row that its
+process served since the scan, or whose run finds its notification served already
+(another process's scanner, whose advisory locks it does not see without
+ZooKeeper): it leaves the rest of its batch and scans on from past it.
 
 Idle workers leave the store alone: a scanner whose pass found nothing to do sleeps
 ``idle_max`` seconds (default 2, jittered). While one sleeps, a single lookout thread
@@ -59,7 +63,7 @@ from observers._backoff import Backoff
 from observers._observer import Observer, check_observer
 from observers._periodic import Periodic
 from observers._recipes import load_object
-from observers._runner import CommitHook, Runner
+from observers._runner import CommitHook, Recent, Runner
 from observers._scanner import Scanner
 from observers._store_turn import StoreTurn, Waits
 from percolator import Cluster, InvalidArgument, PercolatorError
@@ -120,9 +124,10 @@ class Worker:
 
     :attr:`stats` counts ``committed`` runs, ``skipped`` notifications (already
     acknowledged: duplicate work the acks rejected), ``conflicts``, ``failures``,
-    ``quarantined``, ``meetings`` (a scanner found another on its row and jumped, or
-    left a row handed over to it), ``passes``, ``idle`` (a scanner went to sleep with
-    nothing to do) and lookout ``wakeups`` (looks that handed rows over or rang).
+    ``quarantined``, ``meetings`` (a scanner found another on its row, or its batch's
+    row served since its scan, and jumped; or left a row handed over to it),
+    ``passes``, ``idle`` (a scanner went to sleep with nothing to do) and lookout
+    ``wakeups`` (looks that handed rows over or rang).
 
     Any number of workers, in any processes and hosts, may run the same observers on
     one repository: they spread over the pending rows, and at most one observer
@@ -216,7 +221,10 @@ class Worker:
             cluster, self._by_column, backoff=Backoff(retry_delay, max_retry_delay),
             count=self._count, stop=self._stop, store_turn=store_turn,
             waits={o.name: Waits() for o in self.observers}, on_commit=on_commit,
-            max_failures=max_failures)
+            max_failures=max_failures,
+            # Scanner threads that pass at once may read rows another just served; those
+            # that take turns at a single-writer store pass one at a time.
+            recent=Recent() if threads > 1 and store_turn is None else None)
         self._scanner = Scanner(
             cluster, self._runner, self._columns, threads=threads, idle_max=idle_max,
             poll_interval=poll_interval, count=self._count, stop=self._stop,

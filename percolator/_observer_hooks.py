@@ -47,6 +47,7 @@ transaction that is not an observer run) and sets :attr:`Settlement.done`, and f
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -79,6 +80,13 @@ class Settlement:
     def notify_column(self) -> str:
         """The notify cell's column in the store."""
         return f"{NOTIFY}:{self.column}"
+
+
+@functools.lru_cache(maxsize=256)
+def _notify_read(column: str) -> Read:
+    """The read of every notify version of *column* (one Read per column: building a
+    frozen dataclass on every observer run's path costs more than the lookup)."""
+    return Read(NOTIFY, (column,), versions=None)
 
 
 def internal_columns(txn: Snapshot, on: bool) -> None:
@@ -135,7 +143,7 @@ class ObserverRun(TransactionBase):
         run's first read are one round trip. The row read is atomic, so a strong notify
         version at or below start_ts comes with its change (or the lock the read waited
         on): the notification and the snapshot agree."""
-        self._notify_read = Read(NOTIFY, (column,), versions=None)
+        self._notify_read = _notify_read(column)
         self._notify_cells = []
         try:
             values = self.get_row(table, row, columns)

@@ -309,7 +309,9 @@ class Snapshot:
                     _observe("percolator_read_duration_seconds", _perf_counter() - began)
                 self._check_safe_point()
                 return {}, frozenset()
-            blocked = self._blocking(cells) if len(reads) > 1 else None  # else no locks read
+            # The lock read comes first when there is one (an observer run's notify
+            # read may follow the write records).
+            blocked = self._blocking(cells) if reads[0].family == LOCK else None
             left_out: frozenset[str] = frozenset()
             if blocked and extra:
                 asked = [b for b in blocked if b[0] not in extra]

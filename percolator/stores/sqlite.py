@@ -458,6 +458,12 @@ class SqliteStore:
                     break
             else:
                 return self._read_newest(table, rows[0], reads)
+            if (read is reads[-1] and len(reads) > 1 and read.versions is None
+                    and read.qualifiers is not None and len(read.qualifiers) == 1
+                    and read.skip_tag is None):
+                both = self._read_newest_and_versions(table, rows[0], reads)
+                if both is not None:
+                    return both
         else:
             rows = list(dict.fromkeys(rows))  # a row named twice is read once
         try:
@@ -604,10 +610,75 @@ class SqliteStore:
             raise self._error(table, e) from e
         return found
 
+    def _read_newest_and_versions(
+        self, table: str, row: bytes, reads: Sequence[Read]
+    ) -> dict[bytes, RowCells] | None:
+        """:meth:`_read_newest` of every read but the last, and every version of the last
+        read's one cell, in one statement (one snapshot): an observer run's first read,
+        which reads its notification with the cell and the acknowledgement
+        (``ObserverRun.get_row_notified``), without the windowed UNION of the general
+        path. The statement's first result row holds the newest versions, as
+        :meth:`_read_newest`'s does; each further row one version of the last cell.
+        None where the last read's family is another's too (the general path then)."""
+        newest, every = reads[:-1], reads[-1]
+        key = ("versions", table, every.family,
+               *[(r.family, r.qualifiers, r.skip_tag) for r in newest])
+        params: list[Any] = [row]
+        for read in newest:
+            params.append(read.min_ts)
+            params.append(_MAX_TS if read.max_ts is None else read.max_ts)
+        for read in newest:
+            params.extend(read.qualifiers or ())
+        params.append(every.min_ts)
+        params.append(_MAX_TS if every.max_ts is None else every.max_ts)
+        params.extend(every.qualifiers or ())
+        try:
+            plan = self._newest_plans.get(key)
+            if plan is None:
+                if any(r.family == every.family for r in newest):
+                    return None
+                terms, names = self._newest_terms(table, newest)
+                first = 2 + 2 * len(newest) + len(names)  # the last read's parameters
+                plan = (f"SELECT 0, {', '.join(terms)} UNION ALL SELECT 1, ts, value"
+                        + ", NULL" * (len(terms) - 2)
+                        + f" FROM {self._family(table, every.family)} WHERE row = ?1 AND "
+                        f"qual = ?{first + 2} AND ts BETWEEN ?{first} AND ?{first + 1}", names)
+                if len(self._newest_plans) > 1000:
+                    self._newest_plans.clear()
+                self._newest_plans[key] = plan
+            sql, names = plan
+            found = self._db().execute(sql, params).fetchall()
+        except sqlite3.Error as e:
+            raise self._error(table, e) from e
+        cells: RowCells = {}
+        versions: list[tuple[int, bytes]] = []
+        for result in found:
+            if result[0]:
+                versions.append((result[1], result[2]))
+                continue
+            i = 1
+            for name in names:
+                ts = result[i]
+                if ts is not None:
+                    cells[name] = [(ts, result[i + 1])]
+                i += 2
+        if versions:
+            if len(versions) > 1:
+                versions.sort(key=lambda cell: -cell[0])
+            assert every.qualifiers is not None
+            cells[f"{every.family}:{every.qualifiers[0]}"] = versions
+        return {row: cells} if cells else {}
+
     def _plan_newest(self, table: str, reads: Sequence[Read]) -> tuple[str, list[str]]:
         """:meth:`_read_newest`'s statement for these families and qualifiers, and the
         cell names of its result pairs. Parameters: the row, each read's bounds, then
         every qualifier."""
+        terms, names = self._newest_terms(table, reads)
+        return "SELECT " + ", ".join(terms), names
+
+    def _newest_terms(self, table: str, reads: Sequence[Read]) -> tuple[list[str], list[str]]:
+        """:meth:`_plan_newest`'s result columns (two scalar subqueries per cell: its
+        newest version's timestamp and value), and the cell names of their pairs."""
         terms: list[str] = []
         names: list[str] = []
         for n, read in enumerate(reads):
@@ -624,7 +695,7 @@ class SqliteStore:
                     terms += (f"(SELECT {skip} ts END {where})",
                               f"(SELECT {skip} value END {where})")
                 names.append(f"{read.family}:{qual}")
-        return "SELECT " + ", ".join(terms), names
+        return terms, names
 
     def _read_many(
         self, table: str, rows: Sequence[bytes], reads: Sequence[Read]

@@ -285,6 +285,28 @@ def test_skip_tag_leaves_out_selected_versions_starting_with_it(store: Store) ->
     }
 
 
+def test_one_row_read_of_newest_cells_and_every_version_of_one_more(store: Store) -> None:
+    """An observer run's first read (``ObserverRun.get_row_notified``): the newest
+    version of some cells (locks without the FREE ones, write records at or below the
+    snapshot) and every version of one notify cell, in one call, as separate reads
+    would return them."""
+    store.mutate_rows(T, [Mutation(b"r", puts=[
+        ("w:c", 1, b"old"), ("w:c", 3, b"new"), ("w:ack", 2, b"a"), ("l:c", 0, b"F-free"),
+        ("l:ack", 0, b"L-held"), ("n:c", 2, b"1"), ("n:c", 5, b"w"), ("n:other", 4, b"1")])])
+    locks = Read("l", ("c", "ack"), skip_tag=b"F")
+    writes = Read("w", ("c", "ack", "none"), max_ts=2)
+    notify = Read("n", ("c",), versions=None)
+    assert cells(store, b"r", locks, writes, notify) == {
+        "l:ack": [(0, b"L-held")], "w:c": [(1, b"old")], "w:ack": [(2, b"a")],
+        "n:c": [(5, b"w"), (2, b"1")]}
+    assert cells(store, b"r", writes, Read("n", ("c",), max_ts=4, versions=None)) == {
+        "w:c": [(1, b"old")], "w:ack": [(2, b"a")], "n:c": [(2, b"1")]}
+    assert cells(store, b"r", Read("w", ("none",)), notify) == {"n:c": [(5, b"w"), (2, b"1")]}
+    assert cells(store, b"r", Read("w", ("c",)), Read("n", ("none",), versions=None)) == {
+        "w:c": [(3, b"new")]}
+    assert store.read_rows(T, [b"q"], [writes, notify]) == {}
+
+
 def test_a_scan_skipping_tagged_versions_pages_over_the_rows_left(store: Store) -> None:
     """Rows whose every cell is skipped take no room in a page; rows that another
     Read of the scan selects still come, with the skipped cells left out."""
