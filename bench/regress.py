@@ -4,7 +4,14 @@ in one run, each as a ratio to the base; exits 1 when one falls past the toleran
     python bench/regress.py --base b858a95                 # 5 rounds, the defaults
     python bench/regress.py --base main --rounds 7 --tolerance 0.05
 
-What runs, on the embedded store (a fresh file per run):
+What runs, on the embedded store (a fresh file per run), or with ``--url`` the Figure 8
+operations alone on that store (its tables made for the run and dropped after it;
+``--oracle`` draws the timestamps from a ``python -m oracle`` of the run's own, as the
+cluster stores do in production)::
+
+    python bench/regress.py --base main --ops 400 --oracle \
+        --url 'hbase://127.0.0.1:9091?api=thrift2&table_prefix=regress'
+
 
 * the operations of Figure 8 (``bench/overhead.py``): raw read, transactional read (one
   start timestamp per 100 reads) and in a transaction of its own, raw write,
@@ -34,6 +41,7 @@ its parts) changed (CONTRIBUTING.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -41,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,64 +87,79 @@ def _raw_store(cluster: Any) -> Any:
     return internals(cluster).store
 
 
-def _figure8(ops: int) -> dict[str, float]:
+def _figure8(ops: int, url: str | None = None, oracle: str | None = None
+             ) -> dict[str, float]:
+    """The Figure 8 operations, in operations per second of CPU time, on a fresh SQLite
+    file, or on the store of *url* (timestamps from *oracle* if given) in tables made
+    for the run and dropped after it."""
+    import percolator
+
+    with tempfile.TemporaryDirectory(prefix="percolator-regress-") as tmp, \
+            percolator.connect(url or f"sqlite:///{tmp}/bench.db", oracle=oracle) as cluster:
+        try:
+            return _figure8_on(cluster, ops)
+        finally:
+            if url:
+                cluster.drop_table("bench")
+                _raw_store(cluster).drop_table("raw")
+
+
+def _figure8_on(cluster: Any, ops: int) -> dict[str, float]:
     import percolator
 
     contract = _extension_module("percolator._store")
     Mutation, Read = contract.Mutation, contract.Read
 
     results: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(prefix="percolator-regress-") as tmp, \
-            percolator.connect(f"sqlite:///{tmp}/bench.db") as cluster:
-        cluster.create_table("bench")
-        store = _raw_store(cluster)
-        store.create_table("raw", {"d": 0})
-        rows = [b"row%06d" % i for i in range(1000)]
+    cluster.create_table("bench")
+    store = _raw_store(cluster)
+    store.create_table("raw", {"d": 0})
+    rows = [b"row%06d" % i for i in range(1000)]
+    with percolator.Transaction(cluster) as txn:
+        for row in rows:
+            txn.set("bench", row, "c:value", b"x" * 100)
+    store.mutate_rows("raw", [Mutation(row, [("d:c:value", 1, b"x" * 100)]) for row in rows])
+    reader = [percolator.Transaction(cluster)]
+    stamps = iter(range(10, 10**12))
+    value = b"y" * 100
+
+    def raw_read(i: int) -> None:
+        store.read_rows("raw", [rows[i % 1000]], [Read("d", ("c:value",))])
+
+    def txn_read(i: int) -> None:
+        if i % 100 == 0:
+            reader[0] = percolator.Transaction(cluster)
+        reader[0].get("bench", rows[i % 1000], "c:value")
+
+    def txn_read_fresh(i: int) -> None:
+        percolator.Transaction(cluster).get("bench", rows[i % 1000], "c:value")
+
+    def raw_write(i: int) -> None:
+        store.mutate_rows("raw", [Mutation(rows[i % 1000], [("d:c:value", next(stamps),
+                                                             value)])])
+
+    def txn_write(i: int) -> None:
         with percolator.Transaction(cluster) as txn:
-            for row in rows:
-                txn.set("bench", row, "c:value", b"x" * 100)
-        store.mutate_rows("raw", [Mutation(row, [("d:c:value", 1, b"x" * 100)]) for row in rows])
-        reader = [percolator.Transaction(cluster)]
-        stamps = iter(range(10, 10**12))
-        value = b"y" * 100
+            txn.set("bench", rows[i % 1000], "c:value", value)
 
-        def raw_read(i: int) -> None:
-            store.read_rows("raw", [rows[i % 1000]], [Read("d", ("c:value",))])
+    def transfer(i: int) -> None:
+        a, b = rows[(2 * i) % 1000], rows[(2 * i + 1) % 1000]
+        with percolator.Transaction(cluster) as txn:
+            va = txn.get("bench", a, "c:value") or b""
+            vb = txn.get("bench", b, "c:value") or b""
+            txn.set("bench", a, "c:value", vb)
+            txn.set("bench", b, "c:value", va)
 
-        def txn_read(i: int) -> None:
-            if i % 100 == 0:
-                reader[0] = percolator.Transaction(cluster)
-            reader[0].get("bench", rows[i % 1000], "c:value")
-
-        def txn_read_fresh(i: int) -> None:
-            percolator.Transaction(cluster).get("bench", rows[i % 1000], "c:value")
-
-        def raw_write(i: int) -> None:
-            store.mutate_rows("raw", [Mutation(rows[i % 1000], [("d:c:value", next(stamps),
-                                                                 value)])])
-
-        def txn_write(i: int) -> None:
-            with percolator.Transaction(cluster) as txn:
-                txn.set("bench", rows[i % 1000], "c:value", value)
-
-        def transfer(i: int) -> None:
-            a, b = rows[(2 * i) % 1000], rows[(2 * i + 1) % 1000]
-            with percolator.Transaction(cluster) as txn:
-                va = txn.get("bench", a, "c:value") or b""
-                vb = txn.get("bench", b, "c:value") or b""
-                txn.set("bench", a, "c:value", vb)
-                txn.set("bench", b, "c:value", va)
-
-        for name, op, n in (("raw read", raw_read, ops), ("txn read", txn_read, ops),
-                            ("txn read, own txn", txn_read_fresh, ops),
-                            ("raw write", raw_write, ops), ("txn write", txn_write, ops),
-                            ("transfer txn", transfer, ops // 2)):
-            for i in range(min(n, 100)):  # warm: statement caches, predictions
-                op(i)
-            began = time.process_time()
-            for i in range(n):
-                op(i)
-            results[name] = n / (time.process_time() - began)
+    for name, op, n in (("raw read", raw_read, ops), ("txn read", txn_read, ops),
+                        ("txn read, own txn", txn_read_fresh, ops),
+                        ("raw write", raw_write, ops), ("txn write", txn_write, ops),
+                        ("transfer txn", transfer, ops // 2)):
+        for i in range(min(n, 100)):  # warm: statement caches, predictions
+            op(i)
+        began = time.process_time()
+        for i in range(n):
+            op(i)
+        results[name] = n / (time.process_time() - began)
     return results
 
 
@@ -171,22 +195,26 @@ def _drain(notifications: int, threads: int) -> float:
     return 1e6 * cpu / notifications
 
 
-def child(ops: int, notifications: int) -> None:
+def child(ops: int, notifications: int, url: str | None, oracle: str | None) -> None:
     import percolator
 
-    results = _figure8(ops)
-    results["CPU per notification"] = _drain(notifications, 1)
-    results["CPU per notification, 4 threads"] = _drain(notifications, 4)
+    results = _figure8(ops, url, oracle)
+    if url is None:
+        results["CPU per notification"] = _drain(notifications, 1)
+        results["CPU per notification, 4 threads"] = _drain(notifications, 4)
     print(json.dumps({"imported": percolator.__file__, **results}))
 
 
 # --- the parent ------------------------------------------------------------------------
 
 
-def run_side(tree: Path, ops: int, notifications: int) -> dict[str, float]:
+def run_side(tree: Path, ops: int, notifications: int, store: Sequence[str] = ()
+             ) -> dict[str, float]:
+    """One child's figures, on the checkout *tree*; *store*: the child's ``--url`` and
+    ``--oracle`` options, if any."""
     out = subprocess.run(
         [sys.executable, "-P", str(ROOT / "bench" / "regress.py"), "--child",
-         "--ops", str(ops), "--notifications", str(notifications)],
+         "--ops", str(ops), "--notifications", str(notifications), *store],
         cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
         check=True, capture_output=True, text=True).stdout
     found: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
@@ -203,7 +231,7 @@ def compare(base: list[dict[str, float]], new: list[dict[str, float]], tolerance
     lines = ["| figure | base | this checkout | ratio (median of rounds) |",
              "|---|---:|---:|---:|"]
     failed = []
-    for name in (*RATES, *COSTS):
+    for name in (n for n in (*RATES, *COSTS) if n in base[0]):
         ratios = [(n[name] / b[name]) if name in RATES else (b[name] / n[name])
                   for b, n in zip(base, new, strict=True)]
         ratio = statistics.median(ratios)
@@ -231,11 +259,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="notifications per drain per round")
     parser.add_argument("--tolerance", type=float, default=0.10,
                         help="fail when a ratio is below 1 - this (default 0.10)")
+    parser.add_argument("--url", help="the Figure 8 operations alone, on this store (a "
+                        "table prefix of the run's own: they make and drop their tables)")
+    parser.add_argument("--oracle", nargs="?", const="start", default=None,
+                        help="with --url: timestamps from a python -m oracle started for "
+                        "the run, or from the oracle TARGET given (grpc://host:port)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(args.ops, args.notifications)
+        child(args.ops, args.notifications, args.url, args.oracle)
         return 0
+    if args.oracle and not args.url:
+        parser.error("--oracle goes with --url (the embedded store draws its own)")
     if not args.base:
         parser.error("--base COMMIT is required")
     if args.rounds < 1 or args.ops < 2 or args.notifications < 1 or args.tolerance < 0:
@@ -246,7 +281,16 @@ def main(argv: list[str] | None = None) -> int:
     if commit.returncode:
         parser.error(f"--base {args.base!r} is not a commit of this repository")
     sha = commit.stdout.strip()
-    with tempfile.TemporaryDirectory(prefix="percolator-regress-base-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="percolator-regress-base-") as tmp, \
+            contextlib.ExitStack() as stack:
+        store = [] if not args.url else ["--url", args.url]
+        if args.oracle == "start":
+            sys.path.insert(0, str(ROOT))
+            from bench.overhead import standalone_oracle
+
+            store += ["--oracle", stack.enter_context(standalone_oracle())]
+        elif args.oracle:
+            store += ["--oracle", args.oracle]
         tree = Path(tmp) / "base"
         subprocess.run(["git", "worktree", "add", "--detach", str(tree), sha], cwd=ROOT,
                        check=True, capture_output=True)
@@ -257,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.rounds):
                 sides = ((tree, base), (ROOT, new))
                 for side, results in (sides if r % 2 == 0 else sides[::-1]):
-                    results.append(run_side(side, args.ops, args.notifications))
+                    results.append(run_side(side, args.ops, args.notifications, store))
                 print(f"round {r + 1} of {args.rounds} done", file=sys.stderr, flush=True)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
@@ -272,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
           f"cores, load average {os.getloadavg()[0]:.1f}")
     print(f"- command: `python bench/regress.py --base {args.base} --rounds {args.rounds} "
           f"--ops {args.ops} --notifications {args.notifications} "
-          f"--tolerance {args.tolerance}`\n")
+          f"--tolerance {args.tolerance}"
+          + (f" --url '{args.url}'" if args.url else "")
+          + (" --oracle" if args.oracle else "") + "`\n")
     lines, failed = compare(base, new, args.tolerance)
     print("\n".join(lines))
     if failed:
