@@ -213,9 +213,10 @@ class TwoPhaseCommit:
         self.refreshed_at = time.monotonic()
 
     def prewrite(self) -> None:
-        """Lock the primary, then the secondaries (one batched read for all of them),
-        or, where the store can test the conflict conditions itself, one conditional
-        mutation per cell, reading only a cell whose conditions held."""
+        """Lock the primary, then the secondaries (one batched read of all of them
+        first, one per table), or, where the store can test the conflict conditions
+        itself, one conditional mutation per cell, reading only a cell whose conditions
+        held."""
         with self.parts.taking_locks():
             self._prewrite_all()
 
@@ -229,24 +230,15 @@ class TwoPhaseCommit:
             if id(cell) not in together and (
                     guarded is None or not self.prewrite_guarded(guarded, cell)):
                 if id(cell) not in found:
-                    if guarded is not None:
-                        batch = [cell]
-                    elif index == 0:
-                        batch = self._primary_and_its_row()
-                    else:
-                        batch = [c for c in self.cells[1:] if id(c) not in found]
+                    # Every cell at once (one read per table): a cell read before the
+                    # primary is locked is as good as one read after, since each lock is
+                    # then set from the value read, which cannot have come back (no ABA)
+                    # nor let a write record in without changing (invariant A).
+                    batch = ([cell] if guarded is not None
+                             else [c for c in self.cells if id(c) not in found])
                     found.update(self._read_for_prewrite(batch))
                 self._prewrite(cell, *found[id(cell)])
             self._maybe_crash("prewrite", index)
-
-    def _primary_and_its_row(self) -> list[_Cell]:
-        """The primary and the cells that share its row, read for the prewrite in one
-        row read (an observer's output and its acknowledgement, say): the row is read
-        anyway, and a cell read before the primary is locked is as good as one read
-        after, since each lock is then set from the value read, which cannot have come
-        back (no ABA) nor let a write record in without changing (invariant A)."""
-        p = self.primary
-        return [c for c in self.cells if (c.table, c.row) == (p.table, p.row)]
 
     def _locked_together(self, store: GuardedSet) -> set[int]:
         """Where the store tests conflict conditions itself, lock the cells that share

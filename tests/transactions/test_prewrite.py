@@ -117,18 +117,19 @@ CALLS = {
         {("set_unless", T): 1, ("check_and_set", T): 1, ("increment", META_TABLE): 1},
         {("set_unless", T): 2, ("check_and_set", T): 2, ("increment", META_TABLE): 1},
     ),
-    # Thrift2: read, then checkAndMutate with the data; the commit point writes the
-    # primary's record and frees its lock; a secondary's release does the same
+    # Thrift2: one read of every cell, then checkAndMutate with the data; the commit
+    # point writes the primary's record and frees its lock; a secondary's release does
+    # the same
     "hbase": (
         {("read_rows", T): 1, ("check_and_set", T): 2, ("increment", META_TABLE): 1},
-        {("read_rows", T): 2, ("check_and_set", T): 4, ("increment", META_TABLE): 1},
+        {("read_rows", T): 1, ("check_and_set", T): 4, ("increment", META_TABLE): 1},
     ),
-    # Thrift1: read, then checkAndPut (data written first); commit point, write
-    # record, release
+    # Thrift1: one read of every cell, then checkAndPut (data written first); commit
+    # point, write record, release
     "hbase-thrift1": (
         {("read_rows", T): 1, ("check_and_set", T): 3, ("mutate_rows", T): 1,
          ("increment", META_TABLE): 1},
-        {("read_rows", T): 2, ("check_and_set", T): 5, ("mutate_rows", T): 2,
+        {("read_rows", T): 1, ("check_and_set", T): 5, ("mutate_rows", T): 2,
          ("increment", META_TABLE): 1},
     ),
 }
