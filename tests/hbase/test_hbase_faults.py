@@ -95,7 +95,9 @@ def test_commit_point_whose_outcome_cannot_be_told_is_commit_unknown() -> None:
     # The connection drops before the compare-and-set applies: reading the primary
     # again shows our lock, which proves nothing (the call may still be on its way).
     fault = f"cas-drop:prefix={COMMITTED}:skip=1:times=1:apply=0"
-    with _bank("--fault", fault) as cluster, pytest.raises(CommitUnknownError):
+    with _bank("--fault", fault) as cluster, pytest.raises(
+            CommitUnknownError, match=r"failed at the commit point of transaction .*"
+                                      "may or may not have committed"):
         _transfer(cluster, 60)
 
 

@@ -6,6 +6,7 @@ takes on the remote backends."""
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from percolator._commit import commit_transaction
 from percolator._encoding import META_TABLE
 from percolator._internals import internals
 from percolator._timestamps import StoreTimestamps
+from percolator._two_phase import TwoPhaseCommit, committed_anyway
 from percolator.testing import CrashPoint, SimulatedCrash, client_of, crash_commit
 
 T, C = "accounts", "bal:amount"
@@ -88,6 +90,68 @@ def test_a_live_lock_is_a_conflict(accounts: Cluster) -> None:
     mine.set(T, b"alice", C, b"mine")
     with pytest.raises(percolator.ConflictError, match="locked by live transaction"):
         mine.commit()
+
+
+def test_a_harness_runs_the_phases_of_a_two_phase_commit_and_stops_at_its_crash_point(
+    tmp_path: Path,
+) -> None:
+    """``TwoPhaseCommit.of(txn, crash)``, the harnesses' way in (bench/, the notify-index
+    tests): its prewrite locks the primary, then stops at the crash point, before the
+    secondary; its abort releases what it locked."""
+    with percolator.connect(f"sqlite:///{tmp_path}/harness.db") as cluster:
+        cluster.create_table(T)
+        txn = Transaction(cluster)
+        txn.set(T, b"alice", C, b"a")  # the primary
+        txn.set(T, b"bob", C, b"b")
+        committer = TwoPhaseCommit.of(txn, CrashPoint("prewrite", 0))
+        with pytest.raises(SimulatedCrash):
+            committer.prewrite()
+        assert [cell.row for cell in committer.locked] == [b"alice"]
+        other = Transaction(cluster)
+        other.set(T, b"alice", C, b"other")
+        with pytest.raises(percolator.ConflictError, match="locked by live transaction"):
+            other.commit()
+        committer.abort()
+        with Transaction(cluster) as other:
+            other.set(T, b"alice", C, b"other")
+        assert Transaction(cluster).get(T, b"alice", C) == b"other"
+
+
+def test_a_commit_point_without_a_yes_is_told_by_its_primary_or_reported_unknown(
+    tmp_path: Path,
+) -> None:
+    """``committed_anyway``: after a commit point's compare-and-set said no (error
+    None) or failed (an error), the primary tells. Committed at our commit timestamp:
+    committed. Still locked: after a no, not committed (the caller's conflict); after
+    an error, unknown (the call may still apply). Unreadable: unknown, saying which."""
+    with percolator.connect(f"sqlite:///{tmp_path}/commit-point.db") as cluster:
+        cluster.create_table(T)
+        txn = Transaction(cluster)
+        txn.set(T, b"alice", C, b"a")
+        committer = TwoPhaseCommit.of(txn)
+        committer.prewrite()
+        parts, lock = committer.parts, committer._lock_for(committer.primary)
+        commit_ts = parts.timestamps.get_timestamp()
+        lost = percolator.StoreUnavailable("connection dropped")
+        assert committed_anyway(parts, lock, commit_ts, None) is False
+        with pytest.raises(percolator.CommitUnknownError,
+                           match=f"failed at the commit point of transaction {txn.start_ts}: "
+                                 "connection dropped; it may or may not have committed") as info:
+            committed_anyway(parts, lock, commit_ts, lost)
+        assert info.value.__cause__ is lost
+        committer.commit_point(commit_ts)
+        assert committed_anyway(parts, lock, commit_ts, None) is True
+        assert committed_anyway(parts, lock, commit_ts, lost) is True
+        parts.store.close()  # the primary can no longer be read
+        with pytest.raises(percolator.CommitUnknownError,
+                           match=r"failed at the commit point .*connection dropped") as info:
+            committed_anyway(parts, lock, commit_ts, lost)
+        assert info.value.__cause__ is lost
+        with pytest.raises(percolator.CommitUnknownError,
+                           match=r"answered no and its primary could not be read again: "
+                                 r".*closed database.*; it may or may not have committed") as info:
+            committed_anyway(parts, lock, commit_ts, None)
+        assert isinstance(info.value.__cause__, percolator.StoreUnavailable)
 
 
 class _Counted:
