@@ -118,8 +118,14 @@ def test_worker_process_metrics_move_as_observers_run(
                      observer="Flaky", outcome="quarantined") == 1
         assert value(after, "percolator_transactions_committed_total", kind="observer") >= 10
         assert value(after, "percolator_transactions_begun_total", kind="observer") >= 11
+        # Every run is timed, whatever its outcome: with two scanner threads a run may
+        # find its change acknowledged already, or conflict, and be timed too; a run
+        # deferred into a group commit is timed without a count of its own.
+        indexer_runs = sum(v for (name, labels), v in after.items()
+                           if name == "percolator_observer_runs_total"
+                           and ("observer", "Indexer") in labels)
         assert value(after, "percolator_observer_run_duration_seconds_count",
-                     observer="Indexer") == 5
+                     observer="Indexer") >= indexer_runs >= 5
         assert value(after, "percolator_notification_scan_duration_seconds_count") > 0
         assert value(after, "percolator_read_duration_seconds_count") > 0  # the first read
         assert value(after, "percolator_reads_total") >= value(
