@@ -125,6 +125,18 @@ def _sql_name(table: str, family: str) -> str:
     return '"' + f"{table}#{family}".replace('"', '""') + '"'
 
 
+
+def _newest_params(row: bytes, reads: Sequence[Read]) -> list[Any]:
+    """The parameters of :meth:`SqliteStore._plan_newest`'s statement: the row, each
+    read's bounds, then every qualifier."""
+    params: list[Any] = [row]
+    for read in reads:
+        params.append(read.min_ts)
+        params.append(_MAX_TS if read.max_ts is None else read.max_ts)
+    for read in reads:
+        params.extend(read.qualifiers or ())
+    return params
+
 class _Writers:
     """The writers' turn of one file (``<file>-write.lock``, see
     :meth:`SqliteStore._take_turn`) and whether another store object writes it: every
@@ -520,19 +532,11 @@ class SqliteStore:
                       *read.qualifiers]  # type: ignore[misc]  # read_rows sent none without
         else:
             key = (table, *[(r.family, r.qualifiers, r.skip_tag) for r in reads])
-            params = [row]
-            for read in reads:
-                params.append(read.min_ts)
-                params.append(_MAX_TS if read.max_ts is None else read.max_ts)
-            for read in reads:
-                params.extend(read.qualifiers or ())
+            params = _newest_params(row, reads)
         try:
             plan = self._newest_plans.get(key)
             if plan is None:
-                plan = self._plan_newest(table, reads)
-                if len(self._newest_plans) > 1000:
-                    self._newest_plans.clear()
-                self._newest_plans[key] = plan
+                plan = self._remember_plan(key, self._plan_newest(table, reads))
             sql, names = plan
             found = self._db().execute(sql, params).fetchone()
         except sqlite3.Error as e:
@@ -623,12 +627,7 @@ class SqliteStore:
         newest, every = reads[:-1], reads[-1]
         key = ("versions", table, every.family,
                *[(r.family, r.qualifiers, r.skip_tag) for r in newest])
-        params: list[Any] = [row]
-        for read in newest:
-            params.append(read.min_ts)
-            params.append(_MAX_TS if read.max_ts is None else read.max_ts)
-        for read in newest:
-            params.extend(read.qualifiers or ())
+        params = _newest_params(row, newest)
         params.append(every.min_ts)
         params.append(_MAX_TS if every.max_ts is None else every.max_ts)
         params.extend(every.qualifiers or ())
@@ -639,13 +638,11 @@ class SqliteStore:
                     return None
                 terms, names = self._newest_terms(table, newest)
                 first = 2 + 2 * len(newest) + len(names)  # the last read's parameters
-                plan = (f"SELECT 0, {', '.join(terms)} UNION ALL SELECT 1, ts, value"
-                        + ", NULL" * (len(terms) - 2)
-                        + f" FROM {self._family(table, every.family)} WHERE row = ?1 AND "
-                        f"qual = ?{first + 2} AND ts BETWEEN ?{first} AND ?{first + 1}", names)
-                if len(self._newest_plans) > 1000:
-                    self._newest_plans.clear()
-                self._newest_plans[key] = plan
+                plan = self._remember_plan(key, (
+                    f"SELECT 0, {', '.join(terms)} UNION ALL SELECT 1, ts, value"
+                    + ", NULL" * (len(terms) - 2)
+                    + f" FROM {self._family(table, every.family)} WHERE row = ?1 AND "
+                    f"qual = ?{first + 2} AND ts BETWEEN ?{first} AND ?{first + 1}", names))
             sql, names = plan
             found = self._db().execute(sql, params).fetchall()
         except sqlite3.Error as e:
@@ -668,6 +665,14 @@ class SqliteStore:
             assert every.qualifiers is not None
             cells[f"{every.family}:{every.qualifiers[0]}"] = versions
         return {row: cells} if cells else {}
+
+    def _remember_plan(self, key: tuple[Any, ...],
+                       plan: tuple[str, list[str]]) -> tuple[str, list[str]]:
+        """*plan*, kept for *key* (the cache starts over past 1,000 shapes of read)."""
+        if len(self._newest_plans) > 1000:
+            self._newest_plans.clear()
+        self._newest_plans[key] = plan
+        return plan
 
     def _plan_newest(self, table: str, reads: Sequence[Read]) -> tuple[str, list[str]]:
         """:meth:`_read_newest`'s statement for these families and qualifiers, and the
