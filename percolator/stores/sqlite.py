@@ -126,6 +126,19 @@ def _sql_name(table: str, family: str) -> str:
 
 
 
+def _newest_cells_into(cells: RowCells, names: list[str], result: Sequence[Any],
+                       first: int) -> None:
+    """Add to *cells* the newest versions in *result*, a row of
+    :meth:`SqliteStore._plan_newest`'s statement: from column *first* on, a (timestamp,
+    value) pair per name in *names*, the timestamp None where the cell has no version."""
+    i = first
+    for name in names:
+        ts = result[i]
+        if ts is not None:
+            cells[name] = [(ts, result[i + 1])]
+        i += 2
+
+
 def _newest_params(row: bytes, reads: Sequence[Read]) -> list[Any]:
     """The parameters of :meth:`SqliteStore._plan_newest`'s statement: the row, each
     read's bounds, then every qualifier."""
@@ -542,12 +555,7 @@ class SqliteStore:
         except sqlite3.Error as e:
             raise self._error(table, e) from e
         cells: RowCells = {}
-        i = 0
-        for name in names:
-            ts = found[i]
-            if ts is not None:
-                cells[name] = [(ts, found[i + 1])]
-            i += 2
+        _newest_cells_into(cells, names, found, 0)
         return {row: cells} if cells else {}
 
     def newest_of_row(self, table: str, row: bytes, fields: tuple[tuple[str, str], ...],
@@ -653,12 +661,7 @@ class SqliteStore:
             if result[0]:
                 versions.append((result[1], result[2]))
                 continue
-            i = 1
-            for name in names:
-                ts = result[i]
-                if ts is not None:
-                    cells[name] = [(ts, result[i + 1])]
-                i += 2
+            _newest_cells_into(cells, names, result, 1)
         if versions:
             if len(versions) > 1:
                 versions.sort(key=lambda cell: -cell[0])
