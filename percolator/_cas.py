@@ -34,14 +34,15 @@ from percolator._encoding import split_column
 from percolator._errors import StoreUnavailable
 from percolator._store import CAS_ANSWER_MAY_BE_REPLAYED, CasDeletes, Read, Store, declares
 
-__all__ = ["lock_cas"]
+__all__ = ["holds", "lock_cas"]
 
 
-def _holds(store: Store, table: str, row: bytes, column: str, new: bytes) -> bool:
+def holds(store: Store, table: str, row: bytes, column: str, value: bytes) -> bool:
+    """Whether the newest version of the cell is *value*."""
     family, qualifier = split_column(column)
     versions = store.read_rows(table, [row], [Read(family, (qualifier,))]).get(row, {})
     cell = versions.get(column)
-    return cell is not None and len(cell) > 0 and cell[0][1] == new
+    return cell is not None and len(cell) > 0 and cell[0][1] == value
 
 
 def lock_cas(
@@ -69,11 +70,11 @@ def lock_cas(
             return True
     except StoreUnavailable as error:
         try:
-            if _holds(store, table, row, column, new):
+            if holds(store, table, row, column, new):
                 return True
         except StoreUnavailable:
             pass
         raise error
     if not declares(store, CAS_ANSWER_MAY_BE_REPLAYED):
         return False
-    return _holds(store, table, row, column, new)
+    return holds(store, table, row, column, new)

@@ -15,7 +15,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from percolator._cas import lock_cas
+from percolator._cas import holds, lock_cas
 from percolator._encoding import (
     LOCK,
     NOTIFY,
@@ -30,6 +30,7 @@ from percolator._encoding import (
     encode_lock,
     encode_write,
 )
+from percolator._errors import StoreUnavailable
 from percolator._store import Mutation, Read, Store
 from percolator.metrics import inc as _inc
 
@@ -108,7 +109,8 @@ def release(
     record and notify cell are written, atomically with the release where the
     store can) or None for a rolled-back one. *recorded*: on a store without atomic
     row CAS the caller already wrote them (in a batch), so only the lock is freed.
-    *inline*: the put's value, carried in its write record. Returns whether the CAS won.
+    *inline*: the put's value, carried in its write record. Returns whether the CAS won;
+    False too when its answer was lost and the cell has left *held* since.
     """
     store = parts.store
     free = encode_lock(Free(start_ts, commit is not None))
@@ -117,7 +119,22 @@ def release(
         if not recorded:
             store.mutate_rows(table, [Mutation(row, puts)])
         puts = []
-    return lock_cas(store, table, row, f"{LOCK}:{column}", held, free, puts)
+    lock_column = f"{LOCK}:{column}"
+    try:
+        return lock_cas(store, table, row, lock_column, held, free, puts)
+    except StoreUnavailable:
+        # A release only carries out an outcome already decided, and a lock cell leaves
+        # a decided or secondary value only once that outcome's records are written
+        # (by this call, its answer lost, or by another resolver; a call of ours still
+        # on its way then fails its compare). So a cell that has left *held* is released
+        # whoever did it, and its caller reads again; lock_cas alone cannot say so,
+        # since the cell no longer holds our FREE (a new lock may be there already).
+        try:
+            if not holds(store, table, row, lock_column, held):
+                return False
+        except StoreUnavailable:
+            pass
+        raise
 
 
 def check_txn_status(parts: LockHost, lock: Lock) -> TxnStatus:

@@ -29,6 +29,7 @@ from percolator._encoding import (
     decode_write,
     encode_lock,
 )
+from percolator._errors import StoreUnavailable
 from percolator._internals import internals
 from percolator._lock_resolver import resolve_lock
 from percolator._store import Read
@@ -229,6 +230,59 @@ def test_a_committed_primary_met_by_a_reader_is_rolled_forward(url: str) -> None
         primary = internals(reader).store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
         assert isinstance(decode_lock(primary[b"r1"][f"{LOCK}:c:v"][0][1]), Free)
         assert Transaction(reader).get("t", b"r2", "c:v") == b"y"
+
+
+class AnswerLostAfterOthersMove:
+    """The real store, whose first compare-and-set applies, then lets *meanwhile* run
+    (another client moving on), then loses its answer: a dropped connection."""
+
+    def __init__(self, store: Any, meanwhile: Any) -> None:
+        self._store, self._meanwhile = store, meanwhile
+        self.lost = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def check_and_set(self, *args: Any, **kwargs: Any) -> bool:
+        applied = bool(self._store.check_and_set(*args, **kwargs))
+        if self.lost:
+            return applied
+        self.lost += 1
+        self._meanwhile()
+        raise StoreUnavailable("connection lost before the answer came back")
+
+
+def test_a_release_whose_answer_is_lost_after_the_cell_moved_on_reads_again(
+        url: str) -> None:
+    # Y dies right after its commit point (its primary left COMMITTED). A reader rolls
+    # it forward; its release applies, Z locks the freed cell at once, and the
+    # release's answer is lost. The cell holds Z's lock, not the reader's FREE, yet Y's
+    # outcome is recorded: the reader must read again (and roll back dead Z), not fail
+    # with StoreUnavailable (the bank's workers died of it on HBase with faults).
+    with percolator.connect(url, lock_wait=10) as reader:
+        y_client = client_of(reader)
+        internals(y_client).store = RowCasNotAtomic(internals(y_client).store)  # type: ignore[assignment]
+        y = Transaction(y_client)
+        y.set("t", b"r1", "c:v", b"y")  # the primary
+        y.set("t", b"r2", "c:v", b"y")
+        assert crash_commit(y, CrashPoint("commit_point")) is True
+
+        def z_locks_r1() -> None:
+            z = Transaction(client_of(reader))
+            z.set("t", b"r1", "c:v", b"z")  # Z's primary
+            z.set("t", b"r3", "c:v", b"z")
+            assert crash_commit(z, CrashPoint("prewrite", 1)) is False
+
+        store = AnswerLostAfterOthersMove(internals(reader).store, z_locks_r1)
+        internals(reader).store = store  # type: ignore[assignment]
+        assert Transaction(reader).get("t", b"r1", "c:v") == b"y"
+        assert store.lost == 1
+        primary = store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
+        z_lock = decode_lock(primary[b"r1"][f"{LOCK}:c:v"][0][1])
+        assert isinstance(z_lock, Lock) and z_lock.value == b"z"
+        # Y's records stand; dead Z's lock, met by a later reader, is rolled back.
+        assert Transaction(reader).get("t", b"r2", "c:v") == b"y"
+        assert Transaction(reader).get("t", b"r1", "c:v") == b"y"
 
 
 class SlowStore:
