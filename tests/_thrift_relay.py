@@ -25,7 +25,10 @@ class Relay:
     * ``"cut"`` sends it and closes both connections at once, without waiting for the
       answer (a client whose socket timed out on a slow call: the server finishes the
       call on its own);
-    * ``"count"`` passes it on as any other: :attr:`played` counts the calls made."""
+    * ``"count"`` passes it on as any other: :attr:`played` counts the calls made.
+
+    :attr:`calls` names every call passed on, faulty or not, in order (binary protocol:
+    the name from the message header; ``b"?"`` otherwise)."""
 
     def __init__(self, target: str) -> None:
         host, _, port = target.rpartition(":")
@@ -36,6 +39,7 @@ class Relay:
         self.fault: str | None = None
         self.repeat = False
         self.played = 0
+        self.calls: list[bytes] = []
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -47,6 +51,7 @@ class Relay:
 
     def _take_fault(self, request: bytes) -> str | None:
         with self._lock:
+            self.calls.append(_method(request))
             if self.fault is None or self.method not in request:
                 return None
             fault = self.fault
@@ -88,3 +93,11 @@ class Relay:
 
     def close(self) -> None:
         self.listener.close()
+
+
+def _method(request: bytes) -> bytes:
+    """The called method's name in a binary-protocol request (strict: a version word,
+    the name's length, the name), else ``b"?"``."""
+    if request[:2] != b"\x80\x01" or len(request) < 8:
+        return b"?"
+    return request[8:8 + int.from_bytes(request[4:8], "big")]

@@ -39,9 +39,11 @@ assembly of answers, the scan loop with its restarts. What each method sends:
   one ``checkAndMutate`` deleting the column; :meth:`~HBaseStore.scan`:
   ``openScanner`` + one ``getScannerRows`` per *batch_size* rows (+1 at the end) +
   ``closeScanner``; :meth:`~HBaseStore.split_keys`: ``getAllRegionLocations``.
-* tables: ``createTable`` (``tableExists`` and ``getTableDescriptor`` when it fails
-  because the table exists: the Thrift2 server's messages drop HBase's exception
-  class), ``isTableEnabled`` + ``disableTable`` + ``deleteTable``,
+* tables: ``getTableDescriptor``, then ``isTableEnabled`` (an existing table) or
+  ``createTable`` (a missing one; ``tableExists`` and ``getTableDescriptor`` when it
+  fails, as when another client created the table meanwhile: the Thrift2 server's
+  messages drop HBase's exception class), ``isTableEnabled`` + ``disableTable`` +
+  ``deleteTable``,
   ``getTableNamesByPattern`` (``getTableNamesByNamespace`` with a namespace).
 
 Failures are met as on Thrift1 (``percolator/stores/hbase.py``): ``checkAndMutate``

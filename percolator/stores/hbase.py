@@ -37,8 +37,9 @@ Failures a real cluster shows and how they are met:
   scanner's life (behind a load balancer another connection may reach another
   server); a scanner the server forgot (HBase 2.4+: unused for 120 s) or lost with its
   connection is opened again after the last row returned;
-* ``createTable`` racing another client's answers ``IOError(TableExistsException)``:
-  the table exists, and its families are checked as for ``AlreadyExists``;
+* ``createTable`` racing another client's (the table was missing when its families
+  were asked for) answers ``AlreadyExists`` or ``IOError(TableExistsException)``:
+  the table exists, and its families are checked as an existing table's;
 * ``createTable`` is answered once HBase's procedure has opened the table's regions;
   one slower than the socket timeout goes on in HBase without us: when the resend's
   answer is lost too, :meth:`~HBaseStore.create_table` waits until the table is there
@@ -84,8 +85,10 @@ What Thrift1 can express, and therefore how many Thrift calls each method makes:
   version of each selected column at or below the largest ``max_ts`` and plays the
   part of the wide call above for each batch; Reads it cannot answer cost the same
   extra calls as in :meth:`~HBaseStore.read_rows`.
-* :meth:`~HBaseStore.create_table`: ``createTable`` (plus ``getColumnDescriptors`` if
-  it already exists, whose families must keep enough versions and no TTL);
+* :meth:`~HBaseStore.create_table`: ``getColumnDescriptors`` (the families of an
+  existing table must keep enough versions and no TTL), then ``isTableEnabled`` if the
+  table exists, ``createTable`` if not (asked first because HBase's master answers a
+  ``createTable`` of an existing table only after running a create procedure);
   :meth:`~HBaseStore.drop_table`: ``isTableEnabled``, ``disableTable``, ``deleteTable``;
   :meth:`~HBaseStore.list_tables`: ``getTableNames``.
 
@@ -633,19 +636,35 @@ class HBaseStore:
             descriptors.append(self._descriptor(family, versions))
 
         deadline = time.monotonic() + max(self.timeout_ms / 1000, CREATE_WAIT_S)
+        # The families first: most calls find the table there (every client and worker
+        # start creates its tables), and HBase's master answers a createTable of an
+        # existing table only after running (and failing) a create procedure, where it
+        # answers a descriptor from memory: an existing table costs two cheap calls
+        # (families, enabled), a new one one more call than the create alone.
+        existing: Mapping[bytes, Any] | None
         try:
-            existing = self._call(table, lambda client: self._create(client, name, descriptors))
-        except StoreUnavailable as e:
-            if not isinstance(e.__cause__, _BROKEN):
-                raise  # HBase answered: a failure, not a create still under way
-            # No answer to either send (a create slower than the socket timeout):
-            # HBase may still be creating it. Done once it is there and enabled.
-            existing = self._await_created(table, name, descriptors, deadline, e)
+            existing = self._call(table, lambda client: self._families_of(client, name))
+        except UnknownTableError:
+            existing = self._create_new(table, name, descriptors, deadline)
         if existing is None:
             logger.info("created HBase table %s", _dec(name))
             return  # answered once HBase's procedure ended: its regions are open
         self._check_families(table, families, existing)
         self._await_enabled(table, name, deadline)
+
+    def _create_new(
+        self, table: str, name: bytes, descriptors: list[Any], deadline: float,
+    ) -> Mapping[bytes, Any] | None:
+        """``createTable`` of a table HBase did not know a moment ago: None once it is
+        created, or the families of the table that another client created meanwhile."""
+        try:
+            return self._call(table, lambda client: self._create(client, name, descriptors))
+        except StoreUnavailable as e:
+            if not isinstance(e.__cause__, _BROKEN):
+                raise  # HBase answered: a failure, not a create still under way
+            # No answer to either send (a create slower than the socket timeout):
+            # HBase may still be creating it. Done once it is there and enabled.
+            return self._await_created(table, name, descriptors, deadline, e)
 
     def _await_created(
         self, table: str, name: bytes, descriptors: list[Any], deadline: float,

@@ -133,17 +133,22 @@ def test_scans_behind_a_round_robin_balancer_return_exactly_their_rows() -> None
 # ---- tables -------------------------------------------------------------------------
 
 
-def test_a_racing_create_table_is_an_existing_table() -> None:
-    # Another client created the table between the Thrift server's tableExists check and
-    # its createTable: IOError(TableExistsException), not AlreadyExists.
-    with faulty_server("--fault", "create-race") as hostport:
+@pytest.mark.parametrize("at", ["check", "create"])
+def test_a_racing_create_table_is_an_existing_table(at: str) -> None:
+    """Another client creates the table after the store found it missing: before the
+    Thrift server's own tableExists check (AlreadyExists), or between that check and
+    its createTable (IOError(TableExistsException)). Either way the table exists and
+    is used; its families are checked as any existing table's."""
+    with faulty_server("--fault", f"create-race:at={at}") as hostport:
         store = open_store(f"hbase://{hostport}")
         try:
             store.create_table("t", {"d": 0, "l": 1})
+            store.mutate_rows("t", [Mutation(b"r", [("d:q", 1, b"v")])])
             store.create_table("t", {"d": 0, "l": 1})
             with pytest.raises(InvalidArgument, match="without families"):
                 store.create_table("t", {"x": 0})
             assert store.list_tables() == ["t"]
+            assert store.read_rows("t", [b"r"], [Read("d")]) == {b"r": {"d:q": [(1, b"v")]}}
         finally:
             store.close()
 

@@ -56,9 +56,10 @@ cluster does that a single in-memory process never would:
   slow region server, a region move) and it retried without a nonce;
 * ``cas-drop``: a ``checkAndPut`` that applies (or any, not applying it, ``apply=0``),
   then the connection is closed without an answer;
-* ``create-race``: ``createTable`` of an existing table raises
-  ``IOError(TableExistsException)``, as when another client created it between the
-  handler's ``tableExists`` check and its ``createTable``;
+* ``create-race``: another client creates the table (with the same families) the
+  moment our ``createTable`` of it arrives, after the handler's ``tableExists`` check:
+  ``IOError(TableExistsException)`` (``create-race:at=check``: before that check,
+  ``AlreadyExists``); ``createTable`` of a table that existed before raises the same;
 * ``--idle-timeout S``: connections idle for S seconds are closed by the server
   (``hbase.thrift.server.socket.read.timeout``, 60 s by default);
 * ``--scanner-expiry S``: a scanner not used for S seconds is forgotten (HBase 2.4+: twice
@@ -203,7 +204,9 @@ class Faults:
 
     cas_replay: Rule | None = None
     cas_drop: Rule | None = None
-    create_race: bool = False
+    create_race: str | None = None
+    """Where another client's create of the same table lands: ``"check"`` (before the
+    handler's ``tableExists``) or ``"create"`` (between it and ``createTable``)."""
     scanner_expiry: float | None = None
     max_request_bytes: int | None = None
     latency: float = 0.0
@@ -220,8 +223,8 @@ class Faults:
                 faults.cas_replay = Rule.parse(options)
             elif name == "cas-drop":
                 faults.cas_drop = Rule.parse(options)
-            elif name == "create-race" and not options:
-                faults.create_race = True
+            elif name == "create-race" and options in ([], ["at=check"], ["at=create"]):
+                faults.create_race = options[0].removeprefix("at=") if options else "create"
             else:
                 raise ValueError(f"unknown fault {spec!r}")
         return faults
@@ -474,11 +477,7 @@ class HBaseHandler:
                     "org.apache.hadoop.hbase.NamespaceNotFoundException: " + namespace.decode()
                 )
             if name in self._tables:
-                if self.faults.create_race:  # created between tableExists and createTable
-                    raise io_error(
-                        f"org.apache.hadoop.hbase.TableExistsException: {name.decode()}"
-                    )
-                raise hb.AlreadyExists(message="table name already in use")
+                self._refuse_existing(name)
             families: dict[bytes, Family] = {}
             for desc in columnFamilies or ():
                 compression = _text(desc.compression or "NONE").lower()
@@ -522,6 +521,16 @@ class HBaseHandler:
                     "Table should have at least one column family."
                 )
             self._tables[name] = Table(name, families)
+            if self.faults.create_race is not None:  # that create was another client's
+                self._refuse_existing(name)
+
+    def _refuse_existing(self, name: bytes) -> None:
+        """``createTable``'s answer for a table that exists: ``AlreadyExists`` from the
+        handler's own ``tableExists`` check, ``IOError(TableExistsException)`` from a
+        create that another client's overtook after that check."""
+        if self.faults.create_race == "create":
+            raise io_error(f"org.apache.hadoop.hbase.TableExistsException: {name.decode()}")
+        raise hb.AlreadyExists(message="table name already in use")
 
     @_declared
     def deleteTable(self, tableName: bytes) -> None:
