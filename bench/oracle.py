@@ -66,10 +66,9 @@ def worker(args: argparse.Namespace) -> int:
     """``bench/oracle.py _worker``: draw timestamps from start_at for duration seconds."""
     import grpc
 
-    from oracle import OracleClient
-    from oracle._client import _CHANNEL_OPTIONS
-    from oracle._proto import timestamp_oracle_pb2 as pb
-    from oracle._proto import timestamp_oracle_pb2_grpc as pb_grpc
+    from oracle import CHANNEL_OPTIONS, OracleClient
+    from oracle import timestamp_oracle_pb2 as pb
+    from oracle import timestamp_oracle_pb2_grpc as pb_grpc
 
     counts = [0] * args.threads
     end = args.start_at + args.duration
@@ -90,11 +89,11 @@ def worker(args: argparse.Namespace) -> int:
         # The batching client's stub and channel options; one RPC per timestamp.
         address = args.target.partition("://")[2]
         if tls is None:
-            channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
         else:
             ca, cert, key = tls.read()
             creds = grpc.ssl_channel_credentials(ca, key, cert)
-            channel = grpc.secure_channel(address, creds, options=_CHANNEL_OPTIONS)
+            channel = grpc.secure_channel(address, creds, options=CHANNEL_OPTIONS)
         stub = pb_grpc.TimestampOracleStub(channel)
         request = pb.GetTimestampsRequest(count=args.block)
 
@@ -323,8 +322,7 @@ def bench_tls(args: argparse.Namespace, tmp: str, plain: dict[str, float]) -> di
 
 
 def bench_failover(args: argparse.Namespace, tmp: str) -> list[float]:
-    from oracle import OracleClient
-    from oracle._target import zk_paths
+    from oracle import OracleClient, zk_paths
     from percolator.ext import make_client, start_client
     from tests._zookeeper import ZooKeeperServer, java_available
 

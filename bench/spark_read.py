@@ -49,7 +49,7 @@ def raw_frame(spark: Any, url: str, table: str, ranges: list[Any]) -> Any:
     qualifiers = COLUMNS
 
     def scan(bounds: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
-        from spark_loader._spark import executor_cluster
+        from spark_loader import executor_cluster
 
         store = internals(executor_cluster(url, ())).store
         reads = [Read(WRITE, qualifiers)]
@@ -76,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from spark_loader import load_dataframe, read_table
-    from spark_loader._snapshot import plan_ranges
+    from spark_loader import load_dataframe, plan_ranges, read_table
 
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="percolator-bench-read-") as tmp:

@@ -98,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    from spark_loader import load_dataframe, read_table
-    from spark_loader._snapshot import plan_ranges
+    from spark_loader import load_dataframe, plan_ranges, read_table
 
     loads = [os.getloadavg()[0]]
     began = time.perf_counter()

@@ -14,6 +14,12 @@ section 2.3, DESIGN.md section 6). The pieces:
 Targets are ``"grpc://host:port"``, ``"grpcs://host:port"`` (TLS) or
 ``"zk://host:port[,host:port...]/chroot"``; TLS settings are :class:`percolator.TlsConfig`
 (docs/tls.md).
+
+For clients and tools of their own (a load generator sending one RPC per timestamp, a
+script reading the ZooKeeper state): the generated code of
+``oracle/timestamp_oracle.proto`` (:data:`timestamp_oracle_pb2`,
+:data:`timestamp_oracle_pb2_grpc`), the channel options :class:`OracleClient` uses
+(:data:`CHANNEL_OPTIONS`), and the ZooKeeper paths of a chroot (:func:`zk_paths`).
 """
 
 from __future__ import annotations
@@ -21,14 +27,16 @@ from __future__ import annotations
 import importlib as _importlib
 import typing as _typing
 
-from oracle._target import MAX_COUNT, parse_target
+from oracle._target import CHANNEL_OPTIONS, MAX_COUNT, parse_target, zk_paths
 
 if _typing.TYPE_CHECKING:
     from oracle._client import OracleClient, OracleStatus
+    from oracle._proto import timestamp_oracle_pb2, timestamp_oracle_pb2_grpc
     from oracle._server import OracleServer
 
 __all__ = [
-    "MAX_COUNT", "OracleClient", "OracleServer", "OracleStatus", "parse_target",
+    "CHANNEL_OPTIONS", "MAX_COUNT", "OracleClient", "OracleServer", "OracleStatus",
+    "parse_target", "timestamp_oracle_pb2", "timestamp_oracle_pb2_grpc", "zk_paths",
 ]
 
 _INSTALL_HINT = "the timestamp oracle needs grpcio: pip install 'percolator-txn[oracle]'"
@@ -37,12 +45,19 @@ _INSTALL_HINT = "the timestamp oracle needs grpcio: pip install 'percolator-txn[
 # ``python -m oracle`` without it must say so instead of failing while importing.
 _LAZY = {"OracleClient": "oracle._client", "OracleStatus": "oracle._client",
          "OracleServer": "oracle._server"}
+_LAZY_MODULES = {"timestamp_oracle_pb2": "oracle._proto.timestamp_oracle_pb2",
+                 "timestamp_oracle_pb2_grpc": "oracle._proto.timestamp_oracle_pb2_grpc"}
+"""The generated code of ``oracle/timestamp_oracle.proto`` (``scripts/gen_proto.sh``):
+its messages, and its service's stub and servicer."""
 
 
 def __getattr__(name: str) -> _typing.Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'oracle' has no attribute {name!r}")
-    value = getattr(_importlib.import_module(module), name)
+    if name in _LAZY_MODULES:
+        value = _importlib.import_module(_LAZY_MODULES[name])
+    else:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module 'oracle' has no attribute {name!r}")
+        value = getattr(_importlib.import_module(module), name)
     globals()[name] = value
     return value

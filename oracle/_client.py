@@ -21,6 +21,7 @@ import grpc
 from oracle._proto import timestamp_oracle_pb2 as pb
 from oracle._proto import timestamp_oracle_pb2_grpc as pb_grpc
 from oracle._target import (
+    CHANNEL_OPTIONS,
     MAX_COUNT,
     GrpcTarget,
     Target,
@@ -45,11 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("oracle.client")
 
-_CHANNEL_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 50),
-    ("grpc.min_reconnect_backoff_ms", 50),
-    ("grpc.max_reconnect_backoff_ms", 500),
-]
 #: Longest single RPC attempt (seconds); a hung leader costs at most this before a retry.
 _ATTEMPT_TIMEOUT = 2.0
 _RETRY_CODES_REFIND = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE)
@@ -265,9 +261,9 @@ class OracleClient:
                 creds = grpc.ssl_channel_credentials(
                     root_certificates=ca, private_key=key, certificate_chain=cert
                 )
-                self._channel = grpc.secure_channel(server.address, creds, options=_CHANNEL_OPTIONS)
+                self._channel = grpc.secure_channel(server.address, creds, options=CHANNEL_OPTIONS)
             else:
-                self._channel = grpc.insecure_channel(server.address, options=_CHANNEL_OPTIONS)
+                self._channel = grpc.insecure_channel(server.address, options=CHANNEL_OPTIONS)
             self._stub = pb_grpc.TimestampOracleStub(self._channel)
             self._address = address
         return self._stub

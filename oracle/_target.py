@@ -10,6 +10,15 @@ from percolator import InvalidArgument
 MAX_COUNT = 10_000_000
 """Largest block a single ``GetTimestamps`` call (or ``get_timestamps(n)``) may ask for."""
 
+CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 500),
+)
+"""The gRPC channel options of :class:`~oracle.OracleClient`: a channel to an oracle that
+restarts or fails over reconnects within half a second (gRPC's default backoff grows
+to two minutes)."""
+
 _HOST_PORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})$")
 _CHROOT = re.compile(r"^(/[A-Za-z0-9_.\-]+)*$")
 
@@ -141,6 +150,9 @@ def check_count(count: object) -> int:
 
 # ZooKeeper layout under the chroot, shared by the server and the client.
 def zk_paths(chroot: str) -> tuple[str, str, str]:
-    """The election, leader-address and ceiling paths under *chroot*."""
+    """The ZooKeeper paths of the oracles elected under *chroot*: the election (one
+    ephemeral sequential node per server), the leader's published address
+    (``grpc[s]://host:port``), and the ceiling (the highest timestamp the leader may
+    serve, a fenced versioned set)."""
     base = f"{chroot}/percolator-oracle"
     return f"{base}/election", f"{base}/leader", f"{base}/ceiling"

@@ -134,7 +134,11 @@ atexit.register(_close_clusters)
 
 
 def executor_cluster(url: str, connect: tuple[tuple[str, Any], ...]) -> percolator.Cluster:
-    """One cluster per Python worker process, url and options (workers are reused)."""
+    """The cluster of this Python worker process for *url* and the ``connect`` options
+    *connect* (``(name, value)`` pairs), connected at its first use and kept for the
+    tasks that follow (Spark reuses its Python workers), closed when the process
+    exits: what :func:`~spark_loader.read_table`'s tasks read through, for tasks of
+    one's own."""
     key = (url, connect)
     with _clusters_lock:
         cluster = _clusters.get(key)
