@@ -19,6 +19,7 @@ from percolator._internals import internals
 from percolator._timestamps import StoreTimestamps
 from percolator._two_phase import TwoPhaseCommit, committed_anyway
 from percolator.testing import CrashPoint, SimulatedCrash, client_of, crash_commit
+from tests._backends import BIGTABLE
 
 T, C = "accounts", "bal:amount"
 
@@ -79,6 +80,19 @@ def test_a_newer_commit_is_a_conflict_and_leaves_nothing(accounts: Cluster) -> N
     assert reader.get(T, b"alice", C) == b"winner" and reader.get(T, b"bob", C) is None
     with Transaction(accounts) as txn:  # no lock left behind
         txn.set(T, b"bob", C, b"next")
+
+
+def test_a_commit_just_after_our_start_is_a_conflict(accounts: Cluster) -> None:
+    """The first timestamp after our start is after it: a commit there wins the cell
+    (on Bigtable, the guard on newer write records starts there, not one above)."""
+    with Transaction(accounts) as winner:
+        winner.set(T, b"alice", C, b"winner")
+    mine = Transaction(accounts, start_ts=winner.commit_ts - 1)
+    mine.set(T, b"alice", C, b"mine")
+    with pytest.raises(percolator.ConflictError, match="after our start") as info:
+        mine.commit()
+    assert info.value.conflict_ts == winner.commit_ts
+    assert Transaction(accounts).get(T, b"alice", C) == b"winner"
 
 
 def test_a_live_lock_is_a_conflict(accounts: Cluster) -> None:
@@ -214,3 +228,60 @@ def test_store_calls_of_a_commit(accounts: Cluster, backend: str, cells: int) ->
         txn.commit()
         calls = {k: v for k, v in counted.calls.items() if k != ("read_rows", META_TABLE)}
         assert calls == CALLS[backend][cells - 1]
+
+
+def _rolled_back(cluster: Cluster) -> int:
+    """A rollback record on alice: a transaction that died after its prewrite, rolled
+    back by a reader. Returns its start timestamp (where the record sits)."""
+    dying = Transaction(client_of(cluster))
+    dying.set(T, b"alice", C, b"never")
+    assert crash_commit(dying, CrashPoint("prewrite", 0)) is False
+    assert Transaction(cluster).get(T, b"alice", C) is None  # rolls it back
+    return dying.start_ts
+
+
+def _below(cluster: Cluster) -> Transaction:
+    """A rollback record below our start."""
+    below = _rolled_back(cluster)
+    mine = Transaction(cluster)
+    assert mine.start_ts > below  # drawn now, after the record
+    return mine
+
+
+def _above(cluster: Cluster) -> Transaction:
+    """A rollback record above our start, which is not ours."""
+    mine = Transaction(cluster)
+    start = mine.start_ts
+    assert _rolled_back(cluster) > start
+    return mine
+
+
+def _just_below(cluster: Cluster) -> Transaction:
+    """A commit at the timestamp just below our start."""
+    with Transaction(cluster) as older:
+        older.set(T, b"alice", C, b"older")
+    assert older.commit_ts is not None
+    # Draw past it: no later draw hands out our start again.
+    assert internals(cluster).timestamps.get_timestamp() > older.commit_ts
+    return Transaction(cluster, start_ts=older.commit_ts + 1)
+
+
+@pytest.mark.parametrize("backend", [BIGTABLE])  # the store with set_unless
+@pytest.mark.parametrize("history", [_below, _above, _just_below],
+                         ids=["rollback-below", "rollback-above", "commit-just-below"])
+def test_records_that_are_no_conflict_cost_a_guarded_prewrite_no_read(
+    accounts: Cluster, backend: str, history: Any
+) -> None:
+    """Where the store tests the conflict conditions itself (``set_unless``), a cell
+    whose history holds no conflict is locked by the conditional mutation alone: a
+    guard that also matched a rollback record not at our start, or a commit below
+    it, would send the prewrite to read the cell and lock it again."""
+    mine = history(accounts)
+    mine.set(T, b"alice", C, b"mine")
+    counted = _Counted(internals(accounts).store)
+    internals(accounts).store = counted  # type: ignore[assignment]
+    internals(accounts).timestamps = StoreTimestamps(counted)  # type: ignore[arg-type]
+    mine.commit()
+    calls = {k: v for k, v in counted.calls.items() if k != ("read_rows", META_TABLE)}
+    assert calls == CALLS[backend][0]
+    assert Transaction(accounts).get(T, b"alice", C) == b"mine"

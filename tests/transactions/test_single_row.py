@@ -15,7 +15,7 @@ import pytest
 import percolator
 from percolator import Cluster, Transaction
 from percolator._commit import CrashPoint
-from percolator._encoding import LOCK, Free, decode_lock
+from percolator._encoding import INLINE_MAX_BYTES, LOCK, Free, decode_lock
 from percolator._internals import internals
 from percolator._store import GuardedSet, Read
 from percolator.testing import Interleaving, client_of, crash_commit
@@ -54,27 +54,47 @@ def _locks(cluster: Cluster) -> dict[str, Any]:
     return {name: decode_lock(versions[0][1]) for name, versions in cells.items() if versions}
 
 
-def test_one_row_is_locked_and_committed_in_one_step_each(two_phase: Cluster) -> None:
+@pytest.mark.parametrize("columns", [("c:a", "c:b"), ("c:a", "c:b", "c:c")],
+                         ids=["two-cells", "three-cells"])
+def test_one_row_is_locked_and_committed_in_one_step_each(
+    two_phase: Cluster, columns: tuple[str, ...]
+) -> None:
+    # A value of its own per cell: each cell's lock (which carries it) is its own.
+    values = {column: column.encode() for column in columns}
     counting = Counting(internals(two_phase).store)
     internals(two_phase).store = counting  # type: ignore[assignment]
     with Transaction(two_phase) as txn:
-        for column in ("c:a", "c:b", "c:c"):
-            txn.set(T, ROW, column, b"1")
+        for column, value in values.items():
+            txn.set(T, ROW, column, value)
     internals(two_phase).store = counting._store
     guarded = isinstance(counting._store, GuardedSet)
     if guarded:
         assert counting.calls["set_unless"] == 1  # every lock of the row at once
-    prewrites = 0 if guarded else 3  # else one compare-and-set per lock
+    prewrites = 0 if guarded else len(columns)  # else one compare-and-set per lock
     # The commit point, which releases the row's secondaries with the primary; on a
     # store whose compare-and-set cannot write other cells, the commit point, the
     # primary's release and one release per secondary.
-    releases = 1 if counting._store.atomic_row_cas else 1 + 1 + 2
+    releases = 1 if counting._store.atomic_row_cas else 1 + len(columns)
     assert counting.calls["check_and_set"] == prewrites + releases
     # Released by the commit itself, not left for readers to roll forward.
     assert all(isinstance(lock, Free) for lock in _locks(two_phase).values())
     with percolator.Snapshot(two_phase) as snap:
-        assert snap.get_row(T, ROW, ["c:a", "c:b", "c:c"]) == dict.fromkeys(
-            ("c:a", "c:b", "c:c"), b"1")
+        assert snap.get_row(T, ROW, list(columns)) == values
+
+
+def test_large_values_locked_with_the_row_are_written_with_their_locks(
+    two_phase: Cluster
+) -> None:
+    """Values too large to travel in their locks go to data cells in the same step as
+    the locks: the cells locked with the primary, and a cell locked on its own."""
+    large = {"c:a": b"a" * (INLINE_MAX_BYTES + 1), "c:b": b"b" * (INLINE_MAX_BYTES + 1)}
+    with Transaction(two_phase) as txn:
+        for column, value in large.items():
+            txn.set(T, ROW, column, value)
+        txn.set(T, b"elsewhere", "c:a", large["c:a"])
+    with percolator.Snapshot(two_phase) as snap:
+        assert snap.get_row(T, ROW, list(large)) == large
+        assert snap.get(T, b"elsewhere", "c:a") == large["c:a"]
 
 
 def test_a_newer_write_to_a_cell_in_the_primarys_row_is_a_conflict(two_phase: Cluster) -> None:
