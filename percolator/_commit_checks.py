@@ -67,6 +67,10 @@ class WriteSet(NamedTuple):
     next_start: NextStart | None
     """Where an observer run's two-phase commit leaves the start timestamp it draws with
     its commit timestamp."""
+    read_state: Mapping[WriteKey, tuple[bytes | None, list[Cell]]] | None = None
+    """What the transaction's reads saw of the cells they read: each one's lock value and
+    write records at or after start_ts, as the prewrite's own read would give them
+    (``TransactionBase._remember``; None: not kept)."""
 
 log = logging.getLogger("percolator._commit")
 

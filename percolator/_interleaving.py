@@ -17,7 +17,10 @@ So do calls on the meta table (registered tables and observed columns): clients
 re-read it on a timer, and a step that comes and goes with the clock would make the
 same schedule replay differently. For the same reason the embedded store's lock
 census (a host-wide hint that no lock is held, cleared by sweeps on a timer) is off
-while an interleaving runs: every read reads the lock family.
+while an interleaving runs: every read reads the lock family. So is what a read learns
+from a commit of its own client whose lock it met
+(:class:`~percolator._lock_resolver.CommitsInFlight`), which it would wait for outside
+any step: the read asks the lock's primary and polls, a step at a time.
 
 What a step cannot split: an atomic section (the embedded store's one-phase commit,
 which holds one SQLite write transaction and its commit timestamp in flight) is one step,
@@ -40,6 +43,7 @@ from percolator._commit import SimulatedCrash
 from percolator._encoding import META_TABLE, split_column
 from percolator._errors import InvalidArgument, PercolatorError
 from percolator._internals import internals
+from percolator._lock_resolver import CommitsInFlight
 
 if TYPE_CHECKING:
     from percolator._cluster import Cluster
@@ -334,13 +338,15 @@ class Interleaving:
         """Every step taken, by every actor, in order."""
         self._by_thread: dict[int, Actor[Any]] = {}
         self._changed = threading.Condition()
-        self._saved: list[tuple[Cluster, Any, Any, Any]] = []
+        self._saved: list[tuple[Cluster, Any, Any, Any, CommitsInFlight]] = []
 
     def __enter__(self) -> Interleaving:
         for cluster in self._clusters:
             parts = internals(cluster)
-            self._saved.append((cluster, parts.store, parts.timestamps, parts.lock_census))
+            self._saved.append((cluster, parts.store, parts.timestamps, parts.lock_census,
+                                parts.in_flight))
             parts.lock_census = None
+            parts.in_flight = CommitsInFlight(watched=False)
             parts.store = _GatedStore(parts.store, self)  # type: ignore[assignment]
             parts.timestamps = _GatedTimestamps(parts.timestamps, self)  # type: ignore[assignment]
         return self
@@ -359,9 +365,10 @@ class Interleaving:
                     except InterleavingError:
                         pass  # blocked outside a step: its daemon thread is abandoned
         finally:
-            for cluster, store, timestamps, census in self._saved:
+            for cluster, store, timestamps, census, in_flight in self._saved:
                 parts = internals(cluster)
                 parts.store, parts.timestamps, parts.lock_census = store, timestamps, census
+                parts.in_flight = in_flight
                 if census is not None:
                     with census.taking():  # locks were taken unannounced: sweep anew
                         pass

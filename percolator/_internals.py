@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from percolator._encoding import FREE_TAG, LOCK
 from percolator._errors import InvalidArgument, PercolatorError
 from percolator._lock_census import LockCensus
+from percolator._lock_resolver import CommitsInFlight
 from percolator._retry import RetryPolicy
 from percolator._safe_point import SafePoint
 from percolator._store import EMBEDDED_FILE, Store, offered
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 class Internals:
     """The parts of one :class:`~percolator.Cluster` below its public face."""
 
-    __slots__ = ("cluster", "coordination", "lock_census", "lock_wait_policy",
+    __slots__ = ("cluster", "coordination", "in_flight", "lock_census", "lock_wait_policy",
                  "one_phase", "read_predictions", "safe_point", "spare_starts", "stats",
                  "store", "timestamps", "wakeups")
 
@@ -78,6 +79,9 @@ class Internals:
         self.spare_starts = SpareStarts()
         """Per thread, the start timestamp the thread's last two-phase commit drew for
         its next transaction, used if that one reads nothing (docs/timestamps.md)."""
+        self.in_flight = CommitsInFlight()
+        """This client's two-phase commits under way: a read of this process that meets
+        the lock of one learns from its committer what it sees (:class:`CommitsInFlight`)."""
         self.wakeups: list[Callable[[], None]] = []
         """Called after each commit that makes a notification (workers of this process
         register here, so that a local change wakes their idle scanners at once)."""
@@ -95,6 +99,7 @@ class Internals:
         parts.cluster, parts.coordination = cluster, coordination
         parts.stats = dict.fromkeys(self.stats, 0)
         parts.spare_starts = SpareStarts()
+        parts.in_flight = CommitsInFlight(watched=self.in_flight.watched)
         return parts
 
     def require_table(self, name: str) -> str:

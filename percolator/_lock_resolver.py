@@ -10,6 +10,7 @@ past its ttl, in which case the primary is rolled back with one compare-and-set
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import MutableMapping
 from dataclasses import dataclass
@@ -37,7 +38,10 @@ from percolator.metrics import inc as _inc
 if TYPE_CHECKING:
     from percolator._coordination import Coordination
 
-__all__ = ["LockHost", "TxnStatus", "check_txn_status", "resolve_lock", "write_cells"]
+__all__ = [
+    "CommitsInFlight", "LockHost", "TxnStatus", "check_txn_status", "resolve_lock",
+    "write_cells",
+]
 
 
 class LockHost(Protocol):
@@ -175,6 +179,148 @@ def check_txn_status(parts: LockHost, lock: Lock) -> TxnStatus:
 
 def _expired(lock: Lock) -> bool:
     return time.time() * 1000 > lock.wall_ms + lock.ttl_ms
+
+
+class _Flight:
+    """One two-phase commit of this client under way (:class:`CommitsInFlight`)."""
+
+    __slots__ = ("commit_ts", "committed")
+
+    def __init__(self) -> None:
+        self.commit_ts = 0
+        """Its commit timestamp, once drawn (0: not yet)."""
+        self.committed: bool | None = None
+        """True once its commit point won; False once nothing of it can commit (it gave
+        up before its commit point, or lost it); None while undecided or unknown."""
+
+
+UNTOLD = object()
+"""What :meth:`CommitsInFlight.settle` answers when the commit's own process cannot
+tell (not a commit of this client, one undecided past the wait, or one whose outcome
+its committer does not know): the lock is resolved through the store, as any other."""
+
+ENDED = object()
+"""What :meth:`CommitsInFlight.settle` answers when the commit ended without knowing its
+outcome (a store failure at its commit point, a simulated crash): its locks are left to
+readers, so the row is read again, and then resolved through the store."""
+
+_ENDED_KEPT = 1024
+
+SETTLE_WAIT = 0.1
+"""Seconds a read waits at most, in one go, for a commit of its own client to tell what
+the read sees; past it, the lock is resolved through the store (the lock wait policy,
+its deadline and its stop event), and the read looks here again next time round."""
+
+
+class CommitsInFlight:
+    """This client's two-phase commits under way, by start timestamp: a read of this
+    process that meets the lock of one learns from the committer itself what it sees,
+    without a store call, as soon as the committer knows:
+
+    * once its commit timestamp is drawn above the read's start timestamp, or it can no
+      longer commit at all: nothing of it (the lock hides no change at or below the
+      read's start, and the write records the read found are the cell's);
+    * once its commit point won at or below the read's start: the write record that
+      the commit writes (the lock's value, or its data cell), which no other commit
+      can precede while the lock is held (DESIGN.md section 5, invariant A).
+
+    Until then the read waits on this client's condition, not on the store: with the
+    threads of one process sharing its CPU, asking the lock's primary again and again
+    took the time the holder needed to finish, and waiting for the holder's end (its
+    secondaries' releases too) kept readers waiting past what they needed to know. A
+    client of its own per identity (:meth:`~percolator._internals.Internals.for_client`);
+    off (``watched=False``) in a deterministic interleaving, whose actors block only at
+    store calls."""
+
+    __slots__ = ("_changed", "_ended", "_flights", "watched")
+
+    def __init__(self, *, watched: bool = True) -> None:
+        self._flights: dict[int, _Flight] = {}
+        self._ended: dict[int, _Flight] = {}
+        """The last commits that ended (at most _ENDED_KEPT), as they ended: a lock of
+        one met by a read made before its end is read again, not resolved, and a
+        prewrite that meets it knows whether it committed after its start."""
+        self._changed = threading.Condition(threading.Lock())
+        self.watched = watched
+        """False: no commit is recorded, and every lock is resolved through the store."""
+
+    def begin(self, start_ts: int) -> _Flight | None:
+        """Record the commit of *start_ts*, about to take its locks (None: not watched)."""
+        if not self.watched:
+            return None
+        flight = _Flight()
+        with self._changed:
+            self._flights[start_ts] = flight
+        return flight
+
+    def tell(self, flight: _Flight | None, *, commit_ts: int = 0,
+             committed: bool | None = None) -> None:
+        """What the commit of *flight* now knows: its commit timestamp drawn, or its
+        outcome decided."""
+        if flight is None:
+            return
+        with self._changed:
+            if commit_ts:
+                flight.commit_ts = commit_ts
+            if committed is not None:
+                flight.committed = committed
+            self._changed.notify_all()
+
+    def end(self, start_ts: int, *, forget: bool = False) -> None:
+        """The commit of *start_ts* is over: readers waiting on it are woken, and told
+        its outcome as it ended, unless *forget* (a simulated crash: its process knows
+        nothing more)."""
+        with self._changed:
+            flight = self._flights.pop(start_ts, None)
+            if forget:
+                self._changed.notify_all()
+            elif flight is not None:
+                ended = self._ended
+                ended[start_ts] = flight
+                if len(ended) > _ENDED_KEPT:
+                    del ended[next(iter(ended))]
+                self._changed.notify_all()
+
+    def committed_after(self, lock: Lock, start_ts: int) -> int:
+        """The commit timestamp of the transaction of *lock*, a commit of this client,
+        if it has committed (its commit point won) above *start_ts*, else 0: a
+        transaction started at *start_ts* that writes the locked cell conflicts with
+        it, which its prewrite then knows without reading the lock's primary."""
+        flight = self._flights.get(lock.start_ts) or self._ended.get(lock.start_ts)
+        if flight is not None and flight.committed is True and flight.commit_ts > start_ts:
+            return flight.commit_ts
+        return 0
+
+    def settle(self, lock: Lock, start_ts: int) -> tuple[int, bool | None] | object:
+        """What a read at *start_ts* needs to know of the transaction of *lock*, a
+        commit of this client, as its committer tells it, waiting at most
+        :data:`SETTLE_WAIT` (and the lock's ttl) until it knows: ``(commit_ts,
+        committed)``: committed (True) at *commit_ts*, which the read sees if it is at
+        or below *start_ts*; rolled back (False, commit_ts 0); or undecided with its
+        commit timestamp drawn above *start_ts* (None, 0), so that the lock hides
+        nothing from the read whatever the outcome. Else :data:`ENDED` (the commit
+        ended without knowing its outcome: read again) or :data:`UNTOLD` (resolve the
+        lock through the store)."""
+        until = min(time.monotonic() + SETTLE_WAIT,
+                    time.monotonic() + (lock.wall_ms + lock.ttl_ms) / 1000 - time.time())
+        with self._changed:
+            while True:
+                flight = self._flights.get(lock.start_ts)
+                ended = flight is None
+                if flight is None:
+                    flight = self._ended.get(lock.start_ts)
+                    if flight is None:
+                        return UNTOLD
+                if flight.committed is not None:
+                    return (flight.commit_ts if flight.committed else 0), flight.committed
+                if flight.commit_ts > start_ts:
+                    return 0, None
+                if ended:
+                    return ENDED
+                left = until - time.monotonic()
+                if left <= 0:
+                    return UNTOLD
+                self._changed.wait(left)
 
 
 def roll_back_primary(parts: LockHost, status: TxnStatus) -> bool:

@@ -25,6 +25,7 @@ from percolator._encoding import (
     WRITE,
     WRITE_RECORD_HEAD,
     Committed,
+    Free,
     Lock,
     WriteKind,
     check_column,
@@ -32,13 +33,15 @@ from percolator._encoding import (
     check_value,
     decode_lock,
     decode_write,
+    encode_lock,
+    encode_write,
     inline_value,
 )
 from percolator._errors import InvalidArgument, LockedError, TransactionClosedError
 from percolator._internals import Internals, internals
-from percolator._lock_resolver import resolve_lock
+from percolator._lock_resolver import ENDED, resolve_lock
 from percolator._retry import Attempts
-from percolator._store import Read, RowCells
+from percolator._store import ATOMICALLY, SET_UNLESS, Cell, Read, RowCells
 from percolator.metrics import inc as _inc
 from percolator.metrics import observe as _observe
 
@@ -130,6 +133,10 @@ class Snapshot:
     _stop_waiting: threading.Event | None = None
     """Set by whoever runs the transaction (a worker) to cut lock waits short when it
     stops: the read then raises :class:`LockedError` at once."""
+    _read_state: dict[WriteKey, tuple[bytes | None, list[Cell]]] | None = None
+    """What a transaction's reads saw of each cell read, for its prewrite: the lock
+    value (FREE ones too) and the write records at or after start_ts (None: not kept;
+    see :meth:`_remember`)."""
 
     def __init__(self, cluster: Cluster, *, start_ts: int | None = None) -> None:
         # A Cluster is what holds its own Internals (this module does not import
@@ -162,6 +169,14 @@ class Snapshot:
             self._writes = {}
             self._weak: dict[WriteKey, None] = {}
             self.commit_ts: int | None = None
+            # Kept where the prewrite reads a cell's lock and write records before its
+            # compare-and-set (not where the store tests the conflict conditions
+            # itself, nor where it may leave a FREE lock as it was: there the prewrite
+            # reads again after locking), and there are locks to read at all.
+            capabilities = parts.store.capabilities
+            if (parts.lock_census is None and SET_UNLESS not in capabilities
+                    and ATOMICALLY not in capabilities):
+                self._read_state = {}
         self._read_cache: dict[tuple[tuple[str, ...] | None, bool], list[Read]] = {}
         self._seen: dict[WriteKey, bytes | None] = {}
         """Cells this snapshot has read (``get``/``get_row``): the state at start_ts is
@@ -240,7 +255,15 @@ class Snapshot:
             # No FREE locks (nothing to wait for), and no lock family at all when
             # the lock census says that no lock can be held.
             reads = [Read(WRITE, qualifiers, max_ts=self.start_ts)]
-            if not no_locks:
+            if self._read_state is not None:
+                # A transaction's reads bring what its prewrite would read (see
+                # _remember): the lock whatever its state, and the newest write record
+                # after start_ts, which the store's row read (the newest of each
+                # column, at any time, then an older one where that is newer than
+                # start_ts) finds anyway.
+                reads = [Read(LOCK, qualifiers), reads[0],
+                         Read(WRITE, qualifiers, min_ts=self.start_ts + 1)]
+            elif not no_locks:
                 reads.insert(0, Read(LOCK, qualifiers, skip_tag=FREE_TAG))
             if len(self._read_cache) < 64:
                 self._read_cache[(qualifiers, no_locks)] = reads
@@ -258,6 +281,95 @@ class Snapshot:
             ):
                 found.append((name[2:], versions[0][1]))
         return found
+
+    def _remember(self, table: str, row: bytes, cells: RowCells,
+                  columns: Iterable[str] | None) -> None:
+        """A transaction's row read, lock-free at start_ts, made visible: write records
+        after start_ts (the prewrite's part of the read, :meth:`_reads`) leave *cells*,
+        and what the read saw of each of *columns* (every column in *cells* if None) is
+        kept for the prewrite (:attr:`_read_state`): its lock value and its write
+        records at or after start_ts.
+
+        The prewrite sets each lock from the value kept here, by compare-and-set: that
+        succeeds only if the lock cell did not change since this read (FREE values are
+        never written twice), and so no write record appeared since either (DESIGN.md
+        section 5, invariant A). A read made any time after start_ts is then as good as
+        the prewrite's own, which this spares: a transfer that read its two rows makes
+        one store call fewer. A change committed after start_ts is seen here already,
+        and the commit gives up before taking any lock."""
+        start = self.start_ts
+        state = self._read_state
+        assert state is not None
+        names = set() if columns is None else set(columns)
+        since: dict[str, list[Cell]] = {}
+        for name in list(cells):
+            prefix = name[:2]
+            if prefix == _WRITE_PREFIX:
+                versions = cells[name]
+                if versions[0][0] >= start:
+                    since[name[2:]] = [c for c in versions if c[0] >= start]
+                    if versions[0][0] > start:
+                        visible = [c for c in versions if c[0] <= start]
+                        if visible:
+                            cells[name] = visible
+                        else:
+                            del cells[name]
+                if columns is None:
+                    names.add(name[2:])
+            elif columns is None and prefix == _LOCK_PREFIX:
+                names.add(name[2:])
+        if len(state) >= _SEEN_MAX:
+            return
+        for column in names:
+            writes = since.get(column, [])
+            if writes and writes[0][0] > start and writes[0][1][:1] == _ROLLBACK_TAG:
+                continue  # it may hide an older commit after start_ts: the prewrite reads
+            lock = cells.get(_LOCK_PREFIX + column)
+            state[(table, row, column)] = (lock[0][1] if lock else None, writes)
+
+    def _settled(self, cells: RowCells, blocked: list[tuple[str, bytes]],
+                 read_again: set[int]) -> list[tuple[str, bytes]] | None:
+        """The *blocked* locks whose commits this client's own committers cannot tell
+        about (:class:`~percolator._lock_resolver.CommitsInFlight`), after waiting for
+        those that can: a lock whose transaction commits after start_ts, or not at all,
+        hides nothing; one committed at or below it is read as the write record its
+        commit writes, put in *cells*. A lock whose outcome is known is kept (for the
+        prewrite, :meth:`_remember`) as the FREE value its release writes, with the
+        write record of a commit after start_ts (a conflict, which the read saw only
+        as the lock): a compare-and-set from that FREE value succeeds once the lock is
+        released, and only if nothing took the cell since (FREE values are never
+        written twice). None: read the row again (a commit that ended not knowing its
+        outcome; once per commit, in *read_again*)."""
+        in_flight = self._parts.in_flight
+        left: list[tuple[str, bytes]] = []
+        again = False
+        for column, raw in blocked:
+            lock = decode_lock(raw)
+            if not isinstance(lock, Lock):
+                left.append((column, raw))
+                continue
+            told = in_flight.settle(lock, self.start_ts)
+            if type(told) is tuple:
+                commit_ts, committed = told
+                if committed is None or (
+                        commit_ts > self.start_ts and self._read_state is None):
+                    continue  # nothing of it at or below start_ts; the lock as read
+                if commit_ts:
+                    # Its write record: seen if at or below start_ts; above it, kept
+                    # by _remember for the prewrite (a conflict) and left unseen.
+                    name = _WRITE_PREFIX + column
+                    kind = WriteKind.DELETE if lock.delete else WriteKind.PUT
+                    cells[name] = sorted(
+                        [(commit_ts, encode_write(kind, lock.start_ts, lock.value)),
+                         *cells.get(name, ())], reverse=True)
+                cells[_LOCK_PREFIX + column] = [
+                    (0, encode_lock(Free(lock.start_ts, committed)))]
+            elif told is ENDED and lock.start_ts not in read_again:
+                read_again.add(lock.start_ts)
+                again = True
+            else:
+                left.append((column, raw))
+        return None if again else left
 
     def _wait_for_locks(
         self, table: str, row: bytes, blocked: list[tuple[str, bytes]], attempts: Attempts | None
@@ -300,11 +412,15 @@ class Snapshot:
         out (read when asked for), so a wrong prediction never makes a read wait."""
         attempts: Attempts | None = None
         store = self._parts.store
-        reads = self._reads(columns if not extra or columns is None else [*columns, *extra])
+        wanted = columns if not extra or columns is None else [*columns, *extra]
+        reads = self._reads(wanted)
+        read_again: set[int] = set()
         began = _read_began()
         while True:
             cells = store.read_rows(table, [row], reads).get(row)
             if not cells:
+                if self._read_state is not None:
+                    self._remember(table, row, {}, wanted or ())
                 if began:
                     _observe("percolator_read_duration_seconds", _perf_counter() - began)
                 self._check_safe_point()
@@ -319,7 +435,15 @@ class Snapshot:
                     left_out = frozenset(b[0] for b in blocked)
                     cells = {n: v for n, v in cells.items() if n[2:] not in left_out}
                 blocked = asked
+            if blocked and self._parts.in_flight.watched:
+                settled = self._settled(cells, blocked, read_again)
+                if settled is None:
+                    continue
+                blocked = settled
             if not blocked:
+                if self._read_state is not None:
+                    self._remember(table, row, cells, None if wanted is None else
+                                   [c for c in wanted if c not in left_out])
                 values = self._values(table, row, cells)
                 if began:
                     _observe("percolator_read_duration_seconds", _perf_counter() - began)
@@ -552,10 +676,14 @@ class Snapshot:
         for row, columns_left in to_read.items():
             cells = stored.get(row)
             if not cells:
+                if self._read_state is not None:
+                    self._remember(table, row, {}, missing)
                 continue
             if self._blocking(cells):
                 found = self._read_row(table, row, columns_left)
             else:
+                if self._read_state is not None:
+                    self._remember(table, row, cells, missing)
                 found = self._values(table, row, cells)
             own = result[row]
             for column in columns_left:
@@ -603,6 +731,8 @@ class Snapshot:
             if self._blocking(cells):
                 values = self._read_row(table, row, columns)
             else:
+                if self._read_state is not None:
+                    self._remember(table, row, cells, columns)
                 values = self._values(table, row, cells)
                 self._check_safe_point()
             if values:
@@ -692,7 +822,7 @@ class TransactionBase(Snapshot):
         nothing else of it (:class:`~percolator._commit_checks.WriteSet`)."""
         self._closed = True
         return WriteSet(self, self.cluster, self._parts, self._kind, self._writes, self._weak,
-                        self._settlement, self._next_start)
+                        self._settlement, self._next_start, self._read_state)
 
     def _scan(
         self, table: str, start: bytes | None, stop: bytes | None, columns: list[str] | None

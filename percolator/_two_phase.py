@@ -42,7 +42,13 @@ from percolator._errors import (
     CoordinationError,
     PercolatorError,
 )
-from percolator._lock_resolver import check_txn_status, release, resolve_lock, write_cells
+from percolator._lock_resolver import (
+    _Flight,
+    check_txn_status,
+    release,
+    resolve_lock,
+    write_cells,
+)
 from percolator._store import (
     ATOMICALLY,
     CAS_DELETES,
@@ -94,6 +100,8 @@ class TwoPhaseCommit:
         self.ttl_ms = int(self.cluster.lock_ttl * 1000)
         self.locked: list[_Cell] = []
         self.refreshed_at = time.monotonic()
+        self.flight: _Flight | None = None
+        """This commit as its client's readers follow it (:class:`CommitsInFlight`)."""
 
     @classmethod
     def of(cls, txn: TransactionBase, crash: CrashPoint | None = None) -> TwoPhaseCommit:
@@ -224,21 +232,62 @@ class TwoPhaseCommit:
         guarded = offered(self.store, SET_UNLESS)
         found: dict[int, tuple[bytes | None, list[Cell]]] = {}
         together = self._locked_together(guarded) if guarded is not None else set()
+        if guarded is None:
+            found = self._checked_before_locking()
         for index, cell in enumerate(self.cells):
             if index:
                 self._refresh_primary()
             if id(cell) not in together and (
                     guarded is None or not self.prewrite_guarded(guarded, cell)):
-                if id(cell) not in found:
-                    # Every cell at once (one read per table): a cell read before the
-                    # primary is locked is as good as one read after, since each lock is
-                    # then set from the value read, which cannot have come back (no ABA)
-                    # nor let a write record in without changing (invariant A).
-                    batch = ([cell] if guarded is not None
-                             else [c for c in self.cells if id(c) not in found])
-                    found.update(self._read_for_prewrite(batch))
+                if id(cell) not in found:  # a guarded set refused: read this cell
+                    found.update(self._read_for_prewrite([cell]))
                 self._prewrite(cell, *found[id(cell)])
             self._maybe_crash("prewrite", index)
+
+    def _checked_before_locking(self) -> dict[int, tuple[bytes | None, list[Cell]]]:
+        """Each cell's lock and write records since start_ts, before the first lock is
+        taken: as the transaction's own reads saw them where they read the cell
+        (``WriteSet.read_state``), else from one read per table. A cell read before
+        the primary is locked (here, or by the transaction after its start) is as good
+        as one read after, since each lock is then set from the value read, which
+        cannot have come back (no ABA) nor let a write record in without changing
+        (invariant A); a store that may leave a FREE lock as it was has each cell's
+        write records read again once it is locked (:attr:`recheck_after_lock`), and
+        its reads are not taken.
+
+        Then, still before the first lock, first committer wins for every cell, and a
+        lock of another transaction on any cell is resolved or gives way (a commit of
+        this client that committed after start_ts says so itself): a commit bound to
+        fail takes no lock to give back (in a contended bank, a transfer whose second
+        account changed since its start does not lock and free the first)."""
+        seen = self.write_set.read_state
+        found: dict[int, tuple[bytes | None, list[Cell]]] = {}
+        if seen and not self.recheck_after_lock:
+            for cell in self.cells:
+                state = seen.get((cell.table, cell.row, cell.column))
+                if state is not None:
+                    found[id(cell)] = state
+        unread = [c for c in self.cells if id(c) not in found]
+        if unread:
+            found.update(self._read_for_prewrite(unread))
+        for cell in self.cells:
+            self._check_writes(cell, found[id(cell)][1])
+        for cell in self.cells:
+            lock_raw = found[id(cell)][0]
+            if lock_raw is not None and lock_raw[:1] != FREE_TAG:
+                holder = decode_lock(lock_raw)
+                if isinstance(holder, Lock) and (
+                        ts := self.parts.in_flight.committed_after(holder, self.start_ts)):
+                    # A commit of this client, which told it (CommitsInFlight).
+                    raise self._conflict(cell, f"committed at {ts} after our start", ts)
+                if not resolve_lock(self.parts, cell.table, cell.row, cell.column, lock_raw):
+                    raise self._conflict(
+                        cell, f"locked by live transaction {getattr(holder, 'start_ts', '?')}",
+                        getattr(holder, "start_ts", None),
+                    )
+                found.update(self._read_for_prewrite([cell]))
+                self._check_writes(cell, found[id(cell)][1])
+        return found
 
     def _locked_together(self, store: GuardedSet) -> set[int]:
         """Where the store tests conflict conditions itself, lock the cells that share
@@ -427,13 +476,20 @@ def free_locks_may_stay(store: Store) -> bool:
 
 
 def _finish_two_phase(committer: TwoPhaseCommit) -> int:
+    in_flight = committer.parts.in_flight
+    committer.flight = in_flight.begin(committer.start_ts)
     try:
         commit_ts = _commit_two_phase(committer)
     except SimulatedCrash:
-        raise  # a dead committer sweeps nothing
+        # A dead committer sweeps nothing, and tells its readers nothing more: its
+        # locks are resolved through the store, as any dead client's.
+        in_flight.end(committer.start_ts, forget=True)
+        raise
     except BaseException:
+        in_flight.end(committer.start_ts)
         committer.parts.sweep_locks()
         raise
+    in_flight.end(committer.start_ts)
     committer.parts.sweep_locks()
     _wake(committer)
     return commit_ts
@@ -462,6 +518,7 @@ def _commit_timestamp(committer: TwoPhaseCommit) -> int:
 
 def _commit_two_phase(committer: TwoPhaseCommit) -> int:
     txn, ws = committer.write_set.txn, committer.write_set
+    in_flight, flight = committer.parts.in_flight, committer.flight
     try:
         committer.prewrite()
         # After the prewrite, before the commit point: a transaction overtaken by the
@@ -469,15 +526,18 @@ def _commit_two_phase(committer: TwoPhaseCommit) -> int:
         committer.parts.safe_point.check(txn.start_ts)
     except ConflictError:
         committer.parts.stats["conflicts"] += 1
+        in_flight.tell(flight, committed=False)
         committer.abort()
         raise
     except SimulatedCrash:
         raise
     except BaseException:
+        in_flight.tell(flight, committed=False)
         committer.abort()
         raise
     try:
         commit_ts = _commit_timestamp(committer)
+        in_flight.tell(flight, commit_ts=commit_ts)
         # Weak notifications go before the commit point, so a committer that dies after
         # it cannot lose them (nothing else would write them); one that fails at the
         # commit point leaves a spurious one, which only runs an observer for nothing.
@@ -485,17 +545,21 @@ def _commit_two_phase(committer: TwoPhaseCommit) -> int:
         # the first worker that finds its cell settled).
         _write_notifications(ws, committer.cells, commit_ts)
     except BaseException:
+        in_flight.tell(flight, committed=False)
         committer.abort()
         raise
     try:
         committer.commit_point(commit_ts)
     except ConflictError:
         committer.parts.stats["conflicts"] += 1
+        in_flight.tell(flight, committed=False)
         committer.abort()
         raise
     except CoordinationError:  # raised before the commit point's write: nothing committed
+        in_flight.tell(flight, committed=False)
         committer.abort()
         raise
+    in_flight.tell(flight, committed=True)
     # Committed: what follows only cleans up; a failure leaves locks that readers
     # roll forward.
     try:

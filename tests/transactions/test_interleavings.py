@@ -12,6 +12,8 @@ a transfer of 60 ends 40 / 60, all of it or none of it.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 import percolator
@@ -19,6 +21,7 @@ from percolator import Cluster, ConflictError, Snapshot, Transaction
 from percolator._internals import internals
 from percolator._store import SET_UNLESS, offered
 from percolator.testing import CrashPoint, Interleaving, Step, client_of, crash_commit
+from tests.transactions.test_lock_resolution import ParkedCommitter
 
 T, COL = "bank", "bal:v"
 ALICE, BOB = b"alice", b"bob"
@@ -274,3 +277,109 @@ def test_a_commit_between_the_prewrite_read_and_its_locks_is_a_conflict(
         with pytest.raises(ConflictError):
             t1.finish()
     assert balances(bank) == (b"100", b"7")
+
+
+def read_transfer(client: Cluster) -> Transaction:
+    """A transfer that reads both balances first, as a bank's does: alice -40, bob +40."""
+    txn = Transaction(client)
+    alice, bob = txn.get(T, ALICE, COL), txn.get(T, BOB, COL)
+    assert alice is not None and bob is not None
+    txn.set(T, ALICE, COL, b"%d" % (int(alice) - 40))
+    txn.set(T, BOB, COL, b"%d" % (int(bob) + 40))
+    return txn
+
+
+@pytest.mark.parametrize("t2_one_phase", [True, False], ids=["t2-one-phase", "t2-two-phase"])
+def test_a_commit_since_the_transaction_read_its_cells_is_a_conflict(
+    bank: Cluster, t2_one_phase: bool
+) -> None:
+    """T1 reads both balances and writes both; its commit is parked before its first
+    step; T2 then commits bob. T1, woken, must not lock bob on what its reads saw:
+    its commit raises ConflictError and T2's bob stands.
+
+    Guards the prewrite's use of what the transaction's reads saw
+    (``TwoPhaseCommit._checked_before_locking`` taking ``WriteSet.read_state``, kept
+    by ``TransactionBase._remember``): each lock is set by a compare-and-set against
+    the lock cell as that read saw it, which a commit since has changed (invariant A).
+    Kept with the lock value read again at commit instead (a lock cell but no write
+    records), T1 commits over T2's bob (fails on HBase, both APIs)."""
+    with Interleaving(bank) as world:
+        client = committer(bank)
+        txn = read_transfer(client)
+        t1 = world.actor("T1", txn.commit, clients=[client])
+        t1.run_until(lambda step: True)  # parked at its commit's first step
+        t2_client = client_of(bank)
+        t2_client.one_phase_commit = t2_one_phase
+        with Transaction(t2_client) as t2:
+            t2.set(T, BOB, COL, b"7")
+        with pytest.raises(ConflictError):
+            t1.finish()
+    assert balances(bank) == (b"100", b"7")
+
+
+def test_a_change_the_transaction_read_past_fails_its_commit_before_any_lock(
+    bank: Cluster,
+) -> None:
+    """T1 starts; T2 commits bob; T1 reads both balances (bob as before T2, in its
+    snapshot) and writes both. T1's commit raises ConflictError without taking a lock:
+    no compare-and-set at all, where it used to lock alice, meet bob's newer record and
+    free alice again (2 compare-and-sets for nothing, in a contended bank).
+
+    Guards first committer wins checked for every cell before the primary's lock
+    (``TwoPhaseCommit._checked_before_locking``); skipped where the store's conditional
+    mutation tests the conflict conditions (Bigtable: no read to check first)."""
+    if offered(internals(bank).store, SET_UNLESS):
+        pytest.skip("the store tests the conflict conditions in each lock's conditional "
+                    "mutation: its prewrite reads nothing first")
+    client = committer(bank)
+    txn = Transaction(client)
+    assert txn.start_ts
+    with Transaction(client_of(bank)) as t2:
+        t2.set(T, BOB, COL, b"7")
+    assert txn.get(T, BOB, COL) == b"0"  # its snapshot
+    assert txn.get(T, ALICE, COL) == b"100"
+    txn.set(T, ALICE, COL, b"60")
+    txn.set(T, BOB, COL, b"40")
+    with Interleaving(bank, client) as world:
+        t1 = world.actor("T1", txn.commit, clients=[client])
+        with pytest.raises(ConflictError, match="committed at"):
+            t1.finish()
+        assert not [s for s in t1.steps if s.matches("check_and_set")], t1.steps
+    assert balances(bank) == (b"100", b"7")
+
+
+def test_a_write_past_a_commit_of_its_own_client_after_its_start_is_a_conflict(
+    bank: Cluster,
+) -> None:
+    """T1 then T2 start; T1, of the same client, commits a transfer (commit timestamp
+    above T2's start) and is parked after its commit point, before it frees bob; T2 reads
+    bob, which T1's lock hides nothing of (its committer says so, CommitsInFlight):
+    the old 0. T1 then finishes; T2 writes bob and must conflict, not commit over
+    T1's 60.
+
+    Guards the write record of a commit after start_ts kept with the FREE value its
+    release writes (``TransactionBase._settled``, then ``_remember``): kept without it,
+    T2's compare-and-set from that FREE value succeeds once T1 freed bob, and T2
+    commits over T1 (bob 1, a lost update; fails on HBase, both APIs)."""
+    client = committer(bank)
+    t1 = transfer(client)
+    assert t1.start_ts  # below T2's: its locks are in T2's way
+    t2 = Transaction(client)
+    assert t2.start_ts
+    store = internals(client).store
+    parked = ParkedCommitter(store, BOB, 1 if offered(store, SET_UNLESS) else 2)
+    internals(client).store = parked  # type: ignore[assignment]
+    parked.committer = threading.Thread(target=t1.commit)
+    parked.committer.start()
+    try:
+        assert parked.reached.wait(30)  # past its commit point, before bob's release
+        assert t1.commit_ts and t1.commit_ts > t2.start_ts
+        assert t2.get(T, BOB, COL) == b"0"
+    finally:
+        parked.go.set()
+        parked.committer.join()
+        internals(client).store = store
+    t2.set(T, BOB, COL, b"1")
+    with pytest.raises(ConflictError):
+        t2.commit()
+    assert balances(bank) == (b"40", b"60")

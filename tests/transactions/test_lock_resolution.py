@@ -360,3 +360,99 @@ def test_a_commit_whose_clean_up_fails_warns_without_a_traceback(
         assert "StoreUnavailable: the store went away" in warnings[0].getMessage()
         with Transaction(cluster) as reader:
             assert reader.get("t", b"r2", "c:v") == b"new"
+
+
+class ParkedCommitter:
+    """The real store, with one thread's commit parked before its *nth*
+    compare-and-set on *row* until :attr:`go` is set; the data calls of every other
+    thread on table ``t`` listed in :attr:`calls` (``read_rows``, ``check_and_set``,
+    ...)."""
+
+    _DATA_CALLS = frozenset({"read_rows", "mutate_rows", "check_and_set", "scan",
+                             "check_and_set_many", "newest_at"})
+
+    def __init__(self, store: Any, row: bytes, nth: int) -> None:
+        self._store, self._row, self._nth = store, row, nth
+        self.committer: threading.Thread | None = None
+        self.reached, self.go = threading.Event(), threading.Event()
+        self.calls: list[str] = []
+        self._met = 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if name not in self._DATA_CALLS:
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread() is not self.committer:
+                if args and args[0] == "t":  # not the clients' own bookkeeping
+                    self.calls.append(name)
+            elif name == "check_and_set" and args[1] == self._row:
+                self._met += 1
+                if self._met == self._nth:
+                    self.reached.set()
+                    assert self.go.wait(30)
+            return attr(*args, **kwargs)
+
+        return call
+
+
+def _transfer_parked(cluster: Any, row: bytes, nth: int) -> tuple[ParkedCommitter, Any]:
+    """A transfer (r1 its primary, r2 its secondary) committing in a thread of
+    *cluster*'s own client, parked before its *nth* compare-and-set on *row*."""
+    parked = ParkedCommitter(internals(cluster).store, row, nth)
+    internals(cluster).store = parked  # type: ignore[assignment]
+    txn = Transaction(cluster)
+    txn.set("t", b"r1", "c:v", b"new")
+    txn.set("t", b"r2", "c:v", b"new")
+    parked.committer = threading.Thread(target=txn.commit)
+    return parked, txn
+
+
+def test_a_read_past_a_commit_of_its_own_client_drawn_above_it_does_not_wait(
+    url: str,
+) -> None:
+    """A commit of the reader's own client holds r2's lock, parked at its commit point
+    with its commit timestamp drawn above the reader's start: the lock hides nothing
+    from that reader, which its committer tells it (``CommitsInFlight``): it reads
+    r2's old value in its one row read. Resolved through the store, the lock of a live
+    owner within its ttl makes it wait out its lock wait: LockedError."""
+    with percolator.connect(url, lock_wait=0.5) as cluster:
+        cluster.one_phase_commit = False
+        parked, _ = _transfer_parked(cluster, b"r1", 2)  # the commit point's
+        reader = Transaction(cluster)
+        assert reader.start_ts
+        parked.committer.start()  # type: ignore[union-attr]
+        try:
+            assert parked.reached.wait(30)
+            assert reader.get("t", b"r2", "c:v") == b"old"
+            assert parked.calls == ["read_rows"]
+        finally:
+            parked.go.set()
+            parked.committer.join()  # type: ignore[union-attr]
+        assert Transaction(cluster).get("t", b"r2", "c:v") == b"new"
+
+
+def test_a_read_after_a_commit_point_of_its_own_client_sees_it_before_its_release(
+    url: str,
+) -> None:
+    """A commit of the reader's own client has passed its commit point and is parked
+    before it releases its secondary r2: a reader started since reads r2's new value
+    from its committer, in its one row read, without asking the primary or rolling r2
+    forward itself (which the committer does next). Resolved through the store, it
+    reads the primary, rolls r2 forward and reads r2 again: 4 store calls."""
+    with percolator.connect(url, lock_wait=10) as cluster:
+        cluster.one_phase_commit = False
+        parked, holder = _transfer_parked(cluster, b"r2", 2)  # the secondary's release
+        parked.committer.start()  # type: ignore[union-attr]
+        try:
+            assert parked.reached.wait(30)
+            reader = Transaction(cluster)
+            assert reader.start_ts > holder.commit_ts
+            assert reader.get("t", b"r2", "c:v") == b"new"
+            assert parked.calls == ["read_rows"]
+        finally:
+            parked.go.set()
+            parked.committer.join()  # type: ignore[union-attr]
+        lock = internals(cluster).store.read_rows("t", [b"r2"], [Read(LOCK, ("c:v",))])
+        assert isinstance(decode_lock(lock[b"r2"][f"{LOCK}:c:v"][0][1]), Free)
