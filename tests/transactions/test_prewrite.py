@@ -101,9 +101,16 @@ def test_a_live_lock_is_a_conflict(accounts: Cluster) -> None:
     with pytest.raises(SimulatedCrash):  # stops after its prewrite; its owner lives on
         commit_transaction(holder, CrashPoint("prewrite", 0))
     mine = Transaction(accounts)
+    mine.set(T, b"bob", C, b"mine")  # the primary, locked first
     mine.set(T, b"alice", C, b"mine")
-    with pytest.raises(percolator.ConflictError, match="locked by live transaction"):
+    with pytest.raises(percolator.ConflictError, match="locked by live transaction") as info:
         mine.commit()
+    # The error names the cell, our transaction and the holder's.
+    conflict = info.value
+    assert str(conflict) == (f"write-write conflict on {T}/b'alice'/{C}: locked by live "
+                             f"transaction {holder.start_ts} (transaction {mine.start_ts})")
+    assert (conflict.start_ts, conflict.conflict_ts, conflict.table, conflict.row,
+            conflict.column) == (mine.start_ts, holder.start_ts, T, b"alice", C)
 
 
 def test_a_harness_runs_the_phases_of_a_two_phase_commit_and_stops_at_its_crash_point(
