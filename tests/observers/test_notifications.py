@@ -13,7 +13,7 @@ import pytest
 
 import percolator
 from percolator import InvalidArgument, metrics
-from percolator._encoding import Committed, Lock
+from percolator._encoding import Committed, Lock, decode_lock
 from percolator._notifications import (
     HeldLock,
     Pending,
@@ -23,6 +23,7 @@ from percolator._notifications import (
     _read_failures,
     clear_failures,
     format_row,
+    held_locks,
     parse_row,
     pending_notifications,
     quarantine,
@@ -31,6 +32,7 @@ from percolator._notifications import (
     retry_quarantined,
     watch_pending_notifications,
 )
+from percolator._two_phase import TwoPhaseCommit
 
 
 @pytest.fixture
@@ -168,3 +170,20 @@ def test_clearing_the_failures_of_a_cell_that_never_failed_writes_nothing(
     clear_failures(cluster, "docs", b"d1", "in:v")
     assert _read_failures(cluster, key, "in:v") is not None
     assert record_failure(cluster, "docs", b"d1", "in:v", 100) == 1
+
+
+def test_held_locks_are_the_lock_cells_not_free_each_with_its_state(
+    cluster: percolator.Cluster,
+) -> None:
+    txn = percolator.Transaction(cluster)
+    txn.set("docs", b"d1", "in:v", b"x")
+    txn.set("docs", b"d2", "in:w", b"y")
+    committer = TwoPhaseCommit.of(txn)
+    committer.prewrite()
+    held = sorted(held_locks(cluster), key=lambda lock: lock.row)
+    assert [(h.table, h.row, h.column) for h in held] == [("docs", b"d1", "in:v"),
+                                                           ("docs", b"d2", "in:w")]
+    assert all(isinstance(h.state, Lock) and h.state.start_ts == txn.start_ts for h in held)
+    assert [decode_lock(h.raw) for h in held] == [h.state for h in held]
+    committer.abort()
+    assert list(held_locks(cluster)) == []  # FREE now
