@@ -23,7 +23,13 @@ from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
 from percolator._commit_checks import _write_notifications
 from percolator._encoding import FREE_TAG
 from percolator._internals import internals
-from percolator._notifications import WaitTimeout, pending_notifications
+from percolator._notifications import (
+    Quarantined,
+    WaitTimeout,
+    pending_notifications,
+    quarantine,
+    retry_quarantined,
+)
 from percolator._notify_index import (
     INDEX_TABLE,
     migrate,
@@ -133,6 +139,27 @@ def test_a_stale_entry_of_a_rolled_back_change_is_deleted(cluster: percolator.Cl
             time.sleep(0.01)
     assert entries(cluster) == {}
     assert Snapshot(cluster).get("docs", b"r", "out:v") is None
+
+
+def test_a_quarantined_notification_put_back_gets_an_entry_at_its_new_version(
+    cluster: percolator.Cluster,
+) -> None:
+    """Quarantine deletes the notify cell and leaves its entry, which a pass settles;
+    the retry writes the cell again at a fresh timestamp and its entry with it, or the
+    notification put back is found by no worker (scanners read the index only)."""
+    Worker(cluster, [Copy]).register()
+    write(cluster, b"q", b"1")
+    [pending] = list(pending_notifications(cluster))
+    quarantine(cluster, Quarantined("docs", b"q", "raw:v", "Copy", "boom", 3, False,
+                                    time.time()), pending.timestamps[0])
+    [(_, _, seen)] = scan_index(internals(cluster), None, None)
+    assert settle(internals(cluster), "docs", b"q", seen) == []
+    assert entries(cluster) == {}
+    assert [q.row for q in retry_quarantined(cluster)] == [b"q"]
+    [back] = list(pending_notifications(cluster))
+    assert back.timestamps[0] > pending.timestamps[0]
+    assert [(t, r, e) for t, r, e in scan_index(internals(cluster), None, None)] == [
+        ("docs", b"q", {"raw:v": back.timestamps[0]})]
 
 
 def test_a_table_from_before_the_index_keeps_its_pending_notifications(store_url: str) -> None:

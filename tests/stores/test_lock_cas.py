@@ -14,7 +14,14 @@ import pytest
 
 from percolator._cas import lock_cas
 from percolator._errors import StoreUnavailable
-from percolator._store import CAS_ANSWER_MAY_BE_REPLAYED, Read, Store, declares
+from percolator._store import (
+    CAS_ANSWER_MAY_BE_REPLAYED,
+    CAS_DELETES,
+    Mutation,
+    Read,
+    Store,
+    declares,
+)
 from percolator.stores import open_store
 from tests._backends import drop_tables
 
@@ -75,3 +82,32 @@ def test_a_genuine_false_stays_false(store: Store) -> None:
     assert lock_cas(store, *CELL, None, b"theirs")
     assert not lock_cas(store, *CELL, None, b"mine")
     assert _value(store) == b"theirs"
+
+
+def test_deletes_go_with_the_compare_and_set_where_the_store_can(store: Store) -> None:
+    """*deletes* (``CAS_DELETES``: Bigtable, where an observer run's commit point deletes
+    the notification it served, ``percolator/_two_phase.py``) go in the same
+    compare-and-set as the lock and its puts: from any other value nothing of it is
+    written; from the expected value the lock cell holds the new one, the puts are
+    written and the versions at or below a delete's timestamp are gone, a newer one is
+    kept."""
+    if not declares(store, CAS_DELETES):
+        pytest.skip(f"{type(store).__name__} deletes nothing in a compare-and-set "
+                    "(CAS_DELETES: Bigtable only)")
+    store.create_table("u", {"l": 1, "w": 0, "n": 0})
+    store.mutate_rows("u", [Mutation(b"r", [("n:c", 5, b"1"), ("n:c", 9, b"w")])])
+    assert lock_cas(store, "u", b"r", "l:c", None, b"held")
+    puts, deletes = [("w:c", 7, b"record")], [("n:c", 5)]
+
+    def cells() -> dict[str, list[tuple[int, bytes]]]:
+        reads = [Read("l", ("c",)), Read("w", ("c",)), Read("n", ("c",), versions=None)]
+        return store.read_rows("u", [b"r"], reads).get(b"r", {})
+
+    assert not lock_cas(store, "u", b"r", "l:c", b"other", b"free", puts, deletes)
+    found = cells()
+    assert [v for _, v in found["l:c"]] == [b"held"] and "w:c" not in found
+    assert found["n:c"] == [(9, b"w"), (5, b"1")]
+    assert lock_cas(store, "u", b"r", "l:c", b"held", b"free", puts, deletes)
+    found = cells()
+    assert [v for _, v in found["l:c"]] == [b"free"]
+    assert found["w:c"] == [(7, b"record")] and found["n:c"] == [(9, b"w")]

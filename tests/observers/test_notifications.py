@@ -1,0 +1,189 @@
+"""Notifications seen from outside a worker (``percolator/_notifications.py``), on the
+embedded store: row keys written for people and read back, the quarantine records
+found and put back by table, row and column, the message of a wait that timed out,
+and the gauge of pending notifications (the quarantine on every backend:
+``test_quarantine_backends.py``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import percolator
+from percolator import InvalidArgument, metrics
+from percolator._encoding import Committed, Lock, decode_lock
+from percolator._notifications import (
+    HeldLock,
+    Pending,
+    Quarantined,
+    _describe,
+    _failures_key,
+    _read_failures,
+    clear_failures,
+    format_row,
+    held_locks,
+    parse_row,
+    pending_notifications,
+    quarantine,
+    quarantined,
+    record_failure,
+    retry_quarantined,
+    watch_pending_notifications,
+)
+from percolator._two_phase import TwoPhaseCommit
+
+
+@pytest.fixture
+def cluster(sqlite_cluster: percolator.Cluster) -> Iterator[percolator.Cluster]:
+    for table in ("apps", "docs", "docs1"):
+        sqlite_cluster.create_table(table)
+        sqlite_cluster.observe(table, "in:v")
+        sqlite_cluster.observe(table, "in:w")
+    yield sqlite_cluster
+
+
+def test_a_row_key_is_written_for_people_and_read_back() -> None:
+    for row, text in [(b"doc-1", "doc-1"), (b"\xff\x00", "hex:ff00"), (b"a\tb", "hex:610962"),
+                      (b"hex:6869", "hex:6865783a36383639")]:
+        assert format_row(row) == text
+        assert parse_row(text) == row
+    with pytest.raises(InvalidArgument, match="bad hex row key 'hex:zz'"):
+        parse_row("hex:zz")
+
+
+def _notify(cluster: percolator.Cluster, table: str, row: bytes, column: str) -> None:
+    with percolator.Transaction(cluster) as txn:
+        txn.set(table, row, column, b"x")
+
+
+def _quarantine(cluster: percolator.Cluster, table: str, row: bytes, column: str,
+                weak: bool = False) -> None:
+    [notify_ts] = [p.timestamps[0] for p in pending_notifications(cluster, [table])
+                   if (p.row, p.column) == (row, column)]
+    quarantine(cluster, Quarantined(table, row, column, "Obs", f"{table} {row!r} {column}", 3,
+                                    weak, time.time()), notify_ts)
+
+
+def _cells(found: list[Quarantined]) -> set[tuple[str, bytes, str]]:
+    return {(q.table, q.row, q.column) for q in found}
+
+
+def test_quarantined_notifications_are_found_and_put_back_by_table_row_and_column(
+    cluster: percolator.Cluster,
+) -> None:
+    """The records' keys are ``quarantine/<table>/<row>``: a table's are not those of a
+    table whose name it starts (docs, docs1), a row's not those of a row it starts
+    (d1, d10), and a row key may hold '/'. Each record puts back the kind of
+    notification it took out."""
+    cells = [("apps", b"d1", "in:v"), ("docs", b"d1", "in:v"), ("docs", b"d1", "in:w"),
+             ("docs", b"d10", "in:v"), ("docs", b"a/b", "in:v"), ("docs1", b"d1", "in:v")]
+    for table, row, column in cells:
+        _notify(cluster, table, row, column)
+        _quarantine(cluster, table, row, column, weak=column == "in:w")
+    assert not list(pending_notifications(cluster))
+    assert _cells(quarantined(cluster)) == set(cells)
+    assert _cells(quarantined(cluster, "docs")) == set(cells[1:5])
+    assert _cells(quarantined(cluster, "docs", b"d1")) == set(cells[1:3])
+    assert _cells(quarantined(cluster, "docs", b"a/b")) == {cells[4]}
+    assert _cells(quarantined(cluster, "docs", b"d1", "in:w")) == {cells[2]}
+    assert _cells(quarantined(cluster, "docs", b"d1", "in:v")) == {cells[1]}
+    assert [q.error for q in quarantined(cluster, "docs", b"d1", "in:w")] == ["docs b'd1' in:w"]
+
+    assert _cells(retry_quarantined(cluster, "docs", b"d1", "in:w")) == {cells[2]}
+    assert _cells(retry_quarantined(cluster, "docs", b"d1")) == {cells[1]}
+    assert _cells(retry_quarantined(cluster, "docs")) == set(cells[3:5])
+    assert _cells(quarantined(cluster)) == {cells[0], cells[5]}
+    back = {(p.table, p.row, p.column): (p.weak, p.strong)
+            for p in pending_notifications(cluster)}
+    assert back == {cells[1]: (False, True), cells[2]: (True, False), cells[3]: (False, True),
+                    cells[4]: (False, True)}
+    assert _cells(retry_quarantined(cluster)) == {cells[0], cells[5]}
+    assert quarantined(cluster) == []
+
+
+def _pending(n: int, weak: bool = False, strong: bool = True) -> Pending:
+    return Pending("docs", f"r{n}".encode(), "in:v", (9, 7)[: 1 + n % 2], weak, strong)
+
+
+def test_a_timed_out_wait_lists_what_is_left_up_to_ten_of_each() -> None:
+    pending = [_pending(0, weak=True, strong=False), _pending(1, weak=True),
+               *(_pending(n) for n in range(2, 11))]
+    locks = [HeldLock("docs", b"\xff", "in:v", Lock(41, "docs", b"r", "in:v", "o", 0, 1), b""),
+             *(HeldLock("docs", f"k{n}".encode(), "in:v", Committed(n, n + 1), b"")
+               for n in range(10))]
+    assert _describe(pending, locks).split("\n") == [
+        "  notification docs/r0/in:v (weak, 1 version(s))",
+        "  notification docs/r1/in:v (strong, 2 version(s))",
+        *(f"  notification docs/r{n}/in:v (strong, {1 + n % 2} version(s))"
+          for n in range(2, 10)),
+        "  ... and 1 more notification(s)",
+        "  lock docs/hex:ff/in:v (lock by transaction 41)",
+        *(f"  lock docs/k{n}/in:v (committed by transaction {n})" for n in range(9)),
+        "  ... and 1 more lock(s)",
+    ]
+    assert _describe(pending[:10], locks[:10]).split("\n")[9:11] == [
+        "  notification docs/r9/in:v (strong, 2 version(s))",
+        "  lock docs/hex:ff/in:v (lock by transaction 41)"]
+    assert len(_describe(pending[:10], locks[:10]).split("\n")) == 20
+
+
+GAUGE = "percolator_notifications_pending"
+
+
+def test_the_pending_gauge_counts_each_table_and_recounts_once_its_interval_passed(
+    cluster: percolator.Cluster,
+) -> None:
+    """Every table (none asked) or the tables asked; a scrape within the interval gets
+    the last count, a scrape after it counts again."""
+    for row in (b"d1", b"d2"):
+        _notify(cluster, "docs", row, "in:v")
+    _notify(cluster, "docs", b"d1", "in:w")
+    _notify(cluster, "docs1", b"d1", "in:v")
+    every_scrape = watch_pending_notifications(cluster, every=0)
+    cached = watch_pending_notifications(cluster, ["docs"], every=3600)
+    try:
+        assert sorted(every_scrape()) == [
+            (GAUGE, ("apps",), 0.0), (GAUGE, ("docs",), 3.0), (GAUGE, ("docs1",), 1.0)]
+        assert list(cached()) == [(GAUGE, ("docs",), 3.0)]
+        _notify(cluster, "docs", b"d3", "in:v")
+        assert (GAUGE, ("docs",), 4.0) in every_scrape()
+        assert list(cached()) == [(GAUGE, ("docs",), 3.0)]
+        values, _ = metrics.snapshot()
+        assert values[(GAUGE, ("docs1",))] == 1.0
+    finally:
+        metrics.remove_gauge_callback(every_scrape)
+        metrics.remove_gauge_callback(cached)
+
+
+def test_clearing_the_failures_of_a_cell_that_never_failed_writes_nothing(
+    cluster: percolator.Cluster,
+) -> None:
+    """A clear writes only over a count there is: a cell never counted (a worker clears
+    when its own back-off saw the cell fail, another worker may have counted nothing)
+    gets no counter row in the meta table, and a count cleared starts again at one."""
+    key = _failures_key("docs", b"d1")
+    clear_failures(cluster, "docs", b"d1", "in:v")
+    assert _read_failures(cluster, key, "in:v") is None
+    assert record_failure(cluster, "docs", b"d1", "in:v", 100) == 1
+    clear_failures(cluster, "docs", b"d1", "in:v")
+    assert _read_failures(cluster, key, "in:v") is not None
+    assert record_failure(cluster, "docs", b"d1", "in:v", 100) == 1
+
+
+def test_held_locks_are_the_lock_cells_not_free_each_with_its_state(
+    cluster: percolator.Cluster,
+) -> None:
+    txn = percolator.Transaction(cluster)
+    txn.set("docs", b"d1", "in:v", b"x")
+    txn.set("docs", b"d2", "in:w", b"y")
+    committer = TwoPhaseCommit.of(txn)
+    committer.prewrite()
+    held = sorted(held_locks(cluster), key=lambda lock: lock.row)
+    assert [(h.table, h.row, h.column) for h in held] == [("docs", b"d1", "in:v"),
+                                                           ("docs", b"d2", "in:w")]
+    assert all(isinstance(h.state, Lock) and h.state.start_ts == txn.start_ts for h in held)
+    assert [decode_lock(h.raw) for h in held] == [h.state for h in held]
+    committer.abort()
+    assert list(held_locks(cluster)) == []  # FREE now
