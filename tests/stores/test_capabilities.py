@@ -92,7 +92,12 @@ def _doubles() -> dict[str, Callable[[Store], Any]]:
     from tests.transactions.test_group_commit import CountingSteps
     from tests.transactions.test_inline_values import _CommitAfterFirstRead
     from tests.transactions.test_lock_census import _FamiliesRead
-    from tests.transactions.test_lock_resolution import RowCasNotAtomic, SlowStore
+    from tests.transactions.test_lock_resolution import (
+        AnswerLostAfterOthersMove,
+        ParkedCommitter,
+        RowCasNotAtomic,
+        SlowStore,
+    )
     from tests.transactions.test_prefetch import CountingReads
     from tests.transactions.test_prewrite import _Counted
     from tests.transactions.test_single_row import Counting
@@ -114,6 +119,10 @@ def _doubles() -> dict[str, Callable[[Store], Any]]:
         "transactions.test_inline_values:_CommitAfterFirstRead": lambda s: (
             _CommitAfterFirstRead(s, None)),
         "transactions.test_lock_census:_FamiliesRead": _FamiliesRead,
+        "transactions.test_lock_resolution:AnswerLostAfterOthersMove": lambda s: (
+            AnswerLostAfterOthersMove(s, lambda: None)),
+        "transactions.test_lock_resolution:ParkedCommitter": lambda s: ParkedCommitter(
+            s, b"r", 1),
         "transactions.test_lock_resolution:RowCasNotAtomic": RowCasNotAtomic,
         "transactions.test_lock_resolution:SlowStore": lambda s: SlowStore(s, 0.0),
         "transactions.test_prefetch:CountingReads": CountingReads,
