@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 import percolator
 from percolator import InvalidArgument, metrics
-from percolator._encoding import Committed, Lock, decode_lock
+from percolator._encoding import LOCK, NOTIFY, Committed, Lock, decode_lock
+from percolator._internals import internals
 from percolator._notifications import (
     HeldLock,
     Pending,
     Quarantined,
+    WaitTimeout,
     _describe,
     _failures_key,
     _read_failures,
@@ -30,8 +33,11 @@ from percolator._notifications import (
     quarantined,
     record_failure,
     retry_quarantined,
+    wait_until_idle,
     watch_pending_notifications,
 )
+from percolator._notify_index import migrate
+from percolator._store import Mutation
 from percolator._two_phase import TwoPhaseCommit
 
 
@@ -187,3 +193,71 @@ def test_held_locks_are_the_lock_cells_not_free_each_with_its_state(
     assert [decode_lock(h.raw) for h in held] == [h.state for h in held]
     committer.abort()
     assert list(held_locks(cluster)) == []  # FREE now
+
+
+def test_waiting_takes_a_timeout_of_seconds_or_none(cluster: percolator.Cluster) -> None:
+    wait_until_idle(cluster, None)  # idle: returns, however long it may wait
+    for bad in (-1, "5"):
+        with pytest.raises(InvalidArgument, match="timeout must be a number of seconds >= 0"):
+            wait_until_idle(cluster, bad)  # type: ignore[arg-type]
+
+
+def test_idle_is_two_clean_passes_in_a_row(cluster: percolator.Cluster) -> None:
+    """A change committed after a pass found nothing (work moving between tables while
+    a pass reads them one by one) is found by the next pass: one clean pass is not
+    idle. The commit lands when the second pass starts (its first scan of the notify
+    family, after the first pass's scans of the lock family)."""
+    store = internals(cluster).store
+    real_scan = store.scan
+    passes: list[str] = []
+
+    def scan(table: str, *args: Any, **kwargs: Any) -> Any:
+        reads = args[2] if len(args) > 2 else kwargs["reads"]
+        if any(read.family == LOCK for read in reads):
+            passes.append("locks read")
+        elif passes and "committed" not in passes:
+            passes.append("committed")
+            _notify(cluster, "docs", b"late", "in:v")
+        return real_scan(table, *args, **kwargs)
+
+    store.scan = scan  # type: ignore[method-assign]
+    with pytest.raises(WaitTimeout) as timed_out:
+        wait_until_idle(cluster, 0)
+    assert [(p.table, p.row) for p in timed_out.value.pending] == [("docs", b"late")]
+
+
+def test_idle_needs_two_clean_passes_after_the_last_busy_one_and_no_more(
+    cluster: percolator.Cluster,
+) -> None:
+    """Passes: 1 finds a notification; before 2 it is gone (clean); before 3 a new one
+    is committed (busy again: the count of clean passes starts over); before 4 it is
+    gone; 4 and 5 are clean: idle after exactly five passes."""
+    _notify(cluster, "docs", b"first", "in:v")
+    store = internals(cluster).store
+    real_scan = store.scan
+    passes: list[int] = []
+    after_locks = [True]
+
+    def gone(row: bytes) -> None:
+        store.mutate_rows("docs", [Mutation(row, deletes=[(f"{NOTIFY}:in:v", 2**62)])])
+
+    actions = {2: lambda: gone(b"first"), 3: lambda: _notify(cluster, "docs", b"late", "in:v"),
+               4: lambda: gone(b"late")}
+
+    def scan(table: str, *args: Any, **kwargs: Any) -> Any:
+        reads = args[2] if len(args) > 2 else kwargs["reads"]
+        locks = any(read.family == LOCK for read in reads)
+        if not locks and after_locks[0]:  # a pass starts
+            passes.append(len(passes) + 1)
+            actions.get(passes[-1], lambda: None)()
+        after_locks[0] = locks
+        return real_scan(table, *args, **kwargs)
+
+    store.scan = scan  # type: ignore[method-assign]
+    wait_until_idle(cluster, None, poll=0)
+    assert passes == [1, 2, 3, 4, 5]
+
+
+def test_a_store_without_the_index_migrates_nothing(cluster: percolator.Cluster) -> None:
+    _notify(cluster, "docs", b"d1", "in:v")
+    assert migrate(internals(cluster), "docs") == 0

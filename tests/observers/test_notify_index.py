@@ -12,6 +12,7 @@ only) reaches them."""
 from __future__ import annotations
 
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from percolator._notifications import (
 )
 from percolator._notify_index import (
     INDEX_TABLE,
+    index_key,
     migrate,
     scan_index,
     settle,
@@ -160,6 +162,39 @@ def test_a_quarantined_notification_put_back_gets_an_entry_at_its_new_version(
     assert back.timestamps[0] > pending.timestamps[0]
     assert [(t, r, e) for t, r, e in scan_index(internals(cluster), None, None)] == [
         ("docs", b"q", {"raw:v": back.timestamps[0]})]
+
+
+def test_an_index_scan_returns_its_range_and_each_row_key_whole(
+    cluster: percolator.Cluster,
+) -> None:
+    """Scanners read the index from a random key to its end, then from its start to
+    that key: the two ranges hold every entry once. A row key may hold NUL bytes (the
+    index row's separator after the table name)."""
+    Worker(cluster, [Copy]).register()
+    rows = [b"a\0b", b"\0", b"r1", b"r2", b"r3"]
+    for row in rows:
+        write(cluster, row, b"1")
+    keys = sorted(index_key("docs", row) for row in rows)
+    host = internals(cluster)
+    assert sorted((t, r) for t, r, _ in scan_index(host, None, None)) == sorted(
+        ("docs", row) for row in rows)
+    middle = keys[2]
+    assert [index_key(t, r) for t, r, _ in scan_index(host, middle, None)] == keys[2:]
+    assert [index_key(t, r) for t, r, _ in scan_index(host, None, middle)] == keys[:2]
+
+
+def test_an_index_row_key_keeps_the_format_that_earlier_releases_wrote(
+    cluster: percolator.Cluster,
+) -> None:
+    """The index row of a cell is part of the stored format: two lowercase hex digits
+    of the low byte of crc32(table NUL row), then table NUL row. A worker settles an
+    entry at the key it computes, so one that computed another key than the release
+    that wrote the entry would never delete it."""
+    Worker(cluster, [Copy]).register()
+    write(cluster, b"r1", b"1")
+    stored = [key for key, _ in internals(cluster).store.scan(INDEX_TABLE, None, None,
+                                                             [Read("n")])]
+    assert stored == [b"%02x" % (zlib.crc32(b"docs\0r1") & 0xFF) + b"docs\0r1"]
 
 
 def test_a_table_from_before_the_index_keeps_its_pending_notifications(store_url: str) -> None:
