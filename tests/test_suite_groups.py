@@ -21,7 +21,8 @@ def _grouped(*files: str) -> set[str]:
 
 
 def test_spark_tests_are_grouped_only_when_spark_runs_in_their_worker() -> None:
-    grouped = _grouped("tests/spark_loader/test_read.py", "tests/spark_loader/test_workers.py")
+    grouped = _grouped("tests/spark_loader/test_read.py", "tests/spark_loader/test_workers.py",
+                       "tests/docs/test_examples.py")
     # test_read's tests take the session's SparkSession; test_workers' start drivers of
     # their own in subprocesses.
     assert any(i.startswith("tests/spark_loader/test_read.py::") for i in grouped), grouped
@@ -29,6 +30,12 @@ def test_spark_tests_are_grouped_only_when_spark_runs_in_their_worker() -> None:
     assert ("tests/spark_loader/test_read.py::test_export_cli_jsonl_round_trip_with_a_"
             "foreign_python3_on_path") not in grouped
     assert not any(i.startswith("tests/spark_loader/test_workers.py::") for i in grouped)
+    # The docs' Spark pages run in one process of a module fixture: both on one worker
+    # (or each worker that draws one runs them all again); the other pages spread.
+    pages = {i for i in grouped if i.startswith("tests/docs/test_examples.py::")}
+    assert pages == {"tests/docs/test_examples.py::test_spark_page_examples_run[docs/spark.md]",
+                     "tests/docs/test_examples.py::test_spark_page_examples_run"
+                     "[docs/bulk-loading.md]"}, pages
 
 
 def test_a_group_runs_on_one_worker(tmp_path: Path) -> None:
