@@ -216,7 +216,12 @@ def test_export_cli_jsonl_round_trip(
     ``python3`` PATH finds first, is the loader command's test (the same ``_spark`` of
     ``spark_loader/__main__.py``: test_loader.py's crash-after-the-commit-point test),
     and a driver of its own here cost a JVM's start."""
+    from pyspark.sql import SparkSession
+
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)  # the command sets it by default
+    # The command takes this thread's active session, and leaves it running (it stops
+    # only one it made): the session's other tests go on with it.
+    assert SparkSession.getActiveSession() is not None
     url = f"sqlite://{tmp_path}/repo.db"
     _docs(url)
     out = tmp_path / "docs.jsonl"
@@ -224,6 +229,7 @@ def test_export_cli_jsonl_round_trip(
                  "--output", str(out), "--master", "local[2]", "--splits", "3"]) == 0
     summary = capsys.readouterr().out
     assert "exported 50 rows of 'docs' (2 columns: meta:lang, raw:html)" in summary
+    assert not spark.sparkContext._jsc.sc().isStopped()
     lines = [json.loads(line) for f in sorted(out.glob("part-*"))
              for line in f.read_text().splitlines()]
     # What the loader reads back (--row-key row --column raw:html=raw:html ...): the
