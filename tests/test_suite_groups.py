@@ -21,14 +21,21 @@ def _grouped(*files: str) -> set[str]:
 
 
 def test_spark_tests_are_grouped_only_when_spark_runs_in_their_worker() -> None:
-    grouped = _grouped("tests/spark_loader/test_read.py", "tests/spark_loader/test_workers.py")
+    grouped = _grouped("tests/spark_loader/test_read.py", "tests/spark_loader/test_workers.py",
+                       "tests/spark_loader/test_source.py", "tests/docs/test_examples.py")
     # test_read's tests take the session's SparkSession; test_workers' start drivers of
     # their own in subprocesses.
     assert any(i.startswith("tests/spark_loader/test_read.py::") for i in grouped), grouped
-    # its export command runs Spark in a process of its own
-    assert ("tests/spark_loader/test_read.py::test_export_cli_jsonl_round_trip_with_a_"
-            "foreign_python3_on_path") not in grouped
+    # its drivers play a stream's tasks in processes of their own
+    assert ("tests/spark_loader/test_source.py::test_stream_tasks_killed_mid_batch_and_"
+            "replayed_write_every_row_once") not in grouped
     assert not any(i.startswith("tests/spark_loader/test_workers.py::") for i in grouped)
+    # The docs' Spark pages run in one process of a module fixture: both on one worker
+    # (or each worker that draws one runs them all again); the other pages spread.
+    pages = {i for i in grouped if i.startswith("tests/docs/test_examples.py::")}
+    assert pages == {"tests/docs/test_examples.py::test_spark_page_examples_run[docs/spark.md]",
+                     "tests/docs/test_examples.py::test_spark_page_examples_run"
+                     "[docs/bulk-loading.md]"}, pages
 
 
 def test_a_group_runs_on_one_worker(tmp_path: Path) -> None:

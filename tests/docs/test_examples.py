@@ -86,6 +86,10 @@ def spark_pages_run(wheel_venv: WheelVenv, tmp_path_factory: pytest.TempPathFact
     return dict(zip(SPARK_PAGES, outcomes, strict=True))
 
 
+# One worker runs every Spark page: the module fixture that runs them all is then run
+# once per run, not once by each worker that draws one of the pages (two workers each
+# started a JVM and ran both pages: 76 and 84 s of set-up in a 4-worker run).
+@pytest.mark.xdist_group("spark-pages")
 @pytest.mark.spark
 @pytest.mark.timeout(PAGE_TIMEOUT * len(SPARK_PAGES) + 60)  # the fixture runs them all
 @pytest.mark.parametrize("page", SPARK_PAGES, ids=lambda p: str(p.relative_to(ROOT)))

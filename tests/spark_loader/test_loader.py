@@ -208,10 +208,30 @@ def test_killed_load_leaves_nothing_and_rerun_completes(
 @pytest.mark.timeout(900)
 def test_crash_after_the_commit_point_rerun_finishes(tmp_path: Path, spark: Any, store_url: str,
                                                      cluster: percolator.Cluster) -> None:
+    """The loader's command dies right after its commit point; a rerun finds the load
+    committed and rolls its leftover locks forward.
+
+    The command runs as a new user starts it, its virtualenv not activated:
+    `venv/bin/python -m spark_loader` from elsewhere, with `python3` on PATH another
+    interpreter (one without pyspark or this package) and no PYTHONPATH. Spark's
+    executors must run the loader's own Python, not whatever `python3` PATH finds
+    first: else no task of the load runs, and it never reaches its commit point. (One
+    driver for both: each one's JVM costs a minute of a loaded 2-core machine.)"""
+    other = tmp_path / "bin"
+    other.mkdir()
+    (other / "python3").symlink_to("/usr/bin/python3")
+    env = {k: v for k, v in _env().items() if k not in ("PYSPARK_PYTHON", "PYTHONPATH")}
+    env["PATH"] = f"{other}:{env['PATH']}"
     recs = records(300)
     path = write_jsonl(tmp_path / "in.jsonl", recs)
-    done = subprocess.run(_loader_cmd(store_url, path, "--test-crash-after-commit"), env=_env(),
-                          cwd=tmp_path, capture_output=True, timeout=480)
+    # As `venv/bin/python -m spark_loader` run from elsewhere: the package is found by the
+    # loader's interpreter (here through its sys.path), not through PYTHONPATH or the cwd.
+    driver = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
+              "from spark_loader.__main__ import main; sys.exit(main())")
+    command = _loader_cmd(store_url, path, "--test-crash-after-commit",
+                          "--metrics-port", str(free_port()))
+    command[1:3] = ["-c", driver, str(ROOT)]
+    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, timeout=480)
     assert done.returncode == 137, done.stderr.decode()[-3000:]
     assert _locks_of_load(cluster) == 600  # committed, nothing released yet
     # A rerun finds the committed load and rolls its leftover locks forward.
@@ -391,35 +411,6 @@ def test_load_into_hbase(spark: Any, tmp_path: Path, hbase_thrift: str) -> None:
         assert notified == set(expected(recs))
         for table in internals(c).store.list_tables():
             internals(c).store.drop_table(table)
-
-
-# --- as a new user starts it ------------------------------------------------------------------
-
-
-def test_cli_works_without_an_activated_virtualenv(
-    spark: Any, tmp_path: Path, store_url: str, cluster: percolator.Cluster
-) -> None:
-    """`venv/bin/python -m spark_loader` with `python3` on PATH another interpreter (one
-    without pyspark or this package): Spark's executors must run the loader's own Python,
-    not whatever `python3` PATH finds first."""
-    other = tmp_path / "bin"
-    other.mkdir()
-    (other / "python3").symlink_to("/usr/bin/python3")
-    env = {k: v for k, v in _env().items() if k not in ("PYSPARK_PYTHON", "PYTHONPATH")}
-    env["PATH"] = f"{other}:{env['PATH']}"
-    recs = records(20)
-    path = write_jsonl(tmp_path / "in.jsonl", recs)
-    port = free_port()
-    # As `venv/bin/python -m spark_loader` run from elsewhere: the package is found by the
-    # loader's interpreter (here through its sys.path), not through PYTHONPATH or the cwd.
-    driver = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
-              "from spark_loader.__main__ import main; sys.exit(main())")
-    command = _loader_cmd(store_url, path, "--metrics-port", str(port))
-    command[1:3] = ["-c", driver, str(ROOT)]
-    out = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert len(visible(cluster)) == 20
 
 
 def test_a_committed_load_is_counted_in_the_metrics(

@@ -6,7 +6,6 @@ export/load round trip, and bad input refused before Spark starts work."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -207,32 +206,30 @@ def _docs(url: str) -> None:
                 txn.set("docs", b"d%03d" % i, "meta:lang", b"en")
 
 
-def test_export_cli_jsonl_round_trip_with_a_foreign_python3_on_path(tmp_path: Path) -> None:
-    """The export command, in its own process whose PATH starts with a ``python3`` that
-    cannot run Spark's workers (as in an unactivated virtualenv): its workers run the
-    driver's interpreter, it prints a summary, and the JSON lines hold the table.
+def test_export_cli_jsonl_round_trip(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The export command prints a summary, and the JSON lines hold the table. It runs
+    in this process, on the session's SparkSession (the command takes the active one):
+    that the command's own session has its workers run its interpreter, whatever
+    ``python3`` PATH finds first, is the loader command's test (the same ``_spark`` of
+    ``spark_loader/__main__.py``: test_loader.py's crash-after-the-commit-point test),
+    and a driver of its own here cost a JVM's start."""
+    from pyspark.sql import SparkSession
 
-    It takes no session SparkSession (its Spark runs in the command's process), so it
-    is not kept on the worker of the session's tests (tests/conftest.py)."""
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)  # the command sets it by default
+    # The command takes this thread's active session, and leaves it running (it stops
+    # only one it made): the session's other tests go on with it.
+    assert SparkSession.getActiveSession() is not None
     url = f"sqlite://{tmp_path}/repo.db"
     _docs(url)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    foreign = bin_dir / "python3"
-    foreign.write_text("#!/bin/sh\necho 'not the driver python' >&2\nexit 3\n")
-    foreign.chmod(0o755)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
-    env.update(PATH=f"{bin_dir}:{env['PATH']}", SPARK_LOCAL_IP="127.0.0.1",
-               PYTHONPATH=str(ROOT))
     out = tmp_path / "docs.jsonl"
-    done = subprocess.run(
-        [sys.executable, "-m", "spark_loader", "export", "--cluster", url, "--table", "docs",
-         "--format", "jsonl", "--output", str(out), "--master", "local[2]", "--splits", "3"],
-        env=env, cwd=tmp_path, capture_output=True, timeout=300)
-    assert done.returncode == 0, done.stderr.decode()[-3000:]
-    summary = done.stdout.decode()
+    assert main(["export", "--cluster", url, "--table", "docs", "--format", "jsonl",
+                 "--output", str(out), "--master", "local[2]", "--splits", "3"]) == 0
+    summary = capsys.readouterr().out
     assert "exported 50 rows of 'docs' (2 columns: meta:lang, raw:html)" in summary
+    assert not spark.sparkContext._jsc.sc().isStopped()
     lines = [json.loads(line) for f in sorted(out.glob("part-*"))
              for line in f.read_text().splitlines()]
     # What the loader reads back (--row-key row --column raw:html=raw:html ...): the

@@ -2,7 +2,8 @@
 fail on the driver, before any job of theirs, naming the workers' interpreter, what
 it lacks and the fix; in local mode with no interpreter chosen, the workers run the
 driver's and it just works. Real Spark (local mode), a bare virtualenv that sees
-pyspark but not percolator as the workers' interpreter or as python3 on PATH."""
+pyspark but not percolator as the workers' interpreter or as python3 on PATH. Both
+in one driver process, one session after the other: its JVM starts once."""
 
 from __future__ import annotations
 
@@ -15,36 +16,9 @@ from pathlib import Path
 
 import pytest
 
-import percolator
-
 pytestmark = [pytest.mark.spark]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-SCRIPT = textwrap.dedent("""
-    import sys, warnings
-    sys.path.insert(0, {root!r})   # this checkout, for the driver only (not PYTHONPATH)
-    from pyspark.sql import SparkSession
-    from spark_loader import load_dataframe, read_table
-    import percolator
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        spark = (SparkSession.builder.master("local[1]")
-                 .config("spark.ui.enabled", "false").getOrCreate())
-    spark.sparkContext.setLogLevel("OFF")
-    rows = spark.createDataFrame([("a", "1")], "k string, v string")
-    for attempt in (lambda: read_table(spark, {url!r}, "t", ["f:v"]).collect(),
-                    lambda: load_dataframe(rows, {url!r}, "t", "k", {{"v": "f:v"}})):
-        try:
-            attempt()
-        except percolator.InvalidArgument as e:
-            print("REFUSED:", e)
-        else:
-            print("NOT REFUSED")
-    spark.stop()
-""")
-
 
 def _venv(where: Path, *paths: str) -> Path:
     """A virtualenv whose Python sees pyspark and py4j and *paths*, and no
@@ -68,30 +42,10 @@ def _imports(python: Path, env: dict[str, str], cwd: Path) -> dict[str, bool]:
             for m in ("pyspark", "percolator")}
 
 
-@pytest.mark.timeout(600)
-def test_workers_without_the_package_are_refused_on_the_driver(tmp_path: Path) -> None:
-    worker = _venv(tmp_path / "bare")
-    env = _bare_env()
-    env["PYSPARK_PYTHON"] = str(worker)  # what a session built in a script reads
-    assert _imports(worker, env, tmp_path) == {"pyspark": True, "percolator": False}
-    url = f"sqlite://{tmp_path}/w.db"
-    with percolator.connect(url) as cluster:
-        cluster.create_table("t")
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT.format(root=str(ROOT), url=url)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=500)
-    refused = [line for line in done.stdout.splitlines() if line.startswith("REFUSED")]
-    assert len(refused) == 2, done.stdout[-3000:] + done.stderr[-6000:].replace("\r", "")
-    for line in refused:
-        assert f"Spark's Python workers run {worker}" in line
-        assert "cannot import percolator (ModuleNotFoundError" in line
-        assert f"PYSPARK_PYTHON={sys.executable}" in line
-        assert "Install percolator-txn for that interpreter" in line
-
-
-JUST_WORKS = textwrap.dedent("""
-    import warnings
+JUST_WORKS_THEN_REFUSED = textwrap.dedent("""
+    import os, warnings
     from pyspark.sql import SparkSession
+    import percolator
     import pyspark_percolator
     from spark_loader import load_dataframe, read_table
 
@@ -110,15 +64,41 @@ JUST_WORKS = textwrap.dedent("""
     print("LOADED", load_dataframe(rows, {url!r}, "t", "k", {{"v": "f:v"}}).rows)
     print("READ", sorted(r["f:v"] for r in read_table(spark, {url!r}, "t", ["f:v"]).collect()))
     spark.stop()
+
+    # Then a session whose workers run an interpreter without the package, as a script
+    # started with PYSPARK_PYTHON set reads it (a new SparkContext of this process, in
+    # the JVM the first one started: a second JVM would cost a minute of a loaded machine).
+    os.environ["PYSPARK_PYTHON"] = {bare!r}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spark = (SparkSession.builder.master("local[1]")
+                 .config("spark.ui.enabled", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("OFF")
+    rows = spark.createDataFrame([("a", "1")], "k string, v string")
+    for attempt in (lambda: read_table(spark, {url!r}, "t", ["f:v"]).collect(),
+                    lambda: load_dataframe(rows, {url!r}, "t", "k", {{"v": "f:v"}})):
+        try:
+            attempt()
+        except percolator.InvalidArgument as e:
+            print("REFUSED:", e)
+        else:
+            print("NOT REFUSED")
+    spark.stop()
 """)
 
 
 @pytest.mark.timeout(600)
-def test_local_workers_run_the_drivers_python(tmp_path: Path) -> None:
+def test_local_workers_run_the_drivers_python_and_workers_without_the_package_are_refused(
+    tmp_path: Path,
+) -> None:
     """`app/bin/python script.py`, its virtualenv not on PATH, where `python3` (what
     Spark starts by default) lacks the package; nothing chooses the workers' Python.
     The library and a source registered with pyspark_percolator.register work: the
-    workers run the driver's interpreter."""
+    workers run the driver's interpreter.
+
+    Then the script's next session has PYSPARK_PYTHON name that bare interpreter:
+    read_table and the loader fail on the driver, before any job of theirs, naming
+    the workers' interpreter, what it lacks and the fix."""
     app = _venv(tmp_path / "app", str(ROOT))
     path_python = _venv(tmp_path / "bare")
     env = _bare_env()
@@ -130,8 +110,15 @@ def test_local_workers_run_the_drivers_python(tmp_path: Path) -> None:
     assert _imports(Path("python3"), env, tmp_path) == {"pyspark": True, "percolator": False}
     url = f"sqlite://{tmp_path}/w.db"
     done = subprocess.run(
-        [str(app), "-c", JUST_WORKS.format(url=url)],
+        [str(app), "-c", JUST_WORKS_THEN_REFUSED.format(url=url, bare=str(path_python))],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:].replace("\r", "")
-    assert [line for line in done.stdout.splitlines() if line[:1].isupper()] == [
-        "SOURCE [b'1']", "LOADED 1", "READ [b'1', b'2']"], done.stdout
+    said = [line for line in done.stdout.splitlines() if line[:1].isupper()]
+    assert said[:3] == ["SOURCE [b'1']", "LOADED 1", "READ [b'1', b'2']"], done.stdout
+    refused = said[3:]
+    assert len(refused) == 2 and all(line.startswith("REFUSED") for line in refused), said
+    for line in refused:
+        assert f"Spark's Python workers run {path_python}" in line
+        assert "cannot import percolator (ModuleNotFoundError" in line
+        assert f"PYSPARK_PYTHON={app}" in line
+        assert "Install percolator-txn for that interpreter" in line
