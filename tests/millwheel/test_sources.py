@@ -15,8 +15,13 @@ import percolator
 from observers import Worker, wait_for_observers
 from observers import millwheel as mw
 from percolator import Cluster, Snapshot, Transaction
+from tests._backends import SQLITE_AND_BIGTABLE, backend_fixture
 from tests._concurrency import spawn_module
 from tests.millwheel import _app
+
+# On the embedded store and Bigtable: the recipe's code is the same on every store
+# (the note in tests/millwheel/test_millwheel.py).
+backend = backend_fixture(SQLITE_AND_BIGTABLE)
 
 
 def _append(path: Path, data: bytes) -> None:

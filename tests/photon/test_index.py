@@ -22,9 +22,13 @@ from observers import Worker, photon, wait_for_observers
 from observers.photon._events import LOGGED
 from percolator import Cluster, Snapshot
 from percolator._notifications import quarantined
-from tests._backends import SQLITE_AND_BIGTABLE, make_store_url
+from tests._backends import SQLITE_AND_BIGTABLE, backend_fixture, make_store_url
 from tests._concurrency import spawn_module
 from tests.photon.test_photon import generate, now_ms, outputs, pipeline, reference
+
+# On the embedded store and Bigtable: the recipe's code is the same on every store
+# (the note in tests/photon/test_photon.py).
+backend = backend_fixture(SQLITE_AND_BIGTABLE)
 
 
 def _line(event: dict[str, Any]) -> bytes:

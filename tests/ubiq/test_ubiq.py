@@ -27,11 +27,27 @@ from percolator._coordination import LocalCoordination
 from percolator._internals import internals
 from percolator._notifications import pending_notifications
 from percolator.testing import CrashPoint, Interleaving, client_of, crash_commit
-from tests._backends import drop_tables, make_store_url
+from tests._backends import (
+    BACKENDS,
+    SQLITE_AND_BIGTABLE,
+    backend_fixture,
+    drop_tables,
+    make_store_url,
+)
 from tests._concurrency import spawn_module
 from tests.ubiq import _app
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+# Ubiq's code is the same on every store (it never asks which one it runs on): its tests
+# run on the embedded store (notifications found by scans) and on Bigtable (by the
+# notification index). On HBase, where each test makes and drops its pipeline's tables,
+# only the growing files end to end and the kills at every store call of taking a unit
+# (whose steps are each store's own calls) run: HBase's own part, the store contract,
+# the transactions' crash points and the observers' scans, has tests of its own there
+# (CONTRIBUTING.md, "Test suite time").
+backend = backend_fixture(SQLITE_AND_BIGTABLE)
 
 
 def settle(p: ubiq.LogPipeline, timeout: float = 120) -> None:
@@ -66,6 +82,7 @@ def assert_exact(p: ubiq.LogPipeline, root: Path) -> None:
     assert all(not problems for problems in p.coverage().values()), p.coverage()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_exactly_once_on_growing_files(cluster: Cluster, backend: str, tmp_path: Path) -> None:
     # Fewer records on HBase (32 units instead of 75), where each unit's commit and its
     # roll-ups cost round trips to the JVMs: the embedded store and Bigtable carry the
@@ -107,38 +124,47 @@ def test_a_corrupt_record_is_split_off_and_quarantined(cluster: Cluster, tmp_pat
     assert _app.partial_totals(cluster)["X"] == 2
 
 
-@pytest.mark.parametrize("point", [CrashPoint("prewrite", 0), CrashPoint("prewrite", 2),
-                                   CrashPoint("commit_point"), CrashPoint("commit", 1)],
-                         ids=lambda c: f"{c.phase}-{c.index}")
 def test_a_unit_commit_dying_at_any_point_lands_whole_or_not_at_all(
-    store_url: str, tmp_path: Path, point: CrashPoint
+    store_url: str, tmp_path: Path
 ) -> None:
+    """Four units' commits die each at a point of its commit (before, at and after
+    the commit point), each unit of a file of its own; a live worker then takes the
+    dead owner's leases over: every unit lands once, whole, and its attempt is
+    recorded. (One pipeline for the four points: a pipeline per point made and dropped
+    its tables four times on HBase.)"""
+    points = (CrashPoint("prewrite", 0), CrashPoint("prewrite", 2),
+              CrashPoint("commit_point"), CrashPoint("commit", 1))
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    (tmp_path / "a" / "one.jsonl").write_bytes(
-        b"".join(json.dumps({"k": f"k{i % 3}"}).encode() + b"\n" for i in range(30)))
     with percolator.connect(store_url) as cluster:
         p = _app.pipeline(cluster, tmp_path, max_unit_delay=0)
         p.create()
-        p.track("a")
-        assert _app.cut(p, "one.jsonl") == 1
-        row = _pipeline.unit_row("one.jsonl", 0)
-        dying = client_of(cluster)
-        dying.one_phase_commit = False
-        owner = internals(dying).coordination.current_owner()
-        assert _pipeline._take_lease(dying, p, row, owner, _pipeline._now_ms())
-        txn = Transaction(dying)
-        unit = ubiq.WorkUnit("one.jsonl", 0, 30 * 11, tmp_path / "a" / "one.jsonl", "a")
-        unit.end = int(Snapshot(cluster).get(p.units, row, "u:range") or b"0")
-        p.app.process(unit, ubiq.Output(txn, tmp_path / "staging"))
-        assert _pipeline.finish_unit(txn, p, row, owner, "attempt", [])
-        crash_commit(txn, point)  # its owner is now dead: its lease is taken over at once
+        attempts = []
+        for n, point in enumerate(points):
+            name = f"one{n}.jsonl"
+            (tmp_path / "a" / name).write_bytes(
+                b"".join(json.dumps({"k": f"k{i % 3}"}).encode() + b"\n" for i in range(30)))
+            p.track("a")
+            assert _app.cut(p, name) == 1
+            row = _pipeline.unit_row(name, 0)
+            dying = client_of(cluster)
+            dying.one_phase_commit = False
+            owner = internals(dying).coordination.current_owner()
+            assert _pipeline._take_lease(dying, p, row, owner, _pipeline._now_ms())
+            txn = Transaction(dying)
+            unit = ubiq.WorkUnit(name, 0, 30 * 11, tmp_path / "a" / name, "a")
+            unit.end = int(Snapshot(cluster).get(p.units, row, "u:range") or b"0")
+            p.app.process(unit, ubiq.Output(txn, tmp_path / "staging"))
+            assert _pipeline.finish_unit(txn, p, row, owner, "attempt", [])
+            # its owner is now dead: its lease is taken over at once
+            assert crash_commit(txn, point) == (point.phase != "prewrite")
+            attempts.append(f"{name}@0-{unit.end}".encode())
         with Worker(cluster, [*p.observers("a"), _app.RollUp], tasks=p.tasks("a"), threads=1):
             settle(p)
         assert_exact(p, tmp_path)
         with Snapshot(cluster) as snap:
-            assert snap.get(_app.ATTEMPTS, b"one.jsonl@0-" + str(unit.end).encode(),
-                            "a:owner") is not None
+            for attempt in attempts:
+                assert snap.get(_app.ATTEMPTS, attempt, "a:owner") is not None, attempt
 
 
 def _kill_while_taking_a_unit(url: str, root: Path, kill_at: int, one_phase: bool) -> bool:
@@ -182,6 +208,7 @@ def _kill_while_taking_a_unit(url: str, root: Path, kill_at: int, one_phase: boo
 
 
 @pytest.mark.parametrize("one_phase", [True, False], ids=["one-phase", "two-phase"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_worker_dying_at_any_step_of_taking_a_unit_strands_nothing(
     store_url: str, tmp_path: Path, one_phase: bool
 ) -> None:
