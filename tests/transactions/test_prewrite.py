@@ -373,3 +373,27 @@ def test_a_commit_crash_point_stops_after_that_many_secondaries_are_released(
     states = [decode_lock(store.read_rows(T, [row], [Read(LOCK, (C,))])[row][f"{LOCK}:{C}"][0][1])
               for row in (b"bob", b"carol")]
     assert [isinstance(state, Free) for state in states] == [i < released for i in range(2)]
+
+
+@pytest.mark.parametrize("backend", [SQLITE])
+def test_a_primary_decided_but_not_released_is_rolled_forward_as_what_it_was(
+    accounts: Cluster, backend: str
+) -> None:
+    """Without atomic row CAS the commit point leaves the primary's lock COMMITTED until
+    its release; a committer that dies there leaves a reader to roll it forward from
+    that lock alone: a delete as a delete, with the notification of an observed column."""
+    accounts.observe(T, C)
+    with Transaction(accounts) as before:
+        before.set(T, b"alice", C, b"old")
+    client = client_of(accounts)  # made after: reads the observed columns afresh
+    internals(client).store = _RowCasNotAtomic(internals(client).store)  # type: ignore[assignment]
+    txn = Transaction(client)
+    txn.delete(T, b"alice", C)  # the primary
+    txn.set(T, b"bob", C, b"new")
+    assert crash_commit(txn, CrashPoint("commit_point")) is True
+    assert Transaction(accounts).get(T, b"alice", C) is None  # rolls it forward
+    store = internals(accounts).store
+    ts, record = store.read_rows(T, [b"alice"], [Read(WRITE, (C,))])[b"alice"][f"{WRITE}:{C}"][0]
+    assert (ts, decode_write(record)[0]) == (txn.commit_ts, WriteKind.DELETE)
+    notified = {n.row: n.timestamps for n in pending_notifications(accounts)}
+    assert txn.commit_ts in notified[b"alice"]  # beside the one of the commit before

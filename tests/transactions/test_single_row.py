@@ -191,21 +191,26 @@ def test_every_cell_locked_with_the_primary_holds_off_other_writers(two_phase: C
 def test_the_cells_released_with_the_primary_keep_their_kind_and_notifications(
     two_phase: Cluster
 ) -> None:
-    """The secondaries of the primary's row, released by the commit point itself where
-    the store writes other cells with a compare-and-set: a delete is recorded as one
-    (garbage collection drops the cell under it), and an observed cell is notified."""
+    """The primary and the secondaries of its row, released by the commit point itself
+    where the store writes other cells with a compare-and-set: a delete is recorded as
+    one (garbage collection drops the cell under it), and an observed cell is notified."""
     two_phase.observe(T, "c:c")
     with Transaction(two_phase) as before:
         before.set(T, ROW, "c:b", b"old")
+        before.set(T, ROW, "c:d", b"old")
     client = client_of(two_phase)  # made after: reads the observed columns afresh
     with Transaction(client) as txn:
-        txn.set(T, ROW, "c:a", b"new")  # the primary
-        txn.delete(T, ROW, "c:b")
+        txn.delete(T, ROW, "c:b")  # the primary
+        txn.set(T, ROW, "c:a", b"new")
+        txn.delete(T, ROW, "c:d")
         txn.set(T, ROW, "c:c", b"new")
     store = internals(two_phase).store
-    ts, record = store.read_rows(T, [ROW], [Read(WRITE, ("c:b",))])[ROW][f"{WRITE}:c:b"][0]
-    assert (ts, decode_write(record)[0]) == (txn.commit_ts, WriteKind.DELETE)
+    records = store.read_rows(T, [ROW], [Read(WRITE, ("c:b", "c:d"))])[ROW]
+    assert {name: (versions[0][0], decode_write(versions[0][1])[0])
+            for name, versions in records.items()} == {
+        f"{WRITE}:{column}": (txn.commit_ts, WriteKind.DELETE) for column in ("c:b", "c:d")}
     assert [(n.row, n.column, n.timestamps) for n in pending_notifications(two_phase)] == [
         (ROW, "c:c", (txn.commit_ts,))]
     with percolator.Snapshot(two_phase) as snap:
-        assert snap.get_row(T, ROW, ["c:a", "c:b", "c:c"]) == {"c:a": b"new", "c:c": b"new"}
+        assert snap.get_row(T, ROW, ["c:a", "c:b", "c:c", "c:d"]) == {
+            "c:a": b"new", "c:c": b"new"}
