@@ -12,14 +12,17 @@ from typing import Any
 import pytest
 
 import percolator
-from percolator import Cluster, Transaction
+from observers import Observer, Worker
+from percolator import Cluster, Transaction, TransactionBase
 from percolator._commit import commit_transaction
-from percolator._encoding import META_TABLE
+from percolator._encoding import LOCK, META_TABLE, WRITE, Free, WriteKind, decode_lock, decode_write
 from percolator._internals import internals
+from percolator._notifications import pending_notifications
+from percolator._store import Read
 from percolator._timestamps import StoreTimestamps
 from percolator._two_phase import TwoPhaseCommit, committed_anyway
 from percolator.testing import CrashPoint, SimulatedCrash, client_of, crash_commit
-from tests._backends import BIGTABLE
+from tests._backends import BIGTABLE, SQLITE
 
 T, C = "accounts", "bal:amount"
 
@@ -292,3 +295,105 @@ def test_records_that_are_no_conflict_cost_a_guarded_prewrite_no_read(
     calls = {k: v for k, v in counted.calls.items() if k != ("read_rows", META_TABLE)}
     assert calls == CALLS[backend][0]
     assert Transaction(accounts).get(T, b"alice", C) == b"mine"
+
+
+class _RowCasNotAtomic(_Counted):
+    """The counted store, declaring no atomic row compare-and-set (as HBase over
+    Thrift1): a release can then not write the write record with the lock's CAS."""
+
+    atomic_row_cas = False
+
+
+@pytest.mark.parametrize("backend", [SQLITE])
+@pytest.mark.parametrize("atomic", [True, False], ids=["atomic-row-cas", "row-cas-not-atomic"])
+def test_secondaries_are_recorded_in_one_batch_per_table_where_a_release_cannot_record(
+    accounts: Cluster, backend: str, atomic: bool
+) -> None:
+    """Where a compare-and-set writes other cells of its row, each secondary's release
+    writes its write record; where it cannot, the records of the secondaries (puts,
+    deletes, the notifications of observed columns) are written first, one batch per
+    table, and each release only frees its lock. Either way every change is visible,
+    every notification made, and no lock left for readers to roll forward."""
+
+    class Audit(Observer):
+        table, column = "audit", C
+
+        def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+            raise AssertionError("no worker runs here")
+
+    accounts.create_table("audit")
+    Worker(accounts, [Audit]).register()
+    with Transaction(accounts) as before:
+        before.set(T, b"carol", C, b"old")
+    client = client_of(accounts)  # made after: reads the observed columns afresh
+    store = internals(client).store
+    counted = _Counted(store) if atomic else _RowCasNotAtomic(store)
+    internals(client).store = counted  # type: ignore[assignment]
+    written = {(T, b"alice"): b"1", (T, b"bob"): b"2", (T, b"carol"): None,
+               ("audit", b"x"): b"4", ("audit", b"y"): b"5"}  # alice: the primary
+    txn = Transaction(client)
+    for (table, row), value in written.items():
+        if value is None:
+            txn.delete(table, row, C)
+        else:
+            txn.set(table, row, C, value)
+    txn.commit()
+    batches = {table: n for (name, table), n in counted.calls.items() if name == "mutate_rows"}
+    # Without atomic row CAS: the primary's record after its commit point, then one
+    # batch per table of the secondaries' records (the notifications' index entries,
+    # where the store keeps an index, are written before the commit point).
+    assert {t: n for t, n in batches.items() if t in (T, "audit")} == (
+        {} if atomic else {T: 2, "audit": 1})
+    with percolator.Snapshot(accounts) as snap:
+        assert {(t, r): snap.get(t, r, C) for t, r in written} == written
+    # A delete's record says so (garbage collection drops the cell under it), not a
+    # put whose value is missing, which reads as absent too.
+    ts, record = store.read_rows(T, [b"carol"], [Read(WRITE, (C,))])[b"carol"][f"{WRITE}:{C}"][0]
+    assert (ts, decode_write(record)[0]) == (txn.commit_ts, WriteKind.DELETE)
+    found = [(n.table, n.row, n.timestamps) for n in pending_notifications(accounts)]
+    assert sorted(found) == [("audit", b"x", (txn.commit_ts,)), ("audit", b"y", (txn.commit_ts,))]
+    for table, row in written:
+        lock = store.read_rows(table, [row], [Read(LOCK, (C,))])[row][f"{LOCK}:{C}"]
+        assert isinstance(decode_lock(lock[0][1]), Free)
+
+
+@pytest.mark.parametrize("backend", [SQLITE])
+@pytest.mark.parametrize("released", [0, 1, 2])
+def test_a_commit_crash_point_stops_after_that_many_secondaries_are_released(
+    accounts: Cluster, backend: str, released: int
+) -> None:
+    """``CrashPoint("commit", n)`` (the harnesses' kills after the commit point) stops
+    the commit once n secondaries are released, the last one included."""
+    txn = Transaction(accounts)
+    for row in (b"alice", b"bob", b"carol"):  # alice: the primary
+        txn.set(T, row, C, b"v")
+    with pytest.raises(SimulatedCrash):
+        commit_transaction(txn, CrashPoint("commit", released))
+    store = internals(accounts).store
+    states = [decode_lock(store.read_rows(T, [row], [Read(LOCK, (C,))])[row][f"{LOCK}:{C}"][0][1])
+              for row in (b"bob", b"carol")]
+    assert [isinstance(state, Free) for state in states] == [i < released for i in range(2)]
+
+
+@pytest.mark.parametrize("backend", [SQLITE])
+def test_a_primary_decided_but_not_released_is_rolled_forward_as_what_it_was(
+    accounts: Cluster, backend: str
+) -> None:
+    """Without atomic row CAS the commit point leaves the primary's lock COMMITTED until
+    its release; a committer that dies there leaves a reader to roll it forward from
+    that lock alone: a delete as a delete, with the notification of an observed column."""
+    accounts.observe(T, C)
+    with Transaction(accounts) as before:
+        before.set(T, b"alice", C, b"old")
+    client = client_of(accounts)  # made after: reads the observed columns afresh
+    internals(client).store = _RowCasNotAtomic(internals(client).store)  # type: ignore[assignment]
+    txn = Transaction(client)
+    txn.delete(T, b"alice", C)  # the primary
+    txn.set(T, b"bob", C, b"new")
+    assert crash_commit(txn, CrashPoint("commit_point")) is True
+    assert Transaction(accounts).get(T, b"alice", C) is None  # rolls it forward
+    store = internals(accounts).store
+    ts, record = store.read_rows(T, [b"alice"], [Read(WRITE, (C,))])[b"alice"][f"{WRITE}:{C}"][0]
+    assert (ts, decode_write(record)[0]) == (txn.commit_ts, WriteKind.DELETE)
+    notified = {n.row: n.timestamps for n in pending_notifications(accounts)}
+    assert txn.commit_ts in notified[b"alice"]  # beside the one of the commit before

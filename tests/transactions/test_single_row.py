@@ -15,8 +15,17 @@ import pytest
 import percolator
 from percolator import Cluster, Transaction
 from percolator._commit import CrashPoint
-from percolator._encoding import INLINE_MAX_BYTES, LOCK, Free, decode_lock
+from percolator._encoding import (
+    INLINE_MAX_BYTES,
+    LOCK,
+    WRITE,
+    Free,
+    WriteKind,
+    decode_lock,
+    decode_write,
+)
 from percolator._internals import internals
+from percolator._notifications import pending_notifications
 from percolator._store import GuardedSet, Read
 from percolator.testing import Interleaving, client_of, crash_commit
 
@@ -76,8 +85,9 @@ def test_one_row_is_locked_and_committed_in_one_step_each(
     # primary's release and one release per secondary.
     releases = 1 if counting._store.atomic_row_cas else 1 + len(columns)
     assert counting.calls["check_and_set"] == prewrites + releases
-    # Released by the commit itself, not left for readers to roll forward.
-    assert all(isinstance(lock, Free) for lock in _locks(two_phase).values())
+    # Released by the commit itself, not left for readers to roll forward, each lock
+    # recording its holder's outcome.
+    assert set(_locks(two_phase).values()) == {Free(txn.start_ts, True)}
     with percolator.Snapshot(two_phase) as snap:
         assert snap.get_row(T, ROW, list(columns)) == values
 
@@ -156,9 +166,12 @@ def test_a_crash_leaves_one_row_wholly_visible_or_wholly_invisible(
 
 
 def test_every_cell_locked_with_the_primary_holds_off_other_writers(two_phase: Cluster) -> None:
-    """While a commit of two cells of one row is paused after its prewrite, a
-    transaction writing the second cell gives way (the cell is locked, not only the
-    primary), and the paused commit then commits both."""
+    """While a commit of two cells of one row (both released by a commit before) is
+    paused after its prewrite, a transaction writing the second cell gives way (the
+    cell is locked, not only the primary), and the paused commit then commits both."""
+    with Transaction(two_phase) as before:
+        before.set(T, ROW, "c:a", b"before")
+        before.set(T, ROW, "c:b", b"before")
     with Interleaving(two_phase) as world:
         other = client_of(two_phase)
         paused = Transaction(other)
@@ -173,3 +186,31 @@ def test_every_cell_locked_with_the_primary_holds_off_other_writers(two_phase: C
         actor.finish()
     with percolator.Snapshot(two_phase) as snap:
         assert snap.get_row(T, ROW, ["c:a", "c:b"]) == {"c:a": b"paused", "c:b": b"paused"}
+
+
+def test_the_cells_released_with_the_primary_keep_their_kind_and_notifications(
+    two_phase: Cluster
+) -> None:
+    """The primary and the secondaries of its row, released by the commit point itself
+    where the store writes other cells with a compare-and-set: a delete is recorded as
+    one (garbage collection drops the cell under it), and an observed cell is notified."""
+    two_phase.observe(T, "c:c")
+    with Transaction(two_phase) as before:
+        before.set(T, ROW, "c:b", b"old")
+        before.set(T, ROW, "c:d", b"old")
+    client = client_of(two_phase)  # made after: reads the observed columns afresh
+    with Transaction(client) as txn:
+        txn.delete(T, ROW, "c:b")  # the primary
+        txn.set(T, ROW, "c:a", b"new")
+        txn.delete(T, ROW, "c:d")
+        txn.set(T, ROW, "c:c", b"new")
+    store = internals(two_phase).store
+    records = store.read_rows(T, [ROW], [Read(WRITE, ("c:b", "c:d"))])[ROW]
+    assert {name: (versions[0][0], decode_write(versions[0][1])[0])
+            for name, versions in records.items()} == {
+        f"{WRITE}:{column}": (txn.commit_ts, WriteKind.DELETE) for column in ("c:b", "c:d")}
+    assert [(n.row, n.column, n.timestamps) for n in pending_notifications(two_phase)] == [
+        (ROW, "c:c", (txn.commit_ts,))]
+    with percolator.Snapshot(two_phase) as snap:
+        assert snap.get_row(T, ROW, ["c:a", "c:b", "c:c", "c:d"]) == {
+            "c:a": b"new", "c:c": b"new"}
