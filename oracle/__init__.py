@@ -17,9 +17,10 @@ Targets are ``"grpc://host:port"``, ``"grpcs://host:port"`` (TLS) or
 
 For clients and tools of their own (a load generator sending one RPC per timestamp, a
 script reading the ZooKeeper state): the generated code of
-``oracle/timestamp_oracle.proto`` (:data:`timestamp_oracle_pb2`,
-:data:`timestamp_oracle_pb2_grpc`), the channel options :class:`OracleClient` uses
-(:data:`CHANNEL_OPTIONS`), and the ZooKeeper paths of a chroot (:func:`zk_paths`).
+``oracle/timestamp_oracle.proto`` (``from oracle import timestamp_oracle_pb2,
+timestamp_oracle_pb2_grpc``; the proto file documents them), the channel options
+:class:`OracleClient` uses (:data:`CHANNEL_OPTIONS`), and the ZooKeeper paths of a
+chroot (:func:`zk_paths`).
 """
 
 from __future__ import annotations
@@ -31,13 +32,17 @@ from oracle._target import CHANNEL_OPTIONS, MAX_COUNT, parse_target, zk_paths
 
 if _typing.TYPE_CHECKING:
     from oracle._client import OracleClient, OracleStatus
-    from oracle._proto import timestamp_oracle_pb2, timestamp_oracle_pb2_grpc
+    from oracle._proto import timestamp_oracle_pb2 as timestamp_oracle_pb2
+    from oracle._proto import timestamp_oracle_pb2_grpc as timestamp_oracle_pb2_grpc
     from oracle._server import OracleServer
 
 __all__ = [
     "CHANNEL_OPTIONS", "MAX_COUNT", "OracleClient", "OracleServer", "OracleStatus",
-    "parse_target", "timestamp_oracle_pb2", "timestamp_oracle_pb2_grpc", "zk_paths",
+    "parse_target", "zk_paths",
 ]
+# The generated modules (timestamp_oracle_pb2, timestamp_oracle_pb2_grpc) are importable
+# from here too (see the module docstring), but stay out of __all__: generated code has
+# no API reference of its own to render; the proto file is its documentation.
 
 _INSTALL_HINT = "the timestamp oracle needs grpcio: pip install 'percolator-txn[oracle]'"
 
