@@ -200,16 +200,39 @@ def _port_taken(port: int) -> bool:
 _PR_SET_PDEATHSIG = 1
 
 
-def _own_group() -> None:  # pragma: no cover - runs in the child before exec
-    os.setpgrp()  # ^C at the terminal reaches Python only, which stops the JVMs in order
-
-
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     # The JVMs get SIGKILL when the process that started them dies, even by kill -9:
     # an interrupted or killed test run leaves no HBase behind.
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     os.setpgrp()  # and ^C at the terminal reaches Python only, which stops them in order
+
+
+DIE_WITH_PARENT: list[str] = (
+    ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
+)
+"""A command prefix that makes a child die with the process that started it
+(PR_SET_PDEATHSIG, set by util-linux ``setpriv`` before it execs the command). Not a
+``preexec_fn``: code run between fork and exec can deadlock once the parent has threads
+(py4j, gRPC, kazoo all start some). Here, not in ``tests/_zookeeper.py``, because
+``scripts/hbase`` runs this module with the standard library alone."""
+
+
+def _spawned(command: list[str], *, die_with_parent: bool = True,
+             ) -> tuple[list[str], dict[str, Any]]:
+    """*command* and the Popen options that put it in a session (and process group) of
+    its own (^C at the terminal reaches Python only, which stops the JVMs in order) and, with
+    *die_with_parent*, make it die with its starter (PR_SET_PDEATHSIG, set by util-linux
+    ``setpriv`` before it execs the command: :data:`DIE_WITH_PARENT`). Not a
+    ``preexec_fn`` where ``setpriv`` exists: Python code run between fork and exec in a
+    process whose gRPC threads run can abort the child (a fresh clone's suite,
+    2026-11-29: the multi-server master "exited with -6" after gRPC's "epoll_wait error:
+    Bad file descriptor")."""
+    if not die_with_parent:
+        return command, {"start_new_session": True}
+    if DIE_WITH_PARENT:
+        return [*DIE_WITH_PARENT, *command], {"start_new_session": True}
+    return command, {"preexec_fn": _die_with_parent}
 
 
 LOCAL_SESSION = "zookeeper.session.timeout.localHBaseCluster"
@@ -417,12 +440,12 @@ class LocalHBase:
             f"-Dlog4j.configurationFile=file:{self.dir}/conf/log4j2.properties",
             "-cp", f"{conf or self.dir / 'conf'}{os.pathsep}{self._cp}", main, *args,
         ]
+        argv, options = _spawned(
+            command, die_with_parent=not (self._detached if detached is None else detached))
         with open(log.with_suffix(".out"), "ab") as out:  # the JVM's own stdout/stderr
             return subprocess.Popen(
-                command, cwd=self.dir, stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT,
-                preexec_fn=(_own_group if (self._detached if detached is None else detached)
-                            else _die_with_parent),
+                argv, cwd=self.dir, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, **options,
             )
 
     def _failed(self, what: str, proc: subprocess.Popen[bytes], log: Path) -> HBaseStartError:
@@ -857,9 +880,10 @@ class RegionAdmin:
                                     classpath()]),
             "RegionAdmin",
         ]
-        self._proc = subprocess.Popen(command, cwd=cluster.dir, stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                      text=True, preexec_fn=_die_with_parent)
+        argv, options = _spawned(command)
+        self._proc: subprocess.Popen[str] = subprocess.Popen(
+            argv, cwd=cluster.dir, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True, **options)
         self._lock = threading.Lock()
         # Its JVM connects to the cluster before it says "ready": under load that took
         # minutes; a JVM that never says it fails here, with its log, not in a hang.
@@ -1028,9 +1052,9 @@ def run_role(role: str, data_dir: Path, zookeeper: str, hostname: str, port: int
     servers = [("org.apache.hadoop.hbase.thrift.ThriftServer", thrift_port)]
     if thrift2_port:
         servers.append(("org.apache.hadoop.hbase.thrift2.ThriftServer", thrift2_port))
-    procs = [subprocess.Popen([jvm[0], THRIFT_HEAP, *jvm[1:], main, "-b", bind, "-p",
-                               str(p), *thrift_args, "start"], preexec_fn=_die_with_parent)
-             for main, p in servers]
+    spawned = [_spawned([jvm[0], THRIFT_HEAP, *jvm[1:], main, "-b", bind, "-p", str(p),
+                         *thrift_args, "start"]) for main, p in servers]
+    procs = [subprocess.Popen(argv, **options) for argv, options in spawned]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         while all(proc.poll() is None for proc in procs):

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests._hbase_local import _die_with_parent, _free_port, jvm_options, kill, tail
+from tests._hbase_local import _free_port, _spawned, jvm_options, kill, tail
 
 ROOT = Path(__file__).resolve().parents[1]
 START_SECONDS = 300.0
@@ -71,11 +71,11 @@ class SparkStandalone:
             raise SparkStartError("stopped while starting")
         spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
         log = self.dir / f"{name}.log"
+        argv, options = _spawned([str(spark_class), *args])
         with open(log, "ab") as out:
             self.procs.append(subprocess.Popen(
-                [str(spark_class), *args], env=self.env(), cwd=self.dir,
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent))
+                argv, env=self.env(), cwd=self.dir,
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, **options))
         return log
 
     def _wait(self, log: Path, line: str, deadline: float) -> None:

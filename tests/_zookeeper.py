@@ -47,6 +47,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from tests._hbase_local import DIE_WITH_PARENT
 from tests._services import free_port, service_missing
 
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
@@ -63,13 +64,6 @@ INSTALL_HINT = "install Java and ZooKeeper: apt-get install -y default-jre-headl
 
 T = TypeVar("T")
 _live: weakref.WeakSet[ZooKeeperServer] = weakref.WeakSet()
-DIE_WITH_PARENT: list[str] = (
-    ["setpriv", "--pdeathsig", "KILL"] if shutil.which("setpriv") else []
-)
-"""A command prefix that makes a child die with the process that started it
-(PR_SET_PDEATHSIG, set by util-linux ``setpriv`` before it execs the command). Not a
-``preexec_fn``: code run between fork and exec can deadlock once the parent has threads
-(py4j, gRPC, kazoo all start some)."""
 
 
 def four_letter(hosts: str, command: str, timeout: float = 2.0) -> str:

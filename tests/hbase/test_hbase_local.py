@@ -134,3 +134,50 @@ def test_the_session_hbase_keeps_zookeeper_sessions_for_two_minutes(
     # session from this property (HBase's default 10 s), not zookeeper.session.timeout.
     site = (local_hbase.dir / "conf" / "hbase-site.xml").read_text()
     assert f"<name>{LOCAL_SESSION}</name><value>120000</value>" in site
+
+
+def test_a_process_the_launcher_starts_dies_with_its_starter_even_by_kill_9() -> None:
+    """What the launcher starts (each JVM) runs in a session of its own and gets SIGKILL
+    when its starter dies, even by kill -9; and where ``setpriv`` exists no Python code
+    runs between fork and exec (a ``preexec_fn`` there aborted a child forked from a
+    worker whose gRPC threads ran: the multi-server master "exited with -6")."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests._hbase_local import _spawned
+
+    _argv, options = _spawned(["sleep", "300"])
+    assert ("preexec_fn" in options) is (shutil.which("setpriv") is None)
+    root = Path(__file__).resolve().parents[2]
+    starter = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys, time\n"
+         "from tests._hbase_local import _spawned\n"
+         "argv, options = _spawned(['sleep', '300'])\n"
+         "print(subprocess.Popen(argv, **options).pid, flush=True)\n"
+         "time.sleep(300)\n"],
+        cwd=root, stdout=subprocess.PIPE, text=True)
+    try:
+        assert starter.stdout is not None
+        child = int(starter.stdout.readline())
+        assert os.getsid(child) == child
+        starter.send_signal(signal.SIGKILL)
+        starter.wait(timeout=30)
+
+        def gone() -> bool:
+            try:
+                with open(f"/proc/{child}/stat") as stat:
+                    return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+            except FileNotFoundError:
+                return True
+
+        deadline = time.monotonic() + 30
+        while not gone() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gone(), f"pid {child} outlived its starter's kill -9"
+    finally:
+        starter.kill()
+        starter.wait()
