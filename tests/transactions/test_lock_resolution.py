@@ -216,16 +216,22 @@ def test_a_primary_committed_by_a_later_transaction_says_nothing_of_an_earlier_o
         assert txn.get("t", b"r1", "c:v") == b"y"
 
 
+def _dies_after_its_commit_point(reader: percolator.Cluster) -> None:
+    """Y, a client of *reader*'s on a store without atomic row CAS, writes y to r1 (its
+    primary) and r2 and dies right after its commit point: r1 left COMMITTED."""
+    y_client = client_of(reader)
+    internals(y_client).store = RowCasNotAtomic(internals(y_client).store)  # type: ignore[assignment]
+    y = Transaction(y_client)
+    y.set("t", b"r1", "c:v", b"y")  # the primary
+    y.set("t", b"r2", "c:v", b"y")
+    assert crash_commit(y, CrashPoint("commit_point")) is True
+
+
 def test_a_committed_primary_met_by_a_reader_is_rolled_forward(url: str) -> None:
     # On a store without atomic row CAS the commit point leaves the primary COMMITTED
     # until its release; a reader meeting it there rolls it forward itself.
     with percolator.connect(url, lock_wait=10) as reader:
-        y_client = client_of(reader)
-        internals(y_client).store = RowCasNotAtomic(internals(y_client).store)  # type: ignore[assignment]
-        y = Transaction(y_client)
-        y.set("t", b"r1", "c:v", b"y")  # the primary
-        y.set("t", b"r2", "c:v", b"y")
-        assert crash_commit(y, CrashPoint("commit_point")) is True
+        _dies_after_its_commit_point(reader)
         assert Transaction(reader).get("t", b"r1", "c:v") == b"y"
         primary = internals(reader).store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
         assert isinstance(decode_lock(primary[b"r1"][f"{LOCK}:c:v"][0][1]), Free)
@@ -260,12 +266,7 @@ def test_a_release_whose_answer_is_lost_after_the_cell_moved_on_reads_again(
     # outcome is recorded: the reader must read again (and roll back dead Z), not fail
     # with StoreUnavailable (the bank's workers died of it on HBase with faults).
     with percolator.connect(url, lock_wait=10) as reader:
-        y_client = client_of(reader)
-        internals(y_client).store = RowCasNotAtomic(internals(y_client).store)  # type: ignore[assignment]
-        y = Transaction(y_client)
-        y.set("t", b"r1", "c:v", b"y")  # the primary
-        y.set("t", b"r2", "c:v", b"y")
-        assert crash_commit(y, CrashPoint("commit_point")) is True
+        _dies_after_its_commit_point(reader)
 
         def z_locks_r1() -> None:
             z = Transaction(client_of(reader))
