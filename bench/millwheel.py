@@ -1,12 +1,9 @@
 """MillWheel on Percolator (issues 17, 35): one hop's latency against a plain
 observer-to-observer hop, records/s of a 3-stage pipeline against the plain observer
 rate, the watermark's lag behind wall time at steady input, and weak against strong
-productions over three stages (hop latency p50/p95, records/s), and the cost of the
-stored topology (the subscriptions read by every delivering transaction, against the
-process's own list as before issue 35), all in one run.
+productions over three stages (hop latency p50/p95, records/s), all in one run.
 
     python bench/millwheel.py [--records 3000] [--hops 200] [--write]
-    python bench/millwheel.py --topology-only [--records 3000]   (that pair alone)
 
 ``--write`` replaces the section ``## MillWheel (bench/millwheel.py)`` of BENCHMARKS.md.
 Embedded store (SQLite).
@@ -30,7 +27,6 @@ from bench import observers as plain  # noqa: E402
 from bench._common import head_commit, header, publish  # noqa: E402
 from observers import Observer, Worker, wait_for_observers  # noqa: E402
 from observers import millwheel as mw  # noqa: E402
-from observers.millwheel import _pipeline as mw_pipeline  # noqa: E402
 from percolator import TransactionBase  # noqa: E402
 
 SECTION = "## MillWheel (bench/millwheel.py)"
@@ -167,23 +163,8 @@ def plain_hop_latency(tmp: str, hops: int) -> dict[str, float]:
     return {"p50_ms": lat[len(lat) // 2], "p95_ms": lat[int(len(lat) * 0.95)]}
 
 
-def _local_subscribers(txn: TransactionBase, p: mw.Pipeline, stream: str) -> list[str]:
-    """The subscribers as delivery found them before the topology was stored: the
-    process's own list, no read."""
-    return [node.computation.name for node in p.subscribers.get(stream, [])]
-
-
-def three_stages(tmp: str, n: int, weak: bool = False, stored_topology: bool = True
-                 ) -> dict[str, float]:
-    """n records through injector -> c0 -> c1 -> c2, one worker thread; without
-    *stored_topology*, delivery does not read the subscriptions (as before issue 35)."""
-    if not stored_topology:
-        stored = mw_pipeline._subscribed
-        mw_pipeline._subscribed = _local_subscribers
-        try:
-            return three_stages(tmp, n, weak)
-        finally:
-            mw_pipeline._subscribed = stored
+def three_stages(tmp: str, n: int, weak: bool = False) -> dict[str, float]:
+    """n records through injector -> c0 -> c1 -> c2, one worker thread."""
     name = f"stages{'-weak' if weak else ''}-{len(os.listdir(tmp))}"
     cluster = percolator.connect(f"sqlite:///{tmp}/{name}.db")
     source = LiveSource()
@@ -269,36 +250,13 @@ def watermark_lag(tmp: str, seconds: float, rate: float) -> dict[str, float]:
             "rate": rate}
 
 
-def _topology_lines(before: dict[str, float], after: dict[str, float]) -> list[str]:
-    return [
-        "The stored topology (docs/millwheel.md, \"Adding a computation\"): every "
-        "delivering transaction reads its streams' `sub/` rows, one more read each; "
-        "records/s through injector -> 3 strong stages (one worker thread):",
-        "",
-        "| delivery finds its subscribers in | records/s | ratio |", "|---|---|---|",
-        f"| the process's own list (before) | {before['per_s']:,.0f} | 1.00x |",
-        f"| the stored `sub/<stream>` row, read in the transaction | {after['per_s']:,.0f} | "
-        f"{after['per_s'] / before['per_s']:.2f}x |",
-        "",
-    ]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--records", type=int, default=3000)
     parser.add_argument("--hops", type=int, default=200)
     parser.add_argument("--write", action="store_true")
-    parser.add_argument("--topology-only", action="store_true")
     args = parser.parse_args()
-    if args.topology_only:
-        with tempfile.TemporaryDirectory(prefix="bench-millwheel-") as tmp:
-            before = three_stages(tmp, args.records, stored_topology=False)
-            after = three_stages(tmp, args.records)
-        print(f"load average {os.getloadavg()[0]:.1f}, commit {head_commit()}")
-        print(*_topology_lines(before, after), sep="\n")
-        return 0
     with tempfile.TemporaryDirectory(prefix="bench-millwheel-") as tmp:
-        before = three_stages(tmp, args.records, stored_topology=False)
         base_hop = plain_hop_latency(tmp, args.hops)
         hop = hop_latency(tmp, args.hops)
         base = plain.throughput(tmp, args.records, threads=1)
@@ -352,7 +310,6 @@ def main() -> int:
         "Key runs counts the worker's observed runs: a weak stage's subscribers run in the "
         "producer's worker thread, handed the records, and are not counted there.",
         "",
-        *_topology_lines(before, stages),
     ]
     publish(SECTION, lines, args.write)
     return 0
