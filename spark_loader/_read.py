@@ -122,12 +122,14 @@ def read_table(
     if not hasattr(spark, "sparkContext"):
         raise InvalidArgument(f"spark must be a SparkSession, got {type(spark).__name__}")
     wanted = check_columns(columns)
-    check_workers(spark)
     options = dict(connect_options or {})
     sc = spark.sparkContext
     with percolator.connect(url, **options) as cluster:
         plan = plan_read(cluster, table, wanted, start_ts, splits,
                          default_parts=2 * sc.defaultParallelism)
+    # After the driver's checks of the table, columns, timestamp and splits: the
+    # workers' probe is a Spark job, and bad input is refused before any job runs.
+    check_workers(spark)
     ts, ranges = plan.start_ts, list(plan.ranges)
     spec = ReadSpec(url, tuple(sorted(options.items())), table, wanted, ts)
     bounds = sc.parallelize(ranges, len(ranges))

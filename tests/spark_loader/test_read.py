@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import percolator
+import spark_loader._spark
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._encoding import Free, decode_lock
 from percolator._internals import internals
@@ -40,10 +41,6 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[2]
 ACCOUNTS = 16
 INITIAL = 1000
-
-
-def _jobs(spark: Any) -> int:
-    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
 
 
 def _rows(df: Any) -> dict[bytes, tuple[bytes | None, ...]]:
@@ -250,15 +247,21 @@ def test_decode_columns_reads_the_cells_as_text(spark: Any, tmp_path: Path) -> N
 
 
 def test_bad_input_is_refused_before_spark_starts(
-    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # As if this were the application's first read: the workers' probe (a job, once per
+    # application) must also wait for the driver's checks, whichever test ran first.
+    monkeypatch.setattr(spark_loader._spark, "_checked_apps", set())
     url = f"sqlite://{tmp_path}/repo.db"
     with percolator.connect(url) as cluster:
         cluster.create_table("t")
         with percolator.Transaction(cluster) as txn:
             txn.set("t", b"r", "f:v", b"\xff")
         now = internals(cluster).timestamps.get_timestamp()
-    jobs = _jobs(spark)
+    sc = spark.sparkContext
+    group = f"bad-input-{tmp_path.name}"  # counted by group: Spark keeps only the last 1,000 jobs
+    sc.setJobGroup(group, "bad input: no job may run")
     with pytest.raises(percolator.UnknownTableError, match="'nope' does not exist"):
         read_table(spark, url, "nope")
     with pytest.raises(percolator.InvalidArgument, match="bad column"):
@@ -282,7 +285,8 @@ def test_bad_input_is_refused_before_spark_starts(
     with pytest.raises(SystemExit) as e:
         main(["export", "--cluster", url, "--table", "t", "--format", "xml", "--output", "o"])
     assert e.value.code == 2
-    assert _jobs(spark) == jobs  # no Spark job ran for any of them
+    assert list(sc.statusTracker().getJobIdsForGroup(group)) == []  # no job ran for any
+    sc.setLocalProperty("spark.jobGroup.id", None)
     # A value that is not UTF-8 fails a JSON export in the executor, naming the row.
     assert main(["export", "--cluster", url, "--table", "t", "--format", "jsonl",
                  "--output", str(tmp_path / "j")]) == 1
