@@ -202,16 +202,10 @@ class SafePoint:
 
     # --- the persisted safe point ---------------------------------------------------
 
-    def current(self) -> int:
-        """The safe point, from the cache while it is younger than :attr:`refresh`."""
-        if time.monotonic() - self._fetched > self.refresh:
-            self.fetch()
-        return self._value
-
     def check(self, start_ts: int, what: str = "transaction") -> None:
         """Raise :class:`SnapshotTooOldError` if *start_ts* is below the safe point
         (*what* names its reader in the message: a transaction, or a snapshot)."""
-        if time.monotonic() - self._fetched > self.refresh:  # current(), in line
+        if time.monotonic() - self._fetched > self.refresh:  # the cache is stale
             self.fetch()
         if start_ts < self._value:
             raise SnapshotTooOldError(start_ts, self._value, what)

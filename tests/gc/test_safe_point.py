@@ -1,0 +1,230 @@
+"""The safe point's parts, one at a time, on the embedded store: a bulk load's hold, a
+snapshot made at a given start timestamp, the (wall time, timestamp) log that a
+retention reads, and the staircase of a client's running transactions.
+
+tests/gc/test_gc.py asks the same of whole passes; these pin each decision down where
+a pass would only show it in some runs (what a pass overtakes depends on ages and on
+which transactions run when it looks).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import percolator
+from percolator._encoding import META_TABLE
+from percolator._internals import internals
+from percolator._safe_point import (
+    _RECORD,
+    ROW,
+    SAFE_POINT,
+    TS_LOG,
+    TS_LOG_ENTRIES,
+    Hold,
+    Holder,
+    SafePoint,
+    oldest_since,
+    staircase,
+)
+from percolator._store import Mutation, Read
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[percolator.Cluster]:
+    with percolator.connect(f"sqlite:///{tmp_path}/db", safe_point_refresh=0.02) as c:
+        c.create_table("t")
+        yield c
+
+
+def _safe_point(cluster: percolator.Cluster) -> SafePoint:
+    return internals(cluster).safe_point
+
+
+def _published(sp: SafePoint, start_ts: int) -> bool:
+    """Whether this client's publication holds *start_ts* (waits for the publisher
+    thread's next round, a minute at most)."""
+    owner = sp.coordination.current_owner()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for holder in sp.holders():
+            if holder.owner == owner and start_ts in (ts for ts, _ in holder.steps):
+                return True
+        time.sleep(sp.refresh / 2)
+    return False
+
+
+# --- the persisted safe point -------------------------------------------------------
+
+
+def test_the_safe_point_only_moves_forward(cluster: percolator.Cluster) -> None:
+    """``advance`` persists a timestamp above the one persisted, from the first (1) on;
+    one at or below it changes nothing, not even the wall time recorded with it, and
+    returns the one persisted (another client's pass may have gone further), which this
+    client's checks then use."""
+    sp = _safe_point(cluster)
+    assert sp.read_record() is None
+    assert sp.advance(1) == 1
+    first = sp.read_record()
+    assert first is not None and first[0] == 1
+    # A pass on another host persisted 300 (and its wall time, as its clock says).
+    sp.store.mutate_rows(META_TABLE, [Mutation(ROW, [(SAFE_POINT, 0, _RECORD.pack(300, 12345))])])
+    assert sp.advance(200) == 300
+    assert sp.read_record() == (300, 12345)
+    assert sp.advance(300) == 300
+    assert sp.read_record() == (300, 12345)
+    with pytest.raises(percolator.SnapshotTooOldError):
+        sp.check(299)
+    sp.check(300)  # at the safe point: its versions are kept
+    assert sp.advance(400) == 400
+    record = sp.read_record()
+    assert record is not None and record[0] == 400
+    assert abs(record[1] / 1000 - time.time()) < 3600, "persisted with its wall time"
+
+
+# --- a hold (a bulk load's driver) ---------------------------------------------------
+
+
+def test_a_hold_holds_the_safe_point_from_its_draw_until_released(
+    cluster: percolator.Cluster,
+) -> None:
+    """Kept alive by its owner (a bulk load's driver keeps it while workers write), a
+    hold counts as running from its draw until :meth:`Hold.release`, not longer."""
+    sp = _safe_point(cluster)
+    hold = Hold()
+    start_ts = sp.begin(hold, internals(cluster).timestamps.get_timestamp)
+    assert hold.start_ts == start_ts
+    assert [ts for ts, _ in sp.running()] == [start_ts]
+    hold.release()
+    assert sp.running() == []
+    assert hold.start_ts == start_ts
+
+
+# --- a snapshot at a given start timestamp (registered, not drawn) -------------------
+
+
+def test_snapshots_at_given_start_timestamps_all_hold_the_safe_point_and_are_published(
+    cluster: percolator.Cluster,
+) -> None:
+    """``Snapshot(start_ts=...)`` registers a transaction whose timestamp was drawn
+    elsewhere: each one registered counts (a second does not make the first forgotten),
+    the client's one publisher thread starts with the first and publishes them."""
+    sp = _safe_point(cluster)
+    draw = internals(cluster).timestamps.get_timestamp
+    first_ts, second_ts = draw(), draw()
+    assert sp._publisher is None, "nothing has begun yet"
+    first = percolator.Snapshot(cluster, start_ts=first_ts)
+    publisher = sp._publisher
+    assert publisher is not None and publisher.is_alive()
+    second = percolator.Snapshot(cluster, start_ts=second_ts)
+    assert sp._publisher is publisher, "one publisher thread per client"
+    assert _published(sp, first_ts)
+    assert cluster.gc(retention=0).safe_point == first_ts
+    first.close()
+    assert [ts for ts, _ in sp.running()] == [second_ts]
+    second.close()
+
+
+def test_a_closed_safe_point_starts_no_publisher_for_a_registered_transaction(
+    cluster: percolator.Cluster,
+) -> None:
+    sp = _safe_point(cluster)
+    sp.close()
+    hold = Hold()
+    hold.start_ts = internals(cluster).timestamps.get_timestamp()
+    sp.register(hold)
+    assert sp._publisher is None
+
+
+# --- the (wall time, timestamp) log that a retention reads ---------------------------
+
+
+def _write_log(sp: SafePoint, entries: list[tuple[float, int]]) -> None:
+    """The log as passes on hosts whose clocks differ may have left it."""
+    sp.store.mutate_rows(META_TABLE, [Mutation(ROW, [(TS_LOG, 0, json.dumps(entries).encode())])])
+
+
+def _logged(sp: SafePoint) -> list[int]:
+    cells = sp.store.read_rows(META_TABLE, [ROW], [Read("m", ("ts_log",))])
+    return [ts for _, ts in json.loads(cells[ROW][TS_LOG][0][1])]
+
+
+def test_a_retention_takes_the_newest_timestamp_logged_at_least_that_long_ago(
+    cluster: percolator.Cluster,
+) -> None:
+    """Of the entries noted at least *retention* seconds ago, the largest timestamp
+    (a pass on a host whose clock runs ahead may have noted a smaller one later); None
+    while none is that old."""
+    sp = _safe_point(cluster)
+    assert sp.timestamp_before(0) is None, "nothing logged yet"
+    now = time.time()
+    _write_log(sp, [(now - 7200, 100), (now - 3000, 250), (now - 2000, 200), (now - 600, 300)])
+    assert sp.timestamp_before(1800) == 250
+    assert sp.timestamp_before(2500) == 250
+    assert sp.timestamp_before(5000) == 100
+    assert sp.timestamp_before(300) == 300
+    assert sp.timestamp_before(9000) is None
+
+
+def test_a_pass_with_a_retention_keeps_what_was_current_that_long_ago(
+    cluster: percolator.Cluster,
+) -> None:
+    sp = _safe_point(cluster)
+    now = time.time()
+    _write_log(sp, [(now - 7200, 100), (now - 600, 300)])
+    summary = cluster.gc(retention=3600)
+    assert (summary.safe_point, summary.held_back_by) == (100, "retention")
+    assert _logged(sp)[:2] == [100, 300] and len(_logged(sp)) == 3, "the pass noted its own"
+    summary = cluster.gc(retention=7300)
+    assert summary.safe_point == 100
+    assert summary.held_back_by == "retention (no timestamp logged that long ago yet)"
+
+
+def test_the_log_keeps_its_first_entry_and_thins_out_its_older_half(
+    cluster: percolator.Cluster,
+) -> None:
+    """Up to TS_LOG_ENTRIES entries are kept as noted; one more and every other entry
+    of the older half goes, but the very first: long retentions coarsely, recent ones
+    finely, and the oldest timestamp ever noted stays."""
+    sp = _safe_point(cluster)
+    for ts in range(1, TS_LOG_ENTRIES + 1):
+        sp.note_time(ts)
+    assert _logged(sp) == list(range(1, TS_LOG_ENTRIES + 1))
+    sp.note_time(TS_LOG_ENTRIES + 1)
+    half = (TS_LOG_ENTRIES + 1) // 2
+    assert _logged(sp) == [1, *range(3, half, 2), *range(half + 1, TS_LOG_ENTRIES + 2)]
+    assert sp.timestamp_before(0) == TS_LOG_ENTRIES + 1
+
+
+# --- the staircase of a client's running transactions --------------------------------
+
+RUNNING = [(50, 10.0), (30, 20.0), (70, 30.0), (40, 25.0), (60, 28.0)]
+"""``(start_ts, began)``: 50 began first, but 30 began after it and starts below it."""
+
+
+def test_the_staircase_keeps_each_transaction_that_starts_below_all_begun_after_it() -> None:
+    steps = staircase(RUNNING)
+    assert steps == [(30, 20.0), (40, 25.0), (60, 28.0), (70, 30.0)]
+    assert staircase([]) == []
+    assert staircase([(70, 30.0)]) == [(70, 30.0)]
+    # Begun at the same instant, the younger of two adds nothing: both increase.
+    assert staircase([(5, 1.0), (3, 1.0)]) == [(3, 1.0)]
+    assert staircase([(3, 1.0), (5, 1.0)]) == [(3, 1.0)]
+
+
+@pytest.mark.parametrize("since", [0.0, 10.0, 15.0, 20.0, 22.0, 25.0, 26.0, 28.0, 30.0, 31.0])
+def test_the_oldest_since_an_age_limit_is_on_the_staircase(since: float) -> None:
+    """For every age limit, the oldest of the transactions that began within it (at or
+    after *since*) is found on the staircase alone."""
+    within = [ts for ts, began in RUNNING if began >= since]
+    assert oldest_since(staircase(RUNNING), since) == (min(within) if within else None)
+
+
+def test_a_holders_steps_are_its_oldest_then_its_younger() -> None:
+    holder = Holder("owner", 30, 20.0, True, ((40, 25.0), (60, 28.0)))
+    assert holder.steps == ((30, 20.0), (40, 25.0), (60, 28.0))
+    assert Holder("older client", 30, 20.0, None).steps == ((30, 20.0),)
