@@ -10,6 +10,7 @@ which transactions run when it looks).
 from __future__ import annotations
 
 import json
+import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from percolator._encoding import META_TABLE
 from percolator._internals import internals
 from percolator._safe_point import (
     _RECORD,
+    REFRESH_PREFIX,
     ROW,
     SAFE_POINT,
     TS_LOG,
@@ -84,6 +86,32 @@ def test_the_safe_point_only_moves_forward(cluster: percolator.Cluster) -> None:
     record = sp.read_record()
     assert record is not None and record[0] == 400
     assert abs(record[1] / 1000 - time.time()) < 3600, "persisted with its wall time"
+
+
+def test_a_pass_with_no_client_announced_waits_twice_its_own_refresh(
+    cluster: percolator.Cluster,
+) -> None:
+    sp = _safe_point(cluster)
+    assert sp.store.read_rows(META_TABLE, [ROW], [Read("m")]) == {}, "no client announced"
+    assert sp.grace() == 2 * sp.refresh
+
+
+def test_a_pass_waits_twice_the_slowest_refresh_of_the_clients_not_known_dead(
+    cluster: percolator.Cluster,
+) -> None:
+    """A client of an earlier boot is certainly dead: its announcement (however slow)
+    is passed over, and the announcements after it still count; one whose liveness
+    is unknown (another host's) counts."""
+    sp = _safe_point(cluster)
+    mine = sp.coordination.current_owner().split("/")
+    dead = "/".join([*mine[:2], "an-earlier-boot", *mine[3:]])
+    unknown = "~a client on another host"
+    assert (sp.coordination.is_alive(dead), sp.coordination.is_alive(unknown)) == (False, None)
+    sp.store.mutate_rows(META_TABLE, [Mutation(ROW, [
+        (REFRESH_PREFIX + dead, 0, struct.pack(">d", 1000.0)),
+        (REFRESH_PREFIX + unknown, 0, struct.pack(">d", 0.5)),
+    ])])
+    assert sp.grace() == 2 * 0.5
 
 
 # --- a hold (a bulk load's driver) ---------------------------------------------------
