@@ -14,6 +14,7 @@ import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,6 +87,42 @@ def test_the_safe_point_only_moves_forward(cluster: percolator.Cluster) -> None:
     record = sp.read_record()
     assert record is not None and record[0] == 400
     assert abs(record[1] / 1000 - time.time()) < 3600, "persisted with its wall time"
+
+
+class _RacingPasses:
+    """The safe point's store, where another client's pass persists a new safe point
+    just before each compare-and-set of this one (which then finds it changed)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.raced = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def check_and_set(self, table: str, row: bytes, column: str, expected: bytes | None,
+                      value: bytes) -> bool:
+        if column == SAFE_POINT:
+            self.raced += 1
+            record = _RECORD.pack(self.raced, 0)
+            self._store.mutate_rows(META_TABLE, [Mutation(ROW, [(SAFE_POINT, 0, record)])])
+        return bool(self._store.check_and_set(table, row, column, expected, value))
+
+
+def test_a_safe_point_that_keeps_changing_under_every_try_is_an_error(
+    cluster: percolator.Cluster,
+) -> None:
+    sp = _safe_point(cluster)
+    racing = _RacingPasses(sp.store)
+    sp.store = racing  # type: ignore[assignment]
+    try:
+        with pytest.raises(percolator.PercolatorError) as failed:
+            sp.advance(10**6)
+    finally:
+        sp.store = racing._store
+    assert str(failed.value) == "could not persist the safe point: it kept changing"
+    record = sp.read_record()
+    assert record is not None and record[0] == racing.raced < 10**6
 
 
 def test_a_pass_with_no_client_announced_waits_twice_its_own_refresh(
