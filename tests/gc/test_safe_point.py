@@ -23,11 +23,13 @@ from percolator._encoding import META_TABLE
 from percolator._internals import internals
 from percolator._safe_point import (
     _RECORD,
+    CLIENT_PREFIX,
     REFRESH_PREFIX,
     ROW,
     SAFE_POINT,
     TS_LOG,
     TS_LOG_ENTRIES,
+    YOUNGER_PREFIX,
     Hold,
     Holder,
     SafePoint,
@@ -149,6 +151,35 @@ def test_a_pass_waits_twice_the_slowest_refresh_of_the_clients_not_known_dead(
         (REFRESH_PREFIX + unknown, 0, struct.pack(">d", 0.5)),
     ])])
     assert sp.grace() == 2 * 0.5
+
+
+def test_only_a_pruning_read_of_the_holders_removes_the_entries_of_dead_clients(
+    cluster: percolator.Cluster,
+) -> None:
+    """``holders()`` (``percolator status``) leaves out a client known to be dead and
+    removes nothing; ``holders(prune=True)`` (a pass) also removes its publication and
+    its refresh announcement. An idle client's publication holds nothing back."""
+    sp = _safe_point(cluster)
+    assert sp.holders() == [], "nothing published yet"
+    mine = sp.coordination.current_owner().split("/")
+    dead = "/".join([*mine[:2], "an-earlier-boot", *mine[3:]])
+    idle = "~an idle client on another host"
+    columns = [CLIENT_PREFIX + dead, YOUNGER_PREFIX + dead, REFRESH_PREFIX + dead]
+    sp.store.mutate_rows(META_TABLE, [Mutation(ROW, [
+        (CLIENT_PREFIX + dead, 0, _RECORD.pack(10, 1000)),
+        (YOUNGER_PREFIX + dead, 0, _RECORD.pack(20, 2000)),
+        (REFRESH_PREFIX + dead, 0, struct.pack(">d", 1.0)),
+        (CLIENT_PREFIX + idle, 0, b"idle"),
+    ])])
+
+    def stored() -> set[str]:
+        return set(sp.store.read_rows(META_TABLE, [ROW], [Read("m")]).get(ROW, {}))
+
+    assert sp.holders() == []
+    assert set(columns) <= stored()
+    assert sp.holders(prune=True) == []
+    assert not set(columns) & stored()
+    assert CLIENT_PREFIX + idle in stored(), "liveness unknown: left alone"
 
 
 # --- a hold (a bulk load's driver) ---------------------------------------------------
