@@ -153,6 +153,23 @@ def test_a_pass_waits_twice_the_slowest_refresh_of_the_clients_not_known_dead(
     assert sp.grace() == 2 * 0.5
 
 
+def test_the_holders_are_what_each_client_published(cluster: percolator.Cluster) -> None:
+    """A client's publication read back: its oldest transaction's start and wall time,
+    the younger ones of its staircase with theirs (to the millisecond), and the
+    coordinator's word on it (this client: alive)."""
+    sp = _safe_point(cluster)
+    old = percolator.Snapshot(cluster)
+    old._began -= 7200
+    young = percolator.Snapshot(cluster)
+    sp.publish()
+    (holder,) = sp.holders()
+    assert holder == Holder(
+        sp.coordination.current_owner(), old.start_ts, int(old._began * 1000) / 1000, True,
+        ((young.start_ts, int(young._began * 1000) / 1000),))
+    old.close()
+    young.close()
+
+
 def test_only_a_pruning_read_of_the_holders_removes_the_entries_of_dead_clients(
     cluster: percolator.Cluster,
 ) -> None:
