@@ -50,6 +50,12 @@ def _safe_point(cluster: percolator.Cluster) -> SafePoint:
     return internals(cluster).safe_point
 
 
+def _stored(sp: SafePoint) -> dict[str, bytes]:
+    """The safe point row's cells as stored (newest values)."""
+    cells = sp.store.read_rows(META_TABLE, [ROW], [Read("m")]).get(ROW, {})
+    return {column: versions[0][1] for column, versions in cells.items()}
+
+
 def _published(sp: SafePoint, start_ts: int) -> bool:
     """Whether this client's publication holds *start_ts* (waits for the publisher
     thread's next round, a minute at most)."""
@@ -166,8 +172,18 @@ def test_the_holders_are_what_each_client_published(cluster: percolator.Cluster)
     assert holder == Holder(
         sp.coordination.current_owner(), old.start_ts, int(old._began * 1000) / 1000, True,
         ((young.start_ts, int(young._began * 1000) / 1000),))
-    old.close()
+    owner = sp.coordination.current_owner()
     young.close()
+    sp.publish()
+    assert sp.holders() == [Holder(owner, old.start_ts, holder.began, True)]
+    assert YOUNGER_PREFIX + owner not in _stored(sp), "no younger ones: none stored"
+    old.close()
+    sp.publish()
+    assert sp.holders() == []
+    assert _stored(sp)[CLIENT_PREFIX + owner] == b"idle"
+    sp.close()
+    assert not {CLIENT_PREFIX + owner, YOUNGER_PREFIX + owner, REFRESH_PREFIX + owner} & set(
+        _stored(sp)), "withdrawn when the client closes"
 
 
 def test_only_a_pruning_read_of_the_holders_removes_the_entries_of_dead_clients(
