@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -231,6 +233,20 @@ def test_a_hold_holds_the_safe_point_from_its_draw_until_released(
     hold.release()
     assert sp.running() == []
     assert hold.start_ts == start_ts
+
+
+def test_a_process_that_never_closes_its_cluster_still_exits(tmp_path: Path) -> None:
+    """The publisher thread, started by the first transaction, is a daemon: a script
+    that ends without closing its cluster exits (the interpreter would wait for any
+    other thread, and the publisher runs until the cluster closes)."""
+    script = ("import sys, threading, percolator\n"
+              "cluster = percolator.connect(sys.argv[1])\n"
+              "snapshot = percolator.Snapshot(cluster)\n"
+              "print([t.name for t in threading.enumerate() if t.daemon])\n")
+    done = subprocess.run([sys.executable, "-c", script, f"sqlite:///{tmp_path}/db"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "percolator-safe-point" in done.stdout
 
 
 # --- a snapshot at a given start timestamp (registered, not drawn) -------------------
