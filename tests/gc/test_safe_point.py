@@ -188,6 +188,16 @@ def test_the_holders_are_what_each_client_published(cluster: percolator.Cluster)
         _stored(sp)), "withdrawn when the client closes"
 
 
+def test_the_holders_come_oldest_first(cluster: percolator.Cluster) -> None:
+    sp = _safe_point(cluster)
+    sp.store.mutate_rows(META_TABLE, [Mutation(ROW, [
+        (CLIENT_PREFIX + "~a", 0, _RECORD.pack(30, 3000)),
+        (CLIENT_PREFIX + "~b", 0, _RECORD.pack(10, 1000)),
+        (CLIENT_PREFIX + "~c", 0, _RECORD.pack(20, 2000)),
+    ])])
+    assert [(h.owner, h.start_ts) for h in sp.holders()] == [("~b", 10), ("~c", 20), ("~a", 30)]
+
+
 def test_only_a_pruning_read_of_the_holders_removes_the_entries_of_dead_clients(
     cluster: percolator.Cluster,
 ) -> None:
