@@ -13,6 +13,7 @@ import json
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,8 +91,11 @@ def test_the_safe_point_only_moves_forward(cluster: percolator.Cluster) -> None:
     assert sp.read_record() == (300, 12345)
     assert sp.advance(300) == 300
     assert sp.read_record() == (300, 12345)
-    with pytest.raises(percolator.SnapshotTooOldError):
+    with pytest.raises(percolator.SnapshotTooOldError) as too_old:
         sp.check(299)
+    assert (too_old.value.start_ts, too_old.value.safe_point) == (299, 300)
+    assert str(too_old.value).startswith("transaction 299 is too old: the garbage-collection "
+                                         "safe point is 300")
     sp.check(300)  # at the safe point: its versions are kept
     assert sp.advance(400) == 400
     record = sp.read_record()
@@ -257,6 +261,79 @@ def test_a_process_that_never_closes_its_cluster_still_exits(tmp_path: Path) -> 
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "percolator-safe-point" in done.stdout
+
+
+def test_a_failed_draw_holds_nothing_and_keeps_no_pass_waiting(
+    cluster: percolator.Cluster,
+) -> None:
+    sp = _safe_point(cluster)
+
+    def unreachable() -> int:
+        raise percolator.StoreUnavailable("the timestamps' store is gone")
+
+    with pytest.raises(percolator.StoreUnavailable):
+        sp.begin(Hold(), unreachable)
+    assert sp.running() == []  # and returns: no draw is in progress any more
+
+
+def test_a_pass_waits_for_every_draw_in_progress_not_only_the_last_to_finish(
+    cluster: percolator.Cluster,
+) -> None:
+    """Two draws in progress; the one begun second returns first. What a pass takes as
+    this process's running transactions (:meth:`SafePoint.running`) waits for the
+    other one as well, and holds it."""
+    sp = _safe_point(cluster)
+    draw = internals(cluster).timestamps.get_timestamp
+    quick, slow = Hold(), Hold()
+    slow._began = quick._began + 1  # younger, with the larger timestamp: on the staircase
+    inside = {quick: threading.Event(), slow: threading.Event()}
+    go = {quick: threading.Event(), slow: threading.Event()}
+
+    def begin(hold: Hold) -> None:
+        def parked() -> int:
+            inside[hold].set()
+            assert go[hold].wait(60)
+            return draw()
+        sp.begin(hold, parked)
+
+    threads = {hold: threading.Thread(target=begin, args=(hold,)) for hold in (slow, quick)}
+    for hold, thread in threads.items():
+        thread.start()
+        assert inside[hold].wait(60)
+    go[quick].set()
+    threads[quick].join(60)
+    seen: list[list[tuple[int, float]]] = []
+    looker = threading.Thread(target=lambda: seen.append(sp.running()))
+    looker.start()
+    looker.join(0.3)  # (a looker that does not wait has returned by now)
+    go[slow].set()
+    threads[slow].join(60)
+    looker.join(60)
+    assert quick.start_ts < slow.start_ts
+    assert [ts for ts, _ in seen[0]] == [quick.start_ts, slow.start_ts]
+
+
+def test_one_publisher_thread_per_client_started_by_its_first_transaction(
+    cluster: percolator.Cluster,
+) -> None:
+    sp = _safe_point(cluster)
+    assert sp._publisher is None
+    first = percolator.Snapshot(cluster)
+    publisher = sp._publisher
+    assert publisher is not None and publisher.is_alive()
+    second = percolator.Snapshot(cluster)
+    assert sp._publisher is publisher
+    first.close()
+    second.close()
+
+
+def test_a_closed_safe_point_starts_no_publisher_for_a_transaction_begun_after(
+    cluster: percolator.Cluster,
+) -> None:
+    sp = _safe_point(cluster)
+    sp.close()
+    sp.begin(Hold(), internals(cluster).timestamps.get_timestamp)
+    assert sp._publisher is None
 
 
 # --- a snapshot at a given start timestamp (registered, not drawn) -------------------
