@@ -446,6 +446,9 @@ def test_the_staircase_keeps_each_transaction_that_starts_below_all_begun_after_
     # Begun at the same instant, the younger of two adds nothing: both increase.
     assert staircase([(5, 1.0), (3, 1.0)]) == [(3, 1.0)]
     assert staircase([(3, 1.0), (5, 1.0)]) == [(3, 1.0)]
+    # Two at one start timestamp (snapshots made at a given one): the younger stands
+    # for both.
+    assert staircase([(3, 1.0), (3, 2.0)]) == [(3, 2.0)]
 
 
 @pytest.mark.parametrize("since", [0.0, 10.0, 15.0, 20.0, 22.0, 25.0, 26.0, 28.0, 30.0, 31.0])
