@@ -313,6 +313,101 @@ def test_a_pass_waits_for_every_draw_in_progress_not_only_the_last_to_finish(
     assert [ts for ts, _ in seen[0]] == [quick.start_ts, slow.start_ts]
 
 
+class _Wait:
+    def __init__(self) -> None:
+        self.notified = threading.Event()
+        self.go = threading.Event()
+
+
+class _SteppedCondition:
+    """The safe point's condition on its own lock, where a waiter that is notified goes
+    back for the lock only when the test lets it (``go``): what happens between a
+    wake-up and the waiter's return (another draw beginning) is the test's to choose."""
+
+    def __init__(self, lock: Any) -> None:
+        self._lock = lock
+        self.waits: list[_Wait] = []
+        self._waiting: list[_Wait] = []
+        self.arrived = threading.Semaphore(0)
+
+    def wait(self) -> bool:
+        this = _Wait()
+        self.waits.append(this)
+        self._waiting.append(this)
+        self._lock.release()
+        try:
+            self.arrived.release()
+            this.notified.wait(60)
+            this.go.wait(60)
+        finally:
+            self._lock.acquire()
+        return True
+
+    def notify_all(self) -> None:
+        for this in self._waiting:
+            this.notified.set()
+        self._waiting = []
+
+    def let_all_go(self) -> None:
+        for this in self.waits:
+            this.notified.set()
+            this.go.set()
+
+
+def test_lookers_woken_while_another_draw_begins_are_woken_again_when_it_ends(
+    cluster: percolator.Cluster,
+) -> None:
+    """Two lookers (:meth:`SafePoint.running`) wait for a draw; it ends and wakes them,
+    and another draw begins before they take the lock again: both wait again, and the
+    end of that draw wakes them both (the count of waiters must not drop to 0 while
+    they wait, or nobody wakes them)."""
+    sp = _safe_point(cluster)
+    condition = _SteppedCondition(sp._lock)
+    sp._drawn = condition  # type: ignore[assignment]
+    draw = internals(cluster).timestamps.get_timestamp
+    holds = [Hold(), Hold()]
+    inside = [threading.Event(), threading.Event()]
+    go = [threading.Event(), threading.Event()]
+
+    def begin(i: int) -> None:
+        def parked() -> int:
+            inside[i].set()
+            assert go[i].wait(60)
+            return draw()
+        sp.begin(holds[i], parked)
+
+    drawers = [threading.Thread(target=begin, args=(i,)) for i in range(2)]
+    seen: list[list[tuple[int, float]]] = []
+    lookers = [threading.Thread(target=lambda: seen.append(sp.running())) for _ in range(2)]
+    try:
+        drawers[0].start()
+        assert inside[0].wait(60)
+        for looker in lookers:
+            looker.start()
+            assert condition.arrived.acquire(timeout=60)
+        go[0].set()
+        drawers[0].join(60)
+        first_waits = condition.waits[:2]
+        assert all(w.notified.is_set() for w in first_waits), "the first draw's end wakes both"
+        drawers[1].start()
+        assert inside[1].wait(60)
+        for w in first_waits:  # back for the lock, with the second draw in progress
+            w.go.set()
+            assert condition.arrived.acquire(timeout=60), "a looker waits again"
+        go[1].set()
+        drawers[1].join(60)
+        assert all(w.notified.is_set() for w in condition.waits[2:4]), \
+            "the second draw's end wakes both lookers again"
+    finally:
+        go[0].set()
+        go[1].set()
+        condition.let_all_go()
+        for thread in (*drawers, *lookers):
+            if thread.ident is not None:
+                thread.join(60)
+    assert len(seen) == 2
+
+
 def test_one_publisher_thread_per_client_started_by_its_first_transaction(
     cluster: percolator.Cluster,
 ) -> None:
