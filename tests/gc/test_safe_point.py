@@ -172,13 +172,16 @@ def test_the_holders_are_what_each_client_published(cluster: percolator.Cluster)
     sp = _safe_point(cluster)
     old = percolator.Snapshot(cluster)
     old._began -= 7200
+    middle = percolator.Snapshot(cluster)
+    middle._began -= 3600
     young = percolator.Snapshot(cluster)
     sp.publish()
     (holder,) = sp.holders()
     assert holder == Holder(
         sp.coordination.current_owner(), old.start_ts, int(old._began * 1000) / 1000, True,
-        ((young.start_ts, int(young._began * 1000) / 1000),))
+        tuple((s.start_ts, int(s._began * 1000) / 1000) for s in (middle, young)))
     owner = sp.coordination.current_owner()
+    middle.close()
     young.close()
     sp.publish()
     assert sp.holders() == [Holder(owner, old.start_ts, holder.began, True)]
