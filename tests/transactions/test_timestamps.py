@@ -19,7 +19,13 @@ import percolator
 from percolator._encoding import WRITE
 from percolator._internals import internals
 from percolator._store import INCREMENT, Read
-from percolator._timestamps import ORACLES, HostTimestamps, StoreTimestamps, open_oracle
+from percolator._timestamps import (
+    ORACLES,
+    HostTimestamps,
+    StoreTimestamps,
+    open_oracle,
+    process_alive,
+)
 from percolator.stores import open_store
 from percolator.stores.sqlite import SqliteStore
 from tests._concurrency import ParkedAfterCommit
@@ -638,3 +644,24 @@ def test_an_oracle_scheme_whose_client_is_not_installed_says_what_to_install(
         "the timestamp oracle's client ('missing://host:1') needs grpcio, which is not "
         "installed (No module named 'a_module_that_is_not_installed'): "
         "pip install 'percolator-txn[oracle]'")
+
+
+def test_a_process_this_one_may_not_signal_counts_as_alive() -> None:
+    """A commit in flight in another user's process is waited for, not cleared:
+    ``os.kill(pid, 0)`` on a process this one may not signal raises PermissionError,
+    and the process exists. (As root, asked from a child that drops to nobody.)"""
+    if os.geteuid() != 0:
+        if os.stat("/proc/1").st_uid == os.geteuid():
+            pytest.skip("pid 1 is this user's: no process of another user to ask about")
+        assert process_alive(1)
+        return
+    child = os.fork()
+    if child == 0:
+        code = 2
+        try:
+            os.setuid(65534)
+            code = 0 if process_alive(1) else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "pid 1 counted as dead"
