@@ -194,6 +194,9 @@ class SafePoint:
         being registered with it: :meth:`running` waits for them."""
         self._running: weakref.WeakSet[Running] = weakref.WeakSet()
         self._published: tuple[tuple[int, int], ...] | None = None
+        self._stored = False
+        """Whether this client ever wrote its publication (idle or not): close()
+        withdraws it then, also when the last one written says idle."""
         self._publishing = threading.Lock()
         """One publication at a time: two interleaved could leave an older one stored
         while :attr:`_published` says the newer, which would then never be written."""
@@ -202,16 +205,10 @@ class SafePoint:
 
     # --- the persisted safe point ---------------------------------------------------
 
-    def current(self) -> int:
-        """The safe point, from the cache while it is younger than :attr:`refresh`."""
-        if time.monotonic() - self._fetched > self.refresh:
-            self.fetch()
-        return self._value
-
     def check(self, start_ts: int, what: str = "transaction") -> None:
         """Raise :class:`SnapshotTooOldError` if *start_ts* is below the safe point
         (*what* names its reader in the message: a transaction, or a snapshot)."""
-        if time.monotonic() - self._fetched > self.refresh:  # current(), in line
+        if time.monotonic() - self._fetched > self.refresh:  # the cache is stale
             self.fetch()
         if start_ts < self._value:
             raise SnapshotTooOldError(start_ts, self._value, what)
@@ -388,7 +385,7 @@ class SafePoint:
         self.store.mutate_rows(META_TABLE, [Mutation(  # one row: a pass reads both of a moment
             ROW, [(CLIENT_PREFIX + owner, 0, oldest)] + ([(column, 0, younger)] if younger else []),
             deletes=[] if younger else [(column, 0)])])
-        self._published = steps
+        self._published, self._stored = steps, True
 
     def _publish_loop(self) -> None:
         stop = self._stop
@@ -438,9 +435,8 @@ class SafePoint:
             # The store closes next, and an SQLite connection closed under a write in
             # progress on another thread crashes the process (seen in a suite run).
             publisher.join(timeout=60)
-        published = self._published is not None
-        withdrawn = [prefix for prefix, done in ((CLIENT_PREFIX, published),
-                                                 (YOUNGER_PREFIX, published),
+        withdrawn = [prefix for prefix, done in ((CLIENT_PREFIX, self._stored),
+                                                 (YOUNGER_PREFIX, self._stored),
                                                  (REFRESH_PREFIX, self._announced)) if done]
         if withdrawn:
             try:

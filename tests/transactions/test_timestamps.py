@@ -19,7 +19,13 @@ import percolator
 from percolator._encoding import WRITE
 from percolator._internals import internals
 from percolator._store import INCREMENT, Read
-from percolator._timestamps import HostTimestamps, StoreTimestamps
+from percolator._timestamps import (
+    ORACLES,
+    HostTimestamps,
+    StoreTimestamps,
+    open_oracle,
+    process_alive,
+)
 from percolator.stores import open_store
 from percolator.stores.sqlite import SqliteStore
 from tests._concurrency import ParkedAfterCommit
@@ -584,3 +590,78 @@ def test_a_draw_after_a_commit_is_visible_is_above_it_even_while_its_slot_is_set
         writer.join(10)
         assert began[0].start_ts > commit_ts[0]
         assert began[0].get("t", b"x", "c:v") == b"new"
+
+
+# --- open_oracle: the client of an oracle target, by its scheme's entry in ORACLES ---------
+
+
+class RecordedOracle:
+    """An oracle client that records how it was made (registered in ORACLES by the
+    tests below, as a package registers its scheme)."""
+
+    def __init__(self, target: str, **options: Any) -> None:
+        self.target, self.options = target, options
+
+
+def test_an_oracle_target_is_opened_by_its_schemes_entry_with_the_options(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The scheme is what comes before the first ``://`` (the rest is the client's to
+    read, ``://`` and all); its entry names ``module:callable``, called with the whole
+    target and the options."""
+    monkeypatch.setitem(ORACLES, "recorded", f"{__name__}:RecordedOracle")
+    client = open_oracle("recorded://host:1/path://x", deadline=2.5, tls=None)
+    assert isinstance(client, RecordedOracle)
+    assert (client.target, client.options) == ("recorded://host:1/path://x",
+                                               {"deadline": 2.5, "tls": None})
+
+
+def test_an_oracle_target_that_is_not_a_str_is_refused_naming_its_type() -> None:
+    with pytest.raises(percolator.InvalidArgument) as refused:
+        open_oracle(7)  # type: ignore[arg-type]
+    assert str(refused.value) == "oracle target must be a str, got int: 7"
+
+
+def test_an_oracle_target_of_no_registered_scheme_is_refused_naming_the_schemes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(ORACLES, "recorded", f"{__name__}:RecordedOracle")
+    for target in ("http://recorded://x", "://recorded"):
+        with pytest.raises(percolator.InvalidArgument) as refused:
+            open_oracle(target)
+        assert str(refused.value) == (
+            f"oracle target {target!r} must look like 'grpc://...', 'grpcs://...', "
+            "'zk://...', 'recorded://...'")
+
+
+def test_an_oracle_scheme_whose_client_is_not_installed_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(ORACLES, "missing", "a_module_that_is_not_installed:Client")
+    with pytest.raises(percolator.OracleUnavailable) as missing:
+        open_oracle("missing://host:1")
+    assert str(missing.value).startswith(
+        "the timestamp oracle's client ('missing://host:1') needs grpcio, which is not "
+        "installed (No module named 'a_module_that_is_not_installed'): "
+        "pip install 'percolator-txn[oracle]'")
+
+
+def test_a_process_this_one_may_not_signal_counts_as_alive() -> None:
+    """A commit in flight in another user's process is waited for, not cleared:
+    ``os.kill(pid, 0)`` on a process this one may not signal raises PermissionError,
+    and the process exists. (As root, asked from a child that drops to nobody.)"""
+    if os.geteuid() != 0:
+        if os.stat("/proc/1").st_uid == os.geteuid():
+            pytest.skip("pid 1 is this user's: no process of another user to ask about")
+        assert process_alive(1)
+        return
+    child = os.fork()
+    if child == 0:
+        code = 2
+        try:
+            os.setuid(65534)
+            code = 0 if process_alive(1) else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "pid 1 counted as dead"
