@@ -178,6 +178,76 @@ def test_a_commit_point_without_a_yes_is_told_by_its_primary_or_reported_unknown
         assert isinstance(info.value.__cause__, percolator.StoreUnavailable)
 
 
+class _CommitPointFails:
+    """The cluster's store, whose compare-and-set (the commit point's) fails after it
+    applied or before, and whose reads fail from then on: ``lock_cas`` cannot tell,
+    and hands the error to ``committed_anyway``, which reads the primary through the
+    cluster's own store."""
+
+    def __init__(self, store: Any, applied: bool) -> None:
+        self._store, self.applied, self.failed = store, applied, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def check_and_set(self, *args: Any, **kwargs: Any) -> bool:
+        if self.applied:
+            self._store.check_and_set(*args, **kwargs)
+        self.failed = True
+        raise percolator.StoreUnavailable("connection dropped")
+
+    def read_rows(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failed:
+            raise percolator.StoreUnavailable("connection dropped")
+        return self._store.read_rows(*args, **kwargs)
+
+
+@pytest.mark.parametrize("backend", [SQLITE])
+@pytest.mark.parametrize("applied", [True, False], ids=["applied", "not-applied"])
+def test_a_commit_point_whose_store_call_fails_is_told_by_its_primary(
+    accounts: Cluster, backend: str, applied: bool
+) -> None:
+    """The commit point's compare-and-set fails (its answer lost): the primary, read
+    again, tells. Its commit record at our commit timestamp: committed, the commit
+    goes on. Still locked: unknown (CommitUnknownError, with the store's error), not a
+    conflict, which would tell the caller that nothing committed."""
+    txn = Transaction(accounts)
+    txn.set(T, b"alice", C, b"a")
+    txn.set(T, b"bob", C, b"b")
+    committer = TwoPhaseCommit.of(txn)
+    committer.prewrite()
+    commit_ts = committer.parts.timestamps.get_timestamp()
+    store = committer.store
+    committer.store = _CommitPointFails(store, applied)  # type: ignore[assignment]
+    if not applied:
+        with pytest.raises(percolator.CommitUnknownError,
+                           match=f"failed at the commit point of transaction {txn.start_ts}: "
+                                 "connection dropped; it may or may not have committed"):
+            committer.commit_point(commit_ts)
+        assert txn.commit_ts is None
+        return
+    committer.commit_point(commit_ts)
+    assert txn.commit_ts == commit_ts
+    committer.store = store
+    committer.commit_secondaries(commit_ts)
+    with percolator.Snapshot(accounts) as snap:
+        assert (snap.get(T, b"alice", C), snap.get(T, b"bob", C)) == (b"a", b"b")
+
+
+@pytest.mark.parametrize("backend", [SQLITE])
+def test_each_two_phase_commit_counts_once_in_the_clusters_stats(
+    accounts: Cluster, backend: str
+) -> None:
+    """``percolator status``'s commits: one per two-phase commit."""
+    stats = internals(accounts).stats
+    commits = stats["commits"]
+    for value in (b"1", b"2"):
+        with Transaction(accounts) as txn:
+            txn.set(T, b"alice", C, value)
+            txn.set(T, b"bob", C, value)
+    assert stats["commits"] == commits + 2
+
+
 class _Counted:
     """The cluster's real store behind a proxy that records ``(method, table)`` calls."""
 
@@ -338,6 +408,10 @@ def test_secondaries_are_recorded_in_one_batch_per_table_where_a_release_cannot_
         else:
             txn.set(table, row, C, value)
     txn.commit()
+    # Every lock FREE before anything reads (a read would roll a decided lock forward).
+    for table, row in written:
+        lock = store.read_rows(table, [row], [Read(LOCK, (C,))])[row][f"{LOCK}:{C}"]
+        assert isinstance(decode_lock(lock[0][1]), Free)
     batches = {table: n for (name, table), n in counted.calls.items() if name == "mutate_rows"}
     # Without atomic row CAS: the primary's record after its commit point, then one
     # batch per table of the secondaries' records (the notifications' index entries,
@@ -352,9 +426,6 @@ def test_secondaries_are_recorded_in_one_batch_per_table_where_a_release_cannot_
     assert (ts, decode_write(record)[0]) == (txn.commit_ts, WriteKind.DELETE)
     found = [(n.table, n.row, n.timestamps) for n in pending_notifications(accounts)]
     assert sorted(found) == [("audit", b"x", (txn.commit_ts,)), ("audit", b"y", (txn.commit_ts,))]
-    for table, row in written:
-        lock = store.read_rows(table, [row], [Read(LOCK, (C,))])[row][f"{LOCK}:{C}"]
-        assert isinstance(decode_lock(lock[0][1]), Free)
 
 
 @pytest.mark.parametrize("backend", [SQLITE])
