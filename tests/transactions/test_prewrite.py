@@ -6,6 +6,7 @@ takes on the remote backends."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,20 @@ import pytest
 
 import percolator
 from observers import Observer, Worker
-from percolator import Cluster, Transaction, TransactionBase
+from percolator import Cluster, ConflictError, Transaction, TransactionBase
+from percolator import _two_phase as two_phase
 from percolator._commit import commit_transaction
-from percolator._encoding import LOCK, META_TABLE, WRITE, Free, WriteKind, decode_lock, decode_write
+from percolator._encoding import (
+    LOCK,
+    META_TABLE,
+    WRITE,
+    Free,
+    Lock,
+    WriteKind,
+    decode_lock,
+    decode_write,
+    encode_lock,
+)
 from percolator._internals import internals
 from percolator._notifications import pending_notifications
 from percolator._store import Read
@@ -246,6 +258,64 @@ def test_each_two_phase_commit_counts_once_in_the_clusters_stats(
             txn.set(T, b"alice", C, value)
             txn.set(T, b"bob", C, value)
     assert stats["commits"] == commits + 2
+
+
+class _Clock:
+    """``percolator._two_phase``'s clock, moved by the test: a commit's age
+    (``monotonic``) and the wall time its locks carry (``time``)."""
+
+    def __init__(self) -> None:
+        self.now, self.wall = 1000.0, 1_800_000_000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.wall
+
+
+@pytest.mark.parametrize("backend", [SQLITE])
+def test_a_commit_refreshes_its_primary_once_a_third_of_its_ttl_has_passed(
+    accounts: Cluster, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long commit sets its primary's lock again with a fresh wall time (so that
+    cleaners leave it alone) once a third of the lock's TTL has passed since it last
+    did, not before; a primary rolled back by a cleaner meanwhile is a conflict. The
+    clock is the test's: the TTL's third falls on an exact instant."""
+    clock = _Clock()
+    monkeypatch.setattr(two_phase, "time", clock)
+    txn = Transaction(accounts)
+    txn.set(T, b"alice", C, b"a")
+    txn.set(T, b"bob", C, b"b")
+    committer = TwoPhaseCommit.of(txn)
+    committer.ttl_ms = 3000  # a third: 1 s
+    committer.prewrite()
+    p, store = committer.primary, internals(accounts).store
+
+    def stored() -> bytes:
+        cells = store.read_rows(T, [b"alice"], [Read(LOCK, (C,))])[b"alice"]
+        return bytes(cells[f"{LOCK}:{C}"][0][1])
+
+    locked = stored()
+    assert p.held == locked
+    clock.wall += 5.0
+    clock.now = 1000.9995  # just under a third of the TTL: left as it is
+    committer._refresh_primary()
+    assert (stored(), p.held, committer.refreshed_at) == (locked, locked, 1000.0)
+    clock.now = 1001.0  # a third
+    committer._refresh_primary()
+    fresh = stored()
+    assert fresh != locked and p.held == fresh and committer.refreshed_at == 1001.0
+    before = decode_lock(locked)
+    assert isinstance(before, Lock)
+    assert decode_lock(fresh) == replace(before, wall_ms=int(clock.wall * 1000))
+    clock.now = 1002.0
+    store.check_and_set(T, b"alice", f"{LOCK}:{C}", fresh,
+                        encode_lock(Free(txn.start_ts, False)))  # a cleaner's rollback
+    with pytest.raises(ConflictError) as info:
+        committer._refresh_primary()
+    assert str(info.value) == (f"write-write conflict on {T}/{b'alice'!r}/{C}: rolled back by a "
+                               f"cleaner while committing (transaction {txn.start_ts})")
 
 
 class _Counted:
