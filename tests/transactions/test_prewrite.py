@@ -31,7 +31,7 @@ from percolator._encoding import (
 from percolator._internals import internals
 from percolator._notifications import pending_notifications
 from percolator._store import Read
-from percolator._timestamps import StoreTimestamps
+from percolator._timestamps import NextStart, StoreTimestamps
 from percolator._two_phase import TwoPhaseCommit, committed_anyway
 from percolator.testing import CrashPoint, SimulatedCrash, client_of, crash_commit
 from tests._backends import BIGTABLE, SQLITE
@@ -258,6 +258,23 @@ def test_each_two_phase_commit_counts_once_in_the_clusters_stats(
             txn.set(T, b"alice", C, value)
             txn.set(T, b"bob", C, value)
     assert stats["commits"] == commits + 2
+
+
+@pytest.mark.parametrize("backend", [SQLITE])
+def test_a_two_phase_commit_asked_for_a_next_start_draws_it_one_above_its_commit(
+    accounts: Cluster, backend: str
+) -> None:
+    """A commit whose transaction holds a ``NextStart`` (an observer run's, or on the
+    cluster stores any transaction's) draws two timestamps in one request: it commits
+    at the first and leaves the second, one above, for its thread's next
+    transaction (docs/timestamps.md, "A start timestamp drawn with the previous
+    commit"). The embedded store's transactions take none by themselves."""
+    txn = Transaction(accounts)
+    txn.set(T, b"alice", C, b"a")
+    txn._next_start = spare = NextStart()
+    commit_ts = txn.commit()
+    assert spare.ts == commit_ts + 1
+    assert Transaction(accounts).get(T, b"alice", C) == b"a"
 
 
 class _Clock:
