@@ -5,6 +5,7 @@ takes on the remote backends."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +30,7 @@ from percolator._encoding import (
     encode_lock,
 )
 from percolator._internals import internals
+from percolator._lock_resolver import UNTOLD
 from percolator._notifications import pending_notifications
 from percolator._store import Read
 from percolator._timestamps import NextStart, StoreTimestamps
@@ -275,6 +277,51 @@ def test_a_two_phase_commit_asked_for_a_next_start_draws_it_one_above_its_commit
     commit_ts = txn.commit()
     assert spare.ts == commit_ts + 1
     assert Transaction(accounts).get(T, b"alice", C) == b"a"
+
+
+def _lock_of(txn: Transaction) -> Lock:
+    """A lock of *txn*, as a reader of its client would meet it (live for its TTL)."""
+    return Lock(start_ts=txn.start_ts, primary_table=T, primary_row=b"alice",
+                primary_column=C, owner="", wall_ms=int(time.time() * 1000), ttl_ms=30_000)
+
+
+@pytest.mark.parametrize("backend", [SQLITE])
+def test_a_commit_tells_its_clients_readers_how_it_ended(accounts: Cluster, backend: str) -> None:
+    """``CommitsInFlight``: a two-phase commit that conflicts in its prewrite, or whose
+    prewrite the store fails, tells its client's readers it is rolled back (and counts
+    its conflict); one that dies (a simulated crash) is forgotten, so that its locks are
+    resolved through the store, as any dead client's; none stays in flight once ended."""
+    parts = internals(accounts)
+    in_flight, stats = parts.in_flight, parts.stats
+    conflicts = stats["conflicts"]
+    losers = [Transaction(accounts) for _ in range(2)]
+    with Transaction(accounts) as first:
+        first.set(T, b"alice", C, b"first")
+    for loser in losers:
+        loser.set(T, b"alice", C, b"loser")
+        with pytest.raises(ConflictError):
+            loser.commit()
+        assert in_flight.settle(_lock_of(loser), loser.start_ts + 10) == (0, False)
+    assert stats["conflicts"] == conflicts + 2
+    failed = Transaction(accounts)
+    failed.set(T, b"bob", C, b"failed")
+    store = parts.store
+    parts.store = _CommitPointFails(store, applied=False)  # type: ignore[assignment]
+    try:
+        with pytest.raises(percolator.StoreUnavailable):
+            failed.commit()
+    finally:
+        parts.store = store
+    assert in_flight.settle(_lock_of(failed), failed.start_ts + 10) == (0, False)
+    with Transaction(accounts) as last:
+        last.set(T, b"alice", C, b"last")
+    assert not in_flight._flights
+    client = client_of(accounts)  # its owner dies with the crash
+    client.one_phase_commit = False
+    dead = Transaction(client)
+    dead.set(T, b"alice", C, b"dead")
+    assert crash_commit(dead, CrashPoint("commit_point"))
+    assert internals(client).in_flight.settle(_lock_of(dead), dead.start_ts) is UNTOLD
 
 
 class _Clock:
