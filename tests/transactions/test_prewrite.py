@@ -285,12 +285,23 @@ def _lock_of(txn: Transaction) -> Lock:
                 primary_column=C, owner="", wall_ms=int(time.time() * 1000), ttl_ms=30_000)
 
 
+class _NoTimestamps:
+    """A timestamp source that cannot draw."""
+
+    def get_timestamp(self) -> int:
+        raise percolator.OracleUnavailable("no timestamp")
+
+    def get_timestamps(self, n: int) -> range:
+        raise percolator.OracleUnavailable("no timestamp")
+
+
 @pytest.mark.parametrize("backend", [SQLITE])
 def test_a_commit_tells_its_clients_readers_how_it_ended(accounts: Cluster, backend: str) -> None:
-    """``CommitsInFlight``: a two-phase commit that conflicts in its prewrite, or whose
-    prewrite the store fails, tells its client's readers it is rolled back (and counts
-    its conflict); one that dies (a simulated crash) is forgotten, so that its locks are
-    resolved through the store, as any dead client's; none stays in flight once ended."""
+    """``CommitsInFlight``: a two-phase commit that conflicts in its prewrite, whose
+    prewrite the store fails, or that gets no commit timestamp, tells its client's
+    readers it is rolled back (and counts its conflict); one that dies (a simulated
+    crash) is forgotten, so that its locks are resolved through the store, as any dead
+    client's; none stays in flight once ended."""
     parts = internals(accounts)
     in_flight, stats = parts.in_flight, parts.stats
     conflicts = stats["conflicts"]
@@ -313,6 +324,16 @@ def test_a_commit_tells_its_clients_readers_how_it_ended(accounts: Cluster, back
     finally:
         parts.store = store
     assert in_flight.settle(_lock_of(failed), failed.start_ts + 10) == (0, False)
+    undrawn = Transaction(accounts)
+    undrawn.set(T, b"bob", C, b"undrawn")
+    timestamps = parts.timestamps
+    parts.timestamps = _NoTimestamps()  # type: ignore[assignment]
+    try:
+        with pytest.raises(percolator.OracleUnavailable):
+            undrawn.commit()  # prewritten, then no commit timestamp
+    finally:
+        parts.timestamps = timestamps
+    assert in_flight.settle(_lock_of(undrawn), undrawn.start_ts + 10) == (0, False)
     with Transaction(accounts) as last:
         last.set(T, b"alice", C, b"last")
     assert not in_flight._flights
