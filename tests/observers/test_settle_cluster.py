@@ -56,12 +56,16 @@ def test_the_commit_point_deletes_the_served_notification(cas_deletes: Cluster) 
     counting = NotifyDeletes(internals(cluster).store)
     internals(cluster).store = counting  # type: ignore[assignment]
     try:
-        with Worker(cluster, [Copy], threads=1):
+        with Worker(cluster, [Copy], threads=1) as worker:
             wait_for_observers(cluster, 60)
     finally:
         internals(cluster).store = counting._store
     assert not list(pending_notifications(cluster))
     assert counting.deletions == 0  # every one deleted by its run's commit point
+    # ... and each run's commit returned: the worker counts ten runs committed (an
+    # error raised after the commit point is no failure of the observer's, but ends the
+    # scanner's pass with the run uncounted).
+    assert worker.stats["committed"] == 10
     rows = dict(percolator.Transaction(cluster).scan("t"))
     assert {r: v["out:v"] for r, v in rows.items()} == {
         b"r%02d" % i: b"v%d" % i for i in range(10)}

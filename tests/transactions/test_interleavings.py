@@ -73,13 +73,17 @@ def test_a_commit_point_lost_to_a_cleaner_leaves_nothing_visible(bank: Cluster) 
     (else alice's write record lands while T1 gets ConflictError)."""
     with Interleaving(bank) as world:
         client = committer(bank)
-        t1 = world.actor("T1", transfer(client).commit, clients=[client])
+        lost = transfer(client)
+        t1 = world.actor("T1", lost.commit, clients=[client])
         t1.run_until(is_timestamp)  # both cells locked; its commit timestamp is next
         t1.run_until(lambda step: step.matches("check_and_set", row=ALICE))
         internals(client).coordination.close()  # its session expires while it is paused
         assert balances(bank) == (b"100", b"0")  # the reader rolled it back
-        with pytest.raises(ConflictError):
+        with pytest.raises(ConflictError) as info:
             t1.finish()
+    assert str(info.value) == (
+        f"write-write conflict on {T}/{ALICE!r}/{COL}: rolled back by a cleaner before the "
+        f"commit point (transaction {lost.start_ts})")
     assert balances(bank) == (b"100", b"0")
 
 

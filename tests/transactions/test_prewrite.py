@@ -5,7 +5,9 @@ takes on the remote backends."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +15,25 @@ import pytest
 
 import percolator
 from observers import Observer, Worker
-from percolator import Cluster, Transaction, TransactionBase
+from percolator import Cluster, ConflictError, Transaction, TransactionBase
+from percolator import _two_phase as two_phase
 from percolator._commit import commit_transaction
-from percolator._encoding import LOCK, META_TABLE, WRITE, Free, WriteKind, decode_lock, decode_write
+from percolator._encoding import (
+    LOCK,
+    META_TABLE,
+    WRITE,
+    Free,
+    Lock,
+    WriteKind,
+    decode_lock,
+    decode_write,
+    encode_lock,
+)
 from percolator._internals import internals
+from percolator._lock_resolver import UNTOLD
 from percolator._notifications import pending_notifications
 from percolator._store import Read
-from percolator._timestamps import StoreTimestamps
+from percolator._timestamps import NextStart, StoreTimestamps
 from percolator._two_phase import TwoPhaseCommit, committed_anyway
 from percolator.testing import CrashPoint, SimulatedCrash, client_of, crash_commit
 from tests._backends import BIGTABLE, SQLITE
@@ -176,6 +190,217 @@ def test_a_commit_point_without_a_yes_is_told_by_its_primary_or_reported_unknown
                                  r".*closed database.*; it may or may not have committed") as info:
             committed_anyway(parts, lock, commit_ts, None)
         assert isinstance(info.value.__cause__, percolator.StoreUnavailable)
+
+
+class _CommitPointFails:
+    """The cluster's store, whose compare-and-set (the commit point's) fails after it
+    applied or before, and whose reads fail from then on: ``lock_cas`` cannot tell,
+    and hands the error to ``committed_anyway``, which reads the primary through the
+    cluster's own store."""
+
+    def __init__(self, store: Any, applied: bool) -> None:
+        self._store, self.applied, self.failed = store, applied, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def check_and_set(self, *args: Any, **kwargs: Any) -> bool:
+        if self.applied:
+            self._store.check_and_set(*args, **kwargs)
+        self.failed = True
+        raise percolator.StoreUnavailable("connection dropped")
+
+    def read_rows(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failed:
+            raise percolator.StoreUnavailable("connection dropped")
+        return self._store.read_rows(*args, **kwargs)
+
+
+@pytest.mark.parametrize("backend", [SQLITE])
+@pytest.mark.parametrize("applied", [True, False], ids=["applied", "not-applied"])
+def test_a_commit_point_whose_store_call_fails_is_told_by_its_primary(
+    accounts: Cluster, backend: str, applied: bool
+) -> None:
+    """The commit point's compare-and-set fails (its answer lost): the primary, read
+    again, tells. Its commit record at our commit timestamp: committed, the commit
+    goes on. Still locked: unknown (CommitUnknownError, with the store's error), not a
+    conflict, which would tell the caller that nothing committed."""
+    txn = Transaction(accounts)
+    txn.set(T, b"alice", C, b"a")
+    txn.set(T, b"bob", C, b"b")
+    committer = TwoPhaseCommit.of(txn)
+    committer.prewrite()
+    commit_ts = committer.parts.timestamps.get_timestamp()
+    store = committer.store
+    committer.store = _CommitPointFails(store, applied)  # type: ignore[assignment]
+    if not applied:
+        with pytest.raises(percolator.CommitUnknownError,
+                           match=f"failed at the commit point of transaction {txn.start_ts}: "
+                                 "connection dropped; it may or may not have committed"):
+            committer.commit_point(commit_ts)
+        assert txn.commit_ts is None
+        return
+    committer.commit_point(commit_ts)
+    assert txn.commit_ts == commit_ts
+    committer.store = store
+    committer.commit_secondaries(commit_ts)
+    with percolator.Snapshot(accounts) as snap:
+        assert (snap.get(T, b"alice", C), snap.get(T, b"bob", C)) == (b"a", b"b")
+
+
+@pytest.mark.parametrize("backend", [SQLITE])
+def test_each_two_phase_commit_counts_once_in_the_clusters_stats(
+    accounts: Cluster, backend: str
+) -> None:
+    """``percolator status``'s commits: one per two-phase commit."""
+    stats = internals(accounts).stats
+    commits = stats["commits"]
+    for value in (b"1", b"2"):
+        with Transaction(accounts) as txn:
+            txn.set(T, b"alice", C, value)
+            txn.set(T, b"bob", C, value)
+    assert stats["commits"] == commits + 2
+
+
+@pytest.mark.parametrize("backend", [SQLITE])
+def test_a_two_phase_commit_asked_for_a_next_start_draws_it_one_above_its_commit(
+    accounts: Cluster, backend: str
+) -> None:
+    """A commit whose transaction holds a ``NextStart`` (an observer run's, or on the
+    cluster stores any transaction's) draws two timestamps in one request: it commits
+    at the first and leaves the second, one above, for its thread's next
+    transaction (docs/timestamps.md, "A start timestamp drawn with the previous
+    commit"). The embedded store's transactions take none by themselves."""
+    txn = Transaction(accounts)
+    txn.set(T, b"alice", C, b"a")
+    txn._next_start = spare = NextStart()
+    commit_ts = txn.commit()
+    assert spare.ts == commit_ts + 1
+    assert Transaction(accounts).get(T, b"alice", C) == b"a"
+
+
+def _lock_of(txn: Transaction) -> Lock:
+    """A lock of *txn*, as a reader of its client would meet it (live for its TTL)."""
+    return Lock(start_ts=txn.start_ts, primary_table=T, primary_row=b"alice",
+                primary_column=C, owner="", wall_ms=int(time.time() * 1000), ttl_ms=30_000)
+
+
+class _NoTimestamps:
+    """A timestamp source that cannot draw."""
+
+    def get_timestamp(self) -> int:
+        raise percolator.OracleUnavailable("no timestamp")
+
+    def get_timestamps(self, n: int) -> range:
+        raise percolator.OracleUnavailable("no timestamp")
+
+
+@pytest.mark.parametrize("backend", [SQLITE])
+def test_a_commit_tells_its_clients_readers_how_it_ended(accounts: Cluster, backend: str) -> None:
+    """``CommitsInFlight``: a two-phase commit that conflicts in its prewrite, whose
+    prewrite the store fails, or that gets no commit timestamp, tells its client's
+    readers it is rolled back (and counts its conflict); one that dies (a simulated
+    crash) is forgotten, so that its locks are resolved through the store, as any dead
+    client's; none stays in flight once ended."""
+    parts = internals(accounts)
+    in_flight, stats = parts.in_flight, parts.stats
+    conflicts = stats["conflicts"]
+    losers = [Transaction(accounts) for _ in range(2)]
+    with Transaction(accounts) as first:
+        first.set(T, b"alice", C, b"first")
+    for loser in losers:
+        loser.set(T, b"alice", C, b"loser")
+        with pytest.raises(ConflictError):
+            loser.commit()
+        assert in_flight.settle(_lock_of(loser), loser.start_ts + 10) == (0, False)
+    assert stats["conflicts"] == conflicts + 2
+    failed = Transaction(accounts)
+    failed.set(T, b"bob", C, b"failed")
+    store = parts.store
+    parts.store = _CommitPointFails(store, applied=False)  # type: ignore[assignment]
+    try:
+        with pytest.raises(percolator.StoreUnavailable):
+            failed.commit()
+    finally:
+        parts.store = store
+    assert in_flight.settle(_lock_of(failed), failed.start_ts + 10) == (0, False)
+    undrawn = Transaction(accounts)
+    undrawn.set(T, b"bob", C, b"undrawn")
+    timestamps = parts.timestamps
+    parts.timestamps = _NoTimestamps()  # type: ignore[assignment]
+    try:
+        with pytest.raises(percolator.OracleUnavailable):
+            undrawn.commit()  # prewritten, then no commit timestamp
+    finally:
+        parts.timestamps = timestamps
+    assert in_flight.settle(_lock_of(undrawn), undrawn.start_ts + 10) == (0, False)
+    with Transaction(accounts) as last:
+        last.set(T, b"alice", C, b"last")
+    assert not in_flight._flights
+    client = client_of(accounts)  # its owner dies with the crash
+    client.one_phase_commit = False
+    dead = Transaction(client)
+    dead.set(T, b"alice", C, b"dead")
+    assert crash_commit(dead, CrashPoint("commit_point"))
+    assert internals(client).in_flight.settle(_lock_of(dead), dead.start_ts) is UNTOLD
+
+
+class _Clock:
+    """``percolator._two_phase``'s clock, moved by the test: a commit's age
+    (``monotonic``) and the wall time its locks carry (``time``)."""
+
+    def __init__(self) -> None:
+        self.now, self.wall = 1000.0, 1_800_000_000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.wall
+
+
+@pytest.mark.parametrize("backend", [SQLITE])
+def test_a_commit_refreshes_its_primary_once_a_third_of_its_ttl_has_passed(
+    accounts: Cluster, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A long commit sets its primary's lock again with a fresh wall time (so that
+    cleaners leave it alone) once a third of the lock's TTL has passed since it last
+    did, not before; a primary rolled back by a cleaner meanwhile is a conflict. The
+    clock is the test's: the TTL's third falls on an exact instant."""
+    clock = _Clock()
+    monkeypatch.setattr(two_phase, "time", clock)
+    txn = Transaction(accounts)
+    txn.set(T, b"alice", C, b"a")
+    txn.set(T, b"bob", C, b"b")
+    committer = TwoPhaseCommit.of(txn)
+    committer.ttl_ms = 3000  # a third: 1 s
+    committer.prewrite()
+    p, store = committer.primary, internals(accounts).store
+
+    def stored() -> bytes:
+        cells = store.read_rows(T, [b"alice"], [Read(LOCK, (C,))])[b"alice"]
+        return bytes(cells[f"{LOCK}:{C}"][0][1])
+
+    locked = stored()
+    assert p.held == locked
+    clock.wall += 5.0
+    clock.now = 1000.9995  # just under a third of the TTL: left as it is
+    committer._refresh_primary()
+    assert (stored(), p.held, committer.refreshed_at) == (locked, locked, 1000.0)
+    clock.now = 1001.0  # a third
+    committer._refresh_primary()
+    fresh = stored()
+    assert fresh != locked and p.held == fresh and committer.refreshed_at == 1001.0
+    before = decode_lock(locked)
+    assert isinstance(before, Lock)
+    assert decode_lock(fresh) == replace(before, wall_ms=int(clock.wall * 1000))
+    clock.now = 1002.0
+    store.check_and_set(T, b"alice", f"{LOCK}:{C}", fresh,
+                        encode_lock(Free(txn.start_ts, False)))  # a cleaner's rollback
+    with pytest.raises(ConflictError) as info:
+        committer._refresh_primary()
+    assert str(info.value) == (f"write-write conflict on {T}/{b'alice'!r}/{C}: rolled back by a "
+                               f"cleaner while committing (transaction {txn.start_ts})")
 
 
 class _Counted:
@@ -338,6 +563,10 @@ def test_secondaries_are_recorded_in_one_batch_per_table_where_a_release_cannot_
         else:
             txn.set(table, row, C, value)
     txn.commit()
+    # Every lock FREE before anything reads (a read would roll a decided lock forward).
+    for table, row in written:
+        lock = store.read_rows(table, [row], [Read(LOCK, (C,))])[row][f"{LOCK}:{C}"]
+        assert isinstance(decode_lock(lock[0][1]), Free)
     batches = {table: n for (name, table), n in counted.calls.items() if name == "mutate_rows"}
     # Without atomic row CAS: the primary's record after its commit point, then one
     # batch per table of the secondaries' records (the notifications' index entries,
@@ -352,9 +581,6 @@ def test_secondaries_are_recorded_in_one_batch_per_table_where_a_release_cannot_
     assert (ts, decode_write(record)[0]) == (txn.commit_ts, WriteKind.DELETE)
     found = [(n.table, n.row, n.timestamps) for n in pending_notifications(accounts)]
     assert sorted(found) == [("audit", b"x", (txn.commit_ts,)), ("audit", b"y", (txn.commit_ts,))]
-    for table, row in written:
-        lock = store.read_rows(table, [row], [Read(LOCK, (C,))])[row][f"{LOCK}:{C}"]
-        assert isinstance(decode_lock(lock[0][1]), Free)
 
 
 @pytest.mark.parametrize("backend", [SQLITE])
