@@ -240,14 +240,24 @@ def test_a_committed_primary_met_by_a_reader_is_rolled_forward(url: str) -> None
 
 class AnswerLostAfterOthersMove:
     """The real store, whose first compare-and-set applies, then lets *meanwhile* run
-    (another client moving on), then loses its answer: a dropped connection."""
+    (another client moving on, or the store going :attr:`down`), then loses its
+    answer: a dropped connection. While :attr:`down`, every read fails too (counted in
+    :attr:`reads_failed`)."""
 
     def __init__(self, store: Any, meanwhile: Any) -> None:
         self._store, self._meanwhile = store, meanwhile
         self.lost = 0
+        self.down = False
+        self.reads_failed = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
+
+    def read_rows(self, *args: Any, **kwargs: Any) -> Any:
+        if self.down:
+            self.reads_failed += 1
+            raise StoreUnavailable("the store is down")
+        return self._store.read_rows(*args, **kwargs)
 
     def check_and_set(self, *args: Any, **kwargs: Any) -> bool:
         applied = bool(self._store.check_and_set(*args, **kwargs))
@@ -284,6 +294,33 @@ def test_a_release_whose_answer_is_lost_after_the_cell_moved_on_reads_again(
         # Y's records stand; dead Z's lock, met by a later reader, is rolled back.
         assert Transaction(reader).get("t", b"r2", "c:v") == b"y"
         assert Transaction(reader).get("t", b"r1", "c:v") == b"y"
+
+
+def test_a_release_whose_answer_is_lost_while_the_store_is_down_raises_its_error(
+        url: str) -> None:
+    # Y dies right after its commit point (its primary left COMMITTED). A reader rolls
+    # it forward; its release applies, then the store goes down and the answer is lost.
+    # The cell cannot be read again (neither by lock_cas, looking for its FREE, nor by
+    # release, looking for the cell moved on), so whether the release applied is
+    # unknown: the reader gets the compare-and-set's own StoreUnavailable, not the
+    # read's. Once the store is back, Y's outcome is there.
+    with percolator.connect(url, lock_wait=10) as reader:
+        _dies_after_its_commit_point(reader)
+
+        def store_goes_down() -> None:
+            store.down = True
+
+        store = AnswerLostAfterOthersMove(internals(reader).store, store_goes_down)
+        internals(reader).store = store  # type: ignore[assignment]
+        with pytest.raises(StoreUnavailable, match=r"^connection lost before the answer"):
+            Transaction(reader).get("t", b"r1", "c:v")
+        assert store.lost == 1
+        assert store.reads_failed == 2  # lock_cas's read, then release's
+        store.down = False
+        primary = store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
+        assert isinstance(decode_lock(primary[b"r1"][f"{LOCK}:c:v"][0][1]), Free)
+        assert Transaction(reader).get("t", b"r1", "c:v") == b"y"
+        assert Transaction(reader).get("t", b"r2", "c:v") == b"y"
 
 
 class SlowStore:
