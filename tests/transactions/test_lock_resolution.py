@@ -494,3 +494,164 @@ def test_a_read_after_a_commit_point_of_its_own_client_sees_it_before_its_releas
             parked.committer.join()  # type: ignore[union-attr]
         lock = internals(cluster).store.read_rows("t", [b"r2"], [Read(LOCK, ("c:v",))])
         assert isinstance(decode_lock(lock[b"r2"][f"{LOCK}:c:v"][0][1]), Free)
+
+
+def test_a_read_of_a_commit_of_its_own_client_still_locking_waits_for_it(url: str) -> None:
+    """A commit of the reader's own client has locked its primary r1 and is parked
+    before it locks r2: it has no commit timestamp yet, so its committer cannot tell
+    the reader anything (``CommitsInFlight``): the reader waits for it as for any live
+    owner within its ttl, and past its lock wait raises LockedError; once the commit
+    goes on, it reads the new value."""
+    with percolator.connect(url, lock_wait=0.3) as cluster:
+        cluster.one_phase_commit = False
+        parked, _ = _transfer_parked(cluster, b"r2", 1)  # the secondary's prewrite
+        parked.committer.start()  # type: ignore[union-attr]
+        try:
+            assert parked.reached.wait(30)
+            with pytest.raises(percolator.LockedError, match="still alive"):
+                Transaction(cluster).get("t", b"r1", "c:v")
+        finally:
+            parked.go.set()
+            parked.committer.join()  # type: ignore[union-attr]
+        assert Transaction(cluster).get("t", b"r1", "c:v") == b"new"
+
+
+class _GoOnOnceWaitedFor(threading.Condition):
+    """A client's condition (``CommitsInFlight``) that lets a parked commit go on once a
+    reader waits on it, each wait's timeout listed in :attr:`waits`: the commit's tell
+    needs the lock that the wait lets go, so it comes after the reader waits."""
+
+    def __init__(self, parked: ParkedCommitter) -> None:
+        super().__init__(threading.Lock())
+        self._parked = parked
+        self.waits: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        self._parked.go.set()
+        return super().wait(timeout)
+
+
+def _resolver_clock_stopped(monkeypatch: pytest.MonkeyPatch, ahead: float = 0.0) -> None:
+    """Stop the lock resolver's monotonic clock, so that a reader's wait on a commit of
+    its own client ends only when that commit tells something (however slow the
+    machine), and set its wall clock *ahead* seconds."""
+    from percolator import _lock_resolver
+
+    class Clock:
+        @staticmethod
+        def monotonic() -> float:
+            return 1000.0
+
+        @staticmethod
+        def time() -> float:
+            return time.time() + ahead
+
+    monkeypatch.setattr(_lock_resolver, "time", Clock)
+
+
+def test_a_read_waits_for_a_commit_of_its_own_client_to_tell_its_outcome(
+    url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit of the reader's own client is parked at its commit point, its commit
+    timestamp drawn below the reader's start: whether r2's lock hides a change the
+    reader sees depends on the outcome, which its committer tells as soon as it knows
+    (``CommitsInFlight``). The reader waits on its client's condition, not on the store:
+    the commit goes on once the reader waits, and the reader then reads r2's new value
+    in its one row read."""
+    _resolver_clock_stopped(monkeypatch)
+    with percolator.connect(url, lock_wait=0.3) as cluster:
+        cluster.one_phase_commit = False
+        parked, holder = _transfer_parked(cluster, b"r1", 2)  # the commit point's
+        in_flight = internals(cluster).in_flight
+        in_flight._changed = condition = _GoOnOnceWaitedFor(parked)
+        parked.committer.start()  # type: ignore[union-attr]
+        try:
+            assert parked.reached.wait(30)
+            reader = Transaction(cluster)
+            assert 0 < in_flight._flights[holder.start_ts].commit_ts < reader.start_ts
+            assert reader.get("t", b"r2", "c:v") == b"new"
+            assert parked.calls == ["read_rows"]
+            assert condition.waits and all(w is not None and w > 0 for w in condition.waits)
+        finally:
+            parked.go.set()
+            parked.committer.join()  # type: ignore[union-attr]
+
+
+def test_a_read_does_not_wait_for_a_commit_of_its_own_client_past_its_ttl(
+    url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As above, but the lock's ttl has passed (the resolver's wall clock set an hour
+    ahead): the reader does not wait for its committer to tell, it resolves the lock
+    through the store as any other past its ttl, rolling the commit back (which then
+    fails at its commit point) and reading r2's old value."""
+    _resolver_clock_stopped(monkeypatch, ahead=3600.0)
+    with percolator.connect(url, lock_wait=0.3) as cluster:
+        cluster.one_phase_commit = False
+        parked, holder = _transfer_parked(cluster, b"r1", 2)  # the commit point's
+        internals(cluster).in_flight._changed = condition = _GoOnOnceWaitedFor(parked)
+        failed: list[BaseException] = []
+
+        def commit() -> None:
+            try:
+                holder.commit()
+            except percolator.ConflictError as error:
+                failed.append(error)
+
+        parked.committer = threading.Thread(target=commit)
+        parked.committer.start()
+        try:
+            assert parked.reached.wait(30)
+            assert Transaction(cluster).get("t", b"r2", "c:v") == b"old"
+            assert condition.waits == []
+        finally:
+            parked.go.set()
+            parked.committer.join()
+        assert len(failed) == 1
+        assert Transaction(cluster).get("t", b"r1", "c:v") == b"old"
+
+
+def test_a_read_told_by_its_own_client_of_a_commit_rolled_back_sees_nothing_of_it(
+    url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit of the reader's own client, writing r1 (its primary) and r2's column
+    c:w (never written before), is parked at its commit point, its commit timestamp
+    drawn below the reader's start; a cleaner rolls its primary back meanwhile. The
+    reader meets r2's lock and waits for the committer, which then loses its commit
+    point and tells so: the lock hides nothing, r2's c:w reads as never written (not as
+    the value of a commit at its drawn timestamp, nor at any other)."""
+    from percolator._lock_resolver import check_txn_status, roll_back_primary
+
+    _resolver_clock_stopped(monkeypatch)
+    with percolator.connect(url, lock_wait=0.3) as cluster:
+        cluster.one_phase_commit = False
+        host = internals(cluster)
+        parked = ParkedCommitter(host.store, b"r1", 2)  # the commit point's
+        host.store = parked  # type: ignore[assignment]
+        holder = Transaction(cluster)
+        holder.set("t", b"r1", "c:v", b"new")  # the primary
+        holder.set("t", b"r2", "c:w", b"new")
+        failed: list[BaseException] = []
+
+        def commit() -> None:
+            try:
+                holder.commit()
+            except percolator.ConflictError as error:
+                failed.append(error)
+
+        parked.committer = threading.Thread(target=commit)
+        host.in_flight._changed = condition = _GoOnOnceWaitedFor(parked)
+        parked.committer.start()
+        try:
+            assert parked.reached.wait(30)
+            primary = parked.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
+            lock = decode_lock(primary[b"r1"][f"{LOCK}:c:v"][0][1])
+            assert isinstance(lock, Lock) and lock.start_ts == holder.start_ts
+            assert roll_back_primary(host, check_txn_status(host, lock))
+            reader = Transaction(cluster)
+            assert reader.get("t", b"r2", "c:w") is None
+            assert condition.waits
+        finally:
+            parked.go.set()
+            parked.committer.join()
+        assert len(failed) == 1
