@@ -655,3 +655,84 @@ def test_a_read_told_by_its_own_client_of_a_commit_rolled_back_sees_nothing_of_i
             parked.go.set()
             parked.committer.join()
         assert len(failed) == 1
+
+
+def _committed_leaving_r2_locked(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A two-phase commit of *cluster*'s client writes new to r1 (its primary) and r2,
+    and its clean-up fails past its commit point: it ends committed, r2 left locked."""
+    from percolator._two_phase import TwoPhaseCommit
+
+    def store_down(self: TwoPhaseCommit, commit_ts: int) -> None:
+        raise StoreUnavailable("the store went away after the commit point")
+
+    committer = Transaction(cluster)
+    committer.set("t", b"r1", "c:v", b"new")
+    committer.set("t", b"r2", "c:v", b"new")
+    with monkeypatch.context() as patch:
+        patch.setattr(TwoPhaseCommit, "commit_secondaries", store_down)
+        committer.commit()
+    lock = internals(cluster).store.read_rows("t", [b"r2"], [Read(LOCK, ("c:v",))])
+    assert isinstance(decode_lock(lock[b"r2"][f"{LOCK}:c:v"][0][1]), Lock)
+
+
+def test_a_read_of_an_ended_commit_of_its_own_client_is_told_by_its_committer(
+    url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit of the reader's own client has ended committed, r2's lock left to
+    readers: its client still knows how it ended (``CommitsInFlight``), so a reader
+    reads r2's new value in its one row read, neither asking the primary nor rolling
+    r2 forward; a reader of another client does that, through the store."""
+    with percolator.connect(url, lock_wait=10) as cluster:
+        cluster.one_phase_commit = False
+        _committed_leaving_r2_locked(cluster, monkeypatch)
+        counted = ParkedCommitter(internals(cluster).store, b"r1", 1)  # parks nobody
+        internals(cluster).store = counted  # type: ignore[assignment]
+        assert Transaction(cluster).get("t", b"r2", "c:v") == b"new"
+        assert counted.calls == ["read_rows"]
+        with percolator.connect(url, lock_wait=10) as other:
+            assert Transaction(other).get("t", b"r2", "c:v") == b"new"
+        lock = counted.read_rows("t", [b"r2"], [Read(LOCK, ("c:v",))])
+        assert isinstance(decode_lock(lock[b"r2"][f"{LOCK}:c:v"][0][1]), Free)
+
+
+def test_a_write_over_an_ended_commit_of_its_own_client_after_its_start_is_a_conflict(
+    url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A transaction writing r2 started before a commit of its own client that ended
+    committed, r2's lock left to readers: its prewrite meets that lock and knows from
+    its client that the commit came after its start: a conflict, found in its one row
+    read, without asking the primary or rolling r2 forward."""
+    with percolator.connect(url, lock_wait=10) as cluster:
+        cluster.one_phase_commit = False
+        writer = Transaction(cluster)
+        assert writer.start_ts
+        writer.set("t", b"r2", "c:v", b"mine")
+        _committed_leaving_r2_locked(cluster, monkeypatch)
+        counted = ParkedCommitter(internals(cluster).store, b"r1", 1)  # parks nobody
+        internals(cluster).store = counted  # type: ignore[assignment]
+        with pytest.raises(percolator.ConflictError, match="after our start"):
+            writer.commit()
+        assert counted.calls == ["read_rows"]
+
+
+def test_a_write_over_a_commit_of_its_own_client_under_way_after_its_start_is_a_conflict(
+    url: str,
+) -> None:
+    """As above, with the commit still under way: past its commit point, parked before
+    it releases r2. The writer's prewrite knows from its client that it committed after
+    the writer's start: a conflict, in its one row read."""
+    with percolator.connect(url, lock_wait=10) as cluster:
+        cluster.one_phase_commit = False
+        writer = Transaction(cluster)
+        assert writer.start_ts
+        writer.set("t", b"r2", "c:v", b"mine")
+        parked, _ = _transfer_parked(cluster, b"r2", 2)  # the secondary's release
+        parked.committer.start()  # type: ignore[union-attr]
+        try:
+            assert parked.reached.wait(30)
+            with pytest.raises(percolator.ConflictError, match="after our start"):
+                writer.commit()
+            assert parked.calls == ["read_rows"]
+        finally:
+            parked.go.set()
+            parked.committer.join()  # type: ignore[union-attr]
