@@ -174,6 +174,28 @@ def test_a_free_lock_handed_to_resolution_sends_its_caller_to_read_again(url: st
         assert Transaction(cluster).get("t", b"r1", "c:v") == b"old"
 
 
+def test_a_dead_owners_primary_is_rolled_back_and_freed_in_one_resolution(url: str) -> None:
+    # X dies after locking its primary: one resolution of that lock decides X rolled
+    # back (ROLLED_BACK), leaves its ROLLBACK record and frees the cell (FREE for X, not
+    # committed); it is not left ROLLED_BACK for the next reader to free.
+    with percolator.connect(url, lock_wait=10) as reader:
+        x = Transaction(client_of(reader))
+        x.set("t", b"r1", "c:v", b"x")  # the primary
+        x.set("t", b"r2", "c:v", b"x")
+        assert crash_commit(x, CrashPoint("prewrite", 1)) is False
+        host = internals(reader)
+        cells = host.store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
+        raw = cells[b"r1"][f"{LOCK}:c:v"][0][1]
+        assert isinstance(decode_lock(raw), Lock)
+        assert resolve_lock(host, "t", b"r1", "c:v", raw) is True
+        cells = host.store.read_rows(
+            "t", [b"r1"], [Read(LOCK, ("c:v",)), Read(WRITE, ("c:v",), versions=None)])
+        assert decode_lock(cells[b"r1"][f"{LOCK}:c:v"][0][1]) == Free(x.start_ts, False)
+        assert [(ts, decode_write(v)) for ts, v in cells[b"r1"][f"{WRITE}:c:v"]
+                if ts == x.start_ts] == [(x.start_ts, (WriteKind.ROLLBACK, x.start_ts))]
+        assert host.stats["locks_resolved"] == 1
+
+
 class RowCasNotAtomic:
     """The real store, declaring no atomic row compare-and-set (as HBase over Thrift1): a commit
     point then writes COMMITTED to its primary, released in a step of its own."""
@@ -736,3 +758,51 @@ def test_a_write_over_a_commit_of_its_own_client_under_way_after_its_start_is_a_
         finally:
             parked.go.set()
             parked.committer.join()  # type: ignore[union-attr]
+
+
+def test_a_snapshot_at_the_commit_timestamp_of_a_commit_of_its_own_client_sees_it(
+    url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A snapshot reads every commit at or below its start timestamp, one at exactly it
+    too: given the commit timestamp of a commit of its own client parked at its commit
+    point, it waits for the committer to tell its outcome, and reads r2's new value."""
+    _resolver_clock_stopped(monkeypatch)
+    with percolator.connect(url, lock_wait=0.3) as cluster:
+        cluster.one_phase_commit = False
+        parked, holder = _transfer_parked(cluster, b"r1", 2)  # the commit point's
+        in_flight = internals(cluster).in_flight
+        in_flight._changed = condition = _GoOnOnceWaitedFor(parked)
+        parked.committer.start()  # type: ignore[union-attr]
+        try:
+            assert parked.reached.wait(30)
+            commit_ts = in_flight._flights[holder.start_ts].commit_ts
+            with percolator.Snapshot(cluster, start_ts=commit_ts) as snapshot:
+                assert snapshot.get("t", b"r2", "c:v") == b"new"
+            assert condition.waits
+        finally:
+            parked.go.set()
+            parked.committer.join()  # type: ignore[union-attr]
+        assert holder.commit_ts == commit_ts
+
+
+def test_a_write_at_the_commit_timestamp_of_a_commit_of_its_own_client_is_no_conflict(
+    url: str,
+) -> None:
+    """A change committed at exactly a transaction's start timestamp is in its snapshot,
+    no conflict (first committer wins only over commits after the start): a writer at
+    the commit timestamp of a commit of its own client, parked past its commit point
+    before it releases r2, reads r2's new value and commits over it."""
+    with percolator.connect(url, lock_wait=10) as cluster:
+        cluster.one_phase_commit = False
+        parked, holder = _transfer_parked(cluster, b"r2", 2)  # the secondary's release
+        parked.committer.start()  # type: ignore[union-attr]
+        try:
+            assert parked.reached.wait(30)
+            writer = Transaction(cluster, start_ts=holder.commit_ts)
+            assert writer.get("t", b"r2", "c:v") == b"new"
+            writer.set("t", b"r2", "c:v", b"newer")
+            writer.commit()
+        finally:
+            parked.go.set()
+            parked.committer.join()  # type: ignore[union-attr]
+        assert Transaction(cluster).get("t", b"r2", "c:v") == b"newer"
