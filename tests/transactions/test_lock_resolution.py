@@ -261,13 +261,15 @@ def test_a_committed_primary_met_by_a_reader_is_rolled_forward(url: str) -> None
 
 
 class AnswerLostAfterOthersMove:
-    """The real store, whose first compare-and-set applies, then lets *meanwhile* run
-    (another client moving on, or the store going :attr:`down`), then loses its
-    answer: a dropped connection. While :attr:`down`, every read fails too (counted in
-    :attr:`reads_failed`)."""
+    """The real store, whose first compare-and-set (the *nth* on *row*, if given)
+    applies, then lets *meanwhile* run (another client moving on, or the store going
+    :attr:`down`), then loses its answer: a dropped connection. While :attr:`down`,
+    every read fails too (counted in :attr:`reads_failed`)."""
 
-    def __init__(self, store: Any, meanwhile: Any) -> None:
+    def __init__(self, store: Any, meanwhile: Any, *, row: bytes | None = None,
+                 nth: int = 1) -> None:
         self._store, self._meanwhile = store, meanwhile
+        self._row, self._nth = row, nth
         self.lost = 0
         self.down = False
         self.reads_failed = 0
@@ -283,7 +285,10 @@ class AnswerLostAfterOthersMove:
 
     def check_and_set(self, *args: Any, **kwargs: Any) -> bool:
         applied = bool(self._store.check_and_set(*args, **kwargs))
-        if self.lost:
+        if self.lost or (self._row is not None and args[1] != self._row):
+            return applied
+        self._nth -= 1
+        if self._nth:
             return applied
         self.lost += 1
         self._meanwhile()
@@ -806,3 +811,72 @@ def test_a_write_at_the_commit_timestamp_of_a_commit_of_its_own_client_is_no_con
             parked.go.set()
             parked.committer.join()  # type: ignore[union-attr]
         assert Transaction(cluster).get("t", b"r2", "c:v") == b"newer"
+
+
+class _NoWait(threading.Condition):
+    """A client's condition (``CommitsInFlight``) on which no reader may wait."""
+
+    def __init__(self) -> None:
+        super().__init__(threading.Lock())
+
+    def wait(self, timeout: float | None = None) -> bool:
+        raise AssertionError("a reader waited for a commit that has ended")
+
+
+def test_a_read_of_a_commit_of_its_own_client_ended_not_knowing_its_outcome_reads_again(
+    url: str,
+) -> None:
+    """A commit of the reader's own client applied its commit point, but lost the
+    answer with the store gone: it ended not knowing its outcome (CommitUnknownError),
+    r2 left locked. Its client can tell a reader nothing more; a reader meeting r2's
+    lock waits for no one: it reads the row again, then resolves the lock through the
+    store, rolling r2 forward."""
+    with percolator.connect(url, lock_wait=10) as cluster:
+        cluster.one_phase_commit = False
+        host = internals(cluster)
+
+        def store_goes_down() -> None:
+            store.down = True
+
+        store = AnswerLostAfterOthersMove(host.store, store_goes_down, row=b"r1", nth=2)
+        host.store = store  # type: ignore[assignment]
+        committer = Transaction(cluster)
+        committer.set("t", b"r1", "c:v", b"new")  # the primary: its 2nd CAS, the commit point
+        committer.set("t", b"r2", "c:v", b"new")
+        with pytest.raises(percolator.CommitUnknownError):
+            committer.commit()
+        assert store.lost == 1
+        store.down = False
+        host.in_flight._changed = _NoWait()
+        counted = ParkedCommitter(store, b"r1", 1)  # parks nobody
+        host.store = counted  # type: ignore[assignment]
+        assert Transaction(cluster).get("t", b"r2", "c:v") == b"new"
+        # The row, the row again, the primary, r2 rolled forward, the row.
+        assert counted.calls == ["read_rows", "read_rows", "read_rows", "check_and_set",
+                                 "read_rows"]
+        lock = counted.read_rows("t", [b"r2"], [Read(LOCK, ("c:v",))])
+        assert isinstance(decode_lock(lock[b"r2"][f"{LOCK}:c:v"][0][1]), Free)
+
+
+def test_a_client_remembers_how_its_last_commits_ended_up_to_its_bound() -> None:
+    """A client keeps how its last ``_ENDED_KEPT`` commits ended (a lock one of them left
+    is read from it, and a writer meeting it knows of the conflict) and forgets older
+    ones, so that its memory stays bounded: the oldest lock is then resolved through the
+    store, as another client's."""
+    from percolator._lock_resolver import _ENDED_KEPT, UNTOLD, CommitsInFlight
+
+    def lock_of(start_ts: int) -> Lock:
+        return Lock(start_ts, "t", b"r1", "c:v", "me", int(time.time() * 1000), 30_000)
+
+    in_flight = CommitsInFlight()
+    for start_ts in range(1, _ENDED_KEPT + 2):
+        flight = in_flight.begin(start_ts)
+        in_flight.tell(flight, commit_ts=start_ts + 5000)
+        in_flight.tell(flight, committed=True)
+        in_flight.end(start_ts)
+    reader_ts = 10 * _ENDED_KEPT + 5000
+    assert in_flight.settle(lock_of(1), reader_ts) is UNTOLD
+    assert in_flight.committed_after(lock_of(1), 1) == 0
+    for kept in (2, _ENDED_KEPT + 1):
+        assert in_flight.settle(lock_of(kept), reader_ts) == (kept + 5000, True)
+        assert in_flight.committed_after(lock_of(kept), kept) == kept + 5000
