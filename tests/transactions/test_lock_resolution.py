@@ -260,6 +260,24 @@ def test_a_committed_primary_met_by_a_reader_is_rolled_forward(url: str) -> None
         assert Transaction(reader).get("t", b"r2", "c:v") == b"y"
 
 
+def test_a_reader_without_atomic_row_cas_records_what_it_rolls_forward(url: str) -> None:
+    # On a store without atomic row CAS a release writes the write records first, in
+    # the lock's row, then frees the lock: a reader there that rolls Y forward (its
+    # primary left COMMITTED, its secondary r2 locked) leaves both cells readable.
+    with percolator.connect(url, lock_wait=10) as reader:
+        _dies_after_its_commit_point(reader)
+        internals(reader).store = RowCasNotAtomic(internals(reader).store)  # type: ignore[assignment]
+        assert Transaction(reader).get("t", b"r2", "c:v") == b"y"
+        cells = internals(reader).store.read_rows(
+            "t", [b"r1", b"r2"], [Read(LOCK, ("c:v",)), Read(WRITE, ("c:v",))])
+        for row in (b"r1", b"r2"):
+            assert isinstance(decode_lock(cells[row][f"{LOCK}:c:v"][0][1]), Free)
+            assert decode_write(cells[row][f"{WRITE}:c:v"][0][1])[0] is WriteKind.PUT
+        with percolator.connect(url) as other:
+            assert Transaction(other).get("t", b"r1", "c:v") == b"y"
+            assert Transaction(other).get("t", b"r2", "c:v") == b"y"
+
+
 class AnswerLostAfterOthersMove:
     """The real store, whose first compare-and-set (the *nth* on *row*, if given)
     applies, then lets *meanwhile* run (another client moving on, or the store going
@@ -880,3 +898,20 @@ def test_a_client_remembers_how_its_last_commits_ended_up_to_its_bound() -> None
     for kept in (2, _ENDED_KEPT + 1):
         assert in_flight.settle(lock_of(kept), reader_ts) == (kept + 5000, True)
         assert in_flight.committed_after(lock_of(kept), kept) == kept + 5000
+
+
+def test_a_released_lock_tells_its_last_holders_outcome(url: str) -> None:
+    """A lock cell a commit released holds FREE for that transaction, committed: the
+    value a reader told the outcome by its client keeps for its prewrite (which locks
+    by compare-and-set from it where the prewrite reads nothing again), and which a
+    bulk load's recomputed partition reads (rolled back, FREE says not committed:
+    test_a_dead_owners_primary_is_rolled_back_and_freed_in_one_resolution)."""
+    with percolator.connect(url) as cluster:
+        cluster.one_phase_commit = False
+        txn = Transaction(cluster)
+        txn.set("t", b"r1", "c:v", b"new")
+        txn.set("t", b"r2", "c:v", b"new")
+        txn.commit()
+        cells = internals(cluster).store.read_rows("t", [b"r1", b"r2"], [Read(LOCK, ("c:v",))])
+        for row in (b"r1", b"r2"):
+            assert decode_lock(cells[row][f"{LOCK}:c:v"][0][1]) == Free(txn.start_ts, True)
