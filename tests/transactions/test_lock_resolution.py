@@ -31,7 +31,7 @@ from percolator._encoding import (
 )
 from percolator._errors import StoreUnavailable
 from percolator._internals import internals
-from percolator._lock_resolver import resolve_lock
+from percolator._lock_resolver import release, resolve_lock
 from percolator._store import Read
 from percolator.testing import client_of, crash_commit
 
@@ -280,14 +280,15 @@ def test_a_reader_without_atomic_row_cas_records_what_it_rolls_forward(url: str)
 
 class AnswerLostAfterOthersMove:
     """The real store, whose first compare-and-set (the *nth* on *row*, if given)
-    applies, then lets *meanwhile* run (another client moving on, or the store going
-    :attr:`down`), then loses its answer: a dropped connection. While :attr:`down`,
-    every read fails too (counted in :attr:`reads_failed`)."""
+    applies (unless not *applied*: lost on its way), then lets *meanwhile* run (another
+    client moving on, or the store going :attr:`down`), then loses its answer: a
+    dropped connection. While :attr:`down`, every read fails too (counted in
+    :attr:`reads_failed`)."""
 
     def __init__(self, store: Any, meanwhile: Any, *, row: bytes | None = None,
-                 nth: int = 1) -> None:
+                 nth: int = 1, applied: bool = True) -> None:
         self._store, self._meanwhile = store, meanwhile
-        self._row, self._nth = row, nth
+        self._row, self._nth, self._applied = row, nth, applied
         self.lost = 0
         self.down = False
         self.reads_failed = 0
@@ -302,12 +303,13 @@ class AnswerLostAfterOthersMove:
         return self._store.read_rows(*args, **kwargs)
 
     def check_and_set(self, *args: Any, **kwargs: Any) -> bool:
-        applied = bool(self._store.check_and_set(*args, **kwargs))
         if self.lost or (self._row is not None and args[1] != self._row):
-            return applied
+            return bool(self._store.check_and_set(*args, **kwargs))
         self._nth -= 1
         if self._nth:
-            return applied
+            return bool(self._store.check_and_set(*args, **kwargs))
+        if self._applied:
+            self._store.check_and_set(*args, **kwargs)
         self.lost += 1
         self._meanwhile()
         raise StoreUnavailable("connection lost before the answer came back")
@@ -366,6 +368,49 @@ def test_a_release_whose_answer_is_lost_while_the_store_is_down_raises_its_error
         assert isinstance(decode_lock(primary[b"r1"][f"{LOCK}:c:v"][0][1]), Free)
         assert Transaction(reader).get("t", b"r1", "c:v") == b"y"
         assert Transaction(reader).get("t", b"r2", "c:v") == b"y"
+
+
+def test_a_release_whose_answer_is_lost_tells_it_freed_nothing_once_the_cell_moved_on(
+        url: str) -> None:
+    # As above, release() called itself: its compare-and-set applied, Z locked the cell,
+    # the answer was lost: it returns False (the caller reads again), raising nothing.
+    with percolator.connect(url, lock_wait=10) as reader:
+        _dies_after_its_commit_point(reader)
+        host = internals(reader)
+        raw = host.store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])[b"r1"][
+            f"{LOCK}:c:v"][0][1]
+        y = decode_lock(raw)
+        assert isinstance(y, Committed)
+
+        def z_locks_r1() -> None:
+            z = Transaction(client_of(reader))
+            z.set("t", b"r1", "c:v", b"z")
+            assert crash_commit(z, CrashPoint("prewrite", 0)) is False
+
+        host.store = store = AnswerLostAfterOthersMove(host.store, z_locks_r1)  # type: ignore[assignment]
+        commit = (y.commit_ts, y.delete, y.notify)
+        assert release(host, "t", b"r1", "c:v", raw, y.start_ts, commit, inline=y.value) is False
+        assert store.lost == 1
+        assert Transaction(reader).get("t", b"r2", "c:v") == b"y"
+
+
+def test_a_release_lost_on_its_way_raises_its_error_while_the_cell_still_holds_the_lock(
+        url: str) -> None:
+    # A reader rolls Y forward; its release's compare-and-set fails without applying
+    # (the connection dropped on its way). The cell still holds Y's COMMITTED value,
+    # which proves nothing (the call may still be on its way): the reader gets the
+    # StoreUnavailable, not a "read again". Its next read rolls Y forward.
+    with percolator.connect(url, lock_wait=10) as reader:
+        _dies_after_its_commit_point(reader)
+        host = internals(reader)
+        host.store = store = AnswerLostAfterOthersMove(  # type: ignore[assignment]
+            host.store, lambda: None, applied=False)
+        with pytest.raises(StoreUnavailable, match=r"^connection lost before the answer"):
+            Transaction(reader).get("t", b"r1", "c:v")
+        assert store.lost == 1
+        primary = store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
+        assert isinstance(decode_lock(primary[b"r1"][f"{LOCK}:c:v"][0][1]), Committed)
+        assert Transaction(reader).get("t", b"r1", "c:v") == b"y"
 
 
 class SlowStore:
