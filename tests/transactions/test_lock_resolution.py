@@ -17,6 +17,7 @@ import pytest
 
 import percolator
 from percolator import Transaction
+from percolator._cas import lock_cas
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._encoding import (
     LOCK,
@@ -24,15 +25,17 @@ from percolator._encoding import (
     Committed,
     Free,
     Lock,
+    RolledBack,
     WriteKind,
     decode_lock,
     decode_write,
     encode_lock,
+    encode_write,
 )
 from percolator._errors import StoreUnavailable
 from percolator._internals import internals
 from percolator._lock_resolver import release, resolve_lock
-from percolator._store import Read
+from percolator._store import Mutation, Read
 from percolator.testing import client_of, crash_commit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -194,6 +197,72 @@ def test_a_dead_owners_primary_is_rolled_back_and_freed_in_one_resolution(url: s
         assert [(ts, decode_write(v)) for ts, v in cells[b"r1"][f"{WRITE}:c:v"]
                 if ts == x.start_ts] == [(x.start_ts, (WriteKind.ROLLBACK, x.start_ts))]
         assert host.stats["locks_resolved"] == 1
+
+
+def test_a_write_over_a_primary_left_rolled_back_frees_it_and_commits(url: str) -> None:
+    # X dies after its prewrite; a cleaner decides X rolled back (ROLLED_BACK, its
+    # ROLLBACK record) and dies before freeing X's primary r1. Readers pass over a
+    # decided rollback; a writer of r1 frees it (FREE for X, not committed) and commits.
+    with percolator.connect(url, lock_wait=10) as cluster:
+        cluster.one_phase_commit = False
+        x = Transaction(client_of(cluster))
+        x.set("t", b"r1", "c:v", b"x")  # the primary
+        x.set("t", b"r2", "c:v", b"x")
+        assert crash_commit(x, CrashPoint("prewrite", 1)) is False
+        store = internals(cluster).store
+        raw = store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])[b"r1"][f"{LOCK}:c:v"][0][1]
+        decided = encode_lock(RolledBack(x.start_ts))
+        assert lock_cas(store, "t", b"r1", f"{LOCK}:c:v", raw, decided)
+        store.mutate_rows("t", [Mutation(b"r1", [(f"{WRITE}:c:v", x.start_ts,
+                                                  encode_write(WriteKind.ROLLBACK, x.start_ts))])])
+        assert Transaction(cluster).get("t", b"r1", "c:v") == b"old"
+        writer = Transaction(cluster)
+        writer.set("t", b"r1", "c:v", b"w")
+        writer.commit()
+        assert Transaction(cluster).get("t", b"r1", "c:v") == b"w"
+        assert Transaction(cluster).get("t", b"r2", "c:v") == b"old"
+
+
+def test_a_write_over_a_primary_left_committed_rolls_it_forward_and_commits(
+        url: str) -> None:
+    # Y dies right after its commit point, its primary r1 left COMMITTED: a writer of r1
+    # started since rolls Y forward (its change is below the writer's start: no
+    # conflict) and commits over it.
+    with percolator.connect(url, lock_wait=10) as cluster:
+        cluster.one_phase_commit = False
+        _dies_after_its_commit_point(cluster)
+        writer = Transaction(cluster)
+        writer.set("t", b"r1", "c:v", b"w")
+        writer.commit()
+        assert Transaction(cluster).get("t", b"r1", "c:v") == b"w"
+        assert Transaction(cluster).get("t", b"r2", "c:v") == b"y"
+
+
+def test_a_reader_whose_rollback_loses_to_another_cleaner_reads_again_at_once(
+        url: str) -> None:
+    # X dies after locking its primary r1. A reader that may not wait at all
+    # (lock_wait=0) finds r1 LOCKED by a dead owner and is about to roll X back;
+    # another cleaner does it first. The reader's compare-and-set loses: X moved, so
+    # it reads again at once (no wait, no LockedError) and sees r1's old value.
+    with percolator.connect(url, lock_wait=0) as reader:
+        x = Transaction(client_of(reader))
+        x.set("t", b"r1", "c:v", b"x")  # the primary
+        x.set("t", b"r2", "c:v", b"x")
+        assert crash_commit(x, CrashPoint("prewrite", 1)) is False
+        parked = ParkedCommitter(internals(reader).store, b"r1", 1)  # its rollback CAS
+        internals(reader).store = parked  # type: ignore[assignment]
+        seen: list[bytes | None] = []
+        parked.committer = threading.Thread(
+            target=lambda: seen.append(Transaction(reader).get("t", b"r1", "c:v")))
+        parked.committer.start()
+        try:
+            assert parked.reached.wait(30)
+            with percolator.connect(url, lock_wait=10) as cleaner:
+                assert Transaction(cleaner).get("t", b"r1", "c:v") == b"old"
+        finally:
+            parked.go.set()
+            parked.committer.join()
+        assert seen == [b"old"]
 
 
 class RowCasNotAtomic:
