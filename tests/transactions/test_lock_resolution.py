@@ -17,6 +17,7 @@ import pytest
 
 import percolator
 from percolator import Transaction
+from percolator._cas import lock_cas
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._encoding import (
     LOCK,
@@ -24,15 +25,17 @@ from percolator._encoding import (
     Committed,
     Free,
     Lock,
+    RolledBack,
     WriteKind,
     decode_lock,
     decode_write,
     encode_lock,
+    encode_write,
 )
 from percolator._errors import StoreUnavailable
 from percolator._internals import internals
-from percolator._lock_resolver import resolve_lock
-from percolator._store import Read
+from percolator._lock_resolver import release, resolve_lock
+from percolator._store import Mutation, Read
 from percolator.testing import client_of, crash_commit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,6 +177,94 @@ def test_a_free_lock_handed_to_resolution_sends_its_caller_to_read_again(url: st
         assert Transaction(cluster).get("t", b"r1", "c:v") == b"old"
 
 
+def test_a_dead_owners_primary_is_rolled_back_and_freed_in_one_resolution(url: str) -> None:
+    # X dies after locking its primary: one resolution of that lock decides X rolled
+    # back (ROLLED_BACK), leaves its ROLLBACK record and frees the cell (FREE for X, not
+    # committed); it is not left ROLLED_BACK for the next reader to free.
+    with percolator.connect(url, lock_wait=10) as reader:
+        x = Transaction(client_of(reader))
+        x.set("t", b"r1", "c:v", b"x")  # the primary
+        x.set("t", b"r2", "c:v", b"x")
+        assert crash_commit(x, CrashPoint("prewrite", 1)) is False
+        host = internals(reader)
+        cells = host.store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
+        raw = cells[b"r1"][f"{LOCK}:c:v"][0][1]
+        assert isinstance(decode_lock(raw), Lock)
+        assert resolve_lock(host, "t", b"r1", "c:v", raw) is True
+        cells = host.store.read_rows(
+            "t", [b"r1"], [Read(LOCK, ("c:v",)), Read(WRITE, ("c:v",), versions=None)])
+        assert decode_lock(cells[b"r1"][f"{LOCK}:c:v"][0][1]) == Free(x.start_ts, False)
+        assert [(ts, decode_write(v)) for ts, v in cells[b"r1"][f"{WRITE}:c:v"]
+                if ts == x.start_ts] == [(x.start_ts, (WriteKind.ROLLBACK, x.start_ts))]
+        assert host.stats["locks_resolved"] == 1
+
+
+def test_a_write_over_a_primary_left_rolled_back_frees_it_and_commits(url: str) -> None:
+    # X dies after its prewrite; a cleaner decides X rolled back (ROLLED_BACK, its
+    # ROLLBACK record) and dies before freeing X's primary r1. Readers pass over a
+    # decided rollback; a writer of r1 frees it (FREE for X, not committed) and commits.
+    with percolator.connect(url, lock_wait=10) as cluster:
+        cluster.one_phase_commit = False
+        x = Transaction(client_of(cluster))
+        x.set("t", b"r1", "c:v", b"x")  # the primary
+        x.set("t", b"r2", "c:v", b"x")
+        assert crash_commit(x, CrashPoint("prewrite", 1)) is False
+        store = internals(cluster).store
+        raw = store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])[b"r1"][f"{LOCK}:c:v"][0][1]
+        decided = encode_lock(RolledBack(x.start_ts))
+        assert lock_cas(store, "t", b"r1", f"{LOCK}:c:v", raw, decided)
+        store.mutate_rows("t", [Mutation(b"r1", [(f"{WRITE}:c:v", x.start_ts,
+                                                  encode_write(WriteKind.ROLLBACK, x.start_ts))])])
+        assert Transaction(cluster).get("t", b"r1", "c:v") == b"old"
+        writer = Transaction(cluster)
+        writer.set("t", b"r1", "c:v", b"w")
+        writer.commit()
+        assert Transaction(cluster).get("t", b"r1", "c:v") == b"w"
+        assert Transaction(cluster).get("t", b"r2", "c:v") == b"old"
+
+
+def test_a_write_over_a_primary_left_committed_rolls_it_forward_and_commits(
+        url: str) -> None:
+    # Y dies right after its commit point, its primary r1 left COMMITTED: a writer of r1
+    # started since rolls Y forward (its change is below the writer's start: no
+    # conflict) and commits over it.
+    with percolator.connect(url, lock_wait=10) as cluster:
+        cluster.one_phase_commit = False
+        _dies_after_its_commit_point(cluster)
+        writer = Transaction(cluster)
+        writer.set("t", b"r1", "c:v", b"w")
+        writer.commit()
+        assert Transaction(cluster).get("t", b"r1", "c:v") == b"w"
+        assert Transaction(cluster).get("t", b"r2", "c:v") == b"y"
+
+
+def test_a_reader_whose_rollback_loses_to_another_cleaner_reads_again_at_once(
+        url: str) -> None:
+    # X dies after locking its primary r1. A reader that may not wait at all
+    # (lock_wait=0) finds r1 LOCKED by a dead owner and is about to roll X back;
+    # another cleaner does it first. The reader's compare-and-set loses: X moved, so
+    # it reads again at once (no wait, no LockedError) and sees r1's old value.
+    with percolator.connect(url, lock_wait=0) as reader:
+        x = Transaction(client_of(reader))
+        x.set("t", b"r1", "c:v", b"x")  # the primary
+        x.set("t", b"r2", "c:v", b"x")
+        assert crash_commit(x, CrashPoint("prewrite", 1)) is False
+        parked = ParkedCommitter(internals(reader).store, b"r1", 1)  # its rollback CAS
+        internals(reader).store = parked  # type: ignore[assignment]
+        seen: list[bytes | None] = []
+        parked.committer = threading.Thread(
+            target=lambda: seen.append(Transaction(reader).get("t", b"r1", "c:v")))
+        parked.committer.start()
+        try:
+            assert parked.reached.wait(30)
+            with percolator.connect(url, lock_wait=10) as cleaner:
+                assert Transaction(cleaner).get("t", b"r1", "c:v") == b"old"
+        finally:
+            parked.go.set()
+            parked.committer.join()
+        assert seen == [b"old"]
+
+
 class RowCasNotAtomic:
     """The real store, declaring no atomic row compare-and-set (as HBase over Thrift1): a commit
     point then writes COMMITTED to its primary, released in a step of its own."""
@@ -238,21 +329,56 @@ def test_a_committed_primary_met_by_a_reader_is_rolled_forward(url: str) -> None
         assert Transaction(reader).get("t", b"r2", "c:v") == b"y"
 
 
-class AnswerLostAfterOthersMove:
-    """The real store, whose first compare-and-set applies, then lets *meanwhile* run
-    (another client moving on), then loses its answer: a dropped connection."""
+def test_a_reader_without_atomic_row_cas_records_what_it_rolls_forward(url: str) -> None:
+    # On a store without atomic row CAS a release writes the write records first, in
+    # the lock's row, then frees the lock: a reader there that rolls Y forward (its
+    # primary left COMMITTED, its secondary r2 locked) leaves both cells readable.
+    with percolator.connect(url, lock_wait=10) as reader:
+        _dies_after_its_commit_point(reader)
+        internals(reader).store = RowCasNotAtomic(internals(reader).store)  # type: ignore[assignment]
+        assert Transaction(reader).get("t", b"r2", "c:v") == b"y"
+        cells = internals(reader).store.read_rows(
+            "t", [b"r1", b"r2"], [Read(LOCK, ("c:v",)), Read(WRITE, ("c:v",))])
+        for row in (b"r1", b"r2"):
+            assert isinstance(decode_lock(cells[row][f"{LOCK}:c:v"][0][1]), Free)
+            assert decode_write(cells[row][f"{WRITE}:c:v"][0][1])[0] is WriteKind.PUT
+        with percolator.connect(url) as other:
+            assert Transaction(other).get("t", b"r1", "c:v") == b"y"
+            assert Transaction(other).get("t", b"r2", "c:v") == b"y"
 
-    def __init__(self, store: Any, meanwhile: Any) -> None:
+
+class AnswerLostAfterOthersMove:
+    """The real store, whose first compare-and-set (the *nth* on *row*, if given)
+    applies (unless not *applied*: lost on its way), then lets *meanwhile* run (another
+    client moving on, or the store going :attr:`down`), then loses its answer: a
+    dropped connection. While :attr:`down`, every read fails too (counted in
+    :attr:`reads_failed`)."""
+
+    def __init__(self, store: Any, meanwhile: Any, *, row: bytes | None = None,
+                 nth: int = 1, applied: bool = True) -> None:
         self._store, self._meanwhile = store, meanwhile
+        self._row, self._nth, self._applied = row, nth, applied
         self.lost = 0
+        self.down = False
+        self.reads_failed = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
+    def read_rows(self, *args: Any, **kwargs: Any) -> Any:
+        if self.down:
+            self.reads_failed += 1
+            raise StoreUnavailable("the store is down")
+        return self._store.read_rows(*args, **kwargs)
+
     def check_and_set(self, *args: Any, **kwargs: Any) -> bool:
-        applied = bool(self._store.check_and_set(*args, **kwargs))
-        if self.lost:
-            return applied
+        if self.lost or (self._row is not None and args[1] != self._row):
+            return bool(self._store.check_and_set(*args, **kwargs))
+        self._nth -= 1
+        if self._nth:
+            return bool(self._store.check_and_set(*args, **kwargs))
+        if self._applied:
+            self._store.check_and_set(*args, **kwargs)
         self.lost += 1
         self._meanwhile()
         raise StoreUnavailable("connection lost before the answer came back")
@@ -283,6 +409,76 @@ def test_a_release_whose_answer_is_lost_after_the_cell_moved_on_reads_again(
         assert isinstance(z_lock, Lock) and z_lock.value == b"z"
         # Y's records stand; dead Z's lock, met by a later reader, is rolled back.
         assert Transaction(reader).get("t", b"r2", "c:v") == b"y"
+        assert Transaction(reader).get("t", b"r1", "c:v") == b"y"
+
+
+def test_a_release_whose_answer_is_lost_while_the_store_is_down_raises_its_error(
+        url: str) -> None:
+    # Y dies right after its commit point (its primary left COMMITTED). A reader rolls
+    # it forward; its release applies, then the store goes down and the answer is lost.
+    # The cell cannot be read again (neither by lock_cas, looking for its FREE, nor by
+    # release, looking for the cell moved on), so whether the release applied is
+    # unknown: the reader gets the compare-and-set's own StoreUnavailable, not the
+    # read's. Once the store is back, Y's outcome is there.
+    with percolator.connect(url, lock_wait=10) as reader:
+        _dies_after_its_commit_point(reader)
+
+        def store_goes_down() -> None:
+            store.down = True
+
+        store = AnswerLostAfterOthersMove(internals(reader).store, store_goes_down)
+        internals(reader).store = store  # type: ignore[assignment]
+        with pytest.raises(StoreUnavailable, match=r"^connection lost before the answer"):
+            Transaction(reader).get("t", b"r1", "c:v")
+        assert store.lost == 1
+        assert store.reads_failed == 2  # lock_cas's read, then release's
+        store.down = False
+        primary = store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
+        assert isinstance(decode_lock(primary[b"r1"][f"{LOCK}:c:v"][0][1]), Free)
+        assert Transaction(reader).get("t", b"r1", "c:v") == b"y"
+        assert Transaction(reader).get("t", b"r2", "c:v") == b"y"
+
+
+def test_a_release_whose_answer_is_lost_tells_it_freed_nothing_once_the_cell_moved_on(
+        url: str) -> None:
+    # As above, release() called itself: its compare-and-set applied, Z locked the cell,
+    # the answer was lost: it returns False (the caller reads again), raising nothing.
+    with percolator.connect(url, lock_wait=10) as reader:
+        _dies_after_its_commit_point(reader)
+        host = internals(reader)
+        raw = host.store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])[b"r1"][
+            f"{LOCK}:c:v"][0][1]
+        y = decode_lock(raw)
+        assert isinstance(y, Committed)
+
+        def z_locks_r1() -> None:
+            z = Transaction(client_of(reader))
+            z.set("t", b"r1", "c:v", b"z")
+            assert crash_commit(z, CrashPoint("prewrite", 0)) is False
+
+        host.store = store = AnswerLostAfterOthersMove(host.store, z_locks_r1)  # type: ignore[assignment]
+        commit = (y.commit_ts, y.delete, y.notify)
+        assert release(host, "t", b"r1", "c:v", raw, y.start_ts, commit, inline=y.value) is False
+        assert store.lost == 1
+        assert Transaction(reader).get("t", b"r2", "c:v") == b"y"
+
+
+def test_a_release_lost_on_its_way_raises_its_error_while_the_cell_still_holds_the_lock(
+        url: str) -> None:
+    # A reader rolls Y forward; its release's compare-and-set fails without applying
+    # (the connection dropped on its way). The cell still holds Y's COMMITTED value,
+    # which proves nothing (the call may still be on its way): the reader gets the
+    # StoreUnavailable, not a "read again". Its next read rolls Y forward.
+    with percolator.connect(url, lock_wait=10) as reader:
+        _dies_after_its_commit_point(reader)
+        host = internals(reader)
+        host.store = store = AnswerLostAfterOthersMove(  # type: ignore[assignment]
+            host.store, lambda: None, applied=False)
+        with pytest.raises(StoreUnavailable, match=r"^connection lost before the answer"):
+            Transaction(reader).get("t", b"r1", "c:v")
+        assert store.lost == 1
+        primary = store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
+        assert isinstance(decode_lock(primary[b"r1"][f"{LOCK}:c:v"][0][1]), Committed)
         assert Transaction(reader).get("t", b"r1", "c:v") == b"y"
 
 
@@ -457,3 +653,379 @@ def test_a_read_after_a_commit_point_of_its_own_client_sees_it_before_its_releas
             parked.committer.join()  # type: ignore[union-attr]
         lock = internals(cluster).store.read_rows("t", [b"r2"], [Read(LOCK, ("c:v",))])
         assert isinstance(decode_lock(lock[b"r2"][f"{LOCK}:c:v"][0][1]), Free)
+
+
+def test_a_read_of_a_commit_of_its_own_client_still_locking_waits_for_it(url: str) -> None:
+    """A commit of the reader's own client has locked its primary r1 and is parked
+    before it locks r2: it has no commit timestamp yet, so its committer cannot tell
+    the reader anything (``CommitsInFlight``): the reader waits for it as for any live
+    owner within its ttl, and past its lock wait raises LockedError; once the commit
+    goes on, it reads the new value."""
+    with percolator.connect(url, lock_wait=0.3) as cluster:
+        cluster.one_phase_commit = False
+        parked, _ = _transfer_parked(cluster, b"r2", 1)  # the secondary's prewrite
+        parked.committer.start()  # type: ignore[union-attr]
+        try:
+            assert parked.reached.wait(30)
+            with pytest.raises(percolator.LockedError, match="still alive"):
+                Transaction(cluster).get("t", b"r1", "c:v")
+        finally:
+            parked.go.set()
+            parked.committer.join()  # type: ignore[union-attr]
+        assert Transaction(cluster).get("t", b"r1", "c:v") == b"new"
+
+
+class _GoOnOnceWaitedFor(threading.Condition):
+    """A client's condition (``CommitsInFlight``) that lets a parked commit go on once a
+    reader waits on it, each wait's timeout listed in :attr:`waits`: the commit's tell
+    needs the lock that the wait lets go, so it comes after the reader waits."""
+
+    def __init__(self, parked: ParkedCommitter) -> None:
+        super().__init__(threading.Lock())
+        self._parked = parked
+        self.waits: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        self._parked.go.set()
+        return super().wait(timeout)
+
+
+def _resolver_clock_stopped(monkeypatch: pytest.MonkeyPatch, ahead: float = 0.0) -> None:
+    """Stop the lock resolver's monotonic clock, so that a reader's wait on a commit of
+    its own client ends only when that commit tells something (however slow the
+    machine), and set its wall clock *ahead* seconds."""
+    from percolator import _lock_resolver
+
+    class Clock:
+        @staticmethod
+        def monotonic() -> float:
+            return 1000.0
+
+        @staticmethod
+        def time() -> float:
+            return time.time() + ahead
+
+    monkeypatch.setattr(_lock_resolver, "time", Clock)
+
+
+def test_a_read_waits_for_a_commit_of_its_own_client_to_tell_its_outcome(
+    url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit of the reader's own client is parked at its commit point, its commit
+    timestamp drawn below the reader's start: whether r2's lock hides a change the
+    reader sees depends on the outcome, which its committer tells as soon as it knows
+    (``CommitsInFlight``). The reader waits on its client's condition, not on the store:
+    the commit goes on once the reader waits, and the reader then reads r2's new value
+    in its one row read."""
+    _resolver_clock_stopped(monkeypatch)
+    with percolator.connect(url, lock_wait=0.3) as cluster:
+        cluster.one_phase_commit = False
+        parked, holder = _transfer_parked(cluster, b"r1", 2)  # the commit point's
+        in_flight = internals(cluster).in_flight
+        in_flight._changed = condition = _GoOnOnceWaitedFor(parked)
+        parked.committer.start()  # type: ignore[union-attr]
+        try:
+            assert parked.reached.wait(30)
+            reader = Transaction(cluster)
+            assert 0 < in_flight._flights[holder.start_ts].commit_ts < reader.start_ts
+            assert reader.get("t", b"r2", "c:v") == b"new"
+            assert parked.calls == ["read_rows"]
+            assert condition.waits and all(w is not None and w > 0 for w in condition.waits)
+        finally:
+            parked.go.set()
+            parked.committer.join()  # type: ignore[union-attr]
+
+
+def test_a_read_does_not_wait_for_a_commit_of_its_own_client_past_its_ttl(
+    url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As above, but the lock's ttl has passed (the resolver's wall clock set an hour
+    ahead): the reader does not wait for its committer to tell, it resolves the lock
+    through the store as any other past its ttl, rolling the commit back (which then
+    fails at its commit point) and reading r2's old value."""
+    _resolver_clock_stopped(monkeypatch, ahead=3600.0)
+    with percolator.connect(url, lock_wait=0.3) as cluster:
+        cluster.one_phase_commit = False
+        parked, holder = _transfer_parked(cluster, b"r1", 2)  # the commit point's
+        internals(cluster).in_flight._changed = condition = _GoOnOnceWaitedFor(parked)
+        failed: list[BaseException] = []
+
+        def commit() -> None:
+            try:
+                holder.commit()
+            except percolator.ConflictError as error:
+                failed.append(error)
+
+        parked.committer = threading.Thread(target=commit)
+        parked.committer.start()
+        try:
+            assert parked.reached.wait(30)
+            assert Transaction(cluster).get("t", b"r2", "c:v") == b"old"
+            assert condition.waits == []
+        finally:
+            parked.go.set()
+            parked.committer.join()
+        assert len(failed) == 1
+        assert Transaction(cluster).get("t", b"r1", "c:v") == b"old"
+
+
+def test_a_read_told_by_its_own_client_of_a_commit_rolled_back_sees_nothing_of_it(
+    url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit of the reader's own client, writing r1 (its primary) and r2's column
+    c:w (never written before), is parked at its commit point, its commit timestamp
+    drawn below the reader's start; a cleaner rolls its primary back meanwhile. The
+    reader meets r2's lock and waits for the committer, which then loses its commit
+    point and tells so: the lock hides nothing, r2's c:w reads as never written (not as
+    the value of a commit at its drawn timestamp, nor at any other)."""
+    from percolator._lock_resolver import check_txn_status, roll_back_primary
+
+    _resolver_clock_stopped(monkeypatch)
+    with percolator.connect(url, lock_wait=0.3) as cluster:
+        cluster.one_phase_commit = False
+        host = internals(cluster)
+        parked = ParkedCommitter(host.store, b"r1", 2)  # the commit point's
+        host.store = parked  # type: ignore[assignment]
+        holder = Transaction(cluster)
+        holder.set("t", b"r1", "c:v", b"new")  # the primary
+        holder.set("t", b"r2", "c:w", b"new")
+        failed: list[BaseException] = []
+
+        def commit() -> None:
+            try:
+                holder.commit()
+            except percolator.ConflictError as error:
+                failed.append(error)
+
+        parked.committer = threading.Thread(target=commit)
+        host.in_flight._changed = condition = _GoOnOnceWaitedFor(parked)
+        parked.committer.start()
+        try:
+            assert parked.reached.wait(30)
+            primary = parked.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
+            lock = decode_lock(primary[b"r1"][f"{LOCK}:c:v"][0][1])
+            assert isinstance(lock, Lock) and lock.start_ts == holder.start_ts
+            assert roll_back_primary(host, check_txn_status(host, lock))
+            reader = Transaction(cluster)
+            assert reader.get("t", b"r2", "c:w") is None
+            assert condition.waits
+        finally:
+            parked.go.set()
+            parked.committer.join()
+        assert len(failed) == 1
+
+
+def _committed_leaving_r2_locked(cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A two-phase commit of *cluster*'s client writes new to r1 (its primary) and r2,
+    and its clean-up fails past its commit point: it ends committed, r2 left locked."""
+    from percolator._two_phase import TwoPhaseCommit
+
+    def store_down(self: TwoPhaseCommit, commit_ts: int) -> None:
+        raise StoreUnavailable("the store went away after the commit point")
+
+    committer = Transaction(cluster)
+    committer.set("t", b"r1", "c:v", b"new")
+    committer.set("t", b"r2", "c:v", b"new")
+    with monkeypatch.context() as patch:
+        patch.setattr(TwoPhaseCommit, "commit_secondaries", store_down)
+        committer.commit()
+    lock = internals(cluster).store.read_rows("t", [b"r2"], [Read(LOCK, ("c:v",))])
+    assert isinstance(decode_lock(lock[b"r2"][f"{LOCK}:c:v"][0][1]), Lock)
+
+
+def test_a_read_of_an_ended_commit_of_its_own_client_is_told_by_its_committer(
+    url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit of the reader's own client has ended committed, r2's lock left to
+    readers: its client still knows how it ended (``CommitsInFlight``), so a reader
+    reads r2's new value in its one row read, neither asking the primary nor rolling
+    r2 forward; a reader of another client does that, through the store."""
+    with percolator.connect(url, lock_wait=10) as cluster:
+        cluster.one_phase_commit = False
+        _committed_leaving_r2_locked(cluster, monkeypatch)
+        counted = ParkedCommitter(internals(cluster).store, b"r1", 1)  # parks nobody
+        internals(cluster).store = counted  # type: ignore[assignment]
+        assert Transaction(cluster).get("t", b"r2", "c:v") == b"new"
+        assert counted.calls == ["read_rows"]
+        with percolator.connect(url, lock_wait=10) as other:
+            assert Transaction(other).get("t", b"r2", "c:v") == b"new"
+        lock = counted.read_rows("t", [b"r2"], [Read(LOCK, ("c:v",))])
+        assert isinstance(decode_lock(lock[b"r2"][f"{LOCK}:c:v"][0][1]), Free)
+
+
+def test_a_write_over_an_ended_commit_of_its_own_client_after_its_start_is_a_conflict(
+    url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A transaction writing r2 started before a commit of its own client that ended
+    committed, r2's lock left to readers: its prewrite meets that lock and knows from
+    its client that the commit came after its start: a conflict, found in its one row
+    read, without asking the primary or rolling r2 forward."""
+    with percolator.connect(url, lock_wait=10) as cluster:
+        cluster.one_phase_commit = False
+        writer = Transaction(cluster)
+        assert writer.start_ts
+        writer.set("t", b"r2", "c:v", b"mine")
+        _committed_leaving_r2_locked(cluster, monkeypatch)
+        counted = ParkedCommitter(internals(cluster).store, b"r1", 1)  # parks nobody
+        internals(cluster).store = counted  # type: ignore[assignment]
+        with pytest.raises(percolator.ConflictError, match="after our start"):
+            writer.commit()
+        assert counted.calls == ["read_rows"]
+
+
+def test_a_write_over_a_commit_of_its_own_client_under_way_after_its_start_is_a_conflict(
+    url: str,
+) -> None:
+    """As above, with the commit still under way: past its commit point, parked before
+    it releases r2. The writer's prewrite knows from its client that it committed after
+    the writer's start: a conflict, in its one row read."""
+    with percolator.connect(url, lock_wait=10) as cluster:
+        cluster.one_phase_commit = False
+        writer = Transaction(cluster)
+        assert writer.start_ts
+        writer.set("t", b"r2", "c:v", b"mine")
+        parked, _ = _transfer_parked(cluster, b"r2", 2)  # the secondary's release
+        parked.committer.start()  # type: ignore[union-attr]
+        try:
+            assert parked.reached.wait(30)
+            with pytest.raises(percolator.ConflictError, match="after our start"):
+                writer.commit()
+            assert parked.calls == ["read_rows"]
+        finally:
+            parked.go.set()
+            parked.committer.join()  # type: ignore[union-attr]
+
+
+def test_a_snapshot_at_the_commit_timestamp_of_a_commit_of_its_own_client_sees_it(
+    url: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A snapshot reads every commit at or below its start timestamp, one at exactly it
+    too: given the commit timestamp of a commit of its own client parked at its commit
+    point, it waits for the committer to tell its outcome, and reads r2's new value."""
+    _resolver_clock_stopped(monkeypatch)
+    with percolator.connect(url, lock_wait=0.3) as cluster:
+        cluster.one_phase_commit = False
+        parked, holder = _transfer_parked(cluster, b"r1", 2)  # the commit point's
+        in_flight = internals(cluster).in_flight
+        in_flight._changed = condition = _GoOnOnceWaitedFor(parked)
+        parked.committer.start()  # type: ignore[union-attr]
+        try:
+            assert parked.reached.wait(30)
+            commit_ts = in_flight._flights[holder.start_ts].commit_ts
+            with percolator.Snapshot(cluster, start_ts=commit_ts) as snapshot:
+                assert snapshot.get("t", b"r2", "c:v") == b"new"
+            assert condition.waits
+        finally:
+            parked.go.set()
+            parked.committer.join()  # type: ignore[union-attr]
+        assert holder.commit_ts == commit_ts
+
+
+def test_a_write_at_the_commit_timestamp_of_a_commit_of_its_own_client_is_no_conflict(
+    url: str,
+) -> None:
+    """A change committed at exactly a transaction's start timestamp is in its snapshot,
+    no conflict (first committer wins only over commits after the start): a writer at
+    the commit timestamp of a commit of its own client, parked past its commit point
+    before it releases r2, reads r2's new value and commits over it."""
+    with percolator.connect(url, lock_wait=10) as cluster:
+        cluster.one_phase_commit = False
+        parked, holder = _transfer_parked(cluster, b"r2", 2)  # the secondary's release
+        parked.committer.start()  # type: ignore[union-attr]
+        try:
+            assert parked.reached.wait(30)
+            writer = Transaction(cluster, start_ts=holder.commit_ts)
+            assert writer.get("t", b"r2", "c:v") == b"new"
+            writer.set("t", b"r2", "c:v", b"newer")
+            writer.commit()
+        finally:
+            parked.go.set()
+            parked.committer.join()  # type: ignore[union-attr]
+        assert Transaction(cluster).get("t", b"r2", "c:v") == b"newer"
+
+
+class _NoWait(threading.Condition):
+    """A client's condition (``CommitsInFlight``) on which no reader may wait."""
+
+    def __init__(self) -> None:
+        super().__init__(threading.Lock())
+
+    def wait(self, timeout: float | None = None) -> bool:
+        raise AssertionError("a reader waited for a commit that has ended")
+
+
+def test_a_read_of_a_commit_of_its_own_client_ended_not_knowing_its_outcome_reads_again(
+    url: str,
+) -> None:
+    """A commit of the reader's own client applied its commit point, but lost the
+    answer with the store gone: it ended not knowing its outcome (CommitUnknownError),
+    r2 left locked. Its client can tell a reader nothing more; a reader meeting r2's
+    lock waits for no one: it reads the row again, then resolves the lock through the
+    store, rolling r2 forward."""
+    with percolator.connect(url, lock_wait=10) as cluster:
+        cluster.one_phase_commit = False
+        host = internals(cluster)
+
+        def store_goes_down() -> None:
+            store.down = True
+
+        store = AnswerLostAfterOthersMove(host.store, store_goes_down, row=b"r1", nth=2)
+        host.store = store  # type: ignore[assignment]
+        committer = Transaction(cluster)
+        committer.set("t", b"r1", "c:v", b"new")  # the primary: its 2nd CAS, the commit point
+        committer.set("t", b"r2", "c:v", b"new")
+        with pytest.raises(percolator.CommitUnknownError):
+            committer.commit()
+        assert store.lost == 1
+        store.down = False
+        host.in_flight._changed = _NoWait()
+        counted = ParkedCommitter(store, b"r1", 1)  # parks nobody
+        host.store = counted  # type: ignore[assignment]
+        assert Transaction(cluster).get("t", b"r2", "c:v") == b"new"
+        # The row, the row again, the primary, r2 rolled forward, the row.
+        assert counted.calls == ["read_rows", "read_rows", "read_rows", "check_and_set",
+                                 "read_rows"]
+        lock = counted.read_rows("t", [b"r2"], [Read(LOCK, ("c:v",))])
+        assert isinstance(decode_lock(lock[b"r2"][f"{LOCK}:c:v"][0][1]), Free)
+
+
+def test_a_client_remembers_how_its_last_commits_ended_up_to_its_bound() -> None:
+    """A client keeps how its last ``_ENDED_KEPT`` commits ended (a lock one of them left
+    is read from it, and a writer meeting it knows of the conflict) and forgets older
+    ones, so that its memory stays bounded: the oldest lock is then resolved through the
+    store, as another client's."""
+    from percolator._lock_resolver import _ENDED_KEPT, UNTOLD, CommitsInFlight
+
+    def lock_of(start_ts: int) -> Lock:
+        return Lock(start_ts, "t", b"r1", "c:v", "me", int(time.time() * 1000), 30_000)
+
+    in_flight = CommitsInFlight()
+    for start_ts in range(1, _ENDED_KEPT + 2):
+        flight = in_flight.begin(start_ts)
+        in_flight.tell(flight, commit_ts=start_ts + 5000)
+        in_flight.tell(flight, committed=True)
+        in_flight.end(start_ts)
+    reader_ts = 10 * _ENDED_KEPT + 5000
+    assert in_flight.settle(lock_of(1), reader_ts) is UNTOLD
+    assert in_flight.committed_after(lock_of(1), 1) == 0
+    for kept in (2, _ENDED_KEPT + 1):
+        assert in_flight.settle(lock_of(kept), reader_ts) == (kept + 5000, True)
+        assert in_flight.committed_after(lock_of(kept), kept) == kept + 5000
+
+
+def test_a_released_lock_tells_its_last_holders_outcome(url: str) -> None:
+    """A lock cell a commit released holds FREE for that transaction, committed: the
+    value a reader told the outcome by its client keeps for its prewrite (which locks
+    by compare-and-set from it where the prewrite reads nothing again), and which a
+    bulk load's recomputed partition reads (rolled back, FREE says not committed:
+    test_a_dead_owners_primary_is_rolled_back_and_freed_in_one_resolution)."""
+    with percolator.connect(url) as cluster:
+        cluster.one_phase_commit = False
+        txn = Transaction(cluster)
+        txn.set("t", b"r1", "c:v", b"new")
+        txn.set("t", b"r2", "c:v", b"new")
+        txn.commit()
+        cells = internals(cluster).store.read_rows("t", [b"r1", b"r2"], [Read(LOCK, ("c:v",))])
+        for row in (b"r1", b"r2"):
+            assert decode_lock(cells[row][f"{LOCK}:c:v"][0][1]) == Free(txn.start_ts, True)
