@@ -21,7 +21,12 @@ from percolator import Cluster, ConflictError, Snapshot, Transaction
 from percolator._internals import internals
 from percolator._store import SET_UNLESS, offered
 from percolator.testing import CrashPoint, Interleaving, Step, client_of, crash_commit
+from tests._backends import CAS_SQLITE, WITH_THRIFT1, backend_fixture
 from tests.transactions.test_lock_resolution import ParkedCommitter
+
+# And the embedded store taking HBase's path (CAS_SQLITE): the prewrite locks by
+# compare-and-set from what the transaction's reads kept.
+backend = backend_fixture([*WITH_THRIFT1, CAS_SQLITE])
 
 T, COL = "bank", "bal:v"
 ALICE, BOB = b"alice", b"bob"
