@@ -217,7 +217,17 @@ def sqlite_cluster(tmp_path: Path) -> Iterator[percolator.Cluster]:
 def seeded_sqlite_url(tmp_path: Path) -> str:
     """A fresh embedded store with table ``t`` seeded: rows r1, r2 hold ``c:v = old``
     (the lock-resolution and coordination tests start from it)."""
-    url = f"sqlite:///{tmp_path}/repo.db"
+    return seeded(f"sqlite:///{tmp_path}/repo.db")
+
+
+@pytest.fixture
+def seeded_cas_sqlite_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """``seeded_sqlite_url`` on the embedded store taking HBase's path (``CAS_SQLITE``)."""
+    return seeded(make_store_url("cas-sqlite", request, tmp_path))
+
+
+def seeded(url: str) -> str:
+    """*url*, its table ``t`` seeded: rows r1, r2 hold ``c:v = old``."""
     with percolator.connect(url) as cluster:
         cluster.create_table("t")
         with percolator.Transaction(cluster) as txn:

@@ -15,16 +15,33 @@ import percolator
 from observers import Observer, Worker
 from percolator import Cluster, Transaction, TransactionBase
 from percolator._commit import commit_transaction
-from percolator._encoding import LOCK, META_TABLE, WRITE, Free, WriteKind, decode_lock, decode_write
+from percolator._encoding import (
+    LOCK,
+    META_TABLE,
+    WRITE,
+    Free,
+    WriteKind,
+    decode_lock,
+    decode_write,
+    encode_write,
+)
 from percolator._internals import internals
 from percolator._notifications import pending_notifications
-from percolator._store import Read
+from percolator._store import Mutation, Read
 from percolator._timestamps import StoreTimestamps
+from percolator._transaction import _SEEN_MAX
 from percolator._two_phase import TwoPhaseCommit, committed_anyway
 from percolator.testing import CrashPoint, SimulatedCrash, client_of, crash_commit
-from tests._backends import BIGTABLE, SQLITE
+from tests._backends import BIGTABLE, CAS_SQLITE, SQLITE, WITH_THRIFT1, backend_fixture
+
+# And the embedded store taking HBase's path (CAS_SQLITE): the prewrite locks from what
+# the transaction's reads kept.
+backend = backend_fixture([*WITH_THRIFT1, CAS_SQLITE])
 
 T, C = "accounts", "bal:amount"
+KEEPS_READS = ("hbase", "hbase-thrift1", "cas-sqlite")
+"""The backends whose transactions keep what their reads saw of each cell for the
+prewrite (``Snapshot._read_state``): no lock census, no ``set_unless``, no atomic steps."""
 
 
 @pytest.fixture
@@ -46,6 +63,144 @@ def test_a_rollback_record_at_our_start_is_a_conflict(accounts: Cluster) -> None
     with pytest.raises(percolator.ConflictError, match="rolled back"):
         zombie.commit()
     assert Transaction(accounts).get(T, b"alice", C) is None
+
+
+@pytest.mark.parametrize("newer", [False, True], ids=["alone", "under-a-newer-commit"])
+def test_a_rolled_back_transaction_that_read_its_cell_first_is_a_conflict(
+    accounts: Cluster, backend: str, newer: bool
+) -> None:
+    """The zombie above, reading alice before it writes her: its read sees the value
+    below its start (a rollback record is no value), under a commit made since too,
+    and its commit is a conflict, decided before any store call where the read's state
+    is kept for the prewrite.
+
+    Guards ``Snapshot._remember`` keeping the write records at start_ts too (a kept
+    state without the rollback record lets the zombie lock and commit: "never") and
+    leaving them visible to the read (alice None under the newer commit), and leaving
+    out only a rollback record above start_ts (one at it sends the prewrite to read)."""
+    with Transaction(accounts) as first:
+        first.set(T, b"alice", C, b"old")
+    dying = Transaction(client_of(accounts))
+    dying.set(T, b"alice", C, b"never")
+    assert crash_commit(dying, CrashPoint("prewrite", 0)) is False
+    assert Transaction(accounts).get(T, b"alice", C) == b"old"  # rolls it back
+    if newer:
+        with Transaction(accounts) as winner:
+            winner.set(T, b"alice", C, b"winner")
+    zombie = Transaction(accounts, start_ts=dying.start_ts)
+    assert zombie.get(T, b"alice", C) == b"old"
+    zombie.set(T, b"alice", C, b"never")
+    counted = _Counted(internals(accounts).store)
+    internals(accounts).store = counted  # type: ignore[assignment]
+    with pytest.raises(percolator.ConflictError,
+                       match="after our start" if newer else "rolled back"):
+        zombie.commit()
+    if backend in KEEPS_READS:
+        assert not counted.calls
+    assert Transaction(accounts).get(T, b"alice", C) == (b"winner" if newer else b"old")
+
+
+def test_a_rollback_record_since_our_start_hides_no_commit_below_it(accounts: Cluster) -> None:
+    """We start; a commit writes bob; a transaction locks bob, dies, and a reader rolls
+    it back: its rollback record is the newest of bob's records, above that commit. We
+    read bob (0, our snapshot) and write him: a conflict, the commit stands.
+
+    Guards ``Snapshot._remember`` leaving out a cell whose newest record after start_ts
+    is a rollback record (the read brings only the newest, which may hide a commit; the
+    prewrite reads the cell itself): kept, our compare-and-set from the dead
+    transaction's FREE lock succeeds and we commit over that commit (a lost update)."""
+    with Transaction(accounts) as seed:
+        seed.set(T, b"bob", C, b"0")
+    mine = Transaction(accounts)
+    assert mine.start_ts
+    with Transaction(accounts) as since:
+        since.set(T, b"bob", C, b"7")
+    dying = Transaction(client_of(accounts))
+    dying.set(T, b"bob", C, b"never")
+    assert crash_commit(dying, CrashPoint("prewrite", 0)) is False
+    assert Transaction(accounts).get(T, b"bob", C) == b"7"  # rolls it back
+    assert mine.get(T, b"bob", C) == b"0"
+    mine.set(T, b"bob", C, b"1")
+    with pytest.raises(percolator.ConflictError, match="after our start") as info:
+        mine.commit()
+    assert info.value.conflict_ts == since.commit_ts
+    assert Transaction(accounts).get(T, b"bob", C) == b"7"
+
+
+def _read_by(txn: Transaction, how: str, rows: list[bytes]) -> dict[bytes, dict[str, bytes]]:
+    """*rows*' column C as *txn* reads them *how*."""
+    if how == "get":
+        found = {row: txn.get(T, row, C) for row in rows}
+        return {row: {C: value} if value is not None else {} for row, value in found.items()}
+    if how == "get_row":
+        return {row: txn.get_row(T, row, [C]) for row in rows}
+    if how == "get_rows":
+        return txn.get_rows(T, rows, [C])
+    columns = None if how == "scan-whole-rows" else [C]
+    scanned = dict(txn.scan(T, None, None, columns))  # a row with no value is not there
+    return {row: scanned.get(row, {}) for row in rows}
+
+
+@pytest.mark.parametrize("how", ["get", "get_row", "get_rows", "scan", "scan-whole-rows"])
+def test_a_commit_reads_nothing_of_the_cells_its_transaction_read(
+    accounts: Cluster, backend: str, how: str
+) -> None:
+    """A transaction reads cells, then writes them: where its reads keep what they saw
+    (``Snapshot._remember``, each read path), the prewrite locks each cell from that,
+    with no read of its own. The cells: one committed, one whose only lock was a rolled
+    back secondary's (a FREE lock, no write record), one with a write record and no lock
+    cell (as the embedded store's one-phase commit writes it), and, read by row, one
+    that does not exist (a scan does not see it). On the other backends the prewrite
+    reads them (one read per table, or none: Bigtable's ``set_unless``)."""
+    if backend not in KEEPS_READS:
+        pytest.skip("the prewrite reads every cell itself here (or checks it in its lock's "
+                    "conditional mutation)")
+    with Transaction(accounts) as first:
+        first.set(T, b"alice", C, b"100")
+    dying = Transaction(client_of(accounts))
+    dying.set(T, b"alice", C, b"never")  # the primary
+    dying.set(T, b"bob", C, b"never")
+    assert crash_commit(dying, CrashPoint("prewrite", 1)) is False
+    assert Transaction(accounts).get(T, b"bob", C) is None  # rolls it back
+    store = internals(accounts).store
+    assert not store.read_rows(T, [b"bob"], [Read(WRITE, (C,))])
+    committed = internals(accounts).timestamps.get_timestamp()
+    store.mutate_rows(T, [Mutation(b"carol", puts=[
+        (f"{WRITE}:{C}", committed, encode_write(WriteKind.PUT, committed - 1, b"7"))])])
+    rows = [b"alice", b"bob", b"carol"] + ([] if how.startswith("scan") else [b"dave"])
+    txn = Transaction(accounts)
+    seen = {b"alice": {C: b"100"}, b"bob": {}, b"carol": {C: b"7"}, b"dave": {}}
+    assert _read_by(txn, how, rows) == {row: seen[row] for row in rows}
+    for row in rows:
+        txn.set(T, row, C, b"new")
+    counted = _Counted(store)
+    internals(accounts).store = counted  # type: ignore[assignment]
+    txn.commit()
+    assert counted.calls[("read_rows", T)] == 0
+    internals(accounts).store = store  # type: ignore[assignment]
+    assert Transaction(accounts).get_rows(T, rows, [C]) == {row: {C: b"new"} for row in rows}
+
+
+def test_the_cells_whose_reads_a_transaction_keeps_are_bounded(
+    accounts: Cluster, backend: str
+) -> None:
+    """A transaction keeps what its reads saw of ``_SEEN_MAX`` cells at most (its
+    memory stays bounded however much it reads): it reads that many rows, which do not
+    exist, in one ``get_rows``, then one more; it writes the first and the last. Its
+    prewrite locks the first from what its read kept and reads the last itself."""
+    if backend not in KEEPS_READS:
+        pytest.skip("the prewrite reads every cell itself here (or checks it in its lock's "
+                    "conditional mutation)")
+    rows = [b"r%05d" % i for i in range(_SEEN_MAX + 1)]
+    txn = Transaction(accounts)
+    assert txn.get_rows(T, rows[:-1], [C]) == {row: {} for row in rows[:-1]}
+    assert txn.get(T, rows[-1], C) is None
+    txn.set(T, rows[0], C, b"first")
+    txn.set(T, rows[-1], C, b"last")
+    counted = _Counted(internals(accounts).store)
+    internals(accounts).store = counted  # type: ignore[assignment]
+    txn.commit()
+    assert counted.calls[("read_rows", T)] == 1
 
 
 def test_a_later_rollback_record_does_not_block_a_writer(accounts: Cluster) -> None:
@@ -226,7 +381,8 @@ CALLS = {
 @pytest.mark.parametrize("cells", [1, 2], ids=["one-cell", "two-cells"])
 def test_store_calls_of_a_commit(accounts: Cluster, backend: str, cells: int) -> None:
     if backend not in CALLS:
-        pytest.skip("the embedded store commits in one phase (its own tests count it)")
+        pytest.skip("counted on the cluster stores (the embedded store commits in one phase: "
+                    "its own tests count it)")
     counted = _Counted(internals(accounts).store)
     internals(accounts).store = counted  # type: ignore[assignment]
     internals(accounts).timestamps = StoreTimestamps(counted)  # type: ignore[arg-type]
