@@ -12,7 +12,8 @@ These are the only ``store_url`` and ``cluster`` fixtures; a module chooses amon
 without writing its own:
 
 - its backends: every one by default (``BACKENDS``); another list of this file
-  (``SQLITE_AND_BIGTABLE``, ``WITH_THRIFT1``, ``WITH_FAULTS``) or a single backend with
+  (``SQLITE_AND_BIGTABLE``, ``WITH_THRIFT1``, ``WITH_FAULTS``, plus ``CAS_SQLITE``: the
+  embedded store taking HBase's commit path) or a single backend with
   ``backend = backend_fixture(WITH_FAULTS)`` or ``backend = backend_fixture("sqlite")``
   in the module (a single backend is not a parameter: its tests' ids stay bare);
 - its tables: by overriding ``cluster_tables``.
