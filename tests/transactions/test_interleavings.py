@@ -365,7 +365,9 @@ def test_a_write_past_a_commit_of_its_own_client_after_its_start_is_a_conflict(
     Guards the write record of a commit after start_ts kept with the FREE value its
     release writes (``TransactionBase._settled``, then ``_remember``): kept without it,
     T2's compare-and-set from that FREE value succeeds once T1 freed bob, and T2
-    commits over T1 (bob 1, a lost update; fails on HBase, both APIs)."""
+    commits over T1 (bob 1, a lost update; fails over Thrift2 and on ``cas-sqlite``.
+    Over Thrift1, without atomic row CAS, T1 writes bob's record before it frees him,
+    so T2's read finds that record in the store: the line is not reached there)."""
     client = committer(bank)
     t1 = transfer(client)
     assert t1.start_ts  # below T2's: its locks are in T2's way
