@@ -390,3 +390,41 @@ def test_a_write_past_a_commit_of_its_own_client_after_its_start_is_a_conflict(
     with pytest.raises(ConflictError):
         t2.commit()
     assert balances(bank) == (b"40", b"60")
+
+
+def test_a_blind_write_past_a_commit_of_its_own_client_is_a_conflict_its_committer_tells(
+    bank: Cluster,
+) -> None:
+    """As the test above, T2 writing bob without reading him: its prewrite reads bob's
+    lock, T1's, whose committer tells that T1 committed after T2's start: a conflict,
+    raised on that one read, without asking T1's primary. Skipped where the store's
+    conditional mutation tests the conflict conditions (Bigtable: no read first).
+
+    Guards ``TwoPhaseCommit._checked_before_locking`` asking
+    ``CommitsInFlight.committed_after`` of a lock of its own client (without, T2
+    resolves the lock through the store: it reads alice, rolls bob forward and reads
+    him again before the same conflict)."""
+    if offered(internals(bank).store, SET_UNLESS):
+        pytest.skip("the store tests the conflict conditions in each lock's conditional "
+                    "mutation: its prewrite reads nothing first")
+    client = committer(bank)
+    t1 = transfer(client)
+    assert t1.start_ts  # below T2's: its locks are in T2's way
+    t2 = Transaction(client)
+    assert t2.start_ts
+    store = internals(client).store
+    parked = ParkedCommitter(store, BOB, 2, table=T)
+    internals(client).store = parked  # type: ignore[assignment]
+    parked.committer = threading.Thread(target=t1.commit)
+    parked.committer.start()
+    try:
+        assert parked.reached.wait(30)  # past its commit point, before bob's release
+        t2.set(T, BOB, COL, b"1")
+        with pytest.raises(ConflictError, match="after our start"):
+            t2.commit()
+        assert parked.calls == ["read_rows"]
+    finally:
+        parked.go.set()
+        parked.committer.join()
+        internals(client).store = store
+    assert balances(bank) == (b"40", b"60")

@@ -366,14 +366,14 @@ def test_a_commit_whose_clean_up_fails_warns_without_a_traceback(
 class ParkedCommitter:
     """The real store, with one thread's commit parked before its *nth*
     compare-and-set on *row* until :attr:`go` is set; the data calls of every other
-    thread on table ``t`` listed in :attr:`calls` (``read_rows``, ``check_and_set``,
+    thread on *table* listed in :attr:`calls` (``read_rows``, ``check_and_set``,
     ...)."""
 
     _DATA_CALLS = frozenset({"read_rows", "mutate_rows", "check_and_set", "scan",
                              "check_and_set_many", "newest_at"})
 
-    def __init__(self, store: Any, row: bytes, nth: int) -> None:
-        self._store, self._row, self._nth = store, row, nth
+    def __init__(self, store: Any, row: bytes, nth: int, table: str = "t") -> None:
+        self._store, self._row, self._nth, self._table = store, row, nth, table
         self.committer: threading.Thread | None = None
         self.reached, self.go = threading.Event(), threading.Event()
         self.calls: list[str] = []
@@ -386,7 +386,7 @@ class ParkedCommitter:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             if threading.current_thread() is not self.committer:
-                if args and args[0] == "t":  # not the clients' own bookkeeping
+                if args and args[0] == self._table:  # not the clients' own bookkeeping
                     self.calls.append(name)
             elif name == "check_and_set" and args[1] == self._row:
                 self._met += 1
