@@ -95,8 +95,8 @@ def test_a_rolled_back_transaction_that_read_its_cell_first_is_a_conflict(
     with pytest.raises(percolator.ConflictError,
                        match="after our start" if newer else "rolled back"):
         zombie.commit()
-    if backend in KEEPS_READS:
-        assert not counted.calls
+    if backend in KEEPS_READS:  # (the observed columns' registry may be read)
+        assert not [call for call in counted.calls if call[1] == T], counted.calls
     assert Transaction(accounts).get(T, b"alice", C) == (b"winner" if newer else b"old")
 
 
