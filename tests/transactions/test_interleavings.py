@@ -420,8 +420,10 @@ def test_a_blind_write_past_a_commit_of_its_own_client_is_a_conflict_its_committ
     try:
         assert parked.reached.wait(30)  # past its commit point, before bob's release
         t2.set(T, BOB, COL, b"1")
-        with pytest.raises(ConflictError, match="after our start"):
+        with pytest.raises(ConflictError, match=f"committed at {t1.commit_ts} after our "
+                           "start") as info:
             t2.commit()
+        assert (info.value.row, info.value.conflict_ts) == (BOB, t1.commit_ts)
         assert parked.calls == ["read_rows"]
     finally:
         parked.go.set()
