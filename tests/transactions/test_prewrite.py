@@ -279,6 +279,32 @@ def test_a_live_lock_is_a_conflict(accounts: Cluster, backend: str) -> None:
             conflict.column) == (mine.start_ts, holder.start_ts, T, b"alice", C)
 
 
+def test_a_lock_left_committed_is_rolled_forward_before_the_writer_locks(
+    accounts: Cluster,
+) -> None:
+    """A transaction that died after its commit point left bob locked; a writer started
+    after it writes bob without reading him: its prewrite rolls bob forward (the dead
+    one's record at its commit timestamp, below our start: no conflict), then locks and
+    commits him, having resolved that lock once. Guards the lock resolution of
+    ``TwoPhaseCommit._checked_before_locking`` naming the cell it met (another row or
+    column: that roll forward misses, and the lock is resolved again as it is taken)."""
+    dying = Transaction(client_of(accounts))
+    dying.set(T, b"alice", C, b"dead")  # the primary
+    dying.set(T, b"bob", C, b"dead")
+    assert crash_commit(dying, CrashPoint("commit", 0)) is True
+    mine = Transaction(accounts)
+    mine.set(T, b"bob", C, b"mine")
+    resolved = internals(accounts).stats["locks_resolved"]
+    mine.commit()
+    assert internals(accounts).stats["locks_resolved"] == resolved + 1  # once, there
+    store = internals(accounts).store
+    records = store.read_rows(T, [b"bob"], [Read(WRITE, (C,), versions=None)])
+    assert [(ts, decode_write(v)[0]) for ts, v in records[b"bob"][f"{WRITE}:{C}"]] == [
+        (mine.commit_ts, WriteKind.PUT), (dying.commit_ts, WriteKind.PUT)]
+    assert Transaction(accounts).get_rows(T, [b"alice", b"bob"], [C]) == {
+        b"alice": {C: b"dead"}, b"bob": {C: b"mine"}}
+
+
 def test_a_harness_runs_the_phases_of_a_two_phase_commit_and_stops_at_its_crash_point(
     tmp_path: Path,
 ) -> None:
