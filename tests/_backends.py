@@ -12,7 +12,8 @@ These are the only ``store_url`` and ``cluster`` fixtures; a module chooses amon
 without writing its own:
 
 - its backends: every one by default (``BACKENDS``); another list of this file
-  (``SQLITE_AND_BIGTABLE``, ``WITH_THRIFT1``, ``WITH_FAULTS``) or a single backend with
+  (``SQLITE_AND_BIGTABLE``, ``WITH_THRIFT1``, ``WITH_FAULTS``, plus ``CAS_SQLITE``: the
+  embedded store taking HBase's commit path) or a single backend with
   ``backend = backend_fixture(WITH_FAULTS)`` or ``backend = backend_fixture("sqlite")``
   in the module (a single backend is not a parameter: its tests' ids stay bare);
 - its tables: by overriding ``cluster_tables``.
@@ -47,6 +48,14 @@ HBASE_THRIFT1 = pytest.param("hbase-thrift1", id="hbase-thrift1", marks=pytest.m
 """The Thrift1 lane (happybase, for gateways that speak only Thrift1): the store
 contract, the transaction tests and the fault tests run on it too (``WITH_THRIFT1``)."""
 WITH_THRIFT1 = [*BACKENDS, HBASE_THRIFT1]
+CAS_SQLITE = pytest.param("cas-sqlite", id="cas-sqlite")
+"""The embedded store declaring neither its atomic steps nor its file (``ATOMICALLY``,
+``EMBEDDED_FILE``), as HBase: no lock census, and a transaction's reads keep what its
+two-phase prewrite would read, which then locks by compare-and-set from it
+(``Snapshot._read_state``, ``TwoPhaseCommit._checked_before_locking``). The protocol's
+races run on it too (``tests/transactions/test_interleavings.py``): that path is
+otherwise HBase's alone, which ``scripts/mutation`` (the embedded store only) cannot
+reach."""
 WITH_FAULTS = [
     *BACKENDS,
     pytest.param("hbase-faults", id="hbase-faults", marks=pytest.mark.hbase),
@@ -70,6 +79,14 @@ def reports_split_keys(backend: str) -> bool:
 def make_store_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
     name = re.sub(r"[^A-Za-z0-9]+", "_", request.node.name)[:30]
     if backend == "sqlite":
+        return f"sqlite:///{tmp_path}/repo.db"
+    if backend == "cas-sqlite":
+        from percolator._store import ATOMICALLY, EMBEDDED_FILE
+        from percolator.stores.sqlite import SqliteStore
+
+        # Every embedded store the test opens (each client's) declares neither.
+        request.getfixturevalue("monkeypatch").setattr(
+            SqliteStore, "capabilities", SqliteStore.capabilities - {ATOMICALLY, EMBEDDED_FILE})
         return f"sqlite:///{tmp_path}/repo.db"
     if backend == "hbase":
         from tests._hbase import hbase_store_url
@@ -201,7 +218,17 @@ def sqlite_cluster(tmp_path: Path) -> Iterator[percolator.Cluster]:
 def seeded_sqlite_url(tmp_path: Path) -> str:
     """A fresh embedded store with table ``t`` seeded: rows r1, r2 hold ``c:v = old``
     (the lock-resolution and coordination tests start from it)."""
-    url = f"sqlite:///{tmp_path}/repo.db"
+    return seeded(f"sqlite:///{tmp_path}/repo.db")
+
+
+@pytest.fixture
+def seeded_cas_sqlite_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """``seeded_sqlite_url`` on the embedded store taking HBase's path (``CAS_SQLITE``)."""
+    return seeded(make_store_url("cas-sqlite", request, tmp_path))
+
+
+def seeded(url: str) -> str:
+    """*url*, its table ``t`` seeded: rows r1, r2 hold ``c:v = old``."""
     with percolator.connect(url) as cluster:
         cluster.create_table("t")
         with percolator.Transaction(cluster) as txn:

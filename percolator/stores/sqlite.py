@@ -54,6 +54,7 @@ from percolator._store import (
     SINGLE_WRITER,
     VACUUM,
     Capability,
+    Cell,
     Mutation,
     Read,
     RowCells,
@@ -135,8 +136,28 @@ def _newest_cells_into(cells: RowCells, names: list[str], result: Sequence[Any],
     for name in names:
         ts = result[i]
         if ts is not None:
-            cells[name] = [(ts, result[i + 1])]
+            had = cells.get(name)
+            if had is None:
+                cells[name] = [(ts, result[i + 1])]
+            else:
+                # Another read of the same cell, in other bounds (a transaction's read of
+                # the write records at or below start_ts and of the newest after it):
+                # what each selects, as the general path gives it.
+                had.append((ts, result[i + 1]))
+                _newest_first(had)
         i += 2
+
+
+def _newest_first(versions: list[Cell]) -> None:
+    """*versions* of one cell, gathered by several reads, sorted newest first in place,
+    a version that more than one read selected kept once."""
+    versions.sort(key=lambda cell: -cell[0])
+    at = 1
+    while at < len(versions):
+        if versions[at][0] == versions[at - 1][0]:
+            del versions[at]
+        else:
+            at += 1
 
 
 def _newest_params(row: bytes, reads: Sequence[Read]) -> list[Any]:
@@ -520,7 +541,7 @@ class SqliteStore:
         for cells in result.values():
             for versions in cells.values():
                 if len(versions) > 1:
-                    versions.sort(key=lambda cell: -cell[0])
+                    _newest_first(versions)
         if any(check_skip_tag(read) for read in reads):
             for cells in result.values():
                 drop_skipped(cells, reads)
@@ -830,7 +851,7 @@ class SqliteStore:
                 raise self._error(table, e) from e
             current: bytes | None = None
             row_cells: RowCells = {}
-            counts: dict[str, int] = {}
+            counts: dict[tuple[int, str], int] = {}
             for row, fam, qual, ts, value, r in cells:
                 if row != current:
                     if current is not None and row_cells:
@@ -838,13 +859,20 @@ class SqliteStore:
                     current, row_cells, counts = row, {}, {}
                 column = f"{fam}:{qual}"
                 limit = reads[r].versions
-                seen = counts.get(column, 0)
+                counted = (r, column)  # each read's own versions of the column
+                seen = counts.get(counted, 0)
                 if limit is not None and seen >= limit:
                     continue
-                counts[column] = seen + 1
+                counts[counted] = seen + 1
                 if skips[r] is not None and value[:1] == skips[r]:
                     continue
-                row_cells.setdefault(column, []).append((ts, value))
+                had = row_cells.get(column)
+                if had is None:
+                    row_cells[column] = [(ts, value)]
+                else:
+                    had.append((ts, value))
+                    if had[-2][0] <= ts:  # another read's version of the column
+                        _newest_first(had)
             if current is not None and row_cells:
                 yield current, row_cells
             if last is None:

@@ -256,6 +256,28 @@ def test_several_reads_with_their_own_bounds_in_one_call(store: Store) -> None:
     assert newer == {b"r": {"w:c": [(22, b"v22")]}}
 
 
+def test_two_reads_of_one_cell_bring_what_each_selects(store: Store) -> None:
+    """The read of a transaction that keeps what its prewrite would read
+    (``Snapshot._reads`` where the prewrite compare-and-sets from it): a cell's newest
+    version at or below start_ts and its newest after it, both, newest first, on one
+    row, on several and in a scan; a version both reads select comes once. (The
+    embedded store's one-row read gave only the last read's version.)"""
+    put(store, b"r", "w:c", [12, 22])
+    put(store, b"s", "w:c", [14])
+    at_or_below, after = Read("w", ("c",), max_ts=15), Read("w", ("c",), min_ts=16)
+    both = {"w:c": [(22, b"v22"), (12, b"v12")]}
+    assert cells(store, b"r", at_or_below, after) == both
+    assert cells(store, b"r", after, at_or_below) == both
+    assert store.read_rows(T, [b"r", b"s"], [at_or_below, after]) == {
+        b"r": both, b"s": {"w:c": [(14, b"v14")]}}
+    assert dict(store.scan(T, None, None, [at_or_below, after])) == {
+        b"r": both, b"s": {"w:c": [(14, b"v14")]}}
+    newest = Read("w", ("c",))
+    assert cells(store, b"s", newest, at_or_below) == {"w:c": [(14, b"v14")]}
+    assert store.read_rows(T, [b"r", b"s"], [newest, Read("w", ("c",), max_ts=30)]) == {
+        b"r": {"w:c": [(22, b"v22")]}, b"s": {"w:c": [(14, b"v14")]}}
+
+
 def test_skip_tag_leaves_out_selected_versions_starting_with_it(store: Store) -> None:
     """How a transactional read leaves out FREE locks (on the server, where it can)."""
     store.mutate_rows(T, [

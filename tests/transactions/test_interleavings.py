@@ -21,7 +21,12 @@ from percolator import Cluster, ConflictError, Snapshot, Transaction
 from percolator._internals import internals
 from percolator._store import SET_UNLESS, offered
 from percolator.testing import CrashPoint, Interleaving, Step, client_of, crash_commit
+from tests._backends import CAS_SQLITE, WITH_THRIFT1, backend_fixture
 from tests.transactions.test_lock_resolution import ParkedCommitter
+
+# And the embedded store taking HBase's path (CAS_SQLITE): the prewrite locks by
+# compare-and-set from what the transaction's reads kept.
+backend = backend_fixture([*WITH_THRIFT1, CAS_SQLITE])
 
 T, COL = "bank", "bal:v"
 ALICE, BOB = b"alice", b"bob"
@@ -364,7 +369,9 @@ def test_a_write_past_a_commit_of_its_own_client_after_its_start_is_a_conflict(
     Guards the write record of a commit after start_ts kept with the FREE value its
     release writes (``TransactionBase._settled``, then ``_remember``): kept without it,
     T2's compare-and-set from that FREE value succeeds once T1 freed bob, and T2
-    commits over T1 (bob 1, a lost update; fails on HBase, both APIs)."""
+    commits over T1 (bob 1, a lost update; fails over Thrift2 and on ``cas-sqlite``.
+    Over Thrift1, without atomic row CAS, T1 writes bob's record before it frees him,
+    so T2's read finds that record in the store: the line is not reached there)."""
     client = committer(bank)
     t1 = transfer(client)
     assert t1.start_ts  # below T2's: its locks are in T2's way
@@ -386,4 +393,44 @@ def test_a_write_past_a_commit_of_its_own_client_after_its_start_is_a_conflict(
     t2.set(T, BOB, COL, b"1")
     with pytest.raises(ConflictError):
         t2.commit()
+    assert balances(bank) == (b"40", b"60")
+
+
+def test_a_blind_write_past_a_commit_of_its_own_client_is_a_conflict_its_committer_tells(
+    bank: Cluster,
+) -> None:
+    """As the test above, T2 writing bob without reading him: its prewrite reads bob's
+    lock, T1's, whose committer tells that T1 committed after T2's start: a conflict,
+    raised on that one read, without asking T1's primary. Skipped where the store's
+    conditional mutation tests the conflict conditions (Bigtable: no read first).
+
+    Guards ``TwoPhaseCommit._checked_before_locking`` asking
+    ``CommitsInFlight.committed_after`` of a lock of its own client (without, T2
+    resolves the lock through the store: it reads alice, rolls bob forward and reads
+    him again before the same conflict)."""
+    if offered(internals(bank).store, SET_UNLESS):
+        pytest.skip("the store tests the conflict conditions in each lock's conditional "
+                    "mutation: its prewrite reads nothing first")
+    client = committer(bank)
+    t1 = transfer(client)
+    assert t1.start_ts  # below T2's: its locks are in T2's way
+    t2 = Transaction(client)
+    assert t2.start_ts
+    store = internals(client).store
+    parked = ParkedCommitter(store, BOB, 2, table=T)
+    internals(client).store = parked  # type: ignore[assignment]
+    parked.committer = threading.Thread(target=t1.commit)
+    parked.committer.start()
+    try:
+        assert parked.reached.wait(30)  # past its commit point, before bob's release
+        t2.set(T, BOB, COL, b"1")
+        with pytest.raises(ConflictError, match=f"committed at {t1.commit_ts} after our "
+                           "start") as info:
+            t2.commit()
+        assert (info.value.row, info.value.conflict_ts) == (BOB, t1.commit_ts)
+        assert parked.calls == ["read_rows"]
+    finally:
+        parked.go.set()
+        parked.committer.join()
+        internals(client).store = store
     assert balances(bank) == (b"40", b"60")

@@ -562,14 +562,14 @@ def test_a_commit_whose_clean_up_fails_warns_without_a_traceback(
 class ParkedCommitter:
     """The real store, with one thread's commit parked before its *nth*
     compare-and-set on *row* until :attr:`go` is set; the data calls of every other
-    thread on table ``t`` listed in :attr:`calls` (``read_rows``, ``check_and_set``,
+    thread on *table* listed in :attr:`calls` (``read_rows``, ``check_and_set``,
     ...)."""
 
     _DATA_CALLS = frozenset({"read_rows", "mutate_rows", "check_and_set", "scan",
                              "check_and_set_many", "newest_at"})
 
-    def __init__(self, store: Any, row: bytes, nth: int) -> None:
-        self._store, self._row, self._nth = store, row, nth
+    def __init__(self, store: Any, row: bytes, nth: int, table: str = "t") -> None:
+        self._store, self._row, self._nth, self._table = store, row, nth, table
         self.committer: threading.Thread | None = None
         self.reached, self.go = threading.Event(), threading.Event()
         self.calls: list[str] = []
@@ -582,7 +582,7 @@ class ParkedCommitter:
 
         def call(*args: Any, **kwargs: Any) -> Any:
             if threading.current_thread() is not self.committer:
-                if args and args[0] == "t":  # not the clients' own bookkeeping
+                if args and args[0] == self._table:  # not the clients' own bookkeeping
                     self.calls.append(name)
             elif name == "check_and_set" and args[1] == self._row:
                 self._met += 1
@@ -1029,3 +1029,184 @@ def test_a_released_lock_tells_its_last_holders_outcome(url: str) -> None:
         cells = internals(cluster).store.read_rows("t", [b"r1", b"r2"], [Read(LOCK, ("c:v",))])
         for row in (b"r1", b"r2"):
             assert decode_lock(cells[row][f"{LOCK}:c:v"][0][1]) == Free(txn.start_ts, True)
+
+
+def test_a_read_past_a_commit_of_its_own_client_still_resolves_the_rows_other_locks(
+    url: str,
+) -> None:
+    """r2's ``c:v`` is locked by a commit of the reader's own client, parked at its
+    commit point with its commit timestamp drawn above the reader's start (nothing of it
+    to see); r2's ``c:w`` by X, a commit of another client that died after its commit
+    point, below the reader's start. The reader's read of both sees ``c:v``'s old value
+    and X's ``c:w``, which it rolls forward through the store.
+
+    Guards ``Snapshot._settled`` going on to the row's next lock after one that hides
+    nothing (stopping there, the read goes past X's lock: ``c:w`` absent), and reading
+    the row again at once only for a commit of its own client that ended not knowing its
+    outcome (for X's lock too: one more ``read_rows`` before X's is resolved)."""
+    with percolator.connect(url, lock_wait=10) as cluster:
+        cluster.one_phase_commit = False
+        x = Transaction(client_of(cluster))
+        x.set("t", b"r9", "c:v", b"x")  # the primary
+        x.set("t", b"r2", "c:w", b"x")
+        assert crash_commit(x, CrashPoint("commit", 0)) is True
+        parked, _ = _transfer_parked(cluster, b"r1", 2)  # the commit point's
+        reader = Transaction(cluster)
+        assert reader.start_ts
+        parked.committer.start()  # type: ignore[union-attr]
+        try:
+            assert parked.reached.wait(30)
+            assert reader.get_row("t", b"r2", ["c:v", "c:w"]) == {"c:v": b"old", "c:w": b"x"}
+            # its read, X's primary, X's roll forward, its read again
+            assert parked.calls == ["read_rows", "read_rows", "check_and_set", "read_rows"]
+        finally:
+            parked.go.set()
+            parked.committer.join()  # type: ignore[union-attr]
+
+
+def test_a_read_after_a_commit_point_of_its_own_client_sees_its_delete_and_new_cell(
+    url: str,
+) -> None:
+    """As the test above, the commit deleting r2's ``c:v`` and writing ``c:n``, a cell
+    with no write record yet: the reader sees the delete (no ``c:v``) and the new cell,
+    from the committer, before the release.
+
+    Guards the write records ``Snapshot._settled`` makes of the commit's locks: a
+    delete's (as a put, ``c:v`` reads as an empty value) and the first of a cell (a
+    column with no record in the read)."""
+    with percolator.connect(url, lock_wait=10) as cluster:
+        cluster.one_phase_commit = False
+        parked = ParkedCommitter(internals(cluster).store, b"r2", 3)  # r2's first release
+        internals(cluster).store = parked  # type: ignore[assignment]
+        holder = Transaction(cluster)
+        holder.set("t", b"r1", "c:v", b"new")  # the primary
+        holder.delete("t", b"r2", "c:v")
+        holder.set("t", b"r2", "c:n", b"new")
+        parked.committer = threading.Thread(target=holder.commit)
+        parked.committer.start()
+        try:
+            assert parked.reached.wait(30)
+            reader = Transaction(cluster)
+            assert holder.commit_ts is not None and reader.start_ts > holder.commit_ts
+            assert reader.get_row("t", b"r2", ["c:v", "c:n"]) == {"c:n": b"new"}
+            assert parked.calls == ["read_rows"]
+        finally:
+            parked.go.set()
+            parked.committer.join()
+        assert Transaction(cluster).get_row("t", b"r2", ["c:v", "c:n"]) == {"c:n": b"new"}
+
+
+def test_a_cell_read_from_its_own_clients_committer_is_locked_from_what_its_release_wrote(
+    seeded_cas_sqlite_url: str,
+) -> None:
+    """Where a transaction's reads keep what its prewrite locks from (the embedded store
+    taking HBase's path, ``CAS_SQLITE``): the reader of
+    ``test_a_read_after_a_commit_point_of_its_own_client_sees_it_before_its_release``,
+    which read r2 from the committer before its release, writes r2 once the committer
+    is done. Its prewrite locks r2 by compare-and-set from the FREE value that release
+    wrote, kept by its read: no read of its own.
+
+    Guards ``Snapshot._settled`` keeping the lock as the FREE value the release writes
+    (another value, or none: the compare-and-set fails and the prewrite reads r2)."""
+    with percolator.connect(seeded_cas_sqlite_url, lock_wait=10) as cluster:
+        cluster.one_phase_commit = False
+        parked, holder = _transfer_parked(cluster, b"r2", 2)  # the secondary's release
+        parked.committer.start()  # type: ignore[union-attr]
+        try:
+            assert parked.reached.wait(30)
+            reader = Transaction(cluster)
+            assert reader.start_ts > holder.commit_ts
+            assert reader.get("t", b"r2", "c:v") == b"new"
+        finally:
+            parked.go.set()
+            parked.committer.join()  # type: ignore[union-attr]
+        parked.calls.clear()
+        reader.set("t", b"r2", "c:v", b"mine")
+        reader.commit()
+        assert "read_rows" not in parked.calls, parked.calls
+        assert Transaction(cluster).get("t", b"r2", "c:v") == b"mine"
+
+
+class CommitPointAnswerLost:
+    """The real store, whose compare-and-set of *row*'s lock at a commit point (its
+    second there) applies and loses its answer, and which then fails every read until
+    :attr:`down` is cleared: that commit cannot tell its outcome. The data calls on
+    table ``t`` made once it is back are listed in :attr:`calls`."""
+
+    def __init__(self, store: Any, row: bytes) -> None:
+        self._store, self._row = store, row
+        self.down, self.lost = False, False
+        self.calls: list[str] = []
+        self._met = 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if name not in ParkedCommitter._DATA_CALLS:
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.down and name == "read_rows":
+                raise StoreUnavailable("the store went away")
+            if self.lost and args and args[0] == "t":
+                self.calls.append(name)
+            if name == "check_and_set" and args[1] == self._row and not self.lost:
+                self._met += 1
+                if self._met == 2:
+                    attr(*args, **kwargs)
+                    self.lost = self.down = True
+                    raise StoreUnavailable("connection lost before the answer came back")
+            return attr(*args, **kwargs)
+
+        return call
+
+
+@pytest.mark.parametrize("committed_primary", [False, True],
+                         ids=["alone", "after-a-committed-primary"])
+def test_a_read_meeting_a_commit_of_its_own_client_that_ended_unknowing_reads_again(
+    url: str, committed_primary: bool
+) -> None:
+    """A commit of the reader's own client applies its commit point but loses the answer,
+    and cannot read its primary again: it ends with CommitUnknownError, its locks left.
+    A reader started since meets r2's lock: its committer, ended, cannot tell; the
+    reader reads r2 again (the lock might be gone by then), then resolves it through the
+    store: the primary committed, it rolls r2 forward and reads the new value. Also
+    where the row holds first the COMMITTED primary of Y, another client's commit that
+    died after its commit point on a store without atomic row CAS: the read again comes
+    first, then both are resolved.
+
+    Guards ``Snapshot._settled`` sending the read to read again for a commit that ended
+    not knowing its outcome (without, the read goes past the lock: r2 reads old), once
+    per commit (always: the read never ends; never: one ``read_rows`` fewer), and going
+    on past Y's lock to the next (stopping there: Y's is resolved before the read again,
+    which then reads once more)."""
+    with percolator.connect(url, lock_wait=10) as cluster:
+        cluster.one_phase_commit = False
+        if committed_primary:
+            y_client = client_of(cluster)
+            internals(y_client).store = RowCasNotAtomic(  # type: ignore[assignment]
+                internals(y_client).store)
+            y = Transaction(y_client)
+            y.set("t", b"r2", "c:a", b"y")  # the primary
+            y.set("t", b"r9", "c:v", b"y")
+            assert crash_commit(y, CrashPoint("commit_point")) is True
+        store = CommitPointAnswerLost(internals(cluster).store, b"r1")
+        internals(cluster).store = store  # type: ignore[assignment]
+        holder = Transaction(cluster)
+        holder.set("t", b"r1", "c:v", b"new")  # the primary
+        holder.set("t", b"r2", "c:v", b"new")
+        with pytest.raises(percolator.CommitUnknownError):
+            holder.commit()
+        store.down = False
+        store.calls.clear()
+        reader = Transaction(cluster)
+        if not committed_primary:
+            assert reader.get("t", b"r2", "c:v") == b"new"
+            # its read, its read again, the primary's, r2 rolled forward, its read again
+            assert store.calls == ["read_rows", "read_rows", "read_rows", "check_and_set",
+                                   "read_rows"]
+            return
+        assert reader.get_row("t", b"r2", ["c:a", "c:v"]) == {"c:a": b"y", "c:v": b"new"}
+        # its read, its read again, Y's primary released, the other primary read, r2
+        # rolled forward, its read again
+        assert store.calls == ["read_rows", "read_rows", "check_and_set", "read_rows",
+                               "check_and_set", "read_rows"]

@@ -28,17 +28,26 @@ from percolator._encoding import (
     decode_lock,
     decode_write,
     encode_lock,
+    encode_write,
 )
 from percolator._internals import internals
 from percolator._lock_resolver import UNTOLD
 from percolator._notifications import pending_notifications
-from percolator._store import Read
+from percolator._store import Mutation, Read
 from percolator._timestamps import NextStart, StoreTimestamps
+from percolator._transaction import _SEEN_MAX
 from percolator._two_phase import TwoPhaseCommit, committed_anyway
 from percolator.testing import CrashPoint, SimulatedCrash, client_of, crash_commit
-from tests._backends import BIGTABLE, SQLITE
+from tests._backends import BIGTABLE, CAS_SQLITE, SQLITE, WITH_THRIFT1, backend_fixture
+
+# And the embedded store taking HBase's path (CAS_SQLITE): the prewrite locks from what
+# the transaction's reads kept.
+backend = backend_fixture([*WITH_THRIFT1, CAS_SQLITE])
 
 T, C = "accounts", "bal:amount"
+KEEPS_READS = ("hbase", "hbase-thrift1", "cas-sqlite")
+"""The backends whose transactions keep what their reads saw of each cell for the
+prewrite (``Snapshot._read_state``): no lock census, no ``set_unless``, no atomic steps."""
 
 
 @pytest.fixture
@@ -60,6 +69,147 @@ def test_a_rollback_record_at_our_start_is_a_conflict(accounts: Cluster) -> None
     with pytest.raises(percolator.ConflictError, match="rolled back"):
         zombie.commit()
     assert Transaction(accounts).get(T, b"alice", C) is None
+
+
+@pytest.mark.parametrize("newer", [False, True], ids=["alone", "under-a-newer-commit"])
+def test_a_rolled_back_transaction_that_read_its_cell_first_is_a_conflict(
+    accounts: Cluster, backend: str, newer: bool
+) -> None:
+    """The zombie above, reading alice before it writes her: its read sees the value
+    below its start (a rollback record is no value), under a commit made since too,
+    and its commit is a conflict, decided before any store call where the read's state
+    is kept for the prewrite.
+
+    Guards ``Snapshot._remember`` keeping the write records at start_ts too (a kept
+    state without the rollback record lets the zombie lock and commit: "never") and
+    leaving them visible to the read (alice None under the newer commit), and leaving
+    out only a rollback record above start_ts (one at it sends the prewrite to read)."""
+    with Transaction(accounts) as first:
+        first.set(T, b"alice", C, b"old")
+    dying = Transaction(client_of(accounts))
+    dying.set(T, b"alice", C, b"never")
+    assert crash_commit(dying, CrashPoint("prewrite", 0)) is False
+    assert Transaction(accounts).get(T, b"alice", C) == b"old"  # rolls it back
+    if newer:
+        with Transaction(accounts) as winner:
+            winner.set(T, b"alice", C, b"winner")
+    zombie = Transaction(accounts, start_ts=dying.start_ts)
+    assert zombie.get(T, b"alice", C) == b"old"
+    zombie.set(T, b"alice", C, b"never")
+    counted = _Counted(internals(accounts).store)
+    internals(accounts).store = counted  # type: ignore[assignment]
+    with pytest.raises(percolator.ConflictError,
+                       match="after our start" if newer else "rolled back"):
+        zombie.commit()
+    if backend in KEEPS_READS:  # (the observed columns' registry may be read)
+        assert not [call for call in counted.calls if call[1] == T], counted.calls
+    assert Transaction(accounts).get(T, b"alice", C) == (b"winner" if newer else b"old")
+
+
+def test_a_rollback_record_since_our_start_hides_no_commit_below_it(accounts: Cluster) -> None:
+    """We start; a commit writes bob; a transaction locks bob, dies, and a reader rolls
+    it back: its rollback record is the newest of bob's records, above that commit. We
+    read bob (0, our snapshot) and write him: a conflict, the commit stands.
+
+    Guards ``Snapshot._remember`` leaving out a cell whose newest record after start_ts
+    is a rollback record (the read brings only the newest, which may hide a commit; the
+    prewrite reads the cell itself): kept, our compare-and-set from the dead
+    transaction's FREE lock succeeds and we commit over that commit (a lost update)."""
+    with Transaction(accounts) as seed:
+        seed.set(T, b"bob", C, b"0")
+    mine = Transaction(accounts)
+    assert mine.start_ts
+    with Transaction(accounts) as since:
+        since.set(T, b"bob", C, b"7")
+    dying = Transaction(client_of(accounts))
+    dying.set(T, b"bob", C, b"never")
+    assert crash_commit(dying, CrashPoint("prewrite", 0)) is False
+    assert Transaction(accounts).get(T, b"bob", C) == b"7"  # rolls it back
+    assert mine.get(T, b"bob", C) == b"0"
+    mine.set(T, b"bob", C, b"1")
+    with pytest.raises(percolator.ConflictError, match="after our start") as info:
+        mine.commit()
+    assert info.value.conflict_ts == since.commit_ts
+    assert Transaction(accounts).get(T, b"bob", C) == b"7"
+
+
+def _read_by(txn: Transaction, how: str, rows: list[bytes]) -> dict[bytes, dict[str, bytes]]:
+    """*rows*' column C as *txn* reads them *how*."""
+    if how == "get":
+        found = {row: txn.get(T, row, C) for row in rows}
+        return {row: {C: value} if value is not None else {} for row, value in found.items()}
+    if how == "get_row":
+        return {row: txn.get_row(T, row, [C]) for row in rows}
+    if how == "get_rows":
+        return txn.get_rows(T, rows, [C])
+    columns = None if how == "scan-whole-rows" else [C]
+    scanned = dict(txn.scan(T, None, None, columns))  # a row with no value is not there
+    return {row: scanned.get(row, {}) for row in rows}
+
+
+@pytest.mark.parametrize("how", ["get", "get_row", "get_rows", "scan", "scan-whole-rows"])
+def test_a_commit_reads_nothing_of_the_cells_its_transaction_read(
+    backend: str, how: str, request: pytest.FixtureRequest
+) -> None:
+    """A transaction reads cells, then writes them: where its reads keep what they saw
+    (``Snapshot._remember``, each read path), the prewrite locks each cell from that,
+    with no read of its own. The cells: one committed, one whose only lock was a rolled
+    back secondary's (a FREE lock, no write record), one with a write record and no lock
+    cell (as the embedded store's one-phase commit writes it), and, read by row, one
+    that does not exist (a scan does not see it). On the other backends the prewrite
+    reads them (one read per table, or none: Bigtable's ``set_unless``). Each read path
+    is the transaction's own: HBase runs two of them, the embedded store taking its
+    path all."""
+    if backend not in KEEPS_READS:
+        pytest.skip("the prewrite reads every cell itself here (or checks it in its lock's "
+                    "conditional mutation)")
+    if backend != "cas-sqlite" and how not in ("get_rows", "scan-whole-rows"):
+        pytest.skip("a read path of the transaction's own: checked on cas-sqlite")
+    accounts: Cluster = request.getfixturevalue("accounts")
+    with Transaction(accounts) as first:
+        first.set(T, b"alice", C, b"100")
+    dying = Transaction(client_of(accounts))
+    dying.set(T, b"alice", C, b"never")  # the primary
+    dying.set(T, b"bob", C, b"never")
+    assert crash_commit(dying, CrashPoint("prewrite", 1)) is False
+    assert Transaction(accounts).get(T, b"bob", C) is None  # rolls it back
+    store = internals(accounts).store
+    assert not store.read_rows(T, [b"bob"], [Read(WRITE, (C,))])
+    committed = internals(accounts).timestamps.get_timestamp()
+    store.mutate_rows(T, [Mutation(b"carol", puts=[
+        (f"{WRITE}:{C}", committed, encode_write(WriteKind.PUT, committed - 1, b"7"))])])
+    rows = [b"alice", b"bob", b"carol"] + ([] if how.startswith("scan") else [b"dave"])
+    txn = Transaction(accounts)
+    seen = {b"alice": {C: b"100"}, b"bob": {}, b"carol": {C: b"7"}, b"dave": {}}
+    assert _read_by(txn, how, rows) == {row: seen[row] for row in rows}
+    for row in rows:
+        txn.set(T, row, C, b"new")
+    counted = _Counted(store)
+    internals(accounts).store = counted  # type: ignore[assignment]
+    txn.commit()
+    assert counted.calls[("read_rows", T)] == 0
+    internals(accounts).store = store  # type: ignore[assignment]
+    assert Transaction(accounts).get_rows(T, rows, [C]) == {row: {C: b"new"} for row in rows}
+
+
+@pytest.mark.parametrize("backend", [CAS_SQLITE])  # the bound is the transaction's own
+def test_the_cells_whose_reads_a_transaction_keeps_are_bounded(
+    accounts: Cluster, backend: str
+) -> None:
+    """A transaction keeps what its reads saw of ``_SEEN_MAX`` cells at most (its
+    memory stays bounded however much it reads): it reads that many rows, which do not
+    exist, in one ``get_rows``, then one more; it writes the first and the last. Its
+    prewrite locks the first from what its read kept and reads the last itself."""
+    rows = [b"r%05d" % i for i in range(_SEEN_MAX + 1)]
+    txn = Transaction(accounts)
+    assert txn.get_rows(T, rows[:-1], [C]) == {row: {} for row in rows[:-1]}
+    assert txn.get(T, rows[-1], C) is None
+    txn.set(T, rows[0], C, b"first")
+    txn.set(T, rows[-1], C, b"last")
+    counted = _Counted(internals(accounts).store)
+    internals(accounts).store = counted  # type: ignore[assignment]
+    txn.commit()
+    assert counted.calls[("read_rows", T)] == 1
 
 
 def test_a_later_rollback_record_does_not_block_a_writer(accounts: Cluster) -> None:
@@ -112,22 +262,56 @@ def test_a_commit_just_after_our_start_is_a_conflict(accounts: Cluster) -> None:
     assert Transaction(accounts).get(T, b"alice", C) == b"winner"
 
 
-def test_a_live_lock_is_a_conflict(accounts: Cluster) -> None:
+def test_a_live_lock_is_a_conflict(accounts: Cluster, backend: str) -> None:
+    """A live lock on the secondary: a conflict, raised before the primary is locked
+    where the prewrite reads first (``TwoPhaseCommit._checked_before_locking``): no
+    compare-and-set, where it would lock bob, meet alice's lock and free bob again.
+    Bigtable locks bob by its conditional mutation first."""
     holder = Transaction(accounts)
     holder.set(T, b"alice", C, b"held")
     with pytest.raises(SimulatedCrash):  # stops after its prewrite; its owner lives on
         commit_transaction(holder, CrashPoint("prewrite", 0))
     mine = Transaction(accounts)
-    mine.set(T, b"bob", C, b"mine")  # the primary, locked first
+    mine.set(T, b"bob", C, b"mine")  # the primary
     mine.set(T, b"alice", C, b"mine")
+    counted = _Counted(internals(accounts).store)
+    internals(accounts).store = counted  # type: ignore[assignment]
     with pytest.raises(percolator.ConflictError, match="locked by live transaction") as info:
         mine.commit()
+    if backend != "bigtable":
+        assert not counted.calls[("check_and_set", T)], counted.calls
     # The error names the cell, our transaction and the holder's.
     conflict = info.value
     assert str(conflict) == (f"write-write conflict on {T}/b'alice'/{C}: locked by live "
                              f"transaction {holder.start_ts} (transaction {mine.start_ts})")
     assert (conflict.start_ts, conflict.conflict_ts, conflict.table, conflict.row,
             conflict.column) == (mine.start_ts, holder.start_ts, T, b"alice", C)
+
+
+def test_a_lock_left_committed_is_rolled_forward_before_the_writer_locks(
+    accounts: Cluster,
+) -> None:
+    """A transaction that died after its commit point left bob locked; a writer started
+    after it writes bob without reading him: its prewrite rolls bob forward (the dead
+    one's record at its commit timestamp, below our start: no conflict), then locks and
+    commits him, having resolved that lock once. Guards the lock resolution of
+    ``TwoPhaseCommit._checked_before_locking`` naming the cell it met (another row or
+    column: that roll forward misses, and the lock is resolved again as it is taken)."""
+    dying = Transaction(client_of(accounts))
+    dying.set(T, b"alice", C, b"dead")  # the primary
+    dying.set(T, b"bob", C, b"dead")
+    assert crash_commit(dying, CrashPoint("commit", 0)) is True
+    mine = Transaction(accounts)
+    mine.set(T, b"bob", C, b"mine")
+    resolved = internals(accounts).stats["locks_resolved"]
+    mine.commit()
+    assert internals(accounts).stats["locks_resolved"] == resolved + 1  # once, there
+    store = internals(accounts).store
+    records = store.read_rows(T, [b"bob"], [Read(WRITE, (C,), versions=None)])
+    assert [(ts, decode_write(v)[0]) for ts, v in records[b"bob"][f"{WRITE}:{C}"]] == [
+        (mine.commit_ts, WriteKind.PUT), (dying.commit_ts, WriteKind.PUT)]
+    assert Transaction(accounts).get_rows(T, [b"alice", b"bob"], [C]) == {
+        b"alice": {C: b"dead"}, b"bob": {C: b"mine"}}
 
 
 def test_a_harness_runs_the_phases_of_a_two_phase_commit_and_stops_at_its_crash_point(
@@ -451,7 +635,8 @@ CALLS = {
 @pytest.mark.parametrize("cells", [1, 2], ids=["one-cell", "two-cells"])
 def test_store_calls_of_a_commit(accounts: Cluster, backend: str, cells: int) -> None:
     if backend not in CALLS:
-        pytest.skip("the embedded store commits in one phase (its own tests count it)")
+        pytest.skip("counted on the cluster stores (the embedded store commits in one phase: "
+                    "its own tests count it)")
     counted = _Counted(internals(accounts).store)
     internals(accounts).store = counted  # type: ignore[assignment]
     internals(accounts).timestamps = StoreTimestamps(counted)  # type: ignore[arg-type]
