@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import observers._scanner
 import percolator
 from observers import Observer, Worker, wait_for_observers
 from percolator import Snapshot, Transaction, TransactionBase, metrics
@@ -621,6 +622,63 @@ def test_an_index_pass_costs_one_read_per_row_and_settles_many_rows_in_one_call(
     assert n < counting.docs_reads <= n + 2
     assert all(Snapshot(cluster).get("docs", b"r%03d" % i, "out:v") == b"%d" % i
                for i in range(n))
+
+
+def test_rows_served_from_hand_offs_settle_their_entries_together_when_due(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rows a look hands over are served one at a time (as sleeping scanners would
+    serve them); their index entries wait, known as served, until SETTLE_MAX rows wait
+    (three here) or the first of them waited SETTLE_DELAY (an hour here, then none),
+    and go in one deletion; a forced settling (the worker's stop) takes what waits.
+
+    Catches ``_defer_settling`` that does not note when its first row began to wait
+    (the first hand-off then settled at once, alone) and ``settle_deferred`` settling
+    before either bound."""
+    monkeypatch.setattr(observers._scanner, "SETTLE_DELAY", 3600.0)
+    monkeypatch.setattr(observers._scanner, "SETTLE_MAX", 3)
+    worker = Worker(cluster, [Copy], threads=1)
+    worker.register()
+    scanner = worker._scanner
+    rows = [b"r%d" % i for i in range(5)]
+    for row in rows[:3]:
+        write(cluster, row, row)
+    scanner.look(frozenset())
+    handed = [scanner.bell.take() for _ in range(3)]
+    counting = CountingIndexWrites(internals(cluster).store)
+    internals(cluster).store = counting  # type: ignore[assignment]
+    try:
+        for i, handoff in enumerate(handed[:2]):
+            assert handoff is not None
+            scanner.serve_handed(*handoff)
+            scanner.settle_deferred()  # neither bound reached: nothing to do
+            assert counting.deletions == 0, i
+        assert {r for _, r in entries(cluster)} == set(rows[:3])
+        assert handed[2] is not None
+        scanner.serve_handed(*handed[2])  # the third waiting: settled, the three at once
+        assert counting.deletions == 1
+        assert entries(cluster) == {}
+
+        write(cluster, rows[3], rows[3])
+        scanner.look(frozenset())
+        fourth = scanner.bell.take()
+        assert fourth is not None
+        scanner.serve_handed(*fourth)
+        assert {r for _, r in entries(cluster)} == {rows[3]}  # waits, alone
+        worker.stop()  # settles what waits
+        assert entries(cluster) == {} and counting.deletions == 2
+
+        monkeypatch.setattr(observers._scanner, "SETTLE_DELAY", 0.0)
+        write(cluster, rows[4], rows[4])
+        scanner.look(frozenset())
+        fifth = scanner.bell.take()
+        assert fifth is not None
+        scanner.serve_handed(*fifth)  # due as soon as it waits
+        assert entries(cluster) == {} and counting.deletions == 3
+    finally:
+        internals(cluster).store = counting._store  # type: ignore[assignment]
+    with Snapshot(cluster) as snap:
+        assert [snap.get("docs", row, "out:v") for row in rows] == rows
 
 
 def test_a_run_that_finds_its_notification_served_is_in_the_run_metrics(

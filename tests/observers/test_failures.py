@@ -1,0 +1,118 @@
+"""A failing observer, one run at a time on the embedded store: the failure is counted
+for the cluster (in the store) and backs the cell off in this worker process
+(``observers/_backoff.py``); a later success clears both; the last failure allowed
+quarantines the notification with what a person needs to see (``percolator status``)
+and clears both too. This process's clock is set by the test (the back-off's ``time``),
+so that a retry is due exactly when the test says."""
+
+from __future__ import annotations
+
+import logging
+import time
+from types import SimpleNamespace
+
+import pytest
+
+import observers._backoff
+import percolator
+from observers import Observer, Worker
+from percolator import Transaction, TransactionBase
+from percolator._notifications import (
+    _NO_FAILURES,
+    Quarantined,
+    _failures_key,
+    _read_failures,
+    pending_notifications,
+    quarantined,
+)
+from tests._backends import backend_fixture
+
+backend = backend_fixture("sqlite")
+T, COL, ROW = "docs", "raw:v", b"r"
+
+
+@pytest.fixture
+def cluster_tables() -> tuple[str, ...]:
+    return (T,)
+
+
+class Fails(Observer):
+    """Raises while ``failing`` is set (a ValueError with a note); copies otherwise."""
+
+    table, column = T, COL
+
+    def __init__(self) -> None:
+        self.failing = True
+        self.runs = 0
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        self.runs += 1
+        if self.failing:
+            error = ValueError("boom")
+            error.add_note("while copying")
+            raise error
+        txn.set(T, row, "out:v", txn.get(T, row, column) or b"")
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """``time.monotonic()`` as observers._backoff sees it: the test moves it by hand."""
+    now = [1000.0]
+    monkeypatch.setattr(observers._backoff, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    return now
+
+
+def failures_counted(cluster: percolator.Cluster) -> bytes | None:
+    """The cluster's failure count of the cell, as the store keeps it."""
+    return _read_failures(cluster, _failures_key(T, ROW), COL)
+
+
+def test_a_failure_backs_off_here_counts_for_the_cluster_and_a_success_clears_both(
+    cluster: percolator.Cluster, clock: list[float], caplog: pytest.LogCaptureFixture,
+) -> None:
+    observer = Fails()
+    worker = Worker(cluster, [observer], threads=1, retry_delay=10.0, max_failures=5)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, COL, b"v")
+    with caplog.at_level(logging.WARNING, logger="observers"):
+        assert worker._scanner.serve_row(T, ROW)
+    assert observer.runs == 1 and worker.stats["failures"] == 1
+    assert worker._runner.backoff.waiting(T, ROW, COL)  # this cell, for this process
+    assert failures_counted(cluster) not in (None, _NO_FAILURES)
+    assert any(f"failed on {T}/r/{COL} (1/5), retrying in 10.00s" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+    assert not worker._scanner.serve_row(T, ROW)  # backing off: no run
+    assert observer.runs == 1
+
+    clock[0] += 1000.0  # the retry is due
+    observer.failing = False
+    assert worker._scanner.serve_row(T, ROW)
+    assert observer.runs == 2 and worker.stats["committed"] == 1
+    assert not worker._runner.backoff  # cleared here
+    assert failures_counted(cluster) == _NO_FAILURES  # and for the cluster
+    assert list(pending_notifications(cluster, [T])) == []
+
+
+def test_the_last_failure_allowed_quarantines_the_notification_with_its_error(
+    cluster: percolator.Cluster, clock: list[float],
+) -> None:
+    observer = Fails()
+    worker = Worker(cluster, [observer], threads=1, retry_delay=100.0, max_failures=2)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, COL, b"v")
+    assert worker._scanner.serve_row(T, ROW)
+    clock[0] += 1000.0
+    before = time.time()
+    assert worker._scanner.serve_row(T, ROW)
+    after = time.time()
+    assert worker.stats["quarantined"] == 1
+    [record] = quarantined(cluster)
+    assert before <= record.since <= after
+    assert record == Quarantined(T, ROW, COL, observer.name, "ValueError: boom\nwhile copying",
+                                 2, False, record.since)
+    assert not worker._runner.backoff  # cleared here
+    assert failures_counted(cluster) == _NO_FAILURES  # and for the cluster
+    assert list(pending_notifications(cluster, [T])) == []
