@@ -7,7 +7,6 @@ so that a retry is due exactly when the test says."""
 
 from __future__ import annotations
 
-import logging
 import time
 from types import SimpleNamespace
 
@@ -16,7 +15,8 @@ import pytest
 import observers._backoff
 import percolator
 from observers import Observer, Worker
-from percolator import Transaction, TransactionBase
+from observers._backoff import Backoff
+from percolator import Transaction, TransactionBase, metrics
 from percolator._notifications import (
     _NO_FAILURES,
     Quarantined,
@@ -68,20 +68,17 @@ def failures_counted(cluster: percolator.Cluster) -> bytes | None:
 
 
 def test_a_failure_backs_off_here_counts_for_the_cluster_and_a_success_clears_both(
-    cluster: percolator.Cluster, clock: list[float], caplog: pytest.LogCaptureFixture,
+    cluster: percolator.Cluster, clock: list[float],
 ) -> None:
     observer = Fails()
     worker = Worker(cluster, [observer], threads=1, retry_delay=10.0, max_failures=5)
     worker.register()
     with Transaction(cluster) as txn:
         txn.set(T, ROW, COL, b"v")
-    with caplog.at_level(logging.WARNING, logger="observers"):
-        assert worker._scanner.serve_row(T, ROW)
+    assert worker._scanner.serve_row(T, ROW)
     assert observer.runs == 1 and worker.stats["failures"] == 1
     assert worker._runner.backoff.waiting(T, ROW, COL)  # this cell, for this process
     assert failures_counted(cluster) not in (None, _NO_FAILURES)
-    assert any(f"failed on {T}/r/{COL} (1/5), retrying in 10.00s" in r.getMessage()
-               for r in caplog.records), [r.getMessage() for r in caplog.records]
 
     assert not worker._scanner.serve_row(T, ROW)  # backing off: no run
     assert observer.runs == 1
@@ -105,10 +102,14 @@ def test_the_last_failure_allowed_quarantines_the_notification_with_its_error(
         txn.set(T, ROW, COL, b"v")
     assert worker._scanner.serve_row(T, ROW)
     clock[0] += 1000.0
+    quarantines = metrics.snapshot()[0].get(
+        ("percolator_observer_runs_total", (observer.name, "quarantined")), 0)
     before = time.time()
     assert worker._scanner.serve_row(T, ROW)
     after = time.time()
     assert worker.stats["quarantined"] == 1
+    assert metrics.snapshot()[0][("percolator_observer_runs_total", (
+        observer.name, "quarantined"))] == quarantines + 1
     [record] = quarantined(cluster)
     assert before <= record.since <= after
     assert record == Quarantined(T, ROW, COL, observer.name, "ValueError: boom\nwhile copying",
@@ -116,3 +117,39 @@ def test_the_last_failure_allowed_quarantines_the_notification_with_its_error(
     assert not worker._runner.backoff  # cleared here
     assert failures_counted(cluster) == _NO_FAILURES  # and for the cluster
     assert list(pending_notifications(cluster, [T])) == []
+
+
+def test_a_cells_back_off_doubles_per_failure_up_to_its_cap_jittered(
+    clock: list[float], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """retry_delay after the first failure, twice as long after each next one, at most
+    max_retry_delay; the next try is that far ahead times a jitter drawn from [0.8, 1.2]
+    (the draw returns its upper bound here)."""
+    drawn: list[tuple[float, float]] = []
+
+    def uniform(lo: float, hi: float) -> float:
+        drawn.append((lo, hi))
+        return hi
+
+    monkeypatch.setattr(observers._backoff, "random", SimpleNamespace(uniform=uniform))
+    backoff = Backoff(retry_delay=1.0, max_retry_delay=5.0)
+    assert not backoff and backoff.next_due() is None
+    assert not backoff.waiting(T, ROW, COL) and not backoff.all_waiting(T, ROW, [COL])
+    assert [backoff.failed(T, ROW, COL) for _ in range(5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
+    assert drawn == [(0.8, 1.2)] * 5
+    assert backoff.next_due() == pytest.approx(1000.0 + 5.0 * 1.2)
+    assert backoff.failed(T, b"other", COL) == 1.0  # each cell counts its own
+    assert backoff.next_due() == pytest.approx(1000.0 + 1.2)  # the earliest
+    clock[0] += 1.1
+    assert backoff.waiting(T, b"other", COL) and backoff.all_waiting(T, b"other", [COL])
+    assert not backoff.waiting(T, b"third", COL)
+    assert not backoff.all_waiting(T, b"other", [COL, "raw:w"])  # raw:w never failed
+    clock[0] += 0.1
+    assert not backoff.waiting(T, b"other", COL)  # due exactly now
+    assert not backoff.all_waiting(T, b"other", [COL])
+    assert backoff.waiting(T, ROW, COL)
+    assert backoff.clear(T, b"other", COL) is True
+    assert backoff.clear(T, b"other", COL) is False  # cleared already
+    assert backoff.clear(T, ROW, COL) is True
+    assert not backoff and backoff.next_due() is None
+    assert backoff.failed(T, ROW, COL) == 1.0  # counts from the start again
