@@ -25,6 +25,7 @@ from percolator._notifications import (
     pending_notifications,
     quarantined,
 )
+from percolator.ext import internals
 from tests._backends import backend_fixture
 
 backend = backend_fixture("sqlite")
@@ -54,6 +55,19 @@ class Fails(Observer):
         txn.set(T, row, "out:v", txn.get(T, row, column) or b"")
 
 
+class NoReads:
+    """A store that refuses reads (a row passed by must cost none)."""
+
+    def __init__(self, store: object) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    def read_rows(self, *args: object, **kwargs: object) -> object:
+        raise AssertionError(f"read_rows{args!r:.200}")
+
+
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """``time.monotonic()`` as observers._backoff sees it: the test moves it by hand."""
@@ -81,6 +95,15 @@ def test_a_failure_backs_off_here_counts_for_the_cluster_and_a_success_clears_bo
     assert failures_counted(cluster) not in (None, _NO_FAILURES)
 
     assert not worker._scanner.serve_row(T, ROW)  # backing off: no run
+    worker._scanner.look(frozenset())
+    handed = worker._scanner.bell.take()
+    assert handed is not None and handed[:2] == (T, ROW)
+    host = internals(cluster)
+    store, host.store = host.store, NoReads(host.store)  # type: ignore[assignment]
+    try:
+        worker._scanner.serve_handed(*handed)  # nor when a look hands the row over:
+    finally:  # passed by without a read of its notify cells
+        host.store = store
     assert observer.runs == 1
 
     clock[0] += 1000.0  # the retry is due

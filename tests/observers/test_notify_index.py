@@ -624,6 +624,12 @@ def test_an_index_pass_costs_one_read_per_row_and_settles_many_rows_in_one_call(
                for i in range(n))
 
 
+def absent_runs() -> float:
+    """Observer runs that found no notification at or below their snapshot, so far."""
+    return float(metrics.snapshot()[0].get(("percolator_observer_runs_total", ("Copy", "absent")),
+                                           0))
+
+
 def test_rows_served_from_hand_offs_settle_their_entries_together_when_due(
     cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -632,9 +638,14 @@ def test_rows_served_from_hand_offs_settle_their_entries_together_when_due(
     (three here) or the first of them waited SETTLE_DELAY (an hour here, then none),
     and go in one deletion; a forced settling (the worker's stop) takes what waits.
 
+    A row handed over again meanwhile (by a look before the settling) is not run
+    again: its entries are known as served (``Served``), where a run would draw a
+    timestamp and read to find nothing (an absent run). A handed row whose
+    notification another worker served (an absent run) waits with the batch too.
+
     Catches ``_defer_settling`` that does not note when its first row began to wait
-    (the first hand-off then settled at once, alone) and ``settle_deferred`` settling
-    before either bound."""
+    (the first hand-off then settled at once, alone), ``settle_deferred`` settling
+    before either bound, and ``serve_handed`` not asking ``Served``."""
     monkeypatch.setattr(observers._scanner, "SETTLE_DELAY", 3600.0)
     monkeypatch.setattr(observers._scanner, "SETTLE_MAX", 3)
     worker = Worker(cluster, [Copy], threads=1)
@@ -648,11 +659,14 @@ def test_rows_served_from_hand_offs_settle_their_entries_together_when_due(
     counting = CountingIndexWrites(internals(cluster).store)
     internals(cluster).store = counting  # type: ignore[assignment]
     try:
+        absent = absent_runs()
         for i, handoff in enumerate(handed[:2]):
             assert handoff is not None
             scanner.serve_handed(*handoff)
+            scanner.serve_handed(*handoff)  # handed again: known as served, no run
             scanner.settle_deferred()  # neither bound reached: nothing to do
             assert counting.deletions == 0, i
+        assert absent_runs() == absent and worker.stats["committed"] == 2
         assert {r for _, r in entries(cluster)} == set(rows[:3])
         assert handed[2] is not None
         scanner.serve_handed(*handed[2])  # the third waiting: settled, the three at once
@@ -665,6 +679,14 @@ def test_rows_served_from_hand_offs_settle_their_entries_together_when_due(
         assert fourth is not None
         scanner.serve_handed(*fourth)
         assert {r for _, r in entries(cluster)} == {rows[3]}  # waits, alone
+        write(cluster, b"elsewhere", b"x")
+        served_elsewhere(cluster, [b"elsewhere"])  # its entry left in the index
+        scanner.look(frozenset())
+        sixth = scanner.bell.take()
+        assert sixth is not None and sixth[1] == b"elsewhere" and scanner.bell.take() is None
+        scanner.serve_handed(*sixth)  # an absent run: its entry waits with the other
+        assert absent_runs() == absent + 1
+        assert {r for _, r in entries(cluster)} == {rows[3], b"elsewhere"}
         worker.stop()  # settles what waits
         assert entries(cluster) == {} and counting.deletions == 2
 

@@ -19,7 +19,7 @@ from observers import Worker, load_observers
 from observers._runner import Recent
 from observers._scanner import Spread
 from percolator import InvalidArgument
-from percolator.ext import NOTIFY
+from percolator.ext import NOTIFY, internals
 from tests._backends import backend_fixture
 from tests.observers import _app
 
@@ -172,3 +172,19 @@ def test_a_scanner_counts_its_meetings_and_the_jumps_that_end_its_passes(
     spread = Spread(threads=1)
     assert [worker._scanner._met(spread) for _ in range(4)] == [False, False, False, True]
     assert worker.stats["meetings"] == 4 and worker.stats["jumps"] == 1
+
+
+def test_a_row_handed_over_while_another_scanner_holds_it_is_a_meeting(
+    cluster: percolator.Cluster,
+) -> None:
+    """The row's advisory lock is held (by the test, as another scanner of the process
+    would hold it): the scanner it is handed to leaves it, and counts a meeting."""
+    worker = Worker(cluster, [_app.Indexer], threads=1)
+    coordination = internals(cluster).coordination
+    key = f"docs/{b'r'.hex()}"
+    assert coordination.try_advisory_lock(key)
+    try:
+        worker._scanner.serve_handed("docs", b"r", {"raw:v": 5}, 0.0)
+    finally:
+        coordination.release_advisory_lock(key)
+    assert worker.stats["meetings"] == 1 and worker.stats["committed"] == 0
