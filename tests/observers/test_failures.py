@@ -175,4 +175,5 @@ def test_a_cells_back_off_doubles_per_failure_up_to_its_cap_jittered(
     assert backoff.clear(T, b"other", COL) is False  # cleared already
     assert backoff.clear(T, ROW, COL) is True
     assert not backoff and backoff.next_due() is None
+    assert backoff.clear(T, ROW, COL) is False  # nothing failed here
     assert backoff.failed(T, ROW, COL) == 1.0  # counts from the start again

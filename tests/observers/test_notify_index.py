@@ -703,6 +703,28 @@ def test_rows_served_from_hand_offs_settle_their_entries_together_when_due(
         assert [snap.get("docs", row, "out:v") for row in rows] == rows
 
 
+class CopyToo(Copy):
+    """A second observer of the column: its rows are served by reading their cells."""
+
+
+def test_a_handed_row_found_served_with_nothing_to_run_has_its_entry_settled_at_once(
+    cluster: percolator.Cluster,
+) -> None:
+    """Two observers of the column (no run reads its own notification: the row's notify
+    cells are read first): a handed row whose notification another worker served has
+    no cell to run, and its stale entry is settled then and there, not with a batch."""
+    worker = Worker(cluster, [Copy, CopyToo], threads=1)
+    worker.register()
+    write(cluster, b"r", b"x")
+    served_elsewhere(cluster, [b"r"])
+    worker._scanner.look(frozenset())
+    handed = worker._scanner.bell.take()
+    assert handed is not None and handed[1] == b"r"
+    worker._scanner.serve_handed(*handed)
+    assert entries(cluster) == {}
+    assert worker.stats["committed"] == 0
+
+
 def test_a_run_that_finds_its_notification_served_is_in_the_run_metrics(
     cluster: percolator.Cluster,
 ) -> None:
