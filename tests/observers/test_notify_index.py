@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -712,7 +713,8 @@ def test_a_handed_row_found_served_with_nothing_to_run_has_its_entry_settled_at_
 ) -> None:
     """Two observers of the column (no run reads its own notification: the row's notify
     cells are read first): a handed row whose notification another worker served has
-    no cell to run, and its stale entry is settled then and there, not with a batch."""
+    no cell to run, and its stale entry is settled then and there, not with a batch;
+    so is such a row's entry that an index pass meets."""
     worker = Worker(cluster, [Copy, CopyToo], threads=1)
     worker.register()
     write(cluster, b"r", b"x")
@@ -723,6 +725,43 @@ def test_a_handed_row_found_served_with_nothing_to_run_has_its_entry_settled_at_
     worker._scanner.serve_handed(*handed)
     assert entries(cluster) == {}
     assert worker.stats["committed"] == 0
+    write(cluster, b"q", b"y")
+    served_elsewhere(cluster, [b"q"])
+    assert not worker._scanner.index_pass()  # and so does a pass that meets one
+    assert entries(cluster) == {}
+
+
+def test_an_index_pass_meets_a_held_row_serves_the_rest_and_settles_settle_max_at_a_time(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An index pass from the first index row (the scanner's random draws set by the
+    test: the start, and the shortest stretch skipped at a meeting, one row): the first
+    row's advisory lock is held (as another scanner of the process would hold it), so
+    the pass counts a meeting, skips the next row and goes on; it serves the other three
+    and settles their entries SETTLE_MAX (two here) at a time: two deletions. The
+    entries of the two rows passed by stay."""
+    monkeypatch.setattr(observers._scanner, "SETTLE_MAX", 2)
+    monkeypatch.setattr(observers._scanner, "random",
+                        SimpleNamespace(randrange=lambda n: 0, randint=lambda lo, hi: lo))
+    worker = Worker(cluster, [Copy], threads=1)
+    worker.register()
+    for i in range(5):
+        write(cluster, b"r%d" % i, b"%d" % i)
+    first, second = [row for _, row, _ in scan_index(internals(cluster), None, None)][:2]
+    coordination = internals(cluster).coordination
+    key = f"docs/{first.hex()}"
+    assert coordination.try_advisory_lock(key)
+    counting = CountingIndexWrites(internals(cluster).store)
+    internals(cluster).store = counting  # type: ignore[assignment]
+    try:
+        worked = worker._scanner.index_pass()
+    finally:
+        internals(cluster).store = counting._store  # type: ignore[assignment]
+        coordination.release_advisory_lock(key)
+    assert worked, dict(worker.stats)
+    assert worker.stats["meetings"] == 1 and worker.stats["committed"] == 3
+    assert counting.deletions == 2
+    assert entries(cluster) == {("docs", first): {"raw:v"}, ("docs", second): {"raw:v"}}
 
 
 def test_a_run_that_finds_its_notification_served_is_in_the_run_metrics(
