@@ -14,9 +14,11 @@ from __future__ import annotations
 import time
 import zlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+import observers._scanner
 import percolator
 from observers import Observer, Worker, wait_for_observers
 from percolator import Snapshot, Transaction, TransactionBase, metrics
@@ -621,6 +623,145 @@ def test_an_index_pass_costs_one_read_per_row_and_settles_many_rows_in_one_call(
     assert n < counting.docs_reads <= n + 2
     assert all(Snapshot(cluster).get("docs", b"r%03d" % i, "out:v") == b"%d" % i
                for i in range(n))
+
+
+def absent_runs() -> float:
+    """Observer runs that found no notification at or below their snapshot, so far."""
+    return float(metrics.snapshot()[0].get(("percolator_observer_runs_total", ("Copy", "absent")),
+                                           0))
+
+
+def test_rows_served_from_hand_offs_settle_their_entries_together_when_due(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rows a look hands over are served one at a time (as sleeping scanners would
+    serve them); their index entries wait, known as served, until SETTLE_MAX rows wait
+    (three here) or the first of them waited SETTLE_DELAY (an hour here, then none),
+    and go in one deletion; a forced settling (the worker's stop) takes what waits.
+
+    A row handed over again meanwhile (by a look before the settling) is not run
+    again: its entries are known as served (``Served``), where a run would draw a
+    timestamp and read to find nothing (an absent run). A handed row whose
+    notification another worker served (an absent run) waits with the batch too.
+
+    Catches ``_defer_settling`` that does not note when its first row began to wait
+    (the first hand-off then settled at once, alone), ``settle_deferred`` settling
+    before either bound, and ``serve_handed`` not asking ``Served``."""
+    monkeypatch.setattr(observers._scanner, "SETTLE_DELAY", 3600.0)
+    monkeypatch.setattr(observers._scanner, "SETTLE_MAX", 3)
+    worker = Worker(cluster, [Copy], threads=1)
+    worker.register()
+    scanner = worker._scanner
+    rows = [b"r%d" % i for i in range(5)]
+    for row in rows[:3]:
+        write(cluster, row, row)
+    scanner.look(frozenset())
+    handed = [scanner.bell.take() for _ in range(3)]
+    counting = CountingIndexWrites(internals(cluster).store)
+    internals(cluster).store = counting  # type: ignore[assignment]
+    try:
+        absent = absent_runs()
+        for i, handoff in enumerate(handed[:2]):
+            assert handoff is not None
+            scanner.serve_handed(*handoff)
+            scanner.serve_handed(*handoff)  # handed again: known as served, no run
+            scanner.settle_deferred()  # neither bound reached: nothing to do
+            assert counting.deletions == 0, i
+        assert absent_runs() == absent and worker.stats["committed"] == 2
+        assert {r for _, r in entries(cluster)} == set(rows[:3])
+        assert handed[2] is not None
+        scanner.serve_handed(*handed[2])  # the third waiting: settled, the three at once
+        assert counting.deletions == 1
+        assert entries(cluster) == {}
+
+        write(cluster, rows[3], rows[3])
+        scanner.look(frozenset())
+        fourth = scanner.bell.take()
+        assert fourth is not None
+        scanner.serve_handed(*fourth)
+        assert {r for _, r in entries(cluster)} == {rows[3]}  # waits, alone
+        write(cluster, b"elsewhere", b"x")
+        served_elsewhere(cluster, [b"elsewhere"])  # its entry left in the index
+        scanner.look(frozenset())
+        sixth = scanner.bell.take()
+        assert sixth is not None and sixth[1] == b"elsewhere" and scanner.bell.take() is None
+        scanner.serve_handed(*sixth)  # an absent run: its entry waits with the other
+        assert absent_runs() == absent + 1
+        assert {r for _, r in entries(cluster)} == {rows[3], b"elsewhere"}
+        worker.stop()  # settles what waits
+        assert entries(cluster) == {} and counting.deletions == 2
+
+        monkeypatch.setattr(observers._scanner, "SETTLE_DELAY", 0.0)
+        write(cluster, rows[4], rows[4])
+        scanner.look(frozenset())
+        fifth = scanner.bell.take()
+        assert fifth is not None
+        scanner.serve_handed(*fifth)  # due as soon as it waits
+        assert entries(cluster) == {} and counting.deletions == 3
+    finally:
+        internals(cluster).store = counting._store  # type: ignore[assignment]
+    with Snapshot(cluster) as snap:
+        assert [snap.get("docs", row, "out:v") for row in rows] == rows
+
+
+class CopyToo(Copy):
+    """A second observer of the column: its rows are served by reading their cells."""
+
+
+def test_a_handed_row_found_served_with_nothing_to_run_has_its_entry_settled_at_once(
+    cluster: percolator.Cluster,
+) -> None:
+    """Two observers of the column (no run reads its own notification: the row's notify
+    cells are read first): a handed row whose notification another worker served has
+    no cell to run, and its stale entry is settled then and there, not with a batch;
+    so is such a row's entry that an index pass meets."""
+    worker = Worker(cluster, [Copy, CopyToo], threads=1)
+    worker.register()
+    write(cluster, b"r", b"x")
+    served_elsewhere(cluster, [b"r"])
+    worker._scanner.look(frozenset())
+    handed = worker._scanner.bell.take()
+    assert handed is not None and handed[1] == b"r"
+    worker._scanner.serve_handed(*handed)
+    assert entries(cluster) == {}
+    assert worker.stats["committed"] == 0
+    write(cluster, b"q", b"y")
+    served_elsewhere(cluster, [b"q"])
+    assert not worker._scanner.index_pass()  # and so does a pass that meets one
+    assert entries(cluster) == {}
+
+
+def test_an_index_pass_meets_a_held_row_serves_the_rest_and_settles_settle_max_at_a_time(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An index pass from the first index row (the scanner's random draws set by the
+    test: the start, and the shortest stretch skipped at a meeting, one row): the first
+    row's advisory lock is held (as another scanner of the process would hold it), so
+    the pass counts a meeting, skips the next row and goes on; it serves the other three
+    and settles their entries SETTLE_MAX (two here) at a time: two deletions. The
+    entries of the two rows passed by stay."""
+    monkeypatch.setattr(observers._scanner, "SETTLE_MAX", 2)
+    monkeypatch.setattr(observers._scanner, "random",
+                        SimpleNamespace(randrange=lambda n: 0, randint=lambda lo, hi: lo))
+    worker = Worker(cluster, [Copy], threads=1)
+    worker.register()
+    for i in range(5):
+        write(cluster, b"r%d" % i, b"%d" % i)
+    first, second = [row for _, row, _ in scan_index(internals(cluster), None, None)][:2]
+    coordination = internals(cluster).coordination
+    key = f"docs/{first.hex()}"
+    assert coordination.try_advisory_lock(key)
+    counting = CountingIndexWrites(internals(cluster).store)
+    internals(cluster).store = counting  # type: ignore[assignment]
+    try:
+        worked = worker._scanner.index_pass()
+    finally:
+        internals(cluster).store = counting._store  # type: ignore[assignment]
+        coordination.release_advisory_lock(key)
+    assert worked, dict(worker.stats)
+    assert worker.stats["meetings"] == 1 and worker.stats["committed"] == 3
+    assert counting.deletions == 2
+    assert entries(cluster) == {("docs", first): {"raw:v"}, ("docs", second): {"raw:v"}}
 
 
 def test_a_run_that_finds_its_notification_served_is_in_the_run_metrics(

@@ -1,0 +1,179 @@
+"""A failing observer, one run at a time on the embedded store: the failure is counted
+for the cluster (in the store) and backs the cell off in this worker process
+(``observers/_backoff.py``); a later success clears both; the last failure allowed
+quarantines the notification with what a person needs to see (``percolator status``)
+and clears both too. This process's clock is set by the test (the back-off's ``time``),
+so that a retry is due exactly when the test says."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+import observers._backoff
+import percolator
+from observers import Observer, Worker
+from observers._backoff import Backoff
+from percolator import Transaction, TransactionBase, metrics
+from percolator._notifications import (
+    _NO_FAILURES,
+    Quarantined,
+    _failures_key,
+    _read_failures,
+    pending_notifications,
+    quarantined,
+)
+from percolator.ext import internals
+from tests._backends import backend_fixture
+
+backend = backend_fixture("sqlite")
+T, COL, ROW = "docs", "raw:v", b"r"
+
+
+@pytest.fixture
+def cluster_tables() -> tuple[str, ...]:
+    return (T,)
+
+
+class Fails(Observer):
+    """Raises while ``failing`` is set (a ValueError with a note); copies otherwise."""
+
+    table, column = T, COL
+
+    def __init__(self) -> None:
+        self.failing = True
+        self.runs = 0
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        self.runs += 1
+        if self.failing:
+            error = ValueError("boom")
+            error.add_note("while copying")
+            raise error
+        txn.set(T, row, "out:v", txn.get(T, row, column) or b"")
+
+
+class NoReads:
+    """A store that refuses reads (a row passed by must cost none)."""
+
+    def __init__(self, store: object) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    def read_rows(self, *args: object, **kwargs: object) -> object:
+        raise AssertionError(f"read_rows{args!r:.200}")
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """``time.monotonic()`` as observers._backoff sees it: the test moves it by hand."""
+    now = [1000.0]
+    monkeypatch.setattr(observers._backoff, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    return now
+
+
+def failures_counted(cluster: percolator.Cluster) -> bytes | None:
+    """The cluster's failure count of the cell, as the store keeps it."""
+    return _read_failures(cluster, _failures_key(T, ROW), COL)
+
+
+def test_a_failure_backs_off_here_counts_for_the_cluster_and_a_success_clears_both(
+    cluster: percolator.Cluster, clock: list[float],
+) -> None:
+    observer = Fails()
+    worker = Worker(cluster, [observer], threads=1, retry_delay=10.0, max_failures=5)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, COL, b"v")
+    assert worker._scanner.serve_row(T, ROW)
+    assert observer.runs == 1 and worker.stats["failures"] == 1
+    assert worker._runner.backoff.waiting(T, ROW, COL)  # this cell, for this process
+    assert failures_counted(cluster) not in (None, _NO_FAILURES)
+
+    assert not worker._scanner.serve_row(T, ROW)  # backing off: no run
+    worker._scanner.look(frozenset())
+    handed = worker._scanner.bell.take()
+    assert handed is not None and handed[:2] == (T, ROW)
+    host = internals(cluster)
+    store, host.store = host.store, NoReads(host.store)  # type: ignore[assignment]
+    try:
+        worker._scanner.serve_handed(*handed)  # nor when a look hands the row over:
+    finally:  # passed by without a read of its notify cells
+        host.store = store
+    assert observer.runs == 1
+
+    clock[0] += 1000.0  # the retry is due
+    observer.failing = False
+    assert worker._scanner.serve_row(T, ROW)
+    assert observer.runs == 2 and worker.stats["committed"] == 1
+    assert not worker._runner.backoff  # cleared here
+    assert failures_counted(cluster) == _NO_FAILURES  # and for the cluster
+    assert list(pending_notifications(cluster, [T])) == []
+
+
+def test_the_last_failure_allowed_quarantines_the_notification_with_its_error(
+    cluster: percolator.Cluster, clock: list[float],
+) -> None:
+    observer = Fails()
+    worker = Worker(cluster, [observer], threads=1, retry_delay=100.0, max_failures=2)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, COL, b"v")
+    assert worker._scanner.serve_row(T, ROW)
+    clock[0] += 1000.0
+    quarantines = metrics.snapshot()[0].get(
+        ("percolator_observer_runs_total", (observer.name, "quarantined")), 0)
+    before = time.time()
+    assert worker._scanner.serve_row(T, ROW)
+    after = time.time()
+    assert worker.stats["quarantined"] == 1
+    assert metrics.snapshot()[0][("percolator_observer_runs_total", (
+        observer.name, "quarantined"))] == quarantines + 1
+    [record] = quarantined(cluster)
+    assert before <= record.since <= after
+    assert record == Quarantined(T, ROW, COL, observer.name, "ValueError: boom\nwhile copying",
+                                 2, False, record.since)
+    assert not worker._runner.backoff  # cleared here
+    assert failures_counted(cluster) == _NO_FAILURES  # and for the cluster
+    assert list(pending_notifications(cluster, [T])) == []
+
+
+def test_a_cells_back_off_doubles_per_failure_up_to_its_cap_jittered(
+    clock: list[float], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """retry_delay after the first failure, twice as long after each next one, at most
+    max_retry_delay; the next try is that far ahead times a jitter drawn from [0.8, 1.2]
+    (the draw returns its upper bound here)."""
+    drawn: list[tuple[float, float]] = []
+
+    def uniform(lo: float, hi: float) -> float:
+        drawn.append((lo, hi))
+        return hi
+
+    monkeypatch.setattr(observers._backoff, "random", SimpleNamespace(uniform=uniform))
+    backoff = Backoff(retry_delay=1.0, max_retry_delay=5.0)
+    assert not backoff and backoff.next_due() is None
+    assert not backoff.waiting(T, ROW, COL) and not backoff.all_waiting(T, ROW, [COL])
+    assert [backoff.failed(T, ROW, COL) for _ in range(5)] == [1.0, 2.0, 4.0, 5.0, 5.0]
+    assert drawn == [(0.8, 1.2)] * 5
+    assert backoff.next_due() == pytest.approx(1000.0 + 5.0 * 1.2)
+    assert backoff.failed(T, b"other", COL) == 1.0  # each cell counts its own
+    assert backoff.next_due() == pytest.approx(1000.0 + 1.2)  # the earliest
+    clock[0] += 1.1
+    assert backoff.waiting(T, b"other", COL) and backoff.all_waiting(T, b"other", [COL])
+    assert not backoff.waiting(T, b"third", COL)
+    assert not backoff.all_waiting(T, b"other", [COL, "raw:w"])  # raw:w never failed
+    clock[0] += 0.1
+    assert not backoff.waiting(T, b"other", COL)  # due exactly now
+    assert not backoff.all_waiting(T, b"other", [COL])
+    assert backoff.waiting(T, ROW, COL)
+    assert backoff.clear(T, b"other", COL) is True
+    assert backoff.clear(T, b"other", COL) is False  # cleared already
+    assert backoff.clear(T, ROW, COL) is True
+    assert not backoff and backoff.next_due() is None
+    assert backoff.clear(T, ROW, COL) is False  # nothing failed here
+    assert backoff.failed(T, ROW, COL) == 1.0  # counts from the start again

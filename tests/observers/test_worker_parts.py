@@ -1,0 +1,190 @@
+"""The worker's parts asked directly, each question they answer on its own: what
+``load_observers`` accepts; which served cells :class:`observers._runner.Recent`
+vouches for, up to which version and for how long (the module's clock set by the
+test, so that an answer that depends on time is asked at exactly the time it
+depends on); how far a pass skips when it meets another scanner, and when it ends
+(:class:`observers._scanner.Spread`, its random draw set by the test)."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import pytest
+
+import observers._runner
+import observers._scanner
+import percolator
+from observers import Worker, load_observers
+from observers._runner import Recent
+from observers._scanner import Spread
+from percolator import InvalidArgument
+from percolator.ext import NOTIFY, internals
+from tests._backends import backend_fixture
+from tests.observers import _app
+
+backend = backend_fixture("sqlite")
+
+AN_INSTANCE = _app.Indexer()
+A_TUPLE = (_app.Indexer, _app.Stage2)
+NOT_AN_OBSERVER = 42
+NOT_AN_OBSERVER_CLASS = int
+
+
+# --- load_observers ------------------------------------------------------------------------
+
+
+def test_load_observers_takes_an_observer_class_an_instance_or_a_list_of_them() -> None:
+    assert load_observers("tests.observers._app:Indexer") == [_app.Indexer]
+    assert load_observers(f"{__name__}:AN_INSTANCE") == [AN_INSTANCE]
+    loaded = load_observers(f"{__name__}:A_TUPLE")
+    assert loaded == [_app.Indexer, _app.Stage2] and isinstance(loaded, list)
+    assert load_observers("tests.observers._app:OBSERVERS") == _app.OBSERVERS
+
+
+@pytest.mark.parametrize("name", ["NOT_AN_OBSERVER", "NOT_AN_OBSERVER_CLASS"])
+def test_load_observers_refuses_what_is_no_observer_naming_it(name: str) -> None:
+    spec = f"{__name__}:{name}"
+    refused = f"^{re.escape(repr(spec))} is not a list of observers: "
+    with pytest.raises(InvalidArgument, match=refused):
+        load_observers(spec)
+
+
+def test_load_observers_tells_a_malformed_spec_as_the_observers_spec() -> None:
+    with pytest.raises(InvalidArgument, match=r"^bad observers spec 'no-colon': expected"):
+        load_observers("no-colon")
+    with pytest.raises(InvalidArgument, match=r"^cannot load observers spec "):
+        load_observers("tests.observers._app:NO_SUCH_NAME")
+
+
+# --- Recent: the cells this worker process saw served lately -------------------------------
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """``time.monotonic()`` as observers._runner sees it: the test moves it by hand."""
+    now = [1000.0]
+    monkeypatch.setattr(observers._runner, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    return now
+
+
+def notify(ts: int, *older: int, column: str = "raw:v") -> dict[str, list[tuple[int, bytes]]]:
+    """A scanner's read of one notify cell: its versions, newest first."""
+    return {f"{NOTIFY}:{column}": [(t, b"") for t in (ts, *older)]}
+
+
+def test_recent_vouches_for_served_versions_only(clock: list[float]) -> None:
+    recent = Recent()
+    assert recent.holds("docs", b"r", notify(5)) is False  # nothing served yet
+    recent.add("docs", b"r", "raw:v", 500)
+    assert recent.holds("docs", b"r", notify(500, 300)) is True  # at and below the served
+    assert recent.holds("docs", b"r", notify(499)) is True
+    assert recent.holds("docs", b"r", notify(501, 500)) is False  # a newer notification
+    assert recent.holds("docs", b"q", notify(500)) is False  # another row
+    assert recent.holds("other", b"r", notify(500)) is False  # another table
+    assert recent.holds("docs", b"r", notify(500, column="raw:w")) is False  # another column
+
+
+def test_recent_keeps_the_newest_version_served(clock: list[float]) -> None:
+    """A cell served up to 500 and then found served up to 300 (a staler run) is still
+    served up to 500, and no higher."""
+    recent = Recent()
+    recent.add("docs", b"r", "raw:v", 500)
+    recent.add("docs", b"r", "raw:v", 300)
+    assert recent.holds("docs", b"r", notify(500)) is True
+    assert recent.holds("docs", b"r", notify(700)) is False
+    recent.add("docs", b"r", "raw:v", 700)
+    assert recent.holds("docs", b"r", notify(700)) is True
+
+
+def test_recent_vouches_for_every_cell_of_the_row_or_none(clock: list[float]) -> None:
+    """Every notify cell with versions must be served; cells without versions are left
+    out, and a row of none of them is not vouched for."""
+    recent = Recent()
+    recent.add("docs", b"r", "raw:v", 500)
+    both = {**notify(500), **notify(400, column="raw:w")}
+    assert recent.holds("docs", b"r", both) is False  # raw:w was never served
+    recent.add("docs", b"r", "raw:w", 400)
+    assert recent.holds("docs", b"r", both) is True
+    no_versions: dict[str, list[tuple[int, bytes]]] = {f"{NOTIFY}:raw:x": []}
+    assert recent.holds("docs", b"r", {**no_versions, **notify(500)}) is True
+    assert recent.holds("docs", b"r", no_versions) is False
+    assert recent.holds("docs", b"r", {}) is False
+
+
+def test_recent_vouches_for_its_seconds_and_no_longer(clock: list[float]) -> None:
+    recent = Recent(seconds=10.0)
+    recent.add("docs", b"r", "raw:v", 500)
+    clock[0] += 10.0
+    assert recent.holds("docs", b"r", notify(500)) is True  # exactly its seconds old
+    clock[0] += 0.5
+    assert recent.holds("docs", b"r", notify(500)) is False
+    recent.add("docs", b"r", "raw:v", 300)  # served again: vouched for anew, up to 500
+    assert recent.holds("docs", b"r", notify(500)) is True
+
+
+def test_recent_forgets_the_cells_served_longest_ago_beyond_its_limit(
+    clock: list[float],
+) -> None:
+    recent = Recent(limit=2)
+    recent.add("docs", b"a", "raw:v", 1)
+    recent.add("docs", b"b", "raw:v", 1)
+    assert recent.holds("docs", b"a", notify(1)) and recent.holds("docs", b"b", notify(1))
+    recent.add("docs", b"a", "raw:v", 2)  # served again: now the latest
+    recent.add("docs", b"c", "raw:v", 1)
+    assert recent.holds("docs", b"b", notify(1)) is False  # the oldest went
+    assert recent.holds("docs", b"a", notify(2)) and recent.holds("docs", b"c", notify(1))
+
+
+# --- Spread: a pass's anti-clumping ---------------------------------------------------------
+
+
+def test_a_pass_skips_a_random_stretch_at_each_meeting_and_ends_at_the_fourth(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each of the first three meetings skips a stretch drawn from [held, held + 16 per
+    scanner thread] (the draw returns its bound here, each end in turn); the fourth ends
+    the pass."""
+    drawn: list[tuple[int, int]] = []
+
+    def randint(lo: int, hi: int) -> int:
+        drawn.append((lo, hi))
+        return hi if len(drawn) % 2 else lo
+
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(randint=randint))
+    spread = Spread(threads=3, held=2)
+    assert spread.met() is False and spread.skip == 2 + 48
+    assert spread.met() is False and spread.skip == 2
+    assert spread.met() is False
+    assert drawn == [(2, 50)] * 3
+    assert spread.met() is True  # the fourth
+    assert spread.meetings == 4
+    skipped = 0
+    while spread.skipping():
+        skipped += 1
+    assert skipped == 50 and spread.skip == 0  # the third draw's stretch, then no more
+
+
+def test_a_scanner_counts_its_meetings_and_the_jumps_that_end_its_passes(
+    cluster: percolator.Cluster,
+) -> None:
+    worker = Worker(cluster, [_app.Indexer], threads=1)
+    spread = Spread(threads=1)
+    assert [worker._scanner._met(spread) for _ in range(4)] == [False, False, False, True]
+    assert worker.stats["meetings"] == 4 and worker.stats["jumps"] == 1
+
+
+def test_a_row_handed_over_while_another_scanner_holds_it_is_a_meeting(
+    cluster: percolator.Cluster,
+) -> None:
+    """The row's advisory lock is held (by the test, as another scanner of the process
+    would hold it): the scanner it is handed to leaves it, and counts a meeting."""
+    worker = Worker(cluster, [_app.Indexer], threads=1)
+    coordination = internals(cluster).coordination
+    key = f"docs/{b'r'.hex()}"
+    assert coordination.try_advisory_lock(key)
+    try:
+        worker._scanner.serve_handed("docs", b"r", {"raw:v": 5}, 0.0)
+    finally:
+        coordination.release_advisory_lock(key)
+    assert worker.stats["meetings"] == 1 and worker.stats["committed"] == 0
