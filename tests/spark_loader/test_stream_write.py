@@ -244,3 +244,17 @@ def test_abort_rolls_back_every_attempt_of_the_batch_still_live(tmp_path: Path) 
         assert isinstance(begin_or_join(cluster, "t", "stream-q-0", "spark-stream:run3", {}),
                           percolator.ext.LoadTxn)
     assert _table(url) == {}
+
+
+def test_a_write_outside_a_spark_micro_batch_task_is_refused(tmp_path: Path) -> None:
+    """``write`` reads its run and batch from the Spark task's micro-batch properties;
+    with none (no task here, or continuous processing, which sets no batch id) it
+    refuses the rows with what it missed, and writes nothing."""
+    url = f"sqlite://{tmp_path}/s.db"
+    writer = _writer(url, queryId="q")
+    with pytest.raises(percolator.InvalidArgument,
+                       match=r"a streaming write task without Spark's micro-batch properties "
+                             r"\(spark\.jobGroup\.id, streaming\.sql\.batchId\); continuous "
+                             r"processing is not supported"):
+        writer.write(_rows(0, 1))
+    assert _table(url) == {}
