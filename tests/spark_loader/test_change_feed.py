@@ -23,7 +23,9 @@ from pyspark.sql import types as T  # noqa: E402
 
 import percolator  # noqa: E402
 from percolator._gc import collect  # noqa: E402
+from percolator._interleaving import Interleaving  # noqa: E402
 from percolator._internals import internals  # noqa: E402
+from percolator.testing import client_of  # noqa: E402
 from spark_loader._change_feed import PercolatorChangeFeed, _ts_of  # noqa: E402
 from spark_loader._snapshot import ReadError  # noqa: E402
 from spark_loader._source import PercolatorDataSource  # noqa: E402
@@ -134,15 +136,24 @@ def test_the_feeds_schema_is_the_row_key_and_a_record_per_committed_cell(url: st
     assert got[0][3] == got[1][3] < got[2][3]  # a's two cells in one commit, then b
 
 
+FIELDS_MESSAGE = (r"^format\('percolator'\): a stream read is the table's change feed: option "
+                  r"readChangeFeed \"true\" \(option columns then restricts it to those "
+                  r"columns\); its fields are \['row', 'column', 'value', 'commit_ts'\], got "
+                  r"\['row', 'column', 'value'\]$")
+TYPES_MESSAGE = (r"^format\('percolator'\): the change feed's column is a string and its "
+                 r"commit_ts a long$")
+
+
 @pytest.mark.parametrize(("fields", "message"), [
     ([("row", T.BinaryType()), ("column", T.StringType()), ("value", T.BinaryType())],
-     r"readChangeFeed.*fields are \['row', 'column', 'value', 'commit_ts'\], got"),
+     FIELDS_MESSAGE),
     ([("row", T.BinaryType()), ("column", T.BinaryType()), ("value", T.BinaryType()),
-      ("commit_ts", T.LongType())], "column is a string and its commit_ts a long"),
+      ("commit_ts", T.LongType())], TYPES_MESSAGE),
     ([("row", T.BinaryType()), ("column", T.StringType()), ("value", T.BinaryType()),
-      ("commit_ts", T.IntegerType())], "column is a string and its commit_ts a long"),
+      ("commit_ts", T.IntegerType())], TYPES_MESSAGE),
     ([("row", T.BinaryType()), ("column", T.StringType()),
-      ("value", T.ArrayType(T.LongType())), ("commit_ts", T.LongType())], "field 'value'"),
+      ("value", T.ArrayType(T.LongType())), ("commit_ts", T.LongType())],
+     r"^format\('percolator'\): field 'value' has type array<bigint>"),
     ([("row", T.LongType()), ("column", T.StringType()), ("value", T.BinaryType()),
       ("commit_ts", T.LongType())], "row"),
 ], ids=["no-commit-ts", "binary-column", "int-commit-ts", "array-value", "long-row-key"])
@@ -160,7 +171,8 @@ def test_an_offset_that_is_not_the_feeds_is_refused(url: str, offset: Any) -> No
     """An offset from another source's checkpoint: latestOffset and partitions say
     what they expected, instead of reading from a wrong place."""
     feed = _feed(url, startingTs="earliest")
-    message = r"is not an offset of a Percolator change feed.*expected \{"
+    message = (r"is not an offset of a Percolator change feed \(a checkpoint of another "
+               r"source\?\): expected \{\"commit_ts\": N\}$")
     with pytest.raises(percolator.InvalidArgument, match=message):
         feed.latestOffset(offset, None)
     with pytest.raises(percolator.InvalidArgument, match=message):
@@ -194,7 +206,8 @@ def test_a_feed_starting_at_a_timestamp_delivers_the_commits_from_there(url: str
     assert _batch(feed, start, feed.latestOffset(start, None)) == [(b"c", "f:v", b"3", later)]
     with pytest.raises(percolator.InvalidArgument, match="in the future"):
         _feed(url, startingTs=str(10**15)).initialOffset()
-    with pytest.raises(percolator.InvalidArgument, match="startingts"):
+    with pytest.raises(percolator.InvalidArgument,
+                       match="option startingts must be an integer, got 'yesterday'"):
         _feed(url, startingTs="yesterday")
     with percolator.connect(url) as cluster:
         _commit(url, b"c", "f:v", b"4")
@@ -278,3 +291,28 @@ def test_records_read_with_the_types_of_the_schema_and_a_delete_as_null(url: str
     assert safe > start["commit_ts"]
     with pytest.raises(ReadError, match=r"SnapshotTooOldError"):
         _batch(feed, start, end)
+
+
+def test_a_feed_of_some_columns_delivers_waits_for_and_splits_by_those_only(url: str) -> None:
+    """Option columns f:v: a live transaction holding a lock on g:v (prewritten, its
+    commit timestamp not yet drawn) holds back the end of a feed of every column but
+    not this one's; the batch delivers no g:v commit; and its numPartitions row ranges
+    are cut at the rows holding f:v (a row of f:v in each), not at the many g:v rows."""
+    for i in range(6):
+        _commit(url, b"c%d" % i, "g:v", b"g")
+    every = _feed(url, startingTs="earliest")
+    some = _feed(url, startingTs="earliest", columns="f:v", numPartitions="2")
+    with percolator.connect(url) as cluster, Interleaving(cluster) as world:
+        writer = client_of(cluster)
+        writer.one_phase_commit = False
+        live = percolator.Transaction(writer)
+        live.set("t", b"r", "g:v", b"1")
+        actor = world.actor("live", live.commit, clients=[writer])
+        actor.run_until(lambda s: s.matches("timestamp"))  # prewritten; commit ts next
+        assert every.latestOffset({"commit_ts": 0}, None)["commit_ts"] <= live.start_ts
+        end = some.latestOffset({"commit_ts": 0}, None)
+        assert end["commit_ts"] > live.start_ts
+        actor.finish()
+    parts = some.partitions({"commit_ts": 0}, end)
+    assert [[r[:3] for r in some.read(p)] for p in parts] == [
+        [(b"a", "f:v", b"1")], [(b"b", "f:v", b"2")]]
