@@ -362,6 +362,28 @@ def test_overwrite_is_refused_with_the_reason(spark: Any, tmp_path: Path) -> Non
 # --- streaming write, exactly once -------------------------------------------------------------
 
 
+# 1-2 min of one streaming query in the session (54 s at load 15 after the session's
+# start): scripts/test --run-slow. Its Spark-free part runs by default:
+# tests/spark_loader/test_stream_write.py (CONTRIBUTING.md).
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_a_spark_stream_writes_each_micro_batch_as_one_load(spark: Any, tmp_path: Path) -> None:
+    """Two files, a micro-batch each, through writeStream in the session's Spark: the
+    writer's Spark half, which the Spark-free tests of tests/spark_loader/
+    test_stream_write.py play without: each task reads its query run and batch from
+    Spark's micro-batch properties (without them every write is refused), so each
+    batch is one load of its own, committed once, and every row is in the table."""
+    from tests.spark_loader._stream_driver import stream_into
+
+    url = f"sqlite://{tmp_path}/s.db"
+    source = tmp_path / "in"
+    write_batch_files(source, 2)
+    with percolator.connect(url) as cluster:
+        cluster.create_table("t")
+    stream_into(spark, url, "t", str(source), str(tmp_path / "checkpoint"))
+    assert_every_row_once(url, "t", 2)
+
+
 def _stream(url: str, source: Path, checkpoint: Path, env: dict[str, str] | None = None
             ) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
