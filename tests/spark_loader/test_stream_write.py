@@ -117,7 +117,10 @@ def test_a_micro_batch_written_under_two_load_transactions_is_refused(
     assert first.txn is not None and second.txn is not None
     assert first.txn.start_ts != second.txn.start_ts
     messages: list[StreamReport | None] = [second, first] if live_first else [first, second]
-    with pytest.raises(LoadError, match="under 2 load transactions"):
+    with pytest.raises(LoadError, match=r"^micro-batch 0: its tasks wrote under 2 load "
+                                        r"transactions \(an attempt was rolled back while "
+                                        r"others ran\); nothing of it is visible; restart the "
+                                        r"query to replay it$"):
         writer.commit(messages, 0)
     writer.abort(messages, 0)  # what Spark does with a batch whose commit failed
     with percolator.connect(url) as cluster:
@@ -193,7 +196,11 @@ def test_queries_are_told_apart_by_query_id_else_by_checkpoint_location(tmp_path
                 second.write_task("r", 0, _rows(0, 1)).load_id, "stream-q-0"}) == 3
     restarted = _writer(url, checkpointLocation=str(tmp_path / "a"))
     assert restarted.write_task("r2", 0, _rows(0, 1)).txn is None  # batch 0 done
-    with pytest.raises(percolator.InvalidArgument, match=r"checkpointLocation.*queryId"):
+    with pytest.raises(percolator.InvalidArgument,
+                       match=r"^format\('percolator'\): a streaming write needs "
+                             r"\.option\(\"checkpointLocation\", \.\.\.\) \(or option queryId\): "
+                             r"it names the query, so that a micro-batch replayed after a restart "
+                             r"finds its earlier commit$"):
         _writer(url)
 
 
