@@ -296,8 +296,9 @@ def test_records_read_with_the_types_of_the_schema_and_a_delete_as_null(url: str
 def test_a_feed_of_some_columns_delivers_waits_for_and_splits_by_those_only(url: str) -> None:
     """Option columns f:v: a live transaction holding a lock on g:v (prewritten, its
     commit timestamp not yet drawn) holds back the end of a feed of every column but
-    not this one's; the batch delivers no g:v commit; and its numPartitions row ranges
-    are cut at the rows holding f:v (a row of f:v in each), not at the many g:v rows."""
+    not this one's (nor the first offset of such a feed starting at the latest); the
+    batch delivers no g:v commit; and its numPartitions row ranges are cut at the rows
+    holding f:v (a row of f:v in each), not at the many g:v rows."""
     for i in range(6):
         _commit(url, b"c%d" % i, "g:v", b"g")
     every = _feed(url, startingTs="earliest")
@@ -312,6 +313,9 @@ def test_a_feed_of_some_columns_delivers_waits_for_and_splits_by_those_only(url:
         assert every.latestOffset({"commit_ts": 0}, None)["commit_ts"] <= live.start_ts
         end = some.latestOffset({"commit_ts": 0}, None)
         assert end["commit_ts"] > live.start_ts
+        # started at the latest commit: its first offset is not held back either
+        latest = _feed(url, columns="f:v").initialOffset()
+        assert latest["commit_ts"] > live.start_ts
         actor.finish()
     parts = some.partitions({"commit_ts": 0}, end)
     assert [[r[:3] for r in some.read(p)] for p in parts] == [
