@@ -265,3 +265,15 @@ def test_a_write_outside_a_spark_micro_batch_task_is_refused(tmp_path: Path) -> 
                              r"processing is not supported"):
         writer.write(_rows(0, 1))
     assert _table(url) == {}
+
+
+def test_a_batch_cells_option_that_is_not_a_number_is_refused_up_front(tmp_path: Path) -> None:
+    """batchCells (the cells a task prewrites per store call) is read when the writer
+    is made, on the driver: a value that is not an integer fails the query before any
+    micro-batch, naming the option."""
+    url = f"sqlite://{tmp_path}/s.db"
+    with pytest.raises(percolator.InvalidArgument,
+                       match=r"^format\('percolator'\): option batchcells must be an integer, "
+                             r"got 'many'$"):
+        _writer(url, queryId="q", batchCells="many")
+    assert _writer(url, queryId="q", batchCells="2").batch_cells == 2
