@@ -284,8 +284,14 @@ def test_records_read_with_the_types_of_the_schema_and_a_delete_as_null(url: str
     _commit(url, b"n", "f:v", b"seven")
     after = feed.latestOffset(end, None)
     where = rf"reading table 't' at start_ts {end['commit_ts']} \(commits \[{end['commit_ts']}, "
-    with pytest.raises(ReadError, match=where + r".*rows \[None, None\)\).*'seven'"):
+    with pytest.raises(ReadError, match=where + rf"{after['commit_ts']}\) of rows \[None, None\)\) "
+                       r"failed: InvalidArgument: row b'n', column f:v: value b'seven' does not "
+                       r"read as the field's type"):
         _batch(feed, end, after)
+    _commit(url, b"\xff", "f:v", b"8")  # a row key that is not UTF-8, read as a string
+    with pytest.raises(ReadError, match=r"InvalidArgument: row b'\\xff', column row: value "
+                                        r"b'\\xff' does not read as the field's type"):
+        _batch(feed, after, feed.latestOffset(after, None))
     with percolator.connect(url) as cluster:
         safe = collect(cluster, retention=0).safe_point
     assert safe > start["commit_ts"]
