@@ -10,7 +10,19 @@ from typing import Any
 
 import pytest
 
-from tests._services import service_missing
+from tests._services import in_ci, service_missing
+
+
+def require_pyspark_module() -> None:
+    """At the top of a test module that imports PySpark's data source classes but starts
+    no Spark (no JVM): fails in CI and skips the module elsewhere without PySpark."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        reason = "PySpark is not installed: pip install 'percolator-txn[spark]'"
+        if in_ci():
+            pytest.fail(f"required service missing in CI: {reason}", pytrace=False)
+        pytest.skip(reason, allow_module_level=True)
 
 
 def require_spark() -> None:

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 import percolator
-from percolator._bulk import AlreadyLoaded
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._gc import collect
 from percolator._internals import internals
@@ -363,81 +362,26 @@ def test_overwrite_is_refused_with_the_reason(spark: Any, tmp_path: Path) -> Non
 # --- streaming write, exactly once -------------------------------------------------------------
 
 
-def test_a_stream_writer_creates_its_table_unless_create_table_is_false(tmp_path: Path) -> None:
-    """writeStream honours createTable (default true) and observe as write does: the
-    driver creates the table before the first micro-batch, whose tasks would otherwise
-    fail on a missing table; with createTable false a missing table is refused up
-    front. (The data source object is what Spark's planning worker calls.)"""
-    from pyspark.sql import types as T
-
-    from spark_loader._source import PercolatorDataSource
-
-    url = f"sqlite://{tmp_path}/s.db"
-    schema = T.StructType([T.StructField("row", T.StringType()),
-                           T.StructField("v:n", T.LongType())])
-    options = {"url": url, "checkpointLocation": str(tmp_path / "cp")}
-    PercolatorDataSource({**options, "table": "made", "observe": "v:n"}).streamWriter(
-        schema, False)
-    with percolator.connect(url) as cluster:
-        internals(cluster).require_table("made")
-    with pytest.raises(percolator.UnknownTableError, match="missing"):
-        PercolatorDataSource({**options, "table": "missing", "createTable": "false"}
-                             ).streamWriter(schema, False)
-
-
-@pytest.mark.parametrize("live_first", [True, False], ids=["live-first", "rolled-back-first"])
-def test_a_micro_batch_written_under_two_load_transactions_is_refused(
-    tmp_path: Path, live_first: bool,
-) -> None:
-    """Two tasks of one micro-batch: the first begins the batch's load and prewrites
-    its row; its attempt is rolled back (here by a task of another run, as a lock ttl
-    expiry would) and the second task begins the load again and prewrites its own row.
-    The driver's commit gets their reports, under two load transactions: it must
-    refuse the batch (LoadError), with nothing of it visible, so that Spark does not
-    record it done; the replay writes every row once. (The tasks' Spark half is the
-    stream round trips' business, opt-in; this plays the store half, without jobs.)
-
-    Catches the commit that takes one of the batch's transactions (whichever comes
-    first, as the reports' order makes it) and commits it: the live one commits, the
-    batch counts as done, and the row prewritten under the rolled-back one never
-    appears."""
-    from pyspark.sql import types as T
-
-    from percolator._bulk import begin_or_join, prewrite_rows
-    from spark_loader import LoadError
-    from spark_loader._batch_write import WriteReport
-    from spark_loader._source import PercolatorDataSource
-    from spark_loader._stream_write import StreamReport
+# 1-2 min of one streaming query in the session (54 s at load 15 after the session's
+# start): scripts/test --run-slow. Its Spark-free part runs by default:
+# tests/spark_loader/test_stream_write.py (CONTRIBUTING.md).
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_a_spark_stream_writes_each_micro_batch_as_one_load(spark: Any, tmp_path: Path) -> None:
+    """Two files, a micro-batch each, through writeStream in the session's Spark: the
+    writer's Spark half, which the Spark-free tests of tests/spark_loader/
+    test_stream_write.py play without: each task reads its query run and batch from
+    Spark's micro-batch properties (without them every write is refused), so each
+    batch is one load of its own, committed once, and every row is in the table."""
+    from tests.spark_loader._stream_driver import stream_into
 
     url = f"sqlite://{tmp_path}/s.db"
-    schema = T.StructType([T.StructField("row", T.StringType()),
-                           T.StructField("v:n", T.LongType())])
-    writer = PercolatorDataSource({"url": url, "table": "t", "queryId": "q"}).streamWriter(
-        schema, False)
-    load_id, info = "stream-q-0", {"source": "spark stream", "query": "q", "batch": 0}
-
-    def task(owner: str, row: bytes) -> StreamReport:
-        with percolator.connect(url) as cluster:
-            txn = begin_or_join(cluster, "t", load_id, owner, info)
-            assert not isinstance(txn, AlreadyLoaded)
-            list(prewrite_rows(cluster, txn, [(row, {"v:n": row[1:]})]))
-        return StreamReport(load_id, txn, WriteReport(1, 1, 0, ()))
-
-    first = task("spark-stream:run1", b"k0")
-    second = task("spark-stream:run2", b"k1")  # rolls the first attempt back
-    assert first.txn is not None and second.txn is not None
-    assert first.txn.start_ts != second.txn.start_ts
-    messages: list[StreamReport | None] = [second, first] if live_first else [first, second]
-    with pytest.raises(LoadError, match="under 2 load transactions"):
-        writer.commit(messages, 0)
-    writer.abort(messages, 0)  # what Spark does with a batch whose commit failed
+    source = tmp_path / "in"
+    write_batch_files(source, 2)
     with percolator.connect(url) as cluster:
-        assert dict(percolator.Snapshot(cluster).scan("t")) == {}
-    replay = [task("spark-stream:run3", b"k0"), task("spark-stream:run3", b"k1")]
-    writer.commit(list(replay), 0)
-    with percolator.connect(url) as cluster:
-        got = {r: v["v:n"] for r, v in percolator.Snapshot(cluster).scan("t")}
-    assert got == {b"k0": b"0", b"k1": b"1"}
+        cluster.create_table("t")
+    stream_into(spark, url, "t", str(source), str(tmp_path / "checkpoint"))
+    assert_every_row_once(url, "t", 2)
 
 
 def _stream(url: str, source: Path, checkpoint: Path, env: dict[str, str] | None = None
@@ -712,57 +656,6 @@ def test_the_change_feed_batches_deliver_every_commit_once_across_kills(
             break
     assert _ts_of(offset) == feed.target
     assert sorted(delivered) == _committed_cells(url, "accounts")
-
-
-def test_micro_batches_written_then_read_back_through_the_change_feed(tmp_path: Path) -> None:
-    """The fast twin of the round trip below, run by default, without Spark's jobs:
-    two micro-batches through the stream writer (``write_task`` and ``commit``, two
-    tasks each), then the change feed from the earliest commit (``availableNow``,
-    string-typed as the schema asks): every written cell once, at the commit
-    timestamp of its micro-batch's one transaction; a later run of the feed from the
-    offset the first ended at adds only a later commit."""
-    from pyspark.sql import Row
-    from pyspark.sql import types as T
-
-    from spark_loader._change_feed import _ts_of
-    from spark_loader._source import PercolatorDataSource
-
-    url = f"sqlite://{tmp_path}/rt.db"
-    schema = T.StructType([T.StructField("row", T.StringType()),
-                           T.StructField("v:n", T.LongType())])
-    writer = PercolatorDataSource({"url": url, "table": "t", "queryId": "rt"}).streamWriter(
-        schema, False)
-    for batch in range(2):
-        rows = [Row(**{"row": f"k{batch}-{i}", "v:n": batch * 10 + i}) for i in range(5)]
-        reports = [writer.write_task("run", batch, iter(rows[:3])),
-                   writer.write_task("run", batch, iter(rows[3:]))]
-        writer.commit(list(reports), batch)
-    source = PercolatorDataSource({"url": url, "table": "t", "readChangeFeed": "true",
-                                   "startingTs": "earliest"})
-    feed_schema = T.StructType([T.StructField("row", T.StringType()),
-                                T.StructField("column", T.StringType()),
-                                T.StructField("value", T.StringType()),
-                                T.StructField("commit_ts", T.LongType())])
-
-    def feed(start: dict[str, int] | None) -> tuple[list[tuple[Any, ...]], dict[str, int]]:
-        reader = source.streamReader(feed_schema)
-        offset = reader.initialOffset() if start is None else start
-        reader.prepareForTriggerAvailableNow()
-        got: list[tuple[Any, ...]] = []
-        while _ts_of(offset) < (reader.target or 0):
-            end = reader.latestOffset(offset, None)
-            got += [tuple(r) for part in reader.partitions(offset, end) for r in reader.read(part)]
-            offset = end
-        return sorted(got), offset
-
-    got, offset = feed(None)
-    assert [(r, c, v) for r, c, v, _ in got] == sorted(
-        (f"k{b}-{i}", "v:n", str(b * 10 + i)) for b in range(2) for i in range(5))
-    assert len({ts for *_, ts in got}) == 2  # one transaction per micro-batch
-    with percolator.connect(url) as cluster, percolator.Transaction(cluster) as txn:
-        txn.delete("t", b"k0-0", "v:n")
-    added, _ = feed(offset)
-    assert [(r, c, v) for r, c, v, _ in added] == [("k0-0", "v:n", None)]
 
 
 # 4-18 min of Spark streaming here: scripts/test --run-slow. Its fast twin, run by
