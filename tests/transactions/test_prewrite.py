@@ -192,6 +192,59 @@ def test_a_commit_reads_nothing_of_the_cells_its_transaction_read(
     assert Transaction(accounts).get_rows(T, rows, [C]) == {row: {C: b"new"} for row in rows}
 
 
+@pytest.mark.parametrize("backend", [CAS_SQLITE])  # what is kept is the transaction's own
+@pytest.mark.parametrize("how", ["get_row", "get_rows", "scan"])
+def test_a_commit_reads_nothing_of_a_column_its_row_read_found_absent(
+    accounts: Cluster, backend: str, how: str
+) -> None:
+    """A read of two columns of a row that holds only one keeps what it saw of the
+    other too (no lock cell, no write record): a commit that writes that column locks it
+    from there, with no read of its own (the columns asked for, not only those found)."""
+    with Transaction(accounts) as first:
+        first.set(T, b"alice", C, b"100")
+    other = "bal:other"
+    txn = Transaction(accounts)
+    if how == "get_row":
+        found = {b"alice": txn.get_row(T, b"alice", [C, other])}
+    elif how == "get_rows":
+        found = txn.get_rows(T, [b"alice"], [C, other])
+    else:
+        found = dict(txn.scan(T, None, None, [C, other]))
+    assert found == {b"alice": {C: b"100"}}
+    txn.set(T, b"alice", other, b"new")
+    store = internals(accounts).store
+    counted = _Counted(store)
+    internals(accounts).store = counted  # type: ignore[assignment]
+    txn.commit()
+    internals(accounts).store = store  # type: ignore[assignment]
+    assert counted.calls[("read_rows", T)] == 0
+    assert Transaction(accounts).get_row(T, b"alice", [C, other]) == {C: b"100", other: b"new"}
+
+
+@pytest.mark.parametrize("backend", [CAS_SQLITE])  # what is kept is the transaction's own
+def test_a_whole_row_scan_that_rolls_a_lock_forward_keeps_what_it_read_again(
+    accounts: Cluster, backend: str
+) -> None:
+    """A scan of whole rows meets a secondary lock whose primary committed (its
+    committer died after its commit point): it rolls the lock forward, reads the row
+    again (every column) and keeps what that read saw, so a commit that writes the cell
+    reads nothing more."""
+    dying = Transaction(client_of(accounts))
+    dying.set(T, b"zed", C, b"primary")
+    dying.set(T, b"alice", C, b"100")
+    assert crash_commit(dying, CrashPoint("commit", 0)) is True
+    txn = Transaction(accounts)
+    assert dict(txn.scan(T, None, None, None)) == {b"alice": {C: b"100"}, b"zed": {C: b"primary"}}
+    txn.set(T, b"alice", C, b"new")
+    store = internals(accounts).store
+    counted = _Counted(store)
+    internals(accounts).store = counted  # type: ignore[assignment]
+    txn.commit()
+    internals(accounts).store = store  # type: ignore[assignment]
+    assert counted.calls[("read_rows", T)] == 0
+    assert Transaction(accounts).get(T, b"alice", C) == b"new"
+
+
 @pytest.mark.parametrize("backend", [CAS_SQLITE])  # the bound is the transaction's own
 def test_the_cells_whose_reads_a_transaction_keeps_are_bounded(
     accounts: Cluster, backend: str
