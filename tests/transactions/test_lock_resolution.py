@@ -182,10 +182,7 @@ def test_a_dead_owners_primary_is_rolled_back_and_freed_in_one_resolution(url: s
     # back (ROLLED_BACK), leaves its ROLLBACK record and frees the cell (FREE for X, not
     # committed); it is not left ROLLED_BACK for the next reader to free.
     with percolator.connect(url, lock_wait=10) as reader:
-        x = Transaction(client_of(reader))
-        x.set("t", b"r1", "c:v", b"x")  # the primary
-        x.set("t", b"r2", "c:v", b"x")
-        assert crash_commit(x, CrashPoint("prewrite", 1)) is False
+        x = _dies_after_its_prewrite(reader)
         host = internals(reader)
         cells = host.store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
         raw = cells[b"r1"][f"{LOCK}:c:v"][0][1]
@@ -205,10 +202,7 @@ def test_a_write_over_a_primary_left_rolled_back_frees_it_and_commits(url: str) 
     # decided rollback; a writer of r1 frees it (FREE for X, not committed) and commits.
     with percolator.connect(url, lock_wait=10) as cluster:
         cluster.one_phase_commit = False
-        x = Transaction(client_of(cluster))
-        x.set("t", b"r1", "c:v", b"x")  # the primary
-        x.set("t", b"r2", "c:v", b"x")
-        assert crash_commit(x, CrashPoint("prewrite", 1)) is False
+        x = _dies_after_its_prewrite(cluster)
         store = internals(cluster).store
         raw = store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])[b"r1"][f"{LOCK}:c:v"][0][1]
         decided = encode_lock(RolledBack(x.start_ts))
@@ -245,10 +239,7 @@ def test_a_reader_whose_rollback_loses_to_another_cleaner_reads_again_at_once(
     # another cleaner does it first. The reader's compare-and-set loses: X moved, so
     # it reads again at once (no wait, no LockedError) and sees r1's old value.
     with percolator.connect(url, lock_wait=0) as reader:
-        x = Transaction(client_of(reader))
-        x.set("t", b"r1", "c:v", b"x")  # the primary
-        x.set("t", b"r2", "c:v", b"x")
-        assert crash_commit(x, CrashPoint("prewrite", 1)) is False
+        _dies_after_its_prewrite(reader)
         parked = ParkedCommitter(internals(reader).store, b"r1", 1)  # its rollback CAS
         internals(reader).store = parked  # type: ignore[assignment]
         seen: list[bytes | None] = []
@@ -285,10 +276,7 @@ def test_a_primary_committed_by_a_later_transaction_says_nothing_of_an_earlier_o
     # leaving it COMMITTED (for Y). X's secondary, met next, must still read as rolled
     # back: the primary's COMMITTED value is Y's, not X's.
     with percolator.connect(url, lock_wait=10) as reader:
-        x = Transaction(client_of(reader))
-        x.set("t", b"r1", "c:v", b"x")  # the primary
-        x.set("t", b"r2", "c:v", b"x")
-        assert crash_commit(x, CrashPoint("prewrite", 1)) is False
+        _dies_after_its_prewrite(reader)
         assert Transaction(reader).get("t", b"r1", "c:v") == b"old"
         y_client = client_of(reader)
         internals(y_client).store = RowCasNotAtomic(internals(y_client).store)  # type: ignore[assignment]
@@ -305,6 +293,16 @@ def test_a_primary_committed_by_a_later_transaction_says_nothing_of_an_earlier_o
         primary = internals(reader).store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
         assert isinstance(decode_lock(primary[b"r1"][f"{LOCK}:c:v"][0][1]), Free)
         assert txn.get("t", b"r1", "c:v") == b"y"
+
+
+def _dies_after_its_prewrite(cluster: percolator.Cluster) -> Transaction:
+    """X, a client of *cluster*'s, writes x to r1 (its primary) and r2 and dies after
+    its prewrite: both cells left locked by a dead owner."""
+    x = Transaction(client_of(cluster))
+    x.set("t", b"r1", "c:v", b"x")  # the primary
+    x.set("t", b"r2", "c:v", b"x")
+    assert crash_commit(x, CrashPoint("prewrite", 1)) is False
+    return x
 
 
 def _dies_after_its_commit_point(reader: percolator.Cluster) -> None:

@@ -147,6 +147,18 @@ def _read_by(txn: Transaction, how: str, rows: list[bytes]) -> dict[bytes, dict[
     return {row: scanned.get(row, {}) for row in rows}
 
 
+def _reads_of_commit(cluster: Cluster, txn: Transaction) -> int:
+    """Commits *txn*, and says how many reads of the table it made."""
+    store = internals(cluster).store
+    counted = _Counted(store)
+    internals(cluster).store = counted  # type: ignore[assignment]
+    try:
+        txn.commit()
+    finally:
+        internals(cluster).store = store  # type: ignore[assignment]
+    return counted.calls[("read_rows", T)]
+
+
 @pytest.mark.parametrize("how", ["get", "get_row", "get_rows", "scan", "scan-whole-rows"])
 def test_a_commit_reads_nothing_of_the_cells_its_transaction_read(
     backend: str, how: str, request: pytest.FixtureRequest
@@ -184,11 +196,7 @@ def test_a_commit_reads_nothing_of_the_cells_its_transaction_read(
     assert _read_by(txn, how, rows) == {row: seen[row] for row in rows}
     for row in rows:
         txn.set(T, row, C, b"new")
-    counted = _Counted(store)
-    internals(accounts).store = counted  # type: ignore[assignment]
-    txn.commit()
-    assert counted.calls[("read_rows", T)] == 0
-    internals(accounts).store = store  # type: ignore[assignment]
+    assert _reads_of_commit(accounts, txn) == 0
     assert Transaction(accounts).get_rows(T, rows, [C]) == {row: {C: b"new"} for row in rows}
 
 
@@ -212,12 +220,7 @@ def test_a_commit_reads_nothing_of_a_column_its_row_read_found_absent(
         found = dict(txn.scan(T, None, None, [C, other]))
     assert found == {b"alice": {C: b"100"}}
     txn.set(T, b"alice", other, b"new")
-    store = internals(accounts).store
-    counted = _Counted(store)
-    internals(accounts).store = counted  # type: ignore[assignment]
-    txn.commit()
-    internals(accounts).store = store  # type: ignore[assignment]
-    assert counted.calls[("read_rows", T)] == 0
+    assert _reads_of_commit(accounts, txn) == 0
     assert Transaction(accounts).get_row(T, b"alice", [C, other]) == {C: b"100", other: b"new"}
 
 
@@ -236,12 +239,7 @@ def test_a_whole_row_scan_that_rolls_a_lock_forward_keeps_what_it_read_again(
     txn = Transaction(accounts)
     assert dict(txn.scan(T, None, None, None)) == {b"alice": {C: b"100"}, b"zed": {C: b"primary"}}
     txn.set(T, b"alice", C, b"new")
-    store = internals(accounts).store
-    counted = _Counted(store)
-    internals(accounts).store = counted  # type: ignore[assignment]
-    txn.commit()
-    internals(accounts).store = store  # type: ignore[assignment]
-    assert counted.calls[("read_rows", T)] == 0
+    assert _reads_of_commit(accounts, txn) == 0
     assert Transaction(accounts).get(T, b"alice", C) == b"new"
 
 
@@ -259,10 +257,7 @@ def test_the_cells_whose_reads_a_transaction_keeps_are_bounded(
     assert txn.get(T, rows[-1], C) is None
     txn.set(T, rows[0], C, b"first")
     txn.set(T, rows[-1], C, b"last")
-    counted = _Counted(internals(accounts).store)
-    internals(accounts).store = counted  # type: ignore[assignment]
-    txn.commit()
-    assert counted.calls[("read_rows", T)] == 1
+    assert _reads_of_commit(accounts, txn) == 1
 
 
 def test_a_later_rollback_record_does_not_block_a_writer(accounts: Cluster) -> None:
