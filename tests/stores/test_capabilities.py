@@ -85,6 +85,8 @@ def _doubles() -> dict[str, Callable[[Store], Any]]:
     from tests._concurrency import ParkedAfterCommit
     from tests.gc.test_gc import ParkingStore
     from tests.gc.test_gc_embedded import _TwoParkings
+    from tests.gc.test_safe_point import _RacingPasses
+    from tests.observers.test_failures import NoReads
     from tests.observers.test_notify_index import CountingIndexWrites
     from tests.observers.test_settle import NotifyWrites
     from tests.observers.test_settle_cluster import NotifyDeletes
@@ -94,12 +96,13 @@ def _doubles() -> dict[str, Callable[[Store], Any]]:
     from tests.transactions.test_lock_census import _FamiliesRead
     from tests.transactions.test_lock_resolution import (
         AnswerLostAfterOthersMove,
+        CommitPointAnswerLost,
         ParkedCommitter,
         RowCasNotAtomic,
         SlowStore,
     )
     from tests.transactions.test_prefetch import CountingReads
-    from tests.transactions.test_prewrite import _Counted
+    from tests.transactions.test_prewrite import _CommitPointFails, _Counted
     from tests.transactions.test_single_row import Counting
     from tests.transactions.test_store_timestamps import ParkedRequest
     from tests.transactions.test_timestamps import _Counted as CountedTimestamps
@@ -111,6 +114,8 @@ def _doubles() -> dict[str, Callable[[Store], Any]]:
             s, threading.current_thread()),
         "gc.test_gc:ParkingStore": ParkingStore,
         "gc.test_gc_embedded:_TwoParkings": _TwoParkings,
+        "gc.test_safe_point:_RacingPasses": _RacingPasses,
+        "observers.test_failures:NoReads": NoReads,
         "observers.test_notify_index:CountingIndexWrites": CountingIndexWrites,
         "observers.test_settle:NotifyWrites": NotifyWrites,
         "observers.test_settle_cluster:NotifyDeletes": NotifyDeletes,
@@ -121,11 +126,14 @@ def _doubles() -> dict[str, Callable[[Store], Any]]:
         "transactions.test_lock_census:_FamiliesRead": _FamiliesRead,
         "transactions.test_lock_resolution:AnswerLostAfterOthersMove": lambda s: (
             AnswerLostAfterOthersMove(s, lambda: None)),
+        "transactions.test_lock_resolution:CommitPointAnswerLost": lambda s: (
+            CommitPointAnswerLost(s, b"r")),
         "transactions.test_lock_resolution:ParkedCommitter": lambda s: ParkedCommitter(
             s, b"r", 1),
         "transactions.test_lock_resolution:RowCasNotAtomic": RowCasNotAtomic,
         "transactions.test_lock_resolution:SlowStore": lambda s: SlowStore(s, 0.0),
         "transactions.test_prefetch:CountingReads": CountingReads,
+        "transactions.test_prewrite:_CommitPointFails": lambda s: _CommitPointFails(s, True),
         "transactions.test_prewrite:_Counted": _Counted,
         "transactions.test_single_row:Counting": Counting,
         "transactions.test_store_timestamps:ParkedRequest": ParkedRequest,
