@@ -24,6 +24,7 @@ from percolator._encoding import (
     WRITE,
     Free,
     Lock,
+    RolledBack,
     WriteKind,
     decode_lock,
     decode_write,
@@ -527,11 +528,27 @@ class _NoTimestamps:
         raise percolator.OracleUnavailable("no timestamp")
 
 
+class _BeforeTheCommitPoint:
+    """The cluster's coordination, whose check of the owner right before the commit
+    point first runs *before*: a cleaner's move, or the owner's session lost."""
+
+    def __init__(self, coordination: Any, before: Any) -> None:
+        self._coordination, self._before = coordination, before
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._coordination, name)
+
+    def confirm_owner(self, owner: str) -> None:
+        self._before()
+        self._coordination.confirm_owner(owner)
+
+
 @pytest.mark.parametrize("backend", [SQLITE])
 def test_a_commit_tells_its_clients_readers_how_it_ended(accounts: Cluster, backend: str) -> None:
-    """``CommitsInFlight``: a two-phase commit that conflicts in its prewrite, whose
-    prewrite the store fails, or that gets no commit timestamp, tells its client's
-    readers it is rolled back (and counts its conflict); one that dies (a simulated
+    """``CommitsInFlight``: a two-phase commit that conflicts in its prewrite or at its
+    commit point (a cleaner rolled it back), whose prewrite the store fails, that gets
+    no commit timestamp, or whose owner's session is lost before its commit point, tells
+    its client's readers it is rolled back (and counts its conflicts); one that dies (a simulated
     crash) is forgotten, so that its locks are resolved through the store, as any dead
     client's; none stays in flight once ended."""
     parts = internals(accounts)
@@ -566,6 +583,38 @@ def test_a_commit_tells_its_clients_readers_how_it_ended(accounts: Cluster, back
     finally:
         parts.timestamps = timestamps
     assert in_flight.settle(_lock_of(undrawn), undrawn.start_ts + 10) == (0, False)
+    coordination = parts.coordination
+    overtaken = Transaction(accounts)
+    overtaken.set(T, b"carol", C, b"overtaken")  # its primary
+
+    def roll_back() -> None:  # a cleaner, before the commit point's compare-and-set
+        cell = f"{LOCK}:{C}"
+        held = store.read_rows(T, [b"carol"], [Read(LOCK, (C,))])[b"carol"][cell][0][1]
+        decided = encode_lock(RolledBack(overtaken.start_ts))
+        assert store.check_and_set(T, b"carol", cell, held, decided)
+
+    parts.coordination = _BeforeTheCommitPoint(coordination, roll_back)
+    try:
+        with pytest.raises(ConflictError, match="rolled back by a cleaner"):
+            overtaken.commit()
+    finally:
+        parts.coordination = coordination
+    assert stats["conflicts"] == conflicts + 3
+    assert in_flight.settle(_lock_of(overtaken), overtaken.start_ts + 10) == (0, False)
+    expired = Transaction(accounts)
+    expired.set(T, b"dave", C, b"expired")
+
+    def session_lost() -> None:
+        raise percolator.CoordinationError("the owner's session expired")
+
+    parts.coordination = _BeforeTheCommitPoint(coordination, session_lost)
+    try:
+        with pytest.raises(percolator.CoordinationError):
+            expired.commit()
+    finally:
+        parts.coordination = coordination
+    assert stats["conflicts"] == conflicts + 3
+    assert in_flight.settle(_lock_of(expired), expired.start_ts + 10) == (0, False)
     with Transaction(accounts) as last:
         last.set(T, b"alice", C, b"last")
     assert not in_flight._flights
