@@ -25,10 +25,10 @@ import percolator  # noqa: E402
 from percolator._gc import collect  # noqa: E402
 from percolator._interleaving import Interleaving  # noqa: E402
 from percolator._internals import internals  # noqa: E402
-from percolator.testing import client_of  # noqa: E402
 from spark_loader._change_feed import PercolatorChangeFeed, _ts_of  # noqa: E402
 from spark_loader._snapshot import ReadError  # noqa: E402
 from spark_loader._source import PercolatorDataSource  # noqa: E402
+from tests.spark_loader.test_changes import live_on_g_before_its_commit_timestamp  # noqa: E402
 
 Offset = dict[str, int]
 
@@ -310,12 +310,7 @@ def test_a_feed_of_some_columns_delivers_waits_for_and_splits_by_those_only(url:
     every = _feed(url, startingTs="earliest")
     some = _feed(url, startingTs="earliest", columns="f:v", numPartitions="2")
     with percolator.connect(url) as cluster, Interleaving(cluster) as world:
-        writer = client_of(cluster)
-        writer.one_phase_commit = False
-        live = percolator.Transaction(writer)
-        live.set("t", b"r", "g:v", b"1")
-        actor = world.actor("live", live.commit, clients=[writer])
-        actor.run_until(lambda s: s.matches("timestamp"))  # prewritten; commit ts next
+        live, actor = live_on_g_before_its_commit_timestamp(cluster, world)
         assert every.latestOffset({"commit_ts": 0}, None)["commit_ts"] <= live.start_ts
         end = some.latestOffset({"commit_ts": 0}, None)
         assert end["commit_ts"] > live.start_ts

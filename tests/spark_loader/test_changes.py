@@ -12,7 +12,7 @@ import pytest
 
 import percolator
 from percolator._encoding import INLINE_MAX_BYTES, LOCK, Free, Lock, decode_lock, encode_lock
-from percolator._interleaving import Interleaving
+from percolator._interleaving import Actor, Interleaving
 from percolator._internals import internals
 from percolator._observer_hooks import internal_columns
 from percolator._store import Read
@@ -54,6 +54,20 @@ def test_a_dead_committers_decided_change_is_rolled_forward_and_delivered_at_onc
         (b"before", "f:v", b"0"), (b"p", "f:v", b"1"), (b"s", "f:v", b"2")]
 
 
+def live_on_g_before_its_commit_timestamp(
+    cluster: percolator.Cluster, world: Interleaving
+) -> tuple[percolator.Transaction, Actor[int]]:
+    """A transaction of another client of *cluster* that writes g:v of row r, played by
+    *world* up to the draw of its commit timestamp: prewritten, its lock held."""
+    writer = client_of(cluster)
+    writer.one_phase_commit = False
+    live = percolator.Transaction(writer)
+    live.set("t", b"r", "g:v", b"1")
+    actor = world.actor("live", live.commit, clients=[writer])
+    actor.run_until(lambda s: s.matches("timestamp"))  # prewritten; commit ts next
+    return live, actor
+
+
 def test_a_feed_of_some_columns_waits_only_for_writers_of_those(
     embedded: percolator.Cluster,
 ) -> None:
@@ -61,12 +75,7 @@ def test_a_feed_of_some_columns_waits_only_for_writers_of_those(
     drawn: the end of a feed of every column stops at its start (it may commit
     below a fresh timestamp), the end of a feed of f:v only does not wait for it."""
     with Interleaving(embedded) as world:
-        writer = client_of(embedded)
-        writer.one_phase_commit = False
-        live = percolator.Transaction(writer)
-        live.set("t", b"r", "g:v", b"1")
-        actor = world.actor("live", live.commit, clients=[writer])
-        actor.run_until(lambda s: s.matches("timestamp"))  # prewritten; commit ts next
+        live, actor = live_on_g_before_its_commit_timestamp(embedded, world)
         reader = client_of(embedded)  # the test's thread: its calls are not steps
         assert safe_end(reader, "t", None, 0) <= live.start_ts
         assert safe_end(reader, "t", ["f:v"], 0) > live.start_ts
