@@ -81,15 +81,23 @@ def failures_counted(cluster: percolator.Cluster) -> bytes | None:
     return _read_failures(cluster, _failures_key(T, ROW), COL)
 
 
-def test_a_failure_backs_off_here_counts_for_the_cluster_and_a_success_clears_both(
-    cluster: percolator.Cluster, clock: list[float],
-) -> None:
+def failed_once(cluster: percolator.Cluster, retry_delay: float,
+                max_failures: int) -> tuple[Fails, Worker]:
+    """A worker of one failing observer, whose first run on a change of the cell failed."""
     observer = Fails()
-    worker = Worker(cluster, [observer], threads=1, retry_delay=10.0, max_failures=5)
+    worker = Worker(cluster, [observer], threads=1, retry_delay=retry_delay,
+                    max_failures=max_failures)
     worker.register()
     with Transaction(cluster) as txn:
         txn.set(T, ROW, COL, b"v")
     assert worker._scanner.serve_row(T, ROW)
+    return observer, worker
+
+
+def test_a_failure_backs_off_here_counts_for_the_cluster_and_a_success_clears_both(
+    cluster: percolator.Cluster, clock: list[float],
+) -> None:
+    observer, worker = failed_once(cluster, retry_delay=10.0, max_failures=5)
     assert observer.runs == 1 and worker.stats["failures"] == 1
     assert worker._runner.backoff.waiting(T, ROW, COL)  # this cell, for this process
     assert failures_counted(cluster) not in (None, _NO_FAILURES)
@@ -118,12 +126,7 @@ def test_a_failure_backs_off_here_counts_for_the_cluster_and_a_success_clears_bo
 def test_the_last_failure_allowed_quarantines_the_notification_with_its_error(
     cluster: percolator.Cluster, clock: list[float],
 ) -> None:
-    observer = Fails()
-    worker = Worker(cluster, [observer], threads=1, retry_delay=100.0, max_failures=2)
-    worker.register()
-    with Transaction(cluster) as txn:
-        txn.set(T, ROW, COL, b"v")
-    assert worker._scanner.serve_row(T, ROW)
+    observer, worker = failed_once(cluster, retry_delay=100.0, max_failures=2)
     clock[0] += 1000.0
     quarantines = metrics.snapshot()[0].get(
         ("percolator_observer_runs_total", (observer.name, "quarantined")), 0)
