@@ -267,6 +267,44 @@ def test_a_write_outside_a_spark_micro_batch_task_is_refused(tmp_path: Path) -> 
     assert _table(url) == {}
 
 
+@pytest.fixture
+def spark_task() -> Iterator[Any]:
+    """Sets the running Spark task's local properties as PySpark's Python worker does
+    before it calls a writer (its TaskContext, whose ``_localProperties`` the worker
+    fills from the JVM's task); forgets the task at the end."""
+    from pyspark import TaskContext
+
+    def in_task(properties: dict[str, str]) -> None:
+        TaskContext._getOrCreate()._localProperties = properties
+
+    yield in_task
+    TaskContext._setTaskContext(None)  # type: ignore[arg-type]
+
+
+def test_a_task_writes_under_its_run_and_micro_batch_from_spark_s_properties(
+    tmp_path: Path, spark_task: Any,
+) -> None:
+    """``write`` names the batch's load from the micro-batch id Spark gives the task, and
+    takes the query's run id (the job group) as its attempt's owner: a task of the next
+    run of the query (the first run's driver died mid-batch) rolls the dead run's attempt
+    back and begins its own, rather than joining it; the rows of the dead attempt stay
+    unseen once the replay commits.
+
+    Catches an owner that ignores the run (every run of the query the same owner): the
+    replay would join the dead attempt, and its commit would show the dead run's rows."""
+    url = f"sqlite://{tmp_path}/s.db"
+    writer = _writer(url, queryId="q")
+    spark_task({"spark.jobGroup.id": "run1", "streaming.sql.batchId": "3"})
+    dead = writer.write(iter([Row(**{"row": "only-in-run1", "v:n": 1})]))
+    assert dead.load_id == "stream-q-3" and dead.txn is not None
+    assert _begun(url, "stream-q-3", "spark-stream:run1") == dead.txn.start_ts
+    spark_task({"spark.jobGroup.id": "run2", "streaming.sql.batchId": "3"})
+    replay = writer.write(iter([Row(**{"row": "k", "v:n": 2})]))
+    assert replay.txn is not None and replay.txn.start_ts != dead.txn.start_ts
+    writer.commit([replay], 3)
+    assert _table(url) == {b"k": b"2"}
+
+
 def test_a_batch_cells_option_that_is_not_a_number_is_refused_up_front(tmp_path: Path) -> None:
     """batchCells (the cells a task prewrites per store call) is read when the writer
     is made, on the driver: a value that is not an integer fails the query before any
