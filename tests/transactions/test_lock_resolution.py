@@ -217,6 +217,43 @@ def test_a_write_over_a_primary_left_rolled_back_frees_it_and_commits(url: str) 
         assert Transaction(cluster).get("t", b"r2", "c:v") == b"old"
 
 
+def test_a_primary_left_rolled_back_without_its_record_stays_rolled_back(url: str) -> None:
+    # X dies after its prewrite; a cleaner decides X rolled back (ROLLED_BACK) and dies
+    # before it writes the ROLLBACK record. The next resolution frees the primary with
+    # no record: FREE for X, not committed, which is the record now. Neither cell shows
+    # x; X's commit point (a compare-and-set from its lock), had X been only paused,
+    # and a replay of its primary's prewrite (from the cell's value before X) both
+    # lose; a writer of r1 commits.
+    with percolator.connect(url, lock_wait=10) as cluster:
+        cluster.one_phase_commit = False
+        store = internals(cluster).store
+        lock_of_r1 = f"{LOCK}:c:v"
+
+        def primary() -> bytes:
+            return store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])[b"r1"][lock_of_r1][0][1]
+
+        before_x = primary()
+        x = _dies_after_its_prewrite(cluster)
+        locked = primary()
+        assert lock_cas(store, "t", b"r1", lock_of_r1, locked,
+                        encode_lock(RolledBack(x.start_ts)))
+        assert Transaction(cluster).get("t", b"r2", "c:v") == b"old"
+        assert Transaction(cluster).get("t", b"r1", "c:v") == b"old"
+        assert decode_lock(primary()) == Free(x.start_ts, False)
+        records = store.read_rows("t", [b"r1"], [Read(WRITE, ("c:v",), versions=None)])
+        assert all(decode_write(v)[1] != x.start_ts for _, v in records[b"r1"][f"{WRITE}:c:v"])
+        commit_ts = internals(cluster).timestamps.get_timestamp()
+        assert not lock_cas(store, "t", b"r1", lock_of_r1, locked,
+                            encode_lock(Committed(x.start_ts, commit_ts)))
+        assert not lock_cas(store, "t", b"r1", lock_of_r1, before_x, locked)
+        assert Transaction(cluster).get("t", b"r1", "c:v") == b"old"
+        writer = Transaction(cluster)
+        writer.set("t", b"r1", "c:v", b"w")
+        writer.commit()
+        assert Transaction(cluster).get("t", b"r1", "c:v") == b"w"
+        assert Transaction(cluster).get("t", b"r2", "c:v") == b"old"
+
+
 def test_a_write_over_a_primary_left_committed_rolls_it_forward_and_commits(
         url: str) -> None:
     # Y dies right after its commit point, its primary r1 left COMMITTED: a writer of r1
