@@ -228,6 +228,21 @@ class FaultCluster:
                 proc.kill()
         return hung
 
+    def wait_workloads_running(self, timeout: float) -> None:
+        """Wait until every client's workload has had an operation acknowledged: the
+        nemesis is for a running system, and on a loaded machine the workload and
+        observer processes can take tens of seconds to import and connect, which a
+        schedule started at once would spend on clients not running yet."""
+        from tests.faults._checks import load
+
+        def running() -> bool:
+            streams = load(self.dir)
+            return all(any(op.status == "ok" for stream, ops in streams.items()
+                           if stream.startswith(f"{name}-") for op in ops)
+                       for name in self.workloads)
+
+        wait_until(running, timeout, "every client's first acknowledged operation", 0.5)
+
     def wait_observers_caught_up(self, timeout: float) -> dict[str, Any]:
         """Poll the final state until every observed row's output matches its input."""
         state: dict[str, Any] = {}
@@ -241,7 +256,8 @@ class FaultCluster:
             wait_until(caught_up, timeout, "the observers to process every change", 1.0)
         except AssertionError:
             pass  # reported by the checker as lost notifications
-        return state
+        # No read within the timeout (a loaded machine): one more, whose failure says why.
+        return state or self.final_state()
 
     def close(self) -> None:
         if self.zk is not None:

@@ -46,6 +46,7 @@ def run_nemesis(workdir: Path, seconds: float, store: str, *,
         for fault in faults:
             print(f"  {fault}")
         nemesis = Nemesis(cluster, faults)
+        cluster.wait_workloads_running(180.0)
         run_from = time.time()
         nemesis.run(seconds)
         run_to = time.time()

@@ -130,16 +130,20 @@ def test_a_copier_drains_a_backlog_in_at_most_5_1_calls_per_notification(
     assert calls / n <= PER_NOTIFICATION, f"{calls / n:.2f} store calls per notification"
 
 
-PROCESSES_PER_NOTIFICATION = 5.6
+PROCESSES_PER_NOTIFICATION = 6.5
 """Two worker processes of two scanner threads each: the run's five calls, as one
 worker's, plus what the scanners spend meeting each other: a scan of 64 rows from
 past a batch left on a meeting, and now and then a run that finds its notification
-served by the other worker (an absent run: its read); 5.30-5.32 measured (0.06 absent
-runs, 0.13-0.16 scans per notification). Without the spreading the scanners served
-each other's stale batches: 9.4 (1.6 absent runs per notification)."""
+served by the other worker (an absent run: its read); 5.30-5.32 measured on a quiet
+machine (0.06 absent runs, 0.13-0.16 scans per notification), 5.65 beside six mutation
+runs (load 25), where the scanners' turns fall differently and meet more often.
+Without the spreading the scanners served each other's stale batches: 9.4 (1.6 absent
+runs per notification). The bound sits between, so that a loaded machine passes and
+the lost spreading fails; the run's own five calls are bounded by the one-worker test
+above, which does not depend on how two workers' turns fall."""
 
 
-def test_two_worker_processes_drain_a_backlog_in_at_most_5_6_calls_per_notification(
+def test_two_worker_processes_drain_a_backlog_in_at_most_6_5_calls_per_notification(
     cluster: percolator.Cluster,
 ) -> None:
     """The workers connect apart, as processes do: neither sees the other's advisory

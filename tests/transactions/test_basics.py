@@ -6,7 +6,7 @@ import pytest
 
 import percolator
 from percolator import Cluster, Transaction
-from percolator._encoding import NOTIFY
+from percolator._encoding import META_TABLE, NOTIFY
 from percolator._internals import internals
 from percolator._store import Read
 from percolator.testing import CrashPoint, client_of, crash_commit
@@ -221,7 +221,10 @@ def test_get_rows_reads_many_rows_in_one_store_call(
         b"r3": {},
         b"nobody": {},
     }
-    assert len(calls) == 1
+    # The client's safe point reads its own meta table when its last reading is older
+    # than its refresh (a second, which a loaded machine can spend between two lines):
+    # not the rows' business.
+    assert [c[0] for c in calls if c[0] != META_TABLE] == ["accounts"]
     monkeypatch.undo()
     for row, values in found.items():
         assert txn.get_row("accounts", row, ["bal:amount", "bal:note"]) == values
