@@ -26,7 +26,7 @@ import percolator
 from observers import VerifyReport, Worker, photon, wait_for_observers
 from observers.photon import _pipeline
 from observers.photon.__main__ import main as photon_main
-from percolator import Cluster, Snapshot, Transaction
+from percolator import Cluster, Snapshot, Transaction, metrics
 from percolator._notifications import quarantined, retry_quarantined
 from percolator.testing import CrashPoint, Interleaving, client_of, crash_commit
 from tests._backends import BACKENDS, SQLITE_AND_BIGTABLE, backend_fixture, make_store_url
@@ -238,6 +238,43 @@ def test_a_sweeper_clock_ahead_of_the_joiners_still_ends_the_wait(cluster: Clust
         assert list(snap.scan(p.deadlines, None, None, ["d:x"])) == []
         assert snap.get_row(p.foreign, row, ["j:wait", "j:due"]) == {}
     assert p.verify().ok
+
+
+def _transactions_begun() -> float:
+    values, _ = metrics.snapshot()
+    return sum(v for (name, _), v in values.items()
+               if name == "percolator_transactions_begun_total")
+
+
+def test_a_sweep_fires_every_deadline_up_to_the_time_it_is_given_in_batches(
+    sqlite_cluster: Cluster,
+) -> None:
+    """400 clicks wait for queries that never come, all with the deadline t + 10 min.
+    A sweep told a time (not its pipeline's clock, which stays at t) one millisecond
+    before fires nothing; told the deadline itself, it fires all 400 (each click's
+    ``j:due`` set, every deadline row gone), in a few transactions of many deadlines,
+    not one per deadline nor a batch's worth of rows skipped; a second sweep finds none.
+
+    The sweep's own questions (the time it is told, a deadline equal to it, its
+    batches): the pipeline's logic, so SQLite alone plays it."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    deadline = t + 600_000
+    p = pipeline(cluster, now=lambda: t / 1000)
+    clicks = [f"c{i:03d}" for i in range(400)]
+    p.log_foreign(cluster, [{"click": c, "query": f"never{c}", "t": t} for c in clicks])
+    rows = [photon.row_key(c.encode()) for c in clicks]
+    with Transaction(cluster) as txn:  # the joiner's body for each: each starts to wait
+        assert all(_pipeline.join_event(txn, p, row, t) for row in rows)
+    assert p.sweep(now_ms=deadline - 1) == 0
+    begun = _transactions_begun()
+    assert p.sweep(now_ms=deadline) == len(clicks)
+    assert _transactions_begun() - begun <= 4  # a batch per 200 deadlines, not one each
+    with Snapshot(cluster) as snap:
+        due = {row for row, _ in snap.scan(p.foreign, None, None, ["j:due"])}
+        assert due == set(rows)
+        assert list(snap.scan(p.deadlines, None, None, ["d:x"])) == []
+    assert p.sweep(now_ms=deadline) == 0
 
 
 def test_verify_reports_a_waiting_event_nothing_will_wake(cluster: Cluster) -> None:
