@@ -457,6 +457,51 @@ def test_the_retention_boundary_refuses_old_events_and_never_goes_back(
     assert p.verify().ok
 
 
+def test_retention_leaves_events_without_a_time_and_does_nothing_unless_configured(
+    sqlite_cluster: Cluster,
+) -> None:
+    """An adapter without a time field: a click joined to its query, neither with an
+    ``ev:t``. Ten days later, retention removes nothing (returns 0), without a
+    configured retention or with one day: an event without a time never falls behind
+    the boundary (docs/photon.md), and the scan that looks for old rows must not trip
+    over rows that have neither ``ev:t`` nor a placeholder's ``j:held``. SQLite alone:
+    the pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    untimed = photon.JsonAdapter(foreign_id="click", primary_id="query", primary_ref="query")
+    later = t + 10 * 86_400_000
+    for retention in (None, DAY):
+        p = pipeline(cluster, adapter=untimed, retention=retention, now=lambda: t / 1000)
+        if retention is None:
+            p.log_primary(cluster, [{"query": "q"}])
+            p.log_foreign(cluster, [{"click": "c", "query": "q"}])
+            _joiner_on(p)._scanner.serve_row(p.foreign, photon.row_key(b"c"))
+        assert p.apply_retention(later) == 0, retention
+        with Snapshot(cluster) as snap:
+            assert p.state(snap, b"c") is photon.State.JOINED
+            assert snap.get(p.primary, photon.row_key(b"q"), "ev:raw") is not None
+    assert set(outputs(p)) == {b"c"}
+    assert p.verify().ok
+
+
+def test_retention_removes_every_old_event_in_batches(sqlite_cluster: Cluster) -> None:
+    """400 clicks two days old: retention at a one-day boundary removes all 400, in a
+    few transactions of many rows (not one per row), and then none is left. SQLite
+    alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, retention=DAY, now=lambda: t / 1000)
+    old = t - 2 * 86_400_000
+    assert p.log_foreign(cluster, [{"click": f"c{i:03d}", "query": "q", "t": old}
+                                   for i in range(400)]).written == 400
+    begun = _transactions_begun()
+    assert p.apply_retention(t) == 400
+    assert _transactions_begun() - begun <= 6  # the boundary, then a batch per 200 rows
+    with Snapshot(cluster) as snap:
+        assert list(snap.scan(p.foreign, None, None, ["ev:raw", "ev:t"])) == []
+    assert p.apply_retention(t) == 0
+
+
 def test_retention_removes_the_placeholders_of_primaries_that_never_came(
     cluster: Cluster,
 ) -> None:
