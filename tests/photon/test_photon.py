@@ -277,6 +277,68 @@ def test_a_sweep_fires_every_deadline_up_to_the_time_it_is_given_in_batches(
     assert p.sweep(now_ms=deadline) == 0
 
 
+def test_a_deadline_gone_since_the_sweeps_scan_is_passed_over_not_the_rest(
+    sqlite_cluster: Cluster,
+) -> None:
+    """Two clicks wait with one deadline; the sweep scans both deadline rows, then,
+    before its firing transaction starts, the first of them (in the order the sweep
+    fires them) is joined, which deletes its deadline row. The sweep must pass over
+    that row and still fire the second: a sweep that stopped at the gone row would
+    leave the second waiting with its deadline past. SQLite alone: the pipeline's
+    logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    p.log_foreign(cluster, [{"click": "ca", "query": "qa", "t": t},
+                            {"click": "cb", "query": "qb", "t": t}])
+    first, second = photon.row_key(b"ca"), photon.row_key(b"cb")  # 55/ca, ef/cb
+    assert first < second
+    worker = _joiner_on(p)
+    for row in (first, second):
+        worker._scanner.serve_row(p.foreign, row)
+    with Interleaving(cluster) as world:
+        sweep = world.actor("sweep", lambda: p.sweep(now_ms=t + 600_000))
+        sweep.run_until(lambda s: s.matches("scan", table=p.deadlines))
+        sweep.run_until(lambda s: s.op == "timestamp")  # the firing transaction's start
+        p.log_primary(cluster, [{"query": "qa", "t": t}])
+        worker._scanner.serve_row(p.foreign, first)
+        assert p.state(Snapshot(cluster), b"ca") is photon.State.JOINED
+        assert sweep.finish() == 2  # what its scan found
+    with Snapshot(cluster) as snap:
+        assert snap.get(p.foreign, second, "j:due") is not None
+        assert list(snap.scan(p.deadlines, None, None, ["d:x"])) == []
+    worker._scanner.serve_row(p.foreign, second)
+    assert p.state(Snapshot(cluster), b"cb") is photon.State.UNJOINABLE
+    assert p.verify().ok
+
+
+def test_a_rejoin_meets_events_another_rejoin_reopened_since_its_scan(
+    sqlite_cluster: Cluster,
+) -> None:
+    """An operator's rejoin scans an unjoinable event; before its transaction starts,
+    a second rejoin reopens the same event (its state gone). The first must pass the
+    event by (its state is no longer the one it reopens), not fail on the missing
+    state. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    p.log_foreign(cluster, [{"click": "c", "query": "q", "t": t - 700_000}])
+    worker = _joiner_on(p)
+    worker._scanner.serve_row(p.foreign, photon.row_key(b"c"))
+    assert p.state(Snapshot(cluster), b"c") is photon.State.UNJOINABLE
+    with Interleaving(cluster) as world:
+        rejoin = world.actor("rejoin", lambda: p.rejoin(photon.State.UNJOINABLE))
+        rejoin.run_until(lambda s: s.matches("scan", table=p.foreign))
+        rejoin.run_until(lambda s: s.op == "timestamp")  # its transaction's start
+        assert p.rejoin(photon.State.UNJOINABLE) == 1
+        assert rejoin.finish() == 1  # what its scan found
+    assert p.state(Snapshot(cluster), b"c") is photon.State.PENDING
+    p.log_primary(cluster, [{"query": "q", "t": t}])
+    worker._scanner.serve_row(p.foreign, photon.row_key(b"c"))
+    assert set(outputs(p)) == {b"c"}
+    assert p.verify().ok
+
+
 def test_verify_reports_a_waiting_event_nothing_will_wake(cluster: Cluster) -> None:
     """A waiting event whose deadline row is gone and that has no notification (what
     a sweep without j:due left behind) can never end: verify says so."""
@@ -539,24 +601,31 @@ def test_retention_removes_the_placeholders_of_primaries_that_never_came(
 def test_a_primary_arriving_during_retention_outlives_its_old_placeholder(
     cluster: Cluster,
 ) -> None:
-    """The retention pass finds a placeholder past the boundary; before it deletes
-    it, the query arrives, with today's time. The pass must look again in its own
-    transaction and keep the query (the scan's verdict was about the placeholder)."""
+    """The retention pass finds two placeholders past the boundary (of clicks c and d,
+    waiting for q and r); before it deletes them, q arrives, with a time at the
+    boundary itself (not older than it: admitted). The pass must look again in its
+    own transaction and keep q (the scan's verdict was about the placeholder), and
+    still delete r's placeholder, which follows q's in the same batch."""
     day = 86_400_000
     t = now_ms()
     clock = [t - 2 * day]
     p = pipeline(cluster, retention=DAY, now=lambda: clock[0] / 1000)
-    p.log_foreign(cluster, [{"click": "c", "query": "q", "t": clock[0]}])
-    _joiner_on(p)._scanner.serve_row(p.foreign, photon.row_key(b"c"))
+    p.log_foreign(cluster, [{"click": "c", "query": "q", "t": clock[0]},
+                            {"click": "d", "query": "r", "t": clock[0]}])
+    joiner = _joiner_on(p)
+    for click in (b"c", b"d"):
+        joiner._scanner.serve_row(p.foreign, photon.row_key(click))
+    assert photon.row_key(b"q") < photon.row_key(b"r")  # 27/q, 9d/r: q's first
     clock[0] = t
     with Interleaving(cluster) as world:
         retention = world.actor("retention", lambda: p.apply_retention(t))
         retention.run_until(lambda s: s.matches("scan", table=p.primary))
         retention.run_until(lambda s: s.op == "timestamp")  # the deletion's start
-        assert p.log_primary(cluster, [{"query": "q", "t": t}]).written == 1
-        assert retention.finish() == 1  # the click alone
+        assert p.log_primary(cluster, [{"query": "q", "t": t - day}]).written == 1
+        assert retention.finish() == 3  # the clicks and r's placeholder
     with Snapshot(cluster) as snap:
         assert snap.get_row(p.primary, photon.row_key(b"q"), ["ev:raw", "ev:t"]) != {}
+        assert snap.get_row(p.primary, photon.row_key(b"r"), ["ev:raw", "j:held"]) == {}
         assert p.state(snap, b"c") is None
 
 
