@@ -28,6 +28,7 @@ from observers.photon import _pipeline
 from observers.photon.__main__ import main as photon_main
 from percolator import Cluster, Snapshot, Transaction, metrics
 from percolator._notifications import quarantined, retry_quarantined
+from percolator.ext import pending_notifications
 from percolator.testing import CrashPoint, Interleaving, client_of, crash_commit
 from tests._backends import BACKENDS, SQLITE_AND_BIGTABLE, backend_fixture, make_store_url
 from tests._concurrency import spawn_module
@@ -336,6 +337,28 @@ def test_a_rejoin_meets_events_another_rejoin_reopened_since_its_scan(
     p.log_primary(cluster, [{"query": "q", "t": t}])
     worker._scanner.serve_row(p.foreign, photon.row_key(b"c"))
     assert set(outputs(p)) == {b"c"}
+    assert p.verify().ok
+
+
+def test_a_primary_wakes_waiters_whose_ids_hold_spaces(sqlite_cluster: Cluster) -> None:
+    """Two clicks whose ids hold a space and a tab wait for one query; its ingest
+    notifies exactly their rows (the waiter list is split at its newlines only, an
+    id being any bytes), and each then joins. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    clicks = [b"click one", b"click\ttwo"]
+    p.log_foreign(cluster, [{"click": c.decode(), "query": "q", "t": t} for c in clicks])
+    worker = _joiner_on(p)
+    rows = {photon.row_key(c) for c in clicks}
+    for row in rows:
+        worker._scanner.serve_row(p.foreign, row)
+    assert {n.row for n in pending_notifications(cluster, [p.foreign])} == set()
+    p.log_primary(cluster, [{"query": "q", "t": t}])
+    assert {n.row for n in pending_notifications(cluster, [p.foreign])} == rows
+    for row in rows:
+        worker._scanner.serve_row(p.foreign, row)
+    assert set(outputs(p)) == set(clicks)
     assert p.verify().ok
 
 
