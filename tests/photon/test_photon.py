@@ -545,12 +545,13 @@ def test_the_retention_boundary_refuses_old_events_and_never_goes_back(
 def test_retention_leaves_events_without_a_time_and_does_nothing_unless_configured(
     sqlite_cluster: Cluster,
 ) -> None:
-    """An adapter without a time field: a click joined to its query, neither with an
+    """An adapter without a time field: a click that waited for its query (a
+    placeholder aged by ``j:held``), then joined when the query came; neither has an
     ``ev:t``. Ten days later, retention removes nothing (returns 0), without a
     configured retention or with one day: an event without a time never falls behind
-    the boundary (docs/photon.md), and the scan that looks for old rows must not trip
-    over rows that have neither ``ev:t`` nor a placeholder's ``j:held``. SQLite alone:
-    the pipeline's logic."""
+    the boundary (docs/photon.md), so the query's ingest drops the placeholder's
+    ``j:held`` with it, and the scan that looks for old rows must not trip over rows
+    that have neither ``ev:t`` nor ``j:held``. SQLite alone: the pipeline's logic."""
     cluster = sqlite_cluster
     t = now_ms()
     untimed = photon.JsonAdapter(foreign_id="click", primary_id="query", primary_ref="query")
@@ -558,9 +559,12 @@ def test_retention_leaves_events_without_a_time_and_does_nothing_unless_configur
     for retention in (None, DAY):
         p = pipeline(cluster, adapter=untimed, retention=retention, now=lambda: t / 1000)
         if retention is None:
-            p.log_primary(cluster, [{"query": "q"}])
             p.log_foreign(cluster, [{"click": "c", "query": "q"}])
-            _joiner_on(p)._scanner.serve_row(p.foreign, photon.row_key(b"c"))
+            joiner = _joiner_on(p)
+            joiner._scanner.serve_row(p.foreign, photon.row_key(b"c"))
+            assert p.state(Snapshot(cluster), b"c") is photon.State.WAITING
+            p.log_primary(cluster, [{"query": "q"}])
+            joiner._scanner.serve_row(p.foreign, photon.row_key(b"c"))
         assert p.apply_retention(later) == 0, retention
         with Snapshot(cluster) as snap:
             assert p.state(snap, b"c") is photon.State.JOINED
