@@ -25,6 +25,7 @@ from observers import millwheel as mw
 from observers.millwheel import _pipeline
 from observers.millwheel.__main__ import main as mw_main
 from percolator import Cluster, Snapshot, Transaction
+from percolator.ext import pending_notifications
 from percolator.testing import CrashPoint, client_of, crash_commit
 from tests._backends import (
     BACKENDS,
@@ -494,3 +495,60 @@ def test_the_cli_shows_status_and_verifies(
     assert mw_main(["status", "--cluster", url, "--pipeline", "tests.millwheel._app:nope"]) == 2
 
 
+
+
+class _SteppedSource:
+    """One record at t=1,000, then no more, its watermark where the test sets it."""
+
+    def __init__(self) -> None:
+        self.mark = 1_000
+
+    def read(self, position: bytes | None, limit: int) -> tuple[list[mw.Record], bytes, int]:
+        if position is None:
+            return [mw.Record(b"k", 1_000)], b"1", self.mark
+        return [], b"1", self.mark
+
+
+class _Alarm(mw.Computation):
+    """Arms a timer 100 ms after each record; counts the timers fired (``fired``)."""
+
+    name = "Alarm"
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        ctx.set_timer("t", record.timestamp + 100)
+
+    def process_timer(self, ctx: mw.Context, timer: mw.Timer) -> None:
+        ctx.state.set_json("fired", ctx.state.get_json("fired", 0) + 1)
+
+
+def test_the_advancer_wakes_a_key_when_its_timer_becomes_due_and_not_before(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A key's timer armed at 1,100 ms. With the input watermark at 1,099 the
+    advancer wakes no key (a wake-up for a timer not due is a wasted run, at every
+    advance); once the watermark reaches 1,100 exactly, it wakes the key, whose run
+    then fires the timer. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    source = _SteppedSource()
+    pipeline = mw.Pipeline(cluster, "alarm", interval=0.05)
+    pipeline.injector("in", source, stream="in")
+    pipeline.computation(_Alarm(), inputs={"in": lambda r: r.value})
+    pipeline.create()
+    worker = Worker(cluster, pipeline.observers(), threads=1)
+    worker.register()
+    table = pipeline.nodes["Alarm"].table
+
+    def woken() -> set[bytes]:
+        return {n.row for n in pending_notifications(cluster, [table])}
+
+    assert pipeline.inject("in") == 1
+    _run_keys(pipeline, worker, "Alarm")
+    assert woken() == set()
+    for mark, keys in ((1_099, set()), (1_100, {b"k"})):
+        source.mark = mark
+        pipeline.inject("in")
+        assert pipeline.advance()["Alarm"][0] == mark
+        assert woken() == keys, mark
+    _run_keys(pipeline, worker, "Alarm")
+    with Snapshot(cluster) as snap:
+        assert pipeline.state(snap, "Alarm", b"k") == {"fired": b"1"}
