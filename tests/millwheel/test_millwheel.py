@@ -552,3 +552,44 @@ def test_the_advancer_wakes_a_key_when_its_timer_becomes_due_and_not_before(
     _run_keys(pipeline, worker, "Alarm")
     with Snapshot(cluster) as snap:
         assert pipeline.state(snap, "Alarm", b"k") == {"fired": b"1"}
+
+
+class _Flush(mw.Computation):
+    """Counts its records, and arms a timer at the end of time to flush the count
+    once the input has ended (``flushed``)."""
+
+    name = "Flush"
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        ctx.state.set_json("n", ctx.state.get_json("n", 0) + 1)
+        ctx.set_timer("end", END)
+
+    def process_timer(self, ctx: mw.Context, timer: mw.Timer) -> None:
+        ctx.state.set_json("flushed", ctx.state.get_json("n", 0))
+
+
+def test_a_timer_at_the_end_of_time_fires_when_the_input_ends(sqlite_cluster: Cluster) -> None:
+    """A key's timer armed at END_OF_TIME (flush at the end of the input): once every
+    record is read, the source's watermark, hence the input watermark, is the end of
+    time, and the advancer must wake the key, whose run fires the timer (a timer fires
+    once the input watermark reaches it). An advancer that woke keys only for timers
+    below the end of time left it armed for ever, the pipeline reported done (its low
+    watermark at the end) and the flush never came. SQLite alone: the pipeline's
+    logic."""
+    cluster = sqlite_cluster
+    pipeline = mw.Pipeline(cluster, "flush", interval=0.05)
+    pipeline.injector("in", mw.IterableSource([(b"k", 1_000), (b"k", 2_000)]), stream="in")
+    pipeline.computation(_Flush(), inputs={"in": lambda r: r.value})
+    pipeline.create()
+    worker = Worker(cluster, pipeline.observers(), threads=1)
+    worker.register()
+    assert pipeline.inject("in") == 2
+    _run_keys(pipeline, worker, "Flush")
+    assert pipeline.advance()["Flush"][0] == END
+    assert {n.row for n in pending_notifications(cluster, [pipeline.nodes["Flush"].table])} == {
+        b"k"}
+    _run_keys(pipeline, worker, "Flush")
+    with Snapshot(cluster) as snap:
+        assert pipeline.state(snap, "Flush", b"k") == {"n": b"2", "flushed": b"2"}
+    (status,) = pipeline.status()
+    assert (status.low_watermark, status.timers) == (END, 0)
