@@ -521,37 +521,51 @@ class _Alarm(mw.Computation):
         ctx.state.set_json("fired", ctx.state.get_json("fired", 0) + 1)
 
 
+class _Zulu(_Alarm):
+    """The same, a second computation (its index rows after the Alarm's)."""
+
+    name = "Zulu"
+
+
 def test_the_advancer_wakes_a_key_when_its_timer_becomes_due_and_not_before(
     sqlite_cluster: Cluster,
 ) -> None:
     """A key's timer armed at 1,100 ms. With the input watermark at 1,099 the
     advancer wakes no key (a wake-up for a timer not due is a wasted run, at every
     advance); once the watermark reaches 1,100 exactly, it wakes the key, whose run
-    then fires the timer. SQLite alone: the pipeline's logic."""
+    then fires the timer. Zulu, a second computation with the same timer, shares
+    the timers index: each advance wakes its own computation's keys only. SQLite
+    alone: the pipeline's logic."""
     cluster = sqlite_cluster
     source = _SteppedSource()
     pipeline = mw.Pipeline(cluster, "alarm", interval=0.05)
     pipeline.injector("in", source, stream="in")
+    names = ("Alarm", "Zulu")
     pipeline.computation(_Alarm(), inputs={"in": lambda r: r.value})
+    pipeline.computation(_Zulu(), inputs={"in": lambda r: r.value})
     pipeline.create()
     worker = Worker(cluster, pipeline.observers(), threads=1)
     worker.register()
-    table = pipeline.nodes["Alarm"].table
 
-    def woken() -> set[bytes]:
+    def woken(name: str) -> set[bytes]:
+        table = pipeline.nodes[name].table
         return {n.row for n in pending_notifications(cluster, [table])}
 
     assert pipeline.inject("in") == 1
-    _run_keys(pipeline, worker, "Alarm")
-    assert woken() == set()
+    for name in names:
+        _run_keys(pipeline, worker, name)
+        assert woken(name) == set()
     for mark, keys in ((1_099, set()), (1_100, {b"k"})):
         source.mark = mark
         pipeline.inject("in")
-        assert pipeline.advance()["Alarm"][0] == mark
-        assert woken() == keys, mark
-    _run_keys(pipeline, worker, "Alarm")
-    with Snapshot(cluster) as snap:
-        assert pipeline.state(snap, "Alarm", b"k") == {"fired": b"1"}
+        advanced = pipeline.advance()
+        for name in names:
+            assert advanced[name][0] == mark
+            assert woken(name) == keys, (name, mark)
+    for name in names:
+        _run_keys(pipeline, worker, name)
+        with Snapshot(cluster) as snap:
+            assert pipeline.state(snap, name, b"k") == {"fired": b"1"}
 
 
 class _Flush(mw.Computation):
