@@ -533,8 +533,10 @@ def _advance(txn: TransactionBase, p: Pipeline, name: str) -> tuple[int, int]:
         txn.set(p.meta, f"wm/{name}".encode(), "w:in", b"%d" % w_in)
         txn.set(p.meta, f"wm/{name}".encode(), "w:low", b"%d" % w_low)
     # Every due timer, not only those newly due: a key run that armed one below the
-    # new w:in may have committed after this snapshot's predecessor looked.
-    start, stop = node.index_range(min(w_in, END_OF_TIME - 1) + 1)
+    # new w:in may have committed after this snapshot's predecessor looked. Up to and
+    # including w:in: a timer at the end of time (a flush when the input ends) is due
+    # once the input is all read.
+    start, stop = node.index_range(min(w_in, END_OF_TIME) + 1)
     for row, _ in txn.scan(node.timers, start, stop, ["t:x"]):
         txn.notify(node.table, _parse_index_row(node, row)[1], WAKE)
     return w_in, w_low

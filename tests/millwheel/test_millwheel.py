@@ -25,6 +25,7 @@ from observers import millwheel as mw
 from observers.millwheel import _pipeline
 from observers.millwheel.__main__ import main as mw_main
 from percolator import Cluster, Snapshot, Transaction
+from percolator.ext import pending_notifications
 from percolator.testing import CrashPoint, client_of, crash_commit
 from tests._backends import (
     BACKENDS,
@@ -494,3 +495,115 @@ def test_the_cli_shows_status_and_verifies(
     assert mw_main(["status", "--cluster", url, "--pipeline", "tests.millwheel._app:nope"]) == 2
 
 
+
+
+class _SteppedSource:
+    """One record at t=1,000, then no more, its watermark where the test sets it."""
+
+    def __init__(self) -> None:
+        self.mark = 1_000
+
+    def read(self, position: bytes | None, limit: int) -> tuple[list[mw.Record], bytes, int]:
+        if position is None:
+            return [mw.Record(b"k", 1_000)], b"1", self.mark
+        return [], b"1", self.mark
+
+
+class _Alarm(mw.Computation):
+    """Arms a timer 100 ms after each record; counts the timers fired (``fired``)."""
+
+    name = "Alarm"
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        ctx.set_timer("t", record.timestamp + 100)
+
+    def process_timer(self, ctx: mw.Context, timer: mw.Timer) -> None:
+        ctx.state.set_json("fired", ctx.state.get_json("fired", 0) + 1)
+
+
+class _Zulu(_Alarm):
+    """The same, a second computation (its index rows after the Alarm's)."""
+
+    name = "Zulu"
+
+
+def test_the_advancer_wakes_a_key_when_its_timer_becomes_due_and_not_before(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A key's timer armed at 1,100 ms. With the input watermark at 1,099 the
+    advancer wakes no key (a wake-up for a timer not due is a wasted run, at every
+    advance); once the watermark reaches 1,100 exactly, it wakes the key, whose run
+    then fires the timer. Zulu, a second computation with the same timer, shares
+    the timers index: each advance wakes its own computation's keys only. SQLite
+    alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    source = _SteppedSource()
+    pipeline = mw.Pipeline(cluster, "alarm", interval=0.05)
+    pipeline.injector("in", source, stream="in")
+    names = ("Alarm", "Zulu")
+    pipeline.computation(_Alarm(), inputs={"in": lambda r: r.value})
+    pipeline.computation(_Zulu(), inputs={"in": lambda r: r.value})
+    pipeline.create()
+    worker = Worker(cluster, pipeline.observers(), threads=1)
+    worker.register()
+
+    def woken(name: str) -> set[bytes]:
+        table = pipeline.nodes[name].table
+        return {n.row for n in pending_notifications(cluster, [table])}
+
+    assert pipeline.inject("in") == 1
+    for name in names:
+        _run_keys(pipeline, worker, name)
+        assert woken(name) == set()
+    for mark, keys in ((1_099, set()), (1_100, {b"k"})):
+        source.mark = mark
+        pipeline.inject("in")
+        advanced = pipeline.advance()
+        for name in names:
+            assert advanced[name][0] == mark
+            assert woken(name) == keys, (name, mark)
+    for name in names:
+        _run_keys(pipeline, worker, name)
+        with Snapshot(cluster) as snap:
+            assert pipeline.state(snap, name, b"k") == {"fired": b"1"}
+
+
+class _Flush(mw.Computation):
+    """Counts its records, and arms a timer at the end of time to flush the count
+    once the input has ended (``flushed``)."""
+
+    name = "Flush"
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        ctx.state.set_json("n", ctx.state.get_json("n", 0) + 1)
+        ctx.set_timer("end", END)
+
+    def process_timer(self, ctx: mw.Context, timer: mw.Timer) -> None:
+        ctx.state.set_json("flushed", ctx.state.get_json("n", 0))
+
+
+def test_a_timer_at_the_end_of_time_fires_when_the_input_ends(sqlite_cluster: Cluster) -> None:
+    """A key's timer armed at END_OF_TIME (flush at the end of the input): once every
+    record is read, the source's watermark, hence the input watermark, is the end of
+    time, and the advancer must wake the key, whose run fires the timer (a timer fires
+    once the input watermark reaches it). An advancer that woke keys only for timers
+    below the end of time left it armed for ever, the pipeline reported done (its low
+    watermark at the end) and the flush never came. SQLite alone: the pipeline's
+    logic."""
+    cluster = sqlite_cluster
+    pipeline = mw.Pipeline(cluster, "flush", interval=0.05)
+    pipeline.injector("in", mw.IterableSource([(b"k", 1_000), (b"k", 2_000)]), stream="in")
+    pipeline.computation(_Flush(), inputs={"in": lambda r: r.value})
+    pipeline.create()
+    worker = Worker(cluster, pipeline.observers(), threads=1)
+    worker.register()
+    assert pipeline.inject("in") == 2
+    _run_keys(pipeline, worker, "Flush")
+    assert pipeline.advance()["Flush"][0] == END
+    assert {n.row for n in pending_notifications(cluster, [pipeline.nodes["Flush"].table])} == {
+        b"k"}
+    _run_keys(pipeline, worker, "Flush")
+    with Snapshot(cluster) as snap:
+        assert pipeline.state(snap, "Flush", b"k") == {"n": b"2", "flushed": b"2"}
+    (status,) = pipeline.status()
+    assert (status.low_watermark, status.timers) == (END, 0)

@@ -177,3 +177,65 @@ def test_a_held_record_keeps_the_key_its_producer_gave(cluster: Cluster) -> None
         keys = {key for key, _ in snap.scan(new.nodes["Tally"].table, None, None, ["s:n/v00000"])}
     assert keys == {b"K"}
     assert _app.tallies(new) == {v: 1 for v, _ in records}
+
+
+def test_an_advancer_moves_held_records_a_batch_at_a_time(sqlite_cluster: Cluster) -> None:
+    """20 records held for Second (injected by a process of the old topology, which
+    has no Second); the new topology's advancer, with a batch of 5, moves the 5
+    oldest into Second's rows per pass, so that one pass's transaction stays bounded,
+    and Second then counts each once. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    records = _app.relay_input(20)
+    old = _app.build_fanout(cluster, mw.IterableSource(records), second=False)
+    new = _app.build_fanout(cluster, mw.IterableSource(records), second=True, inject_batch=5)
+    old.create()
+    new.create()
+    assert old.inject("values") == 20
+    assert _held(new) == 20
+    for left in (15, 10):
+        new.advance()
+        assert _held(new) == left
+    while _held(new):
+        new.advance()
+    _drain(new)
+    assert _app.tallies(new, "Second") == {v: 1 for v, _ in records}
+
+
+def test_an_old_advancer_holds_the_watermark_below_records_it_cannot_move(
+    sqlite_cluster: Cluster,
+) -> None:
+    """Mid-upgrade: the new topology's Second also reads the stream "extra"; a process
+    of the old one (whose Second reads "values" only) injects both, so the extra
+    records are held for the new code. The old process's advancer can move none of
+    them, and must keep Second's low watermark at or below the oldest (the records
+    are pending for Second all the same); the new one's moves them and Second counts
+    each once. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    values = _app.relay_input(6)
+    extra = [(b"x%05d" % i, ts + 1) for i, (_, ts) in enumerate(values)]
+
+    def build(new_code: bool) -> mw.Pipeline:
+        pipeline = mw.Pipeline(cluster, "upgrade", interval=0.05)
+        pipeline.injector("values", mw.IterableSource(values), stream="values")
+        pipeline.injector("extra", mw.IterableSource(extra), stream="extra")
+        inputs = {"values": lambda r: r.value[-1:]}
+        if new_code:
+            inputs["extra"] = lambda r: r.value[-1:]
+        pipeline.computation(_app.Second(), inputs=inputs)
+        return pipeline
+
+    old, new = build(False), build(True)
+    old.create()
+    new.create()
+    assert (old.inject("values"), old.inject("extra")) == (6, 6)
+    assert _held(new) == 6
+    with Worker(cluster, old.observers(), threads=1):
+        wait_for_observers(cluster, 60)
+    old.advance()
+    assert _held(new) == 6
+    (status,) = old.status()
+    assert status.low_watermark <= min(ts for _, ts in extra)
+    new.advance()
+    assert _held(new) == 0
+    _drain(new)
+    assert _app.tallies(new, "Second") == {v: 1 for v, _ in [*values, *extra]}

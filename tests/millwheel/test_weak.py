@@ -267,6 +267,56 @@ def test_a_run_on_handed_records_hands_on_its_own_weak_productions(
     assert pipeline.verify().problems == []
 
 
+class _Echo(mw.Computation):
+    """A weak relay that produces two records per input, the later one first: v+ at
+    its time + 1 s, then v at its time (neither late)."""
+
+    name = "Echo"
+    outputs = ("echoed",)
+    productions = "weak"
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        ctx.produce("echoed", record.value + b"+", record.timestamp + 1000)
+        ctx.produce("echoed", record.value, record.timestamp)
+
+
+class _InOrder(mw.Computation):
+    """Appends each value it handles to its key's state ``seq``."""
+
+    name = "InOrder"
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        ctx.state.set("seq", (ctx.state.get("seq") or b"") + record.value + b",")
+
+
+def test_a_run_on_handed_records_handles_them_all_in_time_order(
+    sqlite_cluster: Cluster,
+) -> None:
+    """The weak Echo's run of key 3 (four inputs, 5 ms apart) hands its eight records
+    to one key of InOrder (every record keyed "all"): one run on eight handed records,
+    which handles them in time order as a key run handles its pending records, not in
+    the order they were produced. SQLite alone: the pipeline's logic.
+
+    Catches a handed run that does not sort its records by time (or cannot: a
+    Record has no order of its own), which no run of one handed record shows."""
+    cluster = sqlite_cluster
+    records = _app.relay_input(40)
+    pipeline = mw.Pipeline(cluster, "order", interval=0.05)
+    pipeline.injector("values", mw.IterableSource(records), stream="values")
+    pipeline.computation(_Echo(), inputs={"values": lambda r: r.value[-1:]})
+    pipeline.computation(_InOrder(), inputs={"echoed": lambda r: b"all"})
+    pipeline.create()
+    pipeline.inject("values")
+    txn = Transaction(cluster)
+    _pipeline._KeyRunner(pipeline, pipeline.nodes["Echo"]).process(txn, b"3", _pipeline.WAKE)
+    txn.commit()
+    mine = [v for v, _ in records if v.endswith(b"3")]
+    assert len(mine) == 4
+    with Snapshot(cluster) as snap:
+        seq = pipeline.state(snap, "InOrder", b"all")["seq"]
+    assert seq == b"".join(v + b"," for v in [*mine, *(v + b"+" for v in mine)])
+
+
 def test_a_weak_production_for_a_subscriber_without_code_here_is_held(
     sqlite_cluster: Cluster,
 ) -> None:

@@ -26,8 +26,9 @@ import percolator
 from observers import VerifyReport, Worker, photon, wait_for_observers
 from observers.photon import _pipeline
 from observers.photon.__main__ import main as photon_main
-from percolator import Cluster, Snapshot, Transaction
+from percolator import Cluster, Snapshot, Transaction, metrics
 from percolator._notifications import quarantined, retry_quarantined
+from percolator.ext import pending_notifications
 from percolator.testing import CrashPoint, Interleaving, client_of, crash_commit
 from tests._backends import BACKENDS, SQLITE_AND_BIGTABLE, backend_fixture, make_store_url
 from tests._concurrency import spawn_module
@@ -240,6 +241,127 @@ def test_a_sweeper_clock_ahead_of_the_joiners_still_ends_the_wait(cluster: Clust
     assert p.verify().ok
 
 
+def _transactions_begun() -> float:
+    values, _ = metrics.snapshot()
+    return sum(v for (name, _), v in values.items()
+               if name == "percolator_transactions_begun_total")
+
+
+def test_a_sweep_fires_every_deadline_up_to_the_time_it_is_given_in_batches(
+    sqlite_cluster: Cluster,
+) -> None:
+    """400 clicks wait for queries that never come, all with the deadline t + 10 min.
+    A sweep told a time (not its pipeline's clock, which stays at t) one millisecond
+    before fires nothing; told the deadline itself, it fires all 400 (each click's
+    ``j:due`` set, every deadline row gone), in a few transactions of many deadlines,
+    not one per deadline nor a batch's worth of rows skipped; a second sweep finds none.
+
+    The sweep's own questions (the time it is told, a deadline equal to it, its
+    batches): the pipeline's logic, so SQLite alone plays it."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    deadline = t + 600_000
+    p = pipeline(cluster, now=lambda: t / 1000)
+    clicks = [f"c{i:03d}" for i in range(400)]
+    p.log_foreign(cluster, [{"click": c, "query": f"never{c}", "t": t} for c in clicks])
+    rows = [photon.row_key(c.encode()) for c in clicks]
+    with Transaction(cluster) as txn:  # the joiner's body for each: each starts to wait
+        assert all(_pipeline.join_event(txn, p, row, t) for row in rows)
+    assert p.sweep(now_ms=deadline - 1) == 0
+    begun = _transactions_begun()
+    assert p.sweep(now_ms=deadline) == len(clicks)
+    assert _transactions_begun() - begun <= 4  # a batch per 200 deadlines, not one each
+    with Snapshot(cluster) as snap:
+        due = {row for row, _ in snap.scan(p.foreign, None, None, ["j:due"])}
+        assert due == set(rows)
+        assert list(snap.scan(p.deadlines, None, None, ["d:x"])) == []
+    assert p.sweep(now_ms=deadline) == 0
+
+
+def test_a_deadline_gone_since_the_sweeps_scan_is_passed_over_not_the_rest(
+    sqlite_cluster: Cluster,
+) -> None:
+    """Two clicks wait with one deadline; the sweep scans both deadline rows, then,
+    before its firing transaction starts, the first of them (in the order the sweep
+    fires them) is joined, which deletes its deadline row. The sweep must pass over
+    that row and still fire the second: a sweep that stopped at the gone row would
+    leave the second waiting with its deadline past. SQLite alone: the pipeline's
+    logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    p.log_foreign(cluster, [{"click": "ca", "query": "qa", "t": t},
+                            {"click": "cb", "query": "qb", "t": t}])
+    first, second = photon.row_key(b"ca"), photon.row_key(b"cb")  # 55/ca, ef/cb
+    assert first < second
+    worker = _joiner_on(p)
+    for row in (first, second):
+        worker._scanner.serve_row(p.foreign, row)
+    with Interleaving(cluster) as world:
+        sweep = world.actor("sweep", lambda: p.sweep(now_ms=t + 600_000))
+        sweep.run_until(lambda s: s.matches("scan", table=p.deadlines))
+        sweep.run_until(lambda s: s.op == "timestamp")  # the firing transaction's start
+        p.log_primary(cluster, [{"query": "qa", "t": t}])
+        worker._scanner.serve_row(p.foreign, first)
+        assert p.state(Snapshot(cluster), b"ca") is photon.State.JOINED
+        assert sweep.finish() == 2  # what its scan found
+    with Snapshot(cluster) as snap:
+        assert snap.get(p.foreign, second, "j:due") is not None
+        assert list(snap.scan(p.deadlines, None, None, ["d:x"])) == []
+    worker._scanner.serve_row(p.foreign, second)
+    assert p.state(Snapshot(cluster), b"cb") is photon.State.UNJOINABLE
+    assert p.verify().ok
+
+
+def test_a_rejoin_meets_events_another_rejoin_reopened_since_its_scan(
+    sqlite_cluster: Cluster,
+) -> None:
+    """An operator's rejoin scans an unjoinable event; before its transaction starts,
+    a second rejoin reopens the same event (its state gone). The first must pass the
+    event by (its state is no longer the one it reopens), not fail on the missing
+    state. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    p.log_foreign(cluster, [{"click": "c", "query": "q", "t": t - 700_000}])
+    worker = _joiner_on(p)
+    worker._scanner.serve_row(p.foreign, photon.row_key(b"c"))
+    assert p.state(Snapshot(cluster), b"c") is photon.State.UNJOINABLE
+    with Interleaving(cluster) as world:
+        rejoin = world.actor("rejoin", lambda: p.rejoin(photon.State.UNJOINABLE))
+        rejoin.run_until(lambda s: s.matches("scan", table=p.foreign))
+        rejoin.run_until(lambda s: s.op == "timestamp")  # its transaction's start
+        assert p.rejoin(photon.State.UNJOINABLE) == 1
+        assert rejoin.finish() == 1  # what its scan found
+    assert p.state(Snapshot(cluster), b"c") is photon.State.PENDING
+    p.log_primary(cluster, [{"query": "q", "t": t}])
+    worker._scanner.serve_row(p.foreign, photon.row_key(b"c"))
+    assert set(outputs(p)) == {b"c"}
+    assert p.verify().ok
+
+
+def test_a_primary_wakes_waiters_whose_ids_hold_spaces(sqlite_cluster: Cluster) -> None:
+    """Two clicks whose ids hold a space and a tab wait for one query; its ingest
+    notifies exactly their rows (the waiter list is split at its newlines only, an
+    id being any bytes), and each then joins. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    clicks = [b"click one", b"click\ttwo"]
+    p.log_foreign(cluster, [{"click": c.decode(), "query": "q", "t": t} for c in clicks])
+    worker = _joiner_on(p)
+    rows = {photon.row_key(c) for c in clicks}
+    for row in rows:
+        worker._scanner.serve_row(p.foreign, row)
+    assert {n.row for n in pending_notifications(cluster, [p.foreign])} == set()
+    p.log_primary(cluster, [{"query": "q", "t": t}])
+    assert {n.row for n in pending_notifications(cluster, [p.foreign])} == rows
+    for row in rows:
+        worker._scanner.serve_row(p.foreign, row)
+    assert set(outputs(p)) == set(clicks)
+    assert p.verify().ok
+
+
 def test_verify_reports_a_waiting_event_nothing_will_wake(cluster: Cluster) -> None:
     """A waiting event whose deadline row is gone and that has no notification (what
     a sweep without j:due left behind) can never end: verify says so."""
@@ -420,6 +542,55 @@ def test_the_retention_boundary_refuses_old_events_and_never_goes_back(
     assert p.verify().ok
 
 
+def test_retention_leaves_events_without_a_time_and_does_nothing_unless_configured(
+    sqlite_cluster: Cluster,
+) -> None:
+    """An adapter without a time field: a click that waited for its query (a
+    placeholder aged by ``j:held``), then joined when the query came; neither has an
+    ``ev:t``. Ten days later, retention removes nothing (returns 0), without a
+    configured retention or with one day: an event without a time never falls behind
+    the boundary (docs/photon.md), so the query's ingest drops the placeholder's
+    ``j:held`` with it, and the scan that looks for old rows must not trip over rows
+    that have neither ``ev:t`` nor ``j:held``. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    untimed = photon.JsonAdapter(foreign_id="click", primary_id="query", primary_ref="query")
+    later = t + 10 * 86_400_000
+    for retention in (None, DAY):
+        p = pipeline(cluster, adapter=untimed, retention=retention, now=lambda: t / 1000)
+        if retention is None:
+            p.log_foreign(cluster, [{"click": "c", "query": "q"}])
+            joiner = _joiner_on(p)
+            joiner._scanner.serve_row(p.foreign, photon.row_key(b"c"))
+            assert p.state(Snapshot(cluster), b"c") is photon.State.WAITING
+            p.log_primary(cluster, [{"query": "q"}])
+            joiner._scanner.serve_row(p.foreign, photon.row_key(b"c"))
+        assert p.apply_retention(later) == 0, retention
+        with Snapshot(cluster) as snap:
+            assert p.state(snap, b"c") is photon.State.JOINED
+            assert snap.get(p.primary, photon.row_key(b"q"), "ev:raw") is not None
+    assert set(outputs(p)) == {b"c"}
+    assert p.verify().ok
+
+
+def test_retention_removes_every_old_event_in_batches(sqlite_cluster: Cluster) -> None:
+    """400 clicks two days old: retention at a one-day boundary removes all 400, in a
+    few transactions of many rows (not one per row), and then none is left. SQLite
+    alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, retention=DAY, now=lambda: t / 1000)
+    old = t - 2 * 86_400_000
+    assert p.log_foreign(cluster, [{"click": f"c{i:03d}", "query": "q", "t": old}
+                                   for i in range(400)]).written == 400
+    begun = _transactions_begun()
+    assert p.apply_retention(t) == 400
+    assert _transactions_begun() - begun <= 6  # the boundary, then a batch per 200 rows
+    with Snapshot(cluster) as snap:
+        assert list(snap.scan(p.foreign, None, None, ["ev:raw", "ev:t"])) == []
+    assert p.apply_retention(t) == 0
+
+
 def test_retention_removes_the_placeholders_of_primaries_that_never_came(
     cluster: Cluster,
 ) -> None:
@@ -457,24 +628,31 @@ def test_retention_removes_the_placeholders_of_primaries_that_never_came(
 def test_a_primary_arriving_during_retention_outlives_its_old_placeholder(
     cluster: Cluster,
 ) -> None:
-    """The retention pass finds a placeholder past the boundary; before it deletes
-    it, the query arrives, with today's time. The pass must look again in its own
-    transaction and keep the query (the scan's verdict was about the placeholder)."""
+    """The retention pass finds two placeholders past the boundary (of clicks c and d,
+    waiting for q and r); before it deletes them, q arrives, with a time at the
+    boundary itself (not older than it: admitted). The pass must look again in its
+    own transaction and keep q (the scan's verdict was about the placeholder), and
+    still delete r's placeholder, which follows q's in the same batch."""
     day = 86_400_000
     t = now_ms()
     clock = [t - 2 * day]
     p = pipeline(cluster, retention=DAY, now=lambda: clock[0] / 1000)
-    p.log_foreign(cluster, [{"click": "c", "query": "q", "t": clock[0]}])
-    _joiner_on(p)._scanner.serve_row(p.foreign, photon.row_key(b"c"))
+    p.log_foreign(cluster, [{"click": "c", "query": "q", "t": clock[0]},
+                            {"click": "d", "query": "r", "t": clock[0]}])
+    joiner = _joiner_on(p)
+    for click in (b"c", b"d"):
+        joiner._scanner.serve_row(p.foreign, photon.row_key(click))
+    assert photon.row_key(b"q") < photon.row_key(b"r")  # 27/q, 9d/r: q's first
     clock[0] = t
     with Interleaving(cluster) as world:
         retention = world.actor("retention", lambda: p.apply_retention(t))
         retention.run_until(lambda s: s.matches("scan", table=p.primary))
         retention.run_until(lambda s: s.op == "timestamp")  # the deletion's start
-        assert p.log_primary(cluster, [{"query": "q", "t": t}]).written == 1
-        assert retention.finish() == 1  # the click alone
+        assert p.log_primary(cluster, [{"query": "q", "t": t - day}]).written == 1
+        assert retention.finish() == 3  # the clicks and r's placeholder
     with Snapshot(cluster) as snap:
         assert snap.get_row(p.primary, photon.row_key(b"q"), ["ev:raw", "ev:t"]) != {}
+        assert snap.get_row(p.primary, photon.row_key(b"r"), ["ev:raw", "j:held"]) == {}
         assert p.state(snap, b"c") is None
 
 
