@@ -18,7 +18,7 @@ import percolator
 from observers import Worker, load_observers
 from observers._runner import Recent
 from observers._scanner import Spread
-from percolator import InvalidArgument
+from percolator import InvalidArgument, Transaction
 from percolator.ext import NOTIFY, internals
 from tests._backends import backend_fixture
 from tests.observers import _app
@@ -188,3 +188,57 @@ def test_a_row_handed_over_while_another_scanner_holds_it_is_a_meeting(
     finally:
         coordination.release_advisory_lock(key)
     assert worker.stats["meetings"] == 1 and worker.stats["committed"] == 0
+
+
+# --- the lookout's look, on the notify family (no index) ---------------------------------
+
+
+def test_a_look_hands_over_rows_of_observed_columns_and_again_once_notified_again(
+    cluster: percolator.Cluster,
+) -> None:
+    """A look reads the notifications of its worker's observed columns only (a row
+    notified on a column another worker observes is not handed over); a row it
+    handed is handed again by a later look once notified again (a newer notify
+    version), not while its notification is as the look saw it."""
+    Worker(cluster, [_app.Stage2]).register()  # another worker's column: out:seen
+    worker = Worker(cluster, [_app.Indexer], threads=1)
+    worker.register()
+    scanner = worker._scanner
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"v", "raw:v", b"1")
+        txn.set("docs", b"w", "out:seen", b"1")
+    seen = scanner.look(frozenset())
+    handed = scanner.bell.take()
+    assert handed is not None and handed[:2] == ("docs", b"v")
+    assert scanner.bell.take() is None
+    assert scanner.look(seen) == seen and scanner.bell.take() is None  # nothing new
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"v", "raw:v", b"2")
+    scanner.look(seen)
+    again = scanner.bell.take()
+    assert again is not None and again[:2] == ("docs", b"v")
+    assert again[2]["raw:v"] > handed[2]["raw:v"]  # the newer notification's timestamp
+    assert worker.stats["wakeups"] == 2
+
+
+def test_a_look_hands_over_up_to_handoff_max_new_rows_and_rings_for_more(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HANDOFF_MAX (two here) new rows are handed over, one scanner each; more wake
+    every scanner for passes of their own (a ring), and none is handed over."""
+    monkeypatch.setattr(observers._scanner, "HANDOFF_MAX", 2)
+    worker = Worker(cluster, [_app.Indexer], threads=1)
+    worker.register()
+    scanner = worker._scanner
+    rung = scanner.bell.rung
+    with Transaction(cluster) as txn:
+        for row in (b"a", b"b"):
+            txn.set("docs", row, "raw:v", row)
+    seen = scanner.look(frozenset())
+    assert [scanner.bell.take() is not None for _ in range(3)] == [True, True, False]
+    assert scanner.bell.rung == rung
+    with Transaction(cluster) as txn:
+        for row in (b"c", b"d", b"e"):
+            txn.set("docs", row, "raw:v", row)
+    scanner.look(seen)
+    assert scanner.bell.take() is None and scanner.bell.rung == rung + 1
