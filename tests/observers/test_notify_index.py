@@ -23,14 +23,17 @@ import pytest
 import observers._scanner
 import percolator
 from observers import Observer, Worker, wait_for_observers
-from percolator import Snapshot, Transaction, TransactionBase, metrics
+from percolator import OracleUnavailable, Snapshot, Transaction, TransactionBase, metrics
 from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
 from percolator._commit_checks import _write_notifications
 from percolator._encoding import FREE_TAG
 from percolator._internals import internals
 from percolator._notifications import (
+    _NO_FAILURES,
     Quarantined,
     WaitTimeout,
+    _failures_key,
+    _read_failures,
     pending_notifications,
     quarantine,
     retry_quarantined,
@@ -1125,3 +1128,80 @@ def test_a_handed_row_runs_twice_at_most_and_is_left_when_both_meet_a_newer_noti
     assert scanner.index_pass()
     assert Snapshot(cluster).get("docs", b"r", "out:v") == b"2"
     assert entries(cluster) == {}
+
+
+class DrawsFail:
+    """The cluster's timestamp source, unreachable: every draw fails."""
+
+    def __init__(self, source: object) -> None:
+        self._source = source
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._source, name)
+
+    def get_timestamp(self) -> int:
+        raise OracleUnavailable("no oracle answered (the test's)")
+
+
+def test_an_index_pass_ends_at_a_run_whose_timestamp_source_is_unavailable(
+    cluster: percolator.Cluster,
+) -> None:
+    """The timestamp source is unreachable: the first run of an index pass fails
+    for it, and the pass ends there with its error (its scanner backs off) rather
+    than wait for the same source on each of its other rows. No failure is counted
+    against the notification, and every entry stays (fails if the run's error is
+    not raised: the pass goes on to the other rows)."""
+    worker = Worker(cluster, [Copy], threads=1)
+    worker.register()
+    for row in (b"r1", b"r2"):
+        write(cluster, row, b"x")
+    transient = ("percolator_observer_runs_total", ("Copy", "transient"))
+    before = metrics.snapshot()[0].get(transient, 0)
+    host = internals(cluster)
+    draws = host.timestamps
+    host.timestamps = DrawsFail(draws)  # type: ignore[assignment]
+    try:
+        with pytest.raises(OracleUnavailable):
+            worker._scanner.index_pass()
+    finally:
+        host.timestamps = draws
+    assert metrics.snapshot()[0].get(transient, 0) == before + 1  # one run, not two
+    assert not worker._runner.backoff and worker.stats["failures"] == 0
+    assert {row for _, row in entries(cluster)} == {b"r1", b"r2"}
+
+
+class FailsOnce(Copy):
+    """Copy, but its first run raises."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        self.runs += 1
+        if self.runs == 1:
+            raise ValueError("boom")
+        super().process(txn, row, column)
+
+
+def test_a_row_that_failed_is_served_with_its_failures_cleared_once_its_retry_is_due(
+    cluster: percolator.Cluster,
+) -> None:
+    """A row's observer failed (retry due at once here): the next pass runs it again,
+    and the success clears the row's back-off in this worker and its failure count in
+    the cluster (a row with failures to clear is served by reading its notify cells
+    and running them: fails if it goes the run-noticed way, whose commit deletes the
+    notification but clears nothing)."""
+    observer = FailsOnce()
+    worker = Worker(cluster, [observer], threads=1, retry_delay=0.0)
+    worker.register()
+    write(cluster, b"r", b"1")
+    assert worker._scanner.index_pass()
+    assert observer.runs == 1 and worker._runner.backoff
+    assert _read_failures(cluster, _failures_key("docs", b"r"), "raw:v") not in (
+        None, _NO_FAILURES)
+    assert worker._scanner.index_pass()
+    assert observer.runs == 2 and worker.stats["committed"] == 1
+    assert not worker._runner.backoff
+    assert _read_failures(cluster, _failures_key("docs", b"r"), "raw:v") == _NO_FAILURES
+    assert entries(cluster) == {}
+    assert Snapshot(cluster).get("docs", b"r", "out:v") == b"1"
