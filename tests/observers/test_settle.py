@@ -20,7 +20,7 @@ from percolator._notifications import pending_notifications
 from percolator._notify_index import INDEX_TABLE
 from percolator._store import NOTIFY_INDEX, Mutation
 from percolator.stores.sqlite import SqliteStore
-from percolator.testing import Interleaving
+from percolator.testing import CrashPoint, Interleaving, client_of, crash_commit
 
 
 class Copy(Observer):
@@ -209,7 +209,10 @@ def test_a_group_commit_counts_each_run_by_its_observer_and_outcome(tmp_path: Pa
         with percolator.Transaction(cluster) as txn:
             for row in (b"r1", b"r2"):
                 txn.set("t", row, "in:v", row)
-        worker = Worker(cluster, [Copy], threads=1)
+        changed = txn.commit_ts
+        told: list[tuple[object, ...]] = []
+        worker = Worker(cluster, [Copy], threads=1,
+                        on_commit=lambda *args: told.append(args))
         assert worker._runner.commits_in_groups()
         committed, conflicts = runs("committed"), runs("conflict")
         with Interleaving(cluster) as world:
@@ -221,6 +224,11 @@ def test_a_group_commit_counts_each_run_by_its_observer_and_outcome(tmp_path: Pa
         assert (worker.stats["committed"], worker.stats["conflicts"]) == (1, 1)
         assert (runs("committed"), runs("conflict")) == (committed + 1, conflicts + 1)
         assert [p.row for p in pending_notifications(cluster)] == [b"r1"]
+        # The on_commit hook is told of the committed run: observer, cell, change, commit.
+        [(observer, table, row, column, change, commit_ts)] = told
+        assert (observer, table, row, column, change) == (
+            worker.observers[0], "t", b"r2", "in:v", changed)
+        assert isinstance(commit_ts, int) and commit_ts > changed
 
 
 class WritesFail:
@@ -273,3 +281,34 @@ def test_a_group_commit_the_store_fails_counts_each_run_transient(tmp_path: Path
         assert worker._scanner.scan_pass()
         assert worker.stats["committed"] == 2
         assert list(pending_notifications(cluster)) == []
+
+
+def test_a_group_member_that_meets_a_lock_commits_alone_and_its_notification_is_deleted(
+    tmp_path: Path,
+) -> None:
+    """Between a pass's runs and its group's commit, a client that then dies leaves a
+    lock on the cell the run writes: the run is committed on its own afterwards, in two
+    phases (the lock of the dead owner rolled back), whose commit does not delete the
+    notification: the worker deletes it (fails if it leaves it or deletes another)."""
+    with percolator.connect(f"sqlite://{tmp_path}/db") as cluster:
+        cluster.create_table("t")
+        cluster.observe("t", "in:v")
+        with percolator.Transaction(cluster) as txn:
+            txn.set("t", b"r", "in:v", b"v")
+        worker = Worker(cluster, [Copy], threads=1)
+        with Interleaving(cluster) as world:
+            scanner = world.actor("scanner", worker._scanner.scan_pass)
+            scanner.run_until(lambda s: s.op == "atomic")  # the group's commit
+            dying = percolator.Transaction(client_of(cluster))
+            dying.set("t", b"r", "out:v", b"dying")
+            assert crash_commit(dying, CrashPoint("prewrite")) is False
+            counting = NotifyWrites(internals(cluster).store)
+            internals(cluster).store = counting  # type: ignore[assignment]
+            try:
+                assert scanner.finish()
+            finally:
+                internals(cluster).store = counting._store
+        assert worker.stats["committed"] == 1 and counting.outside == 1
+        assert list(pending_notifications(cluster)) == []
+        with percolator.Snapshot(cluster) as snap:
+            assert snap.get("t", b"r", "out:v") == b"v"
