@@ -3,7 +3,8 @@
 vouches for, up to which version and for how long (the module's clock set by the
 test, so that an answer that depends on time is asked at exactly the time it
 depends on); how far a pass skips when it meets another scanner, and when it ends
-(:class:`observers._scanner.Spread`, its random draw set by the test)."""
+(:class:`observers._scanner.Spread`, its random draw set by the test); what a look
+hands over; when a run lets go of the store turn (:class:`observers._store_turn.Waits`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import percolator
 from observers import Worker, load_observers
 from observers._runner import Recent
 from observers._scanner import Spread
+from observers._store_turn import Waits
 from percolator import InvalidArgument, Transaction
 from percolator.ext import NOTIFY, internals
 from tests._backends import backend_fixture
@@ -242,3 +244,31 @@ def test_a_look_hands_over_up_to_handoff_max_new_rows_and_rings_for_more(
             txn.set("docs", row, "raw:v", row)
     scanner.look(seen)
     assert scanner.bell.take() is None and scanner.bell.rung == rung + 1
+
+
+# --- Waits: when a run lets go of the store turn -------------------------------------------
+
+
+def test_waits_averages_what_runs_wait_beyond_their_cpu_time() -> None:
+    """Each measured run moves the mean a quarter of the way to what it waited (wall
+    time beyond its thread's CPU time, never below 0)."""
+    waits = Waits()
+    waits.measured(0.004, 0.0)
+    assert waits.mean == pytest.approx(0.001)
+    waits.measured(0.005, 0.001)  # waited 0.004 again
+    assert waits.mean == pytest.approx(0.00175)
+    waits.measured(0.001, 0.002)  # more CPU than wall: waited nothing
+    assert waits.mean == pytest.approx(0.00175 * 0.75)
+
+
+def test_runs_of_an_observer_that_waits_let_go_of_the_turn_but_every_probeth() -> None:
+    """While the mean wait is WAITING or more (exactly WAITING here), a run lets go of
+    the store turn, but every PROBE-th run keeps it, to measure again; below it, no
+    run lets go."""
+    waits = Waits()
+    assert [waits.release() for _ in range(3)] == [False] * 3
+    waits = Waits()
+    waits.measured(4 * Waits.WAITING, 0.0)
+    assert waits.mean == Waits.WAITING
+    released = [waits.release() for _ in range(2 * Waits.PROBE)]
+    assert released == [(i + 1) % Waits.PROBE != 0 for i in range(2 * Waits.PROBE)]
