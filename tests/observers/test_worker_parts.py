@@ -9,17 +9,21 @@ hands over; when a run lets go of the store turn (:class:`observers._store_turn.
 from __future__ import annotations
 
 import re
+import threading
+import time
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 import observers._runner
 import observers._scanner
 import percolator
-from observers import Worker, load_observers
+from observers import Worker, _store_turn, load_observers
 from observers._runner import Recent
 from observers._scanner import Spread
-from observers._store_turn import Waits
+from observers._store_turn import StoreTurn, Waits
 from percolator import InvalidArgument, Transaction
 from percolator.ext import NOTIFY, internals
 from tests._backends import backend_fixture
@@ -272,3 +276,86 @@ def test_runs_of_an_observer_that_waits_let_go_of_the_turn_but_every_probeth() -
     assert waits.mean == Waits.WAITING
     released = [waits.release() for _ in range(2 * Waits.PROBE)]
     assert released == [(i + 1) % Waits.PROBE != 0 for i in range(2 * Waits.PROBE)]
+
+
+# --- StoreTurn: the turn at the store work --------------------------------------------------
+
+
+def _until(condition: Callable[[], bool]) -> None:
+    """Wait for *condition*, which another thread makes true (a deadline, not a
+    measure: it fails only if that never happens)."""
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.001)
+
+
+class _WaitsNoted(threading.Condition):
+    """A condition noting who waited on it, and how long at most."""
+
+    def __init__(self, lock: Any) -> None:
+        super().__init__(lock)
+        self.waits: list[tuple[int, float | None]] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append((threading.get_ident(), timeout))
+        return super().wait(timeout)
+
+
+def test_a_waiting_scanner_watches_the_holders_observer_code_and_is_lent_the_turn_when_slow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The test's thread holds the turn and runs observer code that keeps it; scanner B
+    waits for the turn and becomes the watcher (it looks every LEND_AFTER whether that
+    code is slow). While the code has run less than LEND_AFTER (the module's clock set by
+    the test), B waits; once it has run LEND_AFTER, B is lent the turn, and is no longer
+    the watcher (another waiter may become it)."""
+    now = [100.0]
+    monkeypatch.setattr(_store_turn, "time", SimpleNamespace(
+        monotonic=lambda: now[0], perf_counter=time.perf_counter, thread_time=time.thread_time))
+    monkeypatch.setattr(StoreTurn, "LEND_AFTER", 1 / 64)  # exact in binary: now - since too
+    turn, stop, stop_b = StoreTurn(), threading.Event(), threading.Event()
+    turn._cond = _WaitsNoted(threading.Lock())
+    told: list[tuple[bool, bool, int | None]] = []
+
+    def b() -> None:
+        got = turn.take(stop_b)
+        told.append((got, turn._holder == threading.get_ident(), turn._watcher))
+        turn.give()
+
+    assert turn.take(stop)
+    try:
+        with turn.observer_code(Waits(), stop):  # quick so far: keeps the turn
+            waiter = threading.Thread(target=b)
+            waiter.start()
+            _until(lambda: turn._watcher == waiter.ident)
+            assert turn._holder == threading.get_ident() and not told
+            now[0] += StoreTurn.LEND_AFTER  # the observer code has now run LEND_AFTER
+            waiter.join(30)
+            assert told == [(True, True, None)]
+    finally:
+        stop_b.set()
+    # The watcher looked every LEND_AFTER (the others would sleep up to a second).
+    assert {timeout for who, timeout in turn._cond.waits if who == waiter.ident} == {
+        StoreTurn.LEND_AFTER}
+    assert turn._holder == threading.get_ident()  # taken back after the observer code
+    turn.give()
+
+
+def test_a_watcher_that_stops_gives_up_waiting_and_watching() -> None:
+    """Scanner B waits for the turn the test's thread holds, as the watcher; its worker
+    stops: B's take answers False, without the turn, and B is no longer the watcher."""
+    turn, stop, stop_b = StoreTurn(), threading.Event(), threading.Event()
+    told: list[bool] = []
+    assert turn.take(stop)
+    waiter = threading.Thread(target=lambda: told.append(turn.take(stop_b)))
+    waiter.start()
+    try:
+        _until(lambda: turn._watcher == waiter.ident)
+        stop_b.set()
+        waiter.join(30)
+    finally:
+        stop_b.set()
+    assert told == [False]
+    assert turn._holder == threading.get_ident() and turn._watcher is None
+    turn.give()
