@@ -326,7 +326,7 @@ def test_a_waiting_scanner_watches_the_holders_observer_code_and_is_lent_the_tur
     assert turn.take(stop)
     try:
         with turn.observer_code(Waits(), stop):  # quick so far: keeps the turn
-            waiter = threading.Thread(target=b)
+            waiter = threading.Thread(target=b, daemon=True)
             waiter.start()
             _until(lambda: turn._watcher == waiter.ident)
             assert turn._holder == threading.get_ident() and not told
@@ -343,19 +343,26 @@ def test_a_waiting_scanner_watches_the_holders_observer_code_and_is_lent_the_tur
 
 
 def test_a_watcher_that_stops_gives_up_waiting_and_watching() -> None:
-    """Scanner B waits for the turn the test's thread holds, as the watcher; its worker
-    stops: B's take answers False, without the turn, and B is no longer the watcher."""
+    """Scanner B waits for the turn the test's thread holds, as the watcher, and C
+    after it, sleeping a second at a time (to see its stop); their worker stops: each
+    take answers False, without the turn, and B is no longer the watcher."""
     turn, stop, stop_b = StoreTurn(), threading.Event(), threading.Event()
+    turn._cond = _WaitsNoted(threading.Lock())
     told: list[bool] = []
     assert turn.take(stop)
-    waiter = threading.Thread(target=lambda: told.append(turn.take(stop_b)))
+    waiter = threading.Thread(target=lambda: told.append(turn.take(stop_b)), daemon=True)
+    other = threading.Thread(target=lambda: told.append(turn.take(stop_b)), daemon=True)
     waiter.start()
     try:
         _until(lambda: turn._watcher == waiter.ident)
+        other.start()
+        _until(lambda: any(who == other.ident for who, _ in turn._cond.waits))
         stop_b.set()
         waiter.join(30)
+        other.join(30)
     finally:
         stop_b.set()
-    assert told == [False]
+    assert {timeout for who, timeout in turn._cond.waits if who == other.ident} == {1.0}
+    assert told == [False, False]
     assert turn._holder == threading.get_ident() and turn._watcher is None
     turn.give()
