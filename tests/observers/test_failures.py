@@ -16,7 +16,7 @@ import observers._backoff
 import percolator
 from observers import Observer, Worker
 from observers._backoff import Backoff
-from percolator import Transaction, TransactionBase, metrics
+from percolator import TlsError, Transaction, TransactionBase, metrics
 from percolator._notifications import (
     _NO_FAILURES,
     Quarantined,
@@ -180,3 +180,51 @@ def test_a_cells_back_off_doubles_per_failure_up_to_its_cap_jittered(
     assert not backoff and backoff.next_due() is None
     assert backoff.clear(T, ROW, COL) is False  # nothing failed here
     assert backoff.failed(T, ROW, COL) == 1.0  # counts from the start again
+
+
+class FirstDrawFails:
+    """The cluster's timestamp source, whose first draw fails with a TLS error (a
+    certificate that expired, say): not a failure of the observer, nor a service
+    that is unavailable, so the run fails before its read of the notification."""
+
+    def __init__(self, source: object) -> None:
+        self._source = source
+        self.failed = False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._source, name)
+
+    def get_timestamp(self) -> int:
+        if not self.failed:
+            self.failed = True
+            raise TlsError("the oracle's certificate expired")
+        return self._source.get_timestamp()  # type: ignore[attr-defined, no-any-return]
+
+
+def test_a_run_that_fails_before_its_read_counts_against_the_notifications_the_scanner_read(
+    cluster: percolator.Cluster,
+) -> None:
+    """The cell holds a weak notification and a newer strong one; the run fails before
+    its own read of them (its start timestamp's draw fails), so its failure counts
+    against what the scanner read: the newest version, and weak, since one of the
+    versions is (the run's own read would have said so). The last failure allowed
+    quarantines the notification as weak, to be put back as weak. Fails if the
+    scanner reads the newest version only (strong: the record says not weak)."""
+    observer = Fails()
+    worker = Worker(cluster, [observer], threads=1, max_failures=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.notify(T, ROW, COL)
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, COL, b"v")
+    host = internals(cluster)
+    failing = FirstDrawFails(host.timestamps)
+    host.timestamps = failing  # type: ignore[assignment]
+    try:
+        worker._scanner.serve_row(T, ROW)
+    finally:
+        host.timestamps = failing._source  # type: ignore[assignment]
+    assert failing.failed and observer.runs == 0
+    [record] = quarantined(cluster)
+    assert record.weak and record.error == "percolator.TlsError: the oracle's certificate expired"
+    assert list(pending_notifications(cluster, [T])) == []

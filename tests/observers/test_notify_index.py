@@ -11,8 +11,10 @@ only) reaches them."""
 
 from __future__ import annotations
 
+import math
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,14 +23,17 @@ import pytest
 import observers._scanner
 import percolator
 from observers import Observer, Worker, wait_for_observers
-from percolator import Snapshot, Transaction, TransactionBase, metrics
+from percolator import OracleUnavailable, Snapshot, Transaction, TransactionBase, metrics
 from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
 from percolator._commit_checks import _write_notifications
 from percolator._encoding import FREE_TAG
 from percolator._internals import internals
 from percolator._notifications import (
+    _NO_FAILURES,
     Quarantined,
     WaitTimeout,
+    _failures_key,
+    _read_failures,
     pending_notifications,
     quarantine,
     retry_quarantined,
@@ -569,11 +574,13 @@ def test_a_scanner_skips_a_row_another_scanner_of_its_worker_served(
 
     Catches the mutant without ``Served.holds`` in ``_index_scan``: B runs the row
     again, a read (and a timestamp) to find its notification gone (with four scanner
-    threads on the Bigtable emulator, 7.6 store calls per notification instead of 4.0)."""
+    threads on the Bigtable emulator, 7.6 store calls per notification instead of 4.0);
+    and B's row noted as served under another table: A runs it again, an absent run."""
     worker = Worker(cluster, [Copy], threads=1)
     worker.register()
     write(cluster, b"r1", b"1")
     write(cluster, b"r2", b"2")
+    absent = absent_runs()
     with Interleaving(cluster) as world:
         b = world.actor("B", worker._scanner.index_pass)
         b.run_until(lambda s: s.matches("timestamp"))  # B's run of its first row
@@ -584,6 +591,7 @@ def test_a_scanner_skips_a_row_another_scanner_of_its_worker_served(
     again = [str(s) for s in b.steps[parked:]
              if s.op == "timestamp" or s.matches("read_rows", column="w:raw:v")]
     assert not again, again  # (its run would begin at the start its first commit drew)
+    assert absent_runs() == absent  # nor did A run B's row
     assert entries(cluster) == {}
     assert Snapshot(cluster).get("docs", b"r1", "out:v") == b"1"
     assert Snapshot(cluster).get("docs", b"r2", "out:v") == b"2"
@@ -889,3 +897,311 @@ def test_a_notification_written_before_an_absent_runs_batch_is_settled_survives(
     assert worker._scanner.index_pass()
     assert Snapshot(cluster).get("docs", b"r", "out:v") == b"new"
     assert entries(cluster) == {}
+
+
+class Recording(Copy):
+    """Copy, noting the rows it runs on, in order."""
+
+    def __init__(self) -> None:
+        self.rows: list[bytes] = []
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        self.rows.append(row)
+        super().process(txn, row, column)
+
+
+def row_in_bucket(wanted: Callable[[bytes], bool]) -> bytes:
+    """A row of ``docs`` whose index row's bucket (its first two bytes) is *wanted*."""
+    return next(row for row in (b"r%d" % i for i in range(100_000))
+                if wanted(index_key("docs", row)[:2]))
+
+
+def test_an_index_pass_begins_at_a_bucket_drawn_from_the_256_and_wraps_around(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An index row begins with its bucket, ``b"00"`` to ``b"ff"`` (``index_key``); a
+    pass begins at a bucket drawn from the 256 (set by the test: ``b"ab"``, then the
+    last one drawn, ``b"ff"``), serves the rows from there on in index order, then
+    wraps around to the first row and stops where it began.
+
+    Catches a start in another format (``b"AB"`` or ``b"XXabXX"``, which sort below
+    ``b"a0"``: the row in bucket ``a6`` would come first), a draw from 257 buckets
+    (the last, ``b"100"``, sorts below ``b"30"``) and a first range from the index's
+    first row instead of the start."""
+    rows = [row_in_bucket(lambda b: b < b"a0"), row_in_bucket(lambda b: b"a0" <= b < b"ab"),
+            row_in_bucket(lambda b: b"ab" <= b < b"ff"), row_in_bucket(lambda b: b == b"ff")]
+    observer = Recording()
+    worker = Worker(cluster, [observer], threads=1)
+    worker.register()
+    in_order = sorted(rows, key=lambda row: index_key("docs", row))
+    for draw, expected in ((lambda n: 0xAB, in_order[2:] + in_order[:2]),
+                           (lambda n: n - 1, in_order[3:] + in_order[:3])):
+        for row in rows:
+            write(cluster, row, b"%d" % len(observer.rows))
+        monkeypatch.setattr(observers._scanner, "random",
+                            SimpleNamespace(randrange=draw, randint=lambda lo, hi: lo))
+        observer.rows.clear()
+        assert worker._scanner.index_pass()
+        assert observer.rows == expected
+        assert entries(cluster) == {}
+
+
+def test_an_index_pass_passes_by_the_entries_of_tables_its_worker_does_not_observe(
+    cluster: percolator.Cluster,
+) -> None:
+    """Workers of other tables share the index: a look hands over the rows of its
+    worker's table only, and a pass serves those and leaves the entries of a table
+    its worker does not observe where they are (fails if the look or the pass asks
+    the table's observed columns with no default: a TypeError ends it)."""
+    worker = Worker(cluster, [Copy], threads=1)
+    worker.register()
+    write(cluster, b"r", b"1")
+    write_entries(internals(cluster), [("pages", b"p", "raw:v")],
+                  internals(cluster).timestamps.get_timestamp())
+    worker._scanner.look(frozenset())
+    handed = worker._scanner.bell.take()
+    assert handed is not None and handed[:2] == ("docs", b"r")
+    assert worker._scanner.bell.take() is None
+    assert worker._scanner.index_pass()
+    assert worker.stats["committed"] == 1
+    assert entries(cluster) == {("pages", b"p"): {"raw:v"}}
+    assert Snapshot(cluster).get("docs", b"r", "out:v") == b"1"
+
+
+def test_an_index_pass_that_ends_on_its_meetings_says_it_found_work(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Eight rows, each held by another scanner (their advisory locks taken); the
+    test sets the scanner's draws (the shortest stretch skipped at a meeting: one
+    row). The pass meets a held row four times (a row skipped after each) and ends
+    there, a jump: it answers True, so that its scanner begins a new pass at once, at
+    a new random place, instead of sleeping with work left (fails if it answers
+    False: nothing was served). Nothing ran; every entry stays."""
+    monkeypatch.setattr(observers._scanner, "random",
+                        SimpleNamespace(randrange=lambda n: 0, randint=lambda lo, hi: lo))
+    worker = Worker(cluster, [Copy], threads=1)
+    worker.register()
+    rows = [b"r%d" % i for i in range(8)]
+    for row in rows:
+        write(cluster, row, b"x")
+    coordination = internals(cluster).coordination
+    keys = [f"docs/{row.hex()}" for row in rows]
+    assert all(coordination.try_advisory_lock(key) for key in keys)
+    try:
+        assert worker._scanner.index_pass()
+    finally:
+        for key in keys:
+            coordination.release_advisory_lock(key)
+    assert (worker.stats["meetings"], worker.stats["jumps"]) == (4, 1)
+    assert worker.stats["committed"] == 0
+    assert {row for _, row in entries(cluster)} == set(rows)
+
+
+class AlwaysFails(Copy):
+    """Raises on every run."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        self.runs += 1
+        raise ValueError("boom")
+
+
+def test_an_index_pass_passes_by_a_row_backing_off_without_reading_it(
+    cluster: percolator.Cluster,
+) -> None:
+    """A row whose observer failed here backs off (for an hour): the next pass neither
+    runs it nor reads its notify cells to run them; it only settles its entry, whose
+    look finds the notification still pending (one read), and leaves it. Fails if the
+    pass asks the back-off of another table, row or columns, or not at all (the row's
+    notify cells read, to be passed by in the runner)."""
+    observer = AlwaysFails()
+    worker = Worker(cluster, [observer], threads=1, retry_delay=3600.0, max_failures=10)
+    worker.register()
+    write(cluster, b"r", b"1")
+    worker._scanner.index_pass()
+    assert observer.runs == 1 and worker._runner.backoff.waiting("docs", b"r", "raw:v")
+    assert entries(cluster) == {("docs", b"r"): {"raw:v"}}
+    counting = CountingIndexWrites(internals(cluster).store)
+    internals(cluster).store = counting  # type: ignore[assignment]
+    try:
+        assert not worker._scanner.index_pass()
+    finally:
+        internals(cluster).store = counting._store  # type: ignore[assignment]
+    assert observer.runs == 1
+    assert counting.docs_reads == 1 and counting.deletions == 0
+    assert entries(cluster) == {("docs", b"r"): {"raw:v"}}
+
+
+def test_an_index_pass_settles_the_entries_of_hand_offs_waiting_to_be_settled(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A row served from a lookout's hand-off leaves its entry waiting (known as
+    served, so the pass passes it by) until SETTLE_DELAY, an hour here; the end of an
+    index pass settles it anyway, whatever the bounds (fails if the pass's last
+    settling is not forced: the entry stays for the hour)."""
+    monkeypatch.setattr(observers._scanner, "SETTLE_DELAY", 3600.0)
+    worker = Worker(cluster, [Copy], threads=1)
+    worker.register()
+    scanner = worker._scanner
+    write(cluster, b"r", b"1")
+    scanner.look(frozenset())
+    handed = scanner.bell.take()
+    assert handed is not None
+    scanner.serve_handed(*handed)
+    assert worker.stats["committed"] == 1
+    assert entries(cluster) == {("docs", b"r"): {"raw:v"}}  # waiting
+    assert not scanner.index_pass()  # nothing left to run
+    assert entries(cluster) == {}
+
+
+class Starts(Copy):
+    """Copy, noting the start timestamp of each run."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        self.starts.append(txn.start_ts)
+        super().process(txn, row, column)
+
+
+def test_a_handed_row_runs_at_the_held_start_drawn_at_or_after_the_look_began(
+    cluster: percolator.Cluster,
+) -> None:
+    """A scanner holds a start timestamp its previous commit drew (here filled by the
+    test, above the notifying commit). A handed row's run begins at it when it was
+    drawn at the very clock reading the look began at, or after; one drawn before
+    the look began is dropped, and the run draws afresh (fails with the held start
+    dropped at the look's own instant too)."""
+    observer = Starts()
+    worker = Worker(cluster, [observer], threads=1)
+    worker.register()
+    scanner = worker._scanner
+    for i, kept in enumerate((True, False)):
+        write(cluster, b"r", b"%d" % i)
+        held = worker._runner.next_start()
+        held.fill(internals(cluster).timestamps.get_timestamp())
+        held_ts = held.ts
+        scanner.look(frozenset())
+        handed = scanner.bell.take()
+        assert handed is not None
+        table, row, found, _ = handed
+        # The look began at the held start's own clock reading, then just after it.
+        looked = held.drawn if kept else math.nextafter(held.drawn, math.inf)
+        scanner.serve_handed(table, row, found, looked)
+        assert (observer.starts[-1] == held_ts) == kept, i
+        assert observer.starts[-1] >= held_ts
+    assert worker.stats["committed"] == 2
+
+
+def test_a_handed_row_runs_twice_at_most_and_is_left_when_both_meet_a_newer_notification(
+    cluster: percolator.Cluster,
+) -> None:
+    """A handed row whose notification another worker served; each time this
+    scanner's run has drawn its start, the other worker serves what is there and a
+    newer notification is committed (above the start). Both runs find only a
+    notification above their snapshot (absent runs); the scanner stops after the
+    second (fails with a third run) and leaves the entry, whose notification a later
+    pass serves."""
+    worker = Worker(cluster, [Copy], threads=1)
+    worker.register()
+    scanner = worker._scanner
+    write(cluster, b"r", b"0")
+    served_elsewhere(cluster, [b"r"])
+    scanner.look(frozenset())
+    handed = scanner.bell.take()
+    assert handed is not None
+    absent = absent_runs()
+    with Interleaving(cluster) as world:
+        actor = world.actor("scanner", lambda: scanner.serve_handed(*handed))
+        for i in (1, 2):
+            actor.run_until(lambda s: s.op == "timestamp")
+            actor.step()  # the run's start drawn
+            served_elsewhere(cluster, [b"r"])
+            write(cluster, b"r", b"%d" % i)
+        actor.finish()
+    assert absent_runs() == absent + 2
+    assert worker.stats["committed"] == 0
+    assert ("docs", b"r") in entries(cluster)
+    assert scanner.index_pass()
+    assert Snapshot(cluster).get("docs", b"r", "out:v") == b"2"
+    assert entries(cluster) == {}
+
+
+class DrawsFail:
+    """The cluster's timestamp source, unreachable: every draw fails."""
+
+    def __init__(self, source: object) -> None:
+        self._source = source
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._source, name)
+
+    def get_timestamp(self) -> int:
+        raise OracleUnavailable("no oracle answered (the test's)")
+
+
+def test_an_index_pass_ends_at_a_run_whose_timestamp_source_is_unavailable(
+    cluster: percolator.Cluster,
+) -> None:
+    """The timestamp source is unreachable: the first run of an index pass fails
+    for it, and the pass ends there with its error (its scanner backs off) rather
+    than wait for the same source on each of its other rows. No failure is counted
+    against the notification, and every entry stays (fails if the run's error is
+    not raised: the pass goes on to the other rows)."""
+    worker = Worker(cluster, [Copy], threads=1)
+    worker.register()
+    for row in (b"r1", b"r2"):
+        write(cluster, row, b"x")
+    transient = ("percolator_observer_runs_total", ("Copy", "transient"))
+    before = metrics.snapshot()[0].get(transient, 0)
+    host = internals(cluster)
+    draws = host.timestamps
+    host.timestamps = DrawsFail(draws)  # type: ignore[assignment]
+    try:
+        with pytest.raises(OracleUnavailable):
+            worker._scanner.index_pass()
+    finally:
+        host.timestamps = draws
+    assert metrics.snapshot()[0].get(transient, 0) == before + 1  # one run, not two
+    assert not worker._runner.backoff and worker.stats["failures"] == 0
+    assert {row for _, row in entries(cluster)} == {b"r1", b"r2"}
+
+
+class FailsOnce(Copy):
+    """Copy, but its first run raises."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        self.runs += 1
+        if self.runs == 1:
+            raise ValueError("boom")
+        super().process(txn, row, column)
+
+
+def test_a_row_that_failed_is_served_with_its_failures_cleared_once_its_retry_is_due(
+    cluster: percolator.Cluster,
+) -> None:
+    """A row's observer failed (retry due at once here): the next pass runs it again,
+    and the success clears the row's back-off in this worker and its failure count in
+    the cluster (a row with failures to clear is served by reading its notify cells
+    and running them: fails if it goes the run-noticed way, whose commit deletes the
+    notification but clears nothing)."""
+    observer = FailsOnce()
+    worker = Worker(cluster, [observer], threads=1, retry_delay=0.0)
+    worker.register()
+    write(cluster, b"r", b"1")
+    assert worker._scanner.index_pass()
+    assert observer.runs == 1 and worker._runner.backoff
+    assert _read_failures(cluster, _failures_key("docs", b"r"), "raw:v") not in (
+        None, _NO_FAILURES)
+    assert worker._scanner.index_pass()
+    assert observer.runs == 2 and worker.stats["committed"] == 1
+    assert not worker._runner.backoff
+    assert _read_failures(cluster, _failures_key("docs", b"r"), "raw:v") == _NO_FAILURES
+    assert entries(cluster) == {}
+    assert Snapshot(cluster).get("docs", b"r", "out:v") == b"1"

@@ -14,10 +14,13 @@ import pytest
 
 import percolator
 from observers import Observer, Worker, _runner, wait_for_observers
-from percolator import TransactionBase
+from percolator import StoreUnavailable, TransactionBase, metrics
 from percolator._internals import internals
 from percolator._notifications import pending_notifications
-from percolator._store import Mutation
+from percolator._notify_index import INDEX_TABLE
+from percolator._store import NOTIFY_INDEX, Mutation
+from percolator.stores.sqlite import SqliteStore
+from percolator.testing import CrashPoint, Interleaving, client_of, crash_commit
 
 
 class Copy(Observer):
@@ -47,7 +50,7 @@ class NotifyWrites:
         return getattr(self._store, name)
 
     def mutate_rows(self, table: str, mutations: Sequence[Mutation]) -> None:
-        if not getattr(self._store._local, "atomic", False) and any(
+        if table != INDEX_TABLE and not getattr(self._store._local, "atomic", False) and any(
                 column.startswith("n:") for m in mutations for column, _ in m.deletes):
             with self.lock:
                 self.outside += 1
@@ -74,6 +77,20 @@ def _run(tmp_path: Path, observers: list[type[Observer]], one_phase: bool) -> tu
 
 
 def test_a_one_phase_observer_commit_deletes_its_notification(tmp_path: Path) -> None:
+    outside, rows = _run(tmp_path, [Copy], one_phase=True)
+    assert outside == 0
+    assert {r: v["out:v"] for r, v in rows.items()} == {b"r%02d" % i: b"v%d" % i
+                                                        for i in range(40)}
+
+
+def test_a_one_phase_observer_commit_deletes_its_notification_found_through_the_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The embedded store declaring the notification index (as Bigtable does): the
+    scanners find the rows through it and each run reads its own notification
+    (``Runner.run_noticed``); its one-phase commit deletes the notification too (fails
+    if the worker deletes it afterwards: a write transaction more per notification)."""
+    monkeypatch.setattr(SqliteStore, "capabilities", SqliteStore.capabilities | {NOTIFY_INDEX})
     outside, rows = _run(tmp_path, [Copy], one_phase=True)
     assert outside == 0
     assert {r: v["out:v"] for r, v in rows.items()} == {b"r%02d" % i: b"v%d" % i
@@ -174,3 +191,124 @@ def test_a_change_made_during_a_run_outlives_the_runs_deletion(tmp_path: Path) -
             wait_for_observers(cluster, 60)
         assert percolator.Transaction(cluster).get("t", b"r", "out:v") == b"second"
         assert held.runs == 2
+
+
+def test_a_group_commit_counts_each_run_by_its_observer_and_outcome(tmp_path: Path) -> None:
+    """A scanner's pass runs two rows and commits them as one group; a commit of
+    another client to the cell the first run writes lands between the runs and the
+    group's commit: that run conflicts (its notification stays for a later pass),
+    the other commits. Each is counted by its outcome, in the worker's stats and in
+    ``percolator_observer_runs_total`` under its observer's name."""
+    def runs(outcome: str) -> float:
+        return float(metrics.snapshot()[0].get(
+            ("percolator_observer_runs_total", ("Copy", outcome)), 0))
+
+    with percolator.connect(f"sqlite://{tmp_path}/db") as cluster:
+        cluster.create_table("t")
+        cluster.observe("t", "in:v")
+        with percolator.Transaction(cluster) as txn:
+            for row in (b"r1", b"r2"):
+                txn.set("t", row, "in:v", row)
+        changed = txn.commit_ts
+        told: list[tuple[object, ...]] = []
+        worker = Worker(cluster, [Copy], threads=1,
+                        on_commit=lambda *args: told.append(args))
+        assert worker._runner.commits_in_groups()
+        committed, conflicts = runs("committed"), runs("conflict")
+        with Interleaving(cluster) as world:
+            scanner = world.actor("scanner", worker._scanner.scan_pass)
+            scanner.run_until(lambda s: s.op == "atomic")  # the group's commit
+            with percolator.Transaction(cluster) as txn:  # not an actor: commits at once
+                txn.set("t", b"r1", "out:v", b"other")
+            scanner.finish()
+        assert (worker.stats["committed"], worker.stats["conflicts"]) == (1, 1)
+        assert (runs("committed"), runs("conflict")) == (committed + 1, conflicts + 1)
+        assert [p.row for p in pending_notifications(cluster)] == [b"r1"]
+        # The on_commit hook is told of the committed run: observer, cell, change, commit.
+        [(observer, table, row, column, change, commit_ts)] = told
+        assert (observer, table, row, column, change) == (
+            worker.observers[0], "t", b"r2", "in:v", changed)
+        assert isinstance(commit_ts, int) and commit_ts > changed
+
+
+class WritesFail:
+    """The cluster's store, whose writes to a data table fail (StoreUnavailable)
+    while ``failing`` is set."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.failing = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def mutate_rows(self, table: str, mutations: Sequence[Mutation]) -> None:
+        if self.failing and not table.startswith("_"):
+            raise StoreUnavailable(f"writes to {table} fail (the test's)")
+        self._store.mutate_rows(table, mutations)
+
+
+def test_a_group_commit_the_store_fails_counts_each_run_transient(tmp_path: Path) -> None:
+    """The store fails the write of a scanner's group commit: none of the group
+    committed, each run is counted ``transient`` under its observer's name (not a
+    conflict, nor a failure of the observer), and their notifications stay for the
+    next pass, which serves them."""
+    def runs(outcome: str) -> float:
+        return float(metrics.snapshot()[0].get(
+            ("percolator_observer_runs_total", ("Copy", outcome)), 0))
+
+    with percolator.connect(f"sqlite://{tmp_path}/db") as cluster:
+        cluster.create_table("t")
+        cluster.observe("t", "in:v")
+        with percolator.Transaction(cluster) as txn:
+            for row in (b"r1", b"r2"):
+                txn.set("t", row, "in:v", row)
+        worker = Worker(cluster, [Copy], threads=1)
+        assert worker._runner.commits_in_groups()
+        transient, conflicts = runs("transient"), runs("conflict")
+        failing = WritesFail(internals(cluster).store)
+        internals(cluster).store = failing  # type: ignore[assignment]
+        try:
+            failing.failing = True
+            worker._scanner.scan_pass()
+            failing.failing = False
+        finally:
+            internals(cluster).store = failing._store
+        assert (runs("transient"), runs("conflict")) == (transient + 2, conflicts)
+        assert worker.stats["committed"] == worker.stats["conflicts"] == 0
+        assert worker.stats["failures"] == 0
+        assert sorted(p.row for p in pending_notifications(cluster)) == [b"r1", b"r2"]
+        assert worker._scanner.scan_pass()
+        assert worker.stats["committed"] == 2
+        assert list(pending_notifications(cluster)) == []
+
+
+def test_a_group_member_that_meets_a_lock_commits_alone_and_its_notification_is_deleted(
+    tmp_path: Path,
+) -> None:
+    """Between a pass's runs and its group's commit, a client that then dies leaves a
+    lock on the cell the run writes: the run is committed on its own afterwards, in two
+    phases (the lock of the dead owner rolled back), whose commit does not delete the
+    notification: the worker deletes it (fails if it leaves it or deletes another)."""
+    with percolator.connect(f"sqlite://{tmp_path}/db") as cluster:
+        cluster.create_table("t")
+        cluster.observe("t", "in:v")
+        with percolator.Transaction(cluster) as txn:
+            txn.set("t", b"r", "in:v", b"v")
+        worker = Worker(cluster, [Copy], threads=1)
+        with Interleaving(cluster) as world:
+            scanner = world.actor("scanner", worker._scanner.scan_pass)
+            scanner.run_until(lambda s: s.op == "atomic")  # the group's commit
+            dying = percolator.Transaction(client_of(cluster))
+            dying.set("t", b"r", "out:v", b"dying")
+            assert crash_commit(dying, CrashPoint("prewrite")) is False
+            counting = NotifyWrites(internals(cluster).store)
+            internals(cluster).store = counting  # type: ignore[assignment]
+            try:
+                assert scanner.finish()
+            finally:
+                internals(cluster).store = counting._store
+        assert worker.stats["committed"] == 1 and counting.outside == 1
+        assert list(pending_notifications(cluster)) == []
+        with percolator.Snapshot(cluster) as snap:
+            assert snap.get("t", b"r", "out:v") == b"v"

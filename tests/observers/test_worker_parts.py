@@ -3,22 +3,28 @@
 vouches for, up to which version and for how long (the module's clock set by the
 test, so that an answer that depends on time is asked at exactly the time it
 depends on); how far a pass skips when it meets another scanner, and when it ends
-(:class:`observers._scanner.Spread`, its random draw set by the test)."""
+(:class:`observers._scanner.Spread`, its random draw set by the test); what a look
+hands over; when a run lets go of the store turn (:class:`observers._store_turn.Waits`)."""
 
 from __future__ import annotations
 
 import re
+import threading
+import time
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 import observers._runner
 import observers._scanner
 import percolator
-from observers import Worker, load_observers
+from observers import Worker, _store_turn, load_observers
 from observers._runner import Recent
 from observers._scanner import Spread
-from percolator import InvalidArgument
+from observers._store_turn import StoreTurn, Waits
+from percolator import InvalidArgument, Transaction
 from percolator.ext import NOTIFY, internals
 from tests._backends import backend_fixture
 from tests.observers import _app
@@ -188,3 +194,175 @@ def test_a_row_handed_over_while_another_scanner_holds_it_is_a_meeting(
     finally:
         coordination.release_advisory_lock(key)
     assert worker.stats["meetings"] == 1 and worker.stats["committed"] == 0
+
+
+# --- the lookout's look, on the notify family (no index) ---------------------------------
+
+
+def test_a_look_hands_over_rows_of_observed_columns_and_again_once_notified_again(
+    cluster: percolator.Cluster,
+) -> None:
+    """A look reads the notifications of its worker's observed columns only (a row
+    notified on a column another worker observes is not handed over); a row it
+    handed is handed again by a later look once notified again (a newer notify
+    version), not while its notification is as the look saw it."""
+    Worker(cluster, [_app.Stage2]).register()  # another worker's column: out:seen
+    worker = Worker(cluster, [_app.Indexer], threads=1)
+    worker.register()
+    scanner = worker._scanner
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"v", "raw:v", b"1")
+        txn.set("docs", b"w", "out:seen", b"1")
+    seen = scanner.look(frozenset())
+    handed = scanner.bell.take()
+    assert handed is not None and handed[:2] == ("docs", b"v")
+    assert scanner.bell.take() is None
+    assert scanner.look(seen) == seen and scanner.bell.take() is None  # nothing new
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"v", "raw:v", b"2")
+    scanner.look(seen)
+    again = scanner.bell.take()
+    assert again is not None and again[:2] == ("docs", b"v")
+    assert again[2]["raw:v"] > handed[2]["raw:v"]  # the newer notification's timestamp
+    assert worker.stats["wakeups"] == 2
+
+
+def test_a_look_hands_over_up_to_handoff_max_new_rows_and_rings_for_more(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HANDOFF_MAX (two here) new rows are handed over, one scanner each; more wake
+    every scanner for passes of their own (a ring), and none is handed over."""
+    monkeypatch.setattr(observers._scanner, "HANDOFF_MAX", 2)
+    worker = Worker(cluster, [_app.Indexer], threads=1)
+    worker.register()
+    scanner = worker._scanner
+    rung = scanner.bell.rung
+    with Transaction(cluster) as txn:
+        for row in (b"a", b"b"):
+            txn.set("docs", row, "raw:v", row)
+    seen = scanner.look(frozenset())
+    assert [scanner.bell.take() is not None for _ in range(3)] == [True, True, False]
+    assert scanner.bell.rung == rung
+    with Transaction(cluster) as txn:
+        for row in (b"c", b"d", b"e"):
+            txn.set("docs", row, "raw:v", row)
+    scanner.look(seen)
+    assert scanner.bell.take() is None and scanner.bell.rung == rung + 1
+
+
+# --- Waits: when a run lets go of the store turn -------------------------------------------
+
+
+def test_waits_averages_what_runs_wait_beyond_their_cpu_time() -> None:
+    """Each measured run moves the mean a quarter of the way to what it waited (wall
+    time beyond its thread's CPU time, never below 0)."""
+    waits = Waits()
+    waits.measured(0.004, 0.0)
+    assert waits.mean == pytest.approx(0.001)
+    waits.measured(0.005, 0.001)  # waited 0.004 again
+    assert waits.mean == pytest.approx(0.00175)
+    waits.measured(0.001, 0.002)  # more CPU than wall: waited nothing
+    assert waits.mean == pytest.approx(0.00175 * 0.75)
+
+
+def test_runs_of_an_observer_that_waits_let_go_of_the_turn_but_every_probeth() -> None:
+    """While the mean wait is WAITING or more (exactly WAITING here), a run lets go of
+    the store turn, but every PROBE-th run keeps it, to measure again; below it, no
+    run lets go."""
+    waits = Waits()
+    assert [waits.release() for _ in range(3)] == [False] * 3
+    waits = Waits()
+    waits.measured(4 * Waits.WAITING, 0.0)
+    assert waits.mean == Waits.WAITING
+    released = [waits.release() for _ in range(2 * Waits.PROBE)]
+    assert released == [(i + 1) % Waits.PROBE != 0 for i in range(2 * Waits.PROBE)]
+
+
+# --- StoreTurn: the turn at the store work --------------------------------------------------
+
+
+def _until(condition: Callable[[], bool]) -> None:
+    """Wait for *condition*, which another thread makes true (a deadline, not a
+    measure: it fails only if that never happens)."""
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.001)
+
+
+class _WaitsNoted(threading.Condition):
+    """A condition noting who waited on it, and how long at most."""
+
+    def __init__(self, lock: Any) -> None:
+        super().__init__(lock)
+        self.waits: list[tuple[int, float | None]] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append((threading.get_ident(), timeout))
+        return super().wait(timeout)
+
+
+def test_a_waiting_scanner_watches_the_holders_observer_code_and_is_lent_the_turn_when_slow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The test's thread holds the turn and runs observer code that keeps it; scanner B
+    waits for the turn and becomes the watcher (it looks every LEND_AFTER whether that
+    code is slow). While the code has run less than LEND_AFTER (the module's clock set by
+    the test), B waits; once it has run LEND_AFTER, B is lent the turn, and is no longer
+    the watcher (another waiter may become it)."""
+    now = [100.0]
+    monkeypatch.setattr(_store_turn, "time", SimpleNamespace(
+        monotonic=lambda: now[0], perf_counter=time.perf_counter, thread_time=time.thread_time))
+    monkeypatch.setattr(StoreTurn, "LEND_AFTER", 1 / 64)  # exact in binary: now - since too
+    turn, stop, stop_b = StoreTurn(), threading.Event(), threading.Event()
+    turn._cond = _WaitsNoted(threading.Lock())
+    told: list[tuple[bool, bool, int | None]] = []
+
+    def b() -> None:
+        got = turn.take(stop_b)
+        told.append((got, turn._holder == threading.get_ident(), turn._watcher))
+        turn.give()
+
+    assert turn.take(stop)
+    try:
+        with turn.observer_code(Waits(), stop):  # quick so far: keeps the turn
+            waiter = threading.Thread(target=b, daemon=True)
+            waiter.start()
+            _until(lambda: turn._watcher == waiter.ident)
+            assert turn._holder == threading.get_ident() and not told
+            now[0] += StoreTurn.LEND_AFTER  # the observer code has now run LEND_AFTER
+            waiter.join(30)
+            assert told == [(True, True, None)]
+    finally:
+        stop_b.set()
+    # The watcher looked every LEND_AFTER (the others would sleep up to a second).
+    assert {timeout for who, timeout in turn._cond.waits if who == waiter.ident} == {
+        StoreTurn.LEND_AFTER}
+    assert turn._holder == threading.get_ident()  # taken back after the observer code
+    turn.give()
+
+
+def test_a_watcher_that_stops_gives_up_waiting_and_watching() -> None:
+    """Scanner B waits for the turn the test's thread holds, as the watcher, and C
+    after it, sleeping a second at a time (to see its stop); their worker stops: each
+    take answers False, without the turn, and B is no longer the watcher."""
+    turn, stop, stop_b = StoreTurn(), threading.Event(), threading.Event()
+    turn._cond = _WaitsNoted(threading.Lock())
+    told: list[bool] = []
+    assert turn.take(stop)
+    waiter = threading.Thread(target=lambda: told.append(turn.take(stop_b)), daemon=True)
+    other = threading.Thread(target=lambda: told.append(turn.take(stop_b)), daemon=True)
+    waiter.start()
+    try:
+        _until(lambda: turn._watcher == waiter.ident)
+        other.start()
+        _until(lambda: any(who == other.ident for who, _ in turn._cond.waits))
+        stop_b.set()
+        waiter.join(30)
+        other.join(30)
+    finally:
+        stop_b.set()
+    assert {timeout for who, timeout in turn._cond.waits if who == other.ident} == {1.0}
+    assert told == [False, False]
+    assert turn._holder == threading.get_ident() and turn._watcher is None
+    turn.give()

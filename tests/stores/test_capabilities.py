@@ -88,7 +88,7 @@ def _doubles() -> dict[str, Callable[[Store], Any]]:
     from tests.gc.test_safe_point import _RacingPasses
     from tests.observers.test_failures import NoReads
     from tests.observers.test_notify_index import CountingIndexWrites
-    from tests.observers.test_settle import NotifyWrites
+    from tests.observers.test_settle import NotifyWrites, WritesFail
     from tests.observers.test_settle_cluster import NotifyDeletes
     from tests.observers.test_trickle import CountingStore
     from tests.transactions.test_group_commit import CountingSteps
@@ -118,6 +118,7 @@ def _doubles() -> dict[str, Callable[[Store], Any]]:
         "observers.test_failures:NoReads": NoReads,
         "observers.test_notify_index:CountingIndexWrites": CountingIndexWrites,
         "observers.test_settle:NotifyWrites": NotifyWrites,
+        "observers.test_settle:WritesFail": WritesFail,
         "observers.test_settle_cluster:NotifyDeletes": NotifyDeletes,
         "observers.test_trickle:CountingStore": CountingStore,
         "transactions.test_group_commit:CountingSteps": CountingSteps,
