@@ -100,18 +100,25 @@ def test_reads_validate_too(db: Cluster) -> None:
 
 
 def test_closed_transaction(db: Cluster) -> None:
+    """Its message and its repr name it by its start timestamp."""
     txn = Transaction(db)
     txn.set("t", b"r", "c:q", b"v")
+    assert repr(txn) == f"<percolator.Transaction start_ts={txn.start_ts} open>"
     txn.commit()
+    assert repr(txn) == f"<percolator.Transaction start_ts={txn.start_ts} closed>"
     for call in (
         lambda: txn.get("t", b"r", "c:q"),
         lambda: txn.set("t", b"r", "c:q", b"w"),
         lambda: txn.commit(),
         lambda: txn.scan("t"),
     ):
-        with pytest.raises(percolator.TransactionClosedError, match="start a new one"):
+        closed = f"^transaction {txn.start_ts} is already closed .* start a new one"
+        with pytest.raises(percolator.TransactionClosedError, match=closed):
             call()
     assert Transaction(db).get("t", b"r", "c:q") == b"v"
+    with percolator.Snapshot(db) as snapshot:
+        assert repr(snapshot) == f"<percolator.Snapshot start_ts={snapshot.start_ts} open>"
+    assert repr(snapshot) == f"<percolator.Snapshot start_ts={snapshot.start_ts} closed>"
 
 
 def test_bad_urls_and_options(tmp_path: Any) -> None:

@@ -51,6 +51,27 @@ def test_reads_see_own_writes_and_deletes(accounts: Cluster) -> None:
     assert after.get_row("accounts", b"a", ["bal:amount", "bal:note"]) == {"bal:amount": b"2"}
 
 
+def test_a_scan_merges_own_writes_into_the_stored_rows_in_row_order(accounts: Cluster) -> None:
+    """Stored rows a, c, e; own writes to b (a new row), c (another column) and d (a
+    delete of a cell never stored): the scan yields every row once, in row order, each
+    with its stored and its own columns. Fails when the stored rows are left out of the
+    merge, when rows are not merged in row order, or when different rows are joined."""
+    with Transaction(accounts) as txn:
+        for row in (b"a", b"c", b"e"):
+            txn.set("accounts", row, "bal:amount", row)
+    txn = Transaction(accounts)
+    txn.set("accounts", b"b", "bal:amount", b"own b")
+    txn.set("accounts", b"c", "bal:note", b"own c")
+    txn.delete("accounts", b"d", "bal:amount")
+    assert list(txn.scan("accounts")) == [
+        (b"a", {"bal:amount": b"a"}),
+        (b"b", {"bal:amount": b"own b"}),
+        (b"c", {"bal:amount": b"c", "bal:note": b"own c"}),
+        (b"e", {"bal:amount": b"e"}),
+    ]
+    txn.rollback()
+
+
 def test_snapshot_does_not_see_later_commits(accounts: Cluster) -> None:
     with Transaction(accounts) as txn:
         txn.set("accounts", b"a", "bal:amount", b"1")
