@@ -21,7 +21,7 @@ import percolator
 from observers import Worker, wait_for_observers
 from oracle import OracleClient
 from percolator import ConflictError, Snapshot, Transaction, metrics
-from percolator._commit import CrashPoint, commit_group
+from percolator._commit import CrashPoint, SimulatedCrash, commit_group, commit_transaction
 from percolator._notifications import watch_pending_notifications
 from percolator.testing import client_of, crash_commit
 from tests._backends import backend_fixture
@@ -387,6 +387,37 @@ def test_reads_are_counted_exactly_and_their_durations_sampled_fairly(
     assert sum(delta) == len(stride) >= 4
     assert 0 < total_after - total <= elapsed
     assert 0 < _quantile(0.99, bounds, delta) <= min(b for b in bounds if b >= elapsed)
+
+
+def test_rows_read_together_are_one_read_counted_and_sampled_as_any_other(
+    cluster: percolator.Cluster,
+) -> None:
+    """While a lock is held somewhere (the lock census not clean), ``get_rows`` reads
+    its rows in one store call: one read in percolator_reads_total, timed into the
+    read-duration histogram when it is one of the sampled reads, by its own clock."""
+    rows = [b"g%02d" % i for i in range(4)]
+    with Transaction(cluster) as txn:
+        for row in rows:
+            txn.set("docs", row, "raw:v", b"1")
+    holder = Transaction(client_of(cluster))
+    holder.set("docs", b"held", "raw:v", b"x")
+    with pytest.raises(SimulatedCrash):  # stopped after locking; its owner lives on
+        commit_transaction(holder, CrashPoint("prewrite", 0))
+    name = "percolator_read_duration_seconds"
+    reads = local("percolator_reads_total")
+    counts, total = metrics.snapshot()[1].get((name, ()), ([0], 0.0))
+    began = time.perf_counter()
+    for _ in range(2 * metrics.READ_SAMPLE):
+        assert Snapshot(cluster).get_rows("docs", rows, ["raw:v"]) == {
+            row: {"raw:v": b"1"} for row in rows}
+    elapsed = time.perf_counter() - began
+    reads_after = local("percolator_reads_total")
+    assert reads_after - reads == 2 * metrics.READ_SAMPLE
+    sampled = [n for n in range(int(reads) + 1, int(reads_after) + 1)
+               if n % metrics.READ_SAMPLE == 1]
+    counts_after, total_after = metrics.snapshot()[1][(name, ())]
+    assert sum(counts_after) - sum(counts) == len(sampled) >= 2
+    assert 0 < total_after - total <= elapsed
 
 
 def test_a_gc_pass_is_recorded() -> None:

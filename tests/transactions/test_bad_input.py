@@ -9,6 +9,7 @@ import pytest
 import percolator
 from percolator import Cluster, Transaction
 from percolator._internals import internals
+from percolator._observer_hooks import internal_columns
 
 
 @pytest.fixture
@@ -119,6 +120,28 @@ def test_closed_transaction(db: Cluster) -> None:
     with percolator.Snapshot(db) as snapshot:
         assert repr(snapshot) == f"<percolator.Snapshot start_ts={snapshot.start_ts} open>"
     assert repr(snapshot) == f"<percolator.Snapshot start_ts={snapshot.start_ts} closed>"
+
+
+def test_reserved_families_are_read_only_where_internal_columns_are_on(db: Cluster) -> None:
+    """``get``, ``get_row``, ``get_rows`` and ``scan`` of a ``_`` family (the observers'
+    acknowledgements) are refused, and read once ``internal_columns`` is on for the
+    transaction, as an observer run's is on request."""
+    writer = Transaction(db)
+    internal_columns(writer, True)
+    writer.set("t", b"r", "_ack:q", b"v")
+    writer.commit()
+    reader = Transaction(db)
+    reads = (
+        lambda: reader.get("t", b"r", "_ack:q"),
+        lambda: reader.get_row("t", b"r", ["_ack:q"]).get("_ack:q"),
+        lambda: reader.get_rows("t", [b"r"], ["_ack:q"])[b"r"].get("_ack:q"),
+        lambda: dict(reader.scan("t", columns=["_ack:q"]))[b"r"].get("_ack:q"),
+    )
+    for read in reads:
+        with pytest.raises(percolator.InvalidArgument, match="reserved"):
+            read()
+    internal_columns(reader, True)
+    assert [read() for read in reads] == [b"v"] * len(reads)
 
 
 def test_bad_urls_and_options(tmp_path: Any) -> None:
