@@ -8,6 +8,7 @@ import percolator
 from percolator import Cluster, Transaction
 from percolator._encoding import NOTIFY
 from percolator._internals import internals
+from percolator._observer_hooks import internal_columns
 from percolator._store import Read
 from percolator.testing import CrashPoint, client_of, crash_commit
 
@@ -68,6 +69,39 @@ def test_a_scan_merges_own_writes_into_the_stored_rows_in_row_order(accounts: Cl
         (b"b", {"bal:amount": b"own b"}),
         (b"c", {"bal:amount": b"c", "bal:note": b"own c"}),
         (b"e", {"bal:amount": b"e"}),
+    ]
+    txn.rollback()
+
+
+def test_a_scan_shows_the_own_writes_of_its_table_range_and_columns_only(
+    accounts: Cluster,
+) -> None:
+    """A scan of accounts from b to d (d excluded) of bal:amount, then of every user
+    column: own writes to another table, to rows before b or from d on, to bal:note
+    (in the first) or to a reserved family are left out, each written before one it
+    shows; stored rows out of the range or its columns
+    too. Fails when any of those is shown, or one in range or column is not."""
+    with Transaction(accounts) as txn:
+        for row in (b"a", b"c", b"e"):
+            txn.set("accounts", row, "bal:amount", row)
+            txn.set("accounts", row, "bal:note", b"stored note")
+    txn = Transaction(accounts)
+    internal_columns(txn, True)  # to write the reserved family's cell
+    for row in (b"a", b"b", b"b2", b"d", b"f"):
+        txn.set("audit", b"b1", "log:text", b"other table")
+        txn.set("accounts", row, "bal:note", b"own note")
+        txn.set("accounts", row, "_ack:q", b"reserved")
+        txn.set("accounts", row, "bal:amount", b"own " + row)
+    internal_columns(txn, False)
+    assert list(txn.scan("accounts", b"b", b"d", ["bal:amount"])) == [
+        (b"b", {"bal:amount": b"own b"}),
+        (b"b2", {"bal:amount": b"own b2"}),
+        (b"c", {"bal:amount": b"c"}),
+    ]
+    assert list(txn.scan("accounts", b"b", b"d")) == [  # every user column
+        (b"b", {"bal:amount": b"own b", "bal:note": b"own note"}),
+        (b"b2", {"bal:amount": b"own b2", "bal:note": b"own note"}),
+        (b"c", {"bal:amount": b"c", "bal:note": b"stored note"}),
     ]
     txn.rollback()
 
