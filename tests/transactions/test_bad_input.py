@@ -98,6 +98,9 @@ def test_reads_validate_too(db: Cluster) -> None:
         txn.get_row("t", b"r", "c:q")
     with pytest.raises(percolator.InvalidArgument, match="start must be bytes"):
         txn.scan("t", start="a")
+    with pytest.raises(percolator.InvalidArgument,
+                       match=r"^stop must be bytes or None, got int: 7$"):
+        txn.scan("t", stop=7)  # type: ignore[arg-type]
 
 
 def test_closed_transaction(db: Cluster) -> None:

@@ -79,8 +79,8 @@ def test_a_scan_shows_the_own_writes_of_its_table_range_and_columns_only(
     """A scan of accounts from b to d (d excluded) of bal:amount, then of every user
     column: own writes to another table, to rows before b or from d on, to bal:note
     (in the first) or to a reserved family are left out, each written before one it
-    shows; stored rows out of the range or its columns
-    too. Fails when any of those is shown, or one in range or column is not."""
+    shows; stored rows out of the range or its columns too. Fails when any of those is
+    shown, or one in range or column is not."""
     with Transaction(accounts) as txn:
         for row in (b"a", b"c", b"e"):
             txn.set("accounts", row, "bal:amount", row)
