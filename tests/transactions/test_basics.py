@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import percolator
@@ -247,6 +249,38 @@ def test_a_rollback_record_does_not_hide_a_conflicting_commit(
     with pytest.raises(percolator.ConflictError, match="after our start"):
         mine.commit()
     assert Transaction(accounts).get("accounts", b"alice", "bal:amount") == b"winner"
+
+
+def test_a_read_whose_rollback_record_gc_removes_under_it_is_too_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cell's only record at or below a snapshot's start is a rollback record (a dead
+    writer's, rolled back), so its read looks below it in a second store call; a GC
+    pass that overtakes the snapshot runs in between and removes the cell. The read
+    raises SnapshotTooOldError, as any read that GC overtook, not an error of the
+    records it no longer finds."""
+    with percolator.connect(f"sqlite:{tmp_path / 'repo.db'}", safe_point_refresh=0.02) as c:
+        c.create_table("accounts")
+        dead = Transaction(client_of(c))
+        dead.set("accounts", b"a", "bal:amount", b"lost")
+        assert crash_commit(dead, CrashPoint("prewrite", 0)) is False
+        assert Transaction(c).get("accounts", b"a", "bal:amount") is None  # rolled back
+        snapshot = percolator.Snapshot(c)
+        store = internals(c).store
+        read_rows = store.read_rows
+        passes: list[int] = []
+
+        def collected_first(table: str, rows: list[bytes], reads: list[Read]) -> object:
+            if not passes and any(read.versions is None for read in reads):  # the look below
+                passes.append(snapshot.start_ts)  # once: the pass reads through here too
+                summary = c.gc(retention=0, max_txn_age=1e-9)
+                assert summary.safe_point > snapshot.start_ts
+            return read_rows(table, rows, reads)
+
+        monkeypatch.setattr(store, "read_rows", collected_first)
+        with pytest.raises(percolator.SnapshotTooOldError):
+            snapshot.get("accounts", b"a", "bal:amount")
+        assert passes
 
 
 def test_get_rows_reads_many_rows_in_one_store_call(
