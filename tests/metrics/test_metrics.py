@@ -296,23 +296,25 @@ def test_a_group_commit_counts_each_member_by_outcome(cluster: percolator.Cluste
 
 
 @pytest.mark.parametrize(("point", "action", "resolved_locks"), [
-    # the reader of the secondary rolls back the dead primary, then its own lock
-    (CrashPoint("prewrite", 1), "rolled_back", 2),
-    # the primary is committed: only the secondary read is rolled forward
-    (CrashPoint("commit_point"), "rolled_forward", 1),
+    # the reader of the secondaries rolls back the dead primary, then their two locks
+    (CrashPoint("prewrite", 2), "rolled_back", 3),
+    # the primary is committed: only the secondaries read are rolled forward
+    (CrashPoint("commit_point"), "rolled_forward", 2),
 ])
 def test_locks_met_and_resolved_are_counted(
     cluster: percolator.Cluster, point: CrashPoint, action: str, resolved_locks: int
 ) -> None:
+    """A row read meets two locks at once: both count as met."""
     client = client_of(cluster)
     txn = Transaction(client)
     txn.set("docs", b"x", "raw:v", b"1")
     txn.set("docs", b"y", "raw:v", b"1")
+    txn.set("docs", b"y", "raw:w", b"1")
     crash_commit(txn, point)
     met = local("percolator_locks_met_total")
     resolved = local("percolator_locks_resolved_total", action=action)
-    Snapshot(cluster).get_row("docs", b"y", ["raw:v"])
-    assert local("percolator_locks_met_total") - met == 1
+    Snapshot(cluster).get_row("docs", b"y", ["raw:v", "raw:w"])
+    assert local("percolator_locks_met_total") - met == 2
     assert local("percolator_locks_resolved_total", action=action) - resolved == resolved_locks
 
 
