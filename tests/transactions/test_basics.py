@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 
 import percolator
 from percolator import Cluster, Transaction
+from percolator._commit import SimulatedCrash, commit_transaction
 from percolator._encoding import NOTIFY
 from percolator._internals import internals
 from percolator._observer_hooks import internal_columns
@@ -281,6 +283,42 @@ def test_a_read_whose_rollback_record_gc_removes_under_it_is_too_old(
         with pytest.raises(percolator.SnapshotTooOldError):
             snapshot.get("accounts", b"a", "bal:amount")
         assert passes
+
+
+def test_a_read_told_to_stop_waiting_gives_up_on_a_live_lock_at_once(
+    accounts: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that stops sets its runs' stop event (``ObserverRun.stop_waiting_on``):
+    a read meeting a live writer's lock then raises LockedError after one try, where
+    the cluster's lock wait (three tries here) reads the row again twice more."""
+    writer = client_of(accounts)
+    writer.one_phase_commit = False
+    held = Transaction(writer)
+    held.set("accounts", b"a", "bal:amount", b"new")
+    with pytest.raises(SimulatedCrash):  # stopped after locking; its owner lives on
+        commit_transaction(held, CrashPoint("prewrite", 0))
+    internals(accounts).lock_wait_policy = percolator.RetryPolicy(
+        max_tries=3, delay=0.01, max_delay=0.01, deadline=None)
+    store = internals(accounts).store
+    read_rows = store.read_rows
+    reads: list[object] = []
+
+    def counted(*args: object) -> object:
+        reads.append(args)
+        return read_rows(*args)
+
+    monkeypatch.setattr(store, "read_rows", counted)
+    tries = []
+    for stop in (True, False):
+        snapshot = percolator.Snapshot(accounts)
+        if stop:
+            snapshot._stop_waiting = threading.Event()
+            snapshot._stop_waiting.set()
+        reads.clear()
+        with pytest.raises(percolator.LockedError):
+            snapshot.get("accounts", b"a", "bal:amount")
+        tries.append(len(reads))
+    assert 0 < tries[0] < tries[1]
 
 
 def test_get_rows_reads_many_rows_in_one_store_call(
