@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 import percolator
-from percolator import Cluster, Transaction
+from percolator import Cluster, Transaction, metrics
 from percolator._commit import SimulatedCrash, commit_transaction
 from percolator._encoding import NOTIFY
 from percolator._internals import internals
@@ -290,7 +291,8 @@ def test_a_read_told_to_stop_waiting_gives_up_on_a_live_lock_at_once(
 ) -> None:
     """A worker that stops sets its runs' stop event (``ObserverRun.stop_waiting_on``):
     a read meeting a live writer's lock then raises LockedError after one try, where
-    the cluster's lock wait (three tries here) reads the row again twice more."""
+    the cluster's lock wait (three tries here) reads the row again twice more. The
+    error names the cell and the lock's holder; the time waited is counted."""
     writer = client_of(accounts)
     writer.one_phase_commit = False
     held = Transaction(writer)
@@ -315,9 +317,20 @@ def test_a_read_told_to_stop_waiting_gives_up_on_a_live_lock_at_once(
             snapshot._stop_waiting = threading.Event()
             snapshot._stop_waiting.set()
         reads.clear()
-        with pytest.raises(percolator.LockedError):
+        waited = metrics.snapshot()[0].get(("percolator_lock_wait_seconds_total", ()), 0.0)
+        began = time.monotonic()
+        with pytest.raises(percolator.LockedError) as locked:
             snapshot.get("accounts", b"a", "bal:amount")
+        elapsed = time.monotonic() - began
+        waited = metrics.snapshot()[0][("percolator_lock_wait_seconds_total", ())] - waited
         tries.append(len(reads))
+        error = locked.value
+        assert (error.table, error.row, error.column, error.lock_ts) == (
+            "accounts", b"a", "bal:amount", held.start_ts)
+        assert str(error).startswith(
+            f"accounts/b'a'/bal:amount is locked by transaction {held.start_ts} (owner "
+            f"{internals(writer).coordination.current_owner()}), still alive after waiting ")
+        assert 0 <= waited <= elapsed and (stop or waited > 0)
     assert 0 < tries[0] < tries[1]
 
 
