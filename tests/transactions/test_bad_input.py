@@ -116,7 +116,8 @@ def test_closed_transaction(db: Cluster) -> None:
         lambda: txn.commit(),
         lambda: txn.scan("t"),
     ):
-        closed = f"^transaction {txn.start_ts} is already closed .* start a new one"
+        closed = (rf"^transaction {txn.start_ts} is already closed \(committed, rolled back "
+                  r"or closed\); start a new one$")
         with pytest.raises(percolator.TransactionClosedError, match=closed):
             call()
     assert Transaction(db).get("t", b"r", "c:q") == b"v"
