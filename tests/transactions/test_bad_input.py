@@ -124,6 +124,12 @@ def test_closed_transaction(db: Cluster) -> None:
     with percolator.Snapshot(db) as snapshot:
         assert repr(snapshot) == f"<percolator.Snapshot start_ts={snapshot.start_ts} open>"
     assert repr(snapshot) == f"<percolator.Snapshot start_ts={snapshot.start_ts} closed>"
+    with pytest.raises(percolator.TransactionClosedError) as closed_snapshot:
+        snapshot.get("t", b"r", "c:q")
+    assert str(closed_snapshot.value) == (
+        f"snapshot {snapshot.start_ts} is already closed; open a new one "
+        "(percolator.Snapshot(cluster), or Snapshot(cluster, start_ts) to read the same "
+        "state again)")
 
 
 def test_reserved_families_are_read_only_where_internal_columns_are_on(db: Cluster) -> None:
