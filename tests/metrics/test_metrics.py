@@ -422,6 +422,24 @@ def test_rows_read_together_are_one_read_counted_and_sampled_as_any_other(
     assert 0 < total_after - total <= elapsed
 
 
+def test_the_read_one_past_each_read_sample_is_timed(cluster: percolator.Cluster) -> None:
+    """Reads are counted one by one; the one whose count is one past a multiple of
+    READ_SAMPLE (the process's first read, then one in READ_SAMPLE) is timed into the
+    read-duration histogram, the next is not."""
+    name = "percolator_read_duration_seconds"
+    snapshot = Snapshot(cluster)
+    for untimed in range(metrics.READ_SAMPLE):  # each row's first read goes to the store
+        if int(local("percolator_reads_total")) % metrics.READ_SAMPLE == 0:
+            break
+        snapshot.get("docs", b"u%d" % untimed, "raw:v")
+    timed = []
+    for _ in range(2):
+        before = sum(metrics.snapshot()[1].get((name, ()), ([0], 0.0))[0])
+        snapshot.get("docs", b"r%d" % len(timed), "raw:v")
+        timed.append(sum(metrics.snapshot()[1][(name, ())][0]) - before)
+    assert timed == [1, 0]
+
+
 def test_a_gc_pass_is_recorded() -> None:
     passes = local("percolator_gc_passes_total", outcome="ok")
     deleted = local("percolator_gc_versions_deleted_total", table="docs")
