@@ -959,8 +959,10 @@ class Transaction(TransactionBase):
         # A commit made since the spare was drawn (maybe before this transaction was
         # made, by another client), or the safe point overtaking the spare: nothing of
         # it committed, and having read nothing it starts over at a fresh draw, as if
-        # begun now (docs/timestamps.md).
-        self._closed = False
+        # begun now (docs/timestamps.md). It stays closed, as its first attempt left it
+        # (the commit hands it over again at once): a draw that fails leaves it as any
+        # failed commit does, not open at the spare, whose reads would miss commits
+        # that returned before it was made.
         self._draw_start()
 
     def rollback(self) -> None:

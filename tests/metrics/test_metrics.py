@@ -21,7 +21,7 @@ import percolator
 from observers import Worker, wait_for_observers
 from oracle import OracleClient
 from percolator import ConflictError, Snapshot, Transaction, metrics
-from percolator._commit import CrashPoint, commit_group
+from percolator._commit import CrashPoint, SimulatedCrash, commit_group, commit_transaction
 from percolator._notifications import watch_pending_notifications
 from percolator.testing import client_of, crash_commit
 from tests._backends import backend_fixture
@@ -296,23 +296,25 @@ def test_a_group_commit_counts_each_member_by_outcome(cluster: percolator.Cluste
 
 
 @pytest.mark.parametrize(("point", "action", "resolved_locks"), [
-    # the reader of the secondary rolls back the dead primary, then its own lock
-    (CrashPoint("prewrite", 1), "rolled_back", 2),
-    # the primary is committed: only the secondary read is rolled forward
-    (CrashPoint("commit_point"), "rolled_forward", 1),
+    # the reader of the secondaries rolls back the dead primary, then their two locks
+    (CrashPoint("prewrite", 2), "rolled_back", 3),
+    # the primary is committed: only the secondaries read are rolled forward
+    (CrashPoint("commit_point"), "rolled_forward", 2),
 ])
 def test_locks_met_and_resolved_are_counted(
     cluster: percolator.Cluster, point: CrashPoint, action: str, resolved_locks: int
 ) -> None:
+    """A row read meets two locks at once: both count as met."""
     client = client_of(cluster)
     txn = Transaction(client)
     txn.set("docs", b"x", "raw:v", b"1")
     txn.set("docs", b"y", "raw:v", b"1")
+    txn.set("docs", b"y", "raw:w", b"1")
     crash_commit(txn, point)
     met = local("percolator_locks_met_total")
     resolved = local("percolator_locks_resolved_total", action=action)
-    Snapshot(cluster).get_row("docs", b"y", ["raw:v"])
-    assert local("percolator_locks_met_total") - met == 1
+    Snapshot(cluster).get_row("docs", b"y", ["raw:v", "raw:w"])
+    assert local("percolator_locks_met_total") - met == 2
     assert local("percolator_locks_resolved_total", action=action) - resolved == resolved_locks
 
 
@@ -387,6 +389,55 @@ def test_reads_are_counted_exactly_and_their_durations_sampled_fairly(
     assert sum(delta) == len(stride) >= 4
     assert 0 < total_after - total <= elapsed
     assert 0 < _quantile(0.99, bounds, delta) <= min(b for b in bounds if b >= elapsed)
+
+
+def test_rows_read_together_are_one_read_counted_and_sampled_as_any_other(
+    cluster: percolator.Cluster,
+) -> None:
+    """While a lock is held somewhere (the lock census not clean), ``get_rows`` reads
+    its rows in one store call: one read in percolator_reads_total, timed into the
+    read-duration histogram when it is one of the sampled reads, by its own clock."""
+    rows = [b"g%02d" % i for i in range(4)]
+    with Transaction(cluster) as txn:
+        for row in rows:
+            txn.set("docs", row, "raw:v", b"1")
+    holder = Transaction(client_of(cluster))
+    holder.set("docs", b"held", "raw:v", b"x")
+    with pytest.raises(SimulatedCrash):  # stopped after locking; its owner lives on
+        commit_transaction(holder, CrashPoint("prewrite", 0))
+    name = "percolator_read_duration_seconds"
+    reads = local("percolator_reads_total")
+    counts, total = metrics.snapshot()[1].get((name, ()), ([0], 0.0))
+    began = time.perf_counter()
+    for _ in range(2 * metrics.READ_SAMPLE):
+        assert Snapshot(cluster).get_rows("docs", rows, ["raw:v"]) == {
+            row: {"raw:v": b"1"} for row in rows}
+    elapsed = time.perf_counter() - began
+    reads_after = local("percolator_reads_total")
+    assert reads_after - reads == 2 * metrics.READ_SAMPLE
+    sampled = [n for n in range(int(reads) + 1, int(reads_after) + 1)
+               if n % metrics.READ_SAMPLE == 1]
+    counts_after, total_after = metrics.snapshot()[1][(name, ())]
+    assert sum(counts_after) - sum(counts) == len(sampled) >= 2
+    assert 0 < total_after - total <= elapsed
+
+
+def test_the_read_one_past_each_read_sample_is_timed(cluster: percolator.Cluster) -> None:
+    """Reads are counted one by one; the one whose count is one past a multiple of
+    READ_SAMPLE (the process's first read, then one in READ_SAMPLE) is timed into the
+    read-duration histogram, the next is not."""
+    name = "percolator_read_duration_seconds"
+    snapshot = Snapshot(cluster)
+    for untimed in range(metrics.READ_SAMPLE):  # each row's first read goes to the store
+        if int(local("percolator_reads_total")) % metrics.READ_SAMPLE == 0:
+            break
+        snapshot.get("docs", b"u%d" % untimed, "raw:v")
+    timed = []
+    for _ in range(2):
+        before = sum(metrics.snapshot()[1].get((name, ()), ([0], 0.0))[0])
+        snapshot.get("docs", b"r%d" % len(timed), "raw:v")
+        timed.append(sum(metrics.snapshot()[1][(name, ())][0]) - before)
+    assert timed == [1, 0]
 
 
 def test_a_gc_pass_is_recorded() -> None:

@@ -9,6 +9,7 @@ import pytest
 import percolator
 from percolator import Cluster, Transaction
 from percolator._internals import internals
+from percolator._observer_hooks import internal_columns
 
 
 @pytest.fixture
@@ -97,21 +98,60 @@ def test_reads_validate_too(db: Cluster) -> None:
         txn.get_row("t", b"r", "c:q")
     with pytest.raises(percolator.InvalidArgument, match="start must be bytes"):
         txn.scan("t", start="a")
+    with pytest.raises(percolator.InvalidArgument,
+                       match=r"^stop must be bytes or None, got int: 7$"):
+        txn.scan("t", stop=7)  # type: ignore[arg-type]
 
 
 def test_closed_transaction(db: Cluster) -> None:
+    """Its message and its repr name it by its start timestamp."""
     txn = Transaction(db)
     txn.set("t", b"r", "c:q", b"v")
+    assert repr(txn) == f"<percolator.Transaction start_ts={txn.start_ts} open>"
     txn.commit()
+    assert repr(txn) == f"<percolator.Transaction start_ts={txn.start_ts} closed>"
     for call in (
         lambda: txn.get("t", b"r", "c:q"),
         lambda: txn.set("t", b"r", "c:q", b"w"),
         lambda: txn.commit(),
         lambda: txn.scan("t"),
     ):
-        with pytest.raises(percolator.TransactionClosedError, match="start a new one"):
+        closed = (rf"^transaction {txn.start_ts} is already closed \(committed, rolled back "
+                  r"or closed\); start a new one$")
+        with pytest.raises(percolator.TransactionClosedError, match=closed):
             call()
     assert Transaction(db).get("t", b"r", "c:q") == b"v"
+    with percolator.Snapshot(db) as snapshot:
+        assert repr(snapshot) == f"<percolator.Snapshot start_ts={snapshot.start_ts} open>"
+    assert repr(snapshot) == f"<percolator.Snapshot start_ts={snapshot.start_ts} closed>"
+    with pytest.raises(percolator.TransactionClosedError) as closed_snapshot:
+        snapshot.get("t", b"r", "c:q")
+    assert str(closed_snapshot.value) == (
+        f"snapshot {snapshot.start_ts} is already closed; open a new one "
+        "(percolator.Snapshot(cluster), or Snapshot(cluster, start_ts) to read the same "
+        "state again)")
+
+
+def test_reserved_families_are_read_only_where_internal_columns_are_on(db: Cluster) -> None:
+    """``get``, ``get_row``, ``get_rows`` and ``scan`` of a ``_`` family (the observers'
+    acknowledgements) are refused, and read once ``internal_columns`` is on for the
+    transaction, as an observer run's is on request."""
+    writer = Transaction(db)
+    internal_columns(writer, True)
+    writer.set("t", b"r", "_ack:q", b"v")
+    writer.commit()
+    reader = Transaction(db)
+    reads = (
+        lambda: reader.get("t", b"r", "_ack:q"),
+        lambda: reader.get_row("t", b"r", ["_ack:q"]).get("_ack:q"),
+        lambda: reader.get_rows("t", [b"r"], ["_ack:q"])[b"r"].get("_ack:q"),
+        lambda: dict(reader.scan("t", columns=["_ack:q"]))[b"r"].get("_ack:q"),
+    )
+    for read in reads:
+        with pytest.raises(percolator.InvalidArgument, match="reserved"):
+            read()
+    internal_columns(reader, True)
+    assert [read() for read in reads] == [b"v"] * len(reads)
 
 
 def test_bad_urls_and_options(tmp_path: Any) -> None:

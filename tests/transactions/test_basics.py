@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from pathlib import Path
+
 import pytest
 
 import percolator
-from percolator import Cluster, Transaction
+from percolator import Cluster, Transaction, metrics
+from percolator._commit import SimulatedCrash, commit_transaction
 from percolator._encoding import META_TABLE, NOTIFY
 from percolator._internals import internals
+from percolator._observer_hooks import internal_columns
 from percolator._store import Read
 from percolator.testing import CrashPoint, client_of, crash_commit
 
@@ -49,6 +55,60 @@ def test_reads_see_own_writes_and_deletes(accounts: Cluster) -> None:
     txn.commit()
     after = Transaction(accounts)
     assert after.get_row("accounts", b"a", ["bal:amount", "bal:note"]) == {"bal:amount": b"2"}
+
+
+def test_a_scan_merges_own_writes_into_the_stored_rows_in_row_order(accounts: Cluster) -> None:
+    """Stored rows a, c, e; own writes to b (a new row), c (another column) and d (a
+    delete of a cell never stored): the scan yields every row once, in row order, each
+    with its stored and its own columns. Fails when the stored rows are left out of the
+    merge, when rows are not merged in row order, or when different rows are joined."""
+    with Transaction(accounts) as txn:
+        for row in (b"a", b"c", b"e"):
+            txn.set("accounts", row, "bal:amount", row)
+    txn = Transaction(accounts)
+    txn.set("accounts", b"b", "bal:amount", b"own b")
+    txn.set("accounts", b"c", "bal:note", b"own c")
+    txn.delete("accounts", b"d", "bal:amount")
+    assert list(txn.scan("accounts")) == [
+        (b"a", {"bal:amount": b"a"}),
+        (b"b", {"bal:amount": b"own b"}),
+        (b"c", {"bal:amount": b"c", "bal:note": b"own c"}),
+        (b"e", {"bal:amount": b"e"}),
+    ]
+    txn.rollback()
+
+
+def test_a_scan_shows_the_own_writes_of_its_table_range_and_columns_only(
+    accounts: Cluster,
+) -> None:
+    """A scan of accounts from b to d (d excluded) of bal:amount, then of every user
+    column: own writes to another table, to rows before b or from d on, to bal:note
+    (in the first) or to a reserved family are left out, each written before one it
+    shows; stored rows out of the range or its columns too. Fails when any of those is
+    shown, or one in range or column is not."""
+    with Transaction(accounts) as txn:
+        for row in (b"a", b"c", b"e"):
+            txn.set("accounts", row, "bal:amount", row)
+            txn.set("accounts", row, "bal:note", b"stored note")
+    txn = Transaction(accounts)
+    internal_columns(txn, True)  # to write the reserved family's cell
+    for row in (b"a", b"b", b"b2", b"d", b"f"):
+        txn.set("audit", b"b1", "log:text", b"other table")
+        txn.set("accounts", row, "bal:note", b"own note")
+        txn.set("accounts", row, "_ack:q", b"reserved")
+        txn.set("accounts", row, "bal:amount", b"own " + row)
+    internal_columns(txn, False)
+    assert list(txn.scan("accounts", b"b", b"d", ["bal:amount"])) == [
+        (b"b", {"bal:amount": b"own b"}),
+        (b"b2", {"bal:amount": b"own b2"}),
+        (b"c", {"bal:amount": b"c"}),
+    ]
+    assert list(txn.scan("accounts", b"b", b"d")) == [  # every user column
+        (b"b", {"bal:amount": b"own b", "bal:note": b"own note"}),
+        (b"b2", {"bal:amount": b"own b2", "bal:note": b"own note"}),
+        (b"c", {"bal:amount": b"c", "bal:note": b"stored note"}),
+    ]
+    txn.rollback()
 
 
 def test_snapshot_does_not_see_later_commits(accounts: Cluster) -> None:
@@ -194,6 +254,86 @@ def test_a_rollback_record_does_not_hide_a_conflicting_commit(
     assert Transaction(accounts).get("accounts", b"alice", "bal:amount") == b"winner"
 
 
+def test_a_read_whose_rollback_record_gc_removes_under_it_is_too_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cell's only record at or below a snapshot's start is a rollback record (a dead
+    writer's, rolled back), so its read looks below it in a second store call; a GC
+    pass that overtakes the snapshot runs in between and removes the cell. The read
+    raises SnapshotTooOldError, as any read that GC overtook, not an error of the
+    records it no longer finds."""
+    with percolator.connect(f"sqlite:{tmp_path / 'repo.db'}", safe_point_refresh=0.02) as c:
+        c.create_table("accounts")
+        dead = Transaction(client_of(c))
+        dead.set("accounts", b"a", "bal:amount", b"lost")
+        assert crash_commit(dead, CrashPoint("prewrite", 0)) is False
+        assert Transaction(c).get("accounts", b"a", "bal:amount") is None  # rolled back
+        snapshot = percolator.Snapshot(c)
+        store = internals(c).store
+        read_rows = store.read_rows
+        passes: list[int] = []
+
+        def collected_first(table: str, rows: list[bytes], reads: list[Read]) -> object:
+            if not passes and any(read.versions is None for read in reads):  # the look below
+                passes.append(snapshot.start_ts)  # once: the pass reads through here too
+                summary = c.gc(retention=0, max_txn_age=1e-9)
+                assert summary.safe_point > snapshot.start_ts
+            return read_rows(table, rows, reads)
+
+        monkeypatch.setattr(store, "read_rows", collected_first)
+        with pytest.raises(percolator.SnapshotTooOldError):
+            snapshot.get("accounts", b"a", "bal:amount")
+        assert passes
+
+
+def test_a_read_told_to_stop_waiting_gives_up_on_a_live_lock_at_once(
+    accounts: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that stops sets its runs' stop event (``ObserverRun.stop_waiting_on``):
+    a read meeting a live writer's lock then raises LockedError after one try, where
+    the cluster's lock wait (three tries here) reads the row again twice more. The
+    error names the cell and the lock's holder; the time waited is counted."""
+    writer = client_of(accounts)
+    writer.one_phase_commit = False
+    held = Transaction(writer)
+    held.set("accounts", b"a", "bal:amount", b"new")
+    with pytest.raises(SimulatedCrash):  # stopped after locking; its owner lives on
+        commit_transaction(held, CrashPoint("prewrite", 0))
+    internals(accounts).lock_wait_policy = percolator.RetryPolicy(
+        max_tries=3, delay=0.01, max_delay=0.01, deadline=None)
+    store = internals(accounts).store
+    read_rows = store.read_rows
+    reads: list[object] = []
+
+    def counted(*args: object) -> object:
+        reads.append(args)
+        return read_rows(*args)
+
+    monkeypatch.setattr(store, "read_rows", counted)
+    tries = []
+    for stop in (True, False):
+        snapshot = percolator.Snapshot(accounts)
+        if stop:
+            snapshot._stop_waiting = threading.Event()
+            snapshot._stop_waiting.set()
+        reads.clear()
+        waited = metrics.snapshot()[0].get(("percolator_lock_wait_seconds_total", ()), 0.0)
+        began = time.monotonic()
+        with pytest.raises(percolator.LockedError) as locked:
+            snapshot.get("accounts", b"a", "bal:amount")
+        elapsed = time.monotonic() - began
+        waited = metrics.snapshot()[0][("percolator_lock_wait_seconds_total", ())] - waited
+        tries.append(len(reads))
+        error = locked.value
+        assert (error.table, error.row, error.column, error.lock_ts) == (
+            "accounts", b"a", "bal:amount", held.start_ts)
+        assert str(error).startswith(
+            f"accounts/b'a'/bal:amount is locked by transaction {held.start_ts} (owner "
+            f"{internals(writer).coordination.current_owner()}), still alive after waiting ")
+        assert 0 <= waited <= elapsed and (stop or waited > 0)
+    assert 0 < tries[0] < tries[1]
+
+
 def test_get_rows_reads_many_rows_in_one_store_call(
     accounts: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -212,8 +352,8 @@ def test_get_rows_reads_many_rows_in_one_store_call(
         return read_rows(*args, **kwargs)
 
     monkeypatch.setattr(internals(accounts).store, "read_rows", counted)
-    found = txn.get_rows("accounts", [b"r0", b"r1", b"r2", b"r3", b"nobody", b"r1"],
-                         ["bal:amount", "bal:note"])
+    found = txn.get_rows("accounts", [b"r0", b"r1", b"r1", b"r2", b"r3", b"nobody"],
+                         ["bal:amount", "bal:note"])  # a row named twice, read once
     assert found == {
         b"r0": {"bal:amount": b"0"},
         b"r1": {"bal:amount": b"1", "bal:note": b"n1"},
@@ -228,7 +368,7 @@ def test_get_rows_reads_many_rows_in_one_store_call(
     monkeypatch.undo()
     for row, values in found.items():
         assert txn.get_row("accounts", row, ["bal:amount", "bal:note"]) == values
-    with pytest.raises(percolator.InvalidArgument):
+    with pytest.raises(percolator.InvalidArgument, match=r"^rows must be an iterable of bytes"):
         txn.get_rows("accounts", b"r0", ["bal:amount"])
     with pytest.raises(percolator.InvalidArgument):
         txn.get_rows("accounts", [b"r0"], ["no-family"])
@@ -245,6 +385,46 @@ def test_get_rows_waits_out_and_resolves_a_lock_like_get_row(accounts: Cluster) 
     reader = Transaction(accounts)
     assert reader.get_rows("accounts", [b"a", b"b"], ["bal:amount"]) == {
         b"a": {"bal:amount": b"2"}, b"b": {"bal:amount": b"2"}}
+
+
+def test_rows_that_meet_a_lock_are_read_again_for_the_columns_asked_only(
+    accounts: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows a and b hold bal:amount and bal:note; a commit that crashed after its commit
+    point left b's bal:amount locked. A scan, then (after another such crash) a
+    ``get_rows``, of bal:amount: each returns bal:amount alone, and no store read
+    asks for another column (the row read again after the lock, nor the first read),
+    so a lock on a column not asked for could not make them wait."""
+    with Transaction(accounts) as txn:
+        for row in (b"a", b"b"):
+            txn.set("accounts", row, "bal:amount", b"1")
+            txn.set("accounts", row, "bal:note", b"n")
+    store = internals(accounts).store
+    read_rows, scan = store.read_rows, store.scan
+    asked: list[tuple[str, ...] | None] = []
+
+    def noted_read_rows(table: str, rows: list[bytes], reads: list[Read]) -> object:
+        asked.extend(read.qualifiers for read in reads)
+        return read_rows(table, rows, reads)
+
+    def noted_scan(table: str, start: object, stop: object, reads: list[Read]) -> object:
+        asked.extend(read.qualifiers for read in reads)
+        return scan(table, start, stop, reads)
+
+    monkeypatch.setattr(store, "read_rows", noted_read_rows)
+    monkeypatch.setattr(store, "scan", noted_scan)
+    for value, read in ((b"2", "scan"), (b"3", "get_rows")):
+        crashed = Transaction(client_of(accounts))
+        crashed.set("accounts", b"a", "bal:amount", value)
+        crashed.set("accounts", b"b", "bal:amount", value)
+        crash_commit(crashed, CrashPoint("commit_point"))  # committed, b still locked
+        asked.clear()
+        reader = Transaction(accounts)
+        found = (dict(reader.scan("accounts", columns=["bal:amount"])) if read == "scan"
+                 else reader.get_rows("accounts", [b"a", b"b"], ["bal:amount"]))
+        assert found == {b"a": {"bal:amount": value}, b"b": {"bal:amount": value}}, read
+        assert len(asked) > 2 and set(asked) == {("bal:amount",)}, read  # b read again
+        reader.rollback()
 
 
 @pytest.mark.parametrize("one_phase", [True, False], ids=["one-phase", "two-phase"])

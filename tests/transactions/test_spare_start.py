@@ -15,14 +15,27 @@ from typing import Any
 
 import pytest
 
-from percolator import Cluster, ConflictError, OracleUnavailable, Transaction, metrics
+from percolator import (
+    Cluster,
+    ConflictError,
+    OracleUnavailable,
+    Transaction,
+    TransactionClosedError,
+    metrics,
+)
 from percolator._commit import SimulatedCrash, commit_transaction
 from percolator._internals import internals
 from percolator._safe_point import SafePoint
 from percolator._timestamps import NextStart
 from percolator.testing import CrashPoint, Interleaving, client_of
+from tests._backends import BACKENDS, CAS_SQLITE, backend_fixture
 
 T, X, Y, COL = "t", b"x", b"y", "c:v"
+
+# And the embedded store taking HBase's path (CAS_SQLITE): no lock census, so its
+# transactions take spares as the cluster stores' do, which the mutation runs (the
+# embedded store only) reach there alone.
+backend = backend_fixture([*BACKENDS, CAS_SQLITE])
 
 
 def _count(name: str) -> float:
@@ -281,3 +294,46 @@ def test_a_failed_first_draw_leaves_the_transaction_and_the_safe_point_usable(
     assert listed, "SafePoint.running() never returned"
     assert txn.get(T, X, COL) == b"0"  # the draw is tried again
     txn.rollback()
+
+
+def test_a_transaction_holding_a_spare_is_not_started_until_asked(
+    table: Cluster, counted: CountedTimestamps
+) -> None:
+    """Its repr says so without drawing its start; asked of the class, ``start_ts`` is a
+    missing attribute, as of any class whose instances set it (``help()``, autodoc)."""
+    txn = Transaction(table)
+    assert repr(txn) == "<percolator.Transaction start_ts=(not started) open>"
+    assert counted.requests == 0
+    start = txn.start_ts
+    assert counted.requests == 1
+    assert repr(txn) == f"<percolator.Transaction start_ts={start} open>"
+    txn.rollback()
+    with pytest.raises(AttributeError) as missing:
+        Transaction.start_ts  # noqa: B018
+    assert str(missing.value) == "'Transaction' object has no attribute 'start_ts'"
+
+
+def test_a_commit_whose_fresh_start_cannot_be_drawn_leaves_the_transaction_closed(
+    table: Cluster,
+) -> None:
+    """Its spare is older than another client's commit of the cell, which returned
+    before it was made (as above), and the draw of a fresh start fails: the commit
+    raises the oracle's error and the transaction is closed, as after any commit that
+    failed. Failed when the start over reopened it before its draw: it stayed open at
+    the spare, whose reads miss that commit."""
+    with Transaction(client_of(table)) as other:
+        other.set(T, X, COL, b"other")
+    txn = Transaction(table)
+    txn.set(T, X, COL, b"mine")
+    parts = internals(table)
+    source = parts.timestamps
+    parts.timestamps = FailingTimestamps(source)
+    try:
+        with pytest.raises(OracleUnavailable):
+            txn.commit()
+    finally:
+        parts.timestamps = source
+    assert txn.closed is True
+    with pytest.raises(TransactionClosedError, match="already closed"):
+        txn.get(T, X, COL)
+    assert table.snapshot().get(T, X, COL) == b"other"
