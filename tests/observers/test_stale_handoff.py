@@ -21,9 +21,17 @@ import pytest
 import percolator
 from observers import Observer, Worker
 from percolator import Cluster, StoreUnavailable, Transaction
-from percolator.ext import internals, pending_notifications
-from percolator.testing import Actor, Interleaving
-from tests._backends import SQLITE_AND_BIGTABLE
+from percolator._notifications import NOTIFY_STRONG
+from percolator.ext import (
+    NOTIFY,
+    Mutation,
+    ack_column,
+    internal_columns,
+    internals,
+    pending_notifications,
+)
+from percolator.testing import Actor, CrashPoint, Interleaving, client_of, crash_commit
+from tests._backends import SQLITE, SQLITE_AND_BIGTABLE
 
 T, COL = "docs", "raw:v"
 ROW = b"r"
@@ -121,6 +129,49 @@ def test_a_change_committed_after_the_scan_is_run_once(cluster: Cluster) -> None
     assert Recorder.seen == [b"new"]
     mine._scanner.serve_row(T, ROW)
     assert Recorder.seen == [b"new"]
+    assert _pending(cluster) == []
+
+
+@pytest.mark.parametrize("backend", [SQLITE])  # the notify cell is written by hand
+def test_a_notification_met_again_past_a_rolled_back_write_finds_its_change_acknowledged(
+    cluster: Cluster,
+) -> None:
+    """A change is run and acknowledged; a writer of the cell then dies after its
+    prewrite and is rolled back (a ROLLBACK record, above the change, at its start
+    timestamp); the change's notification is met again (as a worker that died before
+    deleting it leaves it). The run looks past the ROLLBACK record to the change's
+    commit and finds it acknowledged: the observer is not run again."""
+    mine, _ = _workers(cluster)
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, COL, b"v1")
+    assert txn.commit_ts is not None
+    assert mine._scanner.serve_row(T, ROW)
+    assert Recorder.seen == [b"v1"]
+    dying = Transaction(client_of(cluster))
+    dying.set(T, ROW, COL, b"never")
+    assert crash_commit(dying, CrashPoint("prewrite", 0)) is False
+    assert Transaction(cluster).get(T, ROW, COL) == b"v1"  # rolled back by the reader
+    internals(cluster).store.mutate_rows(
+        T, [Mutation(ROW, [(f"{NOTIFY}:{COL}", txn.commit_ts, NOTIFY_STRONG)])])
+    mine._scanner.serve_row(T, ROW)
+    assert Recorder.seen == [b"v1"]
+
+
+@pytest.mark.parametrize("backend", [SQLITE])  # the runner's acknowledgement, on every backend
+def test_a_weak_notification_of_a_cell_never_written_acknowledges_no_change(
+    cluster: Cluster,
+) -> None:
+    """A weak notification of a cell never written runs its observer (which sees
+    nothing) and acknowledges the commit timestamp of the change the run saw: none,
+    0."""
+    mine, _ = _workers(cluster)
+    with Transaction(cluster) as txn:
+        txn.notify(T, ROW, COL)
+    assert mine._scanner.serve_row(T, ROW)
+    assert Recorder.seen == [None]
+    acknowledged = Transaction(cluster)
+    internal_columns(acknowledged, True)
+    assert acknowledged.get(T, ROW, ack_column(Recorder.name, COL)) == b"0"
     assert _pending(cluster) == []
 
 
