@@ -25,6 +25,7 @@ from percolator._notifications import NOTIFY_STRONG
 from percolator.ext import (
     NOTIFY,
     Mutation,
+    ObserverRun,
     ack_column,
     internal_columns,
     internals,
@@ -173,6 +174,51 @@ def test_a_weak_notification_of_a_cell_never_written_acknowledges_no_change(
     internal_columns(acknowledged, True)
     assert acknowledged.get(T, ROW, ack_column(Recorder.name, COL)) == b"0"
     assert _pending(cluster) == []
+
+
+@pytest.mark.parametrize("backend", [SQLITE])  # ObserverRun's own bookkeeping
+def test_a_runs_change_version_is_its_snapshots_newest_commit_past_a_rollback(
+    cluster: Cluster,
+) -> None:
+    """What a run tells its worker of the change it saw: the commit timestamp of the
+    newest write at or below its start, looking past a ROLLBACK record (a writer that
+    died after its prewrite) but not at a commit after its start; 0 for a cell never
+    written."""
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, COL, b"v1")
+    dying = Transaction(client_of(cluster))
+    dying.set(T, ROW, COL, b"never")
+    assert crash_commit(dying, CrashPoint("prewrite", 0)) is False
+    assert Transaction(cluster).get(T, ROW, COL) == b"v1"  # rolled back by the reader
+    run = ObserverRun(cluster)
+    with Transaction(cluster) as later:
+        later.set(T, ROW, COL, b"v2")
+    assert run.get_row(T, ROW, [COL, "raw:never"]) == {COL: b"v1"}
+    assert run.change_version(T, ROW, COL) == txn.commit_ts
+    assert run.change_version(T, ROW, "raw:never") == 0
+    run.close()
+
+
+@pytest.mark.parametrize("backend", [SQLITE])  # ObserverRun's own bookkeeping
+def test_a_runs_change_version_is_0_once_the_rollback_record_it_saw_is_collected(
+    store_url: str,
+) -> None:
+    """A cell whose only record is a ROLLBACK (its one writer died after its prewrite
+    and was rolled back): a run reads it, then a garbage-collection pass removes that
+    record (below the run's start, no PUT to keep). Looking past it, the run finds no
+    record at all: its change version is 0, as for a cell never written."""
+    # A short safe-point refresh: the pass waits twice the largest of a live client's.
+    with percolator.connect(store_url, safe_point_refresh=0.01) as cluster:
+        cluster.create_table(T)
+        dying = Transaction(client_of(cluster))
+        dying.set(T, ROW, COL, b"never")
+        assert crash_commit(dying, CrashPoint("prewrite", 0)) is False
+        assert Transaction(cluster).get(T, ROW, COL) is None  # rolled back by the reader
+        run = ObserverRun(cluster)
+        assert run.get_row(T, ROW, [COL]) == {}
+        cluster.gc(retention=0)
+        assert run.change_version(T, ROW, COL) == 0
+        run.close()
 
 
 def test_a_change_committed_after_the_runs_start_keeps_its_notification(
