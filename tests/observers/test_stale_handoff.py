@@ -9,7 +9,10 @@ deletion a delete marker at the served version, for the two races where those
 differ), the index pass on Bigtable.
 
 What must hold: a change, or a weak notification, is run once, however stale the
-hand-off, and a run deletes no notification it did not serve."""
+hand-off, and a run deletes no notification it did not serve. Which change a run saw,
+the one its acknowledgement records and is compared with
+(``ObserverRun.change_version``), is checked here too: past a rolled-back writer's
+ROLLBACK record, and for a cell never written."""
 
 from __future__ import annotations
 
