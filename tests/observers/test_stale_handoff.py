@@ -26,9 +26,11 @@ from observers import Observer, Worker
 from percolator import Cluster, StoreUnavailable, Transaction
 from percolator._notifications import NOTIFY_STRONG
 from percolator.ext import (
+    LOCK,
     NOTIFY,
     Mutation,
     ObserverRun,
+    Read,
     ack_column,
     internal_columns,
     internals,
@@ -222,6 +224,38 @@ def test_a_runs_change_version_is_0_once_the_rollback_record_it_saw_is_collected
         cluster.gc(retention=0)
         assert run.change_version(T, ROW, COL) == 0
         run.close()
+
+
+@pytest.mark.parametrize("backend", [SQLITE])  # ObserverRun's own bookkeeping
+def test_a_runs_reads_before_and_after_its_notified_read_are_plain_reads(
+    cluster: Cluster,
+) -> None:
+    """A run's first read of the notified row brings the notify versions with the
+    columns asked (``get_row_notified``); its reads before and after it, of another
+    row, bring the columns asked and nothing else: a lock that a dead writer left on
+    another column of that row is not even met (neither waited on nor resolved)."""
+    _workers(cluster)  # the column observed: its commits write notifications
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, COL, b"v")
+        txn.set(T, b"r2", COL, b"x")
+        txn.set(T, b"r2", "raw:w", b"w")
+    dying = Transaction(client_of(cluster))
+    dying.set(T, b"r2", "raw:d", b"never")
+    assert crash_commit(dying, CrashPoint("prewrite", 0)) is False
+
+    def held() -> bytes:
+        return internals(cluster).store.read_rows(
+            T, [b"r2"], [Read(LOCK, ("raw:d",))])[b"r2"][f"{LOCK}:raw:d"][0][1]
+
+    lock = held()
+    run = ObserverRun(cluster)
+    assert run.get_row(T, b"r2", ["raw:w"]) == {"raw:w": b"w"}
+    values, versions = run.get_row_notified(T, ROW, [COL], COL)
+    assert values == {COL: b"v"}
+    assert [ts for ts, _ in versions] == [txn.commit_ts]
+    assert run.get_row(T, b"r2", [COL]) == {COL: b"x"}
+    run.close()
+    assert held() == lock
 
 
 def test_a_change_committed_after_the_runs_start_keeps_its_notification(
