@@ -258,6 +258,33 @@ def test_idle_needs_two_clean_passes_after_the_last_busy_one_and_no_more(
     assert passes == [1, 2, 3, 4, 5]
 
 
+def test_a_busy_wait_pauses_poll_seconds_before_its_next_pass(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a pass that found work, a wait pauses *poll* seconds before the next: 50 ms
+    unless told (the waits of ``percolator wait`` and ``observers.wait_until_idle``),
+    never after a clean pass. Each pause here, instead of sleeping, serves the
+    notification found."""
+    import percolator._notifications as notifications
+
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        cluster_store = internals(cluster).store
+        for p in pending_notifications(cluster, ["docs"]):
+            cluster_store.mutate_rows("docs", [Mutation(p.row, deletes=[
+                (f"{NOTIFY}:{p.column}", p.timestamps[0])])])
+
+    monkeypatch.setattr(notifications.time, "sleep", pause)
+    _notify(cluster, "docs", b"first", "in:v")
+    wait_until_idle(cluster, None)
+    assert pauses == [0.05]
+    _notify(cluster, "docs", b"second", "in:v")
+    wait_until_idle(cluster, None, poll=0.2)
+    assert pauses == [0.05, 0.2]
+
+
 def test_a_store_without_the_index_migrates_nothing(cluster: percolator.Cluster) -> None:
     _notify(cluster, "docs", b"d1", "in:v")
     assert migrate(internals(cluster), "docs") == 0
