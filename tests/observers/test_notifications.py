@@ -258,6 +258,52 @@ def test_idle_needs_two_clean_passes_after_the_last_busy_one_and_no_more(
     assert passes == [1, 2, 3, 4, 5]
 
 
+def test_a_busy_wait_pauses_poll_seconds_before_its_next_pass(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a pass that found work, a wait pauses *poll* seconds before the next: 50 ms
+    unless told (the waits of ``percolator wait`` and ``observers.wait_until_idle``),
+    never after a clean pass. Each pause here, instead of sleeping, serves the
+    notification found."""
+    import percolator._notifications as notifications
+
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        cluster_store = internals(cluster).store
+        for p in pending_notifications(cluster, ["docs"]):
+            cluster_store.mutate_rows("docs", [Mutation(p.row, deletes=[
+                (f"{NOTIFY}:{p.column}", p.timestamps[0])])])
+
+    monkeypatch.setattr(notifications.time, "sleep", pause)
+    _notify(cluster, "docs", b"first", "in:v")
+    wait_until_idle(cluster, None)
+    assert pauses == [0.05]
+    _notify(cluster, "docs", b"second", "in:v")
+    wait_until_idle(cluster, None, poll=0.2)
+    assert pauses == [0.05, 0.2]
+
+
+def test_a_wait_of_no_time_gives_up_after_its_first_busy_pass(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A timeout of 0 is one look: after a pass that finds work, the wait reports it,
+    even on a clock that has not moved since the wait began (a coarse monotonic clock
+    reads the same across a fast pass)."""
+    import percolator._notifications as notifications
+
+    def pause(seconds: float) -> None:
+        raise AssertionError(f"a wait of no time paused {seconds}s for another pass")
+
+    monkeypatch.setattr(notifications.time, "monotonic", lambda: 1000.0)
+    monkeypatch.setattr(notifications.time, "sleep", pause)
+    _notify(cluster, "docs", b"first", "in:v")
+    with pytest.raises(WaitTimeout) as timed_out:
+        wait_until_idle(cluster, 0)
+    assert [(p.table, p.row) for p in timed_out.value.pending] == [("docs", b"first")]
+
+
 def test_a_store_without_the_index_migrates_nothing(cluster: percolator.Cluster) -> None:
     _notify(cluster, "docs", b"d1", "in:v")
     assert migrate(internals(cluster), "docs") == 0

@@ -78,6 +78,19 @@ def test_a_replayed_false_is_a_success_where_the_store_may_replay(store: Store) 
     assert _value(store) == b"mine"
 
 
+def test_a_false_is_read_again_wherever_the_store_declares_it_may_replay(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read again after a False, on every backend (the embedded store and
+    Bigtable here declaring HBase's ``CAS_ANSWER_MAY_BE_REPLAYED``): the cell holding
+    our new value, a replay of our applied call, is a success; holding another's, a
+    genuine False, stays False."""
+    monkeypatch.setattr(store, "capabilities", store.capabilities | {CAS_ANSWER_MAY_BE_REPLAYED})
+    _answer(store, "replayed")
+    assert lock_cas(store, *CELL, None, b"mine")
+    assert not lock_cas(store, *CELL, None, b"theirs")
+    assert _value(store) == b"mine"
+
+
 def test_a_genuine_false_stays_false(store: Store) -> None:
     assert lock_cas(store, *CELL, None, b"theirs")
     assert not lock_cas(store, *CELL, None, b"mine")

@@ -21,6 +21,7 @@ from percolator._cas import lock_cas
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._encoding import (
     LOCK,
+    NOTIFY,
     WRITE,
     Committed,
     Free,
@@ -34,7 +35,7 @@ from percolator._encoding import (
 )
 from percolator._errors import StoreUnavailable
 from percolator._internals import internals
-from percolator._lock_resolver import release, resolve_lock
+from percolator._lock_resolver import NOTIFY_STRONG, release, resolve_lock
 from percolator._store import Mutation, Read
 from percolator.testing import client_of, crash_commit
 
@@ -330,6 +331,66 @@ def test_a_primary_committed_by_a_later_transaction_says_nothing_of_an_earlier_o
         primary = internals(reader).store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
         assert isinstance(decode_lock(primary[b"r1"][f"{LOCK}:c:v"][0][1]), Free)
         assert txn.get("t", b"r1", "c:v") == b"y"
+
+
+def test_the_primarys_cells_tell_each_fate_of_its_transaction(url: str) -> None:
+    """``check_txn_status`` asked of X by each state X's primary cell can be in, written
+    by hand (one column of r1 each): the status it answers, in every field, and what it
+    leaves in the cell. LOCKED for X: pending, that lock and its raw value; COMMITTED
+    for X: committed at its commit timestamp, rolled forward (its write record, with
+    its inline value, and its notify cell) and freed as committed; ROLLED_BACK for X:
+    rolled back and freed as not committed; FREE with X's write record among others:
+    committed at that record's timestamp; with X's ROLLBACK record, or with nothing
+    left: rolled back."""
+    from percolator._lock_resolver import TxnStatus, check_txn_status
+
+    with percolator.connect(url) as cluster:
+        host = internals(cluster)
+        store = host.store
+        x, commit_ts, other = (host.timestamps.get_timestamp() for _ in range(3))
+
+        def status(column: str, state: Any | None, *records: tuple[int, int, WriteKind]
+                   ) -> TxnStatus:
+            """X's status with r1's *column* holding the lock *state* and the write
+            records *records* (timestamp, start timestamp, kind)."""
+            if state is not None:
+                assert store.check_and_set("t", b"r1", f"{LOCK}:{column}", None,
+                                           encode_lock(state))
+            if records:
+                store.mutate_rows("t", [Mutation(b"r1", [
+                    (f"{WRITE}:{column}", ts, encode_write(kind, start_ts))
+                    for ts, start_ts, kind in records])])
+            lock = Lock(x, "t", b"r1", column, owner="nobody",
+                        wall_ms=int(time.time() * 1000), ttl_ms=3_600_000)
+            return check_txn_status(host, lock)
+
+        def cells(column: str) -> dict[str, list[tuple[int, bytes]]]:
+            return store.read_rows("t", [b"r1"], [
+                Read(LOCK, (column,)), Read(WRITE, (column,), versions=None),
+                Read(NOTIFY, (column,), versions=None)])[b"r1"]
+
+        held = Lock(x, "t", b"r1", "c:locked", owner="nobody", wall_ms=1, ttl_ms=1)
+        assert status("c:locked", held) == TxnStatus(
+            x, pending=held, pending_raw=encode_lock(held))
+        assert cells("c:locked") == {f"{LOCK}:c:locked": [(0, encode_lock(held))]}
+
+        decided = Committed(x, commit_ts, notify=True, value=b"inline")
+        assert status("c:committed", decided) == TxnStatus(x, commit_ts=commit_ts)
+        assert cells("c:committed") == {
+            f"{LOCK}:c:committed": [(0, encode_lock(Free(x, True)))],
+            f"{WRITE}:c:committed": [(commit_ts, encode_write(WriteKind.PUT, x, b"inline"))],
+            f"{NOTIFY}:c:committed": [(commit_ts, NOTIFY_STRONG)],
+        }
+
+        assert status("c:rolled", RolledBack(x)) == TxnStatus(x, rolled_back=True)
+        assert cells("c:rolled") == {f"{LOCK}:c:rolled": [(0, encode_lock(Free(x, False)))]}
+
+        # Newest first: another transaction's record above X's.
+        assert status("c:put", Free(x, True), (other + 1, other, WriteKind.PUT),
+                      (commit_ts, x, WriteKind.PUT)) == TxnStatus(x, commit_ts=commit_ts)
+        assert status("c:rollback", Free(x, False), (other + 1, other, WriteKind.PUT),
+                      (x, x, WriteKind.ROLLBACK)) == TxnStatus(x, rolled_back=True)
+        assert status("c:gone", None) == TxnStatus(x, rolled_back=True)
 
 
 def _dies_after_its_prewrite(cluster: percolator.Cluster) -> Transaction:
