@@ -368,15 +368,15 @@ def test_a_harness_runs_the_phases_of_a_two_phase_commit_and_stops_at_its_crash_
 ) -> None:
     """``TwoPhaseCommit.of(txn, crash)``, the harnesses' way in (bench/, the notify-index
     tests): its prewrite locks the primary, then stops at the crash point, before the
-    secondary; its abort releases what it locked."""
+    secondary, saying where; its abort releases what it locked."""
     with percolator.connect(f"sqlite:///{tmp_path}/harness.db") as cluster:
         cluster.create_table(T)
         txn = Transaction(cluster)
         txn.set(T, b"alice", C, b"a")  # the primary
         txn.set(T, b"bob", C, b"b")
         committer = TwoPhaseCommit.of(txn, CrashPoint("prewrite", 0))
-        with pytest.raises(SimulatedCrash):
-            committer.prewrite()
+        with pytest.raises(SimulatedCrash, match=r"^simulated crash at prewrite\[0\]$"):
+            committer.prewrite()  # says where it stopped
         assert [cell.row for cell in committer.locked] == [b"alice"]
         other = Transaction(cluster)
         other.set(T, b"alice", C, b"other")
