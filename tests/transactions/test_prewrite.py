@@ -38,7 +38,14 @@ from percolator._store import Mutation, Read
 from percolator._timestamps import NextStart, StoreTimestamps
 from percolator._transaction import _SEEN_MAX
 from percolator._two_phase import TwoPhaseCommit, committed_anyway
-from percolator.testing import CrashPoint, SimulatedCrash, client_of, crash_commit
+from percolator.testing import (
+    Actor,
+    CrashPoint,
+    Interleaving,
+    SimulatedCrash,
+    client_of,
+    crash_commit,
+)
 from tests._backends import BIGTABLE, CAS_SQLITE, SQLITE, WITH_THRIFT1, backend_fixture
 
 # And the embedded store taking HBase's path (CAS_SQLITE): the prewrite locks from what
@@ -335,6 +342,71 @@ def test_a_live_lock_is_a_conflict(accounts: Cluster, backend: str) -> None:
                              f"transaction {holder.start_ts} (transaction {mine.start_ts})")
     assert (conflict.start_ts, conflict.conflict_ts, conflict.table, conflict.row,
             conflict.column) == (mine.start_ts, holder.start_ts, T, b"alice", C)
+
+
+def _locking(world: Interleaving, txn: Transaction, row: bytes) -> Actor[None]:
+    """*txn*'s commit as an actor, parked before its compare-and-set of *row*'s lock:
+    its prewrite has read the cell (or took what its reads kept) and found it FREE."""
+    actor = world.actor("mine", txn.commit)
+    actor.run_until(lambda step: step.matches("check_and_set", row=row))
+    return actor
+
+
+@pytest.mark.parametrize("backend", [SQLITE, CAS_SQLITE])
+def test_a_live_lock_taken_between_our_read_and_our_lock_is_a_conflict(
+    accounts: Cluster, backend: str
+) -> None:
+    """Another transaction locks alice after our prewrite read her and before it locks
+    her, and lives on: our compare-and-set fails, the read again finds the live lock,
+    and the prewrite gives way, naming its holder (``TwoPhaseCommit._prewrite``'s
+    resolution of a lock met while locking, not before)."""
+    with Interleaving(accounts) as world:
+        mine = Transaction(accounts)
+        mine.set(T, b"alice", C, b"mine")
+        actor = _locking(world, mine, b"alice")
+        holder = Transaction(accounts)  # the test's thread: runs straight through
+        holder.set(T, b"alice", C, b"held")
+        with pytest.raises(SimulatedCrash):  # stops after its prewrite; its owner lives on
+            commit_transaction(holder, CrashPoint("prewrite", 0))
+        with pytest.raises(percolator.ConflictError,
+                           match=f"locked by live transaction {holder.start_ts} ") as info:
+            actor.finish()
+    assert info.value.conflict_ts == holder.start_ts
+    assert isinstance(_lock_state(accounts, b"alice"), Lock)  # the holder's, untouched
+
+
+@pytest.mark.parametrize("backend", [SQLITE, CAS_SQLITE])
+@pytest.mark.parametrize("met", ["primary", "secondary"])
+def test_a_dead_lock_taken_between_our_read_and_our_lock_is_rolled_back(
+    accounts: Cluster, backend: str, met: str
+) -> None:
+    """A transaction locks alice (its primary, or its secondary after bob) after our
+    prewrite read her and before it locks her, and dies: our compare-and-set fails,
+    the read again finds the dead lock, which the prewrite rolls back (a rollback record
+    at the dead one's primary; alice freed), then locks her and commits."""
+    with Interleaving(accounts) as world:
+        mine = Transaction(accounts)
+        mine.set(T, b"alice", C, b"mine")
+        actor = _locking(world, mine, b"alice")
+        dying = Transaction(client_of(accounts))
+        rows = [b"alice"] if met == "primary" else [b"bob", b"alice"]
+        for row in rows:
+            dying.set(T, row, C, b"dead")
+        assert crash_commit(dying, CrashPoint("prewrite", len(rows) - 1)) is False
+        actor.finish()
+    assert mine.commit_ts is not None
+    store = internals(accounts).store
+    primary = rows[0]  # rolled back: a rollback record at the dead one's start
+    records = store.read_rows(T, [primary], [Read(WRITE, (C,), versions=None)])[primary]
+    assert (dying.start_ts, WriteKind.ROLLBACK) in [
+        (ts, decode_write(v)[0]) for ts, v in records[f"{WRITE}:{C}"]]
+    assert Transaction(accounts).get_rows(T, [b"alice", b"bob"], [C]) == {
+        b"alice": {C: b"mine"}, b"bob": {}}
+
+
+def _lock_state(cluster: Cluster, row: bytes) -> Any:
+    cells = internals(cluster).store.read_rows(T, [row], [Read(LOCK, (C,))])[row]
+    return decode_lock(cells[f"{LOCK}:{C}"][0][1])
 
 
 def test_a_lock_left_committed_is_rolled_forward_before_the_writer_locks(
