@@ -404,6 +404,86 @@ def test_a_dead_lock_taken_between_our_read_and_our_lock_is_rolled_back(
         b"alice": {C: b"mine"}, b"bob": {}}
 
 
+def _lock_raw(cluster: Cluster, row: bytes) -> bytes | None:
+    cells = internals(cluster).store.read_rows(T, [row], [Read(LOCK, (C,))]).get(row, {})
+    return cells[f"{LOCK}:{C}"][0][1] if f"{LOCK}:{C}" in cells else None
+
+
+def _replace_lock(cluster: Cluster, row: bytes, state: Any) -> None:
+    """*row*'s lock set to *state*, from the test's thread (straight through)."""
+    assert internals(cluster).store.check_and_set(
+        T, row, f"{LOCK}:{C}", _lock_raw(cluster, row), encode_lock(state))
+
+
+def _orphan(cluster: Cluster) -> Lock:
+    """A lock of a transaction whose primary row holds nothing: resolved at once
+    (rolled back, no write record), leaving the cell FREE."""
+    return Lock(internals(cluster).timestamps.get_timestamp(), T, b"gone", C, owner="nobody",
+                wall_ms=int(time.time() * 1000), ttl_ms=3_600_000)
+
+
+def _is_prewrite_read(step: Any) -> bool:
+    """The prewrite's read of alice's lock and write records."""
+    return step.matches("read_rows", row=b"alice", column=f"{LOCK}:{C}") and step.matches(
+        column=f"{WRITE}:{C}")
+
+
+@pytest.mark.parametrize("backend", [SQLITE, CAS_SQLITE])
+@pytest.mark.parametrize("changes", [3, 4])
+def test_a_prewrite_whose_lock_cell_keeps_changing_gives_up_at_its_fourth_failed_lock(
+    accounts: Cluster, backend: str, changes: int
+) -> None:
+    """Each time our prewrite is about to lock alice, her FREE lock changes to another
+    FREE one (a writer that locked her and gave up): the compare-and-set fails, the
+    prewrite reads her again and tries again, up to four times; then it gives up
+    (a conflict: the cell is too busy) rather than spin."""
+    with Interleaving(accounts) as world:
+        mine = Transaction(accounts)
+        mine.set(T, b"alice", C, b"mine")
+        actor = _locking(world, mine, b"alice")
+        for change in range(changes):
+            if change:
+                actor.run_until(lambda step: step.matches("check_and_set", row=b"alice"))
+            _replace_lock(accounts, b"alice", Free(_orphan(accounts).start_ts, False))
+            actor.step()  # its compare-and-set fails
+        if changes < 4:
+            actor.finish()
+            assert Transaction(accounts).get(T, b"alice", C) == b"mine"
+        else:
+            with pytest.raises(percolator.ConflictError,
+                               match="the lock cell changed while we locked it"):
+                actor.finish()
+            assert Transaction(accounts).get(T, b"alice", C) is None
+
+
+@pytest.mark.parametrize("backend", [SQLITE, CAS_SQLITE])
+@pytest.mark.parametrize("locks", [18, 19])
+def test_a_prewrite_that_meets_a_new_lock_after_each_resolution_gives_up_at_its_twentieth(
+    accounts: Cluster, backend: str, locks: int
+) -> None:
+    """Our prewrite's compare-and-set of alice fails (her lock changed), and each time
+    it reads her again it finds the lock of another dead transaction, which it rolls
+    back before reading again: twenty rounds in all (the failed lock, then one per
+    lock met). Found FREE in the twentieth, she is locked; a lock met there, the
+    prewrite gives up (a conflict) rather than spin."""
+    with Interleaving(accounts) as world:
+        mine = Transaction(accounts)
+        mine.set(T, b"alice", C, b"mine")
+        actor = _locking(world, mine, b"alice")
+        _replace_lock(accounts, b"alice", Free(_orphan(accounts).start_ts, False))
+        for _ in range(locks):
+            actor.step()
+            actor.run_until(_is_prewrite_read)
+            _replace_lock(accounts, b"alice", _orphan(accounts))
+        if locks < 19:
+            actor.finish()
+            assert Transaction(accounts).get(T, b"alice", C) == b"mine"
+        else:
+            with pytest.raises(percolator.ConflictError, match="could not take the lock"):
+                actor.finish()
+            assert Transaction(accounts).get(T, b"alice", C) is None
+
+
 def _lock_state(cluster: Cluster, row: bytes) -> Any:
     cells = internals(cluster).store.read_rows(T, [row], [Read(LOCK, (C,))])[row]
     return decode_lock(cells[f"{LOCK}:{C}"][0][1])
