@@ -16,6 +16,7 @@ import pytest
 import percolator
 from observers import Observer, Worker
 from percolator import Cluster, ConflictError, Transaction, TransactionBase
+from percolator import _commit_checks as commit_checks
 from percolator import _two_phase as two_phase
 from percolator._commit import commit_transaction
 from percolator._encoding import (
@@ -251,6 +252,22 @@ def test_a_whole_row_scan_that_rolls_a_lock_forward_keeps_what_it_read_again(
     assert Transaction(accounts).get(T, b"alice", C) == b"new"
 
 
+def test_the_prewrite_reads_of_a_set_of_columns_are_made_once_for_up_to_1024_sets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reads of a prewrite's row read (each cell's newest lock and write record)
+    depend only on its columns: made once per set of columns, kept for the first 1,024
+    sets (a client writing ever new columns keeps no more), made afresh beyond."""
+    monkeypatch.setattr(commit_checks, "_PREWRITE_READS", {})
+    sets = [(f"c:{i}", C) for i in range(1025)]
+    made = [commit_checks._prewrite_reads(columns) for columns in sets]
+    assert made[-1] == [Read(LOCK, sets[-1]), Read(WRITE, sets[-1])]
+    kept = [commit_checks._prewrite_reads(columns) is first for columns, first in zip(
+        sets, made, strict=True)]
+    assert kept == [True] * 1024 + [False]
+    assert len(commit_checks._PREWRITE_READS) == 1024
+
+
 @pytest.mark.parametrize("backend", [CAS_SQLITE])  # the bound is the transaction's own
 def test_the_cells_whose_reads_a_transaction_keeps_are_bounded(
     accounts: Cluster, backend: str
@@ -368,9 +385,10 @@ def test_a_live_lock_taken_between_our_read_and_our_lock_is_a_conflict(
         holder.set(T, b"alice", C, b"held")
         with pytest.raises(SimulatedCrash):  # stops after its prewrite; its owner lives on
             commit_transaction(holder, CrashPoint("prewrite", 0))
-        with pytest.raises(percolator.ConflictError,
-                           match=f"locked by live transaction {holder.start_ts} ") as info:
+        with pytest.raises(percolator.ConflictError) as info:
             actor.finish()
+    assert str(info.value) == (f"write-write conflict on {T}/b'alice'/{C}: locked by live "
+                               f"transaction {holder.start_ts} (transaction {mine.start_ts})")
     assert info.value.conflict_ts == holder.start_ts
     assert isinstance(_lock_state(accounts, b"alice"), Lock)  # the holder's, untouched
 
@@ -450,9 +468,12 @@ def test_a_prewrite_whose_lock_cell_keeps_changing_gives_up_at_its_fourth_failed
             actor.finish()
             assert Transaction(accounts).get(T, b"alice", C) == b"mine"
         else:
-            with pytest.raises(percolator.ConflictError,
-                               match="the lock cell changed while we locked it"):
+            with pytest.raises(percolator.ConflictError) as info:
                 actor.finish()
+            assert str(info.value) == (
+                f"write-write conflict on {T}/b'alice'/{C}: the lock cell changed while we "
+                f"locked it (transaction {mine.start_ts})")
+            assert info.value.conflict_ts is None
             assert Transaction(accounts).get(T, b"alice", C) is None
 
 
@@ -479,8 +500,11 @@ def test_a_prewrite_that_meets_a_new_lock_after_each_resolution_gives_up_at_its_
             actor.finish()
             assert Transaction(accounts).get(T, b"alice", C) == b"mine"
         else:
-            with pytest.raises(percolator.ConflictError, match="could not take the lock"):
+            with pytest.raises(percolator.ConflictError) as info:
                 actor.finish()
+            assert str(info.value) == (f"write-write conflict on {T}/b'alice'/{C}: could not "
+                                       f"take the lock (transaction {mine.start_ts})")
+            assert info.value.conflict_ts is None
             assert Transaction(accounts).get(T, b"alice", C) is None
 
 
