@@ -25,7 +25,7 @@ import percolator
 from observers import Observer, Worker
 from percolator import Cluster, ConflictError, Snapshot, Transaction, TransactionBase
 from percolator._commit import commit_group
-from percolator._encoding import LOCK
+from percolator._encoding import LOCK, Free, encode_lock
 from percolator._internals import internals
 from percolator._notifications import pending_notifications
 from percolator._store import Read
@@ -212,6 +212,28 @@ def test_a_flat_commit_of_several_cells_of_a_row_checks_and_locks_each(
     with Snapshot(embedded) as snap:
         assert snap.get_row(T, ROW, [COL, later, new]) == {
             COL: b"2", later: b"other", new: b"2"}
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["flat", "group"])
+def test_a_one_phase_commit_of_a_new_cell_leaves_a_free_lock_naming_it_committed(
+    embedded: Cluster, grouped: bool
+) -> None:
+    """Where a cell had no lock cell, a one-phase commit (flat, or a group's member)
+    leaves one, as every lock cell of the embedded store (at timestamp 0): FREE, naming
+    its transaction, committed, the outcome its last holder had (``_one_phase_puts``).
+    A cell that had a FREE lock keeps it as it was."""
+    new = b"new"
+    before = internals(embedded).store.read_rows(T, [ROW], [Read(LOCK, (COL,))])[ROW]
+    txn = Transaction(embedded)
+    txn.set(T, ROW, COL, b"1")
+    txn.set(T, new, COL, b"1")
+    if grouped:
+        assert isinstance(commit_group([txn])[0], int)
+    else:
+        txn.commit()
+    found = internals(embedded).store.read_rows(T, [ROW, new], [Read(LOCK, (COL,))])
+    assert found[new] == {f"{LOCK}:{COL}": [(0, encode_lock(Free(txn.start_ts, True)))]}
+    assert found[ROW] == before
 
 
 def test_a_flat_commit_gives_way_to_a_live_lock_on_its_rows_second_cell(
