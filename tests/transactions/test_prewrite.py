@@ -361,6 +361,21 @@ def test_a_live_lock_is_a_conflict(accounts: Cluster, backend: str) -> None:
             conflict.column) == (mine.start_ts, holder.start_ts, T, b"alice", C)
 
 
+@pytest.mark.parametrize("backend", [SQLITE])
+def test_a_prewrites_locks_carry_the_clusters_lock_ttl(accounts: Cluster, backend: str) -> None:
+    """Each lock a prewrite takes says how long readers honour it while its owner is
+    silent: the cluster's ``lock_ttl``, in milliseconds."""
+    accounts.lock_ttl = 12.5
+    holder = Transaction(accounts)
+    holder.set(T, b"alice", C, b"held")  # the primary
+    holder.set(T, b"bob", C, b"held")
+    with pytest.raises(SimulatedCrash):  # stops after its prewrite; its owner lives on
+        commit_transaction(holder, CrashPoint("prewrite", 1))
+    for row in (b"alice", b"bob"):
+        lock = _lock_state(accounts, row)
+        assert isinstance(lock, Lock) and lock.ttl_ms == 12_500
+
+
 def _locking(world: Interleaving, txn: Transaction, row: bytes) -> Actor[None]:
     """*txn*'s commit as an actor, parked before its compare-and-set of *row*'s lock:
     its prewrite has read the cell (or took what its reads kept) and found it FREE."""
