@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -234,6 +235,37 @@ def test_a_one_phase_commit_of_a_new_cell_leaves_a_free_lock_naming_it_committed
     found = internals(embedded).store.read_rows(T, [ROW, new], [Read(LOCK, (COL,))])
     assert found[new] == {f"{LOCK}:{COL}": [(0, encode_lock(Free(txn.start_ts, True)))]}
     assert found[ROW] == before
+
+
+class _CountedInFlight:
+    """A cluster's timestamp source, counting the publications of one-phase commit
+    timestamps in flight (``in_flight``)."""
+
+    def __init__(self, source: Any) -> None:
+        self._source, self.calls = source, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._source, name)
+
+    def in_flight(self, atomically: Any) -> Any:
+        self.calls += 1
+        return self._source.in_flight(atomically)
+
+
+def test_a_one_phase_commit_takes_the_clusters_timestamp_source_as_it_is_now(
+    embedded: Cluster,
+) -> None:
+    """The one-phase steps are looked up once per store and timestamp source, and again
+    when either is another object: a commit after the cluster's timestamp source was
+    replaced (the fixture's commit looked the steps up with the old one) publishes its
+    commit timestamp in flight through the new one."""
+    parts = internals(embedded)
+    counted = _CountedInFlight(parts.timestamps)
+    parts.timestamps = counted
+    with Transaction(embedded) as txn:
+        txn.set(T, ROW, COL, b"1")
+    assert counted.calls == 1
+    assert value(embedded) == b"1"
 
 
 def test_a_flat_commit_gives_way_to_a_live_lock_on_its_rows_second_cell(
