@@ -166,6 +166,31 @@ def test_a_group_commit_of_an_observed_column_makes_its_notification(
                      (T, b"weak", COL, False, True, (outcomes[1],))]
 
 
+def test_an_observer_runs_one_phase_commit_writes_a_row_of_another_table(
+    embedded: Cluster,
+) -> None:
+    """An observer run's one-phase commit (the one that deletes the notification it
+    served, batched by table) writes one row of another table, its own mutation of
+    that table, with its acknowledgement and the deletion in the notification's."""
+
+    class Index(Observer):
+        table, column = T, COL
+
+        def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+            txn.set("index", txn.get(T, row, column) or b"", "by:row", row)
+
+    embedded.create_table("index")
+    worker = Worker(embedded, [Index])
+    worker.register()
+    client = client_of(embedded)  # made after: reads the observed columns afresh
+    with Transaction(client) as txn:
+        txn.set(T, ROW, COL, b"1")
+    worker._scanner.serve_row(T, ROW)
+    assert list(pending_notifications(embedded)) == []
+    with Snapshot(embedded) as snap:
+        assert snap.get("index", b"1", "by:row") == ROW
+
+
 def test_a_flat_commit_with_a_weak_notification_makes_it(embedded: Cluster) -> None:
     """A one-phase commit that writes a cell and weakly notifies another (of a column
     nobody observes) marks the other dirty, weakly, at its commit timestamp.
