@@ -332,6 +332,7 @@ def test_a_commit_just_after_our_start_is_a_conflict(accounts: Cluster) -> None:
     with pytest.raises(percolator.ConflictError, match="after our start") as info:
         mine.commit()
     assert info.value.conflict_ts == winner.commit_ts
+    assert (info.value.table, info.value.row, info.value.column) == (T, b"alice", C)
     assert Transaction(accounts).get(T, b"alice", C) == b"winner"
 
 
