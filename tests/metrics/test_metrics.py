@@ -253,6 +253,25 @@ def test_transactions_are_counted_by_kind_and_outcome(cluster: percolator.Cluste
     assert local("percolator_commit_duration_seconds", kind="user") - commits == 3
 
 
+def test_a_commit_that_fails_is_counted_as_failed(cluster: percolator.Cluster) -> None:
+    """A commit that ends with an error other than a conflict (here its table, dropped
+    since the write, is not there) counts as failed, with its duration, neither
+    committed nor conflicted."""
+    names = ("committed", "conflicted", "failed")
+    before = {n: local(f"percolator_transactions_{n}_total", kind="user") for n in names}
+    commits = local("percolator_commit_duration_seconds", kind="user")
+    cluster.create_table("gone")
+    txn = Transaction(cluster)
+    txn.set("gone", b"a", "raw:v", b"1")
+    cluster.drop_table("gone")
+    with pytest.raises(percolator.UnknownTableError):
+        txn.commit()
+    delta = {n: local(f"percolator_transactions_{n}_total", kind="user") - before[n]
+             for n in names}
+    assert delta == {"committed": 0, "conflicted": 0, "failed": 1}
+    assert local("percolator_commit_duration_seconds", kind="user") - commits == 1
+
+
 def test_a_commits_duration_is_the_time_its_commit_took(cluster: percolator.Cluster) -> None:
     """The commit duration histogram gets, per commit (committed or conflicted), a
     positive time within the wall time measured around the commits."""

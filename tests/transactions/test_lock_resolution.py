@@ -36,6 +36,7 @@ from percolator._encoding import (
 from percolator._errors import StoreUnavailable
 from percolator._internals import internals
 from percolator._lock_resolver import NOTIFY_STRONG, release, resolve_lock
+from percolator._notifications import pending_notifications
 from percolator._store import Mutation, Read
 from percolator.testing import client_of, crash_commit
 
@@ -148,6 +149,21 @@ def test_a_delete_rolled_forward_by_a_reader_reads_as_deleted(url: str) -> None:
         records = internals(reader).store.read_rows(
             "t", [b"r2"], [Read(WRITE, ("c:v",), versions=1)])[b"r2"][f"{WRITE}:c:v"]
         assert decode_write(records[0][1]) == (WriteKind.DELETE, dying.start_ts)
+
+
+def test_a_change_of_an_observed_column_rolled_forward_by_a_reader_notifies(url: str) -> None:
+    # The committer dies after its commit point: only its secondary's lock says that the
+    # change is to an observed column, so the reader rolling it forward writes its
+    # notification (at the commit timestamp) from that lock, or no observer ever runs.
+    with percolator.connect(url) as reader:
+        reader.observe("t", "c:v")
+        dying = Transaction(client_of(reader))  # made after: knows the observed column
+        dying.set("t", b"r1", "c:v", b"new")  # the primary
+        dying.set("t", b"r2", "c:v", b"new")
+        assert crash_commit(dying, CrashPoint("commit_point")) is True
+        assert Transaction(reader).get("t", b"r2", "c:v") == b"new"
+        found = {(n.row, n.timestamps, n.strong) for n in pending_notifications(reader, ["t"])}
+        assert found == {(b"r1", (dying.commit_ts,), True), (b"r2", (dying.commit_ts,), True)}
 
 
 def test_a_lock_whose_primary_row_holds_nothing_is_rolled_back(url: str) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +26,7 @@ import percolator
 from observers import Observer, Worker
 from percolator import Cluster, ConflictError, Snapshot, Transaction, TransactionBase
 from percolator._commit import commit_group
-from percolator._encoding import LOCK
+from percolator._encoding import LOCK, Free, encode_lock
 from percolator._internals import internals
 from percolator._notifications import pending_notifications
 from percolator._store import Read
@@ -165,6 +166,31 @@ def test_a_group_commit_of_an_observed_column_makes_its_notification(
                      (T, b"weak", COL, False, True, (outcomes[1],))]
 
 
+def test_an_observer_runs_one_phase_commit_writes_a_row_of_another_table(
+    embedded: Cluster,
+) -> None:
+    """An observer run's one-phase commit (the one that deletes the notification it
+    served, batched by table) writes one row of another table, its own mutation of
+    that table, with its acknowledgement and the deletion in the notification's."""
+
+    class Index(Observer):
+        table, column = T, COL
+
+        def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+            txn.set("index", txn.get(T, row, column) or b"", "by:row", row)
+
+    embedded.create_table("index")
+    worker = Worker(embedded, [Index])
+    worker.register()
+    client = client_of(embedded)  # made after: reads the observed columns afresh
+    with Transaction(client) as txn:
+        txn.set(T, ROW, COL, b"1")
+    worker._scanner.serve_row(T, ROW)
+    assert list(pending_notifications(embedded)) == []
+    with Snapshot(embedded) as snap:
+        assert snap.get("index", b"1", "by:row") == ROW
+
+
 def test_a_flat_commit_with_a_weak_notification_makes_it(embedded: Cluster) -> None:
     """A one-phase commit that writes a cell and weakly notifies another (of a column
     nobody observes) marks the other dirty, weakly, at its commit timestamp.
@@ -212,6 +238,59 @@ def test_a_flat_commit_of_several_cells_of_a_row_checks_and_locks_each(
     with Snapshot(embedded) as snap:
         assert snap.get_row(T, ROW, [COL, later, new]) == {
             COL: b"2", later: b"other", new: b"2"}
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["flat", "group"])
+def test_a_one_phase_commit_of_a_new_cell_leaves_a_free_lock_naming_it_committed(
+    embedded: Cluster, grouped: bool
+) -> None:
+    """Where a cell had no lock cell, a one-phase commit (flat, or a group's member)
+    leaves one, as every lock cell of the embedded store (at timestamp 0): FREE, naming
+    its transaction, committed, the outcome its last holder had (``_one_phase_puts``).
+    A cell that had a FREE lock keeps it as it was."""
+    new = b"new"
+    before = internals(embedded).store.read_rows(T, [ROW], [Read(LOCK, (COL,))])[ROW]
+    txn = Transaction(embedded)
+    txn.set(T, ROW, COL, b"1")
+    txn.set(T, new, COL, b"1")
+    if grouped:
+        assert isinstance(commit_group([txn])[0], int)
+    else:
+        txn.commit()
+    found = internals(embedded).store.read_rows(T, [ROW, new], [Read(LOCK, (COL,))])
+    assert found[new] == {f"{LOCK}:{COL}": [(0, encode_lock(Free(txn.start_ts, True)))]}
+    assert found[ROW] == before
+
+
+class _CountedInFlight:
+    """A cluster's timestamp source, counting the publications of one-phase commit
+    timestamps in flight (``in_flight``)."""
+
+    def __init__(self, source: Any) -> None:
+        self._source, self.calls = source, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._source, name)
+
+    def in_flight(self, atomically: Any) -> Any:
+        self.calls += 1
+        return self._source.in_flight(atomically)
+
+
+def test_a_one_phase_commit_takes_the_clusters_timestamp_source_as_it_is_now(
+    embedded: Cluster,
+) -> None:
+    """The one-phase steps are looked up once per store and timestamp source, and again
+    when either is another object: a commit after the cluster's timestamp source was
+    replaced (the fixture's commit looked the steps up with the old one) publishes its
+    commit timestamp in flight through the new one."""
+    parts = internals(embedded)
+    counted = _CountedInFlight(parts.timestamps)
+    parts.timestamps = counted
+    with Transaction(embedded) as txn:
+        txn.set(T, ROW, COL, b"1")
+    assert counted.calls == 1
+    assert value(embedded) == b"1"
 
 
 def test_a_flat_commit_gives_way_to_a_live_lock_on_its_rows_second_cell(

@@ -16,6 +16,7 @@ import pytest
 import percolator
 from observers import Observer, Worker
 from percolator import Cluster, ConflictError, Transaction, TransactionBase
+from percolator import _commit_checks as commit_checks
 from percolator import _two_phase as two_phase
 from percolator._commit import commit_transaction
 from percolator._encoding import (
@@ -38,7 +39,14 @@ from percolator._store import Mutation, Read
 from percolator._timestamps import NextStart, StoreTimestamps
 from percolator._transaction import _SEEN_MAX
 from percolator._two_phase import TwoPhaseCommit, committed_anyway
-from percolator.testing import CrashPoint, SimulatedCrash, client_of, crash_commit
+from percolator.testing import (
+    Actor,
+    CrashPoint,
+    Interleaving,
+    SimulatedCrash,
+    client_of,
+    crash_commit,
+)
 from tests._backends import BIGTABLE, CAS_SQLITE, SQLITE, WITH_THRIFT1, backend_fixture
 
 # And the embedded store taking HBase's path (CAS_SQLITE): the prewrite locks from what
@@ -244,6 +252,22 @@ def test_a_whole_row_scan_that_rolls_a_lock_forward_keeps_what_it_read_again(
     assert Transaction(accounts).get(T, b"alice", C) == b"new"
 
 
+def test_the_prewrite_reads_of_a_set_of_columns_are_made_once_for_up_to_1024_sets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reads of a prewrite's row read (each cell's newest lock and write record)
+    depend only on its columns: made once per set of columns, kept for the first 1,024
+    sets (a client writing ever new columns keeps no more), made afresh beyond."""
+    monkeypatch.setattr(commit_checks, "_PREWRITE_READS", {})
+    sets = [(f"c:{i}", C) for i in range(1025)]
+    made = [commit_checks._prewrite_reads(columns) for columns in sets]
+    assert made[-1] == [Read(LOCK, sets[-1]), Read(WRITE, sets[-1])]
+    kept = [commit_checks._prewrite_reads(columns) is first for columns, first in zip(
+        sets, made, strict=True)]
+    assert kept == [True] * 1024 + [False]
+    assert len(commit_checks._PREWRITE_READS) == 1024
+
+
 @pytest.mark.parametrize("backend", [CAS_SQLITE])  # the bound is the transaction's own
 def test_the_cells_whose_reads_a_transaction_keeps_are_bounded(
     accounts: Cluster, backend: str
@@ -308,6 +332,7 @@ def test_a_commit_just_after_our_start_is_a_conflict(accounts: Cluster) -> None:
     with pytest.raises(percolator.ConflictError, match="after our start") as info:
         mine.commit()
     assert info.value.conflict_ts == winner.commit_ts
+    assert (info.value.table, info.value.row, info.value.column) == (T, b"alice", C)
     assert Transaction(accounts).get(T, b"alice", C) == b"winner"
 
 
@@ -335,6 +360,173 @@ def test_a_live_lock_is_a_conflict(accounts: Cluster, backend: str) -> None:
                              f"transaction {holder.start_ts} (transaction {mine.start_ts})")
     assert (conflict.start_ts, conflict.conflict_ts, conflict.table, conflict.row,
             conflict.column) == (mine.start_ts, holder.start_ts, T, b"alice", C)
+
+
+@pytest.mark.parametrize("backend", [SQLITE])
+def test_a_prewrites_locks_carry_the_clusters_lock_ttl(accounts: Cluster, backend: str) -> None:
+    """Each lock a prewrite takes says how long readers honour it while its owner is
+    silent: the cluster's ``lock_ttl``, in milliseconds."""
+    accounts.lock_ttl = 12.5
+    holder = Transaction(accounts)
+    holder.set(T, b"alice", C, b"held")  # the primary
+    holder.set(T, b"bob", C, b"held")
+    with pytest.raises(SimulatedCrash):  # stops after its prewrite; its owner lives on
+        commit_transaction(holder, CrashPoint("prewrite", 1))
+    for row in (b"alice", b"bob"):
+        lock = _lock_state(accounts, row)
+        assert isinstance(lock, Lock) and lock.ttl_ms == 12_500
+
+
+def _locking(world: Interleaving, txn: Transaction, row: bytes) -> Actor[None]:
+    """*txn*'s commit as an actor, parked before its compare-and-set of *row*'s lock:
+    its prewrite has read the cell (or took what its reads kept) and found it FREE."""
+    actor = world.actor("mine", txn.commit)
+    actor.run_until(lambda step: step.matches("check_and_set", row=row))
+    return actor
+
+
+@pytest.mark.parametrize("backend", [SQLITE, CAS_SQLITE])
+def test_a_live_lock_taken_between_our_read_and_our_lock_is_a_conflict(
+    accounts: Cluster, backend: str
+) -> None:
+    """Another transaction locks alice after our prewrite read her and before it locks
+    her, and lives on: our compare-and-set fails, the read again finds the live lock,
+    and the prewrite gives way, naming its holder (``TwoPhaseCommit._prewrite``'s
+    resolution of a lock met while locking, not before)."""
+    with Interleaving(accounts) as world:
+        mine = Transaction(accounts)
+        mine.set(T, b"alice", C, b"mine")
+        actor = _locking(world, mine, b"alice")
+        holder = Transaction(accounts)  # the test's thread: runs straight through
+        holder.set(T, b"alice", C, b"held")
+        with pytest.raises(SimulatedCrash):  # stops after its prewrite; its owner lives on
+            commit_transaction(holder, CrashPoint("prewrite", 0))
+        with pytest.raises(percolator.ConflictError) as info:
+            actor.finish()
+    assert str(info.value) == (f"write-write conflict on {T}/b'alice'/{C}: locked by live "
+                               f"transaction {holder.start_ts} (transaction {mine.start_ts})")
+    assert info.value.conflict_ts == holder.start_ts
+    assert isinstance(_lock_state(accounts, b"alice"), Lock)  # the holder's, untouched
+
+
+@pytest.mark.parametrize("backend", [SQLITE, CAS_SQLITE])
+@pytest.mark.parametrize("met", ["primary", "secondary"])
+def test_a_dead_lock_taken_between_our_read_and_our_lock_is_rolled_back(
+    accounts: Cluster, backend: str, met: str
+) -> None:
+    """A transaction locks alice (its primary, or its secondary after bob) after our
+    prewrite read her and before it locks her, and dies: our compare-and-set fails,
+    the read again finds the dead lock, which the prewrite rolls back (a rollback record
+    at the dead one's primary; alice freed), then locks her and commits."""
+    with Interleaving(accounts) as world:
+        mine = Transaction(accounts)
+        mine.set(T, b"alice", C, b"mine")
+        actor = _locking(world, mine, b"alice")
+        dying = Transaction(client_of(accounts))
+        rows = [b"alice"] if met == "primary" else [b"bob", b"alice"]
+        for row in rows:
+            dying.set(T, row, C, b"dead")
+        assert crash_commit(dying, CrashPoint("prewrite", len(rows) - 1)) is False
+        actor.finish()
+    assert mine.commit_ts is not None
+    store = internals(accounts).store
+    primary = rows[0]  # rolled back: a rollback record at the dead one's start
+    records = store.read_rows(T, [primary], [Read(WRITE, (C,), versions=None)])[primary]
+    assert (dying.start_ts, WriteKind.ROLLBACK) in [
+        (ts, decode_write(v)[0]) for ts, v in records[f"{WRITE}:{C}"]]
+    assert Transaction(accounts).get_rows(T, [b"alice", b"bob"], [C]) == {
+        b"alice": {C: b"mine"}, b"bob": {}}
+
+
+def _lock_raw(cluster: Cluster, row: bytes) -> bytes | None:
+    cells = internals(cluster).store.read_rows(T, [row], [Read(LOCK, (C,))]).get(row, {})
+    return cells[f"{LOCK}:{C}"][0][1] if f"{LOCK}:{C}" in cells else None
+
+
+def _replace_lock(cluster: Cluster, row: bytes, state: Any) -> None:
+    """*row*'s lock set to *state*, from the test's thread (straight through)."""
+    assert internals(cluster).store.check_and_set(
+        T, row, f"{LOCK}:{C}", _lock_raw(cluster, row), encode_lock(state))
+
+
+def _orphan(cluster: Cluster) -> Lock:
+    """A lock of a transaction whose primary row holds nothing: resolved at once
+    (rolled back, no write record), leaving the cell FREE."""
+    return Lock(internals(cluster).timestamps.get_timestamp(), T, b"gone", C, owner="nobody",
+                wall_ms=int(time.time() * 1000), ttl_ms=3_600_000)
+
+
+def _is_prewrite_read(step: Any) -> bool:
+    """The prewrite's read of alice's lock and write records."""
+    return step.matches("read_rows", row=b"alice", column=f"{LOCK}:{C}") and step.matches(
+        column=f"{WRITE}:{C}")
+
+
+@pytest.mark.parametrize("backend", [SQLITE, CAS_SQLITE])
+@pytest.mark.parametrize("changes", [3, 4])
+def test_a_prewrite_whose_lock_cell_keeps_changing_gives_up_at_its_fourth_failed_lock(
+    accounts: Cluster, backend: str, changes: int
+) -> None:
+    """Each time our prewrite is about to lock alice, her FREE lock changes to another
+    FREE one (a writer that locked her and gave up): the compare-and-set fails, the
+    prewrite reads her again and tries again, up to four times; then it gives up
+    (a conflict: the cell is too busy) rather than spin."""
+    with Interleaving(accounts) as world:
+        mine = Transaction(accounts)
+        mine.set(T, b"alice", C, b"mine")
+        actor = _locking(world, mine, b"alice")
+        for change in range(changes):
+            if change:
+                actor.run_until(lambda step: step.matches("check_and_set", row=b"alice"))
+            _replace_lock(accounts, b"alice", Free(_orphan(accounts).start_ts, False))
+            actor.step()  # its compare-and-set fails
+        if changes < 4:
+            actor.finish()
+            assert Transaction(accounts).get(T, b"alice", C) == b"mine"
+        else:
+            with pytest.raises(percolator.ConflictError) as info:
+                actor.finish()
+            assert str(info.value) == (
+                f"write-write conflict on {T}/b'alice'/{C}: the lock cell changed while we "
+                f"locked it (transaction {mine.start_ts})")
+            assert info.value.conflict_ts is None
+            assert Transaction(accounts).get(T, b"alice", C) is None
+
+
+@pytest.mark.parametrize("backend", [SQLITE, CAS_SQLITE])
+@pytest.mark.parametrize("locks", [18, 19])
+def test_a_prewrite_that_meets_a_new_lock_after_each_resolution_gives_up_at_its_twentieth(
+    accounts: Cluster, backend: str, locks: int
+) -> None:
+    """Our prewrite's compare-and-set of alice fails (her lock changed), and each time
+    it reads her again it finds the lock of another dead transaction, which it rolls
+    back before reading again: twenty rounds in all (the failed lock, then one per
+    lock met). Found FREE in the twentieth, she is locked; a lock met there, the
+    prewrite gives up (a conflict) rather than spin."""
+    with Interleaving(accounts) as world:
+        mine = Transaction(accounts)
+        mine.set(T, b"alice", C, b"mine")
+        actor = _locking(world, mine, b"alice")
+        _replace_lock(accounts, b"alice", Free(_orphan(accounts).start_ts, False))
+        for _ in range(locks):
+            actor.step()
+            actor.run_until(_is_prewrite_read)
+            _replace_lock(accounts, b"alice", _orphan(accounts))
+        if locks < 19:
+            actor.finish()
+            assert Transaction(accounts).get(T, b"alice", C) == b"mine"
+        else:
+            with pytest.raises(percolator.ConflictError) as info:
+                actor.finish()
+            assert str(info.value) == (f"write-write conflict on {T}/b'alice'/{C}: could not "
+                                       f"take the lock (transaction {mine.start_ts})")
+            assert info.value.conflict_ts is None
+            assert Transaction(accounts).get(T, b"alice", C) is None
+
+
+def _lock_state(cluster: Cluster, row: bytes) -> Any:
+    cells = internals(cluster).store.read_rows(T, [row], [Read(LOCK, (C,))])[row]
+    return decode_lock(cells[f"{LOCK}:{C}"][0][1])
 
 
 def test_a_lock_left_committed_is_rolled_forward_before_the_writer_locks(
@@ -368,15 +560,15 @@ def test_a_harness_runs_the_phases_of_a_two_phase_commit_and_stops_at_its_crash_
 ) -> None:
     """``TwoPhaseCommit.of(txn, crash)``, the harnesses' way in (bench/, the notify-index
     tests): its prewrite locks the primary, then stops at the crash point, before the
-    secondary; its abort releases what it locked."""
+    secondary, saying where; its abort releases what it locked."""
     with percolator.connect(f"sqlite:///{tmp_path}/harness.db") as cluster:
         cluster.create_table(T)
         txn = Transaction(cluster)
         txn.set(T, b"alice", C, b"a")  # the primary
         txn.set(T, b"bob", C, b"b")
         committer = TwoPhaseCommit.of(txn, CrashPoint("prewrite", 0))
-        with pytest.raises(SimulatedCrash):
-            committer.prewrite()
+        with pytest.raises(SimulatedCrash, match=r"^simulated crash at prewrite\[0\]$"):
+            committer.prewrite()  # says where it stopped
         assert [cell.row for cell in committer.locked] == [b"alice"]
         other = Transaction(cluster)
         other.set(T, b"alice", C, b"other")
