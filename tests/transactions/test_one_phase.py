@@ -26,7 +26,15 @@ import percolator
 from observers import Observer, Worker
 from percolator import Cluster, ConflictError, Snapshot, Transaction, TransactionBase
 from percolator._commit import commit_group
-from percolator._encoding import LOCK, Free, encode_lock
+from percolator._encoding import (
+    LOCK,
+    WRITE,
+    Free,
+    WriteKind,
+    decode_write,
+    encode_lock,
+    inline_value,
+)
 from percolator._internals import internals
 from percolator._notifications import pending_notifications
 from percolator._store import Read
@@ -260,6 +268,52 @@ def test_a_one_phase_commit_of_a_new_cell_leaves_a_free_lock_naming_it_committed
     found = internals(embedded).store.read_rows(T, [ROW, new], [Read(LOCK, (COL,))])
     assert found[new] == {f"{LOCK}:{COL}": [(0, encode_lock(Free(txn.start_ts, True)))]}
     assert found[ROW] == before
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["flat", "group"])
+def test_a_one_phase_delete_writes_a_delete_record(embedded: Cluster, grouped: bool) -> None:
+    """A delete committed in one phase (flat, or a group's member) is a DELETE write
+    record, a put a PUT carrying its value: garbage collection drops a cell's history
+    below a DELETE, and the change feed tells a deletion from a write of nothing."""
+    with Transaction(embedded) as first:
+        first.set(T, ROW, COL, b"v")
+    txn = Transaction(embedded)
+    txn.delete(T, ROW, COL)
+    txn.set(T, b"other", COL, b"w")
+    if grouped:
+        assert isinstance(commit_group([txn])[0], int)
+    else:
+        txn.commit()
+    found = internals(embedded).store.read_rows(T, [ROW, b"other"], [Read(WRITE, (COL,))])
+    deleted, put = found[ROW][f"{WRITE}:{COL}"][0][1], found[b"other"][f"{WRITE}:{COL}"][0][1]
+    assert decode_write(deleted) == (WriteKind.DELETE, txn.start_ts)
+    assert (decode_write(put), inline_value(put)) == ((WriteKind.PUT, txn.start_ts), b"w")
+
+
+def test_a_group_commit_reads_only_the_columns_its_members_write(
+    embedded: Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A group commit checks its members' cells in one read per table, of the lock and
+    write record of the columns they write and no other (a row's other columns may hold
+    much more)."""
+    with Transaction(embedded) as first:
+        for row in (ROW, b"other"):
+            first.set(T, row, COL, b"v")
+            first.set(T, row, "c:unwritten", b"x" * 1000)
+    members = [Transaction(embedded), Transaction(embedded)]
+    members[0].set(T, ROW, COL, b"1")
+    members[1].set(T, b"other", COL, b"2")
+    store = internals(embedded).store
+    read_rows, asked = store.read_rows, []
+
+    def spied(table: str, rows: Any, reads: Any, *args: Any, **kwargs: Any) -> Any:
+        if table == T:
+            asked.append([read.qualifiers for read in reads])
+        return read_rows(table, rows, reads, *args, **kwargs)
+
+    monkeypatch.setattr(store, "read_rows", spied)
+    assert all(isinstance(ts, int) for ts in commit_group(members))
+    assert asked == [[(COL,), (COL,)]]
 
 
 class _CountedInFlight:

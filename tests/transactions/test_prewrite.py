@@ -75,8 +75,13 @@ def test_a_rollback_record_at_our_start_is_a_conflict(accounts: Cluster) -> None
     assert Transaction(accounts).get(T, b"alice", C) is None  # rolls it back
     zombie = Transaction(accounts, start_ts=dying.start_ts)
     zombie.set(T, b"alice", C, b"never")
-    with pytest.raises(percolator.ConflictError, match="rolled back"):
+    with pytest.raises(percolator.ConflictError) as refused:
         zombie.commit()
+    conflict = refused.value
+    assert str(conflict) == (f"write-write conflict on {T}/b'alice'/{C}: this transaction "
+                             f"was rolled back (transaction {dying.start_ts})")
+    assert (conflict.start_ts, conflict.conflict_ts, conflict.table, conflict.row,
+            conflict.column) == (dying.start_ts, dying.start_ts, T, b"alice", C)
     assert Transaction(accounts).get(T, b"alice", C) is None
 
 
