@@ -434,6 +434,38 @@ def test_a_closed_safe_point_starts_no_publisher_for_a_transaction_begun_after(
     assert sp._publisher is None
 
 
+def test_a_publication_that_hangs_does_not_hang_the_close(cluster: percolator.Cluster) -> None:
+    """``close`` waits for a publication in progress (the store closes next), but only
+    :attr:`SafePoint.CLOSE_WAIT` seconds: then it withdraws what it announced and
+    returns, the publisher still in its store call."""
+    sp = _safe_point(cluster)
+    inside, go = threading.Event(), threading.Event()
+
+    def hanging() -> None:
+        inside.set()
+        go.wait(120)
+
+    sp.publish = hanging  # type: ignore[method-assign]
+    sp.CLOSE_WAIT = 0.1
+    snapshot = percolator.Snapshot(cluster)
+    sp.fetch()  # announced: close withdraws the announcement
+    publisher = sp._publisher
+    assert publisher is not None and inside.wait(60)
+    closer = threading.Thread(target=sp.close)
+    try:
+        closer.start()
+        closer.join(60)
+        assert not closer.is_alive(), "close waited for the hung publication"
+        assert publisher.is_alive(), "the publication still hangs"
+        owner = sp.coordination.current_owner()
+        assert REFRESH_PREFIX + owner not in _stored(sp)
+    finally:
+        go.set()
+        publisher.join(60)
+        closer.join(60)
+        snapshot.close()
+
+
 # --- a snapshot at a given start timestamp (registered, not drawn) -------------------
 
 
