@@ -165,6 +165,23 @@ def test_a_pass_waits_twice_the_slowest_refresh_of_the_clients_not_known_dead(
     assert sp.grace() == 2 * 0.5
 
 
+def test_a_client_announces_its_refresh_before_its_first_fetch_only(
+    cluster: percolator.Cluster,
+) -> None:
+    """The announcement is written once, before the first fetch; the fetches after it
+    (one per refresh interval in every process) only read. (Here the announcement is
+    removed behind the client's back after the first fetch: a second fetch that
+    announced again would put it back.)"""
+    sp = _safe_point(cluster)
+    column = REFRESH_PREFIX + sp.coordination.current_owner()
+    assert column not in _stored(sp)
+    sp.fetch()
+    assert struct.unpack(">d", _stored(sp)[column]) == (sp.refresh,)
+    sp.store.mutate_rows(META_TABLE, [Mutation(ROW, deletes=[(column, 0)])])
+    sp.fetch()
+    assert column not in _stored(sp)
+
+
 def test_the_holders_are_what_each_client_published(cluster: percolator.Cluster) -> None:
     """A client's publication read back: its oldest transaction's start and wall time,
     the younger ones of its staircase with theirs (to the millisecond), and the
