@@ -212,6 +212,48 @@ def test_the_holders_are_what_each_client_published(cluster: percolator.Cluster)
         _stored(sp)), "withdrawn when the client closes"
 
 
+def test_a_client_publishes_nothing_before_it_runs_a_transaction(
+    cluster: percolator.Cluster,
+) -> None:
+    """A client that has run no transaction has nothing to publish, not even ``idle``:
+    a publication then writes nothing (every client of a store would write a cell)."""
+    sp = _safe_point(cluster)
+    sp.publish()
+    owner = sp.coordination.current_owner()
+    assert not {CLIENT_PREFIX + owner, YOUNGER_PREFIX + owner} & set(_stored(sp))
+
+
+class _Waits:
+    """The publisher's stop event, recording how long each round waits; the first
+    round's wait ends the loop (as a close would)."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float | None] = []
+        self.waited = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.timeouts.append(timeout)
+        self.waited.set()
+        return True
+
+    def set(self) -> None:
+        pass
+
+
+def test_the_publisher_publishes_every_half_refresh(cluster: percolator.Cluster) -> None:
+    """Twice per refresh interval (module docstring): a transaction begun just after a
+    publication is published within half the interval a cached safe point is trusted."""
+    sp = _safe_point(cluster)
+    waits = _Waits()
+    sp._stop = waits  # type: ignore[assignment]
+    snapshot = percolator.Snapshot(cluster)
+    try:
+        assert waits.waited.wait(60)
+        assert waits.timeouts == [sp.refresh / 2]
+    finally:
+        snapshot.close()
+
+
 def test_the_holders_come_oldest_first(cluster: percolator.Cluster) -> None:
     sp = _safe_point(cluster)
     sp.store.mutate_rows(META_TABLE, [Mutation(ROW, [
