@@ -695,3 +695,28 @@ def test_a_boot_id_that_cannot_be_read_is_sixteen_zero_bytes(
     monkeypatch.setattr("percolator._timestamps.open",
                         lambda *args, **kwargs: io.BytesIO(b"not a uuid\n"), raising=False)
     assert boot_id() == b"\0" * 16
+
+
+def test_a_sidecar_that_cannot_be_opened_is_a_clear_error(tmp_path: Path) -> None:
+    store = SqliteStore(str(tmp_path / "db"))
+    path = str(tmp_path / "no such directory" / "db-ts")
+    try:
+        with pytest.raises(percolator.StoreUnavailable) as failed:
+            HostTimestamps(store, path)
+        assert str(failed.value).startswith(f"cannot open timestamp file {path!r}: ")
+    finally:
+        store.close()
+
+
+def test_the_sidecar_is_made_readable_by_all_and_writable_by_its_owner(tmp_path: Path) -> None:
+    """Mode 0o644 (less the umask): other users' processes of the host may look, and
+    nobody may run it."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        assert os.stat(tmp_path / "db-ts").st_mode & 0o777 == 0o644 & ~umask
+    finally:
+        source.close()
+        store.close()
