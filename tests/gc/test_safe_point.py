@@ -328,14 +328,19 @@ def test_a_process_that_never_closes_its_cluster_still_exits(tmp_path: Path) -> 
 def test_a_failed_draw_holds_nothing_and_keeps_no_pass_waiting(
     cluster: percolator.Cluster,
 ) -> None:
+    """Even while its owner still holds it (a traceback kept, a retry loop's last
+    attempt), a transaction whose draw failed is not running: it has no start
+    timestamp to hold the point at."""
     sp = _safe_point(cluster)
 
     def unreachable() -> int:
         raise percolator.StoreUnavailable("the timestamps' store is gone")
 
+    hold = Hold()
     with pytest.raises(percolator.StoreUnavailable):
-        sp.begin(Hold(), unreachable)
+        sp.begin(hold, unreachable)
     assert sp.running() == []  # and returns: no draw is in progress any more
+    assert not hold._closed, "still open, still referenced"
 
 
 def test_a_pass_waits_for_every_draw_in_progress_not_only_the_last_to_finish(
