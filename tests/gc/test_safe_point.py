@@ -10,6 +10,7 @@ which transactions run when it looks).
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -252,6 +253,32 @@ def test_the_publisher_publishes_every_half_refresh(cluster: percolator.Cluster)
         assert waits.timeouts == [sp.refresh / 2]
     finally:
         snapshot.close()
+
+
+def test_a_forked_childs_close_leaves_its_parents_publication(
+    cluster: percolator.Cluster,
+) -> None:
+    """A child forked from a client (it inherits the cluster) that closes before it
+    ever published withdraws nothing of what its parent published: the parent's running
+    transaction still holds the safe point back."""
+    sp = _safe_point(cluster)
+    running = percolator.Snapshot(cluster)
+    sp.publish()
+    owner = sp.coordination.current_owner()
+    assert CLIENT_PREFIX + owner in _stored(sp)
+    pid = os.fork()
+    if pid == 0:  # the child: a transaction begun and closed, then the client closed
+        code = 1
+        try:
+            percolator.Snapshot(cluster).close()
+            sp.close()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert [(h.owner, h.start_ts) for h in sp.holders()] == [(owner, running.start_ts)]
+    running.close()
 
 
 def test_the_holders_come_oldest_first(cluster: percolator.Cluster) -> None:
