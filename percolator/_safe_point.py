@@ -173,6 +173,10 @@ class SafePoint:
     """One client's view of the safe point, and its publication of its oldest running
     transaction (see the module docstring)."""
 
+    CLOSE_WAIT = 60.0
+    """Seconds :meth:`close` waits for a publication in progress (the store closes next)
+    before it goes on: a store that hangs must not hang the close."""
+
     def __init__(self, store: Store, coordination: Coordination, *, refresh: float = 1.0) -> None:
         self.store = store
         self.coordination = coordination
@@ -434,7 +438,7 @@ class SafePoint:
         if publisher is not None and publisher is not threading.current_thread():
             # The store closes next, and an SQLite connection closed under a write in
             # progress on another thread crashes the process (seen in a suite run).
-            publisher.join(timeout=60)
+            publisher.join(timeout=self.CLOSE_WAIT)
         withdrawn = [prefix for prefix, done in ((CLIENT_PREFIX, self._stored),
                                                  (YOUNGER_PREFIX, self._stored),
                                                  (REFRESH_PREFIX, self._announced)) if done]

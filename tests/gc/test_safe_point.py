@@ -10,6 +10,7 @@ which transactions run when it looks).
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -165,6 +166,23 @@ def test_a_pass_waits_twice_the_slowest_refresh_of_the_clients_not_known_dead(
     assert sp.grace() == 2 * 0.5
 
 
+def test_a_client_announces_its_refresh_before_its_first_fetch_only(
+    cluster: percolator.Cluster,
+) -> None:
+    """The announcement is written once, before the first fetch; the fetches after it
+    (one per refresh interval in every process) only read. (Here the announcement is
+    removed behind the client's back after the first fetch: a second fetch that
+    announced again would put it back.)"""
+    sp = _safe_point(cluster)
+    column = REFRESH_PREFIX + sp.coordination.current_owner()
+    assert column not in _stored(sp)
+    sp.fetch()
+    assert struct.unpack(">d", _stored(sp)[column]) == (sp.refresh,)
+    sp.store.mutate_rows(META_TABLE, [Mutation(ROW, deletes=[(column, 0)])])
+    sp.fetch()
+    assert column not in _stored(sp)
+
+
 def test_the_holders_are_what_each_client_published(cluster: percolator.Cluster) -> None:
     """A client's publication read back: its oldest transaction's start and wall time,
     the younger ones of its staircase with theirs (to the millisecond), and the
@@ -193,6 +211,74 @@ def test_the_holders_are_what_each_client_published(cluster: percolator.Cluster)
     sp.close()
     assert not {CLIENT_PREFIX + owner, YOUNGER_PREFIX + owner, REFRESH_PREFIX + owner} & set(
         _stored(sp)), "withdrawn when the client closes"
+
+
+def test_a_client_publishes_nothing_before_it_runs_a_transaction(
+    cluster: percolator.Cluster,
+) -> None:
+    """A client that has run no transaction has nothing to publish, not even ``idle``:
+    a publication then writes nothing (every client of a store would write a cell)."""
+    sp = _safe_point(cluster)
+    sp.publish()
+    owner = sp.coordination.current_owner()
+    assert not {CLIENT_PREFIX + owner, YOUNGER_PREFIX + owner} & set(_stored(sp))
+
+
+class _Waits:
+    """The publisher's stop event, recording how long each round waits; the first
+    round's wait ends the loop (as a close would)."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float | None] = []
+        self.waited = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.timeouts.append(timeout)
+        self.waited.set()
+        return True
+
+    def set(self) -> None:
+        pass
+
+
+def test_the_publisher_publishes_every_half_refresh(cluster: percolator.Cluster) -> None:
+    """Twice per refresh interval (module docstring): a transaction begun just after a
+    publication is published within half the interval a cached safe point is trusted."""
+    sp = _safe_point(cluster)
+    waits = _Waits()
+    sp._stop = waits  # type: ignore[assignment]
+    snapshot = percolator.Snapshot(cluster)
+    try:
+        assert waits.waited.wait(60)
+        assert waits.timeouts == [sp.refresh / 2]
+    finally:
+        snapshot.close()
+
+
+def test_a_forked_childs_close_leaves_its_parents_publication(
+    cluster: percolator.Cluster,
+) -> None:
+    """A child forked from a client (it inherits the cluster) that closes before it
+    ever published withdraws nothing of what its parent published: the parent's running
+    transaction still holds the safe point back."""
+    sp = _safe_point(cluster)
+    running = percolator.Snapshot(cluster)
+    sp.publish()
+    owner = sp.coordination.current_owner()
+    assert CLIENT_PREFIX + owner in _stored(sp)
+    pid = os.fork()
+    if pid == 0:  # the child: a transaction begun and closed, then the client closed
+        code = 1
+        try:
+            percolator.Snapshot(cluster).close()
+            sp.close()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert [(h.owner, h.start_ts) for h in sp.holders()] == [(owner, running.start_ts)]
+    running.close()
 
 
 def test_the_holders_come_oldest_first(cluster: percolator.Cluster) -> None:
@@ -259,24 +345,29 @@ def test_a_process_that_never_closes_its_cluster_still_exits(tmp_path: Path) -> 
     script = ("import sys, threading, percolator\n"
               "cluster = percolator.connect(sys.argv[1])\n"
               "snapshot = percolator.Snapshot(cluster)\n"
-              "print([t.name for t in threading.enumerate() if t.daemon])\n")
+              "print(*(t.name for t in threading.enumerate() if t.daemon), sep='\\n')\n")
     done = subprocess.run([sys.executable, "-c", script, f"sqlite:///{tmp_path}/db"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "percolator-safe-point" in done.stdout
+    assert "percolator-safe-point" in done.stdout.splitlines(), "the daemon threads, by name"
 
 
 def test_a_failed_draw_holds_nothing_and_keeps_no_pass_waiting(
     cluster: percolator.Cluster,
 ) -> None:
+    """Even while its owner still holds it (a traceback kept, a retry loop's last
+    attempt), a transaction whose draw failed is not running: it has no start
+    timestamp to hold the point at."""
     sp = _safe_point(cluster)
 
     def unreachable() -> int:
         raise percolator.StoreUnavailable("the timestamps' store is gone")
 
+    hold = Hold()
     with pytest.raises(percolator.StoreUnavailable):
-        sp.begin(Hold(), unreachable)
+        sp.begin(hold, unreachable)
     assert sp.running() == []  # and returns: no draw is in progress any more
+    assert not hold._closed, "still open, still referenced"
 
 
 def test_a_pass_waits_for_every_draw_in_progress_not_only_the_last_to_finish(
@@ -432,6 +523,38 @@ def test_a_closed_safe_point_starts_no_publisher_for_a_transaction_begun_after(
     sp.close()
     sp.begin(Hold(), internals(cluster).timestamps.get_timestamp)
     assert sp._publisher is None
+
+
+def test_a_publication_that_hangs_does_not_hang_the_close(cluster: percolator.Cluster) -> None:
+    """``close`` waits for a publication in progress (the store closes next), but only
+    :attr:`SafePoint.CLOSE_WAIT` seconds: then it withdraws what it announced and
+    returns, the publisher still in its store call."""
+    sp = _safe_point(cluster)
+    inside, go = threading.Event(), threading.Event()
+
+    def hanging() -> None:
+        inside.set()
+        go.wait(120)
+
+    sp.publish = hanging  # type: ignore[method-assign]
+    sp.CLOSE_WAIT = 0.1
+    snapshot = percolator.Snapshot(cluster)
+    sp.fetch()  # announced: close withdraws the announcement
+    publisher = sp._publisher
+    assert publisher is not None and inside.wait(60)
+    closer = threading.Thread(target=sp.close)
+    try:
+        closer.start()
+        closer.join(60)
+        assert not closer.is_alive(), "close waited for the hung publication"
+        assert publisher.is_alive(), "the publication still hangs"
+        owner = sp.coordination.current_owner()
+        assert REFRESH_PREFIX + owner not in _stored(sp)
+    finally:
+        go.set()
+        publisher.join(60)
+        closer.join(60)
+        snapshot.close()
 
 
 # --- a snapshot at a given start timestamp (registered, not drawn) -------------------

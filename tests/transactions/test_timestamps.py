@@ -3,12 +3,14 @@ never reissued after kill -9, restart or a lost sidecar file."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from percolator._timestamps import (
     ORACLES,
     HostTimestamps,
     StoreTimestamps,
+    boot_id,
     open_oracle,
     process_alive,
 )
@@ -665,3 +668,55 @@ def test_a_process_this_one_may_not_signal_counts_as_alive() -> None:
             os._exit(code)
     _, status = os.waitpid(child, 0)
     assert os.waitstatus_to_exitcode(status) == 0, "pid 1 counted as dead"
+
+
+# --- boot_id: a sidecar (and an owner id, a lock census) written before a reboot ------
+
+
+def test_the_boot_id_is_this_boots_as_the_kernel_tells_it() -> None:
+    """A sidecar written in another boot is reset (its page cache may have lost writes):
+    the id must be the kernel's, one per boot, the same in every process of the host."""
+    path = Path("/proc/sys/kernel/random/boot_id")
+    if not path.exists():
+        pytest.skip("no /proc/sys/kernel/random/boot_id on this system")
+    assert boot_id() == uuid.UUID(path.read_text().strip()).bytes
+
+
+def test_a_boot_id_that_cannot_be_read_is_sixteen_zero_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without /proc (or with something else there) the id is all zeros, the size of a
+    real one: the sidecar's header keeps its layout."""
+    def unreadable(*args: Any, **kwargs: Any) -> Any:
+        raise PermissionError("no /proc here (test)")
+
+    monkeypatch.setattr("percolator._timestamps.open", unreadable, raising=False)
+    assert boot_id() == b"\0" * 16
+    monkeypatch.setattr("percolator._timestamps.open",
+                        lambda *args, **kwargs: io.BytesIO(b"not a uuid\n"), raising=False)
+    assert boot_id() == b"\0" * 16
+
+
+def test_a_sidecar_that_cannot_be_opened_is_a_clear_error(tmp_path: Path) -> None:
+    store = SqliteStore(str(tmp_path / "db"))
+    path = str(tmp_path / "no such directory" / "db-ts")
+    try:
+        with pytest.raises(percolator.StoreUnavailable) as failed:
+            HostTimestamps(store, path)
+        assert str(failed.value).startswith(f"cannot open timestamp file {path!r}: ")
+    finally:
+        store.close()
+
+
+def test_the_sidecar_is_made_readable_by_all_and_writable_by_its_owner(tmp_path: Path) -> None:
+    """Mode 0o644 (less the umask): other users' processes of the host may look, and
+    nobody may run it."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        assert os.stat(tmp_path / "db-ts").st_mode & 0o777 == 0o644 & ~umask
+    finally:
+        source.close()
+        store.close()
