@@ -17,6 +17,7 @@ import uuid
 import zlib
 from typing import Protocol
 
+from percolator import _forks
 from percolator._errors import CoordinationError
 from percolator._timestamps import boot_id
 
@@ -134,23 +135,34 @@ class LocalCoordination:
     def __init__(self, lock_file: str | None = None) -> None:
         self._host = socket.gethostname()
         self._boot = str(uuid.UUID(bytes=boot_id()))
-        self._pid = os.getpid()
+        self._become_owner()
+        self._lock_fd = -1
+        if lock_file is not None:
+            self._lock_fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def _become_owner(self) -> None:
+        """A new owner id for this process, holding no advisory lock."""
+        self._pid = _forks.pid
         self._owner = "/".join(
             ("local", self._host, self._boot, str(self._pid),
              _process_start(self._pid) or "?", uuid.uuid4().hex[:12])
         )
         self._held: dict[int, str] = {}
         self._held_lock = threading.Lock()
-        self._lock_fd = -1
-        if lock_file is not None:
-            self._lock_fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
 
     def current_owner(self) -> str:
+        if self._pid != _forks.pid:
+            # A child forked from this client: its pid names its liveness, and its
+            # safe-point publication must not overwrite its parent's. The parent's
+            # fcntl locks are not the child's (POSIX does not inherit them).
+            self._become_owner()
         return self._owner
 
     def confirm_owner(self, owner: str) -> None:
-        if owner != self._owner:
-            raise CoordinationError(f"lock owner {owner!r} is not this client's ({self._owner!r})")
+        if owner != self.current_owner():
+            raise CoordinationError(f"lock owner {owner!r} is not this client's ({self._owner!r}): "
+                                    "a transaction begun in another process (a parent this "
+                                    "one was forked from) cannot commit here")
         with _closed_lock:
             if owner in _closed_owners:
                 raise CoordinationError(f"the coordinator of owner {owner!r} was closed: "
@@ -173,6 +185,7 @@ class LocalCoordination:
 
     def try_advisory_lock(self, key: str) -> bool:
         bucket = self._bucket(key)
+        self.current_owner()  # a forked child starts holding none
         with self._held_lock:
             if bucket in self._held:
                 return False
@@ -195,8 +208,9 @@ class LocalCoordination:
 
     def close(self) -> None:
         """Declare this owner dead: its remaining locks may be rolled back at once."""
+        owner = self.current_owner()  # a forked child's, never its parent's
         with _closed_lock:
-            _closed_owners.add(self._owner)
+            _closed_owners.add(owner)
         with self._held_lock:
             self._held.clear()
             if self._lock_fd >= 0:

@@ -281,6 +281,41 @@ def test_a_forked_childs_close_leaves_its_parents_publication(
     running.close()
 
 
+def test_a_forked_child_publishes_under_an_owner_of_its_own(
+    cluster: percolator.Cluster,
+) -> None:
+    """A child forked from a client runs a transaction and publishes: under an owner id
+    of its own (its pid, which names its liveness), so its publication leaves its
+    parent's, and the parent's running transaction still holds the safe point back.
+    With the parent's owner id, the child's idle publication replaced the parent's
+    entry, and a pass elsewhere could overtake the parent's running transaction."""
+    sp = _safe_point(cluster)
+    running = percolator.Snapshot(cluster)
+    sp.publish()
+    owner = sp.coordination.current_owner()
+    told, tell = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a transaction begun and ended, then its publication
+        code = 1
+        try:
+            percolator.Snapshot(cluster).close()
+            sp.publish()
+            os.write(tell, sp.coordination.current_owner().encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(tell)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    with os.fdopen(told, "rb") as pipe:
+        child = pipe.read().decode()
+    assert child.startswith("local/") and child != owner
+    assert child.split("/")[3] == str(pid)
+    assert sp.coordination.current_owner() == owner
+    assert [(h.owner, h.start_ts) for h in sp.holders()] == [(owner, running.start_ts)]
+    running.close()
+
+
 def test_the_holders_come_oldest_first(cluster: percolator.Cluster) -> None:
     sp = _safe_point(cluster)
     sp.store.mutate_rows(META_TABLE, [Mutation(ROW, [
