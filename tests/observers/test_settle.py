@@ -193,16 +193,18 @@ def test_a_change_made_during_a_run_outlives_the_runs_deletion(tmp_path: Path) -
         assert held.runs == 2
 
 
+def _copy_runs(outcome: str) -> float:
+    """``percolator_observer_runs_total`` of the Copy observer's runs ended *outcome*."""
+    return float(metrics.snapshot()[0].get(
+        ("percolator_observer_runs_total", ("Copy", outcome)), 0))
+
+
 def test_a_group_commit_counts_each_run_by_its_observer_and_outcome(tmp_path: Path) -> None:
     """A scanner's pass runs two rows and commits them as one group; a commit of
     another client to the cell the first run writes lands between the runs and the
     group's commit: that run conflicts (its notification stays for a later pass),
     the other commits. Each is counted by its outcome, in the worker's stats and in
     ``percolator_observer_runs_total`` under its observer's name."""
-    def runs(outcome: str) -> float:
-        return float(metrics.snapshot()[0].get(
-            ("percolator_observer_runs_total", ("Copy", outcome)), 0))
-
     with percolator.connect(f"sqlite://{tmp_path}/db") as cluster:
         cluster.create_table("t")
         cluster.observe("t", "in:v")
@@ -214,7 +216,7 @@ def test_a_group_commit_counts_each_run_by_its_observer_and_outcome(tmp_path: Pa
         worker = Worker(cluster, [Copy], threads=1,
                         on_commit=lambda *args: told.append(args))
         assert worker._runner.commits_in_groups()
-        committed, conflicts = runs("committed"), runs("conflict")
+        committed, conflicts = _copy_runs("committed"), _copy_runs("conflict")
         with Interleaving(cluster) as world:
             scanner = world.actor("scanner", worker._scanner.scan_pass)
             scanner.run_until(lambda s: s.op == "atomic")  # the group's commit
@@ -222,7 +224,7 @@ def test_a_group_commit_counts_each_run_by_its_observer_and_outcome(tmp_path: Pa
                 txn.set("t", b"r1", "out:v", b"other")
             scanner.finish()
         assert (worker.stats["committed"], worker.stats["conflicts"]) == (1, 1)
-        assert (runs("committed"), runs("conflict")) == (committed + 1, conflicts + 1)
+        assert (_copy_runs("committed"), _copy_runs("conflict")) == (committed + 1, conflicts + 1)
         assert [p.row for p in pending_notifications(cluster)] == [b"r1"]
         # The on_commit hook is told of the committed run: observer, cell, change, commit.
         [(observer, table, row, column, change, commit_ts)] = told
@@ -253,10 +255,6 @@ def test_a_group_commit_the_store_fails_counts_each_run_transient(tmp_path: Path
     committed, each run is counted ``transient`` under its observer's name (not a
     conflict, nor a failure of the observer), and their notifications stay for the
     next pass, which serves them."""
-    def runs(outcome: str) -> float:
-        return float(metrics.snapshot()[0].get(
-            ("percolator_observer_runs_total", ("Copy", outcome)), 0))
-
     with percolator.connect(f"sqlite://{tmp_path}/db") as cluster:
         cluster.create_table("t")
         cluster.observe("t", "in:v")
@@ -265,7 +263,7 @@ def test_a_group_commit_the_store_fails_counts_each_run_transient(tmp_path: Path
                 txn.set("t", row, "in:v", row)
         worker = Worker(cluster, [Copy], threads=1)
         assert worker._runner.commits_in_groups()
-        transient, conflicts = runs("transient"), runs("conflict")
+        transient, conflicts = _copy_runs("transient"), _copy_runs("conflict")
         failing = WritesFail(internals(cluster).store)
         internals(cluster).store = failing  # type: ignore[assignment]
         try:
@@ -274,7 +272,7 @@ def test_a_group_commit_the_store_fails_counts_each_run_transient(tmp_path: Path
             failing.failing = False
         finally:
             internals(cluster).store = failing._store
-        assert (runs("transient"), runs("conflict")) == (transient + 2, conflicts)
+        assert (_copy_runs("transient"), _copy_runs("conflict")) == (transient + 2, conflicts)
         assert worker.stats["committed"] == worker.stats["conflicts"] == 0
         assert worker.stats["failures"] == 0
         assert sorted(p.row for p in pending_notifications(cluster)) == [b"r1", b"r2"]

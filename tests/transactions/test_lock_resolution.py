@@ -213,6 +213,15 @@ def test_a_dead_owners_primary_is_rolled_back_and_freed_in_one_resolution(url: s
         assert host.stats["locks_resolved"] == 1
 
 
+def _a_writer_of_r1_commits_over_it(cluster: percolator.Cluster) -> None:
+    """A writer of r1, X's primary left decided, commits; X's r2 stays as it was."""
+    writer = Transaction(cluster)
+    writer.set("t", b"r1", "c:v", b"w")
+    writer.commit()
+    assert Transaction(cluster).get("t", b"r1", "c:v") == b"w"
+    assert Transaction(cluster).get("t", b"r2", "c:v") == b"old"
+
+
 def test_a_write_over_a_primary_left_rolled_back_frees_it_and_commits(url: str) -> None:
     # X dies after its prewrite; a cleaner decides X rolled back (ROLLED_BACK, its
     # ROLLBACK record) and dies before freeing X's primary r1. Readers pass over a
@@ -227,11 +236,7 @@ def test_a_write_over_a_primary_left_rolled_back_frees_it_and_commits(url: str) 
         store.mutate_rows("t", [Mutation(b"r1", [(f"{WRITE}:c:v", x.start_ts,
                                                   encode_write(WriteKind.ROLLBACK, x.start_ts))])])
         assert Transaction(cluster).get("t", b"r1", "c:v") == b"old"
-        writer = Transaction(cluster)
-        writer.set("t", b"r1", "c:v", b"w")
-        writer.commit()
-        assert Transaction(cluster).get("t", b"r1", "c:v") == b"w"
-        assert Transaction(cluster).get("t", b"r2", "c:v") == b"old"
+        _a_writer_of_r1_commits_over_it(cluster)
 
 
 def test_a_primary_left_rolled_back_without_its_record_stays_rolled_back(url: str) -> None:
@@ -264,11 +269,7 @@ def test_a_primary_left_rolled_back_without_its_record_stays_rolled_back(url: st
                             encode_lock(Committed(x.start_ts, commit_ts)))
         assert not lock_cas(store, "t", b"r1", lock_of_r1, before_x, locked)
         assert Transaction(cluster).get("t", b"r1", "c:v") == b"old"
-        writer = Transaction(cluster)
-        writer.set("t", b"r1", "c:v", b"w")
-        writer.commit()
-        assert Transaction(cluster).get("t", b"r1", "c:v") == b"w"
-        assert Transaction(cluster).get("t", b"r2", "c:v") == b"old"
+        _a_writer_of_r1_commits_over_it(cluster)
 
 
 def test_a_write_over_a_primary_left_committed_rolls_it_forward_and_commits(
