@@ -193,6 +193,18 @@ def test_a_change_made_during_a_run_outlives_the_runs_deletion(tmp_path: Path) -
         assert held.runs == 2
 
 
+def _two_observed_rows(cluster: percolator.Cluster) -> int:
+    """Table t, its column in:v observed, written in rows r1 and r2: the commit's
+    timestamp (the change the runs see)."""
+    cluster.create_table("t")
+    cluster.observe("t", "in:v")
+    with percolator.Transaction(cluster) as txn:
+        for row in (b"r1", b"r2"):
+            txn.set("t", row, "in:v", row)
+    assert txn.commit_ts is not None
+    return txn.commit_ts
+
+
 def _copy_runs(outcome: str) -> float:
     """``percolator_observer_runs_total`` of the Copy observer's runs ended *outcome*."""
     return float(metrics.snapshot()[0].get(
@@ -206,12 +218,7 @@ def test_a_group_commit_counts_each_run_by_its_observer_and_outcome(tmp_path: Pa
     the other commits. Each is counted by its outcome, in the worker's stats and in
     ``percolator_observer_runs_total`` under its observer's name."""
     with percolator.connect(f"sqlite://{tmp_path}/db") as cluster:
-        cluster.create_table("t")
-        cluster.observe("t", "in:v")
-        with percolator.Transaction(cluster) as txn:
-            for row in (b"r1", b"r2"):
-                txn.set("t", row, "in:v", row)
-        changed = txn.commit_ts
+        changed = _two_observed_rows(cluster)
         told: list[tuple[object, ...]] = []
         worker = Worker(cluster, [Copy], threads=1,
                         on_commit=lambda *args: told.append(args))
@@ -256,11 +263,7 @@ def test_a_group_commit_the_store_fails_counts_each_run_transient(tmp_path: Path
     conflict, nor a failure of the observer), and their notifications stay for the
     next pass, which serves them."""
     with percolator.connect(f"sqlite://{tmp_path}/db") as cluster:
-        cluster.create_table("t")
-        cluster.observe("t", "in:v")
-        with percolator.Transaction(cluster) as txn:
-            for row in (b"r1", b"r2"):
-                txn.set("t", row, "in:v", row)
+        _two_observed_rows(cluster)
         worker = Worker(cluster, [Copy], threads=1)
         assert worker._runner.commits_in_groups()
         transient, conflicts = _copy_runs("transient"), _copy_runs("conflict")
