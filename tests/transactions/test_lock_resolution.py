@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -707,6 +708,19 @@ class ParkedCommitter:
         return call
 
 
+@contextmanager
+def _committer_parked(parked: ParkedCommitter) -> Iterator[None]:
+    """Runs *parked*'s committer until it parks; when the block ends (however), lets
+    it go and waits for its end."""
+    parked.committer.start()  # type: ignore[union-attr]
+    try:
+        assert parked.reached.wait(30)
+        yield
+    finally:
+        parked.go.set()
+        parked.committer.join()  # type: ignore[union-attr]
+
+
 def _transfer_parked(cluster: Any, row: bytes, nth: int) -> tuple[ParkedCommitter, Any]:
     """A transfer (r1 its primary, r2 its secondary) committing in a thread of
     *cluster*'s own client, parked before its *nth* compare-and-set on *row*."""
@@ -732,14 +746,9 @@ def test_a_read_past_a_commit_of_its_own_client_drawn_above_it_does_not_wait(
         parked, _ = _transfer_parked(cluster, b"r1", 2)  # the commit point's
         reader = Transaction(cluster)
         assert reader.start_ts
-        parked.committer.start()  # type: ignore[union-attr]
-        try:
-            assert parked.reached.wait(30)
+        with _committer_parked(parked):
             assert reader.get("t", b"r2", "c:v") == b"old"
             assert parked.calls == ["read_rows"]
-        finally:
-            parked.go.set()
-            parked.committer.join()  # type: ignore[union-attr]
         assert Transaction(cluster).get("t", b"r2", "c:v") == b"new"
 
 
@@ -754,16 +763,11 @@ def test_a_read_after_a_commit_point_of_its_own_client_sees_it_before_its_releas
     with percolator.connect(url, lock_wait=10) as cluster:
         cluster.one_phase_commit = False
         parked, holder = _transfer_parked(cluster, b"r2", 2)  # the secondary's release
-        parked.committer.start()  # type: ignore[union-attr]
-        try:
-            assert parked.reached.wait(30)
+        with _committer_parked(parked):
             reader = Transaction(cluster)
             assert reader.start_ts > holder.commit_ts
             assert reader.get("t", b"r2", "c:v") == b"new"
             assert parked.calls == ["read_rows"]
-        finally:
-            parked.go.set()
-            parked.committer.join()  # type: ignore[union-attr]
         lock = internals(cluster).store.read_rows("t", [b"r2"], [Read(LOCK, ("c:v",))])
         assert isinstance(decode_lock(lock[b"r2"][f"{LOCK}:c:v"][0][1]), Free)
 
@@ -777,14 +781,9 @@ def test_a_read_of_a_commit_of_its_own_client_still_locking_waits_for_it(url: st
     with percolator.connect(url, lock_wait=0.3) as cluster:
         cluster.one_phase_commit = False
         parked, _ = _transfer_parked(cluster, b"r2", 1)  # the secondary's prewrite
-        parked.committer.start()  # type: ignore[union-attr]
-        try:
-            assert parked.reached.wait(30)
-            with pytest.raises(percolator.LockedError, match="still alive"):
-                Transaction(cluster).get("t", b"r1", "c:v")
-        finally:
-            parked.go.set()
-            parked.committer.join()  # type: ignore[union-attr]
+        with (_committer_parked(parked),
+              pytest.raises(percolator.LockedError, match="still alive")):
+            Transaction(cluster).get("t", b"r1", "c:v")
         assert Transaction(cluster).get("t", b"r1", "c:v") == b"new"
 
 
@@ -837,17 +836,12 @@ def test_a_read_waits_for_a_commit_of_its_own_client_to_tell_its_outcome(
         parked, holder = _transfer_parked(cluster, b"r1", 2)  # the commit point's
         in_flight = internals(cluster).in_flight
         in_flight._changed = condition = _GoOnOnceWaitedFor(parked)
-        parked.committer.start()  # type: ignore[union-attr]
-        try:
-            assert parked.reached.wait(30)
+        with _committer_parked(parked):
             reader = Transaction(cluster)
             assert 0 < in_flight._flights[holder.start_ts].commit_ts < reader.start_ts
             assert reader.get("t", b"r2", "c:v") == b"new"
             assert parked.calls == ["read_rows"]
             assert condition.waits and all(w is not None and w > 0 for w in condition.waits)
-        finally:
-            parked.go.set()
-            parked.committer.join()  # type: ignore[union-attr]
 
 
 def test_a_read_does_not_wait_for_a_commit_of_its_own_client_past_its_ttl(
@@ -999,15 +993,10 @@ def test_a_write_over_a_commit_of_its_own_client_under_way_after_its_start_is_a_
         assert writer.start_ts
         writer.set("t", b"r2", "c:v", b"mine")
         parked, _ = _transfer_parked(cluster, b"r2", 2)  # the secondary's release
-        parked.committer.start()  # type: ignore[union-attr]
-        try:
-            assert parked.reached.wait(30)
+        with _committer_parked(parked):
             with pytest.raises(percolator.ConflictError, match="after our start"):
                 writer.commit()
             assert parked.calls == ["read_rows"]
-        finally:
-            parked.go.set()
-            parked.committer.join()  # type: ignore[union-attr]
 
 
 def test_a_snapshot_at_the_commit_timestamp_of_a_commit_of_its_own_client_sees_it(
@@ -1022,16 +1011,11 @@ def test_a_snapshot_at_the_commit_timestamp_of_a_commit_of_its_own_client_sees_i
         parked, holder = _transfer_parked(cluster, b"r1", 2)  # the commit point's
         in_flight = internals(cluster).in_flight
         in_flight._changed = condition = _GoOnOnceWaitedFor(parked)
-        parked.committer.start()  # type: ignore[union-attr]
-        try:
-            assert parked.reached.wait(30)
+        with _committer_parked(parked):
             commit_ts = in_flight._flights[holder.start_ts].commit_ts
             with percolator.Snapshot(cluster, start_ts=commit_ts) as snapshot:
                 assert snapshot.get("t", b"r2", "c:v") == b"new"
             assert condition.waits
-        finally:
-            parked.go.set()
-            parked.committer.join()  # type: ignore[union-attr]
         assert holder.commit_ts == commit_ts
 
 
@@ -1045,16 +1029,11 @@ def test_a_write_at_the_commit_timestamp_of_a_commit_of_its_own_client_is_no_con
     with percolator.connect(url, lock_wait=10) as cluster:
         cluster.one_phase_commit = False
         parked, holder = _transfer_parked(cluster, b"r2", 2)  # the secondary's release
-        parked.committer.start()  # type: ignore[union-attr]
-        try:
-            assert parked.reached.wait(30)
+        with _committer_parked(parked):
             writer = Transaction(cluster, start_ts=holder.commit_ts)
             assert writer.get("t", b"r2", "c:v") == b"new"
             writer.set("t", b"r2", "c:v", b"newer")
             writer.commit()
-        finally:
-            parked.go.set()
-            parked.committer.join()  # type: ignore[union-attr]
         assert Transaction(cluster).get("t", b"r2", "c:v") == b"newer"
 
 
@@ -1166,15 +1145,10 @@ def test_a_read_past_a_commit_of_its_own_client_still_resolves_the_rows_other_lo
         parked, _ = _transfer_parked(cluster, b"r1", 2)  # the commit point's
         reader = Transaction(cluster)
         assert reader.start_ts
-        parked.committer.start()  # type: ignore[union-attr]
-        try:
-            assert parked.reached.wait(30)
+        with _committer_parked(parked):
             assert reader.get_row("t", b"r2", ["c:v", "c:w"]) == {"c:v": b"old", "c:w": b"x"}
             # its read, X's primary, X's roll forward, its read again
             assert parked.calls == ["read_rows", "read_rows", "check_and_set", "read_rows"]
-        finally:
-            parked.go.set()
-            parked.committer.join()  # type: ignore[union-attr]
 
 
 def test_a_read_after_a_commit_point_of_its_own_client_sees_its_delete_and_new_cell(
@@ -1224,15 +1198,10 @@ def test_a_cell_read_from_its_own_clients_committer_is_locked_from_what_its_rele
     with percolator.connect(seeded_cas_sqlite_url, lock_wait=10) as cluster:
         cluster.one_phase_commit = False
         parked, holder = _transfer_parked(cluster, b"r2", 2)  # the secondary's release
-        parked.committer.start()  # type: ignore[union-attr]
-        try:
-            assert parked.reached.wait(30)
+        with _committer_parked(parked):
             reader = Transaction(cluster)
             assert reader.start_ts > holder.commit_ts
             assert reader.get("t", b"r2", "c:v") == b"new"
-        finally:
-            parked.go.set()
-            parked.committer.join()  # type: ignore[union-attr]
         parked.calls.clear()
         reader.set("t", b"r2", "c:v", b"mine")
         reader.commit()
