@@ -143,8 +143,9 @@ class Context:
         return self._run.input_watermark
 
     def set_timer(self, tag: str, time_ms: int) -> None:
-        """Arm (or re-arm) timer *tag* of this key for event time *time_ms*; it fires
-        once the input watermark reaches it."""
+        """Arm (or re-arm) timer *tag* of this key for event time *time_ms*, from 0 to
+        ``END_OF_TIME`` (a flush when the input ends); it fires once the input
+        watermark reaches it."""
         self._run.set_timer(tag, time_ms)
 
     def delete_timer(self, tag: str) -> None:

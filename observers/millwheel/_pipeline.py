@@ -585,6 +585,11 @@ class _KeyRun:
         if not isinstance(tag, str) or not tag or not isinstance(time_ms, int):
             raise InvalidArgument(f"set_timer needs a non-empty str tag and int ms, "
                                   f"got {tag!r}, {time_ms!r}")
+        if not 0 <= time_ms <= END_OF_TIME:
+            # beyond the end of time a timer could never fire, and every advance after
+            # the input ends would wake its key for nothing
+            raise InvalidArgument(f"set_timer's time must be from 0 to END_OF_TIME "
+                                  f"({END_OF_TIME}: fires once the input ends), got {time_ms}")
         self.delete_timer(tag)
         self.txn.set(self.node.table, self.key, f"t:{tag}", _TS.pack(time_ms))
         self.txn.set(self.node.timers, self._timer_index(time_ms, tag), "t:x", b"")

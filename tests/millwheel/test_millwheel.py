@@ -9,6 +9,7 @@ waits for has reached it), late records, and bad topologies."""
 from __future__ import annotations
 
 import json
+import logging
 import random
 import signal
 import subprocess
@@ -580,6 +581,40 @@ class _Flush(mw.Computation):
 
     def process_timer(self, ctx: mw.Context, timer: mw.Timer) -> None:
         ctx.state.set_json("flushed", ctx.state.get_json("n", 0))
+
+
+class _ArmsAt(mw.Computation):
+    """Arms a timer at the time its record carries as its value."""
+
+    name = "ArmsAt"
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        ctx.set_timer("t", int(record.value))
+
+
+@pytest.mark.parametrize("time_ms", [END + 1, -1, 2**64])
+def test_a_timer_outside_the_time_range_is_refused_and_nothing_of_its_run_is_kept(
+        sqlite_cluster: Cluster, caplog: pytest.LogCaptureFixture, time_ms: int) -> None:
+    """A timer beyond END_OF_TIME could never fire (its key would be woken for nothing
+    by every advance once the input ends), and one below 0 or past 64 bits has no
+    place in the timer index (a ``struct.error`` from deep inside before): the key
+    run fails with an InvalidArgument that gives the range, and commits nothing: its
+    record stays pending, no timer is armed."""
+    cluster = sqlite_cluster
+    pipeline = mw.Pipeline(cluster, "arms", interval=0.05)
+    pipeline.injector("in", mw.IterableSource([(str(time_ms).encode(), 1_000)]), stream="in")
+    pipeline.computation(_ArmsAt(), inputs={"in": lambda r: b"k"})
+    pipeline.create()
+    assert pipeline.inject("in") == 1
+    worker = Worker(cluster, pipeline.observers(), threads=1)
+    worker.register()
+    with caplog.at_level(logging.WARNING, logger="observers"):
+        _run_keys(pipeline, worker, "ArmsAt")
+    (failure,) = [r.getMessage() for r in caplog.records if r.name == "observers"]
+    assert f"set_timer's time must be from 0 to END_OF_TIME ({END}" in failure, failure
+    assert failure.endswith(f"got {time_ms}"), failure
+    (status,) = pipeline.status()
+    assert (status.pending, status.timers) == (1, 0)
 
 
 def test_a_timer_at_the_end_of_time_fires_when_the_input_ends(sqlite_cluster: Cluster) -> None:
