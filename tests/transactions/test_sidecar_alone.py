@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -208,3 +209,88 @@ def test_the_flock_of_a_killed_process_does_not_outlive_it_in_its_forked_child(
                 os.kill(child, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+@pytest.fixture
+def own_releaser(monkeypatch: pytest.MonkeyPatch) -> _Releaser:
+    """A releaser of the test's own in the process's place: its thread starts with the
+    test's first kept flock, so the test sees (and mutation testing maps) its whole run."""
+    releaser = _Releaser()
+    monkeypatch.setattr("percolator._timestamps._RELEASER", releaser)
+    return releaser
+
+
+def test_an_idle_process_alone_lets_go_of_the_flock_and_is_forgotten(
+    tmp_path: Path, own_releaser: _Releaser,
+) -> None:
+    """Nobody else came, and the process draws no more: its releaser thread (a daemon,
+    named for what it does) lets go of the flock all the same, a tick or two after the
+    last section (a newcomer then finds it free), and stops looking at the source."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    try:
+        source.get_timestamp()
+        thread = own_releaser._thread
+        assert thread is not None, "the flock was kept, and nothing watches it"
+        assert (thread.name, thread.daemon) == ("percolator-sidecar-releaser", True)
+        deadline = time.monotonic() + 10
+        while _flock_taken(source.path) or source in own_releaser._watched:
+            assert time.monotonic() < deadline, "an idle source kept its flock, or stays watched"
+            time.sleep(0.005)
+        assert not source._holding
+    finally:
+        source.close()
+        store.close()
+
+
+def test_a_look_lets_go_only_of_a_source_that_had_no_section_since_the_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The releaser's looks, made here one by one (its thread never runs): a source
+    that had a section since the count of the last look keeps its flock (letting go
+    would cost its next section a flock); one that had none lets go. A look while a
+    section runs answers at once, with a count that no section count equals: the
+    look after it keeps the flock even if exactly one section ran. So does the first
+    look at a source just handed over, whatever its count."""
+    releaser = _Releaser()
+    releaser._thread = threading.current_thread()  # taken for its thread: none starts
+    monkeypatch.setattr("percolator._timestamps._RELEASER", releaser)
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    try:
+        source.get_timestamp()
+        assert source._holding
+        handed_over = releaser._watched[source]
+        with source._lock:
+            source._sections = 0  # any count; 0 puts the next section's at 1
+        inside, leave, left = threading.Event(), threading.Event(), threading.Event()
+
+        def section() -> None:
+            with source._locked():
+                inside.set()
+                leave.wait(10)
+            left.set()
+
+        running = threading.Thread(target=section)
+        running.start()
+        try:
+            assert inside.wait(10)
+            busy = source._let_go_if_idle(0)
+            assert not left.is_set(), "a look waited for the section to end"
+            assert busy is not None, "a look let go while a section ran"
+        finally:
+            leave.set()
+            running.join(10)
+        assert source._sections == 1
+        assert source._let_go_if_idle(handed_over) == 1
+        assert source._let_go_if_idle(busy) == 1
+        assert source._holding and _flock_taken(source.path)
+        with source._locked():
+            pass
+        assert source._let_go_if_idle(1) == 2  # one section since: kept
+        assert source._holding and _flock_taken(source.path)
+        assert source._let_go_if_idle(2) is None  # none since: let go
+        assert not source._holding and not _flock_taken(source.path)
+    finally:
+        source.close()
+        store.close()

@@ -22,6 +22,7 @@ from percolator._encoding import WRITE
 from percolator._internals import internals
 from percolator._store import INCREMENT, Read
 from percolator._timestamps import (
+    MAX_BATCH,
     ORACLES,
     HostTimestamps,
     StoreTimestamps,
@@ -258,6 +259,25 @@ def test_bad_counts(tmp_path: Path, count: object) -> None:
     store.close()
 
 
+def test_a_count_is_refused_naming_what_was_given_and_up_to_max_batch_is_drawn(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStore(str(tmp_path / "repo.db"))
+    source = HostTimestamps(store, str(tmp_path / "repo.db-ts"))
+    try:
+        with pytest.raises(percolator.InvalidArgument) as refused:
+            source.get_timestamps(1.5)  # type: ignore[arg-type]
+        assert str(refused.value) == "count must be an int, got float: 1.5"
+        with pytest.raises(percolator.InvalidArgument) as refused:
+            source.get_timestamps(MAX_BATCH + 1)
+        assert str(refused.value) == (
+            f"count must be between 1 and {MAX_BATCH}, got {MAX_BATCH + 1}")
+        assert len(source.get_timestamps(MAX_BATCH)) == MAX_BATCH
+    finally:
+        source.close()
+        store.close()
+
+
 class _Counted:
     """A real store seen through a proxy that counts its calls, with or without its
     optional ``increment`` (as an older client, or a store without one, would use it)."""
@@ -474,11 +494,46 @@ def test_a_commit_in_flight_too_long_is_a_clear_error(tmp_path: Path) -> None:
             source._set_slot(below, stopped.pid)
         with pytest.raises(percolator.StoreUnavailable, match=f"process {stopped.pid}"):
             source.get_timestamp()
+        assert stopped.poll() is None, "asking whether the committer lives signalled it"
     finally:
         stopped.kill()
         stopped.wait()
         source.close()
         store.close()
+
+
+def test_a_draw_waiting_for_a_commit_in_flight_looks_at_once_then_at_least_every_ms(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A draw above a commit in flight (of this process: no liveness to ask) looks at
+    the slot at once, then after pauses that start at tens of microseconds and grow
+    to a millisecond, no more: it neither spins nor oversleeps the commit's end."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    below = source.get_timestamp()
+    with source._locked():
+        source._set_slot(below, os.getpid())
+    drawing, real_sleep = threading.get_ident(), time.sleep
+    pauses: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        if threading.get_ident() == drawing:
+            pauses.append(seconds)
+            if len(pauses) == 12:  # the commit is visible
+                with source._locked():
+                    source._set_slot(0, 0)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    try:
+        assert source.get_timestamp() > below
+    finally:
+        monkeypatch.undo()
+        source.close()
+        store.close()
+    assert len(pauses) == 12 and pauses == sorted(pauses)
+    assert pauses[0] == 0
+    assert 0 < pauses[1] < pauses[-1] <= 0.001
 
 
 def test_commits_and_draws_across_refills_neither_deadlock_nor_repeat(tmp_path: Path) -> None:
@@ -652,11 +707,12 @@ def test_an_oracle_scheme_whose_client_is_not_installed_says_what_to_install(
 def test_a_process_this_one_may_not_signal_counts_as_alive() -> None:
     """A commit in flight in another user's process is waited for, not cleared:
     ``os.kill(pid, 0)`` on a process this one may not signal raises PermissionError,
-    and the process exists. (As root, asked from a child that drops to nobody.)"""
+    and the process exists. (As root, asked from a child that drops to nobody; asked
+    here too, where pid 1 may be signalled or not, both alive.)"""
+    assert process_alive(1)
     if os.geteuid() != 0:
         if os.stat("/proc/1").st_uid == os.geteuid():
             pytest.skip("pid 1 is this user's: no process of another user to ask about")
-        assert process_alive(1)
         return
     child = os.fork()
     if child == 0:
