@@ -3,9 +3,11 @@ never reissued after kill -9, restart or a lost sidecar file."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -198,6 +200,86 @@ def test_a_process_killed_while_it_writes_the_sidecar_leaves_it_whole(
     source = HostTimestamps(store, db + "-ts")
     try:
         assert source.get_timestamp() > handed_out
+    finally:
+        source.close()
+        store.close()
+
+
+class _Stopped(Exception):
+    """Where a kill -9 would have stopped the process."""
+
+
+class _StopsHere:
+    def __index__(self) -> int:
+        raise _Stopped
+
+
+class _StoppedMidWrite(struct.Struct):
+    def pack_into(self, buffer: Any, offset: int, *values: Any) -> None:
+        # as _KILLED_MID_WRITE's, in this process: the bytes are zeroed, then it stops
+        super().pack_into(buffer, offset, _StopsHere(), *values[1:])
+
+
+def test_a_write_of_the_sidecar_stopped_midway_leaves_the_state_in_use_whole(
+    tmp_path: Path,
+) -> None:
+    """The in-process twin of the kill -9 test above: whichever copy of the state is in
+    use, a write stopped between zeroing its bytes and writing them leaves that copy as
+    it was (the write goes to the other copy, which one byte then puts in use)."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    try:
+        for _ in range(2):  # from one copy in use, then from the other
+            before = source._state()
+            source._STATE = _StoppedMidWrite(HostTimestamps._STATE.format)
+            with pytest.raises(_Stopped), source._locked():
+                source._put_state(before[0] + 5, 0, 0, before[3])
+            del source._STATE  # the class's again
+            with source._locked():
+                assert source._state() == before
+                source._put_state(before[0] + 1, 0, 0, before[3])
+                assert source._state() == (before[0] + 1, 0, 0, before[3])
+    finally:
+        source.close()
+        store.close()
+
+
+def test_a_commit_never_draws_above_the_persisted_ceiling(tmp_path: Path) -> None:
+    """A one-phase commit draws inside its write transaction, where it must not write
+    the store: when the persisted block has no room for all it asks, it gets None (and
+    commits in two phases) rather than timestamps above the ceiling, which a restart from
+    the ceiling would hand out again. What fits below the ceiling it gets."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    try:
+        source.get_timestamp()
+        ceiling = source._ceiling.read()[0]
+        with source._locked():  # the next commit's first timestamp: one below the ceiling
+            source._put_state(ceiling - 1 - source.GAP, 0, 0, 0)
+        with source.in_flight(contextlib.nullcontext) as draw:
+            assert draw(2) is None
+            assert draw(1) == range(ceiling - 1, ceiling)
+    finally:
+        source.close()
+        store.close()
+
+
+def test_a_commits_second_draw_follows_its_first_above_the_slot(tmp_path: Path) -> None:
+    """A block of ``in_flight`` may draw more than once: the first draw is published in
+    the slot (GAP above the next start timestamp), each later one follows the last."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    try:
+        start = source.get_timestamp()
+        with source.in_flight(contextlib.nullcontext) as draw:
+            first, second = draw(2), draw(3)
+            assert first is not None and second is not None
+            assert first[0] == start + 1 + source.GAP
+            assert second == range(first[-1] + 1, first[-1] + 4)
+            with source._locked():
+                assert source._slot() == (first[0], os.getpid())
+        with source._locked():
+            assert source._slot() == (0, 0)
     finally:
         source.close()
         store.close()
