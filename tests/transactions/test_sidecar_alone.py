@@ -294,3 +294,45 @@ def test_a_look_lets_go_only_of_a_source_that_had_no_section_since_the_last(
     finally:
         source.close()
         store.close()
+
+
+def test_a_forked_childs_close_leaves_its_parents_flock_and_the_parents_lets_go(
+    tmp_path: Path, slow_releaser: None,
+) -> None:
+    """A forked child shares the open file, and with it the flock its parent keeps:
+    its close must not unlock it (the parent would count with nobody excluded). The
+    parent's close must unlock it, not only close its descriptor: a child still
+    holding the inherited one would keep the flock while it lives."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    lives_read, lives_write = os.pipe()
+    child = 0
+    try:
+        source.get_timestamp()
+        assert source._holding
+        child = os.fork()
+        if child == 0:
+            code = 1
+            try:
+                source.close()
+                code = 0
+            finally:
+                os._exit(code)
+        status = os.waitpid(child, 0)[1]
+        child = 0
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert _flock_taken(source.path), "the child's close unlocked its parent's flock"
+        child = os.fork()
+        if child == 0:  # keeps the inherited descriptors open until the parent says
+            os.close(lives_write)
+            os.read(lives_read, 1)
+            os._exit(0)
+        source.close()
+        assert not _flock_taken(source.path), "a child's open descriptor kept the flock"
+    finally:
+        os.close(lives_write)
+        os.close(lives_read)
+        if child:
+            os.waitpid(child, 0)
+        source.close()
+        store.close()

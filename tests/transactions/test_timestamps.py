@@ -846,6 +846,36 @@ def test_a_sidecar_that_cannot_be_opened_is_a_clear_error(tmp_path: Path) -> Non
         store.close()
 
 
+_STDIN_CLOSED = """
+import os, sys
+from percolator._timestamps import HostTimestamps
+from percolator.stores.sqlite import SqliteStore
+store = SqliteStore(sys.argv[1])
+HostTimestamps(store, sys.argv[1] + "-ts").close()  # the store's meta rows exist: no new file
+os.close(0)  # as a daemon's standard input
+source = HostTimestamps(store, sys.argv[1] + "-ts")
+opened_as = source._fd
+source.get_timestamp()
+source.close()
+try:
+    os.fstat(0)
+    print(opened_as, "open")
+except OSError:
+    print(opened_as, "closed")
+"""
+
+
+def test_a_sidecar_opened_as_descriptor_0_is_closed_too(tmp_path: Path) -> None:
+    """A process with its standard input closed (a daemon) opens the sidecar as
+    descriptor 0, which its close closes as any other (its lock and presence go).
+    (In a process of its own: closing this one's descriptor 0 could hand it to a
+    file another thread opens meanwhile.)"""
+    done = subprocess.run([sys.executable, "-c", _STDIN_CLOSED, str(tmp_path / "db")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "closed"]
+
+
 def test_the_sidecar_is_made_readable_by_all_and_writable_by_its_owner(tmp_path: Path) -> None:
     """Mode 0o644 (less the umask): other users' processes of the host may look, and
     nobody may run it."""
