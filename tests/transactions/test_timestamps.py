@@ -857,6 +857,7 @@ source = HostTimestamps(store, sys.argv[1] + "-ts")
 opened_as = source._fd
 source.get_timestamp()
 source.close()
+source.close()  # again: closes nothing (not this process's standard output)
 try:
     os.fstat(0)
     print(opened_as, "open")
@@ -867,8 +868,8 @@ except OSError:
 
 def test_a_sidecar_opened_as_descriptor_0_is_closed_too(tmp_path: Path) -> None:
     """A process with its standard input closed (a daemon) opens the sidecar as
-    descriptor 0, which its close closes as any other (its lock and presence go).
-    (In a process of its own: closing this one's descriptor 0 could hand it to a
+    descriptor 0, which its close closes as any other (its lock and presence go); a
+    second close closes nothing. (In a process of its own: closing this one's descriptor 0 could hand it to a
     file another thread opens meanwhile.)"""
     done = subprocess.run([sys.executable, "-c", _STDIN_CLOSED, str(tmp_path / "db")],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
