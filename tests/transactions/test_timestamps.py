@@ -28,6 +28,7 @@ from percolator._timestamps import (
     ORACLES,
     HostTimestamps,
     StoreTimestamps,
+    _Ceiling,
     boot_id,
     open_oracle,
     process_alive,
@@ -383,6 +384,23 @@ class _Counted:
             return attr(*args, **kwargs)
 
         return counted
+
+
+def test_a_persisted_ceiling_at_or_above_the_minimum_is_not_written_again(
+    tmp_path: Path,
+) -> None:
+    """Raising the ceiling to at least a value it already has is one read: no
+    compare-and-set of the cell to its own value (a new version on HBase)."""
+    store = SqliteStore(str(tmp_path / "db"))
+    counted = _Counted(store)
+    ceiling = _Ceiling(counted)  # type: ignore[arg-type]
+    try:
+        assert ceiling.raise_to_at_least(5) == 5
+        counted.calls.clear()
+        assert (ceiling.raise_to_at_least(5), ceiling.raise_to_at_least(3)) == (5, 5)
+        assert counted.calls == {"read_rows": 2}
+    finally:
+        store.close()
 
 
 def test_store_timestamps_are_linearizable_on_every_backend(store_url: str) -> None:
@@ -869,8 +887,8 @@ except OSError:
 def test_a_sidecar_opened_as_descriptor_0_is_closed_too(tmp_path: Path) -> None:
     """A process with its standard input closed (a daemon) opens the sidecar as
     descriptor 0, which its close closes as any other (its lock and presence go); a
-    second close closes nothing. (In a process of its own: closing this one's descriptor 0 could hand it to a
-    file another thread opens meanwhile.)"""
+    second close closes nothing. (In a process of its own: closing this one's
+    descriptor 0 could hand it to a file another thread opens meanwhile.)"""
     done = subprocess.run([sys.executable, "-c", _STDIN_CLOSED, str(tmp_path / "db")],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
