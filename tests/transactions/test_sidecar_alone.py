@@ -336,3 +336,32 @@ def test_a_forked_childs_close_leaves_its_parents_flock_and_the_parents_lets_go(
             os.waitpid(child, 0)
         source.close()
         store.close()
+
+
+def test_the_flock_is_kept_from_the_hot_th_section_within_a_tick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slow_releaser: None,
+) -> None:
+    """The rate that pays for keeping the flock, on a clock of the test's: ``HOT``
+    sections within one tick of the first of them (a tick after it still counts), not
+    fewer, and not ``HOT`` spread over more than a tick (the count starts again)."""
+    monkeypatch.setattr(HostTimestamps, "HOT", 3)
+    now = [1000.0]
+    monkeypatch.setattr("percolator._timestamps._monotonic", lambda: now[0])
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+
+    def section() -> bool:
+        with source._locked():
+            pass
+        return source._holding
+
+    try:
+        assert (section(), section()) == (False, False)
+        now[0] += _Releaser.TICK + 0.5  # the window of the first two is over
+        assert (section(), section()) == (False, False)
+        now[0] += _Releaser.TICK  # exactly a tick after the window began: still in it
+        assert section()
+        assert _flock_taken(source.path)
+    finally:
+        source.close()
+        store.close()
