@@ -265,6 +265,25 @@ def test_a_commit_never_draws_above_the_persisted_ceiling(tmp_path: Path) -> Non
         store.close()
 
 
+@pytest.mark.parametrize("count", [1, 2 * HostTimestamps.GAP])
+def test_a_refill_leaves_room_for_the_draw_and_a_commits_gap_above_it(
+    tmp_path: Path, count: int,
+) -> None:
+    """A draw that persists a new ceiling (here a block of 6 past what it needs) makes
+    room for what it takes and, above that, for a one-phase commit's draw ``GAP`` up,
+    which must find room without writing the store (else it goes two-phase)."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    source.BLOCK, source.REFILL = 6, 3
+    try:
+        taken = source.get_timestamps(count)
+        with source.in_flight(contextlib.nullcontext) as draw:
+            assert draw(1) == range(taken[-1] + 1 + source.GAP, taken[-1] + 2 + source.GAP)
+    finally:
+        source.close()
+        store.close()
+
+
 def test_a_commits_second_draw_follows_its_first_above_the_slot(tmp_path: Path) -> None:
     """A block of ``in_flight`` may draw more than once: the first draw is published in
     the slot (GAP above the next start timestamp), each later one follows the last."""
