@@ -365,3 +365,35 @@ def test_the_flock_is_kept_from_the_hot_th_section_within_a_tick(
     finally:
         source.close()
         store.close()
+
+
+def test_a_process_that_let_a_newcomer_in_takes_the_flock_again_for_each_section(
+    tmp_path: Path, slow_releaser: None,
+) -> None:
+    """Once a section saw the newcomer's mark and let go, the process keeps the flock
+    no more: its next section waits while another open file holds it."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    newcomer = None
+    other = os.open(source.path, os.O_RDWR)
+    try:
+        source.get_timestamp()
+        assert source._holding
+        newcomer = HostTimestamps(store, source.path)  # its mark: a newcomer
+        with source._locked():
+            pass  # sees the mark, lets go
+        fcntl.flock(other, fcntl.LOCK_EX)  # another open file counts now
+        drawn: list[int] = []
+        drawing = threading.Thread(target=lambda: drawn.append(source.get_timestamp()))
+        drawing.start()
+        drawing.join(0.5)
+        assert not drawn, "a section ran while another open file held the flock"
+        fcntl.flock(other, fcntl.LOCK_UN)
+        drawing.join(10)
+        assert drawn
+    finally:
+        os.close(other)
+        if newcomer is not None:
+            newcomer.close()
+        source.close()
+        store.close()
