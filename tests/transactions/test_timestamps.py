@@ -265,6 +265,25 @@ def test_a_commit_never_draws_above_the_persisted_ceiling(tmp_path: Path) -> Non
         store.close()
 
 
+def test_a_commit_finds_the_room_another_process_persisted(tmp_path: Path) -> None:
+    """The ceiling this process knows may be stale: another process raised it. A commit
+    whose draw would pass the known ceiling reads the persisted one first, and draws
+    below it (else it would go two-phase for nothing)."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    try:
+        source.get_timestamp()
+        known = source._ceiling.read()[0]
+        source._ceiling.raise_to_at_least(known + 100)  # as another process's refill
+        with source._locked():  # the next commit's first timestamp: the known ceiling
+            source._put_state(known - source.GAP, 0, 0, 0)
+        with source.in_flight(contextlib.nullcontext) as draw:
+            assert draw(1) == range(known, known + 1)
+    finally:
+        source.close()
+        store.close()
+
+
 @pytest.mark.parametrize("count", [1, 2 * HostTimestamps.GAP])
 def test_a_refill_leaves_room_for_the_draw_and_a_commits_gap_above_it(
     tmp_path: Path, count: int,
