@@ -101,10 +101,11 @@ def _doubles() -> dict[str, Callable[[Store], Any]]:
         RowCasNotAtomic,
         SlowStore,
     )
+    from tests.transactions.test_one_phase import _SecondRowFails
     from tests.transactions.test_prefetch import CountingReads
     from tests.transactions.test_prewrite import _CommitPointFails, _Counted
     from tests.transactions.test_single_row import Counting
-    from tests.transactions.test_store_timestamps import ParkedRequest
+    from tests.transactions.test_store_timestamps import ParkedRequest, _InterruptedRead
     from tests.transactions.test_timestamps import _Counted as CountedTimestamps
     from tests.transactions.test_timestamps import _SlowCommitStore
     from tests.ubiq.test_bookkeeping import _RowsRead
@@ -133,11 +134,13 @@ def _doubles() -> dict[str, Callable[[Store], Any]]:
             s, b"r", 1),
         "transactions.test_lock_resolution:RowCasNotAtomic": RowCasNotAtomic,
         "transactions.test_lock_resolution:SlowStore": lambda s: SlowStore(s, 0.0),
+        "transactions.test_one_phase:_SecondRowFails": _SecondRowFails,
         "transactions.test_prefetch:CountingReads": CountingReads,
         "transactions.test_prewrite:_CommitPointFails": lambda s: _CommitPointFails(s, True),
         "transactions.test_prewrite:_Counted": _Counted,
         "transactions.test_single_row:Counting": Counting,
         "transactions.test_store_timestamps:ParkedRequest": ParkedRequest,
+        "transactions.test_store_timestamps:_InterruptedRead": _InterruptedRead,
         "transactions.test_timestamps:_Counted": CountedTimestamps,
         "transactions.test_timestamps:_Counted-without-increment": lambda s: (
             CountedTimestamps(s, increment=False)),
@@ -171,6 +174,7 @@ def test_every_store_double_of_the_tests_is_checked() -> None:
 
 
 EMBEDDED_ONLY = {"_concurrency:ParkedAfterCommit", "transactions.test_group_commit:CountingSteps",
+                 "transactions.test_one_phase:_SecondRowFails",
                  "transactions.test_timestamps:_SlowCommitStore"}
 """Doubles with an ``atomically`` or a ``put_row`` of their own, which tests put only over
 the embedded store (elsewhere they would implement a capability the store does not

@@ -347,6 +347,66 @@ def test_a_one_phase_commit_takes_the_clusters_timestamp_source_as_it_is_now(
     assert value(embedded) == b"1"
 
 
+def test_a_one_phase_commit_whose_gap_cannot_be_closed_is_rolled_back_and_raises(
+    embedded: Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gap below a one-phase commit's timestamp is closed just before its COMMIT.
+    If that fails (here interrupted, as by Ctrl-C), the write transaction is rolled
+    back and the commit raises: committed with the gap still open, a start timestamp
+    drawn afterwards could be below it; reported committed after a rollback, its
+    write would be lost."""
+    source = internals(embedded).timestamps
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(source, "_close_gap", interrupted)
+    with pytest.raises(KeyboardInterrupt), Transaction(embedded) as txn:
+        txn.set(T, ROW, COL, b"1")
+    monkeypatch.undo()
+    assert value(embedded) == b"0"
+    with Transaction(embedded) as txn:  # nothing of it left in flight
+        txn.set(T, ROW, COL, b"2")
+    assert value(embedded) == b"2"
+
+
+class _SecondRowFails:
+    """The embedded store, whose write of a one-phase commit's second row fails (the
+    first is written by then, inside the commit's write transaction)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.rows_put = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def put_row(self, table: str, row: bytes, puts: Any) -> None:
+        self.rows_put += 1
+        if self.rows_put == 2:
+            raise percolator.StoreUnavailable("the second row's write failed (test)")
+        self._store.put_row(table, row, puts)
+
+
+def test_a_one_phase_commit_failing_after_its_first_write_leaves_nothing(
+    embedded: Cluster,
+) -> None:
+    """A one-phase commit whose second row's write fails raises, and its write
+    transaction is rolled back: the first row, written by then, is not committed."""
+    parts = internals(embedded)
+    failing = _SecondRowFails(parts.store)
+    parts.store = failing  # type: ignore[assignment]
+    txn = Transaction(embedded)
+    txn.set(T, b"first", COL, b"1")
+    txn.set(T, b"second", COL, b"1")
+    with pytest.raises(percolator.StoreUnavailable, match="second row"):
+        txn.commit()
+    parts.store = failing._store
+    assert failing.rows_put == 2
+    with Snapshot(embedded) as snap:
+        assert (snap.get(T, b"first", COL), snap.get(T, b"second", COL)) == (None, None)
+
+
 def test_a_flat_commit_gives_way_to_a_live_lock_on_its_rows_second_cell(
     embedded: Cluster,
 ) -> None:

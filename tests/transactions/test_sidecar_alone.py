@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -208,3 +209,191 @@ def test_the_flock_of_a_killed_process_does_not_outlive_it_in_its_forked_child(
                 os.kill(child, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+@pytest.fixture
+def own_releaser(monkeypatch: pytest.MonkeyPatch) -> _Releaser:
+    """A releaser of the test's own in the process's place: its thread starts with the
+    test's first kept flock, so the test sees (and mutation testing maps) its whole run."""
+    releaser = _Releaser()
+    monkeypatch.setattr("percolator._timestamps._RELEASER", releaser)
+    return releaser
+
+
+def test_an_idle_process_alone_lets_go_of_the_flock_and_is_forgotten(
+    tmp_path: Path, own_releaser: _Releaser,
+) -> None:
+    """Nobody else came, and the process draws no more: its releaser thread (a daemon,
+    named for what it does) lets go of the flock all the same, a tick or two after the
+    last section (a newcomer then finds it free), and stops looking at the source."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    try:
+        source.get_timestamp()
+        thread = own_releaser._thread
+        assert thread is not None, "the flock was kept, and nothing watches it"
+        assert (thread.name, thread.daemon) == ("percolator-sidecar-releaser", True)
+        deadline = time.monotonic() + 10
+        while _flock_taken(source.path) or source in own_releaser._watched:
+            assert time.monotonic() < deadline, "an idle source kept its flock, or stays watched"
+            time.sleep(0.005)
+        assert not source._holding
+    finally:
+        source.close()
+        store.close()
+
+
+def test_a_look_lets_go_only_of_a_source_that_had_no_section_since_the_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The releaser's looks, made here one by one (its thread never runs): a source
+    that had a section since the count of the last look keeps its flock (letting go
+    would cost its next section a flock); one that had none lets go. A look while a
+    section runs answers at once, with a count that no section count equals: the
+    look after it keeps the flock even if exactly one section ran. So does the first
+    look at a source just handed over, whatever its count."""
+    releaser = _Releaser()
+    releaser._thread = threading.current_thread()  # taken for its thread: none starts
+    monkeypatch.setattr("percolator._timestamps._RELEASER", releaser)
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    try:
+        source.get_timestamp()
+        assert source._holding
+        handed_over = releaser._watched[source]
+        with source._lock:
+            source._sections = 0  # any count; 0 puts the next section's at 1
+        inside, leave, left = threading.Event(), threading.Event(), threading.Event()
+
+        def section() -> None:
+            with source._locked():
+                inside.set()
+                leave.wait(10)
+            left.set()
+
+        running = threading.Thread(target=section)
+        running.start()
+        try:
+            assert inside.wait(10)
+            busy = source._let_go_if_idle(0)
+            assert not left.is_set(), "a look waited for the section to end"
+            assert busy is not None, "a look let go while a section ran"
+        finally:
+            leave.set()
+            running.join(10)
+        assert source._sections == 1
+        assert source._let_go_if_idle(handed_over) == 1
+        assert source._let_go_if_idle(busy) == 1
+        assert source._holding and _flock_taken(source.path)
+        with source._locked():
+            pass
+        assert source._let_go_if_idle(1) == 2  # one section since: kept
+        assert source._holding and _flock_taken(source.path)
+        assert source._let_go_if_idle(2) is None  # none since: let go
+        assert not source._holding and not _flock_taken(source.path)
+    finally:
+        source.close()
+        store.close()
+
+
+def test_a_forked_childs_close_leaves_its_parents_flock_and_the_parents_lets_go(
+    tmp_path: Path, slow_releaser: None,
+) -> None:
+    """A forked child shares the open file, and with it the flock its parent keeps:
+    its close must not unlock it (the parent would count with nobody excluded). The
+    parent's close must unlock it, not only close its descriptor: a child still
+    holding the inherited one would keep the flock while it lives."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    lives_read, lives_write = os.pipe()
+    child = 0
+    try:
+        source.get_timestamp()
+        assert source._holding
+        child = os.fork()
+        if child == 0:
+            code = 1
+            try:
+                source.close()
+                code = 0
+            finally:
+                os._exit(code)
+        status = os.waitpid(child, 0)[1]
+        child = 0
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert _flock_taken(source.path), "the child's close unlocked its parent's flock"
+        child = os.fork()
+        if child == 0:  # keeps the inherited descriptors open until the parent says
+            os.close(lives_write)
+            os.read(lives_read, 1)
+            os._exit(0)
+        source.close()
+        assert not _flock_taken(source.path), "a child's open descriptor kept the flock"
+    finally:
+        os.close(lives_write)
+        os.close(lives_read)
+        if child:
+            os.waitpid(child, 0)
+        source.close()
+        store.close()
+
+
+def test_the_flock_is_kept_from_the_hot_th_section_within_a_tick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slow_releaser: None,
+) -> None:
+    """The rate that pays for keeping the flock, on a clock of the test's: ``HOT``
+    sections within one tick of the first of them (a tick after it still counts), not
+    fewer, and not ``HOT`` spread over more than a tick (the count starts again)."""
+    monkeypatch.setattr(HostTimestamps, "HOT", 3)
+    now = [1000.0]
+    monkeypatch.setattr("percolator._timestamps._monotonic", lambda: now[0])
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+
+    def section() -> bool:
+        with source._locked():
+            pass
+        return source._holding
+
+    try:
+        assert (section(), section()) == (False, False)
+        now[0] += _Releaser.TICK + 0.5  # the window of the first two is over
+        assert (section(), section()) == (False, False)
+        now[0] += _Releaser.TICK  # exactly a tick after the window began: still in it
+        assert section()
+        assert _flock_taken(source.path)
+    finally:
+        source.close()
+        store.close()
+
+
+def test_a_process_that_let_a_newcomer_in_takes_the_flock_again_for_each_section(
+    tmp_path: Path, slow_releaser: None,
+) -> None:
+    """Once a section saw the newcomer's mark and let go, the process keeps the flock
+    no more: its next section waits while another open file holds it."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    newcomer = None
+    other = os.open(source.path, os.O_RDWR)
+    try:
+        source.get_timestamp()
+        assert source._holding
+        newcomer = HostTimestamps(store, source.path)  # its mark: a newcomer
+        with source._locked():
+            pass  # sees the mark, lets go
+        fcntl.flock(other, fcntl.LOCK_EX)  # another open file counts now
+        drawn: list[int] = []
+        drawing = threading.Thread(target=lambda: drawn.append(source.get_timestamp()))
+        drawing.start()
+        drawing.join(0.5)
+        assert not drawn, "a section ran while another open file held the flock"
+        fcntl.flock(other, fcntl.LOCK_UN)
+        drawing.join(10)
+        assert drawn
+    finally:
+        os.close(other)
+        if newcomer is not None:
+            newcomer.close()
+        source.close()
+        store.close()

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from percolator import Cluster
+from percolator._errors import StoreUnavailable
 from percolator._internals import internals
 from percolator._store import INCREMENT
 from percolator._timestamps import StoreTimestamps
+from percolator.stores.sqlite import SqliteStore
 from tests._concurrency import run_concurrently
 
 
@@ -133,3 +136,67 @@ def test_a_draw_after_another_clients_draw_returned_is_above_it(cluster: Cluster
     a = mine.get_timestamp()
     b = theirs.get_timestamp()
     assert a < b < mine.get_timestamp()
+
+
+
+class _InterruptedRead:
+    """The embedded store, whose first read (the counter's, by the first request for
+    timestamps) waits for :attr:`go`, and whose second (the next request's) is
+    interrupted: a ``KeyboardInterrupt`` raised in the thread that sent that request,
+    as Ctrl-C raises it in the main one."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.reads = 0
+        self.reading = threading.Event()
+        self.go = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def read_rows(self, *args: Any, **kwargs: Any) -> Any:
+        self.reads += 1
+        if self.reads == 1:
+            self.reading.set()
+            assert self.go.wait(10)
+        elif self.reads == 2:
+            raise KeyboardInterrupt
+        return self._store.read_rows(*args, **kwargs)
+
+
+def test_the_draws_served_by_an_interrupted_request_are_told_so(tmp_path: Path) -> None:
+    """Two draws queue behind a request, so the next request serves both; it is
+    interrupted in the thread that sent it, which gets its interruption. The other
+    draw gets a StoreUnavailable saying what interrupted the request (it did not ask
+    for the interruption, and must not be left waiting), and the source draws on."""
+    store = SqliteStore(str(tmp_path / "db"))
+    interrupted = _InterruptedRead(store)
+    source = StoreTimestamps(interrupted)  # type: ignore[arg-type]
+    told: dict[str, object] = {}
+
+    def draw(name: str) -> None:
+        try:
+            told[name] = source.get_timestamp()
+        except (KeyboardInterrupt, StoreUnavailable) as e:
+            told[name] = e
+
+    threads = {name: threading.Thread(target=draw, args=(name,), daemon=True)
+               for name in ("first", "sender", "other")}
+    try:
+        threads["first"].start()
+        assert interrupted.reading.wait(10)
+        threads["sender"].start()
+        _wait_for(lambda: len(source._draws._pending) == 1)
+        threads["other"].start()
+        _wait_for(lambda: len(source._draws._pending) == 2)
+        interrupted.go.set()
+        for thread in threads.values():
+            thread.join(10)
+        assert isinstance(told.get("first"), int)
+        assert isinstance(told.get("sender"), KeyboardInterrupt)
+        assert isinstance(told.get("other"), StoreUnavailable)
+        assert str(told["other"]) == "the timestamp request was interrupted: KeyboardInterrupt()"
+        assert source.get_timestamp() > told["first"]  # type: ignore[operator]
+    finally:
+        interrupted.go.set()
+        store.close()

@@ -3,9 +3,11 @@ never reissued after kill -9, restart or a lost sidecar file."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -22,9 +24,11 @@ from percolator._encoding import WRITE
 from percolator._internals import internals
 from percolator._store import INCREMENT, Read
 from percolator._timestamps import (
+    MAX_BATCH,
     ORACLES,
     HostTimestamps,
     StoreTimestamps,
+    _Ceiling,
     boot_id,
     open_oracle,
     process_alive,
@@ -202,6 +206,124 @@ def test_a_process_killed_while_it_writes_the_sidecar_leaves_it_whole(
         store.close()
 
 
+class _Stopped(Exception):
+    """Where a kill -9 would have stopped the process."""
+
+
+class _StopsHere:
+    def __index__(self) -> int:
+        raise _Stopped
+
+
+class _StoppedMidWrite(struct.Struct):
+    def pack_into(self, buffer: Any, offset: int, *values: Any) -> None:
+        # as _KILLED_MID_WRITE's, in this process: the bytes are zeroed, then it stops
+        super().pack_into(buffer, offset, _StopsHere(), *values[1:])
+
+
+def test_a_write_of_the_sidecar_stopped_midway_leaves_the_state_in_use_whole(
+    tmp_path: Path,
+) -> None:
+    """The in-process twin of the kill -9 test above: whichever copy of the state is in
+    use, a write stopped between zeroing its bytes and writing them leaves that copy as
+    it was (the write goes to the other copy, which one byte then puts in use)."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    try:
+        for _ in range(2):  # from one copy in use, then from the other
+            before = source._state()
+            source._STATE = _StoppedMidWrite(HostTimestamps._STATE.format)
+            with pytest.raises(_Stopped), source._locked():
+                source._put_state(before[0] + 5, 0, 0, before[3])
+            del source._STATE  # the class's again
+            with source._locked():
+                assert source._state() == before
+                source._put_state(before[0] + 1, 0, 0, before[3])
+                assert source._state() == (before[0] + 1, 0, 0, before[3])
+    finally:
+        source.close()
+        store.close()
+
+
+def test_a_commit_never_draws_above_the_persisted_ceiling(tmp_path: Path) -> None:
+    """A one-phase commit draws inside its write transaction, where it must not write
+    the store: when the persisted block has no room for all it asks, it gets None (and
+    commits in two phases) rather than timestamps above the ceiling, which a restart from
+    the ceiling would hand out again. What fits below the ceiling it gets."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    try:
+        source.get_timestamp()
+        ceiling = source._ceiling.read()[0]
+        with source._locked():  # the next commit's first timestamp: one below the ceiling
+            source._put_state(ceiling - 1 - source.GAP, 0, 0, 0)
+        with source.in_flight(contextlib.nullcontext) as draw:
+            assert draw(2) is None
+            assert draw(1) == range(ceiling - 1, ceiling)
+    finally:
+        source.close()
+        store.close()
+
+
+def test_a_commit_finds_the_room_another_process_persisted(tmp_path: Path) -> None:
+    """The ceiling this process knows may be stale: another process raised it. A commit
+    whose draw would pass the known ceiling reads the persisted one first, and draws
+    below it (else it would go two-phase for nothing)."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    try:
+        source.get_timestamp()
+        known = source._ceiling.read()[0]
+        source._ceiling.raise_to_at_least(known + 100)  # as another process's refill
+        with source._locked():  # the next commit's first timestamp: the known ceiling
+            source._put_state(known - source.GAP, 0, 0, 0)
+        with source.in_flight(contextlib.nullcontext) as draw:
+            assert draw(1) == range(known, known + 1)
+    finally:
+        source.close()
+        store.close()
+
+
+@pytest.mark.parametrize("count", [1, 2 * HostTimestamps.GAP])
+def test_a_refill_leaves_room_for_the_draw_and_a_commits_gap_above_it(
+    tmp_path: Path, count: int,
+) -> None:
+    """A draw that persists a new ceiling (here a block of 6 past what it needs) makes
+    room for what it takes and, above that, for a one-phase commit's draw ``GAP`` up,
+    which must find room without writing the store (else it goes two-phase)."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    source.BLOCK, source.REFILL = 6, 3
+    try:
+        taken = source.get_timestamps(count)
+        with source.in_flight(contextlib.nullcontext) as draw:
+            assert draw(1) == range(taken[-1] + 1 + source.GAP, taken[-1] + 2 + source.GAP)
+    finally:
+        source.close()
+        store.close()
+
+
+def test_a_commits_second_draw_follows_its_first_above_the_slot(tmp_path: Path) -> None:
+    """A block of ``in_flight`` may draw more than once: the first draw is published in
+    the slot (GAP above the next start timestamp), each later one follows the last."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    try:
+        start = source.get_timestamp()
+        with source.in_flight(contextlib.nullcontext) as draw:
+            first, second = draw(2), draw(3)
+            assert first is not None and second is not None
+            assert first[0] == start + 1 + source.GAP
+            assert second == range(first[-1] + 1, first[-1] + 4)
+            with source._locked():
+                assert source._slot() == (first[0], os.getpid())
+        with source._locked():
+            assert source._slot() == (0, 0)
+    finally:
+        source.close()
+        store.close()
+
+
 def test_a_lost_or_foreign_sidecar_resumes_above_the_persisted_ceiling(tmp_path: Path) -> None:
     db = str(tmp_path / "repo.db")
     store = SqliteStore(db)
@@ -258,6 +380,25 @@ def test_bad_counts(tmp_path: Path, count: object) -> None:
     store.close()
 
 
+def test_a_count_is_refused_naming_what_was_given_and_up_to_max_batch_is_drawn(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStore(str(tmp_path / "repo.db"))
+    source = HostTimestamps(store, str(tmp_path / "repo.db-ts"))
+    try:
+        with pytest.raises(percolator.InvalidArgument) as refused:
+            source.get_timestamps(1.5)  # type: ignore[arg-type]
+        assert str(refused.value) == "count must be an int, got float: 1.5"
+        with pytest.raises(percolator.InvalidArgument) as refused:
+            source.get_timestamps(MAX_BATCH + 1)
+        assert str(refused.value) == (
+            f"count must be between 1 and {MAX_BATCH}, got {MAX_BATCH + 1}")
+        assert len(source.get_timestamps(MAX_BATCH)) == MAX_BATCH
+    finally:
+        source.close()
+        store.close()
+
+
 class _Counted:
     """A real store seen through a proxy that counts its calls, with or without its
     optional ``increment`` (as an older client, or a store without one, would use it)."""
@@ -281,6 +422,23 @@ class _Counted:
             return attr(*args, **kwargs)
 
         return counted
+
+
+def test_a_persisted_ceiling_at_or_above_the_minimum_is_not_written_again(
+    tmp_path: Path,
+) -> None:
+    """Raising the ceiling to at least a value it already has is one read: no
+    compare-and-set of the cell to its own value (a new version on HBase)."""
+    store = SqliteStore(str(tmp_path / "db"))
+    counted = _Counted(store)
+    ceiling = _Ceiling(counted)  # type: ignore[arg-type]
+    try:
+        assert ceiling.raise_to_at_least(5) == 5
+        counted.calls.clear()
+        assert (ceiling.raise_to_at_least(5), ceiling.raise_to_at_least(3)) == (5, 5)
+        assert counted.calls == {"read_rows": 2}
+    finally:
+        store.close()
 
 
 def test_store_timestamps_are_linearizable_on_every_backend(store_url: str) -> None:
@@ -474,11 +632,46 @@ def test_a_commit_in_flight_too_long_is_a_clear_error(tmp_path: Path) -> None:
             source._set_slot(below, stopped.pid)
         with pytest.raises(percolator.StoreUnavailable, match=f"process {stopped.pid}"):
             source.get_timestamp()
+        assert stopped.poll() is None, "asking whether the committer lives signalled it"
     finally:
         stopped.kill()
         stopped.wait()
         source.close()
         store.close()
+
+
+def test_a_draw_waiting_for_a_commit_in_flight_looks_at_once_then_at_least_every_ms(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A draw above a commit in flight (of this process: no liveness to ask) looks at
+    the slot at once, then after pauses that start at tens of microseconds and grow
+    to a millisecond, no more: it neither spins nor oversleeps the commit's end."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    below = source.get_timestamp()
+    with source._locked():
+        source._set_slot(below, os.getpid())
+    drawing, real_sleep = threading.get_ident(), time.sleep
+    pauses: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        if threading.get_ident() == drawing:
+            pauses.append(seconds)
+            if len(pauses) == 12:  # the commit is visible
+                with source._locked():
+                    source._set_slot(0, 0)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    try:
+        assert source.get_timestamp() > below
+    finally:
+        monkeypatch.undo()
+        source.close()
+        store.close()
+    assert len(pauses) == 12 and pauses == sorted(pauses)
+    assert pauses[0] == 0
+    assert 0 < pauses[1] < pauses[-1] <= 0.001
 
 
 def test_commits_and_draws_across_refills_neither_deadlock_nor_repeat(tmp_path: Path) -> None:
@@ -652,11 +845,12 @@ def test_an_oracle_scheme_whose_client_is_not_installed_says_what_to_install(
 def test_a_process_this_one_may_not_signal_counts_as_alive() -> None:
     """A commit in flight in another user's process is waited for, not cleared:
     ``os.kill(pid, 0)`` on a process this one may not signal raises PermissionError,
-    and the process exists. (As root, asked from a child that drops to nobody.)"""
+    and the process exists. (As root, asked from a child that drops to nobody; asked
+    here too, where pid 1 may be signalled or not, both alive.)"""
+    assert process_alive(1)
     if os.geteuid() != 0:
         if os.stat("/proc/1").st_uid == os.geteuid():
             pytest.skip("pid 1 is this user's: no process of another user to ask about")
-        assert process_alive(1)
         return
     child = os.fork()
     if child == 0:
@@ -706,6 +900,37 @@ def test_a_sidecar_that_cannot_be_opened_is_a_clear_error(tmp_path: Path) -> Non
         assert str(failed.value).startswith(f"cannot open timestamp file {path!r}: ")
     finally:
         store.close()
+
+
+_STDIN_CLOSED = """
+import os, sys
+from percolator._timestamps import HostTimestamps
+from percolator.stores.sqlite import SqliteStore
+store = SqliteStore(sys.argv[1])
+HostTimestamps(store, sys.argv[1] + "-ts").close()  # the store's meta rows exist: no new file
+os.close(0)  # as a daemon's standard input
+source = HostTimestamps(store, sys.argv[1] + "-ts")
+opened_as = source._fd
+source.get_timestamp()
+source.close()
+source.close()  # again: closes nothing (not this process's standard output)
+try:
+    os.fstat(0)
+    print(opened_as, "open")
+except OSError:
+    print(opened_as, "closed")
+"""
+
+
+def test_a_sidecar_opened_as_descriptor_0_is_closed_too(tmp_path: Path) -> None:
+    """A process with its standard input closed (a daemon) opens the sidecar as
+    descriptor 0, which its close closes as any other (its lock and presence go); a
+    second close closes nothing. (In a process of its own: closing this one's
+    descriptor 0 could hand it to a file another thread opens meanwhile.)"""
+    done = subprocess.run([sys.executable, "-c", _STDIN_CLOSED, str(tmp_path / "db")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "closed"]
 
 
 def test_the_sidecar_is_made_readable_by_all_and_writable_by_its_owner(tmp_path: Path) -> None:
