@@ -1,0 +1,446 @@
+"""Ubiq's units one step at a time, on the embedded store: each test drives the
+tracker, the cutter, the lease, the processing and the commit of a unit by hand
+(no worker process, no timing), and asks what each step wrote. The end-to-end tests
+(``test_ubiq.py``, ``test_bookkeeping.py``) show the whole pipeline exact; these pin
+down the decisions inside it: which offsets a unit covers, who holds a lease and
+until when, which commit wins."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import percolator
+from observers import Worker, wait_for_observers
+from observers.ubiq import LogPipeline, Output, WorkUnit, _pipeline
+from percolator import Cluster, Snapshot, Transaction
+from percolator._internals import internals
+from percolator.ext import pending_notifications
+from tests.ubiq import _app
+from tests.ubiq.test_bookkeeping import _expire_every_lease, _index, _stored, _write
+from tests.ubiq.test_ubiq import settle
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with percolator.connect(f"sqlite:///{tmp_path}/repo.db") as found:
+        yield found
+
+
+def _units(p: LogPipeline) -> dict[bytes, dict[str, bytes]]:
+    with Snapshot(p.cluster) as snap:
+        return dict(snap.scan(p.units))
+
+
+def _owner(p: LogPipeline) -> str:
+    return internals(p.cluster).coordination.current_owner()
+
+
+def test_a_tail_that_stopped_growing_is_cut_alone_when_files_are_not_packed(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Without packing, a short tail waits for more bytes while it is young: the
+    cutter, woken by the report of its growth, cuts nothing. Once it has waited
+    max_unit_delay (its ``f:since`` that old), the tracker's next pass, which finds no
+    growth, wakes the cutter of that file, which cuts the tail as a unit of its own."""
+    _write(tmp_path, "one.jsonl", 10)
+    size = (tmp_path / "a" / "one.jsonl").stat().st_size
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=600.0,
+                      pack_files=False)
+    p.create()
+    cutters = [o for o in p.observers("a") if (o.table, o.column) == (p.files, "f:size")]
+    with Worker(cluster, cutters, threads=1):
+        assert p.track("a") == 1
+        wait_for_observers(cluster, 60)
+    assert _units(p) == {}  # a young tail waits
+    with Transaction(cluster) as txn:  # max_unit_delay has passed since its report
+        txn.set(p.files, b"one.jsonl", "f:since", b"0")
+    assert p.track("a") == 0
+    assert [(n.table, n.row, n.column) for n in pending_notifications(cluster)] == [
+        (p.files, b"one.jsonl", "f:size")]
+    with Worker(cluster, cutters, threads=1):
+        deadline = time.monotonic() + 60
+        while not _units(p):
+            assert time.monotonic() < deadline, "the tail was not cut"
+            time.sleep(0.02)
+    assert {row: cells["u:range"] for row, cells in _units(p).items()} == {
+        _pipeline.unit_row("one.jsonl", 0): b"%d" % size}
+
+
+def test_an_application_deletes_cells_in_its_units_commit(cluster: Cluster,
+                                                          tmp_path: Path) -> None:
+    """``Output.delete`` deletes a cell in the unit's commit transaction: gone once
+    the unit commits, and only then."""
+    _write(tmp_path, "one.jsonl", 10)
+
+    class Consume(_app.Counts):
+        def process(self, unit: WorkUnit, out: Output) -> None:
+            super().process(unit, out)
+            out.delete(_app.ATTEMPTS, b"todo", "a:owner")
+
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, app=Consume())
+    p.create()
+    with Transaction(cluster) as txn:
+        txn.set(_app.ATTEMPTS, b"todo", "a:owner", b"x")
+        txn.set(_app.ATTEMPTS, b"kept", "a:owner", b"y")
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    row = _pipeline.unit_row("one.jsonl", 0)
+    assert _pipeline.process_unit(p, "a", row, _owner(p))
+    with Snapshot(cluster) as snap:
+        assert snap.get(_app.ATTEMPTS, b"todo", "a:owner") is None
+        assert snap.get(_app.ATTEMPTS, b"kept", "a:owner") == b"y"
+
+
+def test_create_fills_the_index_that_the_lease_sweep_reads(cluster: Cluster,
+                                                           tmp_path: Path) -> None:
+    """A pipeline made before the pending-units index: ``create`` fills it, and the
+    lease sweep finds every pending unit through it (their leases expired)."""
+    _write(tmp_path, "one.jsonl", 100)
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=1024, max_unit_delay=0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") > 1
+    units = _index(p)
+    cluster.drop_table(p.pending)  # as an older version left it
+    p.create()
+    _expire_every_lease(p, units)
+    assert p.sweep_leases() == len(units)
+
+
+def test_output_files_are_named_plainly_and_a_unit_may_stage_several(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """An output file's name is refused when empty, holding a '/' or starting with
+    '.' (it would land outside the sink or hidden); a unit may stage several files,
+    each published once the unit commits."""
+    _write(tmp_path, "one.jsonl", 10)
+
+    class TwoFiles(_app.Counts):
+        def process(self, unit: WorkUnit, out: Output) -> None:
+            super().process(unit, out)
+            for name in ("first.txt", "second.txt"):
+                with out.file(name) as f:
+                    f.write(name.encode())
+
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, app=TwoFiles())
+    p.create()
+    with Transaction(cluster) as txn:
+        out = Output(txn, tmp_path / "staging")
+        for bad in ("", "a/b", ".hidden"):
+            with pytest.raises(percolator.InvalidArgument) as refusal:
+                out.file(bad)
+            assert str(refusal.value) == f"bad output file name {bad!r}"
+        txn.rollback()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    assert _pipeline.process_unit(p, "a", _pipeline.unit_row("one.jsonl", 0), _owner(p))
+    for name in ("first.txt", "second.txt"):
+        assert (p.sink / f"one.jsonl@0.{name}").read_bytes() == name.encode()
+
+
+def test_only_a_quarantined_range_can_be_retried(cluster: Cluster, tmp_path: Path) -> None:
+    _write(tmp_path, "one.jsonl", 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    with pytest.raises(percolator.InvalidArgument) as refusal:
+        p.retry_range("one.jsonl", 0)  # pending, not quarantined
+    assert str(refusal.value) == "no quarantined range at ('one.jsonl', 0)"
+
+
+def test_a_retried_range_gets_its_failed_attempts_again(cluster: Cluster,
+                                                         tmp_path: Path) -> None:
+    """A record that failed MAX_FAILURES times is quarantined; put back to work, its
+    failures count from zero again: it is quarantined after as many failed attempts
+    as the first time, not at its first one."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "bad.jsonl").write_bytes(b"{not json\n")
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "bad.jsonl") == 1
+    row = _pipeline.unit_row("bad.jsonl", 0)
+
+    def fail_once() -> None:
+        assert _pipeline._take_lease(cluster, p, row, _owner(p), _pipeline._now_ms())
+        _pipeline._fail(cluster, p, row, _owner(p), "BadRecord: test")
+
+    for retried in (False, True):
+        for _ in range(_pipeline.MAX_FAILURES - 1):
+            fail_once()
+            assert p.quarantined() == [] and _index(p) == {row}
+        fail_once()
+        assert p.quarantined() == [("bad.jsonl", 0, 10, "BadRecord: test")]
+        assert _index(p) == set()
+        if not retried:
+            p.retry_range("bad.jsonl", 0)
+
+
+def _lease(p: LogPipeline, row: bytes) -> tuple[str, int] | None:
+    with Snapshot(p.cluster) as snap:
+        raw = snap.get(p.units, row, "u:lease")
+    return None if raw is None else _pipeline._lease(raw)
+
+
+def _dead(owner: str) -> str:
+    """An owner id of this host from another boot: certainly dead."""
+    parts = owner.split("/")
+    parts[2] = "0" * len(parts[2])
+    return "/".join(parts)
+
+
+def _one_unit(p: LogPipeline, tmp_path: Path) -> tuple[bytes, list[tuple[str, int, int]]]:
+    _write(tmp_path, "one.jsonl", 10)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    return (_pipeline.unit_row("one.jsonl", 0),
+            [("one.jsonl", 0, (tmp_path / "a" / "one.jsonl").stat().st_size)])
+
+
+def _take(p: LogPipeline, row: bytes, owner: str, now: int, *, renew: bool
+          ) -> list[tuple[str, int, int]] | None:
+    with Transaction(p.cluster) as txn:
+        return _pipeline._lease_unit(txn, p, row, owner, now, renew=renew)
+
+
+def test_a_lease_holds_until_its_expiry_for_a_live_owner_and_not_at_all_for_a_dead_one(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A lease names its owner and expires local_eta after it was taken. Until then
+    nobody else takes the unit; the owner takes it again only when renewing (its
+    processing thread), not as a second run of its processor; at its expiry anyone
+    takes it. A lease of a dead owner is taken over at once. A unit no longer pending
+    is not leased at all."""
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, local_eta=30.0)
+    row, parts = _one_unit(p, tmp_path)
+    me, other = _owner(p), "another-host/worker"  # other: liveness unknown, so alive
+    assert internals(cluster).coordination.is_alive(_dead(me)) is False
+    t = 1_000_000
+    assert _take(p, row, other, t, renew=False) == parts
+    expiry = t + 30_000
+    assert _lease(p, row) == (other, expiry)
+    for renew in (False, True):
+        assert _take(p, row, me, expiry - 1, renew=renew) is None
+    assert _take(p, row, other, expiry - 1, renew=False) is None
+    assert _lease(p, row) == (other, expiry)
+    assert _take(p, row, other, expiry - 1, renew=True) == parts  # renewed
+    expiry += 29_999
+    assert _lease(p, row) == (other, expiry)
+    assert _take(p, row, me, expiry - 1, renew=False) is None
+    assert _take(p, row, me, expiry, renew=False) == parts  # expired: taken over
+    assert _lease(p, row) == (me, expiry + 30_000)
+    # A dead owner's lease, far from its expiry, is taken over at once.
+    assert _take(p, row, _dead(me), expiry + 30_000, renew=False) == parts
+    assert _take(p, row, me, expiry + 30_001, renew=False) == parts
+    assert _lease(p, row) == (me, expiry + 60_001)
+    with Transaction(cluster) as txn:
+        assert _pipeline.finish_unit(txn, p, row, me, "attempt", [])
+    assert _take(p, row, me, expiry + 60_001, renew=True) is None  # committed
+    assert _take(p, row, other, expiry + 10**9, renew=False) is None
+
+
+def test_the_lease_sweep_renotifies_a_unit_once_its_lease_expired_or_its_owner_died(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A unit leased by a live owner is in hand until its lease's expiry, when the
+    sweep notifies it again (exactly at it, not a millisecond before); a unit leased
+    by a dead owner is notified at once."""
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, local_eta=30.0)
+    row, parts = _one_unit(p, tmp_path)
+    t = _pipeline._now_ms()
+    assert _take(p, row, "another-host/worker", t, renew=False) == parts
+    assert p.sweep_leases(t + 30_000 - 1) == 0
+    assert p.sweep_leases(t + 30_000) == 1
+    assert _take(p, row, _dead(_owner(p)), t + 30_000, renew=False) == parts
+    assert p.sweep_leases(t + 30_000) == 1
+
+
+def test_the_collector_clears_the_acknowledgements_of_every_sites_processors(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """With a site ETA each site's processors observe a column of their own
+    (``u:ready.<site>``). A file only site b holds is processed there and forgotten;
+    the deletion of its units' ``u:ready.b`` is acknowledged by b's processor, and the
+    next pass of the collector deletes that acknowledgement too: nothing of the file
+    is left in the store."""
+    _write(tmp_path, "one.jsonl", 30)
+    (tmp_path / "a" / "one.jsonl").rename(tmp_path / "b" / "one.jsonl")
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=512, max_unit_delay=0,
+                      forget_after=3600.0, site_eta=600.0)
+    p.create()
+    with Worker(cluster, [*p.observers("b"), _app.RollUp], threads=1):
+        p.track("b")
+        settle(p)
+    assert {c["u:home"] for c in _units(p).values() if "u:home" in c} == {b"b"}
+    assert p.collect_garbage(_pipeline._now_ms() + 3_601_000) == 1
+    with Worker(cluster, p.observers("b"), threads=1):
+        wait_for_observers(cluster, 60)
+    p.collect_garbage()
+    assert _stored(p) == {p.files: [], p.units: [], p.pending: []}
+
+
+def test_the_collector_leaves_a_forgotten_file_cut_anew_to_be_tracked(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A forgotten file that grows again is tracked anew and cut from its first
+    byte. Clearing what its forgetting left (``f:forgotten``, acknowledgements) then
+    finds units in their rows, and does nothing: they are the file's new units."""
+    _write(tmp_path, "one.jsonl", 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, forget_after=3600.0)
+    p.create()
+    with Worker(cluster, [*p.observers("a"), _app.RollUp], threads=1):
+        p.track("a")
+        settle(p)
+    assert p.collect_garbage(_pipeline._now_ms() + 3_601_000) == 1
+    _write(tmp_path, "one.jsonl", 5)  # it grows again, now
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    row = b"one.jsonl"
+    assert not _pipeline._clear_forgotten(cluster, p, row, set())
+    with Snapshot(cluster) as snap:
+        assert snap.get(p.files, row, "f:forgotten") is not None
+    assert _units(p)[_pipeline.unit_row("one.jsonl", 0)]["u:state"] == b"P"
+
+
+def test_a_committed_unit_keeps_its_range_state_and_commit_record_only(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The commit of a unit records its attempt, staged files and owner
+    (``u:commit``, which the dispatcher publishes from) and deletes its lease and
+    failure count; only the unit's owner commits it, once."""
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0)
+    row, parts = _one_unit(p, tmp_path)
+    me, other = _owner(p), "another-host/worker"
+    now = _pipeline._now_ms()
+    assert _take(p, row, me, now, renew=True) == parts
+    _pipeline._fail(cluster, p, row, me, "Error: once")
+    assert _units(p)[row]["u:fail"] == b"1"
+    assert _take(p, row, me, now, renew=True) == parts
+    for owner in (other, _dead(me)):  # not its lease
+        with Transaction(cluster) as txn:
+            assert not _pipeline.finish_unit(txn, p, row, owner, "theirs", [])
+    with Transaction(cluster) as txn:
+        assert _pipeline.finish_unit(txn, p, row, me, "attempt1", ["counts.json"])
+    assert set(_units(p)[row]) == {"u:range", "u:state", "u:commit", "u:ready"}
+    assert _units(p)[row]["u:state"] == b"C"
+    assert json.loads(_units(p)[row]["u:commit"]) == {
+        "attempt": "attempt1", "files": ["counts.json"], "owner": me}
+    with Transaction(cluster) as txn:
+        assert not _pipeline.finish_unit(txn, p, row, me, "attempt2", [])  # once
+
+
+def test_processing_a_unit_commits_its_output_or_nothing(cluster: Cluster,
+                                                         tmp_path: Path) -> None:
+    """process_unit: a unit leased by another live owner is not processed; an
+    application's failure counts an attempt and leaves no staged file; an attempt
+    that loses its commit to another leaves neither output nor staged files (the
+    winner's commit stands); a winning attempt publishes its files; a failing
+    on_commit is logged, the commit stands."""
+    _write(tmp_path, "one.jsonl", 10)
+    data = (tmp_path / "a" / "one.jsonl").read_bytes()
+    calls: list[str] = []
+    committed: list[str] = []
+
+    class Scripted(_app.Counts):
+        def __init__(self) -> None:
+            super().__init__(files=True)
+            self.plan = ["fail", "lose", "win"]
+
+        def process(self, unit: WorkUnit, out: Output) -> None:
+            step = self.plan.pop(0)
+            calls.append(step)
+            assert b"".join(r.data + b"\n" for r in unit.records()) == data
+            super().process(unit, out)
+            if step == "fail":
+                raise ValueError("no")
+            if step == "lose":  # another attempt of the same owner commits first
+                with Transaction(p.cluster) as txn:
+                    assert _pipeline.finish_unit(txn, p, row, me, "winner", [])
+                    txn.set(_app.ATTEMPTS, b"winner", "a:owner", b"w")
+
+    def on_commit(unit: WorkUnit) -> None:
+        committed.append(unit.id)
+        raise RuntimeError("metrics down")
+
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, app=Scripted(),
+                      on_commit=on_commit)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    row, me = _pipeline.unit_row("one.jsonl", 0), _owner(p)
+    assert _take(p, row, "another-host/worker", _pipeline._now_ms(), renew=False)
+    assert not _pipeline.process_unit(p, "a", row, me)
+    assert calls == []  # leased by a live owner: not taken
+    t = _pipeline._now_ms() + 60_000  # that lease expired
+    assert _take(p, row, me, t, renew=False)
+    assert not _pipeline.process_unit(p, "a", row, me)
+    assert calls == ["fail"] and _units(p)[row]["u:fail"] == b"1"
+    assert not list(p.staging.rglob("*.json"))
+    assert not _pipeline.process_unit(p, "a", row, me)  # loses to "winner"
+    assert calls == ["fail", "lose"] and _units(p)[row]["u:state"] == b"C"
+    assert not list(p.staging.rglob("*.json")) and not list(p.sink.glob("*.json"))
+    with Snapshot(cluster) as snap:
+        assert snap.get(_app.ATTEMPTS, b"one.jsonl@0-%d" % len(data), "a:owner") is None
+    # A unit of its own for the winning attempt and the failing on_commit.
+    _write(tmp_path, "two.jsonl", 10)
+    data = (tmp_path / "a" / "two.jsonl").read_bytes()
+    p.track("a")
+    assert _app.cut(p, "two.jsonl") == 1
+    row = _pipeline.unit_row("two.jsonl", 0)
+    assert _pipeline.process_unit(p, "a", row, me)
+    assert committed == [f"two.jsonl@0-{len(data)}"]
+    assert json.loads((p.sink / "two.jsonl@0.counts.json").read_bytes()) == {
+        "k0": 4, "k1": 3, "k2": 3}
+    assert not list(p.staging.rglob("*.json"))
+
+
+def _cells(p: LogPipeline, name: str) -> dict[str, bytes]:
+    with Snapshot(p.cluster) as snap:
+        return snap.get_row(p.files, name.encode(), ["f:size", "f:cut", "f:since"])
+
+
+def test_units_end_at_the_first_record_end_at_or_past_unit_bytes(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Units are cut at record boundaries: each ends at the first record end at or
+    past unit_bytes from its start (a record longer than the reader's 64 KiB chunk
+    too), the last one at the file's end once it is due. The boundaries are read from
+    a replica that holds the bytes: site a lags, b does not. Until the tail is due it
+    waits (``f:cut`` at the last unit's end, ``f:since`` kept); once cut, ``f:cut`` is
+    the file's size and ``f:since`` is gone."""
+    lengths = (8, 3, 20, 1, 1, 5, 70_000, 2, 9, 4, 6, 2)
+    data = b"".join(b"x" * n + b"\n" for n in lengths)
+    for site in "ab":
+        (tmp_path / site).mkdir()
+    (tmp_path / "b" / "one.jsonl").write_bytes(data)
+    (tmp_path / "a" / "one.jsonl").write_bytes(data[:40])
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=10, max_unit_delay=600.0,
+                      pack_files=False)
+    p.create()
+    p.track("a")
+    p.track("b")
+    ends = [i + 1 for i, byte in enumerate(data) if byte == ord("\n")]
+    expected, begin = [], 0
+    while len(data) - begin > 10:
+        end = next(e for e in ends if e >= begin + 10)
+        expected.append((begin, end))
+        begin = end
+    assert _app.cut(p, "one.jsonl") == len(expected)  # the young tail waits
+    cells = _cells(p, "one.jsonl")
+    assert cells["f:cut"] == b"%d" % begin and "f:since" in cells
+    with Transaction(cluster) as txn:  # max_unit_delay has passed
+        txn.set(p.files, b"one.jsonl", "f:since", b"0")
+    assert _app.cut(p, "one.jsonl") == 1
+    expected.append((begin, len(data)))
+    assert [(_pipeline.parse_unit_row(row)[1], int(c["u:range"]))
+            for row, c in sorted(_units(p).items())] == expected
+    assert _cells(p, "one.jsonl") == {"f:size": b"%d" % len(data),
+                                      "f:cut": b"%d" % len(data)}
