@@ -413,7 +413,8 @@ def test_units_end_at_the_first_record_end_at_or_past_unit_bytes(
     """Units are cut at record boundaries: each ends at the first record end at or
     past unit_bytes from its start (a record longer than the reader's 64 KiB chunk
     too), the last one at the file's end once it is due. The boundaries are read from
-    a replica that holds the bytes: site a lags, b does not. Until the tail is due it
+    a replica that holds the bytes: site a lags, b does not (and a second file is at
+    b only). Until the tail is due it
     waits (``f:cut`` at the last unit's end, ``f:since`` kept); once cut, ``f:cut`` is
     the file's size and ``f:since`` is gone."""
     lengths = (8, 3, 20, 1, 1, 5, 70_000, 2, 9, 4, 6, 2)
@@ -444,3 +445,11 @@ def test_units_end_at_the_first_record_end_at_or_past_unit_bytes(
             for row, c in sorted(_units(p).items())] == expected
     assert _cells(p, "one.jsonl") == {"f:size": b"%d" % len(data),
                                       "f:cut": b"%d" % len(data)}
+    # A file site a lacks altogether is cut from b's replica the same way.
+    (tmp_path / "b" / "two.jsonl").write_bytes(data)
+    p.track("b")
+    with Transaction(cluster) as txn:
+        txn.set(p.files, b"two.jsonl", "f:since", b"0")
+    assert _app.cut(p, "two.jsonl") == len(expected)
+    assert [(_pipeline.parse_unit_row(row)[1], int(c["u:range"]))
+            for row, c in sorted(_units(p).items()) if row.startswith(b"two")] == expected
