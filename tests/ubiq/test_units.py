@@ -237,6 +237,8 @@ def test_a_lease_holds_until_its_expiry_for_a_live_owner_and_not_at_all_for_a_de
     assert _take(p, row, me, expiry - 1, renew=False) is None
     assert _take(p, row, me, expiry, renew=False) == parts  # expired: taken over
     assert _lease(p, row) == (me, expiry + 30_000)
+    for owner in (other, me):  # a live owner's (this process's) lease in force
+        assert _take(p, row, owner, expiry + 29_999, renew=False) is None
     # A dead owner's lease, far from its expiry, is taken over at once.
     assert _take(p, row, _dead(me), expiry + 30_000, renew=False) == parts
     assert _take(p, row, me, expiry + 30_001, renew=False) == parts
@@ -453,3 +455,21 @@ def test_units_end_at_the_first_record_end_at_or_past_unit_bytes(
     assert _app.cut(p, "two.jsonl") == len(expected)
     assert [(_pipeline.parse_unit_row(row)[1], int(c["u:range"]))
             for row, c in sorted(_units(p).items()) if row.startswith(b"two")] == expected
+
+
+def test_the_lease_sweep_hands_an_expired_lease_back_to_its_units_site(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """With a site ETA, a unit whose lease expired before its site's time is up is
+    notified again to its own site's processors only."""
+    _write(tmp_path, "one.jsonl", 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, site_eta=600.0, local_eta=30.0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    row = _pipeline.unit_row("one.jsonl", 0)
+    assert _units(p)[row]["u:home"] == b"a"  # only site a holds it
+    t = int(_units(p)[row]["u:born"])
+    assert _take(p, row, "another-host/worker", t, renew=False)
+    assert p.sweep_leases(t + 30_000) == 1
+    assert [n.column for n in pending_notifications(cluster, [p.units])] == ["u:ready.a"]
