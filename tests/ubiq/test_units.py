@@ -250,19 +250,42 @@ def test_a_lease_holds_until_its_expiry_for_a_live_owner_and_not_at_all_for_a_de
 
 
 def test_the_lease_sweep_renotifies_a_unit_once_its_lease_expired_or_its_owner_died(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A unit leased by a live owner is in hand until its lease's expiry, when the
-    sweep notifies it again (exactly at it, not a millisecond before); a unit leased
-    by a dead owner is notified at once."""
+    """The processor's run on a ready unit leases it and acknowledges its notification
+    in one transaction (its thread, which would process the unit, never runs here).
+    The unit is then in hand until its lease's expiry, when the sweep notifies it
+    again (exactly at it, not a millisecond before); a unit leased by a dead owner is
+    notified again at once."""
     p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, local_eta=30.0)
     row, parts = _one_unit(p, tmp_path)
-    t = _pipeline._now_ms()
-    assert _take(p, row, "another-host/worker", t, renew=False) == parts
-    assert p.sweep_leases(t + 30_000 - 1) == 0
-    assert p.sweep_leases(t + 30_000) == 1
-    assert _take(p, row, _dead(_owner(p)), t + 30_000, renew=False) == parts
-    assert p.sweep_leases(t + 30_000) == 1
+    handed: list[bytes] = []
+    monkeypatch.setattr(_pipeline._Processor, "_start",
+                        lambda self, row, owner: handed.append(row))
+    worker = Worker(cluster, p.observers("a"), threads=1)
+    worker.register()
+    assert worker._scanner.serve_row(p.units, row) and handed == [row]
+
+    def notified() -> list[tuple[bytes, str]]:
+        return [(n.row, n.column) for n in pending_notifications(cluster, [p.units])]
+
+    assert notified() == []
+    lease = _lease(p, row)
+    assert lease is not None and lease[0] == _owner(p)
+    assert p.sweep_leases(lease[1] - 1) == 0
+    assert notified() == []
+    assert p.sweep_leases(lease[1]) == 1
+    assert notified() == [(row, "u:ready")]
+    # In real time this process's lease is still in force: the run leaves the unit to
+    # the thread that holds it.
+    assert worker._scanner.serve_row(p.units, row) and handed == [row]
+    assert notified() == []
+    lease = _lease(p, row)
+    assert lease is not None
+    assert _take(p, row, _dead(_owner(p)), lease[1], renew=False) == parts
+    assert p.sweep_leases(lease[1]) == 1  # its new owner is dead, its lease in force
+    assert notified() == [(row, "u:ready")]
+    assert handed == [row]
 
 
 def test_the_collector_clears_the_acknowledgements_of_every_sites_processors(
