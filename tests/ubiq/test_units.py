@@ -325,6 +325,9 @@ def test_the_collector_leaves_a_forgotten_file_cut_anew_to_be_tracked(
         p.track("a")
         settle(p)
     assert p.collect_garbage(_pipeline._now_ms() + 3_601_000) == 1
+    # Forgetting deleted its f:size, which notifies the cutter: a run on a file row
+    # without one cuts nothing.
+    assert _app.cut(p, "one.jsonl") == 0
     _write(tmp_path, "one.jsonl", 5)  # it grows again, now
     p.track("a")
     assert _app.cut(p, "one.jsonl") == 1
@@ -496,3 +499,46 @@ def test_the_lease_sweep_hands_an_expired_lease_back_to_its_units_site(
     assert _take(p, row, "another-host/worker", t, renew=False)
     assert p.sweep_leases(t + 30_000) == 1
     assert [n.column for n in pending_notifications(cluster, [p.units])] == ["u:ready.a"]
+
+
+def test_a_tail_is_due_exactly_max_unit_delay_after_its_first_report(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A tail shorter than a unit waits until max_unit_delay has passed since its
+    oldest byte was reported (``f:since``), and not a millisecond less; bytes that
+    fill a whole unit never wait."""
+    for site in "ab":
+        (tmp_path / site).mkdir()
+    (tmp_path / "a" / "one.jsonl").write_bytes(b"x" * 9 + b"\n")
+    (tmp_path / "a" / "full.jsonl").write_bytes(b"y" * 19 + b"\n")
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=20, max_unit_delay=5.0,
+                      pack_files=False)
+    p.create()
+    p.track("a")
+    since = int(_cells(p, "one.jsonl")["f:since"])
+    for name, now in (("one.jsonl", since + 4_999), ("full.jsonl", since)):
+        with Transaction(cluster) as txn:
+            assert _pipeline.cut_file(txn, p, name, now) == (name == "full.jsonl")
+    with Transaction(cluster) as txn:
+        assert _pipeline.cut_file(txn, p, "one.jsonl", since + 5_000) == 1
+    assert sorted(_units(p)) == [_pipeline.unit_row("full.jsonl", 0),
+                                 _pipeline.unit_row("one.jsonl", 0)]
+
+
+def test_a_unit_is_given_to_a_site_that_holds_its_bytes(cluster: Cluster,
+                                                        tmp_path: Path) -> None:
+    """With a site ETA, a unit goes to one of the sites whose replica holds all its
+    bytes (spread over them by its row), even where the spreading over every site
+    would have picked another: a file only site a holds, named so that it would
+    have gone to b."""
+    for site in "ab":
+        (tmp_path / site).mkdir()
+    name = next(f"f{i}.jsonl" for i in range(100)
+                if _pipeline._home(f"f{i}.jsonl", 0, ["a", "b"]) == "b")
+    (tmp_path / "a" / name).write_bytes(b"x" * 9 + b"\n")
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=10, max_unit_delay=0, site_eta=600.0,
+                      pack_files=False)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, name) == 1
+    assert _units(p)[_pipeline.unit_row(name, 0)]["u:home"] == b"a"
