@@ -386,6 +386,7 @@ def test_processing_a_unit_commits_its_output_or_nothing(cluster: Cluster,
             step = self.plan.pop(0)
             calls.append(step)
             assert b"".join(r.data + b"\n" for r in unit.records()) == data
+            assert unit.parts == []  # one range: no parts
             super().process(unit, out)
             if step == "fail":
                 raise ValueError("no")
@@ -542,3 +543,79 @@ def test_a_unit_is_given_to_a_site_that_holds_its_bytes(cluster: Cluster,
     p.track("a")
     assert _app.cut(p, name) == 1
     assert _units(p)[_pipeline.unit_row(name, 0)]["u:home"] == b"a"
+
+
+def test_a_worker_whose_lease_was_taken_over_commits_nothing(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker takes the unit's lease, and before its attempt's transaction begins
+    the lease expires and another owner takes the unit over: the attempt does not
+    commit (its output and staged files go), and the unit stays the other owner's."""
+    _write(tmp_path, "one.jsonl", 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, local_eta=30.0,
+                      app=_app.Counts(files=True))
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    row, other = _pipeline.unit_row("one.jsonl", 0), "another-host/worker"
+    take = _pipeline._take_lease
+
+    def taken_over(*args: object) -> object:
+        taken = take(*args)  # type: ignore[arg-type]
+        assert _take(p, row, other, _pipeline._now_ms() + 30_000, renew=False)
+        return taken
+
+    monkeypatch.setattr(_pipeline, "_take_lease", taken_over)
+    assert not _pipeline.process_unit(p, "a", row, _owner(p))
+    assert _units(p)[row]["u:state"] == b"P" and _lease(p, row) is not None
+    assert _lease(p, row)[0] == other  # type: ignore[index]
+    assert not list(p.staging.rglob("*.json")) and not list(p.sink.glob("*.json"))
+    assert _app.partial_totals(cluster) == {}
+
+
+def test_the_dispatcher_publishes_what_a_committer_that_died_did_not(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unit committed by a process that died before publishing its files (its
+    ``u:commit`` names the attempt and files): the dispatcher, woken by that commit,
+    publishes them from the attempt's staging directory."""
+    _write(tmp_path, "one.jsonl", 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, app=_app.Counts(files=True))
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    row = _pipeline.unit_row("one.jsonl", 0)
+    with monkeypatch.context() as dying:
+        dying.setattr(_pipeline, "publish", lambda *args: None)
+        assert _pipeline.process_unit(p, "a", row, _owner(p))
+    final = p.sink / "one.jsonl@0.counts.json"
+    assert not final.exists() and list(p.staging.rglob("counts.json"))
+    dispatchers = [o for o in p.observers("a") if o.column == "u:commit"]
+    with Worker(cluster, dispatchers, threads=1):
+        deadline = time.monotonic() + 60
+        while not final.exists():
+            assert time.monotonic() < deadline, "not published"
+            time.sleep(0.02)
+    assert json.loads(final.read_bytes()) == {"k0": 4, "k1": 3, "k2": 3}
+    assert not list(p.staging.rglob("counts.json"))
+
+
+def test_a_unit_whose_bytes_no_replica_holds_is_quarantined_with_why(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A unit of one record whose file every replica lost bytes of (after it was
+    cut): each attempt fails reading it (``unit.records()`` says the file, site and
+    missing end), and after MAX_FAILURES the record is quarantined with that error."""
+    _write(tmp_path, "one.jsonl", 1)
+    path = tmp_path / "a" / "one.jsonl"
+    size = path.stat().st_size
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    path.write_bytes(path.read_bytes()[:5])
+    row = _pipeline.unit_row("one.jsonl", 0)
+    for _ in range(_pipeline.MAX_FAILURES):
+        assert not _pipeline.process_unit(p, "a", row, _owner(p))
+    assert p.quarantined() == [
+        ("one.jsonl", 0, size, f"OSError: {path} at site a is shorter than {size}")]
