@@ -619,3 +619,23 @@ def test_a_unit_whose_bytes_no_replica_holds_is_quarantined_with_why(
         assert not _pipeline.process_unit(p, "a", row, _owner(p))
     assert p.quarantined() == [
         ("one.jsonl", 0, size, f"OSError: {path} at site a is shorter than {size}")]
+
+
+def test_a_refused_file_is_never_cut_again(cluster: Cluster, tmp_path: Path) -> None:
+    """A file whose tail waits to be cut is truncated: the tracker refuses it, and a
+    cutter run on it after that, however late, cuts nothing of it."""
+    _write(tmp_path, "one.jsonl", 10)
+    path = tmp_path / "a" / "one.jsonl"
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=600.0,
+                      pack_files=False)
+    p.create()
+    p.track("a")
+    with Transaction(cluster) as txn:
+        assert _pipeline.cut_file(txn, p, "one.jsonl", _pipeline._now_ms()) == 0  # young
+    path.write_bytes(path.read_bytes()[:20])
+    p.track("a")
+    with Snapshot(cluster) as snap:
+        assert snap.get(p.files, b"one.jsonl", "f:refused") is not None
+    with Transaction(cluster) as txn:
+        assert _pipeline.cut_file(txn, p, "one.jsonl", _pipeline._now_ms() + 10**9) == 0
+    assert _units(p) == {}
