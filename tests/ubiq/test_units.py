@@ -639,3 +639,56 @@ def test_a_refused_file_is_never_cut_again(cluster: Cluster, tmp_path: Path) -> 
     with Transaction(cluster) as txn:
         assert _pipeline.cut_file(txn, p, "one.jsonl", _pipeline._now_ms() + 10**9) == 0
     assert _units(p) == {}
+
+
+def test_a_tail_that_grew_while_the_cutter_cut_is_cut_at_its_next_run(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The cutter cuts a file to its end (deleting ``f:since``) while the tracker
+    reports that it grew: the two transactions write different cells, so both
+    commit, and the file is left with a tail past ``f:cut`` and no ``f:since``. The
+    cutter's next run (the growth notified it) takes that tail as due, so it is cut
+    at once rather than never."""
+    _write(tmp_path, "one.jsonl", 10)
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=600.0,
+                      pack_files=False)
+    p.create()
+    p.track("a")
+    since = int(_cells(p, "one.jsonl")["f:since"])
+    cutter = Transaction(cluster)
+    assert _pipeline.cut_file(cutter, p, "one.jsonl", since + 600_000) == 1
+    _write(tmp_path, "one.jsonl", 5)  # meanwhile the file grows, and is reported
+    assert p.track("a") == 1
+    cutter.commit()
+    size = (tmp_path / "a" / "one.jsonl").stat().st_size
+    cells = _cells(p, "one.jsonl")
+    assert "f:since" not in cells and int(cells["f:cut"]) < int(cells["f:size"]) == size
+    with Transaction(cluster) as txn:  # young as the tail is, it has no f:since
+        assert _pipeline.cut_file(txn, p, "one.jsonl", since + 600_001) == 1
+    assert _cells(p, "one.jsonl") == {"f:size": b"%d" % size, "f:cut": b"%d" % size}
+
+
+def test_with_packing_a_cutter_cuts_whole_units_and_leaves_a_due_tail_to_the_packer(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """With pack_files, a file's cutter still cuts its whole units itself (one of
+    exactly unit_bytes too), up to where its short tail begins, and wakes the packer
+    for that tail once it is due."""
+    for site in "ab":
+        (tmp_path / site).mkdir()
+    (tmp_path / "a" / "one.jsonl").write_bytes(b"x" * 9 + b"\n")
+    (tmp_path / "a" / "two.jsonl").write_bytes((b"y" * 9 + b"\n") * 5)
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=20, max_unit_delay=600.0)
+    p.create()
+    p.track("a")
+    since = int(_cells(p, "two.jsonl")["f:since"])
+    with Transaction(cluster) as txn:
+        assert _pipeline.cut_file(txn, p, "two.jsonl", since + 600_000) == 2
+    assert _cells(p, "two.jsonl")["f:cut"] == b"40"
+    assert [(n.table, n.row, n.column) for n in pending_notifications(cluster, [p.packer])
+            ] == [(p.packer, b"tails", "k:due")]
+    (tmp_path / "a" / "one.jsonl").write_bytes(b"x" * 19 + b"\n")  # a whole unit now
+    p.track("a")
+    with Transaction(cluster) as txn:
+        assert _pipeline.cut_file(txn, p, "one.jsonl", since) == 1
+    assert _cells(p, "one.jsonl")["f:cut"] == b"20"
