@@ -692,3 +692,47 @@ def test_with_packing_a_cutter_cuts_whole_units_and_leaves_a_due_tail_to_the_pac
     with Transaction(cluster) as txn:
         assert _pipeline.cut_file(txn, p, "one.jsonl", since) == 1
     assert _cells(p, "one.jsonl")["f:cut"] == b"20"
+
+
+def test_a_unit_stranded_before_its_sites_time_is_up_is_woken_at_its_site(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a site ETA, a pending unit left with neither a lease nor a notification
+    (as an older version's processor left it) is woken by the sweep at its own site
+    only, while its site's time runs."""
+    _write(tmp_path, "one.jsonl", 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, site_eta=600.0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    row = _pipeline.unit_row("one.jsonl", 0)
+    with monkeypatch.context() as old:  # the lease left to a thread that never ran
+        old.setattr(_pipeline, "_lease_unit", lambda *args, **kwargs: [("one.jsonl", 0, 1)])
+        old.setattr(_pipeline._Processor, "_start", lambda self, row, owner: None)
+        worker = Worker(cluster, p.observers("a"), threads=1)
+        worker.register()
+        assert worker._scanner.serve_row(p.units, row)
+    assert p.stranded() == [row]
+    assert p.sweep_leases(int(_units(p)[row]["u:born"])) == 1
+    assert [n.column for n in pending_notifications(cluster, [p.units])] == ["u:ready.a"]
+
+
+def test_units_cut_before_a_site_eta_was_set_are_handed_to_every_site(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A pipeline given a site ETA once it has pending units cut without one (no
+    ``u:home``, no ``u:born``): the sweep takes them as past their site's time and
+    notifies every site's processors of those it must wake (their lease expired)."""
+    _write(tmp_path, "one.jsonl", 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    row = _pipeline.unit_row("one.jsonl", 0)
+    t = _pipeline._now_ms()
+    assert _take(p, row, "another-host/worker", t, renew=False)
+    later = _app.pipeline(cluster, tmp_path, max_unit_delay=0, site_eta=600.0)
+    later.create()
+    assert later.sweep_leases(t + 30_000) == 1
+    assert sorted(n.column for n in pending_notifications(cluster, [p.units])
+                  if n.column != "u:ready") == ["u:ready.a", "u:ready.b"]
