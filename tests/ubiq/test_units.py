@@ -488,7 +488,8 @@ def test_the_lease_sweep_hands_an_expired_lease_back_to_its_units_site(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     """With a site ETA, a unit whose lease expired before its site's time is up is
-    notified again to its own site's processors only."""
+    notified again to its own site's processors only; once its site's time is up,
+    to every site's."""
     _write(tmp_path, "one.jsonl", 10)
     p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, site_eta=600.0, local_eta=30.0)
     p.create()
@@ -500,6 +501,11 @@ def test_the_lease_sweep_hands_an_expired_lease_back_to_its_units_site(
     assert _take(p, row, "another-host/worker", t, renew=False)
     assert p.sweep_leases(t + 30_000) == 1
     assert [n.column for n in pending_notifications(cluster, [p.units])] == ["u:ready.a"]
+    # Past the site's time (the lease taken then expired too): every site's.
+    assert _take(p, row, "another-host/worker", t + 600_000, renew=False)
+    assert p.sweep_leases(t + 630_000) == 1
+    assert sorted(n.column for n in pending_notifications(cluster, [p.units])) == [
+        "u:ready.a", "u:ready.b"]
 
 
 def test_a_tail_is_due_exactly_max_unit_delay_after_its_first_report(
