@@ -742,3 +742,22 @@ def test_units_cut_before_a_site_eta_was_set_are_handed_to_every_site(
     assert later.sweep_leases(t + 30_000) == 1
     assert sorted(n.column for n in pending_notifications(cluster, [p.units])
                   if n.column != "u:ready") == ["u:ready.a", "u:ready.b"]
+
+
+def test_the_lease_sweep_goes_past_units_in_hand(cluster: Cluster, tmp_path: Path) -> None:
+    """Of two pending units, the first (in row order) leased by a live owner until
+    later and the second's lease expired: the sweep leaves the first and wakes the
+    second."""
+    for name in ("a.jsonl", "b.jsonl"):
+        _write(tmp_path, name, 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, pack_files=False, local_eta=30.0)
+    p.create()
+    p.track("a")
+    rows = [_pipeline.unit_row(name, 0) for name in ("a.jsonl", "b.jsonl")]
+    t = _pipeline._now_ms()
+    for name in ("a.jsonl", "b.jsonl"):
+        with Transaction(cluster) as txn:
+            assert _pipeline.cut_file(txn, p, name, t) == 1
+    assert _take(p, rows[0], "another-host/worker", t + 60_000, renew=False)
+    assert _take(p, rows[1], "another-host/worker", t, renew=False)
+    assert p.sweep_leases(t + 30_000) == 1
