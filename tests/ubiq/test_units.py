@@ -761,3 +761,80 @@ def test_the_lease_sweep_goes_past_units_in_hand(cluster: Cluster, tmp_path: Pat
     assert _take(p, rows[0], "another-host/worker", t + 60_000, renew=False)
     assert _take(p, rows[1], "another-host/worker", t, renew=False)
     assert p.sweep_leases(t + 30_000) == 1
+
+
+def _fail_until_changed(p: LogPipeline, row: bytes, error: str = "BadRecord: test") -> None:
+    """MAX_FAILURES failed attempts of this process at the unit in *row*."""
+    for _ in range(_pipeline.MAX_FAILURES):
+        assert _pipeline._take_lease(p.cluster, p, row, _owner(p), _pipeline._now_ms())
+        _pipeline._fail(p.cluster, p, row, _owner(p), error)
+
+
+def test_a_failing_unit_is_split_at_the_record_end_past_its_middle(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A unit that failed MAX_FAILURES times is replaced, in one transaction, by two
+    pending units partitioning its range at the first record end at or past its
+    middle, or, when that is its end, at its first record's end: each indexed and
+    notified, given to the unit's site with its age, without lease or failures. A
+    unit of one record is quarantined with the error (2000 bytes of it at most)."""
+    for site in "ab":
+        (tmp_path / site).mkdir()
+    # Records [0, 4), [4, 14), [14, 17), [17, 27).
+    (tmp_path / "a" / "one.jsonl").write_bytes(b"".join(
+        b"x" * n + b"\n" for n in (3, 9, 2, 9)))
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=0, site_eta=600.0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    row = _pipeline.unit_row("one.jsonl", 0)
+    born = _units(p)[row]["u:born"]
+
+    def unit(end: int) -> dict[str, bytes]:
+        return {"u:range": b"%d" % end, "u:state": b"P", "u:home": b"a", "u:born": born,
+                "u:ready.a": b"1"}
+
+    def at(begin: int) -> bytes:
+        return _pipeline.unit_row("one.jsonl", begin)
+
+    _fail_until_changed(p, at(0))  # its middle, 13, is a record's last byte
+    assert _units(p) == {at(0): unit(14), at(14): unit(27)}
+    assert _index(p) == {at(0), at(14)}
+    assert {n.row for n in pending_notifications(cluster, [p.units])} == {at(0), at(14)}
+    _fail_until_changed(p, at(14))  # past its middle, 20, the next end is its end
+    assert _units(p) == {at(0): unit(14), at(14): unit(17), at(17): unit(27)}
+    _fail_until_changed(p, at(17), "BadRecord: " + "e" * 3000)  # one record
+    assert p.quarantined() == [("one.jsonl", 17, 27, ("BadRecord: " + "e" * 3000)[:2000])]
+    assert _units(p)[at(17)]["u:state"] == b"Q" and _index(p) == {at(0), at(14)}
+
+
+def test_a_failing_packed_unit_is_split_between_its_files_first(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A unit packed from three files' tails that failed MAX_FAILURES times becomes
+    two units of whole files: the first file's (its row, now of one part: no
+    ``u:parts``) and the other two's (the second file's row becomes that unit's,
+    listing both parts; the third's part row points at it)."""
+    names = ("f1.jsonl", "f2.jsonl", "f3.jsonl")
+    for name in names:
+        _write(tmp_path, name, 2)
+    sizes = [(tmp_path / "a" / name).stat().st_size for name in names]
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=0)
+    p.create()
+    p.track("a")
+    with Transaction(cluster) as txn:
+        assert _pipeline.pack_tails(txn, p, _pipeline._now_ms()) == 1
+    rows = [_pipeline.unit_row(name, 0) for name in names]
+    assert len(json.loads(_units(p)[rows[0]]["u:parts"])) == 3
+    _fail_until_changed(p, rows[0])
+    units = _units(p)
+    assert units[rows[0]] == {"u:range": b"%d" % sizes[0], "u:state": b"P", "u:ready": b"1"}
+    assert units[rows[1]] == {
+        "u:range": b"%d" % sizes[1], "u:state": b"P", "u:ready": b"1",
+        "u:parts": json.dumps([["f2.jsonl", 0, sizes[1]], ["f3.jsonl", 0, sizes[2]]]
+                              ).encode()}
+    assert units[rows[2]] == {"u:range": b"%d" % sizes[2], "u:unit": rows[1]}
+    assert _index(p) == set(rows[:2])
+    assert p.coverage() == {"f1.jsonl": ["1 unit(s) pending"],
+                            "f2.jsonl": ["1 unit(s) pending"],
+                            "f3.jsonl": ["1 unit(s) pending"]}
