@@ -838,3 +838,32 @@ def test_a_failing_packed_unit_is_split_between_its_files_first(
     assert p.coverage() == {"f1.jsonl": ["1 unit(s) pending"],
                             "f2.jsonl": ["1 unit(s) pending"],
                             "f3.jsonl": ["1 unit(s) pending"]}
+
+
+def test_a_failed_or_retried_unit_is_handed_back_to_its_own_site(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """With a site ETA, a unit whose attempt failed (fewer than MAX_FAILURES times),
+    and a quarantined range put back to work, are notified to their site's
+    processors only."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "bad.jsonl").write_bytes(b"{not json\n")
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, site_eta=600.0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "bad.jsonl") == 1
+    row = _pipeline.unit_row("bad.jsonl", 0)
+
+    def notified() -> list[str]:
+        return sorted(n.column for n in pending_notifications(cluster, [p.units]))
+
+    assert notified() == ["u:ready.a"]
+    assert _pipeline._take_lease(cluster, p, row, _owner(p), _pipeline._now_ms())
+    _pipeline._fail(cluster, p, row, _owner(p), "BadRecord: test")
+    assert _units(p)[row]["u:fail"] == b"1" and notified() == ["u:ready.a"]
+    assert _pipeline._take_lease(cluster, p, row, _owner(p), _pipeline._now_ms())
+    _pipeline._fail(cluster, p, row, _owner(p), "BadRecord: test")
+    assert p.quarantined() != []
+    p.retry_range("bad.jsonl", 0)
+    assert notified() == ["u:ready.a"]
