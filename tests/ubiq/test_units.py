@@ -8,6 +8,7 @@ until when, which commit wins."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 
 import percolator
 from observers import Worker, wait_for_observers
+from observers._logs import head_digest
 from observers.ubiq import LogPipeline, Output, WorkUnit, _pipeline
 from percolator import Cluster, Snapshot, Transaction
 from percolator._internals import internals
@@ -867,3 +869,45 @@ def test_a_failed_or_retried_unit_is_handed_back_to_its_own_site(
     assert p.quarantined() != []
     p.retry_range("bad.jsonl", 0)
     assert notified() == ["u:ready.a"]
+
+
+def test_a_report_keeps_each_sites_complete_size_and_the_largest(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The tracker of each site reports the file's complete size there (up to its
+    last newline): ``f:site.<S>`` per site, ``f:size`` the largest, ``f:head`` the
+    digest of the largest replica's first bytes, ``f:since`` from the first report
+    of bytes not yet in a unit, ``f:grown`` when it last grew (never before the
+    file's mtime). A pass that finds no growth reports none."""
+    for site in "ab":
+        (tmp_path / site).mkdir()
+    a, b = tmp_path / "a" / "one.jsonl", tmp_path / "b" / "one.jsonl"
+    a.write_bytes(b'{"k":"x"}\n' * 3 + b'{"k":')  # a record half written
+    b.write_bytes(b'{"k":"x"}\n')
+    later = time.time() + 3600
+    os.utime(a, (later, later))
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=600.0)
+    p.create()
+
+    def cells() -> dict[str, bytes]:
+        with Snapshot(cluster) as snap:
+            return snap.get_row(p.files, b"one.jsonl", [
+                "f:size", "f:site.a", "f:site.b", "f:head", "f:since", "f:grown"])
+
+    before = _pipeline._now_ms()
+    assert p.track("a") == 1
+    first = cells()
+    since = int(first.pop("f:since"))
+    assert before <= since <= _pipeline._now_ms()
+    assert first == {"f:size": b"30", "f:site.a": b"30", "f:head": head_digest(a),
+                     "f:grown": b"%d" % int(later * 1000)}
+    assert p.track("b") == 1
+    assert cells() == {**first, "f:site.b": b"10", "f:since": b"%d" % since,
+                       "f:grown": cells()["f:grown"]}
+    assert int(cells()["f:grown"]) >= since
+    assert p.track("a") == p.track("b") == 0
+    with open(a, "ab") as f:
+        f.write(b'"y"}\n')
+    assert p.track("a") == 1
+    assert cells()["f:size"] == cells()["f:site.a"] == b"%d" % a.stat().st_size
+    assert cells()["f:since"] == b"%d" % since
