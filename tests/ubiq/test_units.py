@@ -816,7 +816,8 @@ def test_a_failing_packed_unit_is_split_between_its_files_first(
     """A unit packed from three files' tails that failed MAX_FAILURES times becomes
     two units of whole files: the first file's (its row, now of one part: no
     ``u:parts``) and the other two's (the second file's row becomes that unit's,
-    listing both parts; the third's part row points at it)."""
+    listing both parts; the third's part row points at it), which splits again into
+    a unit per file."""
     names = ("f1.jsonl", "f2.jsonl", "f3.jsonl")
     for name in names:
         _write(tmp_path, name, 2)
@@ -840,6 +841,12 @@ def test_a_failing_packed_unit_is_split_between_its_files_first(
     assert p.coverage() == {"f1.jsonl": ["1 unit(s) pending"],
                             "f2.jsonl": ["1 unit(s) pending"],
                             "f3.jsonl": ["1 unit(s) pending"]}
+    # The unit of two files splits into two of one file each.
+    _fail_until_changed(p, rows[1])
+    units = _units(p)
+    for row, size in zip(rows[1:], sizes[1:], strict=True):
+        assert units[row] == {"u:range": b"%d" % size, "u:state": b"P", "u:ready": b"1"}
+    assert _index(p) == set(rows)
 
 
 def test_a_failed_or_retried_unit_is_handed_back_to_its_own_site(
@@ -911,3 +918,26 @@ def test_a_report_keeps_each_sites_complete_size_and_the_largest(
     assert p.track("a") == 1
     assert cells()["f:size"] == cells()["f:site.a"] == b"%d" % a.stat().st_size
     assert cells()["f:since"] == b"%d" % since
+
+
+def test_the_pieces_of_a_unit_cut_before_a_site_eta_go_to_one_site(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A unit cut before the pipeline had a site ETA (no ``u:home``, no ``u:born``)
+    that fails until split: its pieces are given to one of the pipeline's sites, as
+    a unit cut now is, and born now."""
+    _write(tmp_path, "one.jsonl", 4)
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    later = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=0,
+                          site_eta=600.0)
+    later.create()
+    before = _pipeline._now_ms()
+    _fail_until_changed(later, _pipeline.unit_row("one.jsonl", 0))
+    pieces = _units(later)
+    assert len(pieces) == 2
+    for cells in pieces.values():
+        assert cells["u:home"] in (b"a", b"b") and f"u:ready.{cells['u:home'].decode()}" in cells
+        assert before <= int(cells["u:born"]) <= _pipeline._now_ms()
