@@ -814,26 +814,32 @@ def test_a_failing_packed_unit_is_split_between_its_files_first(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     """A unit packed from three files' tails that failed MAX_FAILURES times becomes
-    two units of whole files: the first file's (its row, now of one part: no
-    ``u:parts``) and the other two's (the second file's row becomes that unit's,
-    listing both parts; the third's part row points at it), which splits again into
-    a unit per file."""
+    two units of whole files, at the unit's site and of its age: the first file's
+    (its row, now of one part: no ``u:parts``) and the other two's (the second
+    file's row becomes that unit's, listing both parts; the third's part row points
+    at it), which splits again into a unit per file."""
     names = ("f1.jsonl", "f2.jsonl", "f3.jsonl")
     for name in names:
         _write(tmp_path, name, 2)
     sizes = [(tmp_path / "a" / name).stat().st_size for name in names]
-    p = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=0)
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=0, site_eta=600.0)
     p.create()
     p.track("a")
     with Transaction(cluster) as txn:
         assert _pipeline.pack_tails(txn, p, _pipeline._now_ms()) == 1
     rows = [_pipeline.unit_row(name, 0) for name in names]
     assert len(json.loads(_units(p)[rows[0]]["u:parts"])) == 3
+    born = _units(p)[rows[0]]["u:born"]
+
+    def unit(size: int) -> dict[str, bytes]:  # pending, at site a (it alone holds them)
+        return {"u:range": b"%d" % size, "u:state": b"P", "u:home": b"a", "u:born": born,
+                "u:ready.a": b"1"}
+
     _fail_until_changed(p, rows[0])
     units = _units(p)
-    assert units[rows[0]] == {"u:range": b"%d" % sizes[0], "u:state": b"P", "u:ready": b"1"}
+    assert units[rows[0]] == unit(sizes[0])
     assert units[rows[1]] == {
-        "u:range": b"%d" % sizes[1], "u:state": b"P", "u:ready": b"1",
+        **unit(sizes[1]),
         "u:parts": json.dumps([["f2.jsonl", 0, sizes[1]], ["f3.jsonl", 0, sizes[2]]]
                               ).encode()}
     assert units[rows[2]] == {"u:range": b"%d" % sizes[2], "u:unit": rows[1]}
@@ -845,7 +851,7 @@ def test_a_failing_packed_unit_is_split_between_its_files_first(
     _fail_until_changed(p, rows[1])
     units = _units(p)
     for row, size in zip(rows[1:], sizes[1:], strict=True):
-        assert units[row] == {"u:range": b"%d" % size, "u:state": b"P", "u:ready": b"1"}
+        assert units[row] == unit(size)
     assert _index(p) == set(rows)
 
 
