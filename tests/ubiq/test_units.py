@@ -947,3 +947,35 @@ def test_the_pieces_of_a_unit_cut_before_a_site_eta_go_to_one_site(
     for cells in pieces.values():
         assert cells["u:home"] in (b"a", b"b") and f"u:ready.{cells['u:home'].decode()}" in cells
         assert before <= int(cells["u:born"]) <= _pipeline._now_ms()
+
+
+def test_the_packer_packs_due_tails_oldest_first_into_units_of_up_to_unit_bytes(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Short tails (below unit_bytes), oldest ``f:since`` first, are packed whole into
+    units of at most unit_bytes (one exactly full); units are cut up to the one
+    holding the newest due tail (due exactly max_unit_delay after its report), and a
+    younger tail that fits in that unit goes with it; a younger tail that does not
+    waits, as does a file whose tail is a whole unit (its cutter's)."""
+    for site in "ab":
+        (tmp_path / site).mkdir()
+    tails = {"t1": (1_000, 8), "t2": (2_000, 12), "t3": (3_000, 10), "t4": (4_000, 5),
+             "t5": (4_500, 9), "t6": (0, 20)}
+    for name, (_, size) in tails.items():
+        (tmp_path / "a" / f"{name}.jsonl").write_bytes(b"x" * (size - 1) + b"\n")
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=20, max_unit_delay=5.0)
+    p.create()
+    p.track("a")
+    with Transaction(cluster) as txn:
+        for name, (since, _) in tails.items():
+            txn.set(p.files, f"{name}.jsonl".encode(), "f:since", b"%d" % since)
+    with Transaction(cluster) as txn:
+        assert _pipeline.pack_tails(txn, p, 8_000) == 2  # t3 due exactly now
+    units = {row: json.loads(c["u:parts"]) for row, c in _units(p).items() if "u:parts" in c}
+    assert units == {
+        _pipeline.unit_row("t1.jsonl", 0): [["t1.jsonl", 0, 8], ["t2.jsonl", 0, 12]],
+        _pipeline.unit_row("t3.jsonl", 0): [["t3.jsonl", 0, 10], ["t4.jsonl", 0, 5]]}
+    for name, (_, size) in tails.items():
+        cut = name in ("t1", "t2", "t3", "t4")
+        assert _cells(p, f"{name}.jsonl").get("f:cut") == (b"%d" % size if cut else None)
+        assert ("f:since" in _cells(p, f"{name}.jsonl")) is not cut
