@@ -782,9 +782,9 @@ def test_a_failing_unit_is_split_at_the_record_end_past_its_middle(
     unit of one record is quarantined with the error (2000 bytes of it at most)."""
     for site in "ab":
         (tmp_path / site).mkdir()
-    # Records [0, 4), [4, 14), [14, 17), [17, 27).
+    # Records [0, 4), [4, 14), [14, 17), [17, 21), [21, 25), [25, 31).
     (tmp_path / "a" / "one.jsonl").write_bytes(b"".join(
-        b"x" * n + b"\n" for n in (3, 9, 2, 9)))
+        b"x" * n + b"\n" for n in (3, 9, 2, 3, 3, 5)))
     p = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=0, site_eta=600.0)
     p.create()
     p.track("a")
@@ -799,15 +799,20 @@ def test_a_failing_unit_is_split_at_the_record_end_past_its_middle(
     def at(begin: int) -> bytes:
         return _pipeline.unit_row("one.jsonl", begin)
 
-    _fail_until_changed(p, at(0))  # its middle, 13, is a record's last byte
-    assert _units(p) == {at(0): unit(14), at(14): unit(27)}
-    assert _index(p) == {at(0), at(14)}
-    assert {n.row for n in pending_notifications(cluster, [p.units])} == {at(0), at(14)}
-    _fail_until_changed(p, at(14))  # past its middle, 20, the next end is its end
-    assert _units(p) == {at(0): unit(14), at(14): unit(17), at(17): unit(27)}
-    _fail_until_changed(p, at(17), "BadRecord: " + "e" * 3000)  # one record
-    assert p.quarantined() == [("one.jsonl", 17, 27, ("BadRecord: " + "e" * 3000)[:2000])]
-    assert _units(p)[at(17)]["u:state"] == b"Q" and _index(p) == {at(0), at(14)}
+    _fail_until_changed(p, at(0))  # its middle, 15, is in the record [14, 17)
+    assert _units(p) == {at(0): unit(17), at(17): unit(31)}
+    assert _index(p) == {at(0), at(17)}
+    assert {n.row for n in pending_notifications(cluster, [p.units])} == {at(0), at(17)}
+    _fail_until_changed(p, at(17))  # its middle, 24, is in [21, 25)
+    _fail_until_changed(p, at(0))  # its middle, 8, is in [4, 14)
+    assert _units(p) == {at(0): unit(14), at(14): unit(17), at(17): unit(25),
+                         at(25): unit(31)}
+    _fail_until_changed(p, at(0))  # past its middle, 7, the next end is its end
+    assert _units(p)[at(0)] == unit(4) and _units(p)[at(4)] == unit(14)
+    _fail_until_changed(p, at(25), "BadRecord: " + "e" * 3000)  # one record
+    assert p.quarantined() == [("one.jsonl", 25, 31, ("BadRecord: " + "e" * 3000)[:2000])]
+    assert _units(p)[at(25)]["u:state"] == b"Q"
+    assert _index(p) == {at(0), at(4), at(14), at(17)}
 
 
 def test_a_failing_packed_unit_is_split_between_its_files_first(
