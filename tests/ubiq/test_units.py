@@ -631,7 +631,7 @@ def test_a_unit_whose_bytes_no_replica_holds_is_quarantined_with_why(
 
 def test_a_refused_file_is_never_cut_again(cluster: Cluster, tmp_path: Path) -> None:
     """A file whose tail waits to be cut is truncated: the tracker refuses it, and a
-    cutter run on it after that, however late, cuts nothing of it."""
+    cutter or packer run after that, however late, cuts nothing of it."""
     _write(tmp_path, "one.jsonl", 10)
     path = tmp_path / "a" / "one.jsonl"
     p = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=600.0,
@@ -646,6 +646,8 @@ def test_a_refused_file_is_never_cut_again(cluster: Cluster, tmp_path: Path) -> 
         assert snap.get(p.files, b"one.jsonl", "f:refused") is not None
     with Transaction(cluster) as txn:
         assert _pipeline.cut_file(txn, p, "one.jsonl", _pipeline._now_ms() + 10**9) == 0
+    with Transaction(cluster) as txn:  # nor packed
+        assert _pipeline.pack_tails(txn, p, _pipeline._now_ms() + 10**9) == 0
     assert _units(p) == {}
 
 
