@@ -676,6 +676,13 @@ def test_a_tail_that_grew_while_the_cutter_cut_is_cut_at_its_next_run(
     with Transaction(cluster) as txn:  # young as the tail is, it has no f:since
         assert _pipeline.cut_file(txn, p, "one.jsonl", since + 600_001) == 1
     assert _cells(p, "one.jsonl") == {"f:size": b"%d" % size, "f:cut": b"%d" % size}
+    # With packing, the packer takes such a tail as due too.
+    _write(tmp_path, "two.jsonl", 5)
+    p.track("a")
+    with Transaction(cluster) as txn:
+        txn.delete(p.files, b"two.jsonl", "f:since")
+    with Transaction(cluster) as txn:
+        assert _pipeline.pack_tails(txn, p, since + 600_001) == 1
 
 
 def test_with_packing_a_cutter_cuts_whole_units_and_leaves_a_due_tail_to_the_packer(
@@ -967,7 +974,7 @@ def test_the_packer_packs_due_tails_oldest_first_into_units_of_up_to_unit_bytes(
     for site in "ab":
         (tmp_path / site).mkdir()
     tails = {"t1": (1_000, 8), "t2": (2_000, 12), "t3": (3_000, 10), "t4": (4_000, 5),
-             "t5": (4_500, 9), "t6": (0, 20)}
+             "t7": (4_200, 1), "t5": (4_500, 9), "t6": (0, 20)}
     for name, (_, size) in tails.items():
         (tmp_path / "a" / f"{name}.jsonl").write_bytes(b"x" * (size - 1) + b"\n")
     p = _app.pipeline(cluster, tmp_path, unit_bytes=20, max_unit_delay=5.0)
@@ -981,8 +988,9 @@ def test_the_packer_packs_due_tails_oldest_first_into_units_of_up_to_unit_bytes(
     units = {row: json.loads(c["u:parts"]) for row, c in _units(p).items() if "u:parts" in c}
     assert units == {
         _pipeline.unit_row("t1.jsonl", 0): [["t1.jsonl", 0, 8], ["t2.jsonl", 0, 12]],
-        _pipeline.unit_row("t3.jsonl", 0): [["t3.jsonl", 0, 10], ["t4.jsonl", 0, 5]]}
+        _pipeline.unit_row("t3.jsonl", 0): [["t3.jsonl", 0, 10], ["t4.jsonl", 0, 5],
+                                            ["t7.jsonl", 0, 1]]}
     for name, (_, size) in tails.items():
-        cut = name in ("t1", "t2", "t3", "t4")
+        cut = name in ("t1", "t2", "t3", "t4", "t7")
         assert _cells(p, f"{name}.jsonl").get("f:cut") == (b"%d" % size if cut else None)
         assert ("f:since" in _cells(p, f"{name}.jsonl")) is not cut
