@@ -1,0 +1,996 @@
+"""Ubiq's units one step at a time, on the embedded store: each test drives the
+tracker, the cutter, the lease, the processing and the commit of a unit by hand
+(no worker process, no timing), and asks what each step wrote. The end-to-end tests
+(``test_ubiq.py``, ``test_bookkeeping.py``) show the whole pipeline exact; these pin
+down the decisions inside it: which offsets a unit covers, who holds a lease and
+until when, which commit wins."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import percolator
+from observers import Worker, wait_for_observers
+from observers._logs import head_digest
+from observers.ubiq import LogPipeline, Output, WorkUnit, _pipeline
+from percolator import Cluster, Snapshot, Transaction
+from percolator._internals import internals
+from percolator.ext import pending_notifications
+from tests.ubiq import _app
+from tests.ubiq.test_bookkeeping import _expire_every_lease, _index, _stored, _write
+from tests.ubiq.test_ubiq import settle
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with percolator.connect(f"sqlite:///{tmp_path}/repo.db") as found:
+        yield found
+
+
+def _units(p: LogPipeline) -> dict[bytes, dict[str, bytes]]:
+    with Snapshot(p.cluster) as snap:
+        return dict(snap.scan(p.units))
+
+
+def _owner(p: LogPipeline) -> str:
+    return internals(p.cluster).coordination.current_owner()
+
+
+def test_a_tail_that_stopped_growing_is_cut_alone_when_files_are_not_packed(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Without packing, a short tail waits for more bytes while it is young: the
+    cutter, woken by the report of its growth, cuts nothing. Once it has waited
+    max_unit_delay (its ``f:since`` that old), the tracker's next pass, which finds no
+    growth, wakes the cutter of that file, which cuts the tail as a unit of its own."""
+    _write(tmp_path, "one.jsonl", 10)
+    size = (tmp_path / "a" / "one.jsonl").stat().st_size
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=600.0,
+                      pack_files=False)
+    p.create()
+    cutters = [o for o in p.observers("a") if (o.table, o.column) == (p.files, "f:size")]
+    with Worker(cluster, cutters, threads=1):
+        assert p.track("a") == 1
+        wait_for_observers(cluster, 60)
+    assert _units(p) == {}  # a young tail waits
+    with Transaction(cluster) as txn:  # max_unit_delay has passed since its report
+        txn.set(p.files, b"one.jsonl", "f:since", b"0")
+    assert p.track("a") == 0
+    assert [(n.table, n.row, n.column) for n in pending_notifications(cluster)] == [
+        (p.files, b"one.jsonl", "f:size")]
+    with Worker(cluster, cutters, threads=1):
+        deadline = time.monotonic() + 60
+        while not _units(p):
+            assert time.monotonic() < deadline, "the tail was not cut"
+            time.sleep(0.02)
+    assert {row: cells["u:range"] for row, cells in _units(p).items()} == {
+        _pipeline.unit_row("one.jsonl", 0): b"%d" % size}
+
+
+def test_an_application_deletes_cells_in_its_units_commit(cluster: Cluster,
+                                                          tmp_path: Path) -> None:
+    """``Output.delete`` deletes a cell in the unit's commit transaction: gone once
+    the unit commits, and only then."""
+    _write(tmp_path, "one.jsonl", 10)
+
+    class Consume(_app.Counts):
+        def process(self, unit: WorkUnit, out: Output) -> None:
+            super().process(unit, out)
+            out.delete(_app.ATTEMPTS, b"todo", "a:owner")
+
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, app=Consume())
+    p.create()
+    with Transaction(cluster) as txn:
+        txn.set(_app.ATTEMPTS, b"todo", "a:owner", b"x")
+        txn.set(_app.ATTEMPTS, b"kept", "a:owner", b"y")
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    row = _pipeline.unit_row("one.jsonl", 0)
+    assert _pipeline.process_unit(p, "a", row, _owner(p))
+    with Snapshot(cluster) as snap:
+        assert snap.get(_app.ATTEMPTS, b"todo", "a:owner") is None
+        assert snap.get(_app.ATTEMPTS, b"kept", "a:owner") == b"y"
+
+
+def test_create_fills_the_index_that_the_lease_sweep_reads(cluster: Cluster,
+                                                           tmp_path: Path) -> None:
+    """A pipeline made before the pending-units index: ``create`` fills it, and the
+    lease sweep finds every pending unit through it (their leases expired)."""
+    _write(tmp_path, "one.jsonl", 100)
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=1024, max_unit_delay=0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") > 1
+    units = _index(p)
+    cluster.drop_table(p.pending)  # as an older version left it
+    p.create()
+    _expire_every_lease(p, units)
+    assert p.sweep_leases() == len(units)
+
+
+def test_output_files_are_named_plainly_and_a_unit_may_stage_several(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """An output file's name is refused when empty, holding a '/' or starting with
+    '.' (it would land outside the sink or hidden); a unit may stage several files,
+    each published once the unit commits."""
+    _write(tmp_path, "one.jsonl", 10)
+
+    class TwoFiles(_app.Counts):
+        def process(self, unit: WorkUnit, out: Output) -> None:
+            super().process(unit, out)
+            for name in ("first.txt", "second.txt"):
+                with out.file(name) as f:
+                    f.write(name.encode())
+
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, app=TwoFiles())
+    p.create()
+    with Transaction(cluster) as txn:
+        out = Output(txn, tmp_path / "staging")
+        for bad in ("", "a/b", ".hidden"):
+            with pytest.raises(percolator.InvalidArgument) as refusal:
+                out.file(bad)
+            assert str(refusal.value) == f"bad output file name {bad!r}"
+        txn.rollback()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    assert _pipeline.process_unit(p, "a", _pipeline.unit_row("one.jsonl", 0), _owner(p))
+    for name in ("first.txt", "second.txt"):
+        assert (p.sink / f"one.jsonl@0.{name}").read_bytes() == name.encode()
+
+
+def test_only_a_quarantined_range_can_be_retried(cluster: Cluster, tmp_path: Path) -> None:
+    _write(tmp_path, "one.jsonl", 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    with pytest.raises(percolator.InvalidArgument) as refusal:
+        p.retry_range("one.jsonl", 0)  # pending, not quarantined
+    assert str(refusal.value) == "no quarantined range at ('one.jsonl', 0)"
+
+
+def test_a_retried_range_gets_its_failed_attempts_again(cluster: Cluster,
+                                                         tmp_path: Path) -> None:
+    """A record that failed MAX_FAILURES times is quarantined; put back to work, its
+    failures count from zero again: it is quarantined after as many failed attempts
+    as the first time, not at its first one."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "bad.jsonl").write_bytes(b"{not json\n")
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "bad.jsonl") == 1
+    row = _pipeline.unit_row("bad.jsonl", 0)
+
+    def fail_once() -> None:
+        assert _pipeline._take_lease(cluster, p, row, _owner(p), _pipeline._now_ms())
+        _pipeline._fail(cluster, p, row, _owner(p), "BadRecord: test")
+
+    for retried in (False, True):
+        for _ in range(_pipeline.MAX_FAILURES - 1):
+            fail_once()
+            assert p.quarantined() == [] and _index(p) == {row}
+        fail_once()
+        assert p.quarantined() == [("bad.jsonl", 0, 10, "BadRecord: test")]
+        assert _index(p) == set()
+        if not retried:
+            p.retry_range("bad.jsonl", 0)
+
+
+def _lease(p: LogPipeline, row: bytes) -> tuple[str, int] | None:
+    with Snapshot(p.cluster) as snap:
+        raw = snap.get(p.units, row, "u:lease")
+    return None if raw is None else _pipeline._lease(raw)
+
+
+def _dead(owner: str) -> str:
+    """An owner id of this host from another boot: certainly dead."""
+    parts = owner.split("/")
+    parts[2] = "0" * len(parts[2])
+    return "/".join(parts)
+
+
+def _one_unit(p: LogPipeline, tmp_path: Path) -> tuple[bytes, list[tuple[str, int, int]]]:
+    _write(tmp_path, "one.jsonl", 10)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    return (_pipeline.unit_row("one.jsonl", 0),
+            [("one.jsonl", 0, (tmp_path / "a" / "one.jsonl").stat().st_size)])
+
+
+def _take(p: LogPipeline, row: bytes, owner: str, now: int, *, renew: bool
+          ) -> list[tuple[str, int, int]] | None:
+    with Transaction(p.cluster) as txn:
+        return _pipeline._lease_unit(txn, p, row, owner, now, renew=renew)
+
+
+def test_a_lease_holds_until_its_expiry_for_a_live_owner_and_not_at_all_for_a_dead_one(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A lease names its owner and expires local_eta after it was taken. Until then
+    nobody else takes the unit; the owner takes it again only when renewing (its
+    processing thread), not as a second run of its processor; at its expiry anyone
+    takes it. A lease of a dead owner is taken over at once. A unit no longer pending
+    is not leased at all."""
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, local_eta=30.0)
+    row, parts = _one_unit(p, tmp_path)
+    me, other = _owner(p), "another-host/worker"  # other: liveness unknown, so alive
+    assert internals(cluster).coordination.is_alive(_dead(me)) is False
+    t = 1_000_000
+    assert _take(p, row, other, t, renew=False) == parts
+    expiry = t + 30_000
+    assert _lease(p, row) == (other, expiry)
+    for renew in (False, True):
+        assert _take(p, row, me, expiry - 1, renew=renew) is None
+    assert _take(p, row, other, expiry - 1, renew=False) is None
+    assert _lease(p, row) == (other, expiry)
+    assert _take(p, row, other, expiry - 1, renew=True) == parts  # renewed
+    expiry += 29_999
+    assert _lease(p, row) == (other, expiry)
+    assert _take(p, row, me, expiry - 1, renew=False) is None
+    assert _take(p, row, me, expiry, renew=False) == parts  # expired: taken over
+    assert _lease(p, row) == (me, expiry + 30_000)
+    for owner in (other, me):  # a live owner's (this process's) lease in force
+        assert _take(p, row, owner, expiry + 29_999, renew=False) is None
+    # A dead owner's lease, far from its expiry, is taken over at once.
+    assert _take(p, row, _dead(me), expiry + 30_000, renew=False) == parts
+    assert _take(p, row, me, expiry + 30_001, renew=False) == parts
+    assert _lease(p, row) == (me, expiry + 60_001)
+    with Transaction(cluster) as txn:
+        assert _pipeline.finish_unit(txn, p, row, me, "attempt", [])
+    assert _take(p, row, me, expiry + 60_001, renew=True) is None  # committed
+    assert _take(p, row, other, expiry + 10**9, renew=False) is None
+
+
+def test_the_lease_sweep_renotifies_a_unit_once_its_lease_expired_or_its_owner_died(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The processor's run on a ready unit leases it and acknowledges its notification
+    in one transaction (its thread, which would process the unit, never runs here).
+    The unit is then in hand until its lease's expiry, when the sweep notifies it
+    again (exactly at it, not a millisecond before); a unit leased by a dead owner is
+    notified again at once."""
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, local_eta=30.0)
+    row, parts = _one_unit(p, tmp_path)
+    handed: list[bytes] = []
+    monkeypatch.setattr(_pipeline._Processor, "_start",
+                        lambda self, row, owner: handed.append(row))
+    worker = Worker(cluster, p.observers("a"), threads=1)
+    worker.register()
+    assert worker._scanner.serve_row(p.units, row) and handed == [row]
+
+    def notified() -> list[tuple[bytes, str]]:
+        return [(n.row, n.column) for n in pending_notifications(cluster, [p.units])]
+
+    assert notified() == []
+    lease = _lease(p, row)
+    assert lease is not None and lease[0] == _owner(p)
+    assert p.sweep_leases(lease[1] - 1) == 0
+    assert notified() == []
+    assert p.sweep_leases(lease[1]) == 1
+    assert notified() == [(row, "u:ready")]
+    # In real time this process's lease is still in force: the run leaves the unit to
+    # the thread that holds it.
+    assert worker._scanner.serve_row(p.units, row) and handed == [row]
+    assert notified() == []
+    lease = _lease(p, row)
+    assert lease is not None
+    assert _take(p, row, _dead(_owner(p)), lease[1], renew=False) == parts
+    assert p.sweep_leases(lease[1]) == 1  # its new owner is dead, its lease in force
+    assert notified() == [(row, "u:ready")]
+    assert handed == [row]
+
+
+def test_the_collector_clears_the_acknowledgements_of_every_sites_processors(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """With a site ETA each site's processors observe a column of their own
+    (``u:ready.<site>``). A file only site b holds is processed there and forgotten;
+    the deletion of its units' ``u:ready.b`` is acknowledged by b's processor, and the
+    next pass of the collector deletes that acknowledgement too: nothing of the file
+    is left in the store."""
+    _write(tmp_path, "one.jsonl", 30)
+    (tmp_path / "a" / "one.jsonl").rename(tmp_path / "b" / "one.jsonl")
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=512, max_unit_delay=0,
+                      forget_after=3600.0, site_eta=600.0)
+    p.create()
+    with Worker(cluster, [*p.observers("b"), _app.RollUp], threads=1):
+        p.track("b")
+        settle(p)
+    assert {c["u:home"] for c in _units(p).values() if "u:home" in c} == {b"b"}
+    assert p.collect_garbage(_pipeline._now_ms() + 3_601_000) == 1
+    with Worker(cluster, p.observers("b"), threads=1):
+        wait_for_observers(cluster, 60)
+    p.collect_garbage()
+    assert _stored(p) == {p.files: [], p.units: [], p.pending: []}
+
+
+def test_the_collector_leaves_a_forgotten_file_cut_anew_to_be_tracked(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A forgotten file that grows again is tracked anew and cut from its first
+    byte. Clearing what its forgetting left (``f:forgotten``, acknowledgements) then
+    finds units in their rows, and does nothing: they are the file's new units."""
+    _write(tmp_path, "one.jsonl", 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, forget_after=3600.0)
+    p.create()
+    with Worker(cluster, [*p.observers("a"), _app.RollUp], threads=1):
+        p.track("a")
+        settle(p)
+    assert p.collect_garbage(_pipeline._now_ms() + 3_601_000) == 1
+    # Forgetting deleted its f:size, which notifies the cutter: a run on a file row
+    # without one cuts nothing.
+    assert _app.cut(p, "one.jsonl") == 0
+    _write(tmp_path, "one.jsonl", 5)  # it grows again, now
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    row = b"one.jsonl"
+    assert not _pipeline._clear_forgotten(cluster, p, row, set())
+    with Snapshot(cluster) as snap:
+        assert snap.get(p.files, row, "f:forgotten") is not None
+    assert _units(p)[_pipeline.unit_row("one.jsonl", 0)]["u:state"] == b"P"
+
+
+def test_a_committed_unit_keeps_its_range_state_and_commit_record_only(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The commit of a unit records its attempt, staged files and owner
+    (``u:commit``, which the dispatcher publishes from) and deletes its lease and
+    failure count; only the unit's owner commits it, once."""
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0)
+    row, parts = _one_unit(p, tmp_path)
+    me, other = _owner(p), "another-host/worker"
+    now = _pipeline._now_ms()
+    assert _take(p, row, me, now, renew=True) == parts
+    _pipeline._fail(cluster, p, row, me, "Error: once")
+    assert _units(p)[row]["u:fail"] == b"1"
+    assert _take(p, row, me, now, renew=True) == parts
+    for owner in (other, _dead(me)):  # not its lease
+        with Transaction(cluster) as txn:
+            assert not _pipeline.finish_unit(txn, p, row, owner, "theirs", [])
+    with Transaction(cluster) as txn:
+        assert _pipeline.finish_unit(txn, p, row, me, "attempt1", ["counts.json"])
+    assert set(_units(p)[row]) == {"u:range", "u:state", "u:commit", "u:ready"}
+    assert _units(p)[row]["u:state"] == b"C"
+    assert json.loads(_units(p)[row]["u:commit"]) == {
+        "attempt": "attempt1", "files": ["counts.json"], "owner": me}
+    with Transaction(cluster) as txn:
+        assert not _pipeline.finish_unit(txn, p, row, me, "attempt2", [])  # once
+
+
+def test_processing_a_unit_commits_its_output_or_nothing(cluster: Cluster,
+                                                         tmp_path: Path) -> None:
+    """process_unit: a unit leased by another live owner is not processed; an
+    application's failure counts an attempt and leaves no staged file; an attempt
+    that loses its commit to another leaves neither output nor staged files (the
+    winner's commit stands); a winning attempt publishes its files; a failing
+    on_commit is logged, the commit stands."""
+    _write(tmp_path, "one.jsonl", 10)
+    data = (tmp_path / "a" / "one.jsonl").read_bytes()
+    calls: list[str] = []
+    committed: list[str] = []
+
+    class Scripted(_app.Counts):
+        def __init__(self) -> None:
+            super().__init__(files=True)
+            self.plan = ["fail", "lose", "win"]
+
+        def process(self, unit: WorkUnit, out: Output) -> None:
+            step = self.plan.pop(0)
+            calls.append(step)
+            assert b"".join(r.data + b"\n" for r in unit.records()) == data
+            assert unit.parts == []  # one range: no parts
+            super().process(unit, out)
+            if step == "fail":
+                raise ValueError("no")
+            if step == "lose":  # another attempt of the same owner commits first
+                with Transaction(p.cluster) as txn:
+                    assert _pipeline.finish_unit(txn, p, row, me, "winner", [])
+                    txn.set(_app.ATTEMPTS, b"winner", "a:owner", b"w")
+
+    def on_commit(unit: WorkUnit) -> None:
+        committed.append(unit.id)
+        raise RuntimeError("metrics down")
+
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, app=Scripted(),
+                      on_commit=on_commit)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    row, me = _pipeline.unit_row("one.jsonl", 0), _owner(p)
+    assert _take(p, row, "another-host/worker", _pipeline._now_ms(), renew=False)
+    assert not _pipeline.process_unit(p, "a", row, me)
+    assert calls == []  # leased by a live owner: not taken
+    t = _pipeline._now_ms() + 60_000  # that lease expired
+    assert _take(p, row, me, t, renew=False)
+    assert not _pipeline.process_unit(p, "a", row, me)
+    assert calls == ["fail"] and _units(p)[row]["u:fail"] == b"1"
+    assert not list(p.staging.rglob("*.json"))
+    assert not _pipeline.process_unit(p, "a", row, me)  # loses to "winner"
+    assert calls == ["fail", "lose"] and _units(p)[row]["u:state"] == b"C"
+    assert not list(p.staging.rglob("*.json")) and not list(p.sink.glob("*.json"))
+    with Snapshot(cluster) as snap:
+        assert snap.get(_app.ATTEMPTS, b"one.jsonl@0-%d" % len(data), "a:owner") is None
+    # A unit of its own for the winning attempt and the failing on_commit.
+    _write(tmp_path, "two.jsonl", 10)
+    data = (tmp_path / "a" / "two.jsonl").read_bytes()
+    p.track("a")
+    assert _app.cut(p, "two.jsonl") == 1
+    row = _pipeline.unit_row("two.jsonl", 0)
+    assert _pipeline.process_unit(p, "a", row, me)
+    assert committed == [f"two.jsonl@0-{len(data)}"]
+    assert json.loads((p.sink / "two.jsonl@0.counts.json").read_bytes()) == {
+        "k0": 4, "k1": 3, "k2": 3}
+    assert not list(p.staging.rglob("*.json"))
+
+
+def _cells(p: LogPipeline, name: str) -> dict[str, bytes]:
+    with Snapshot(p.cluster) as snap:
+        return snap.get_row(p.files, name.encode(), ["f:size", "f:cut", "f:since"])
+
+
+def test_units_end_at_the_first_record_end_at_or_past_unit_bytes(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Units are cut at record boundaries: each ends at the first record end at or
+    past unit_bytes from its start (a record longer than the reader's 64 KiB chunk
+    too), the last one at the file's end once it is due. The boundaries are read from
+    a replica that holds the bytes: site a lags, b does not (and a second file is at
+    b only). Until the tail is due it
+    waits (``f:cut`` at the last unit's end, ``f:since`` kept); once cut, ``f:cut`` is
+    the file's size and ``f:since`` is gone."""
+    lengths = (8, 3, 20, 1, 1, 5, 70_000, 2, 9, 4, 6, 2)
+    data = b"".join(b"x" * n + b"\n" for n in lengths)
+    for site in "ab":
+        (tmp_path / site).mkdir()
+    (tmp_path / "b" / "one.jsonl").write_bytes(data)
+    (tmp_path / "a" / "one.jsonl").write_bytes(data[:40])
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=10, max_unit_delay=600.0,
+                      pack_files=False)
+    p.create()
+    p.track("a")
+    p.track("b")
+    ends = [i + 1 for i, byte in enumerate(data) if byte == ord("\n")]
+    expected, begin = [], 0
+    while len(data) - begin > 10:
+        end = next(e for e in ends if e >= begin + 10)
+        expected.append((begin, end))
+        begin = end
+    assert _app.cut(p, "one.jsonl") == len(expected)  # the young tail waits
+    cells = _cells(p, "one.jsonl")
+    assert cells["f:cut"] == b"%d" % begin and "f:since" in cells
+    with Transaction(cluster) as txn:  # max_unit_delay has passed
+        txn.set(p.files, b"one.jsonl", "f:since", b"0")
+    assert _app.cut(p, "one.jsonl") == 1
+    expected.append((begin, len(data)))
+    assert [(_pipeline.parse_unit_row(row)[1], int(c["u:range"]))
+            for row, c in sorted(_units(p).items())] == expected
+    assert _cells(p, "one.jsonl") == {"f:size": b"%d" % len(data),
+                                      "f:cut": b"%d" % len(data)}
+    # A file site a lacks altogether is cut from b's replica the same way.
+    (tmp_path / "b" / "two.jsonl").write_bytes(data)
+    p.track("b")
+    with Transaction(cluster) as txn:
+        txn.set(p.files, b"two.jsonl", "f:since", b"0")
+    assert _app.cut(p, "two.jsonl") == len(expected)
+    assert [(_pipeline.parse_unit_row(row)[1], int(c["u:range"]))
+            for row, c in sorted(_units(p).items()) if row.startswith(b"two")] == expected
+
+
+def test_the_lease_sweep_hands_an_expired_lease_back_to_its_units_site(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """With a site ETA, a unit whose lease expired before its site's time is up is
+    notified again to its own site's processors only; once its site's time is up,
+    to every site's."""
+    _write(tmp_path, "one.jsonl", 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, site_eta=600.0, local_eta=30.0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    row = _pipeline.unit_row("one.jsonl", 0)
+    assert _units(p)[row]["u:home"] == b"a"  # only site a holds it
+    t = int(_units(p)[row]["u:born"])
+    assert _take(p, row, "another-host/worker", t, renew=False)
+    assert p.sweep_leases(t + 30_000) == 1
+    assert [n.column for n in pending_notifications(cluster, [p.units])] == ["u:ready.a"]
+    # Past the site's time (the lease taken then expired too): every site's.
+    assert _take(p, row, "another-host/worker", t + 600_000, renew=False)
+    assert p.sweep_leases(t + 630_000) == 1
+    assert sorted(n.column for n in pending_notifications(cluster, [p.units])) == [
+        "u:ready.a", "u:ready.b"]
+
+
+def test_a_tail_is_due_exactly_max_unit_delay_after_its_first_report(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A tail shorter than a unit waits until max_unit_delay has passed since its
+    oldest byte was reported (``f:since``), and not a millisecond less; bytes that
+    fill a whole unit never wait."""
+    for site in "ab":
+        (tmp_path / site).mkdir()
+    (tmp_path / "a" / "one.jsonl").write_bytes(b"x" * 9 + b"\n")
+    (tmp_path / "a" / "full.jsonl").write_bytes(b"y" * 19 + b"\n")
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=20, max_unit_delay=5.0,
+                      pack_files=False)
+    p.create()
+    p.track("a")
+    since = int(_cells(p, "one.jsonl")["f:since"])
+    for name, now in (("one.jsonl", since + 4_999), ("full.jsonl", since)):
+        with Transaction(cluster) as txn:
+            assert _pipeline.cut_file(txn, p, name, now) == (name == "full.jsonl")
+    with Transaction(cluster) as txn:
+        assert _pipeline.cut_file(txn, p, "one.jsonl", since + 5_000) == 1
+    assert sorted(_units(p)) == [_pipeline.unit_row("full.jsonl", 0),
+                                 _pipeline.unit_row("one.jsonl", 0)]
+
+
+def test_a_unit_is_given_to_a_site_that_holds_its_bytes(cluster: Cluster,
+                                                        tmp_path: Path) -> None:
+    """With a site ETA, a unit goes to one of the sites whose replica holds all its
+    bytes (spread over them by its row), even where the spreading over every site
+    would have picked another: a file only site a holds, named so that it would
+    have gone to b."""
+    for site in "ab":
+        (tmp_path / site).mkdir()
+    name = next(f"f{i}.jsonl" for i in range(100)
+                if _pipeline._home(f"f{i}.jsonl", 0, ["a", "b"]) == "b")
+    (tmp_path / "a" / name).write_bytes(b"x" * 9 + b"\n")
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=10, max_unit_delay=0, site_eta=600.0,
+                      pack_files=False)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, name) == 1
+    assert _units(p)[_pipeline.unit_row(name, 0)]["u:home"] == b"a"
+
+
+def test_a_worker_whose_lease_was_taken_over_commits_nothing(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker takes the unit's lease, and before its attempt's transaction begins
+    the lease expires and another owner takes the unit over: the attempt does not
+    commit (its output and staged files go), and the unit stays the other owner's."""
+    _write(tmp_path, "one.jsonl", 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, local_eta=30.0,
+                      app=_app.Counts(files=True))
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    row, other = _pipeline.unit_row("one.jsonl", 0), "another-host/worker"
+    take = _pipeline._take_lease
+
+    def taken_over(*args: object) -> object:
+        taken = take(*args)  # type: ignore[arg-type]
+        assert _take(p, row, other, _pipeline._now_ms() + 30_000, renew=False)
+        return taken
+
+    monkeypatch.setattr(_pipeline, "_take_lease", taken_over)
+    assert not _pipeline.process_unit(p, "a", row, _owner(p))
+    assert _units(p)[row]["u:state"] == b"P" and _lease(p, row) is not None
+    assert _lease(p, row)[0] == other  # type: ignore[index]
+    assert not list(p.staging.rglob("*.json")) and not list(p.sink.glob("*.json"))
+    assert _app.partial_totals(cluster) == {}
+
+
+def test_the_dispatcher_publishes_what_a_committer_that_died_did_not(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unit committed by a process that died before publishing its files (its
+    ``u:commit`` names the attempt and files): the dispatcher, woken by that commit,
+    publishes them from the attempt's staging directory."""
+    _write(tmp_path, "one.jsonl", 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, app=_app.Counts(files=True))
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    row = _pipeline.unit_row("one.jsonl", 0)
+    with monkeypatch.context() as dying:
+        dying.setattr(_pipeline, "publish", lambda *args: None)
+        assert _pipeline.process_unit(p, "a", row, _owner(p))
+    final = p.sink / "one.jsonl@0.counts.json"
+    assert not final.exists() and list(p.staging.rglob("counts.json"))
+    dispatchers = [o for o in p.observers("a") if o.column == "u:commit"]
+    with Worker(cluster, dispatchers, threads=1):
+        deadline = time.monotonic() + 60
+        while not final.exists():
+            assert time.monotonic() < deadline, "not published"
+            time.sleep(0.02)
+    assert json.loads(final.read_bytes()) == {"k0": 4, "k1": 3, "k2": 3}
+    assert not list(p.staging.rglob("counts.json"))
+
+
+def test_a_unit_whose_bytes_no_replica_holds_is_quarantined_with_why(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A unit of one record whose file every replica lost bytes of (after it was
+    cut): each attempt fails reading it (``unit.records()`` says the file, site and
+    missing end), and after MAX_FAILURES the record is quarantined with that error."""
+    _write(tmp_path, "one.jsonl", 1)
+    path = tmp_path / "a" / "one.jsonl"
+    size = path.stat().st_size
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    path.write_bytes(path.read_bytes()[:5])
+    row = _pipeline.unit_row("one.jsonl", 0)
+    for _ in range(_pipeline.MAX_FAILURES):
+        assert not _pipeline.process_unit(p, "a", row, _owner(p))
+    assert p.quarantined() == [
+        ("one.jsonl", 0, size, f"OSError: {path} at site a is shorter than {size}")]
+
+
+def test_a_refused_file_is_never_cut_again(cluster: Cluster, tmp_path: Path) -> None:
+    """A file whose tail waits to be cut is truncated: the tracker refuses it, and a
+    cutter or packer run after that, however late, cuts nothing of it."""
+    _write(tmp_path, "one.jsonl", 10)
+    path = tmp_path / "a" / "one.jsonl"
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=600.0,
+                      pack_files=False)
+    p.create()
+    p.track("a")
+    with Transaction(cluster) as txn:
+        assert _pipeline.cut_file(txn, p, "one.jsonl", _pipeline._now_ms()) == 0  # young
+    path.write_bytes(path.read_bytes()[:20])
+    p.track("a")
+    with Snapshot(cluster) as snap:
+        assert snap.get(p.files, b"one.jsonl", "f:refused") is not None
+    with Transaction(cluster) as txn:
+        assert _pipeline.cut_file(txn, p, "one.jsonl", _pipeline._now_ms() + 10**9) == 0
+    with Transaction(cluster) as txn:  # nor packed
+        assert _pipeline.pack_tails(txn, p, _pipeline._now_ms() + 10**9) == 0
+    assert _units(p) == {}
+
+
+def test_a_tail_that_grew_while_the_cutter_cut_is_cut_at_its_next_run(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The cutter cuts a file to its end (deleting ``f:since``) while the tracker
+    reports that it grew: the two transactions write different cells, so both
+    commit, and the file is left with a tail past ``f:cut`` and no ``f:since``. The
+    cutter's next run (the growth notified it) takes that tail as due, so it is cut
+    at once rather than never."""
+    _write(tmp_path, "one.jsonl", 10)
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=600.0,
+                      pack_files=False)
+    p.create()
+    p.track("a")
+    since = int(_cells(p, "one.jsonl")["f:since"])
+    cutter = Transaction(cluster)
+    assert _pipeline.cut_file(cutter, p, "one.jsonl", since + 600_000) == 1
+    _write(tmp_path, "one.jsonl", 5)  # meanwhile the file grows, and is reported
+    assert p.track("a") == 1
+    cutter.commit()
+    size = (tmp_path / "a" / "one.jsonl").stat().st_size
+    cells = _cells(p, "one.jsonl")
+    assert "f:since" not in cells and int(cells["f:cut"]) < int(cells["f:size"]) == size
+    with Transaction(cluster) as txn:  # young as the tail is, it has no f:since
+        assert _pipeline.cut_file(txn, p, "one.jsonl", since + 600_001) == 1
+    assert _cells(p, "one.jsonl") == {"f:size": b"%d" % size, "f:cut": b"%d" % size}
+    # With packing, the packer takes such a tail as due too.
+    _write(tmp_path, "two.jsonl", 5)
+    p.track("a")
+    with Transaction(cluster) as txn:
+        txn.delete(p.files, b"two.jsonl", "f:since")
+    with Transaction(cluster) as txn:
+        assert _pipeline.pack_tails(txn, p, since + 600_001) == 1
+
+
+def test_with_packing_a_cutter_cuts_whole_units_and_leaves_a_due_tail_to_the_packer(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """With pack_files, a file's cutter still cuts its whole units itself (one of
+    exactly unit_bytes too), up to where its short tail begins, and wakes the packer
+    for that tail once it is due."""
+    for site in "ab":
+        (tmp_path / site).mkdir()
+    (tmp_path / "a" / "one.jsonl").write_bytes(b"x" * 9 + b"\n")
+    (tmp_path / "a" / "two.jsonl").write_bytes((b"y" * 9 + b"\n") * 5)
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=20, max_unit_delay=600.0)
+    p.create()
+    p.track("a")
+    since = int(_cells(p, "two.jsonl")["f:since"])
+    with Transaction(cluster) as txn:
+        assert _pipeline.cut_file(txn, p, "two.jsonl", since + 600_000) == 2
+    assert _cells(p, "two.jsonl")["f:cut"] == b"40"
+    assert [(n.table, n.row, n.column) for n in pending_notifications(cluster, [p.packer])
+            ] == [(p.packer, b"tails", "k:due")]
+    (tmp_path / "a" / "one.jsonl").write_bytes(b"x" * 19 + b"\n")  # a whole unit now
+    p.track("a")
+    with Transaction(cluster) as txn:
+        assert _pipeline.cut_file(txn, p, "one.jsonl", since) == 1
+    assert _cells(p, "one.jsonl")["f:cut"] == b"20"
+
+
+def test_a_unit_stranded_before_its_sites_time_is_up_is_woken_at_its_site(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a site ETA, a pending unit left with neither a lease nor a notification
+    (as an older version's processor left it) is woken by the sweep at its own site
+    only, while its site's time runs."""
+    _write(tmp_path, "one.jsonl", 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, site_eta=600.0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    row = _pipeline.unit_row("one.jsonl", 0)
+    with monkeypatch.context() as old:  # the lease left to a thread that never ran
+        old.setattr(_pipeline, "_lease_unit", lambda *args, **kwargs: [("one.jsonl", 0, 1)])
+        old.setattr(_pipeline._Processor, "_start", lambda self, row, owner: None)
+        worker = Worker(cluster, p.observers("a"), threads=1)
+        worker.register()
+        assert worker._scanner.serve_row(p.units, row)
+    assert p.stranded() == [row]
+    assert p.sweep_leases(int(_units(p)[row]["u:born"])) == 1
+    assert [n.column for n in pending_notifications(cluster, [p.units])] == ["u:ready.a"]
+
+
+def test_units_cut_before_a_site_eta_was_set_are_handed_to_every_site(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A pipeline given a site ETA once it has pending units cut without one (no
+    ``u:home``, no ``u:born``): the sweep takes them as past their site's time and
+    notifies every site's processors of those it must wake (their lease expired)."""
+    _write(tmp_path, "one.jsonl", 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    row = _pipeline.unit_row("one.jsonl", 0)
+    t = _pipeline._now_ms()
+    assert _take(p, row, "another-host/worker", t, renew=False)
+    later = _app.pipeline(cluster, tmp_path, max_unit_delay=0, site_eta=600.0)
+    later.create()
+    assert later.sweep_leases(t + 30_000) == 1
+    assert sorted(n.column for n in pending_notifications(cluster, [p.units])
+                  if n.column != "u:ready") == ["u:ready.a", "u:ready.b"]
+
+
+def test_the_lease_sweep_goes_past_units_in_hand(cluster: Cluster, tmp_path: Path) -> None:
+    """Of two pending units, the first (in row order) leased by a live owner until
+    later and the second's lease expired: the sweep leaves the first and wakes the
+    second."""
+    for name in ("a.jsonl", "b.jsonl"):
+        _write(tmp_path, name, 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, pack_files=False, local_eta=30.0)
+    p.create()
+    p.track("a")
+    rows = [_pipeline.unit_row(name, 0) for name in ("a.jsonl", "b.jsonl")]
+    t = _pipeline._now_ms()
+    for name in ("a.jsonl", "b.jsonl"):
+        with Transaction(cluster) as txn:
+            assert _pipeline.cut_file(txn, p, name, t) == 1
+    assert _take(p, rows[0], "another-host/worker", t + 60_000, renew=False)
+    assert _take(p, rows[1], "another-host/worker", t, renew=False)
+    assert p.sweep_leases(t + 30_000) == 1
+
+
+def _fail_until_changed(p: LogPipeline, row: bytes, error: str = "BadRecord: test") -> None:
+    """MAX_FAILURES failed attempts of this process at the unit in *row*."""
+    for _ in range(_pipeline.MAX_FAILURES):
+        assert _pipeline._take_lease(p.cluster, p, row, _owner(p), _pipeline._now_ms())
+        _pipeline._fail(p.cluster, p, row, _owner(p), error)
+
+
+def test_a_failing_unit_is_split_at_the_record_end_past_its_middle(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A unit that failed MAX_FAILURES times is replaced, in one transaction, by two
+    pending units partitioning its range at the first record end at or past its
+    middle, or, when that is its end, at its first record's end: each indexed and
+    notified, given to the unit's site with its age, without lease or failures. A
+    unit of one record is quarantined with the error (2000 bytes of it at most)."""
+    for site in "ab":
+        (tmp_path / site).mkdir()
+    # Records [0, 4), [4, 14), [14, 17), [17, 21), [21, 25), [25, 31).
+    (tmp_path / "a" / "one.jsonl").write_bytes(b"".join(
+        b"x" * n + b"\n" for n in (3, 9, 2, 3, 3, 5)))
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=0, site_eta=600.0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    row = _pipeline.unit_row("one.jsonl", 0)
+    born = _units(p)[row]["u:born"]
+
+    def unit(end: int) -> dict[str, bytes]:
+        return {"u:range": b"%d" % end, "u:state": b"P", "u:home": b"a", "u:born": born,
+                "u:ready.a": b"1"}
+
+    def at(begin: int) -> bytes:
+        return _pipeline.unit_row("one.jsonl", begin)
+
+    _fail_until_changed(p, at(0))  # its middle, 15, is in the record [14, 17)
+    assert _units(p) == {at(0): unit(17), at(17): unit(31)}
+    assert _index(p) == {at(0), at(17)}
+    assert {n.row for n in pending_notifications(cluster, [p.units])} == {at(0), at(17)}
+    _fail_until_changed(p, at(17))  # its middle, 24, is in [21, 25)
+    _fail_until_changed(p, at(0))  # its middle, 8, is in [4, 14)
+    assert _units(p) == {at(0): unit(14), at(14): unit(17), at(17): unit(25),
+                         at(25): unit(31)}
+    _fail_until_changed(p, at(0))  # past its middle, 7, the next end is its end
+    assert _units(p)[at(0)] == unit(4) and _units(p)[at(4)] == unit(14)
+    _fail_until_changed(p, at(25), "BadRecord: " + "e" * 3000)  # one record
+    assert p.quarantined() == [("one.jsonl", 25, 31, ("BadRecord: " + "e" * 3000)[:2000])]
+    assert _units(p)[at(25)]["u:state"] == b"Q"
+    assert _index(p) == {at(0), at(4), at(14), at(17)}
+
+
+def test_a_failing_packed_unit_is_split_between_its_files_first(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A unit packed from three files' tails that failed MAX_FAILURES times becomes
+    two units of whole files, at the unit's site and of its age: the first file's
+    (its row, now of one part: no ``u:parts``) and the other two's (the second
+    file's row becomes that unit's, listing both parts; the third's part row points
+    at it), which splits again into a unit per file."""
+    names = ("f1.jsonl", "f2.jsonl", "f3.jsonl")
+    for name in names:
+        _write(tmp_path, name, 2)
+    sizes = [(tmp_path / "a" / name).stat().st_size for name in names]
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=0, site_eta=600.0)
+    p.create()
+    p.track("a")
+    with Transaction(cluster) as txn:
+        assert _pipeline.pack_tails(txn, p, _pipeline._now_ms()) == 1
+    rows = [_pipeline.unit_row(name, 0) for name in names]
+    assert len(json.loads(_units(p)[rows[0]]["u:parts"])) == 3
+    born = _units(p)[rows[0]]["u:born"]
+
+    def unit(size: int) -> dict[str, bytes]:  # pending, at site a (it alone holds them)
+        return {"u:range": b"%d" % size, "u:state": b"P", "u:home": b"a", "u:born": born,
+                "u:ready.a": b"1"}
+
+    _fail_until_changed(p, rows[0])
+    units = _units(p)
+    assert units[rows[0]] == unit(sizes[0])
+    assert units[rows[1]] == {
+        **unit(sizes[1]),
+        "u:parts": json.dumps([["f2.jsonl", 0, sizes[1]], ["f3.jsonl", 0, sizes[2]]]
+                              ).encode()}
+    assert units[rows[2]] == {"u:range": b"%d" % sizes[2], "u:unit": rows[1]}
+    assert _index(p) == set(rows[:2])
+    assert p.coverage() == {"f1.jsonl": ["1 unit(s) pending"],
+                            "f2.jsonl": ["1 unit(s) pending"],
+                            "f3.jsonl": ["1 unit(s) pending"]}
+    # The unit of two files splits into two of one file each.
+    _fail_until_changed(p, rows[1])
+    units = _units(p)
+    for row, size in zip(rows[1:], sizes[1:], strict=True):
+        assert units[row] == unit(size)
+    assert _index(p) == set(rows)
+
+
+def test_a_failed_or_retried_unit_is_handed_back_to_its_own_site(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """With a site ETA, a unit whose attempt failed (fewer than MAX_FAILURES times),
+    and a quarantined range put back to work, are notified to their site's
+    processors only."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "bad.jsonl").write_bytes(b"{not json\n")
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, site_eta=600.0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "bad.jsonl") == 1
+    row = _pipeline.unit_row("bad.jsonl", 0)
+
+    def notified() -> list[str]:
+        return sorted(n.column for n in pending_notifications(cluster, [p.units]))
+
+    assert notified() == ["u:ready.a"]
+    assert _pipeline._take_lease(cluster, p, row, _owner(p), _pipeline._now_ms())
+    _pipeline._fail(cluster, p, row, _owner(p), "BadRecord: test")
+    assert _units(p)[row]["u:fail"] == b"1" and notified() == ["u:ready.a"]
+    assert _pipeline._take_lease(cluster, p, row, _owner(p), _pipeline._now_ms())
+    _pipeline._fail(cluster, p, row, _owner(p), "BadRecord: test")
+    assert p.quarantined() != []
+    p.retry_range("bad.jsonl", 0)
+    assert notified() == ["u:ready.a"]
+
+
+def test_a_report_keeps_each_sites_complete_size_and_the_largest(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The tracker of each site reports the file's complete size there (up to its
+    last newline): ``f:site.<S>`` per site, ``f:size`` the largest, ``f:head`` the
+    digest of the largest replica's first bytes, ``f:since`` from the first report
+    of bytes not yet in a unit, ``f:grown`` when it last grew (never before the
+    file's mtime). A pass that finds no growth reports none."""
+    for site in "ab":
+        (tmp_path / site).mkdir()
+    a, b = tmp_path / "a" / "one.jsonl", tmp_path / "b" / "one.jsonl"
+    a.write_bytes(b'{"k":"x"}\n' * 3 + b'{"k":')  # a record half written
+    b.write_bytes(b'{"k":"x"}\n')
+    later = time.time() + 3600
+    os.utime(a, (later, later))
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=600.0)
+    p.create()
+
+    def cells() -> dict[str, bytes]:
+        with Snapshot(cluster) as snap:
+            return snap.get_row(p.files, b"one.jsonl", [
+                "f:size", "f:site.a", "f:site.b", "f:head", "f:since", "f:grown"])
+
+    before = _pipeline._now_ms()
+    assert p.track("a") == 1
+    first = cells()
+    since = int(first.pop("f:since"))
+    assert before <= since <= _pipeline._now_ms()
+    assert first == {"f:size": b"30", "f:site.a": b"30", "f:head": head_digest(a),
+                     "f:grown": b"%d" % int(later * 1000)}
+    assert p.track("b") == 1
+    assert cells() == {**first, "f:site.b": b"10", "f:since": b"%d" % since,
+                       "f:grown": cells()["f:grown"]}
+    assert int(cells()["f:grown"]) >= since
+    assert p.track("a") == p.track("b") == 0
+    with open(a, "ab") as f:
+        f.write(b'"y"}\n')
+    assert p.track("a") == 1
+    assert cells()["f:size"] == cells()["f:site.a"] == b"%d" % a.stat().st_size
+    assert cells()["f:since"] == b"%d" % since
+
+
+def test_the_pieces_of_a_unit_cut_before_a_site_eta_go_to_one_site(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A unit cut before the pipeline had a site ETA (no ``u:home``, no ``u:born``)
+    that fails until split: its pieces are given to one of the pipeline's sites, as
+    a unit cut now is, and born now."""
+    _write(tmp_path, "one.jsonl", 4)
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    later = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=0,
+                          site_eta=600.0)
+    later.create()
+    before = _pipeline._now_ms()
+    _fail_until_changed(later, _pipeline.unit_row("one.jsonl", 0))
+    pieces = _units(later)
+    assert len(pieces) == 2
+    for cells in pieces.values():
+        assert cells["u:home"] in (b"a", b"b") and f"u:ready.{cells['u:home'].decode()}" in cells
+        assert before <= int(cells["u:born"]) <= _pipeline._now_ms()
+
+
+def test_the_packer_packs_due_tails_oldest_first_into_units_of_up_to_unit_bytes(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Short tails (below unit_bytes), oldest ``f:since`` first, are packed whole into
+    units of at most unit_bytes (one exactly full); units are cut up to the one
+    holding the newest due tail (due exactly max_unit_delay after its report), and a
+    younger tail that fits in that unit goes with it; a younger tail that does not
+    waits, as does a file whose tail is a whole unit (its cutter's)."""
+    for site in "ab":
+        (tmp_path / site).mkdir()
+    tails = {"t1": (1_000, 8), "t2": (2_000, 12), "t3": (3_000, 10), "t4": (4_000, 5),
+             "t7": (4_200, 1), "t5": (4_500, 9), "t6": (0, 20)}
+    for name, (_, size) in tails.items():
+        (tmp_path / "a" / f"{name}.jsonl").write_bytes(b"x" * (size - 1) + b"\n")
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=20, max_unit_delay=5.0)
+    p.create()
+    p.track("a")
+    with Transaction(cluster) as txn:
+        for name, (since, _) in tails.items():
+            txn.set(p.files, f"{name}.jsonl".encode(), "f:since", b"%d" % since)
+    with Transaction(cluster) as txn:
+        assert _pipeline.pack_tails(txn, p, 8_000) == 2  # t3 due exactly now
+    units = {row: json.loads(c["u:parts"]) for row, c in _units(p).items() if "u:parts" in c}
+    assert units == {
+        _pipeline.unit_row("t1.jsonl", 0): [["t1.jsonl", 0, 8], ["t2.jsonl", 0, 12]],
+        _pipeline.unit_row("t3.jsonl", 0): [["t3.jsonl", 0, 10], ["t4.jsonl", 0, 5],
+                                            ["t7.jsonl", 0, 1]]}
+    for name, (_, size) in tails.items():
+        cut = name in ("t1", "t2", "t3", "t4", "t7")
+        assert _cells(p, f"{name}.jsonl").get("f:cut") == (b"%d" % size if cut else None)
+        assert ("f:since" in _cells(p, f"{name}.jsonl")) is not cut
