@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import signal
 import subprocess
 import time
@@ -607,3 +608,95 @@ def test_a_timer_at_the_end_of_time_fires_when_the_input_ends(sqlite_cluster: Cl
         assert pipeline.state(snap, "Flush", b"k") == {"n": b"2", "flushed": b"2"}
     (status,) = pipeline.status()
     assert (status.low_watermark, status.timers) == (END, 0)
+
+
+class _Quiet(mw.Computation):
+    """Handles nothing itself: the tests call its key run's context."""
+
+    name = "Quiet"
+    outputs = ("said",)
+
+
+def _quiet(cluster: Cluster, source: mw.Source) -> mw.Pipeline:
+    pipeline = mw.Pipeline(cluster, "quiet")
+    pipeline.injector("in", source, stream="in")
+    pipeline.computation(_Quiet(), inputs={"in": lambda r: r.value})
+    pipeline.create()
+    return pipeline
+
+
+def _context(txn: Transaction, pipeline: mw.Pipeline, key: bytes) -> mw.Context:
+    """The context a handler of Quiet's run for *key* in *txn* gets."""
+    return mw.Context(_pipeline._KeyRun(txn, pipeline, pipeline.nodes["Quiet"], key))
+
+
+def test_timers_re_armed_and_deleted_leave_their_cells_and_index_rows_matching(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A key arms timers a, b and c; a later run re-arms a at another time, deletes b
+    and deletes a timer never armed. The key's ``t:`` cells and the timers index must
+    then hold a (at its new time) and c only: a re-armed or deleted timer whose index
+    row stayed would be woken for nothing and hold the low watermark at its old time
+    (verify reports the mismatch). SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    pipeline = _quiet(cluster, mw.IterableSource([]))
+    node = pipeline.nodes["Quiet"]
+    with Transaction(cluster) as txn:
+        ctx = _context(txn, pipeline, b"k")
+        for tag, time_ms in (("a", 5_000), ("b", 6_000), ("c", 7_000)):
+            ctx.set_timer(tag, time_ms)
+    with Transaction(cluster) as txn:
+        ctx = _context(txn, pipeline, b"k")
+        ctx.set_timer("a", 8_000)
+        ctx.delete_timer("b")
+        ctx.delete_timer("never")
+    with Snapshot(cluster) as snap:
+        cells = snap.get_row(node.table, b"k", ["t:a", "t:b", "t:c"])
+        index = [row for row, _ in snap.scan(node.timers, *node.index_range(), ["t:x"])]
+    assert cells == {"t:a": (8_000).to_bytes(8, "big"), "t:c": (7_000).to_bytes(8, "big")}
+    assert index == [_pipeline._index_row(node, 7_000, b"k", b"c"),
+                     _pipeline._index_row(node, 8_000, b"k", b"a")]
+    assert pipeline.verify().problems == []
+    (status,) = pipeline.status()
+    assert status.timers == 2
+
+
+def test_a_timer_armed_at_the_input_watermark_wakes_its_key_at_once(
+    sqlite_cluster: Cluster,
+) -> None:
+    """With the input watermark at 1,000, a run that arms a timer at 1,000 exactly
+    notifies its key (the timer is due: the next run fires it, without waiting for an
+    advance); one armed at 1,001 does not. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    pipeline = _quiet(cluster, _SteppedSource())  # one record of key k, watermark 1,000
+    assert pipeline.inject("in") == 1
+    assert pipeline.advance()["Quiet"][0] == 1_000
+    for key, time_ms in ((b"at", 1_000), (b"after", 1_001)):
+        with Transaction(cluster) as txn:
+            _context(txn, pipeline, key).set_timer("t", time_ms)
+    woken = {n.row for n in pending_notifications(cluster, [pipeline.nodes["Quiet"].table])}
+    assert woken == {b"k", b"at"}
+
+
+def test_bad_timers_and_productions_are_refused_with_what_was_wrong(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A handler's timer needs a non-empty str tag and an int time, a production
+    bytes and an int timestamp: each bad one is an InvalidArgument saying so, not a
+    deep TypeError from the encoding (nor a timer armed under a tag that is no str)."""
+    cluster = sqlite_cluster
+    pipeline = _quiet(cluster, mw.IterableSource([]))
+    with Transaction(cluster) as txn:
+        ctx = _context(txn, pipeline, b"k")
+        for tag, time_ms in (("", 1_000), (5, 1_000), ("t", 1.5), ("t", "1000")):
+            with pytest.raises(percolator.InvalidArgument, match=re.escape(
+                    f"set_timer needs a non-empty str tag and int ms, got {tag!r}, {time_ms!r}")):
+                ctx.set_timer(tag, time_ms)  # type: ignore[arg-type]
+        for value, ts in (("text", 1_000), (b"x", 1.5), ("text", 1.5)):
+            with pytest.raises(percolator.InvalidArgument, match=re.escape(
+                    "produce needs bytes and an int timestamp, got "
+                    f"{type(value).__name__}, {ts!r}")):
+                ctx.produce("said", value, ts)  # type: ignore[arg-type]
+    with Snapshot(cluster) as snap:
+        assert list(snap.scan(pipeline.nodes["Quiet"].table)) == []
+        assert list(snap.scan(pipeline.out)) == []

@@ -362,6 +362,85 @@ def test_a_primary_wakes_waiters_whose_ids_hold_spaces(sqlite_cluster: Cluster) 
     assert p.verify().ok
 
 
+def _rows(p: photon.JoinPipeline) -> dict[str, dict[bytes, dict[str, bytes]]]:
+    """Every row the joiner writes: the foreign, primary, deadline and output tables."""
+    with Snapshot(p.cluster) as snap:
+        return {table: dict(snap.scan(table, None, None))
+                for table in (p.foreign, p.primary, p.deadlines, p.joined_table)}
+
+
+def test_the_joiners_body_says_whether_it_decided_and_leaves_a_waiting_event_as_it_was(
+    sqlite_cluster: Cluster,
+) -> None:
+    """``join_event`` returns True when it changed the event's course (it started to
+    wait, joined, gave up) and False when there was nothing to do, which the joiner
+    counts as a wasted run: an event never ingested, one decided already, and one that
+    waits and is woken again in time (a stray wake-up), which must leave every row as
+    it was, not register the waiter a second time nor move its deadline. The adapter has
+    no time field, so a wait's deadline comes from the joiner's clock when it starts to
+    wait: only the stored ``j:wait`` keeps it. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    untimed = photon.JsonAdapter(foreign_id="click", primary_id="query", primary_ref="query")
+    p = pipeline(cluster, adapter=untimed, now=lambda: t / 1000)
+    p.log_foreign(cluster, [{"click": "c", "query": "q"}])
+    row = photon.row_key(b"c")
+
+    def join(at_ms: int, event: bytes = row) -> bool:
+        with Transaction(cluster) as txn:
+            return _pipeline.join_event(txn, p, event, at_ms)
+
+    assert join(t, photon.row_key(b"never-ingested")) is False
+    assert join(t) is True  # starts to wait, with the deadline t + 10 min
+    waiting = _rows(p)
+    assert waiting[p.foreign][row]["j:wait"][:8] == (t + 600_000).to_bytes(8, "big")
+    assert waiting[p.primary][photon.row_key(b"q")]["j:waiters"] == row
+    assert join(t + 1_000) is False  # woken again, still in time: nothing to do
+    assert _rows(p) == waiting
+    p.log_primary(cluster, [{"query": "q"}])
+    assert join(t + 2_000) is True
+    assert p.state(Snapshot(cluster), b"c") is photon.State.JOINED
+    assert join(t + 3_000) is False  # decided already
+    p.log_foreign(cluster, [{"click": "u", "query": "never"}])
+    unjoinable = photon.row_key(b"u")
+    assert join(t, unjoinable) is True
+    assert join(t + 600_000, unjoinable) is True  # the deadline: given up
+    assert p.state(Snapshot(cluster), b"u") is photon.State.UNJOINABLE
+    assert join(t + 600_001, unjoinable) is False
+    assert p.verify().ok
+
+
+def test_a_placeholder_lists_at_most_max_waiters_and_the_others_join_at_their_deadline(
+    sqlite_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``MAX_WAITERS`` at 2, three clicks wait for one query: its placeholder lists
+    the first two exactly, so the query's ingest wakes those two; the third waits, still
+    registered by its deadline row, and joins when the sweep fires it. SQLite alone: the
+    pipeline's logic."""
+    monkeypatch.setattr(_pipeline, "MAX_WAITERS", 2)
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    clicks = [b"c1", b"c2", b"c3"]
+    p.log_foreign(cluster, [{"click": c.decode(), "query": "q", "t": t} for c in clicks])
+    rows = [photon.row_key(c) for c in clicks]
+    worker = _joiner_on(p)
+    for row in rows:
+        assert worker._scanner.serve_row(p.foreign, row)
+    with Snapshot(cluster) as snap:
+        assert snap.get(p.primary, photon.row_key(b"q"), "j:waiters") == b"\n".join(rows[:2])
+        assert {p.state(snap, c) for c in clicks} == {photon.State.WAITING}
+    p.log_primary(cluster, [{"query": "q", "t": t}])
+    assert {n.row for n in pending_notifications(cluster, [p.foreign])} == set(rows[:2])
+    for row in rows[:2]:
+        worker._scanner.serve_row(p.foreign, row)
+    assert p.state(Snapshot(cluster), b"c3") is photon.State.WAITING
+    assert p.sweep(now_ms=t + 600_000) == 1
+    worker._scanner.serve_row(p.foreign, rows[2])
+    assert set(outputs(p)) == set(clicks)
+    assert p.verify().ok
+
+
 def test_verify_reports_a_waiting_event_nothing_will_wake(cluster: Cluster) -> None:
     """A waiting event whose deadline row is gone and that has no notification (what
     a sweep without j:due left behind) can never end: verify says so."""
