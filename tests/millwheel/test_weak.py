@@ -389,7 +389,8 @@ class _Seer(mw.Computation):
 
 def _seer_key(record: mw.Record) -> bytes:
     """A key made of what the extractor is given: the producer (from the id), the
-    stream, the lateness and the time."""
+    stream, the lateness and the time. The record has no key yet: this picks it."""
+    assert record.key == b"", record.key
     late = "late" if record.late else "on-time"
     return f"{record.id.split('/')[0]}-{record.stream}-{late}-{record.timestamp}".encode()
 
