@@ -700,3 +700,23 @@ def test_bad_timers_and_productions_are_refused_with_what_was_wrong(
     with Snapshot(cluster) as snap:
         assert list(snap.scan(pipeline.nodes["Quiet"].table)) == []
         assert list(snap.scan(pipeline.out)) == []
+
+
+def test_a_key_that_is_not_non_empty_bytes_is_refused_saying_whose(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A key extractor that returns a str, or empty bytes, makes the delivery fail with
+    an InvalidArgument naming the computation, the stream and what it returned, not
+    a record written under a key no run could read. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    for name, extractor, got in (("str", lambda r: r.value.decode(), "'v'"),
+                                 ("empty", lambda r: b"", "b''")):
+        pipeline = mw.Pipeline(cluster, name)
+        pipeline.injector("in", mw.IterableSource([(b"v", 1_000)]), stream="in")
+        pipeline.computation(_Quiet(), inputs={"in": extractor})
+        pipeline.create()
+        with pytest.raises(percolator.InvalidArgument, match=re.escape(
+                f"Quiet: the key extractor of 'in' must return non-empty bytes, got {got}")):
+            pipeline.inject("in")
+        with Snapshot(cluster) as snap:
+            assert list(snap.scan(pipeline.nodes["Quiet"].table)) == []
