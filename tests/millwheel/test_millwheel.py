@@ -720,3 +720,58 @@ def test_a_key_that_is_not_non_empty_bytes_is_refused_saying_whose(
             pipeline.inject("in")
         with Snapshot(cluster) as snap:
             assert list(snap.scan(pipeline.nodes["Quiet"].table)) == []
+
+
+class _Batches(mw.Computation):
+    """Appends each value it handles to its key's ``seq``, each timer's tag to
+    ``fired``."""
+
+    name = "Batches"
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        ctx.state.set("seq", (ctx.state.get("seq") or b"") + record.value + b",")
+
+    def process_timer(self, ctx: mw.Context, timer: mw.Timer) -> None:
+        ctx.state.set("fired", (ctx.state.get("fired") or b"") + timer.tag.encode())
+
+
+def test_a_key_run_handles_its_own_records_at_most_max_at_a_time_and_then_its_timers(
+    sqlite_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``MAX_RECORDS_PER_RUN`` at 3: key k has five pending records and a due
+    timer, key j exactly three and a due timer, key k1 (whose row follows k's) one
+    record. k's first run handles its three oldest, fires no timer (its window may not
+    be complete) and wakes k again; its second run handles the other two and fires
+    the timer. j's one run handles its three and fires its timer, and leaves j
+    asleep. No run reads another key's row. SQLite alone: the pipeline's logic."""
+    monkeypatch.setattr(_pipeline, "MAX_RECORDS_PER_RUN", 3)
+    cluster = sqlite_cluster
+    values = [b"k.%d" % i for i in range(5)] + [b"j.%d" % i for i in range(3)] + [b"k1.0"]
+    pipeline = mw.Pipeline(cluster, "batches")
+    pipeline.injector("in", mw.IterableSource([(v, 1_000 + i) for i, v in enumerate(values)]),
+                      stream="in")
+    pipeline.computation(_Batches(), inputs={"in": lambda r: r.value.split(b".")[0]})
+    pipeline.create()
+    node = pipeline.nodes["Batches"]
+    with Transaction(cluster) as txn:
+        for key in (b"k", b"j"):
+            mw.Context(_pipeline._KeyRun(txn, pipeline, node, key)).set_timer("flush", 2_000)
+    assert pipeline.inject("in") == len(values)
+    assert pipeline.advance()["Batches"][0] == END
+    worker = Worker(cluster, pipeline.observers(), threads=1)
+    worker.register()
+
+    def run(key: bytes) -> tuple[dict[str, bytes], bool]:
+        """Key's state after one run of it, and whether it is woken again."""
+        worker._scanner.serve_row(node.table, key)
+        woken = {n.row for n in pending_notifications(cluster, [node.table])}
+        with Snapshot(cluster) as snap:
+            return pipeline.state(snap, "Batches", key), key in woken
+
+    assert run(b"k") == ({"seq": b"k.0,k.1,k.2,"}, True)
+    assert run(b"j") == ({"seq": b"j.0,j.1,j.2,", "fired": b"flush"}, False)
+    assert run(b"k") == ({"seq": b"k.0,k.1,k.2,k.3,k.4,", "fired": b"flush"}, False)
+    assert run(b"k1") == ({"seq": b"k1.0,"}, False)
+    assert pipeline.verify().problems == []
+    (status,) = pipeline.status()
+    assert (status.pending, status.timers) == (0, 0)
