@@ -775,3 +775,53 @@ def test_a_key_run_handles_its_own_records_at_most_max_at_a_time_and_then_its_ti
     assert pipeline.verify().problems == []
     (status,) = pipeline.status()
     assert (status.pending, status.timers) == (0, 0)
+
+
+class _Rearm(_Batches):
+    """_Batches whose record ``later`` re-arms the key's timer at 5,000 and whose record
+    ``cancel`` deletes it."""
+
+    name = "Batches"
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        super().process_record(ctx, record)
+        if record.value == b"later":
+            ctx.set_timer("flush", 5_000)
+        elif record.value == b"cancel":
+            ctx.delete_timer("flush")
+
+
+def test_a_timer_re_armed_or_deleted_by_a_handler_of_the_run_does_not_fire_at_its_old_time(
+    sqlite_cluster: Cluster,
+) -> None:
+    """Keys l and c each have a timer due at 2,000 and one pending record; l's record
+    re-arms the timer at 5,000, c's deletes it. The run, which read the timer at 2,000
+    before its handlers ran, must not fire it: l's stays armed at 5,000 (it fires in a
+    later run), c's is gone; c's other timer, due at 3,000, still fires in the same
+    run. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    pipeline = mw.Pipeline(cluster, "rearm")
+    pipeline.injector("in", mw.IterableSource([(b"later", 1_000), (b"cancel", 1_000)]),
+                      stream="in")
+    pipeline.computation(_Rearm(), inputs={"in": lambda r: r.value[:1]})
+    pipeline.create()
+    node = pipeline.nodes["Batches"]
+    with Transaction(cluster) as txn:
+        for key in (b"l", b"c"):
+            mw.Context(_pipeline._KeyRun(txn, pipeline, node, key)).set_timer("flush", 2_000)
+        mw.Context(_pipeline._KeyRun(txn, pipeline, node, b"c")).set_timer("other", 3_000)
+    assert pipeline.inject("in") == 2
+    worker = Worker(cluster, pipeline.observers(), threads=1)
+    worker.register()
+    assert pipeline.advance()["Batches"][0] == END
+    for key in (b"l", b"c"):
+        worker._scanner.serve_row(node.table, key)
+    with Snapshot(cluster) as snap:
+        assert pipeline.state(snap, "Batches", b"l") == {"seq": b"later,"}
+        assert pipeline.state(snap, "Batches", b"c") == {"seq": b"cancel,", "fired": b"other"}
+        assert snap.get(node.table, b"l", "t:flush") == (5_000).to_bytes(8, "big")
+        assert snap.get_row(node.table, b"c", ["t:flush", "t:other"]) == {}
+    assert pipeline.verify().problems == []
+    worker._scanner.serve_row(node.table, b"l")  # woken by its re-arming: now due
+    with Snapshot(cluster) as snap:
+        assert pipeline.state(snap, "Batches", b"l") == {"seq": b"later,", "fired": b"flush"}
