@@ -825,3 +825,41 @@ def test_a_timer_re_armed_or_deleted_by_a_handler_of_the_run_does_not_fire_at_it
     worker._scanner.serve_row(node.table, b"l")  # woken by its re-arming: now due
     with Snapshot(cluster) as snap:
         assert pipeline.state(snap, "Batches", b"l") == {"seq": b"later,", "fired": b"flush"}
+
+
+class _Batched:
+    """A source of records of value k at the times given, in batches, each with its
+    watermark."""
+
+    def __init__(self, batches: list[tuple[list[int], int]]) -> None:
+        self.batches = batches
+
+    def read(self, position: bytes | None, limit: int) -> tuple[list[mw.Record], bytes, int]:
+        i = int(position or b"0")
+        if i >= len(self.batches):
+            return [], b"%d" % i, END
+        times, mark = self.batches[i]
+        return [mw.Record(b"k", t) for t in times], b"%d" % (i + 1), mark
+
+
+def test_late_records_are_counted_across_runs(sqlite_cluster: Cluster) -> None:
+    """Key k gets a record on time, then one late (below the source's watermark), run
+    together, then two more late ones in a later run: its ``m:late`` counts all three
+    (what ``status`` reports), not the last run's. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    pipeline = mw.Pipeline(cluster, "latecount")
+    pipeline.injector("in", _Batched([([10_000], 10_000), ([1], 10_000), ([2, 3], END)]),
+                      stream="in")
+    pipeline.computation(_Batches(), inputs={"in": lambda r: r.value})
+    pipeline.create()
+    node = pipeline.nodes["Batches"]
+    worker = Worker(cluster, pipeline.observers(), threads=1)
+    worker.register()
+    for injected in ((1, 1), (2,)):
+        for n in injected:
+            assert pipeline.inject("in") == n
+        worker._scanner.serve_row(node.table, b"k")
+    with Snapshot(cluster) as snap:
+        assert snap.get(node.table, b"k", "m:late") == b"3"
+    (status,) = pipeline.status()
+    assert (status.late, status.pending) == (3, 0)
