@@ -286,3 +286,29 @@ def test_a_pipeline_created_before_subscriptions_were_stored_delivers_by_its_cod
         assert list(snap.scan(pipeline.nodes["_Other"].table)) == []
         assert list(snap.scan(pipeline.held)) == []
         assert list(snap.scan(pipeline.nodes["_Echoer"].table)) == []  # consumed
+
+
+def test_add_computation_subscribes_it_from_the_change_on(sqlite_cluster: Cluster) -> None:
+    """``add_computation`` on a created pipeline that has injected and advanced: the
+    stored topology (``subscriptions``, exactly: the meta table's injector and
+    watermark rows are no streams) gains the new consumer, which gets the records
+    injected after the change, and the Tally all of them. SQLite alone: the pipeline's
+    logic."""
+    cluster = sqlite_cluster
+    records = _app.relay_input(4)
+    pipeline = mw.Pipeline(cluster, "grow", inject_batch=2)
+    pipeline.injector("feed", mw.IterableSource(records), stream="values")
+    pipeline.computation(_app.Tally(), inputs={"values": lambda r: r.value[-1:]})
+    pipeline.create()
+    assert pipeline.inject("feed") == 2
+    pipeline.advance()
+    with Snapshot(cluster) as snap:
+        assert pipeline.subscriptions(snap) == {"values": ["Tally"]}
+    pipeline.add_computation(_app.Second(), inputs={"values": lambda r: r.value[-2:-1]})
+    with Snapshot(cluster) as snap:
+        assert pipeline.subscriptions(snap) == {"values": ["Second", "Tally"]}
+    assert pipeline.inject("feed") == 2
+    pipeline.advance()
+    _drain(pipeline)
+    assert _app.tallies(pipeline) == {v: 1 for v, _ in records}
+    assert _app.tallies(pipeline, "Second") == {v: 1 for v, _ in records[2:]}

@@ -399,7 +399,10 @@ def test_the_joiners_body_says_whether_it_decided_and_leaves_a_waiting_event_as_
     assert _rows(p) == waiting
     p.log_primary(cluster, [{"query": "q"}])
     assert join(t + 2_000) is True
-    assert p.state(Snapshot(cluster), b"c") is photon.State.JOINED
+    with Snapshot(cluster) as snap:
+        assert p.state(snap, b"c") is photon.State.JOINED
+        assert p.joined(snap, b"c") == p.joined(snap, "c") == outputs(p)[b"c"]
+        assert p.joined(snap, b"never-ingested") is None
     assert join(t + 3_000) is False  # decided already
     p.log_foreign(cluster, [{"click": "u", "query": "never"}])
     unjoinable = photon.row_key(b"u")
@@ -439,6 +442,36 @@ def test_a_placeholder_lists_at_most_max_waiters_and_the_others_join_at_their_de
     worker._scanner.serve_row(p.foreign, rows[2])
     assert set(outputs(p)) == set(clicks)
     assert p.verify().ok
+
+
+def test_the_tasks_are_the_sweep_and_with_a_retention_the_retention_pass(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A pipeline without a retention has one task, the deadline sweep every
+    *sweep_interval*; with one, also the retention pass, hourly. Each, run, does its
+    work: the sweep fires a deadline its clock has passed, the pass removes an event
+    older than the retention. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    clock = [t]
+    plain = pipeline(cluster, sweep_interval=0.25)
+    assert [(task.name, task.interval) for task in plain.tasks()] == [
+        ("photon.clicks.sweep", 0.25)]
+    kept = photon.JoinPipeline(cluster, "kept", ADAPTER, unjoinable_after=600, retention=DAY,
+                               sweep_interval=0.25, now=lambda: clock[0] / 1000)
+    kept.create()
+    sweep, retention = kept.tasks()
+    assert [(task.name, task.interval) for task in (sweep, retention)] == [
+        ("photon.kept.sweep", 0.25), ("photon.kept.retention", 3600.0)]
+    kept.log_foreign(cluster, [{"click": "old", "query": "q", "t": t - 2 * 86_400_000},
+                               {"click": "new", "query": "q", "t": t}])
+    _joiner_on(kept)._scanner.serve_row(kept.foreign, photon.row_key(b"new"))
+    clock[0] = t + 600_000
+    assert sweep.run_once()
+    assert retention.run_once()
+    with Snapshot(cluster) as snap:
+        assert kept.state(snap, b"old") is None
+        assert snap.get(kept.foreign, photon.row_key(b"new"), "j:due") is not None
 
 
 def test_verify_reports_a_waiting_event_nothing_will_wake(cluster: Cluster) -> None:
