@@ -863,3 +863,16 @@ def test_late_records_are_counted_across_runs(sqlite_cluster: Cluster) -> None:
         assert snap.get(node.table, b"k", "m:late") == b"3"
     (status,) = pipeline.status()
     assert (status.late, status.pending) == (3, 0)
+
+
+def test_the_state_of_a_key_is_its_own_rows_only(sqlite_cluster: Cluster) -> None:
+    """``state`` of a key without a row is empty, whatever the keys after it hold (k1's
+    row follows k's, and starts as k does). SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    pipeline = _quiet(cluster, mw.IterableSource([]))
+    with Transaction(cluster) as txn:
+        _context(txn, pipeline, b"k1").state.set("n", b"1")
+    with Snapshot(cluster) as snap:
+        assert pipeline.state(snap, "Quiet", b"k1") == {"n": b"1"}
+        assert pipeline.state(snap, "Quiet", b"k") == {}
+        assert pipeline.state(snap, "Quiet", b"a") == {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import signal
 import subprocess
 import time
@@ -472,6 +473,71 @@ def test_the_tasks_are_the_sweep_and_with_a_retention_the_retention_pass(
     with Snapshot(cluster) as snap:
         assert kept.state(snap, b"old") is None
         assert snap.get(kept.foreign, photon.row_key(b"new"), "j:due") is not None
+
+
+def test_rejoin_reopens_every_event_in_its_state_in_batches(sqlite_cluster: Cluster) -> None:
+    """401 clicks given up (their deadline passed before their first run): ``rejoin``
+    of UNJOINABLE puts all 401 back to undecided and wakes each, in a few transactions
+    of many events (not one per event, nor a batch's worth of events left out); a
+    second finds none. It takes UNJOINABLE or SKIPPED only, and says so. SQLite alone:
+    the pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    clicks = [b"c%03d" % i for i in range(401)]
+    p.log_foreign(cluster, [{"click": c.decode(), "query": "never", "t": t - 700_000}
+                            for c in clicks])
+    rows = {photon.row_key(c) for c in clicks}
+    with Transaction(cluster) as txn:  # the joiner's body for each: each given up at once
+        assert all(_pipeline.join_event(txn, p, row, t) for row in rows)
+    with pytest.raises(percolator.InvalidArgument, match=re.escape(
+            f"rejoin takes UNJOINABLE or SKIPPED, got {photon.State.JOINED!r}")):
+        p.rejoin(photon.State.JOINED)
+    begun = _transactions_begun()
+    assert p.rejoin(photon.State.UNJOINABLE) == len(clicks)
+    assert _transactions_begun() - begun <= 4  # a batch per 200 events, not one each
+    with Snapshot(cluster) as snap:
+        assert {p.state(snap, c) for c in clicks} == {photon.State.PENDING}
+    assert {n.row for n in pending_notifications(cluster, [p.foreign])} == rows
+    assert p.rejoin(photon.State.UNJOINABLE) == 0
+
+
+def test_open_says_what_is_missing_and_takes_the_stored_options_or_the_defaults(
+    sqlite_cluster: Cluster,
+) -> None:
+    """``open`` of a pipeline never created says to create it; of one whose meta table
+    holds no configuration (no JSON adapter recorded), says to pass the adapter, and
+    with it takes the defaults (unjoinable after an hour, no retention); an old
+    caller's ``retention_days`` wins over the stored retention (with its warning)."""
+    cluster = sqlite_cluster
+    with pytest.raises(percolator.InvalidArgument, match=re.escape(
+            f"no photon pipeline 'nope' in {cluster.url}: create() it first")):
+        photon.JoinPipeline.open(cluster, "nope")
+    cluster.create_table("photon.bare.meta")
+    with pytest.raises(percolator.InvalidArgument, match=re.escape(
+            "pipeline 'bare' has a custom adapter: pass it (--adapter package.module:NAME)")):
+        photon.JoinPipeline.open(cluster, "bare")
+    bare = photon.JoinPipeline.open(cluster, "bare", ADAPTER)
+    assert (bare.unjoinable_after, bare.retention) == (3_600.0, None)
+    pipeline(cluster, retention=DAY)
+    with pytest.warns(DeprecationWarning, match="retention=timedelta"):
+        old = photon.JoinPipeline.open(cluster, "clicks", retention_days=2)
+    assert (old.unjoinable_after, old.retention) == (600.0, 2 * 86_400.0)
+
+
+def test_verify_lists_at_most_twenty_ids_of_a_violation(sqlite_cluster: Cluster) -> None:
+    """21 outputs without their registration: the problem counts 21 and lists the
+    first 20 ids, one per line."""
+    cluster = sqlite_cluster
+    p = pipeline(cluster)
+    forged = [b"f%02d" % i for i in range(21)]
+    with Transaction(cluster) as txn:
+        for fid in forged:
+            txn.set(p.joined_table, photon.row_key(fid), "ev:joined", b"x")
+    report = p.verify()
+    assert sorted(report.orphans) == forged
+    assert report.problems == ["output and state disagree: 21" + "".join(
+        f"\n  {fid!r}" for fid in report.orphans[:20])]
 
 
 def test_verify_reports_a_waiting_event_nothing_will_wake(cluster: Cluster) -> None:
