@@ -525,6 +525,31 @@ def test_open_says_what_is_missing_and_takes_the_stored_options_or_the_defaults(
     assert (old.unjoinable_after, old.retention) == (600.0, 2 * 86_400.0)
 
 
+def test_a_pipeline_whose_create_was_cut_short_opens_but_ingests_nothing_until_created(
+    sqlite_cluster: Cluster,
+) -> None:
+    """``create`` makes the tables, then observes the joiner's column, then records the
+    configuration. One cut short after its tables opens (its adapter given, as the
+    CLI's ``--adapter`` does) but must refuse to ingest until ``create`` runs again:
+    an event ingested before the column is observed notifies nobody, and no joiner
+    would ever run for it. Then the ingest goes through, notifying the joiner."""
+    cluster = sqlite_cluster
+    whole = photon.JoinPipeline(cluster, "half", ADAPTER, unjoinable_after=600)
+    for table in (whole.foreign, whole.primary, whole.joined_table, whole.deadlines,
+                  whole.meta):
+        cluster.create_table(table)
+    opened = photon.JoinPipeline.open(cluster, "half", ADAPTER)
+    click = {"click": "c", "query": "q", "t": now_ms()}
+    with pytest.raises(percolator.InvalidArgument, match=re.escape(
+            "photon pipeline 'half' is not created: call create() before ingesting")):
+        opened.log_foreign(cluster, [click])
+    assert list(Snapshot(cluster).scan(opened.foreign)) == []
+    whole.create()
+    assert opened.log_foreign(cluster, [click]).written == 1
+    assert {n.row for n in pending_notifications(cluster, [opened.foreign])} == {
+        photon.row_key(b"c")}
+
+
 def test_verify_lists_at_most_twenty_ids_of_a_violation(sqlite_cluster: Cluster) -> None:
     """21 outputs without their registration: the problem counts 21 and lists the
     first 20 ids, one per line."""
