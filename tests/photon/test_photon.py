@@ -580,6 +580,39 @@ def test_verify_reports_a_waiting_event_nothing_will_wake(cluster: Cluster) -> N
     assert report.missing == [b"c"] and not report.ok
 
 
+def test_verify_counts_only_its_own_tables_notifications_as_in_flight(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A waiting event whose deadline row is lost has nothing left to wake it: verify
+    reports it even while another pipeline's foreign table holds a notification of the
+    same row key, which wakes that pipeline's joiner, not this one's. SQLite alone:
+    the pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    p.log_foreign(cluster, [{"click": "c", "query": "q", "t": t}])
+    _joiner_on(p)._scanner.serve_row(p.foreign, photon.row_key(b"c"))
+    with Transaction(cluster) as txn:  # its deadline row lost: nothing will wake it
+        (deadline, _), = txn.scan(p.deadlines, None, None, ["d:x"])
+        txn.delete(p.deadlines, deadline, "d:x")
+    other = photon.JoinPipeline(cluster, "other", ADAPTER, unjoinable_after=600)
+    other.create()
+    other.log_foreign(cluster, [{"click": "c", "query": "q", "t": t}])
+    assert {n.row for n in pending_notifications(cluster, [other.foreign])} == {
+        photon.row_key(b"c")}
+    report = p.verify()
+    assert report.missing == [b"c"] and report.in_flight == 0
+
+
+def test_an_event_id_must_be_non_empty_bytes_or_str(sqlite_cluster: Cluster) -> None:
+    p = pipeline(sqlite_cluster)
+    with Snapshot(sqlite_cluster) as snap:
+        for bad in (b"", 5):
+            with pytest.raises(percolator.InvalidArgument, match=re.escape(
+                    f"an event id must be non-empty bytes or str, got {bad!r}")):
+                p.state(snap, bad)  # type: ignore[arg-type]
+
+
 def test_verify_reports_an_output_committed_twice(cluster: Cluster) -> None:
     """verify counts an event's outputs from the write records of its output cell: a
     second commit shows although it overwrote the first; a delete is no output."""
