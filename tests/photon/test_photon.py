@@ -580,28 +580,39 @@ def test_verify_reports_a_waiting_event_nothing_will_wake(cluster: Cluster) -> N
     assert report.missing == [b"c"] and not report.ok
 
 
-def test_verify_counts_only_its_own_tables_notifications_as_in_flight(
+def test_verify_counts_only_its_own_tables_notifications_and_quarantine(
     sqlite_cluster: Cluster,
 ) -> None:
-    """A waiting event whose deadline row is lost has nothing left to wake it: verify
-    reports it even while another pipeline's foreign table holds a notification of the
-    same row key, which wakes that pipeline's joiner, not this one's. SQLite alone:
-    the pipeline's logic."""
+    """Two waiting events, c and d, whose deadline rows are lost have nothing left to
+    wake them: verify reports both, even while another pipeline's foreign table holds
+    a notification of c's row key and has d's quarantined (its adapter fails on it):
+    those are that pipeline's joiner's, not this one's. SQLite alone: the pipeline's
+    logic."""
     cluster = sqlite_cluster
     t = now_ms()
     p = pipeline(cluster, now=lambda: t / 1000)
-    p.log_foreign(cluster, [{"click": "c", "query": "q", "t": t}])
-    _joiner_on(p)._scanner.serve_row(p.foreign, photon.row_key(b"c"))
-    with Transaction(cluster) as txn:  # its deadline row lost: nothing will wake it
-        (deadline, _), = txn.scan(p.deadlines, None, None, ["d:x"])
-        txn.delete(p.deadlines, deadline, "d:x")
-    other = photon.JoinPipeline(cluster, "other", ADAPTER, unjoinable_after=600)
+    p.log_foreign(cluster, [{"click": c, "query": "q", "t": t} for c in ("c", "d")])
+    joiner = _joiner_on(p)
+    for click in (b"c", b"d"):
+        joiner._scanner.serve_row(p.foreign, photon.row_key(click))
+    with Transaction(cluster) as txn:  # their deadline rows lost: nothing will wake them
+        for deadline, _ in list(txn.scan(p.deadlines, None, None, ["d:x"])):
+            txn.delete(p.deadlines, deadline, "d:x")
+    _Picky.cured = False
+    picky = _Picky(foreign_id="click", primary_id="query", primary_ref="query", time="t")
+    other = photon.JoinPipeline(cluster, "other", picky, unjoinable_after=600)
     other.create()
-    other.log_foreign(cluster, [{"click": "c", "query": "q", "t": t}])
+    other.log_primary(cluster, [{"query": "q", "t": t}])
+    other.log_foreign(cluster, [{"click": "c", "query": "q", "t": t},
+                                {"click": "d", "query": "q", "t": t, "poison": True}])
+    worker = Worker(cluster, other.observers(), threads=1, max_failures=1, retry_delay=0)
+    worker.register()
+    worker._scanner.serve_row(other.foreign, photon.row_key(b"d"))
+    assert [q.row for q in quarantined(cluster, other.foreign)] == [photon.row_key(b"d")]
     assert {n.row for n in pending_notifications(cluster, [other.foreign])} == {
         photon.row_key(b"c")}
     report = p.verify()
-    assert report.missing == [b"c"] and report.in_flight == 0
+    assert (report.missing, report.quarantined, report.in_flight) == ([b"c", b"d"], [], 0)
 
 
 def test_an_event_id_must_be_non_empty_bytes_or_str(sqlite_cluster: Cluster) -> None:
