@@ -615,6 +615,37 @@ def test_verify_counts_only_its_own_tables_notifications_and_quarantine(
     assert (report.missing, report.quarantined, report.in_flight) == ([b"c", b"d"], [], 0)
 
 
+def test_verify_counts_the_events_and_passes_over_a_row_left_without_its_event(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A row left with a state and no event (what retention racing a joiner that gives
+    up leaves: retention deletes the event's cells, the joiner writes its state, no
+    cell in common), then, after it in row order, a joined event whose output is lost
+    and a waiting one: verify counts the two events, reports the joined one's lost
+    output by its id, and passes over the leftover row rather than stop there. SQLite
+    alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    left, joined, waiting = (photon.row_key(c) for c in (b"a", b"c", b"d"))
+    assert left < joined < waiting  # 43/a, 6f/c, cc/d
+    p.log_primary(cluster, [{"query": "q", "t": t}])
+    p.log_foreign(cluster, [{"click": "a", "query": "never", "t": t},
+                            {"click": "c", "query": "q", "t": t},
+                            {"click": "d", "query": "never", "t": t}])
+    joiner = _joiner_on(p)
+    for row in (joined, waiting):
+        joiner._scanner.serve_row(p.foreign, row)
+    with Transaction(cluster) as txn:
+        for column in ("ev:raw", "ev:t"):
+            txn.delete(p.foreign, left, column)
+        txn.set(p.foreign, left, "j:state", b"U")
+        txn.delete(p.joined_table, joined, "ev:joined")
+    report = p.verify()
+    assert (report.events, report.by_state) == (2, {"joined": 1, "waiting": 1})
+    assert report.orphans == [b"c"] and not report.ok
+
+
 def test_an_event_id_must_be_non_empty_bytes_or_str(sqlite_cluster: Cluster) -> None:
     p = pipeline(sqlite_cluster)
     with Snapshot(sqlite_cluster) as snap:
