@@ -646,6 +646,29 @@ def test_verify_counts_the_events_and_passes_over_a_row_left_without_its_event(
     assert report.orphans == [b"c"] and not report.ok
 
 
+def test_verify_counts_undecided_events_in_flight_and_reports_one_nobody_will_run(
+    sqlite_cluster: Cluster,
+) -> None:
+    """An event written before the joiner's column was observed (what an ingest into a
+    pipeline whose ``create()`` was cut short did before ``open`` checked) has no
+    notification: verify reports it as never to be processed, while the two ingested
+    after ``create()``, not run yet, are in flight. SQLite alone: the pipeline's
+    logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = photon.JoinPipeline(cluster, "half", ADAPTER, unjoinable_after=600)
+    for table in (p.foreign, p.primary, p.joined_table, p.deadlines, p.meta):
+        cluster.create_table(table)
+    with Transaction(cluster) as txn:
+        txn.set(p.foreign, photon.row_key(b"lost"), "ev:raw",
+                json.dumps({"click": "lost", "query": "q", "t": t}).encode())
+    p.create()
+    p.log_foreign(cluster, [{"click": c, "query": "q", "t": t} for c in ("c1", "c2")])
+    report = p.verify()
+    assert (report.events, report.by_state) == (3, {"pending": 3})
+    assert (report.in_flight, report.missing) == (2, [b"lost"]) and not report.ok
+
+
 def test_an_event_id_must_be_non_empty_bytes_or_str(sqlite_cluster: Cluster) -> None:
     p = pipeline(sqlite_cluster)
     with Snapshot(sqlite_cluster) as snap:
