@@ -621,9 +621,10 @@ def test_verify_counts_the_events_and_passes_over_a_row_left_without_its_event(
     """A row left with a state and no event (what retention racing a joiner that gives
     up leaves: retention deletes the event's cells, the joiner writes its state, no
     cell in common), then, after it in row order, a joined event whose output is lost
-    and a waiting one: verify counts the two events, reports the joined one's lost
-    output by its id, and passes over the leftover row rather than stop there. SQLite
-    alone: the pipeline's logic."""
+    and a waiting one, and an output of no event: verify counts the two events,
+    reports the joined one's lost output and the output without its event by their
+    ids, and passes over the leftover row rather than stop there. SQLite alone: the
+    pipeline's logic."""
     cluster = sqlite_cluster
     t = now_ms()
     p = pipeline(cluster, now=lambda: t / 1000)
@@ -641,9 +642,10 @@ def test_verify_counts_the_events_and_passes_over_a_row_left_without_its_event(
             txn.delete(p.foreign, left, column)
         txn.set(p.foreign, left, "j:state", b"U")
         txn.delete(p.joined_table, joined, "ev:joined")
+        txn.set(p.joined_table, photon.row_key(b"forged"), "ev:joined", b"x")
     report = p.verify()
     assert (report.events, report.by_state) == (2, {"joined": 1, "waiting": 1})
-    assert report.orphans == [b"c"] and not report.ok
+    assert report.orphans == [b"c", b"forged"] and not report.ok
 
 
 def test_verify_counts_undecided_events_in_flight_and_reports_one_nobody_will_run(
