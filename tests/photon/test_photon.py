@@ -27,6 +27,7 @@ import percolator
 from observers import VerifyReport, Worker, photon, wait_for_observers
 from observers.photon import _pipeline
 from observers.photon.__main__ import main as photon_main
+from observers.photon._events import encode_ref
 from percolator import Cluster, Snapshot, Transaction, metrics
 from percolator._notifications import quarantined, retry_quarantined
 from percolator.ext import pending_notifications
@@ -669,6 +670,26 @@ def test_verify_counts_undecided_events_in_flight_and_reports_one_nobody_will_ru
     report = p.verify()
     assert (report.events, report.by_state) == (3, {"pending": 3})
     assert (report.in_flight, report.missing) == (2, [b"lost"]) and not report.ok
+
+
+def test_a_primary_in_the_log_of_a_feed_without_a_directory_is_unreadable(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A primary kept as a reference into the log of a feed the pipeline has no
+    directory for (no ``feed/<name>`` row: a feed that never ran here): the join fails
+    with PrimaryUnreadable naming the feed, not a deep error. SQLite alone: the
+    pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    with Transaction(cluster) as txn:  # what a feed with index=True writes
+        txn.set(p.primary, photon.row_key(b"q"), "ev:raw",
+                encode_ref("elsewhere", "q.log", 0, b'{"query":"q"}'))
+    p.log_foreign(cluster, [{"click": "c", "query": "q", "t": t}])
+    txn = Transaction(cluster)
+    with pytest.raises(photon.PrimaryUnreadable, match="no directory known for feed 'elsewhere'"):
+        _pipeline.join_event(txn, p, photon.row_key(b"c"), t)
+    txn.rollback()
 
 
 def test_an_event_id_must_be_non_empty_bytes_or_str(sqlite_cluster: Cluster) -> None:
