@@ -281,7 +281,8 @@ def test_a_pipeline_created_before_subscriptions_were_stored_delivers_by_its_cod
     worker.register()
     worker._scanner.serve_row(pipeline.nodes["_Echoer"].table, b"v")
     with Snapshot(cluster) as snap:
-        assert [r.value for r in pipeline.output(snap, "out")] == [b"v"]
+        assert [(r.value, r.timestamp, r.key, r.stream, r.id.split("/")[0])
+                for r in pipeline.output(snap, "out")] == [(b"v", 1_000, b"", "out", "_Echoer")]
         assert [r.value for r in pipeline.output(snap, "in")] == []
         assert list(snap.scan(pipeline.nodes["_Other"].table)) == []
         assert list(snap.scan(pipeline.held)) == []

@@ -692,6 +692,46 @@ def test_a_primary_in_the_log_of_a_feed_without_a_directory_is_unreadable(
     txn.rollback()
 
 
+def test_the_joiner_counts_its_wasted_runs(sqlite_cluster: Cluster) -> None:
+    """A run that decides an event is work; each later run for it (a duplicate feed's
+    wake-up, a rerun) finds it decided and counts as wasted (``_Joiner.wasted``, the
+    benchmark's wasted joins). SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    (joiner,) = p.observers()
+    worker = Worker(cluster, [joiner], threads=1)
+    worker.register()
+    p.log_primary(cluster, [{"query": "q", "t": t}])
+    p.log_foreign(cluster, [{"click": "c", "query": "q", "t": t}])
+    row = photon.row_key(b"c")
+    worker._scanner.serve_row(p.foreign, row)
+    assert p.state(Snapshot(cluster), b"c") is photon.State.JOINED
+    assert joiner.wasted == 0  # type: ignore[attr-defined]
+    for wasted in (1, 2):
+        _wake(p, row)
+        worker._scanner.serve_row(p.foreign, row)
+        assert joiner.wasted == wasted  # type: ignore[attr-defined]
+
+
+def test_an_ingest_of_more_than_a_batch_counts_every_batch(sqlite_cluster: Cluster) -> None:
+    """501 clicks go in two ingest transactions (500 a batch): the result counts all
+    501 written, and a second ingest of them all 501 duplicates."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    clicks = [{"click": f"c{i:03d}", "query": "q", "t": t} for i in range(501)]
+    assert p.log_foreign(cluster, clicks).written == 501
+    assert p.log_foreign(cluster, clicks).duplicates == 501
+
+
+def test_the_row_key_of_an_event_keeps_its_stored_format() -> None:
+    """Two lowercase hex digits of the id's CRC-32, a slash, the id: the rows that
+    pipelines already hold are found by it (a change of format loses them)."""
+    assert [photon.row_key(i) for i in (b"a", b"c", b"waiting")] == [
+        b"43/a", b"6f/c", b"ae/waiting"]
+
+
 def test_an_event_id_must_be_non_empty_bytes_or_str(sqlite_cluster: Cluster) -> None:
     p = pipeline(sqlite_cluster)
     with Snapshot(sqlite_cluster) as snap:
