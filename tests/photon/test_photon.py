@@ -716,13 +716,17 @@ def test_the_joiner_counts_its_wasted_runs(sqlite_cluster: Cluster) -> None:
 
 def test_an_ingest_of_more_than_a_batch_counts_every_batch(sqlite_cluster: Cluster) -> None:
     """501 clicks go in two ingest transactions (500 a batch): the result counts all
-    501 written, and a second ingest of them all 501 duplicates."""
+    501 written, a second ingest of them all 501 duplicates, and an ingest of 501
+    clicks older than the retention boundary all 501 too late."""
     cluster = sqlite_cluster
     t = now_ms()
-    p = pipeline(cluster, now=lambda: t / 1000)
+    p = pipeline(cluster, retention=DAY, now=lambda: t / 1000)
+    assert p.apply_retention(t) == 0  # the boundary: a day ago
     clicks = [{"click": f"c{i:03d}", "query": "q", "t": t} for i in range(501)]
     assert p.log_foreign(cluster, clicks).written == 501
     assert p.log_foreign(cluster, clicks).duplicates == 501
+    old = [{**c, "click": "old" + c["click"], "t": t - 2 * 86_400_000} for c in clicks]
+    assert p.log_foreign(cluster, old).too_late == 501
 
 
 def test_the_row_key_of_an_event_keeps_its_stored_format() -> None:
