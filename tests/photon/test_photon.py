@@ -1132,6 +1132,36 @@ def test_bad_input_is_reported_not_written(tmp_path: Path) -> None:
                 photon.JoinPipeline(cluster, args.pop("name"), args.pop("adapter"), **args)
 
 
+def test_an_ingest_stores_a_mapping_as_compact_sorted_json_and_says_why_it_rejects(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A mapping is stored as its JSON with sorted keys and no spaces, whatever its
+    keys' order (so that a join's output does not depend on how a producer built
+    it); a str as its bytes. A single event where an iterable of them belongs, an
+    event of another type and one from more than five minutes ahead are refused,
+    each with what was wrong. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    for single in (b'{"click": "c"}', '{"click": "c"}', {"click": "c"}):
+        with pytest.raises(percolator.InvalidArgument, match="^" + re.escape(
+                "events must be an iterable of events, not a single event") + "$"):
+            p.log_foreign(cluster, single)  # type: ignore[arg-type]
+    result = p.log_foreign(cluster, [
+        {"t": t, "query": "q", "click": "m"}, f'{{"click": "s", "query": "q", "t": {t}}}', 42,
+        {"click": "f", "query": "q", "t": t + 300_001}])
+    assert result.written == 2
+    assert result.rejected == [
+        (2, "an event must be bytes, str or a JSON mapping, got int"),
+        (3, f"event time {t + 300_001} is more than 300s in the future (check the "
+            "producer's clock)")]
+    with Snapshot(cluster) as snap:
+        assert snap.get(p.foreign, photon.row_key(b"m"), "ev:raw") == (
+            b'{"click":"m","query":"q","t":%d}' % t)
+        assert snap.get(p.foreign, photon.row_key(b"s"), "ev:raw") == (
+            b'{"click": "s", "query": "q", "t": %d}' % t)
+
+
 def test_durations_are_seconds_or_timedeltas_and_the_old_names_warn(tmp_path: Path) -> None:
     with percolator.connect(f"sqlite:///{tmp_path}/repo.db") as cluster:
         p = photon.JoinPipeline(cluster, "clicks", ADAPTER, unjoinable_after=timedelta(minutes=2),
