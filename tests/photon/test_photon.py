@@ -1162,6 +1162,43 @@ def test_an_ingest_stores_a_mapping_as_compact_sorted_json_and_says_why_it_rejec
             b'{"click": "s", "query": "q", "t": %d}' % t)
 
 
+class _Piped:
+    """An adapter of events ``<id>|<ref>`` without a time, whose id ``str`` it gives
+    as a str (an adapter's bug the ingest must catch)."""
+
+    def foreign_id(self, event: bytes) -> bytes:
+        fid = event.split(b"|")[0]
+        return fid.decode() if fid == b"str" else fid  # type: ignore[return-value]
+
+    primary_id = foreign_id
+
+    def primary_ref(self, foreign: bytes) -> bytes:
+        return foreign.split(b"|")[1]
+
+    def event_time(self, event: bytes) -> int | None:
+        return None
+
+    def join(self, primary: bytes, foreign: bytes) -> bytes | None:
+        return primary + foreign
+
+
+def test_an_ingest_refuses_an_empty_or_non_bytes_id_and_photons_reserved_prefix(
+    sqlite_cluster: Cluster,
+) -> None:
+    """Events whose adapter gives an empty id or a str, and one that begins with the
+    prefix photon keeps for its own ``ev:raw`` values (a placeholder, a log
+    reference), are refused, each saying why; the good one is written. SQLite alone:
+    the pipeline's logic."""
+    cluster = sqlite_cluster
+    p = pipeline(cluster, adapter=_Piped())
+    result = p.log_foreign(cluster, [b"ok|q", b"|q", b"str|q", b"\x00photon:x|q"])
+    assert result.written == 1
+    assert result.rejected == [
+        (1, "the adapter gave an empty or non-bytes id b''"),
+        (2, "the adapter gave an empty or non-bytes id 'str'"),
+        (3, "the event begins with photon's reserved b'\\x00photon:'")]
+
+
 def test_durations_are_seconds_or_timedeltas_and_the_old_names_warn(tmp_path: Path) -> None:
     with percolator.connect(f"sqlite:///{tmp_path}/repo.db") as cluster:
         p = photon.JoinPipeline(cluster, "clicks", ADAPTER, unjoinable_after=timedelta(minutes=2),
