@@ -1139,7 +1139,8 @@ def test_an_ingest_stores_a_mapping_as_compact_sorted_json_and_says_why_it_rejec
     keys' order (so that a join's output does not depend on how a producer built
     it); a str as its bytes. A single event where an iterable of them belongs, an
     event of another type and one from more than five minutes ahead are refused,
-    each with what was wrong. SQLite alone: the pipeline's logic."""
+    each with what was wrong (five minutes exactly is in time). SQLite alone: the
+    pipeline's logic."""
     cluster = sqlite_cluster
     t = now_ms()
     p = pipeline(cluster, now=lambda: t / 1000)
@@ -1149,8 +1150,9 @@ def test_an_ingest_stores_a_mapping_as_compact_sorted_json_and_says_why_it_rejec
             p.log_foreign(cluster, single)  # type: ignore[arg-type]
     result = p.log_foreign(cluster, [
         {"t": t, "query": "q", "click": "m"}, f'{{"click": "s", "query": "q", "t": {t}}}', 42,
-        {"click": "f", "query": "q", "t": t + 300_001}])
-    assert result.written == 2
+        {"click": "f", "query": "q", "t": t + 300_001},
+        {"click": "e", "query": "q", "t": t + 300_000}])  # five minutes ahead: in time
+    assert result.written == 3
     assert result.rejected == [
         (2, "an event must be bytes, str or a JSON mapping, got int"),
         (3, f"event time {t + 300_001} is more than 300s in the future (check the "
