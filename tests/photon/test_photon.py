@@ -721,6 +721,7 @@ def test_an_ingest_of_more_than_a_batch_counts_every_batch(sqlite_cluster: Clust
     cluster = sqlite_cluster
     t = now_ms()
     p = pipeline(cluster, retention=DAY, now=lambda: t / 1000)
+    assert p.boundary_ms(Snapshot(cluster)) == 0  # none yet: nothing is too late
     assert p.apply_retention(t) == 0  # the boundary: a day ago
     clicks = [{"click": f"c{i:03d}", "query": "q", "t": t} for i in range(501)]
     assert p.log_foreign(cluster, clicks).written == 501
