@@ -717,7 +717,8 @@ def test_the_joiner_counts_its_wasted_runs(sqlite_cluster: Cluster) -> None:
 def test_an_ingest_of_more_than_a_batch_counts_every_batch(sqlite_cluster: Cluster) -> None:
     """501 clicks go in two ingest transactions (500 a batch): the result counts all
     501 written, a second ingest of them all 501 duplicates, and an ingest of 501
-    clicks older than the retention boundary all 501 too late."""
+    clicks older than the retention boundary all 501 too late; an event three times in
+    one batch is written once and counted twice a duplicate."""
     cluster = sqlite_cluster
     t = now_ms()
     p = pipeline(cluster, retention=DAY, now=lambda: t / 1000)
@@ -728,6 +729,8 @@ def test_an_ingest_of_more_than_a_batch_counts_every_batch(sqlite_cluster: Clust
     assert p.log_foreign(cluster, clicks).duplicates == 501
     old = [{**c, "click": "old" + c["click"], "t": t - 2 * 86_400_000} for c in clicks]
     assert p.log_foreign(cluster, old).too_late == 501
+    again = p.log_foreign(cluster, [{"click": "x", "query": "q", "t": t}] * 3)
+    assert (again.written, again.duplicates) == (1, 2)  # one batch, one event thrice
 
 
 def test_the_row_key_of_an_event_keeps_its_stored_format() -> None:
