@@ -1241,6 +1241,16 @@ def test_durations_are_seconds_or_timedeltas_and_the_old_names_warn(tmp_path: Pa
                     photon.JoinPipeline(cluster, "clicks", ADAPTER, **args)
 
 
+def test_the_old_option_names_warn_at_the_callers_line(tmp_path: Path) -> None:
+    """The deprecation warnings of ``retention_days`` and ``clock`` point at the
+    caller's line, where the old name is to be changed, not into photon."""
+    with percolator.connect(f"sqlite:///{tmp_path}/repo.db") as cluster:
+        for old in ({"retention_days": 2}, {"clock": now_ms}):
+            with pytest.warns(DeprecationWarning) as caught:
+                photon.JoinPipeline(cluster, "clicks", ADAPTER, unjoinable_after=1, **old)
+            assert [w.filename for w in caught] == [__file__], old
+
+
 # --- processes: the CLI, and kill -9 ------------------------------------------------------
 
 
