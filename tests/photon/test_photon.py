@@ -1241,14 +1241,48 @@ def test_durations_are_seconds_or_timedeltas_and_the_old_names_warn(tmp_path: Pa
                     photon.JoinPipeline(cluster, "clicks", ADAPTER, **args)
 
 
-def test_the_old_option_names_warn_at_the_callers_line(tmp_path: Path) -> None:
+def test_the_old_option_names_warn_at_the_callers_line_saying_what_to_pass(
+    tmp_path: Path,
+) -> None:
     """The deprecation warnings of ``retention_days`` and ``clock`` point at the
-    caller's line, where the old name is to be changed, not into photon."""
+    caller's line, where the old name is to be changed, not into photon, and say what
+    to pass instead; None for either keeps the default; a bad value of either, both
+    forms at once, or an unknown option is refused saying so."""
+    warned = {
+        "retention_days": "JoinPipeline(retention_days=N) is deprecated: pass "
+                          "retention=timedelta(days=N) (or seconds)",
+        "clock": "JoinPipeline(clock=...) (milliseconds) is deprecated: pass now=... "
+                 "returning seconds, as time.time"}
+
+    def exactly(message: str) -> str:
+        return "^" + re.escape(message) + "$"
+
     with percolator.connect(f"sqlite:///{tmp_path}/repo.db") as cluster:
-        for old in ({"retention_days": 2}, {"clock": now_ms}):
+        for name, value in (("retention_days", 2), ("clock", now_ms),
+                            ("retention_days", None), ("clock", None)):
             with pytest.warns(DeprecationWarning) as caught:
-                photon.JoinPipeline(cluster, "clicks", ADAPTER, unjoinable_after=1, **old)
-            assert [w.filename for w in caught] == [__file__], old
+                p = photon.JoinPipeline(cluster, "clicks", ADAPTER, unjoinable_after=1,
+                                        **{name: value})
+            assert [(w.filename, str(w.message)) for w in caught] == [
+                (__file__, warned[name])], name
+            if value is None:
+                assert p.retention is None and p._now_ms() == pytest.approx(now_ms(), abs=60_000)
+        bad: list[tuple[dict[str, Any], str]] = [
+            ({"retention_days": 0}, "retention_days must be positive or None, got 0"),
+            ({"retention_days": True}, "retention_days must be positive or None, got True"),
+            ({"retention_days": "2"}, "retention_days must be positive or None, got '2'"),
+            ({"clock": 5}, "clock must be a callable returning ms, got 5"),
+            ({"retention_days": 1, "retention": DAY},
+             "pass retention (seconds or a timedelta), not also its old form retention_days"),
+            ({"clock": now_ms, "now": time.time},
+             "pass now (seconds), not also its old form clock"),
+            ({"zeta": 1, "alpha": 2}, "JoinPipeline got unknown option(s) ['alpha', 'zeta']")]
+        for options, message in bad:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                with pytest.raises(percolator.InvalidArgument, match=exactly(message)):
+                    photon.JoinPipeline(cluster, "clicks", ADAPTER, unjoinable_after=1,
+                                        **options)
 
 
 # --- processes: the CLI, and kill -9 ------------------------------------------------------
