@@ -1285,6 +1285,21 @@ def test_the_old_option_names_warn_at_the_callers_line_saying_what_to_pass(
                                         **options)
 
 
+def test_a_pipeline_sweeps_every_second_by_default_and_refuses_what_is_not_one(
+    sqlite_cluster: Cluster,
+) -> None:
+    """The default sweep interval is a second; a cluster that is not one and an adapter
+    that does not implement ``photon.Adapter`` are refused, saying which."""
+    p = photon.JoinPipeline(sqlite_cluster, "clicks", ADAPTER, unjoinable_after=1)
+    assert (p.name, p.sweep_interval) == ("clicks", 1.0)
+    with pytest.raises(percolator.InvalidArgument,
+                       match=r"^JoinPipeline needs a percolator\.Cluster, got 'x'$"):
+        photon.JoinPipeline("x", "clicks", ADAPTER, unjoinable_after=1)  # type: ignore[arg-type]
+    with pytest.raises(percolator.InvalidArgument,
+                       match=r"^adapter must implement photon\.Adapter, got 42$"):
+        photon.JoinPipeline(sqlite_cluster, "clicks", 42, unjoinable_after=1)  # type: ignore[arg-type]
+
+
 # --- processes: the CLI, and kill -9 ------------------------------------------------------
 
 
