@@ -317,9 +317,10 @@ class JoinPipeline:
         if "retention_days" not in options:  # an old caller's, which warns
             days = config.get("retention_days")
             options.setdefault("retention", None if days is None else days * 86_400)
-        pipeline = cls(cluster, name, adapter, **options)
-        pipeline._created = True
-        return pipeline
+        # Not taken as created: create() makes the meta table before it observes the
+        # joiner's column, so one cut short between the two leaves a pipeline that
+        # opens; its first ingest asks whether the column is observed (_check_created).
+        return cls(cluster, name, adapter, **options)
 
     def _check_created(self) -> None:
         if not self._created:

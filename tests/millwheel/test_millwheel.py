@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 import signal
 import subprocess
 import time
@@ -642,3 +643,271 @@ def test_a_timer_at_the_end_of_time_fires_when_the_input_ends(sqlite_cluster: Cl
         assert pipeline.state(snap, "Flush", b"k") == {"n": b"2", "flushed": b"2"}
     (status,) = pipeline.status()
     assert (status.low_watermark, status.timers) == (END, 0)
+
+
+class _Quiet(mw.Computation):
+    """Handles nothing itself: the tests call its key run's context."""
+
+    name = "Quiet"
+    outputs = ("said",)
+
+
+def _quiet(cluster: Cluster, source: mw.Source) -> mw.Pipeline:
+    pipeline = mw.Pipeline(cluster, "quiet")
+    pipeline.injector("in", source, stream="in")
+    pipeline.computation(_Quiet(), inputs={"in": lambda r: r.value})
+    pipeline.create()
+    return pipeline
+
+
+def _context(txn: Transaction, pipeline: mw.Pipeline, key: bytes) -> mw.Context:
+    """The context a handler of Quiet's run for *key* in *txn* gets."""
+    return mw.Context(_pipeline._KeyRun(txn, pipeline, pipeline.nodes["Quiet"], key))
+
+
+def test_timers_re_armed_and_deleted_leave_their_cells_and_index_rows_matching(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A key arms timers a, b and c; a later run re-arms a at another time, deletes b
+    and deletes a timer never armed. The key's ``t:`` cells and the timers index must
+    then hold a (at its new time) and c only: a re-armed or deleted timer whose index
+    row stayed would be woken for nothing and hold the low watermark at its old time
+    (verify reports the mismatch). SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    pipeline = _quiet(cluster, mw.IterableSource([]))
+    node = pipeline.nodes["Quiet"]
+    with Transaction(cluster) as txn:
+        ctx = _context(txn, pipeline, b"k")
+        for tag, time_ms in (("a", 5_000), ("b", 6_000), ("c", 7_000)):
+            ctx.set_timer(tag, time_ms)
+    with Transaction(cluster) as txn:
+        ctx = _context(txn, pipeline, b"k")
+        ctx.set_timer("a", 8_000)
+        ctx.delete_timer("b")
+        ctx.delete_timer("never")
+    with Snapshot(cluster) as snap:
+        cells = snap.get_row(node.table, b"k", ["t:a", "t:b", "t:c"])
+        index = [row for row, _ in snap.scan(node.timers, *node.index_range(), ["t:x"])]
+    assert cells == {"t:a": (8_000).to_bytes(8, "big"), "t:c": (7_000).to_bytes(8, "big")}
+    assert index == [_pipeline._index_row(node, 7_000, b"k", b"c"),
+                     _pipeline._index_row(node, 8_000, b"k", b"a")]
+    assert pipeline.verify().problems == []
+    (status,) = pipeline.status()
+    assert status.timers == 2
+
+
+def test_a_timer_armed_at_the_input_watermark_wakes_its_key_at_once(
+    sqlite_cluster: Cluster,
+) -> None:
+    """With the input watermark at 1,000, a run that arms a timer at 1,000 exactly
+    notifies its key (the timer is due: the next run fires it, without waiting for an
+    advance); one armed at 1,001 does not. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    pipeline = _quiet(cluster, _SteppedSource())  # one record of key k, watermark 1,000
+    assert pipeline.inject("in") == 1
+    assert pipeline.advance()["Quiet"][0] == 1_000
+    for key, time_ms in ((b"at", 1_000), (b"after", 1_001)):
+        with Transaction(cluster) as txn:
+            _context(txn, pipeline, key).set_timer("t", time_ms)
+    woken = {n.row for n in pending_notifications(cluster, [pipeline.nodes["Quiet"].table])}
+    assert woken == {b"k", b"at"}
+
+
+def test_bad_timers_and_productions_are_refused_with_what_was_wrong(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A handler's timer needs a non-empty str tag and an int time, a production
+    bytes and an int timestamp: each bad one is an InvalidArgument saying so, not a
+    deep TypeError from the encoding (nor a timer armed under a tag that is no str)."""
+    cluster = sqlite_cluster
+    pipeline = _quiet(cluster, mw.IterableSource([]))
+    with Transaction(cluster) as txn:
+        ctx = _context(txn, pipeline, b"k")
+        for tag, time_ms in (("", 1_000), (5, 1_000), ("t", 1.5), ("t", "1000")):
+            with pytest.raises(percolator.InvalidArgument, match=re.escape(
+                    f"set_timer needs a non-empty str tag and int ms, got {tag!r}, {time_ms!r}")):
+                ctx.set_timer(tag, time_ms)  # type: ignore[arg-type]
+        for value, ts in (("text", 1_000), (b"x", 1.5), ("text", 1.5)):
+            with pytest.raises(percolator.InvalidArgument, match=re.escape(
+                    "produce needs bytes and an int timestamp, got "
+                    f"{type(value).__name__}, {ts!r}")):
+                ctx.produce("said", value, ts)  # type: ignore[arg-type]
+    with Snapshot(cluster) as snap:
+        assert list(snap.scan(pipeline.nodes["Quiet"].table)) == []
+        assert list(snap.scan(pipeline.out)) == []
+
+
+def test_a_key_that_is_not_non_empty_bytes_is_refused_saying_whose(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A key extractor that returns a str, or empty bytes, makes the delivery fail with
+    an InvalidArgument naming the computation, the stream and what it returned, not
+    a record written under a key no run could read. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    for name, extractor, got in (("str", lambda r: r.value.decode(), "'v'"),
+                                 ("empty", lambda r: b"", "b''")):
+        pipeline = mw.Pipeline(cluster, name)
+        pipeline.injector("in", mw.IterableSource([(b"v", 1_000)]), stream="in")
+        pipeline.computation(_Quiet(), inputs={"in": extractor})
+        pipeline.create()
+        with pytest.raises(percolator.InvalidArgument, match=re.escape(
+                f"Quiet: the key extractor of 'in' must return non-empty bytes, got {got}")):
+            pipeline.inject("in")
+        with Snapshot(cluster) as snap:
+            assert list(snap.scan(pipeline.nodes["Quiet"].table)) == []
+
+
+class _Batches(mw.Computation):
+    """Appends each value it handles to its key's ``seq``, each timer's tag to
+    ``fired``."""
+
+    name = "Batches"
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        ctx.state.set("seq", (ctx.state.get("seq") or b"") + record.value + b",")
+
+    def process_timer(self, ctx: mw.Context, timer: mw.Timer) -> None:
+        ctx.state.set("fired", (ctx.state.get("fired") or b"") + timer.tag.encode())
+
+
+def test_a_key_run_handles_its_own_records_at_most_max_at_a_time_and_then_its_timers(
+    sqlite_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``MAX_RECORDS_PER_RUN`` at 3: key k has five pending records and a due
+    timer, key j exactly three and a due timer, key k1 (whose row follows k's) one
+    record. k's first run handles its three oldest, fires no timer (its window may not
+    be complete) and wakes k again; its second run handles the other two and fires
+    the timer. j's one run handles its three and fires its timer, and leaves j
+    asleep. No run reads another key's row. SQLite alone: the pipeline's logic."""
+    monkeypatch.setattr(_pipeline, "MAX_RECORDS_PER_RUN", 3)
+    cluster = sqlite_cluster
+    values = [b"k.%d" % i for i in range(5)] + [b"j.%d" % i for i in range(3)] + [b"k1.0"]
+    pipeline = mw.Pipeline(cluster, "batches")
+    pipeline.injector("in", mw.IterableSource([(v, 1_000 + i) for i, v in enumerate(values)]),
+                      stream="in")
+    pipeline.computation(_Batches(), inputs={"in": lambda r: r.value.split(b".")[0]})
+    pipeline.create()
+    node = pipeline.nodes["Batches"]
+    with Transaction(cluster) as txn:
+        for key in (b"k", b"j"):
+            mw.Context(_pipeline._KeyRun(txn, pipeline, node, key)).set_timer("flush", 2_000)
+    assert pipeline.inject("in") == len(values)
+    assert pipeline.advance()["Batches"][0] == END
+    worker = Worker(cluster, pipeline.observers(), threads=1)
+    worker.register()
+
+    def run(key: bytes) -> tuple[dict[str, bytes], bool]:
+        """Key's state after one run of it, and whether it is woken again."""
+        worker._scanner.serve_row(node.table, key)
+        woken = {n.row for n in pending_notifications(cluster, [node.table])}
+        with Snapshot(cluster) as snap:
+            return pipeline.state(snap, "Batches", key), key in woken
+
+    assert run(b"k") == ({"seq": b"k.0,k.1,k.2,"}, True)
+    assert run(b"j") == ({"seq": b"j.0,j.1,j.2,", "fired": b"flush"}, False)
+    assert run(b"k") == ({"seq": b"k.0,k.1,k.2,k.3,k.4,", "fired": b"flush"}, False)
+    assert run(b"k1") == ({"seq": b"k1.0,"}, False)
+    assert pipeline.verify().problems == []
+    (status,) = pipeline.status()
+    assert (status.pending, status.timers) == (0, 0)
+
+
+class _Rearm(_Batches):
+    """_Batches whose record ``later`` re-arms the key's timer at 5,000 and whose record
+    ``cancel`` deletes it."""
+
+    name = "Batches"
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        super().process_record(ctx, record)
+        if record.value == b"later":
+            ctx.set_timer("flush", 5_000)
+        elif record.value == b"cancel":
+            ctx.delete_timer("flush")
+
+
+def test_a_timer_re_armed_or_deleted_by_a_handler_of_the_run_does_not_fire_at_its_old_time(
+    sqlite_cluster: Cluster,
+) -> None:
+    """Keys l and c each have a timer due at 2,000 and one pending record; l's record
+    re-arms the timer at 5,000, c's deletes it. The run, which read the timer at 2,000
+    before its handlers ran, must not fire it: l's stays armed at 5,000 (it fires in a
+    later run), c's is gone; c's other timer, due at 3,000, still fires in the same
+    run. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    pipeline = mw.Pipeline(cluster, "rearm")
+    pipeline.injector("in", mw.IterableSource([(b"later", 1_000), (b"cancel", 1_000)]),
+                      stream="in")
+    pipeline.computation(_Rearm(), inputs={"in": lambda r: r.value[:1]})
+    pipeline.create()
+    node = pipeline.nodes["Batches"]
+    with Transaction(cluster) as txn:
+        for key in (b"l", b"c"):
+            mw.Context(_pipeline._KeyRun(txn, pipeline, node, key)).set_timer("flush", 2_000)
+        mw.Context(_pipeline._KeyRun(txn, pipeline, node, b"c")).set_timer("other", 3_000)
+    assert pipeline.inject("in") == 2
+    worker = Worker(cluster, pipeline.observers(), threads=1)
+    worker.register()
+    assert pipeline.advance()["Batches"][0] == END
+    for key in (b"l", b"c"):
+        worker._scanner.serve_row(node.table, key)
+    with Snapshot(cluster) as snap:
+        assert pipeline.state(snap, "Batches", b"l") == {"seq": b"later,"}
+        assert pipeline.state(snap, "Batches", b"c") == {"seq": b"cancel,", "fired": b"other"}
+        assert snap.get(node.table, b"l", "t:flush") == (5_000).to_bytes(8, "big")
+        assert snap.get_row(node.table, b"c", ["t:flush", "t:other"]) == {}
+    assert pipeline.verify().problems == []
+    worker._scanner.serve_row(node.table, b"l")  # woken by its re-arming: now due
+    with Snapshot(cluster) as snap:
+        assert pipeline.state(snap, "Batches", b"l") == {"seq": b"later,", "fired": b"flush"}
+
+
+class _Batched:
+    """A source of records of value k at the times given, in batches, each with its
+    watermark."""
+
+    def __init__(self, batches: list[tuple[list[int], int]]) -> None:
+        self.batches = batches
+
+    def read(self, position: bytes | None, limit: int) -> tuple[list[mw.Record], bytes, int]:
+        i = int(position or b"0")
+        if i >= len(self.batches):
+            return [], b"%d" % i, END
+        times, mark = self.batches[i]
+        return [mw.Record(b"k", t) for t in times], b"%d" % (i + 1), mark
+
+
+def test_late_records_are_counted_across_runs(sqlite_cluster: Cluster) -> None:
+    """Key k gets a record on time, then one late (below the source's watermark), run
+    together, then two more late ones in a later run: its ``m:late`` counts all three
+    (what ``status`` reports), not the last run's. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    pipeline = mw.Pipeline(cluster, "latecount")
+    pipeline.injector("in", _Batched([([10_000], 10_000), ([1], 10_000), ([2, 3], END)]),
+                      stream="in")
+    pipeline.computation(_Batches(), inputs={"in": lambda r: r.value})
+    pipeline.create()
+    node = pipeline.nodes["Batches"]
+    worker = Worker(cluster, pipeline.observers(), threads=1)
+    worker.register()
+    for injected in ((1, 1), (2,)):
+        for n in injected:
+            assert pipeline.inject("in") == n
+        worker._scanner.serve_row(node.table, b"k")
+    with Snapshot(cluster) as snap:
+        assert snap.get(node.table, b"k", "m:late") == b"3"
+    (status,) = pipeline.status()
+    assert (status.late, status.pending) == (3, 0)
+
+
+def test_the_state_of_a_key_is_its_own_rows_only(sqlite_cluster: Cluster) -> None:
+    """``state`` of a key without a row is empty, whatever the keys after it hold (k1's
+    row follows k's, and starts as k does). SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    pipeline = _quiet(cluster, mw.IterableSource([]))
+    with Transaction(cluster) as txn:
+        _context(txn, pipeline, b"k1").state.set("n", b"1")
+    with Snapshot(cluster) as snap:
+        assert pipeline.state(snap, "Quiet", b"k1") == {"n": b"1"}
+        assert pipeline.state(snap, "Quiet", b"k") == {}
+        assert pipeline.state(snap, "Quiet", b"a") == {}

@@ -239,3 +239,77 @@ def test_an_old_advancer_holds_the_watermark_below_records_it_cannot_move(
     assert _held(new) == 0
     _drain(new)
     assert _app.tallies(new, "Second") == {v: 1 for v, _ in [*values, *extra]}
+
+
+class _Echoer(mw.Computation):
+    """Sends each record on to ``out``, which nothing subscribes to."""
+
+    outputs = ("out",)
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        ctx.produce("out", record.value, record.timestamp)
+
+
+class _Other(mw.Computation):
+    """Reads ``in2``, a stream whose name starts as ``in`` does."""
+
+
+def test_a_pipeline_created_before_subscriptions_were_stored_delivers_by_its_code(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A pipeline created before subscriptions were stored has no ``sub/<stream>`` row
+    for its streams (here ``in`` and ``out`` lose theirs; ``in2``, read by Other, keeps
+    its own): until its next ``create()``, a production on such a stream goes to the
+    subscribers of this process's code, the Echoer for ``in`` and the pipeline's output
+    for ``out``, not to the subscribers of another stream's row (``in2`` sorts right
+    after ``in``), nor to nobody. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    pipeline = mw.Pipeline(cluster, "legacy")
+    pipeline.injector("a", mw.IterableSource([(b"v", 1_000)]), stream="in")
+    pipeline.injector("b", mw.IterableSource([]), stream="in2")
+    pipeline.computation(_Echoer(), inputs={"in": lambda r: r.value})
+    pipeline.computation(_Other(), inputs={"in2": lambda r: r.value})
+    pipeline.create()
+    with Transaction(cluster) as txn:  # as before subscriptions were stored
+        for row, column in ((b"sub/in", "x:stream"), (b"sub/in", "c:_Echoer"),
+                            (b"sub/out", "x:stream")):
+            txn.delete(pipeline.meta, row, column)
+    with Snapshot(cluster) as snap:
+        assert pipeline.subscriptions(snap) == {"in2": ["_Other"]}
+    assert pipeline.inject("a") == 1
+    worker = Worker(cluster, pipeline.observers(), threads=1)
+    worker.register()
+    worker._scanner.serve_row(pipeline.nodes["_Echoer"].table, b"v")
+    with Snapshot(cluster) as snap:
+        assert [(r.value, r.timestamp, r.key, r.stream, r.id.split("/")[0])
+                for r in pipeline.output(snap, "out")] == [(b"v", 1_000, b"", "out", "_Echoer")]
+        assert [r.value for r in pipeline.output(snap, "in")] == []
+        assert list(snap.scan(pipeline.nodes["_Other"].table)) == []
+        assert list(snap.scan(pipeline.held)) == []
+        assert list(snap.scan(pipeline.nodes["_Echoer"].table)) == []  # consumed
+
+
+def test_add_computation_subscribes_it_from_the_change_on(sqlite_cluster: Cluster) -> None:
+    """``add_computation`` on a created pipeline that has injected and advanced: the
+    stored topology (``subscriptions``, exactly: the meta table's injector and
+    watermark rows are no streams) gains the new consumer, which gets the records
+    injected after the change, and the Tally all of them. SQLite alone: the pipeline's
+    logic."""
+    cluster = sqlite_cluster
+    records = _app.relay_input(4)
+    pipeline = mw.Pipeline(cluster, "grow", inject_batch=2)
+    pipeline.injector("feed", mw.IterableSource(records), stream="values")
+    pipeline.computation(_app.Tally(), inputs={"values": lambda r: r.value[-1:]})
+    pipeline.create()
+    assert pipeline.inject("feed") == 2
+    pipeline.advance()
+    with Snapshot(cluster) as snap:
+        assert pipeline.subscriptions(snap) == {"values": ["Tally"]}
+    pipeline.add_computation(_app.Second(), inputs={"values": lambda r: r.value[-2:-1]})
+    with Snapshot(cluster) as snap:
+        assert pipeline.subscriptions(snap) == {"values": ["Second", "Tally"]}
+    assert pipeline.inject("feed") == 2
+    pipeline.advance()
+    _drain(pipeline)
+    assert _app.tallies(pipeline) == {v: 1 for v, _ in records}
+    assert _app.tallies(pipeline, "Second") == {v: 1 for v, _ in records[2:]}

@@ -358,6 +358,86 @@ def test_a_weak_production_for_a_subscriber_without_code_here_is_held(
     assert new.verify().problems == []
 
 
+class _Maker(mw.Computation):
+    """Weak: for each input, a record to the key it names ("given") and a late one
+    (1 ms below its input) to the key its subscriber's extractor picks."""
+
+    name = "Maker"
+    outputs = ("made",)
+    productions = "weak"
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        ctx.produce("made", b"keyed", record.timestamp, key=b"given")
+        ctx.produce("made", b"late", record.timestamp - 1)
+
+
+class _StrongMaker(_Maker):
+    name = "Maker"
+    productions = "strong"
+
+
+class _Seer(mw.Computation):
+    """Keeps what each record it handles carried, in its key's state (by value)."""
+
+    name = "Seer"
+
+    def process_record(self, ctx: mw.Context, record: mw.Record) -> None:
+        ctx.state.set_json(record.value.decode(), {
+            "key": record.key.decode(), "by": record.id.split("/")[0],
+            "stream": record.stream, "late": record.late})
+
+
+def _seer_key(record: mw.Record) -> bytes:
+    """A key made of what the extractor is given: the producer (from the id), the
+    stream, the lateness and the time. The record has no key yet: this picks it."""
+    assert record.key == b"", record.key
+    late = "late" if record.late else "on-time"
+    return f"{record.id.split('/')[0]}-{record.stream}-{late}-{record.timestamp}".encode()
+
+
+@pytest.mark.parametrize("how", ["weak", "strong", "held"])
+def test_a_handed_or_held_record_carries_what_a_delivered_one_does(
+    sqlite_cluster: Cluster, how: str
+) -> None:
+    """A production handed to its subscriber's run (weak), or held for a subscriber the
+    producing process has no code for and moved into its rows by a process that has
+    (held), must reach the key and the handler as one delivered through the store
+    (strong, the reference) does: to the key its producer named, else to the key its
+    subscriber's extractor picks from the record's id, stream, lateness and time, and
+    with its key, id, stream and lateness in the handler. SQLite alone: the pipeline's
+    logic."""
+    cluster = sqlite_cluster
+
+    def build(maker: mw.Computation, seer: bool) -> mw.Pipeline:
+        pipeline = mw.Pipeline(cluster, "seen", interval=0.05)
+        pipeline.injector("in", mw.IterableSource([(b"x", 1_000)]), stream="in")
+        pipeline.computation(maker, inputs={"in": lambda r: r.value})
+        if seer:
+            pipeline.computation(_Seer(), inputs={"made": _seer_key})
+        pipeline.create()
+        return pipeline
+
+    pipeline = build(_StrongMaker() if how == "strong" else _Maker(), seer=True)
+    assert pipeline.inject("in") == 1
+    if how == "held":  # a process of the old topology, without Seer, runs the Maker
+        old = build(_Maker(), seer=False)
+        _run_keys(old, Worker(cluster, old.observers(), threads=1), "Maker")
+        assert sum(1 for _ in Snapshot(cluster).scan(pipeline.held, None, None, ["h:rec"])) == 2
+    worker = Worker(cluster, pipeline.observers(), threads=1)
+    worker.register()
+    _drain(pipeline, worker)
+    with Snapshot(cluster) as snap:
+        seen = {key: pipeline.state(snap, "Seer", key)
+                for key, _ in snap.scan(pipeline.nodes["Seer"].table)}
+    assert seen == {
+        b"given": {"keyed": b'{"by":"Maker","key":"given","late":false,"stream":"made"}'},
+        b"Maker-made-late-999": {
+            "late": b'{"by":"Maker","key":"Maker-made-late-999","late":true,"stream":"made"}'},
+    }
+    assert list(Snapshot(cluster).scan(pipeline.held)) == []  # moved with its h:key
+    assert pipeline.verify().problems == []
+
+
 def test_productions_other_than_strong_or_weak_are_refused() -> None:
     with pytest.raises(percolator.InvalidArgument, match="productions must be"):
         type("Bad", (mw.Computation,), {"productions": "eventual"})

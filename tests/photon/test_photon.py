@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import signal
 import subprocess
 import time
@@ -26,6 +27,7 @@ import percolator
 from observers import VerifyReport, Worker, photon, wait_for_observers
 from observers.photon import _pipeline
 from observers.photon.__main__ import main as photon_main
+from observers.photon._events import encode_ref
 from percolator import Cluster, Snapshot, Transaction, metrics
 from percolator._notifications import quarantined, retry_quarantined
 from percolator.ext import pending_notifications
@@ -362,6 +364,208 @@ def test_a_primary_wakes_waiters_whose_ids_hold_spaces(sqlite_cluster: Cluster) 
     assert p.verify().ok
 
 
+def _rows(p: photon.JoinPipeline) -> dict[str, dict[bytes, dict[str, bytes]]]:
+    """Every row the joiner writes: the foreign, primary, deadline and output tables."""
+    with Snapshot(p.cluster) as snap:
+        return {table: dict(snap.scan(table, None, None))
+                for table in (p.foreign, p.primary, p.deadlines, p.joined_table)}
+
+
+def test_the_joiners_body_says_whether_it_decided_and_leaves_a_waiting_event_as_it_was(
+    sqlite_cluster: Cluster,
+) -> None:
+    """``join_event`` returns True when it changed the event's course (it started to
+    wait, joined, gave up) and False when there was nothing to do, which the joiner
+    counts as a wasted run: an event never ingested, one decided already, and one that
+    waits and is woken again in time (a stray wake-up), which must leave every row as
+    it was, not register the waiter a second time nor move its deadline. The adapter has
+    no time field, so a wait's deadline comes from the joiner's clock when it starts to
+    wait: only the stored ``j:wait`` keeps it. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    untimed = photon.JsonAdapter(foreign_id="click", primary_id="query", primary_ref="query")
+    p = pipeline(cluster, adapter=untimed, now=lambda: t / 1000)
+    p.log_foreign(cluster, [{"click": "c", "query": "q"}])
+    row = photon.row_key(b"c")
+
+    def join(at_ms: int, event: bytes = row) -> bool:
+        with Transaction(cluster) as txn:
+            return _pipeline.join_event(txn, p, event, at_ms)
+
+    assert join(t, photon.row_key(b"never-ingested")) is False
+    assert join(t) is True  # starts to wait, with the deadline t + 10 min
+    waiting = _rows(p)
+    assert waiting[p.foreign][row]["j:wait"][:8] == (t + 600_000).to_bytes(8, "big")
+    assert waiting[p.primary][photon.row_key(b"q")]["j:waiters"] == row
+    assert join(t + 1_000) is False  # woken again, still in time: nothing to do
+    assert _rows(p) == waiting
+    p.log_primary(cluster, [{"query": "q"}])
+    assert join(t + 2_000) is True
+    with Snapshot(cluster) as snap:
+        assert p.state(snap, b"c") is photon.State.JOINED
+        assert p.joined(snap, b"c") == p.joined(snap, "c") == outputs(p)[b"c"]
+        assert p.joined(snap, b"never-ingested") is None
+    assert join(t + 3_000) is False  # decided already
+    p.log_foreign(cluster, [{"click": "u", "query": "never"}])
+    unjoinable = photon.row_key(b"u")
+    assert join(t, unjoinable) is True
+    assert join(t + 600_000, unjoinable) is True  # the deadline: given up
+    assert p.state(Snapshot(cluster), b"u") is photon.State.UNJOINABLE
+    assert join(t + 600_001, unjoinable) is False
+    assert p.verify().ok
+
+
+def test_a_placeholder_lists_at_most_max_waiters_and_the_others_join_at_their_deadline(
+    sqlite_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``MAX_WAITERS`` at 2, three clicks wait for one query: its placeholder lists
+    the first two exactly, so the query's ingest wakes those two; the third waits, still
+    registered by its deadline row, and joins when the sweep fires it. SQLite alone: the
+    pipeline's logic."""
+    monkeypatch.setattr(_pipeline, "MAX_WAITERS", 2)
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    clicks = [b"c1", b"c2", b"c3"]
+    p.log_foreign(cluster, [{"click": c.decode(), "query": "q", "t": t} for c in clicks])
+    rows = [photon.row_key(c) for c in clicks]
+    worker = _joiner_on(p)
+    for row in rows:
+        assert worker._scanner.serve_row(p.foreign, row)
+    with Snapshot(cluster) as snap:
+        assert snap.get(p.primary, photon.row_key(b"q"), "j:waiters") == b"\n".join(rows[:2])
+        assert {p.state(snap, c) for c in clicks} == {photon.State.WAITING}
+    p.log_primary(cluster, [{"query": "q", "t": t}])
+    assert {n.row for n in pending_notifications(cluster, [p.foreign])} == set(rows[:2])
+    for row in rows[:2]:
+        worker._scanner.serve_row(p.foreign, row)
+    assert p.state(Snapshot(cluster), b"c3") is photon.State.WAITING
+    assert p.sweep(now_ms=t + 600_000) == 1
+    worker._scanner.serve_row(p.foreign, rows[2])
+    assert set(outputs(p)) == set(clicks)
+    assert p.verify().ok
+
+
+def test_the_tasks_are_the_sweep_and_with_a_retention_the_retention_pass(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A pipeline without a retention has one task, the deadline sweep every
+    *sweep_interval*; with one, also the retention pass, hourly. Each, run, does its
+    work: the sweep fires a deadline its clock has passed, the pass removes an event
+    older than the retention. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    clock = [t]
+    plain = pipeline(cluster, sweep_interval=0.25)
+    assert [(task.name, task.interval) for task in plain.tasks()] == [
+        ("photon.clicks.sweep", 0.25)]
+    kept = photon.JoinPipeline(cluster, "kept", ADAPTER, unjoinable_after=600, retention=DAY,
+                               sweep_interval=0.25, now=lambda: clock[0] / 1000)
+    kept.create()
+    sweep, retention = kept.tasks()
+    assert [(task.name, task.interval) for task in (sweep, retention)] == [
+        ("photon.kept.sweep", 0.25), ("photon.kept.retention", 3600.0)]
+    kept.log_foreign(cluster, [{"click": "old", "query": "q", "t": t - 2 * 86_400_000},
+                               {"click": "new", "query": "q", "t": t}])
+    _joiner_on(kept)._scanner.serve_row(kept.foreign, photon.row_key(b"new"))
+    clock[0] = t + 600_000
+    assert sweep.run_once()
+    assert retention.run_once()
+    with Snapshot(cluster) as snap:
+        assert kept.state(snap, b"old") is None
+        assert snap.get(kept.foreign, photon.row_key(b"new"), "j:due") is not None
+
+
+def test_rejoin_reopens_every_event_in_its_state_in_batches(sqlite_cluster: Cluster) -> None:
+    """401 clicks given up (their deadline passed before their first run): ``rejoin``
+    of UNJOINABLE puts all 401 back to undecided and wakes each, in a few transactions
+    of many events (not one per event, nor a batch's worth of events left out); a
+    second finds none. It takes UNJOINABLE or SKIPPED only, and says so. SQLite alone:
+    the pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    clicks = [b"c%03d" % i for i in range(401)]
+    p.log_foreign(cluster, [{"click": c.decode(), "query": "never", "t": t - 700_000}
+                            for c in clicks])
+    rows = {photon.row_key(c) for c in clicks}
+    with Transaction(cluster) as txn:  # the joiner's body for each: each given up at once
+        assert all(_pipeline.join_event(txn, p, row, t) for row in rows)
+    with pytest.raises(percolator.InvalidArgument, match=re.escape(
+            f"rejoin takes UNJOINABLE or SKIPPED, got {photon.State.JOINED!r}")):
+        p.rejoin(photon.State.JOINED)
+    begun = _transactions_begun()
+    assert p.rejoin(photon.State.UNJOINABLE) == len(clicks)
+    assert _transactions_begun() - begun <= 4  # a batch per 200 events, not one each
+    with Snapshot(cluster) as snap:
+        assert {p.state(snap, c) for c in clicks} == {photon.State.PENDING}
+    assert {n.row for n in pending_notifications(cluster, [p.foreign])} == rows
+    assert p.rejoin(photon.State.UNJOINABLE) == 0
+
+
+def test_open_says_what_is_missing_and_takes_the_stored_options_or_the_defaults(
+    sqlite_cluster: Cluster,
+) -> None:
+    """``open`` of a pipeline never created says to create it; of one whose meta table
+    holds no configuration (no JSON adapter recorded), says to pass the adapter, and
+    with it takes the defaults (unjoinable after an hour, no retention); an old
+    caller's ``retention_days`` wins over the stored retention (with its warning)."""
+    cluster = sqlite_cluster
+    with pytest.raises(percolator.InvalidArgument, match=re.escape(
+            f"no photon pipeline 'nope' in {cluster.url}: create() it first")):
+        photon.JoinPipeline.open(cluster, "nope")
+    cluster.create_table("photon.bare.meta")
+    with pytest.raises(percolator.InvalidArgument, match=re.escape(
+            "pipeline 'bare' has a custom adapter: pass it (--adapter package.module:NAME)")):
+        photon.JoinPipeline.open(cluster, "bare")
+    bare = photon.JoinPipeline.open(cluster, "bare", ADAPTER)
+    assert (bare.unjoinable_after, bare.retention) == (3_600.0, None)
+    pipeline(cluster, retention=DAY)
+    with pytest.warns(DeprecationWarning, match="retention=timedelta"):
+        old = photon.JoinPipeline.open(cluster, "clicks", retention_days=2)
+    assert (old.unjoinable_after, old.retention) == (600.0, 2 * 86_400.0)
+
+
+def test_a_pipeline_whose_create_was_cut_short_opens_but_ingests_nothing_until_created(
+    sqlite_cluster: Cluster,
+) -> None:
+    """``create`` makes the tables, then observes the joiner's column, then records the
+    configuration. One cut short after its tables opens (its adapter given, as the
+    CLI's ``--adapter`` does) but must refuse to ingest until ``create`` runs again:
+    an event ingested before the column is observed notifies nobody, and no joiner
+    would ever run for it. Then the ingest goes through, notifying the joiner."""
+    cluster = sqlite_cluster
+    whole = photon.JoinPipeline(cluster, "half", ADAPTER, unjoinable_after=600)
+    for table in (whole.foreign, whole.primary, whole.joined_table, whole.deadlines,
+                  whole.meta):
+        cluster.create_table(table)
+    opened = photon.JoinPipeline.open(cluster, "half", ADAPTER)
+    click = {"click": "c", "query": "q", "t": now_ms()}
+    with pytest.raises(percolator.InvalidArgument, match=re.escape(
+            "photon pipeline 'half' is not created: call create() before ingesting")):
+        opened.log_foreign(cluster, [click])
+    assert list(Snapshot(cluster).scan(opened.foreign)) == []
+    whole.create()
+    assert opened.log_foreign(cluster, [click]).written == 1
+    assert {n.row for n in pending_notifications(cluster, [opened.foreign])} == {
+        photon.row_key(b"c")}
+
+
+def test_verify_lists_at_most_twenty_ids_of_a_violation(sqlite_cluster: Cluster) -> None:
+    """21 outputs without their registration: the problem counts 21 and lists the
+    first 20 ids, one per line."""
+    cluster = sqlite_cluster
+    p = pipeline(cluster)
+    forged = [b"f%02d" % i for i in range(21)]
+    with Transaction(cluster) as txn:
+        for fid in forged:
+            txn.set(p.joined_table, photon.row_key(fid), "ev:joined", b"x")
+    report = p.verify()
+    assert sorted(report.orphans) == forged
+    assert report.problems == ["output and state disagree: 21" + "".join(
+        f"\n  {fid!r}" for fid in report.orphans[:20])]
+
+
 def test_verify_reports_a_waiting_event_nothing_will_wake(cluster: Cluster) -> None:
     """A waiting event whose deadline row is gone and that has no notification (what
     a sweep without j:due left behind) can never end: verify says so."""
@@ -375,6 +579,174 @@ def test_verify_reports_a_waiting_event_nothing_will_wake(cluster: Cluster) -> N
         txn.delete(p.deadlines, deadline, "d:x")
     report = p.verify()
     assert report.missing == [b"c"] and not report.ok
+
+
+def test_verify_counts_only_its_own_tables_notifications_and_quarantine(
+    sqlite_cluster: Cluster,
+) -> None:
+    """Two waiting events, c and d, whose deadline rows are lost have nothing left to
+    wake them: verify reports both, even while another pipeline's foreign table holds
+    a notification of c's row key and has d's quarantined (its adapter fails on it):
+    those are that pipeline's joiner's, not this one's. SQLite alone: the pipeline's
+    logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    p.log_foreign(cluster, [{"click": c, "query": "q", "t": t} for c in ("c", "d")])
+    joiner = _joiner_on(p)
+    for click in (b"c", b"d"):
+        joiner._scanner.serve_row(p.foreign, photon.row_key(click))
+    with Transaction(cluster) as txn:  # their deadline rows lost: nothing will wake them
+        for deadline, _ in list(txn.scan(p.deadlines, None, None, ["d:x"])):
+            txn.delete(p.deadlines, deadline, "d:x")
+    _Picky.cured = False
+    picky = _Picky(foreign_id="click", primary_id="query", primary_ref="query", time="t")
+    other = photon.JoinPipeline(cluster, "other", picky, unjoinable_after=600)
+    other.create()
+    other.log_primary(cluster, [{"query": "q", "t": t}])
+    other.log_foreign(cluster, [{"click": "c", "query": "q", "t": t},
+                                {"click": "d", "query": "q", "t": t, "poison": True}])
+    worker = Worker(cluster, other.observers(), threads=1, max_failures=1, retry_delay=0)
+    worker.register()
+    worker._scanner.serve_row(other.foreign, photon.row_key(b"d"))
+    assert [q.row for q in quarantined(cluster, other.foreign)] == [photon.row_key(b"d")]
+    assert {n.row for n in pending_notifications(cluster, [other.foreign])} == {
+        photon.row_key(b"c")}
+    report = p.verify()
+    assert (report.missing, report.quarantined, report.in_flight) == ([b"c", b"d"], [], 0)
+
+
+def test_verify_counts_the_events_and_passes_over_a_row_left_without_its_event(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A row left with a state and no event (what retention racing a joiner that gives
+    up leaves: retention deletes the event's cells, the joiner writes its state, no
+    cell in common), then, after it in row order, a joined event whose output is lost
+    and a waiting one, and an output of no event: verify counts the two events,
+    reports the joined one's lost output and the output without its event by their
+    ids, and passes over the leftover row rather than stop there. SQLite alone: the
+    pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    left, joined, waiting = (photon.row_key(c) for c in (b"a", b"c", b"d"))
+    assert left < joined < waiting  # 43/a, 6f/c, cc/d
+    p.log_primary(cluster, [{"query": "q", "t": t}])
+    p.log_foreign(cluster, [{"click": "a", "query": "never", "t": t},
+                            {"click": "c", "query": "q", "t": t},
+                            {"click": "d", "query": "never", "t": t}])
+    joiner = _joiner_on(p)
+    for row in (joined, waiting):
+        joiner._scanner.serve_row(p.foreign, row)
+    with Transaction(cluster) as txn:
+        for column in ("ev:raw", "ev:t"):
+            txn.delete(p.foreign, left, column)
+        txn.set(p.foreign, left, "j:state", b"U")
+        txn.delete(p.joined_table, joined, "ev:joined")
+        txn.set(p.joined_table, photon.row_key(b"forged"), "ev:joined", b"x")
+    report = p.verify()
+    assert (report.events, report.by_state) == (2, {"joined": 1, "waiting": 1})
+    assert report.orphans == [b"c", b"forged"] and not report.ok
+
+
+def test_verify_counts_undecided_events_in_flight_and_reports_one_nobody_will_run(
+    sqlite_cluster: Cluster,
+) -> None:
+    """An event written before the joiner's column was observed (what an ingest into a
+    pipeline whose ``create()`` was cut short did before ``open`` checked) has no
+    notification: verify reports it as never to be processed, while the two ingested
+    after ``create()``, not run yet, are in flight. SQLite alone: the pipeline's
+    logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = photon.JoinPipeline(cluster, "half", ADAPTER, unjoinable_after=600)
+    for table in (p.foreign, p.primary, p.joined_table, p.deadlines, p.meta):
+        cluster.create_table(table)
+    with Transaction(cluster) as txn:
+        txn.set(p.foreign, photon.row_key(b"lost"), "ev:raw",
+                json.dumps({"click": "lost", "query": "q", "t": t}).encode())
+    p.create()
+    p.log_foreign(cluster, [{"click": c, "query": "q", "t": t} for c in ("c1", "c2")])
+    report = p.verify()
+    assert (report.events, report.by_state) == (3, {"pending": 3})
+    assert (report.in_flight, report.missing) == (2, [b"lost"]) and not report.ok
+
+
+def test_a_primary_in_the_log_of_a_feed_without_a_directory_is_unreadable(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A primary kept as a reference into the log of a feed the pipeline has no
+    directory for (no ``feed/<name>`` row: a feed that never ran here): the join fails
+    with PrimaryUnreadable naming the feed, not a deep error. SQLite alone: the
+    pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    with Transaction(cluster) as txn:  # what a feed with index=True writes
+        txn.set(p.primary, photon.row_key(b"q"), "ev:raw",
+                encode_ref("elsewhere", "q.log", 0, b'{"query":"q"}'))
+    p.log_foreign(cluster, [{"click": "c", "query": "q", "t": t}])
+    txn = Transaction(cluster)
+    with pytest.raises(photon.PrimaryUnreadable, match="no directory known for feed 'elsewhere'"):
+        _pipeline.join_event(txn, p, photon.row_key(b"c"), t)
+    txn.rollback()
+
+
+def test_the_joiner_counts_its_wasted_runs(sqlite_cluster: Cluster) -> None:
+    """A run that decides an event is work; each later run for it (a duplicate feed's
+    wake-up, a rerun) finds it decided and counts as wasted (``_Joiner.wasted``, the
+    benchmark's wasted joins). SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    (joiner,) = p.observers()
+    worker = Worker(cluster, [joiner], threads=1)
+    worker.register()
+    p.log_primary(cluster, [{"query": "q", "t": t}])
+    p.log_foreign(cluster, [{"click": "c", "query": "q", "t": t}])
+    row = photon.row_key(b"c")
+    worker._scanner.serve_row(p.foreign, row)
+    assert p.state(Snapshot(cluster), b"c") is photon.State.JOINED
+    assert joiner.wasted == 0  # type: ignore[attr-defined]
+    for wasted in (1, 2):
+        _wake(p, row)
+        worker._scanner.serve_row(p.foreign, row)
+        assert joiner.wasted == wasted  # type: ignore[attr-defined]
+
+
+def test_an_ingest_of_more_than_a_batch_counts_every_batch(sqlite_cluster: Cluster) -> None:
+    """501 clicks go in two ingest transactions (500 a batch): the result counts all
+    501 written, a second ingest of them all 501 duplicates, and an ingest of 501
+    clicks older than the retention boundary all 501 too late; an event three times in
+    one batch is written once and counted twice a duplicate."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, retention=DAY, now=lambda: t / 1000)
+    assert p.boundary_ms(Snapshot(cluster)) == 0  # none yet: nothing is too late
+    assert p.apply_retention(t) == 0  # the boundary: a day ago
+    clicks = [{"click": f"c{i:03d}", "query": "q", "t": t} for i in range(501)]
+    assert p.log_foreign(cluster, clicks).written == 501
+    assert p.log_foreign(cluster, clicks).duplicates == 501
+    old = [{**c, "click": "old" + c["click"], "t": t - 2 * 86_400_000} for c in clicks]
+    assert p.log_foreign(cluster, old).too_late == 501
+    again = p.log_foreign(cluster, [{"click": "x", "query": "q", "t": t}] * 3)
+    assert (again.written, again.duplicates) == (1, 2)  # one batch, one event thrice
+
+
+def test_the_row_key_of_an_event_keeps_its_stored_format() -> None:
+    """Two lowercase hex digits of the id's CRC-32, a slash, the id: the rows that
+    pipelines already hold are found by it (a change of format loses them)."""
+    assert [photon.row_key(i) for i in (b"a", b"c", b"waiting")] == [
+        b"43/a", b"6f/c", b"ae/waiting"]
+
+
+def test_an_event_id_must_be_non_empty_bytes_or_str(sqlite_cluster: Cluster) -> None:
+    p = pipeline(sqlite_cluster)
+    with Snapshot(sqlite_cluster) as snap:
+        for bad in (b"", 5):
+            with pytest.raises(percolator.InvalidArgument, match=re.escape(
+                    f"an event id must be non-empty bytes or str, got {bad!r}")):
+                p.state(snap, bad)  # type: ignore[arg-type]
 
 
 def test_verify_reports_an_output_committed_twice(cluster: Cluster) -> None:
@@ -764,6 +1136,75 @@ def test_bad_input_is_reported_not_written(tmp_path: Path) -> None:
                 photon.JoinPipeline(cluster, args.pop("name"), args.pop("adapter"), **args)
 
 
+def test_an_ingest_stores_a_mapping_as_compact_sorted_json_and_says_why_it_rejects(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A mapping is stored as its JSON with sorted keys and no spaces, whatever its
+    keys' order (so that a join's output does not depend on how a producer built
+    it); a str as its bytes. A single event where an iterable of them belongs, an
+    event of another type and one from more than five minutes ahead are refused,
+    each with what was wrong (five minutes exactly is in time). SQLite alone: the
+    pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    for single in (b'{"click": "c"}', '{"click": "c"}', {"click": "c"}):
+        with pytest.raises(percolator.InvalidArgument, match="^" + re.escape(
+                "events must be an iterable of events, not a single event") + "$"):
+            p.log_foreign(cluster, single)  # type: ignore[arg-type]
+    result = p.log_foreign(cluster, [
+        {"t": t, "query": "q", "click": "m"}, f'{{"click": "s", "query": "q", "t": {t}}}', 42,
+        {"click": "f", "query": "q", "t": t + 300_001},
+        {"click": "e", "query": "q", "t": t + 300_000}])  # five minutes ahead: in time
+    assert result.written == 3
+    assert result.rejected == [
+        (2, "an event must be bytes, str or a JSON mapping, got int"),
+        (3, f"event time {t + 300_001} is more than 300s in the future (check the "
+            "producer's clock)")]
+    with Snapshot(cluster) as snap:
+        assert snap.get(p.foreign, photon.row_key(b"m"), "ev:raw") == (
+            b'{"click":"m","query":"q","t":%d}' % t)
+        assert snap.get(p.foreign, photon.row_key(b"s"), "ev:raw") == (
+            b'{"click": "s", "query": "q", "t": %d}' % t)
+
+
+class _Piped:
+    """An adapter of events ``<id>|<ref>`` without a time, whose id ``str`` it gives
+    as a str (an adapter's bug the ingest must catch)."""
+
+    def foreign_id(self, event: bytes) -> bytes:
+        fid = event.split(b"|")[0]
+        return fid.decode() if fid == b"str" else fid  # type: ignore[return-value]
+
+    primary_id = foreign_id
+
+    def primary_ref(self, foreign: bytes) -> bytes:
+        return foreign.split(b"|")[1]
+
+    def event_time(self, event: bytes) -> int | None:
+        return None
+
+    def join(self, primary: bytes, foreign: bytes) -> bytes | None:
+        return primary + foreign
+
+
+def test_an_ingest_refuses_an_empty_or_non_bytes_id_and_photons_reserved_prefix(
+    sqlite_cluster: Cluster,
+) -> None:
+    """Events whose adapter gives an empty id or a str, and one that begins with the
+    prefix photon keeps for its own ``ev:raw`` values (a placeholder, a log
+    reference), are refused, each saying why; the good one is written. SQLite alone:
+    the pipeline's logic."""
+    cluster = sqlite_cluster
+    p = pipeline(cluster, adapter=_Piped())
+    result = p.log_foreign(cluster, [b"ok|q", b"|q", b"str|q", b"\x00photon:x|q"])
+    assert result.written == 1
+    assert result.rejected == [
+        (1, "the adapter gave an empty or non-bytes id b''"),
+        (2, "the adapter gave an empty or non-bytes id 'str'"),
+        (3, "the event begins with photon's reserved b'\\x00photon:'")]
+
+
 def test_durations_are_seconds_or_timedeltas_and_the_old_names_warn(tmp_path: Path) -> None:
     with percolator.connect(f"sqlite:///{tmp_path}/repo.db") as cluster:
         p = photon.JoinPipeline(cluster, "clicks", ADAPTER, unjoinable_after=timedelta(minutes=2),
@@ -798,6 +1239,65 @@ def test_durations_are_seconds_or_timedeltas_and_the_old_names_warn(tmp_path: Pa
                 warnings.simplefilter("ignore", DeprecationWarning)
                 with pytest.raises(percolator.InvalidArgument, match=message):
                     photon.JoinPipeline(cluster, "clicks", ADAPTER, **args)
+
+
+def test_the_old_option_names_warn_at_the_callers_line_saying_what_to_pass(
+    tmp_path: Path,
+) -> None:
+    """The deprecation warnings of ``retention_days`` and ``clock`` point at the
+    caller's line, where the old name is to be changed, not into photon, and say what
+    to pass instead; None for either keeps the default; a bad value of either, both
+    forms at once, or an unknown option is refused saying so."""
+    warned = {
+        "retention_days": "JoinPipeline(retention_days=N) is deprecated: pass "
+                          "retention=timedelta(days=N) (or seconds)",
+        "clock": "JoinPipeline(clock=...) (milliseconds) is deprecated: pass now=... "
+                 "returning seconds, as time.time"}
+
+    def exactly(message: str) -> str:
+        return "^" + re.escape(message) + "$"
+
+    with percolator.connect(f"sqlite:///{tmp_path}/repo.db") as cluster:
+        for name, value in (("retention_days", 2), ("clock", now_ms),
+                            ("retention_days", None), ("clock", None)):
+            with pytest.warns(DeprecationWarning) as caught:
+                p = photon.JoinPipeline(cluster, "clicks", ADAPTER, unjoinable_after=1,
+                                        **{name: value})
+            assert [(w.filename, str(w.message)) for w in caught] == [
+                (__file__, warned[name])], name
+            if value is None:
+                assert p.retention is None and p._now_ms() == pytest.approx(now_ms(), abs=60_000)
+        bad: list[tuple[dict[str, Any], str]] = [
+            ({"retention_days": 0}, "retention_days must be positive or None, got 0"),
+            ({"retention_days": True}, "retention_days must be positive or None, got True"),
+            ({"retention_days": "2"}, "retention_days must be positive or None, got '2'"),
+            ({"clock": 5}, "clock must be a callable returning ms, got 5"),
+            ({"retention_days": 1, "retention": DAY},
+             "pass retention (seconds or a timedelta), not also its old form retention_days"),
+            ({"clock": now_ms, "now": time.time},
+             "pass now (seconds), not also its old form clock"),
+            ({"zeta": 1, "alpha": 2}, "JoinPipeline got unknown option(s) ['alpha', 'zeta']")]
+        for options, message in bad:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                with pytest.raises(percolator.InvalidArgument, match=exactly(message)):
+                    photon.JoinPipeline(cluster, "clicks", ADAPTER, unjoinable_after=1,
+                                        **options)
+
+
+def test_a_pipeline_sweeps_every_second_by_default_and_refuses_what_is_not_one(
+    sqlite_cluster: Cluster,
+) -> None:
+    """The default sweep interval is a second; a cluster that is not one and an adapter
+    that does not implement ``photon.Adapter`` are refused, saying which."""
+    p = photon.JoinPipeline(sqlite_cluster, "clicks", ADAPTER, unjoinable_after=1)
+    assert (p.name, p.sweep_interval) == ("clicks", 1.0)
+    with pytest.raises(percolator.InvalidArgument,
+                       match=r"^JoinPipeline needs a percolator\.Cluster, got 'x'$"):
+        photon.JoinPipeline("x", "clicks", ADAPTER, unjoinable_after=1)  # type: ignore[arg-type]
+    with pytest.raises(percolator.InvalidArgument,
+                       match=r"^adapter must implement photon\.Adapter, got 42$"):
+        photon.JoinPipeline(sqlite_cluster, "clicks", 42, unjoinable_after=1)  # type: ignore[arg-type]
 
 
 # --- processes: the CLI, and kill -9 ------------------------------------------------------
