@@ -1,8 +1,9 @@
 """The worker's parts asked directly, each question they answer on its own: what
-``load_observers`` accepts; which served cells :class:`observers._runner.Recent`
-vouches for, up to which version and for how long (the module's clock set by the
-test, so that an answer that depends on time is asked at exactly the time it
-depends on); how far a pass skips when it meets another scanner, and when it ends
+``load_observers`` accepts; how long ``wait_for_observers`` waits unless told;
+which served cells :class:`observers._runner.Recent` vouches for, up to which version
+and for how long (the module's clock set by the test, so that an answer that depends
+on time is asked at exactly the time it depends on), and which a runner keeping one
+remembers; how far a pass skips when it meets another scanner, and when it ends
 (:class:`observers._scanner.Spread`, its random draw set by the test); what a look
 hands over; when a run lets go of the store turn (:class:`observers._store_turn.Waits`)."""
 
@@ -20,12 +21,12 @@ import pytest
 import observers._runner
 import observers._scanner
 import percolator
-from observers import Worker, _store_turn, load_observers
-from observers._runner import Recent
+from observers import WaitTimeout, Worker, _store_turn, load_observers, wait_for_observers
+from observers._runner import Ran, Recent, Runner
 from observers._scanner import Spread
 from observers._store_turn import StoreTurn, Waits
 from percolator import InvalidArgument, Transaction
-from percolator.ext import NOTIFY, internals
+from percolator.ext import NOTIFY, Read, RowCells, internals
 from tests._backends import backend_fixture
 from tests.observers import _app
 
@@ -61,6 +62,31 @@ def test_load_observers_tells_a_malformed_spec_as_the_observers_spec() -> None:
         load_observers("no-colon")
     with pytest.raises(InvalidArgument, match=r"^cannot load observers spec "):
         load_observers("tests.observers._app:NO_SUCH_NAME")
+
+
+# --- wait_for_observers -------------------------------------------------------------------
+
+
+def test_wait_for_observers_gives_up_after_a_minute_unless_told(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Left out, the timeout is 60 s. A notification no worker serves keeps the wait
+    busy; its clock (set by the test) moves 15 s at each pause between passes, so
+    that its passes look at 0, 15, 30, 45 and 60 s: it gives up at the one at 60 s,
+    naming its timeout."""
+    now = [1000.0]
+
+    def pause(seconds: float) -> None:
+        now[0] += 15.0
+
+    monkeypatch.setattr("percolator._notifications.time",
+                        SimpleNamespace(monotonic=lambda: now[0], sleep=pause))
+    Worker(cluster, [_app.Indexer]).register()
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"1")
+    with pytest.raises(WaitTimeout, match=r"^observers still busy after 60\.0s: 1 pending "):
+        wait_for_observers(cluster)
+    assert now[0] == 1060.0
 
 
 # --- Recent: the cells this worker process saw served lately -------------------------------
@@ -140,6 +166,62 @@ def test_recent_forgets_the_cells_served_longest_ago_beyond_its_limit(
     recent.add("docs", b"c", "raw:v", 1)
     assert recent.holds("docs", b"b", notify(1)) is False  # the oldest went
     assert recent.holds("docs", b"a", notify(2)) and recent.holds("docs", b"c", notify(1))
+
+
+def notify_cells(cluster: percolator.Cluster, row: bytes) -> RowCells:
+    """*row*'s notify cells as a scanner's batch lists them (every version, newest first)."""
+    scan = internals(cluster).store.scan(
+        "docs", row, row + b"\x00", [Read(NOTIFY, ("raw:v",), versions=None)])
+    return dict(scan)[row]
+
+
+def runner_keeping_recent(cluster: percolator.Cluster) -> Runner:
+    """The runner of a worker whose scanner threads pass at once (a remote store's,
+    threads > 1), which keeps a :class:`Recent`: the embedded store's workers take
+    turns at the store and keep none, so the test hands the runner one."""
+    cluster.create_table("log")  # the Indexer's record of its runs
+    worker = Worker(cluster, [_app.Indexer], threads=1)
+    worker.register()
+    runner = worker._runner
+    runner._recent = Recent()
+    return runner
+
+
+def test_a_runner_keeping_recent_vouches_for_the_cells_its_runs_served(
+    cluster: percolator.Cluster,
+) -> None:
+    """A run that served a cell (its commit deleted the notification) leaves it
+    remembered up to the version served: a scanner whose batch, read before, still
+    lists it is behind (``served_lately``). Not a row it did not serve, nor the cell
+    once notified again."""
+    runner = runner_keeping_recent(cluster)
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"1")
+        txn.set("docs", b"q", "raw:v", b"1")
+    batch = notify_cells(cluster, b"r")
+    assert runner.served_lately("docs", b"r", batch) is False
+    assert runner.run_cells("docs", b"r", batch) is Ran.WORKED
+    assert runner.served_lately("docs", b"r", batch) is True
+    assert runner.served_lately("docs", b"q", notify_cells(cluster, b"q")) is False
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"2")
+    assert runner.served_lately("docs", b"r", notify_cells(cluster, b"r")) is False
+
+
+def test_a_runner_keeping_recent_vouches_for_a_cell_its_run_found_served(
+    cluster: percolator.Cluster,
+) -> None:
+    """A run that finds the notification its scanner read served already (by another
+    worker's run since the scan) meets that scanner, and remembers the cell as served
+    up to the version the scanner read."""
+    runner = runner_keeping_recent(cluster)
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"1")
+    batch = notify_cells(cluster, b"r")
+    other = Worker(cluster, [_app.Indexer], threads=1)._runner
+    assert other.run_cells("docs", b"r", batch) is Ran.WORKED
+    assert runner.run_cells("docs", b"r", batch) is Ran.MET
+    assert runner.served_lately("docs", b"r", batch) is True
 
 
 # --- Spread: a pass's anti-clumping ---------------------------------------------------------
