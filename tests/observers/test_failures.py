@@ -228,3 +228,26 @@ def test_a_run_that_fails_before_its_read_counts_against_the_notifications_the_s
     [record] = quarantined(cluster)
     assert record.weak and record.error == "percolator.TlsError: the oracle's certificate expired"
     assert list(pending_notifications(cluster, [T])) == []
+
+
+def test_a_handed_rows_run_that_fails_quarantines_its_weak_notification_as_weak(
+    cluster: percolator.Cluster,
+) -> None:
+    """A look hands over a row with a weak notification (``notify``); its one
+    observer's run reads the notification in its own first read (the run-noticed way,
+    no read of the notify cells before) and fails: the last failure allowed
+    quarantines the notification as weak, to be put back as weak (fails if the
+    failure is counted as for a strong one)."""
+    observer = Fails()
+    worker = Worker(cluster, [observer], threads=1, max_failures=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.notify(T, ROW, COL)
+    worker._scanner.look(frozenset())
+    handed = worker._scanner.bell.take()
+    assert handed is not None and handed[:2] == (T, ROW)
+    worker._scanner.serve_handed(*handed)
+    assert observer.runs == 1
+    [record] = quarantined(cluster)
+    assert record.weak is True and record.error == "ValueError: boom\nwhile copying"
+    assert list(pending_notifications(cluster, [T])) == []

@@ -3,7 +3,8 @@
 which served cells :class:`observers._runner.Recent` vouches for, up to which version
 and for how long (the module's clock set by the test, so that an answer that depends
 on time is asked at exactly the time it depends on), and which a runner keeping one
-remembers; how far a pass skips when it meets another scanner, and when it ends
+remembers; which index entries :class:`observers._scanner.Served` holds, and for
+how long; how far a pass skips when it meets another scanner, and when it ends
 (:class:`observers._scanner.Spread`, its random draw set by the test); what a look
 hands over; when a run lets go of the store turn (:class:`observers._store_turn.Waits`)."""
 
@@ -23,7 +24,7 @@ import observers._scanner
 import percolator
 from observers import WaitTimeout, Worker, _store_turn, load_observers, wait_for_observers
 from observers._runner import Ran, Recent, Runner
-from observers._scanner import Spread
+from observers._scanner import Served, Spread
 from observers._store_turn import StoreTurn, Waits
 from percolator import InvalidArgument, Transaction
 from percolator.ext import NOTIFY, Read, RowCells, internals
@@ -222,6 +223,31 @@ def test_a_runner_keeping_recent_vouches_for_a_cell_its_run_found_served(
     assert other.run_cells("docs", b"r", batch) is Ran.WORKED
     assert runner.run_cells("docs", b"r", batch) is Ran.MET
     assert runner.served_lately("docs", b"r", batch) is True
+
+
+# --- Served: the index entries this worker's scanners ran -------------------------------
+
+
+def test_served_forgets_the_entries_noted_longest_ago_beyond_its_limit() -> None:
+    served = Served(limit=2)
+    served.add("docs", b"a", {"raw:v": 1})
+    served.add("docs", b"b", {"raw:v": 1})
+    assert served.holds("docs", b"a", {"raw:v": 1}) and served.holds("docs", b"b", {"raw:v": 1})
+    served.add("docs", b"c", {"raw:v": 1})
+    assert served.holds("docs", b"a", {"raw:v": 1}) is False  # the oldest went
+    assert served.holds("docs", b"b", {"raw:v": 1}) and served.holds("docs", b"c", {"raw:v": 1})
+
+
+def test_served_forgets_a_batch_whose_settling_failed_entry_by_entry() -> None:
+    """Each entry of the batch is forgotten (a later look settles them), one no longer
+    held (gone beyond the limit meanwhile) with them; the others stay."""
+    served = Served()
+    served.add("docs", b"a", {"raw:v": 1, "raw:w": 2})
+    served.add("docs", b"b", {"raw:v": 3})
+    served.forget([("docs", b"a", {"raw:v": 1, "raw:w": 2}), ("docs", b"gone", {"raw:v": 9})])
+    assert served.holds("docs", b"a", {"raw:v": 1}) is False
+    assert served.holds("docs", b"a", {"raw:w": 2}) is False
+    assert served.holds("docs", b"b", {"raw:v": 3}) is True
 
 
 # --- Spread: a pass's anti-clumping ---------------------------------------------------------
