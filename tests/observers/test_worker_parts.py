@@ -3,7 +3,8 @@
 which served cells :class:`observers._runner.Recent` vouches for, up to which version
 and for how long (the module's clock set by the test, so that an answer that depends
 on time is asked at exactly the time it depends on), and which a runner keeping one
-remembers; which index entries :class:`observers._scanner.Served` holds, and for
+remembers; where a family pass begins (the rows it samples and remembers) and what it
+reads; which index entries :class:`observers._scanner.Served` holds, and for
 how long; how far a pass skips when it meets another scanner, and when it ends
 (:class:`observers._scanner.Spread`, its random draw set by the test); what a look
 hands over; when a run lets go of the store turn (:class:`observers._store_turn.Waits`)."""
@@ -14,6 +15,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,11 +26,11 @@ import observers._scanner
 import percolator
 from observers import WaitTimeout, Worker, _store_turn, load_observers, wait_for_observers
 from observers._runner import Ran, Recent, Runner
-from observers._scanner import Served, Spread
+from observers._scanner import Served, Spread, _first_rows
 from observers._store_turn import StoreTurn, Waits
-from percolator import InvalidArgument, Transaction
+from percolator import InvalidArgument, Snapshot, Transaction
 from percolator.ext import NOTIFY, Read, RowCells, internals
-from tests._backends import backend_fixture
+from tests._backends import backend_fixture, make_store_url
 from tests.observers import _app
 
 backend = backend_fixture("sqlite")
@@ -302,6 +304,182 @@ def test_a_row_handed_over_while_another_scanner_holds_it_is_a_meeting(
     finally:
         coordination.release_advisory_lock(key)
     assert worker.stats["meetings"] == 1 and worker.stats["committed"] == 0
+
+
+# --- a family pass: where it begins, what it reads ----------------------------------------
+
+
+class Recording(_app.Indexer):
+    """The Indexer, noting the rows it runs on, in order."""
+
+    def __init__(self) -> None:
+        self.rows: list[bytes] = []
+
+    def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+        self.rows.append(row)
+        super().process(txn, row, column)
+
+
+def recording_worker(cluster: percolator.Cluster) -> tuple[Worker, Recording]:
+    cluster.create_table("log")  # the Indexer's record of its runs
+    observer = Recording()
+    worker = Worker(cluster, [observer], threads=1)
+    worker.register()
+    return worker, observer
+
+
+def notified(cluster: percolator.Cluster, *rows: bytes, column: str = "raw:v") -> None:
+    with Transaction(cluster) as txn:
+        for row in rows:
+            txn.set("docs", row, column, row)
+
+
+@pytest.fixture
+def scanner_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """``time.monotonic()`` as observers._scanner sees it: the test moves it by hand."""
+    now = [1000.0]
+    monkeypatch.setattr(observers._scanner, "time", SimpleNamespace(
+        monotonic=lambda: now[0], perf_counter=time.perf_counter, sleep=time.sleep))
+    return now
+
+
+def test_first_rows_takes_count_rows_of_a_scan_and_closes_it() -> None:
+    """An HBase scanner is let go of at once, not when its iterator is collected; a
+    scan without ``close`` (a list's iterator) is taken as it is."""
+
+    class Scan:
+        def __init__(self, rows: list[tuple[bytes, dict[str, Any]]]) -> None:
+            self.rows = iter(rows)
+            self.closed = False
+
+        def __iter__(self) -> Scan:
+            return self
+
+        def __next__(self) -> tuple[bytes, dict[str, Any]]:
+            return next(self.rows)
+
+        def close(self) -> None:
+            self.closed = True
+
+    scan = Scan([(b"a", {}), (b"b", {}), (b"c", {})])
+    assert _first_rows(scan, 2) == [(b"a", {}), (b"b", {})]
+    assert scan.closed
+    assert _first_rows(iter([(b"a", {})]), 5) == [(b"a", {})]
+
+
+def test_a_scanner_remembers_sample_rows_then_replaces_one_at_random(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SAMPLE rows (two here) are kept as they come; then each new one replaces one
+    drawn from them (the draw set by the test: the second)."""
+    monkeypatch.setattr(observers._scanner, "SAMPLE", 2)
+    drawn: list[int] = []
+
+    def randrange(n: int) -> int:
+        drawn.append(n)
+        return 1
+
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(randrange=randrange))
+    scanner = Worker(cluster, [_app.Indexer], threads=1)._scanner
+    for row in (b"a", b"b", b"c"):
+        scanner.remember("docs", row)
+    assert scanner._sample["docs"] == [b"a", b"c"] and drawn == [2]
+
+
+def test_a_scanner_without_split_keys_samples_its_first_rows_at_most_once_a_minute(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch, scanner_clock: list[float],
+) -> None:
+    """On a store that tells no split keys (the embedded store), a scanner that has seen
+    no row of a table reads the first SAMPLE_READ (three here) rows of its notify
+    family to start passes at; again SPLITS_REFRESH seconds later, not before (the
+    module's clock set by the test)."""
+    monkeypatch.setattr(observers._scanner, "SAMPLE_READ", 3)
+    worker = Worker(cluster, [_app.Indexer], threads=1)
+    worker.register()
+    scanner = worker._scanner
+    notified(cluster, b"b", b"c", b"d", b"e")
+    reads = [Read(NOTIFY, ("raw:v",), versions=None)]
+    scanner._read_sample("docs", reads)
+    assert scanner._sample["docs"] == [b"b", b"c", b"d"]
+    notified(cluster, b"a")
+    scanner_clock[0] += 59.5
+    scanner._read_sample("docs", reads)
+    assert scanner._sample["docs"] == [b"b", b"c", b"d"]  # not read again
+    scanner_clock[0] += 0.5
+    scanner._read_sample("docs", reads)
+    assert scanner._sample["docs"] == [b"b", b"c", b"d", b"a", b"b", b"c"]
+
+
+def test_a_fresh_scanners_family_pass_begins_at_a_sampled_row_and_wraps_around(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a store without split keys, a scanner that has seen no row samples the notify
+    family first and begins its pass at a sampled row (the draw set by the test: the
+    third), serves the rows from there, then wraps around to the first row."""
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        choice=lambda rows: rows[2], randint=lambda lo, hi: lo, shuffle=lambda tables: None))
+    worker, observer = recording_worker(cluster)
+    notified(cluster, b"a", b"b", b"c", b"d")
+    assert worker._scanner._family_pass()
+    assert observer.rows == [b"c", b"d", b"a", b"b"]
+    assert worker.stats["meetings"] == 0
+
+
+def test_a_family_pass_with_no_row_to_begin_at_reads_the_table_once(
+    cluster: percolator.Cluster, scanner_clock: list[float],
+) -> None:
+    """A pass that found the table empty sampled nothing; rows notified before the
+    sample may be read again (SPLITS_REFRESH) are served by a pass from the first row,
+    over the table once: no row met twice (it would be, still held by the pass's
+    group: a meeting)."""
+    worker, observer = recording_worker(cluster)
+    assert not worker._scanner._family_pass()
+    notified(cluster, b"a", b"b", b"c")
+    assert worker._scanner._family_pass()
+    assert observer.rows == [b"a", b"b", b"c"]
+    assert worker.stats["meetings"] == 0 and worker.stats["committed"] == 3
+
+
+def test_a_family_pass_runs_its_workers_columns_only(cluster: percolator.Cluster) -> None:
+    """A row notified on a column another worker observes is left to it, its
+    notification in place, as is the one the run on the other row made (fails if the
+    pass reads every notify column: this worker has no observer of it)."""
+    Worker(cluster, [_app.Stage2]).register()  # another worker's column: out:seen
+    worker, observer = recording_worker(cluster)
+    notified(cluster, b"a")
+    notified(cluster, b"b", column="out:seen")
+    assert worker._scanner._family_pass()
+    assert observer.rows == [b"a"]
+    pending = internals(cluster).store.read_rows(
+        "docs", [b"a", b"b"], [Read(NOTIFY, None, versions=None)])
+    assert {row: set(cells) for row, cells in pending.items()} == {
+        b"a": {f"{NOTIFY}:out:seen"}, b"b": {f"{NOTIFY}:out:seen"}}
+
+
+def test_observer_commits_share_a_store_write_on_a_one_phase_store_in_groups_of_two_or_more(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runner = Worker(cluster, [_app.Indexer], threads=1)._runner
+    assert runner.commits_in_groups() is True
+    monkeypatch.setattr(observers._runner, "GROUP_MAX", 2)
+    assert runner.commits_in_groups() is True
+    monkeypatch.setattr(observers._runner, "GROUP_MAX", 1)
+    assert runner.commits_in_groups() is False
+
+
+def test_a_family_pass_on_a_two_phase_store_commits_each_run_alone(
+    request: pytest.FixtureRequest, tmp_path: Path,
+) -> None:
+    """The embedded store taking HBase's path (``cas-sqlite``: no atomic step to share)
+    gathers no group: each run commits in two phases as it ends."""
+    with percolator.connect(make_store_url("cas-sqlite", request, tmp_path)) as cas:
+        cas.create_table("docs")
+        worker, observer = recording_worker(cas)
+        assert worker._runner.commits_in_groups() is False
+        notified(cas, b"a", b"b")
+        assert worker._scanner._family_pass()
+        assert sorted(observer.rows) == [b"a", b"b"] and worker.stats["committed"] == 2
+        assert Snapshot(cas).get("docs", b"a", "out:seen") == b"a"
 
 
 # --- the lookout's look, on the notify family (no index) ---------------------------------
