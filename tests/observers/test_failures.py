@@ -251,3 +251,46 @@ def test_a_handed_rows_run_that_fails_quarantines_its_weak_notification_as_weak(
     [record] = quarantined(cluster)
     assert record.weak is True and record.error == "ValueError: boom\nwhile copying"
     assert list(pending_notifications(cluster, [T])) == []
+
+
+def test_a_family_pass_run_that_fails_before_its_read_counts_against_every_version_read(
+    cluster: percolator.Cluster,
+) -> None:
+    """As the test above, the row found by a pass over the notify family: its scan
+    reads every notify version (fails if it reads the newest only: the record says
+    not weak)."""
+    observer = Fails()
+    worker = Worker(cluster, [observer], threads=1, max_failures=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.notify(T, ROW, COL)
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, COL, b"v")
+    host = internals(cluster)
+    failing = FirstDrawFails(host.timestamps)
+    host.timestamps = failing  # type: ignore[assignment]
+    try:
+        worker._scanner._family_pass()
+    finally:
+        host.timestamps = failing._source  # type: ignore[assignment]
+    assert failing.failed and observer.runs == 0
+    [record] = quarantined(cluster)
+    assert record.weak
+
+
+def test_the_next_due_try_of_a_back_off_cleared_meanwhile_is_none() -> None:
+    """The last failing cell is cleared by another scanner thread between a look at the
+    back-off and the taking of its lock (played by a lock that clears it as it is
+    taken): no try is due (fails if the earliest of no tries is asked for)."""
+    backoff = Backoff(retry_delay=1.0, max_retry_delay=5.0)
+    backoff.failed(T, ROW, COL)
+
+    class ClearedMeanwhile:
+        def __enter__(self) -> None:
+            backoff._failures.clear()  # what the other thread's clear() did, holding the lock
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    backoff._lock = ClearedMeanwhile()  # type: ignore[assignment]
+    assert backoff.next_due() is None

@@ -440,6 +440,102 @@ def test_a_family_pass_with_no_row_to_begin_at_reads_the_table_once(
     assert worker.stats["meetings"] == 0 and worker.stats["committed"] == 3
 
 
+def test_a_family_pass_reads_its_rows_a_batch_at_a_time_each_fresh(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SCAN_BATCH rows (two here) per scan, each scan from past the previous batch and
+    within the pass's range: the pass begins at a sampled row (the draw set by the
+    test: the third, c), serves c, d, e and f, then wraps around to a and b. Row e is
+    served by another worker while this one runs c: the next batch, read after, no
+    longer lists it, so this worker neither runs it nor meets anyone (fails if a
+    scan reads more than its batch, from the first row, past its range's end, or if
+    a range ends after its first full batch)."""
+    monkeypatch.setattr(observers._scanner, "SCAN_BATCH", 2)
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        choice=lambda rows: rows[2], randint=lambda lo, hi: lo, shuffle=lambda tables: None))
+    other = Worker(cluster, [_app.Indexer], threads=1)._runner
+
+    class ServesEMeanwhile(Recording):
+        def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+            if row == b"c":
+                assert other.run_cells("docs", b"e", notify_cells(cluster, b"e")) is Ran.WORKED
+            super().process(txn, row, column)
+
+    cluster.create_table("log")
+    observer = ServesEMeanwhile()
+    worker = Worker(cluster, [observer], threads=1)
+    worker.register()
+    notified(cluster, b"a", b"b", b"c", b"d", b"e", b"f")
+    assert worker._scanner._family_pass()
+    assert observer.rows == [b"c", b"d", b"f", b"a", b"b"]
+    assert worker.stats["meetings"] == 0 and worker.stats["committed"] == 5
+
+
+@pytest.mark.parametrize(("store", "drawn", "meetings", "answer"), [
+    ("sqlite", [(32, 48)], 1, False), ("cas-sqlite", [(1, 17)] * 3, 4, True)],
+    ids=["sqlite", "cas-sqlite"])
+def test_a_family_pass_that_meets_held_rows_skips_what_another_may_hold_and_ends_at_the_fourth(
+    store: str, drawn: list[tuple[int, int]], meetings: int, answer: bool,
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Eight rows, each held by another scanner (their advisory locks taken). A meeting
+    skips a stretch drawn from [held, held + 16 per scanner thread] (the draw set by
+    the test: its lower end), where held is what another scanner may hold at once:
+    GROUP_MAX (32) rows where runs commit in groups (the embedded store), so one
+    meeting passes them all by and the pass found nothing; one where each commits
+    alone (``cas-sqlite``), so the pass meets every other row and ends at the fourth
+    meeting, a jump: it answers True, for its scanner to pass again at once."""
+    drew: list[tuple[int, int]] = []
+
+    def randint(lo: int, hi: int) -> int:
+        drew.append((lo, hi))
+        return lo
+
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        choice=lambda rows: rows[0], randint=randint, shuffle=lambda tables: None))
+    with percolator.connect(make_store_url(store, request, tmp_path)) as held_cluster:
+        held_cluster.create_table("docs")
+        worker, observer = recording_worker(held_cluster)
+        rows = [b"r%d" % i for i in range(8)]
+        notified(held_cluster, *rows)
+        coordination = internals(held_cluster).coordination
+        keys = [f"docs/{row.hex()}" for row in rows]
+        assert all(coordination.try_advisory_lock(key) for key in keys)
+        try:
+            assert worker._scanner._family_pass() is answer
+        finally:
+            for key in keys:
+                coordination.release_advisory_lock(key)
+        assert drew == drawn and worker.stats["meetings"] == meetings
+        assert observer.rows == []
+
+
+def test_a_scanner_on_a_store_that_tells_split_keys_begins_at_one_without_sampling(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store that tells its split keys (HBase's regions, Bigtable's tablets; the
+    embedded store's answer set by the test, ``split_keys`` of the table asked):
+    a fresh scanner begins its pass at one (the draw set by the test), reads no sample
+    of the table, and wraps around."""
+    splits = {"docs": [b"c"]}
+    real_offered = observers._scanner.offered
+
+    def offered(store: Any, capability: Any) -> Any:
+        if capability == observers._scanner.SPLIT_KEYS:
+            return SimpleNamespace(split_keys=lambda table: splits[table])
+        return real_offered(store, capability)
+
+    monkeypatch.setattr(observers._scanner, "offered", offered)
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        random=lambda: 0.0, choice=lambda keys: keys[0], randint=lambda lo, hi: lo,
+        shuffle=lambda tables: None))
+    worker, observer = recording_worker(cluster)
+    notified(cluster, b"a", b"b", b"c", b"d")
+    assert worker._scanner._family_pass()
+    assert observer.rows == [b"c", b"d", b"a", b"b"]
+    assert worker.stats["split_starts"] == 1
+
+
 def test_a_family_pass_runs_its_workers_columns_only(cluster: percolator.Cluster) -> None:
     """A row notified on a column another worker observes is left to it, its
     notification in place, as is the one the run on the other row made (fails if the
