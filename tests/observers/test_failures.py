@@ -294,3 +294,27 @@ def test_the_next_due_try_of_a_back_off_cleared_meanwhile_is_none() -> None:
 
     backoff._lock = ClearedMeanwhile()  # type: ignore[assignment]
     assert backoff.next_due() is None
+
+
+def test_a_family_pass_passes_by_a_row_backing_off_without_trying_its_lock(
+    cluster: percolator.Cluster,
+) -> None:
+    """A row whose observer failed here waits an hour for its retry: a pass over the
+    notify family passes it by without a run and without a try of its advisory lock
+    (held by the test, as another scanner would hold it: no meeting is counted)."""
+    observer = Fails()
+    worker = Worker(cluster, [observer], threads=1, retry_delay=3600.0,
+                    max_retry_delay=3600.0)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, COL, b"v")
+    worker._scanner._family_pass()
+    assert observer.runs == 1 and worker._runner.backoff.waiting(T, ROW, COL)
+    coordination = internals(cluster).coordination
+    key = f"{T}/{ROW.hex()}"
+    assert coordination.try_advisory_lock(key)
+    try:
+        assert not worker._scanner._family_pass()
+    finally:
+        coordination.release_advisory_lock(key)
+    assert observer.runs == 1 and worker.stats["meetings"] == 0

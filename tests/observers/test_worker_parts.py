@@ -32,6 +32,7 @@ from percolator import InvalidArgument, Snapshot, Transaction
 from percolator.ext import NOTIFY, Read, RowCells, internals
 from tests._backends import backend_fixture, make_store_url
 from tests.observers import _app
+from tests.observers.test_trickle import CountingStore
 
 backend = backend_fixture("sqlite")
 
@@ -431,44 +432,92 @@ def test_a_family_pass_with_no_row_to_begin_at_reads_the_table_once(
     """A pass that found the table empty sampled nothing; rows notified before the
     sample may be read again (SPLITS_REFRESH) are served by a pass from the first row,
     over the table once: no row met twice (it would be, still held by the pass's
-    group: a meeting)."""
+    group: a meeting). The scanner remembers the rows it passed, to begin at later."""
     worker, observer = recording_worker(cluster)
     assert not worker._scanner._family_pass()
     notified(cluster, b"a", b"b", b"c")
     assert worker._scanner._family_pass()
     assert observer.rows == [b"a", b"b", b"c"]
     assert worker.stats["meetings"] == 0 and worker.stats["committed"] == 3
+    assert worker._scanner._sample["docs"] == [b"a", b"b", b"c"]  # the rows it passed
 
 
 def test_a_family_pass_reads_its_rows_a_batch_at_a_time_each_fresh(
     cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """SCAN_BATCH rows (two here) per scan, each scan from past the previous batch and
-    within the pass's range: the pass begins at a sampled row (the draw set by the
-    test: the third, c), serves c, d, e and f, then wraps around to a and b. Row e is
-    served by another worker while this one runs c: the next batch, read after, no
-    longer lists it, so this worker neither runs it nor meets anyone (fails if a
-    scan reads more than its batch, from the first row, past its range's end, or if
-    a range ends after its first full batch)."""
-    monkeypatch.setattr(observers._scanner, "SCAN_BATCH", 2)
+    """SCAN_BATCH rows (three here) per scan, each scan from just past the previous
+    batch's last row and within the pass's range: the pass begins at a sampled row
+    (the draw set by the test: the third, c), serves the rows from there, then wraps
+    around to a and b. Row g is served by another worker while this one runs c: the
+    second batch, read after, no longer lists it, so this worker neither runs it nor
+    meets anyone (fails if a scan reads more than its batch, from the first row, from
+    past another row of the batch or further than just past its last, past its
+    range's end, or if a range ends after its first full batch)."""
+    monkeypatch.setattr(observers._scanner, "SCAN_BATCH", 3)
     monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
         choice=lambda rows: rows[2], randint=lambda lo, hi: lo, shuffle=lambda tables: None))
     other = Worker(cluster, [_app.Indexer], threads=1)._runner
 
-    class ServesEMeanwhile(Recording):
+    class ServesGMeanwhile(Recording):
         def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
             if row == b"c":
-                assert other.run_cells("docs", b"e", notify_cells(cluster, b"e")) is Ran.WORKED
+                assert other.run_cells("docs", b"g", notify_cells(cluster, b"g")) is Ran.WORKED
             super().process(txn, row, column)
 
     cluster.create_table("log")
-    observer = ServesEMeanwhile()
+    observer = ServesGMeanwhile()
     worker = Worker(cluster, [observer], threads=1)
     worker.register()
-    notified(cluster, b"a", b"b", b"c", b"d", b"e", b"f")
+    notified(cluster, b"a", b"b", b"c", b"d", b"e", b"e1", b"f", b"g", b"h")
     assert worker._scanner._family_pass()
-    assert observer.rows == [b"c", b"d", b"f", b"a", b"b"]
-    assert worker.stats["meetings"] == 0 and worker.stats["committed"] == 5
+    assert observer.rows == [b"c", b"d", b"e", b"e1", b"f", b"h", b"a", b"b"]
+    assert worker.stats["meetings"] == 0 and worker.stats["committed"] == 8
+
+
+def test_a_family_pass_ends_its_range_at_its_bound_without_another_scan(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pass begins at row ``b"b\\x00"`` (the draw set by the test), the row just
+    past b: its wrapped range ends there, and a full batch of that range ending at b
+    ends it, without a scan of the empty rest (four scans of the table: the sample,
+    two batches of the first range and one of the second). The pass served rows, and
+    says so."""
+    monkeypatch.setattr(observers._scanner, "SCAN_BATCH", 2)
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        choice=lambda rows: rows[2], randint=lambda lo, hi: lo, shuffle=lambda tables: None))
+    worker, observer = recording_worker(cluster)
+    notified(cluster, b"a", b"b", b"b\x00", b"c")
+    counting = CountingStore(internals(cluster).store)
+    internals(cluster).store = counting  # type: ignore[assignment]
+    try:
+        assert worker._scanner._family_pass() is True
+    finally:
+        internals(cluster).store = counting._store  # type: ignore[assignment]
+    assert observer.rows == [b"b\x00", b"c", b"a", b"b"]
+    assert counting.calls["scan"] == 4
+
+
+def test_a_family_pass_stops_mid_batch_when_its_worker_stops(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker stops while the pass runs its batch's first row (the pass begins at
+    the first row: the draw set by the test): the pass ends there, the rest of the
+    batch left for a later worker."""
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        choice=lambda rows: rows[0], randint=lambda lo, hi: lo, shuffle=lambda tables: None))
+
+    class StopsTheWorker(Recording):
+        def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+            worker._stop.set()
+            super().process(txn, row, column)
+
+    cluster.create_table("log")
+    observer = StopsTheWorker()
+    worker = Worker(cluster, [observer], threads=1)
+    worker.register()
+    notified(cluster, b"a", b"b", b"c")
+    assert worker._scanner._family_pass()
+    assert observer.rows == [b"a"] and worker.stats["committed"] == 1
 
 
 @pytest.mark.parametrize(("store", "drawn", "meetings", "answer"), [
