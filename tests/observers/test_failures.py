@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 import observers._backoff
+import observers._scanner
 import percolator
 from observers import Observer, Worker
 from observers._backoff import Backoff
@@ -297,11 +298,14 @@ def test_the_next_due_try_of_a_back_off_cleared_meanwhile_is_none() -> None:
 
 
 def test_a_family_pass_passes_by_a_row_backing_off_without_trying_its_lock(
-    cluster: percolator.Cluster,
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A row whose observer failed here waits an hour for its retry: a pass over the
-    notify family passes it by without a run and without a try of its advisory lock
-    (held by the test, as another scanner would hold it: no meeting is counted)."""
+    notify family (from that row: the draw set by the test) passes it by without a
+    run and without a try of its advisory lock (held by the test, as another scanner
+    would hold it: no meeting is counted), and serves the next row of its batch."""
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        choice=lambda rows: rows[0], randint=lambda lo, hi: lo, shuffle=lambda tables: None))
     observer = Fails()
     worker = Worker(cluster, [observer], threads=1, retry_delay=3600.0,
                     max_retry_delay=3600.0)
@@ -310,11 +314,15 @@ def test_a_family_pass_passes_by_a_row_backing_off_without_trying_its_lock(
         txn.set(T, ROW, COL, b"v")
     worker._scanner._family_pass()
     assert observer.runs == 1 and worker._runner.backoff.waiting(T, ROW, COL)
+    observer.failing = False
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW + b"s", COL, b"v")
     coordination = internals(cluster).coordination
     key = f"{T}/{ROW.hex()}"
     assert coordination.try_advisory_lock(key)
     try:
-        assert not worker._scanner._family_pass()
+        assert worker._scanner._family_pass()
     finally:
         coordination.release_advisory_lock(key)
-    assert observer.runs == 1 and worker.stats["meetings"] == 0
+    assert observer.runs == 2 and worker.stats["meetings"] == 0
+    assert worker.stats["committed"] == 1 and worker._runner.backoff.waiting(T, ROW, COL)

@@ -28,7 +28,7 @@ from observers import WaitTimeout, Worker, _store_turn, load_observers, wait_for
 from observers._runner import Ran, Recent, Runner
 from observers._scanner import Served, Spread, _first_rows
 from observers._store_turn import StoreTurn, Waits
-from percolator import InvalidArgument, Snapshot, Transaction
+from percolator import InvalidArgument, OracleUnavailable, Snapshot, Transaction, metrics
 from percolator.ext import NOTIFY, Read, RowCells, internals
 from tests._backends import backend_fixture, make_store_url
 from tests.observers import _app
@@ -527,13 +527,15 @@ def test_a_family_pass_that_meets_held_rows_skips_what_another_may_hold_and_ends
     store: str, drawn: list[tuple[int, int]], meetings: int, answer: bool,
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Eight rows, each held by another scanner (their advisory locks taken). A meeting
+    """Ten rows, each held by another scanner (their advisory locks taken). A meeting
     skips a stretch drawn from [held, held + 16 per scanner thread] (the draw set by
     the test: its lower end), where held is what another scanner may hold at once:
     GROUP_MAX (32) rows where runs commit in groups (the embedded store), so one
     meeting passes them all by and the pass found nothing; one where each commits
     alone (``cas-sqlite``), so the pass meets every other row and ends at the fourth
-    meeting, a jump: it answers True, for its scanner to pass again at once."""
+    meeting, a jump (the pass begins at the third row, the draw set by the test: it
+    does not go on to the rows before it): it answers True, for its scanner to pass
+    again at once."""
     drew: list[tuple[int, int]] = []
 
     def randint(lo: int, hi: int) -> int:
@@ -541,11 +543,11 @@ def test_a_family_pass_that_meets_held_rows_skips_what_another_may_hold_and_ends
         return lo
 
     monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
-        choice=lambda rows: rows[0], randint=randint, shuffle=lambda tables: None))
+        choice=lambda rows: rows[2], randint=randint, shuffle=lambda tables: None))
     with percolator.connect(make_store_url(store, request, tmp_path)) as held_cluster:
         held_cluster.create_table("docs")
         worker, observer = recording_worker(held_cluster)
-        rows = [b"r%d" % i for i in range(8)]
+        rows = [b"r%d" % i for i in range(10)]
         notified(held_cluster, *rows)
         coordination = internals(held_cluster).coordination
         keys = [f"docs/{row.hex()}" for row in rows]
@@ -583,6 +585,77 @@ def test_a_scanner_on_a_store_that_tells_split_keys_begins_at_one_without_sampli
     assert worker._scanner._family_pass()
     assert observer.rows == [b"c", b"d", b"a", b"b"]
     assert worker.stats["split_starts"] == 1
+
+
+def test_a_family_pass_passes_by_a_row_another_scanner_of_its_worker_served_since_its_scan(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker whose scanners pass at once keeps a :class:`Recent` (handed to the
+    runner here, as in ``runner_keeping_recent``). While the pass runs a, another
+    scanner thread of the worker serves c, which the pass's batch, read before,
+    still lists: the pass meets it there (``served_lately``), without a run of it,
+    not even one that finds its notification gone (an absent run: a timestamp and a
+    read)."""
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        choice=lambda rows: rows[0], randint=lambda lo, hi: lo, shuffle=lambda tables: None))
+    runner: list[Runner] = []
+
+    class ServesCMeanwhile(Recording):
+        def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+            if row == b"a":
+                assert runner[0].run_cells("docs", b"c", notify_cells(cluster, b"c"))
+            super().process(txn, row, column)
+
+    cluster.create_table("log")
+    observer = ServesCMeanwhile()
+    worker = Worker(cluster, [observer], threads=1)
+    worker.register()
+    worker._runner._recent = Recent()
+    runner.append(worker._runner)
+    notified(cluster, b"a", b"b", b"c")
+    absent = ("percolator_observer_runs_total", (observer.name, "absent"))
+    before = metrics.snapshot()[0].get(absent, 0)
+    assert worker._scanner._family_pass()
+    assert observer.rows == [b"c", b"a", b"b"]  # c by the other scanner, within a's run
+    assert worker.stats["meetings"] == 1
+    assert metrics.snapshot()[0].get(absent, 0) == before
+
+
+class DrawsFail:
+    """The cluster's timestamp source, unreachable: every draw fails."""
+
+    def __init__(self, source: object) -> None:
+        self._source = source
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._source, name)
+
+    def get_timestamp(self) -> int:
+        raise OracleUnavailable("no oracle answered (the test's)")
+
+
+def test_a_family_pass_whose_run_finds_no_timestamp_source_ends_with_its_error(
+    request: pytest.FixtureRequest, tmp_path: Path,
+) -> None:
+    """On a store whose runs commit alone (``cas-sqlite``), the timestamp source is
+    unreachable: the pass's first run fails for it, and the pass ends there with
+    that error (its scanner backs off), the row's advisory lock let go."""
+    with percolator.connect(make_store_url("cas-sqlite", request, tmp_path)) as cas:
+        cas.create_table("docs")
+        worker, observer = recording_worker(cas)
+        notified(cas, b"a")
+        host = internals(cas)
+        draws = host.timestamps
+        host.timestamps = DrawsFail(draws)  # type: ignore[assignment]
+        try:
+            with pytest.raises(OracleUnavailable, match="the test's"):
+                worker._scanner._family_pass()
+        finally:
+            host.timestamps = draws
+        key = f"docs/{b'a'.hex()}"
+        assert host.coordination.try_advisory_lock(key)
+        host.coordination.release_advisory_lock(key)
+        assert observer.rows == []
 
 
 def test_a_family_pass_runs_its_workers_columns_only(cluster: percolator.Cluster) -> None:
