@@ -569,14 +569,7 @@ def test_a_scanner_on_a_store_that_tells_split_keys_begins_at_one_without_sampli
     a fresh scanner begins its pass at one (the draw set by the test), reads no sample
     of the table, and wraps around."""
     splits = {"docs": [b"c"]}
-    real_offered = observers._scanner.offered
-
-    def offered(store: Any, capability: Any) -> Any:
-        if capability == observers._scanner.SPLIT_KEYS:
-            return SimpleNamespace(split_keys=lambda table: splits[table])
-        return real_offered(store, capability)
-
-    monkeypatch.setattr(observers._scanner, "offered", offered)
+    splits_told(monkeypatch, lambda table: splits[table])
     monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
         random=lambda: 0.0, choice=lambda keys: keys[0], randint=lambda lo, hi: lo,
         shuffle=lambda tables: None))
@@ -656,6 +649,107 @@ def test_a_family_pass_whose_run_finds_no_timestamp_source_ends_with_its_error(
         assert host.coordination.try_advisory_lock(key)
         host.coordination.release_advisory_lock(key)
         assert observer.rows == []
+
+
+def splits_told(monkeypatch: pytest.MonkeyPatch, split_keys: Callable[[str], list[bytes]],
+                ) -> None:
+    """The embedded store made to tell split keys (HBase's regions, Bigtable's tablets):
+    *split_keys* answers the scanner's question."""
+    real_offered = observers._scanner.offered
+
+    def offered(store: Any, capability: Any) -> Any:
+        if capability == observers._scanner.SPLIT_KEYS:
+            return SimpleNamespace(split_keys=split_keys)
+        return real_offered(store, capability)
+
+    monkeypatch.setattr(observers._scanner, "offered", offered)
+
+
+def test_a_pass_begins_at_a_split_key_until_rows_are_seen_then_half_the_time(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nothing seen yet: a split key, whatever the draw; rows seen: a split key when the
+    draw (set by the test) is below one half, else a row seen."""
+    splits_told(monkeypatch, lambda table: [b"m"])
+    draw = [0.7]
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        random=lambda: draw[0], choice=lambda seq: seq[-1]))
+    worker = Worker(cluster, [_app.Indexer], threads=1)
+    scanner = worker._scanner
+    assert scanner.random_start("docs") == b"m"
+    scanner.remember("docs", b"r")
+    assert scanner.random_start("docs") == b"r"
+    draw[0] = 0.5
+    assert scanner.random_start("docs") == b"r"
+    draw[0] = 0.49
+    assert scanner.random_start("docs") == b"m"
+    assert worker.stats["split_starts"] == 2
+
+
+def test_a_scanner_asks_the_store_for_split_keys_at_most_once_a_minute(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch, scanner_clock: list[float],
+) -> None:
+    """The split keys are asked again only more than SPLITS_REFRESH seconds after the
+    last question (the module's clock set by the test). Another scanner thread that
+    wants them while one asks goes on with what was known, without asking too
+    (played by the store's answer, which asks the scanner meanwhile)."""
+    asked: list[str] = []
+    answers = iter([[b"m"], [b"n"]])
+    scanner = Worker(cluster, [_app.Indexer], threads=1)._scanner
+
+    def split_keys(table: str) -> list[bytes]:
+        asked.append(table)
+        assert scanner._split_keys(table) == ([] if len(asked) == 1 else [b"m"])
+        return next(answers)
+
+    splits_told(monkeypatch, split_keys)
+    assert scanner._split_keys("docs") == [b"m"]
+    scanner_clock[0] += 60.0
+    assert scanner._split_keys("docs") == [b"m"] and asked == ["docs"]
+    scanner_clock[0] += 0.5
+    assert scanner._split_keys("docs") == [b"n"] and asked == ["docs", "docs"]
+
+
+def test_a_family_pass_holds_the_rows_of_its_groups_waiting_runs_until_their_commit(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Runs on the embedded store wait in a group of GROUP_MAX (two here) and commit
+    together: the advisory lock of a row whose run waits is held until then, that of
+    a row whose run failed (it waits for nothing) is let go at once. Each run looks at
+    the locks of a, c and d, as another scanner would, and at a's output: b's finds a
+    held; c's, after a and b committed, finds a free and its output; e's finds c held
+    (waiting in the next group) and d, which failed, free."""
+    monkeypatch.setattr(observers._scanner, "GROUP_MAX", 2)
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        choice=lambda rows: rows[0], randint=lambda lo, hi: lo, shuffle=lambda tables: None))
+    coordination = internals(cluster).coordination
+    seen: dict[bytes, tuple[bool, bool, bool, bytes | None]] = {}
+
+    def free(row: bytes) -> bool:
+        key = f"docs/{row.hex()}"
+        if not coordination.try_advisory_lock(key):
+            return False
+        coordination.release_advisory_lock(key)
+        return True
+
+    class Looks(Recording):
+        def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+            if row == b"d":
+                raise ValueError("d fails")
+            seen[row] = (free(b"a"), free(b"c"), free(b"d"),
+                         Snapshot(cluster).get("docs", b"a", "out:seen"))
+            super().process(txn, row, column)
+
+    cluster.create_table("log")
+    observer = Looks()
+    worker = Worker(cluster, [observer], threads=1)
+    worker.register()
+    notified(cluster, b"a", b"b", b"c", b"d", b"e")
+    assert worker._scanner._family_pass()
+    assert seen[b"b"] == (False, True, True, None)
+    assert seen[b"c"] == (True, False, True, b"a")
+    assert seen[b"e"] == (True, False, True, b"a")
+    assert worker.stats["committed"] == 4 and worker.stats["failures"] == 1
 
 
 def test_a_family_pass_runs_its_workers_columns_only(cluster: percolator.Cluster) -> None:
