@@ -17,7 +17,7 @@ import observers._scanner
 import percolator
 from observers import Observer, Worker
 from observers._backoff import Backoff
-from percolator import TlsError, Transaction, TransactionBase, metrics
+from percolator import Snapshot, TlsError, Transaction, TransactionBase, metrics
 from percolator._notifications import (
     _NO_FAILURES,
     Quarantined,
@@ -26,7 +26,7 @@ from percolator._notifications import (
     pending_notifications,
     quarantined,
 )
-from percolator.ext import internals
+from percolator.ext import NOTIFY, Read, internals
 from tests._backends import backend_fixture
 
 backend = backend_fixture("sqlite")
@@ -326,3 +326,38 @@ def test_a_family_pass_passes_by_a_row_backing_off_without_trying_its_lock(
         coordination.release_advisory_lock(key)
     assert observer.runs == 2 and worker.stats["meetings"] == 0
     assert worker.stats["committed"] == 1 and worker._runner.backoff.waiting(T, ROW, COL)
+
+
+class CopiesW(Observer):
+    """Copies raw:w, the row's other observed column."""
+
+    table, column = T, "raw:w"
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        txn.set(T, row, "out:w", txn.get(T, row, column) or b"")
+
+
+def test_a_rows_cell_backing_off_leaves_its_other_cells_served(
+    cluster: percolator.Cluster,
+) -> None:
+    """raw:v's observer fails (its retry an hour away), raw:w's copies: each time the
+    row is served, raw:w runs while raw:v waits (fails if a cell backing off ends the
+    row's runs); so it does when the cells the runner is handed list raw:v without a
+    notify version, passed by."""
+    failing = Fails()
+    worker = Worker(cluster, [failing, CopiesW], threads=1, retry_delay=3600.0,
+                    max_retry_delay=3600.0)
+    worker.register()
+    for value in (b"1", b"2"):
+        with Transaction(cluster) as txn:
+            txn.set(T, ROW, COL, value)
+            txn.set(T, ROW, "raw:w", value)
+        worker._scanner.serve_row(T, ROW)
+        assert failing.runs == 1 and Snapshot(cluster).get(T, ROW, "out:w") == value
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, "raw:w", b"3")
+    cells = internals(cluster).store.read_rows(
+        T, [ROW], [Read(NOTIFY, ("raw:w",), versions=None)])[ROW]
+    assert worker._runner.run_cells(T, ROW, {f"{NOTIFY}:{COL}": [], **cells})
+    assert Snapshot(cluster).get(T, ROW, "out:w") == b"3"
+    assert failing.runs == 1 and worker.stats["committed"] == 3
