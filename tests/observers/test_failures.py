@@ -361,3 +361,46 @@ def test_a_rows_cell_backing_off_leaves_its_other_cells_served(
     assert worker._runner.run_cells(T, ROW, {f"{NOTIFY}:{COL}": [], **cells})
     assert Snapshot(cluster).get(T, ROW, "out:w") == b"3"
     assert failing.runs == 1 and worker.stats["committed"] == 3
+
+
+def test_a_run_that_fails_before_its_read_of_a_strong_notification_counts_it_strong(
+    cluster: percolator.Cluster,
+) -> None:
+    """As the run above, the scanner having read one strong notification only: the
+    failure counts against it as strong (the quarantine record says not weak)."""
+    worker = Worker(cluster, [Fails()], threads=1, max_failures=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, COL, b"v")
+    host = internals(cluster)
+    failing = FirstDrawFails(host.timestamps)
+    host.timestamps = failing  # type: ignore[assignment]
+    try:
+        worker._scanner.serve_row(T, ROW)
+    finally:
+        host.timestamps = failing._source  # type: ignore[assignment]
+    [record] = quarantined(cluster)
+    assert failing.failed and record.weak is False
+
+
+def test_a_run_that_fails_counts_against_the_notifications_of_its_own_read(
+    cluster: percolator.Cluster,
+) -> None:
+    """The scanner read a strong notification; a weak one came before the run's start:
+    the run reads both and fails, and its failure counts against what it read, the
+    newest version and weak (the quarantine record says weak), not against the
+    scanner's read."""
+    observer = Fails()
+    worker = Worker(cluster, [observer], threads=1, max_failures=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, COL, b"v")
+    batch = internals(cluster).store.read_rows(
+        T, [ROW], [Read(NOTIFY, (COL,), versions=None)])[ROW]
+    with Transaction(cluster) as txn:
+        txn.notify(T, ROW, COL)
+    worker._runner.run_cells(T, ROW, batch)
+    assert observer.runs == 1
+    [record] = quarantined(cluster)
+    assert record.weak is True
+    assert list(pending_notifications(cluster, [T])) == []
