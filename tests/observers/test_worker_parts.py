@@ -291,6 +291,44 @@ def test_a_run_whose_snapshot_is_below_the_notification_read_leaves_it_and_says_
     assert below_the_notification(cluster, runner, batch, notified_after, caplog) == []
 
 
+class IndexerToo(_app.Indexer):
+    """A second observer of raw:v."""
+
+
+def test_a_cell_is_left_notified_unless_every_observer_of_it_ran_on_the_notification(
+    cluster: percolator.Cluster,
+) -> None:
+    """Two observers of raw:v. The scanner's batch lists a notification that another
+    worker serves before the run; a new one is committed just after the first
+    observer's start is drawn (the test's timestamp source), so the first finds
+    nothing at or below its start and the second runs on the new one: the cell stays
+    notified, for the first observer's next run (fails if the second's run alone
+    deletes the notification: the first would never see that change)."""
+    cluster.create_table("log")
+    worker = Worker(cluster, [_app.Indexer, IndexerToo], threads=1)
+    worker.register()
+    notified(cluster, b"r")
+    batch = notify_cells(cluster, b"r")
+    other = Worker(cluster, [_app.Indexer, IndexerToo], threads=1)._runner
+    assert other.run_cells("docs", b"r", batch)
+    assert internals(cluster).store.read_rows(
+        "docs", [b"r"], [Read(NOTIFY, ("raw:v",), versions=None)]) == {}
+
+    def notified_after(drawn: int) -> int:
+        notified(cluster, b"r")
+        return drawn
+
+    host = internals(cluster)
+    source = host.timestamps
+    host.timestamps = AfterTheDraw(source, notified_after)
+    try:
+        worker._runner.run_cells("docs", b"r", batch)
+    finally:
+        host.timestamps = source
+    assert worker.stats["committed"] == 1
+    assert notify_cells(cluster, b"r")[f"{NOTIFY}:raw:v"][0][0] > batch[f"{NOTIFY}:raw:v"][0][0]
+
+
 # --- Served: the index entries this worker's scanners ran -------------------------------
 
 
