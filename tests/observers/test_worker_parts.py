@@ -100,7 +100,8 @@ def test_wait_for_observers_gives_up_after_a_minute_unless_told(
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """``time.monotonic()`` as observers._runner sees it: the test moves it by hand."""
     now = [1000.0]
-    monkeypatch.setattr(observers._runner, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(observers._runner, "time", SimpleNamespace(
+        monotonic=lambda: now[0], perf_counter=time.perf_counter, sleep=time.sleep))
     return now
 
 
@@ -327,6 +328,82 @@ def test_a_cell_is_left_notified_unless_every_observer_of_it_ran_on_the_notifica
         host.timestamps = source
     assert worker.stats["committed"] == 1
     assert notify_cells(cluster, b"r")[f"{NOTIFY}:raw:v"][0][0] > batch[f"{NOTIFY}:raw:v"][0][0]
+
+
+def test_a_runner_keeping_recent_vouches_for_a_cell_all_its_observers_served(
+    cluster: percolator.Cluster,
+) -> None:
+    """Two observers of the column: their commits leave the notification, which the
+    runner deletes once both served it, and remembers as served."""
+    cluster.create_table("log")
+    worker = Worker(cluster, [_app.Indexer, IndexerToo], threads=1)
+    worker.register()
+    runner = worker._runner
+    runner._recent = Recent()
+    notified(cluster, b"r")
+    batch = notify_cells(cluster, b"r")
+    assert runner.run_cells("docs", b"r", batch) is Ran.WORKED
+    assert worker.stats["committed"] == 2
+    assert runner.served_lately("docs", b"r", batch) is True
+
+
+def test_a_scanner_thread_begins_with_a_pass(cluster: percolator.Cluster) -> None:
+    """A scanner thread passes over the notify family as soon as it starts, before any
+    ring or hand-over (there is no lookout here, and it would otherwise sleep its
+    idle time, an hour): the observer, on the row it finds, stops the worker."""
+    worker: list[Worker] = []
+
+    class StopsTheWorker(Recording):
+        def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+            worker[0]._stop.set()
+            super().process(txn, row, column)
+
+    cluster.create_table("log")
+    observer = StopsTheWorker()
+    worker.append(Worker(cluster, [observer], threads=1, idle_max=3600.0))
+    worker[0].register()
+    notified(cluster, b"r")
+    thread = threading.Thread(target=worker[0]._scanner.scanner_thread, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    if thread.is_alive():  # asleep without a first pass: wake it to end
+        worker[0]._stop.set()
+        worker[0]._scanner.bell.set()
+        thread.join()
+    assert observer.rows == [b"r"] and worker[0].stats["passes"] == 1
+
+
+class FailsOnBad(_app.Indexer):
+    """The Indexer, failing on the value ``bad``."""
+
+    def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+        if txn.get(self.table, row, column) == b"bad":
+            raise ValueError("bad value")
+        super().process(txn, row, column)
+
+
+def test_a_failed_run_does_not_renew_what_recent_vouches_for(
+    cluster: percolator.Cluster, clock: list[float],
+) -> None:
+    """A cell served (remembered for ten seconds here, the module's clock set by the
+    test) and then notified again with a change its observer fails on: the failed run
+    served nothing, so the cell is vouched for up to the first version only until ten
+    seconds after that was served (fails if the failure renews the remembering)."""
+    cluster.create_table("log")
+    worker = Worker(cluster, [FailsOnBad], threads=1)
+    worker.register()
+    runner = worker._runner
+    runner._recent = Recent(seconds=10.0)
+    notified(cluster, b"r")
+    first = notify_cells(cluster, b"r")
+    assert runner.run_cells("docs", b"r", first)
+    clock[0] += 9.0
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"bad")
+    assert runner.run_cells("docs", b"r", notify_cells(cluster, b"r"))
+    assert worker.stats["failures"] == 1 and runner.served_lately("docs", b"r", first)
+    clock[0] += 2.0
+    assert runner.served_lately("docs", b"r", first) is False
 
 
 # --- Served: the index entries this worker's scanners ran -------------------------------
