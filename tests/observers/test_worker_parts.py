@@ -406,6 +406,37 @@ def test_a_failed_run_does_not_renew_what_recent_vouches_for(
     assert runner.served_lately("docs", b"r", first) is False
 
 
+def test_a_scanner_thread_serves_a_handed_row_holding_the_store_turn(
+    cluster: percolator.Cluster,
+) -> None:
+    """Two scanner threads on the embedded store take turns at it (a store turn): a
+    row handed over by a look is served by a scanner thread that holds the turn (the
+    observer looks, then stops the worker)."""
+    worker: list[Worker] = []
+    held: list[bool] = []
+
+    class LooksAtTheTurn(Recording):
+        def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+            turn = worker[0]._scanner._store_turn
+            held.append(turn is not None and turn._holder == threading.get_ident())
+            worker[0]._stop.set()
+            super().process(txn, row, column)
+
+    cluster.create_table("log")
+    observer = LooksAtTheTurn()
+    worker.append(Worker(cluster, [observer], threads=2))
+    worker[0].register()
+    notified(cluster, b"r")
+    scanner = worker[0]._scanner
+    scanner.look(frozenset())
+    thread = threading.Thread(target=scanner.scanner_thread, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert observer.rows == [b"r"] and held == [True]
+    assert worker[0].stats["passes"] == 0  # the handed row, then stopped
+
+
 # --- Served: the index entries this worker's scanners ran -------------------------------
 
 
