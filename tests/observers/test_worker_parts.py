@@ -28,7 +28,14 @@ from observers import WaitTimeout, Worker, _store_turn, load_observers, wait_for
 from observers._runner import Ran, Recent, Runner
 from observers._scanner import Served, Spread, _first_rows
 from observers._store_turn import StoreTurn, Waits
-from percolator import InvalidArgument, OracleUnavailable, Snapshot, Transaction, metrics
+from percolator import (
+    InvalidArgument,
+    OracleUnavailable,
+    Snapshot,
+    StoreUnavailable,
+    Transaction,
+    metrics,
+)
 from percolator.ext import NOTIFY, Read, RowCells, internals
 from tests._backends import backend_fixture, make_store_url
 from tests.observers import _app
@@ -347,10 +354,13 @@ def test_a_runner_keeping_recent_vouches_for_a_cell_all_its_observers_served(
     assert runner.served_lately("docs", b"r", batch) is True
 
 
-def test_a_scanner_thread_begins_with_a_pass(cluster: percolator.Cluster) -> None:
+def test_a_scanner_thread_begins_with_a_pass(
+    cluster: percolator.Cluster, caplog: pytest.LogCaptureFixture,
+) -> None:
     """A scanner thread passes over the notify family as soon as it starts, before any
     ring or hand-over (there is no lookout here, and it would otherwise sleep its
-    idle time, an hour): the observer, on the row it finds, stops the worker."""
+    idle time, an hour): the observer, on the row it finds, stops the worker. The
+    pass is timed without an error."""
     worker: list[Worker] = []
 
     class StopsTheWorker(Recording):
@@ -371,6 +381,29 @@ def test_a_scanner_thread_begins_with_a_pass(cluster: percolator.Cluster) -> Non
         worker[0]._scanner.bell.set()
         thread.join()
     assert observer.rows == [b"r"] and worker[0].stats["passes"] == 1
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+
+
+def test_a_scanner_thread_whose_pass_fails_sleeps_before_the_next(
+    cluster: percolator.Cluster,
+) -> None:
+    """A pass that fails (the store unavailable) is not taken for work done: the scanner
+    sleeps (idle) before its next pass, rather than pass again at once. The failing
+    pass also stops the worker and rings its bell, so that the sleep ends at once."""
+    worker = Worker(cluster, [_app.Indexer], threads=1, idle_max=3600.0)
+    scanner = worker._scanner
+
+    def fails() -> bool:
+        worker._stop.set()
+        scanner.bell.set()
+        raise StoreUnavailable("the test's store is away")
+
+    scanner.scan_pass = fails  # type: ignore[method-assign]
+    thread = threading.Thread(target=scanner.scanner_thread, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert worker.stats["passes"] == 1 and worker.stats["idle"] == 1
 
 
 class FailsOnBad(_app.Indexer):
