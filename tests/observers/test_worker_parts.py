@@ -360,7 +360,7 @@ def test_a_scanner_thread_begins_with_a_pass(
     """A scanner thread passes over the notify family as soon as it starts, before any
     ring or hand-over (there is no lookout here, and it would otherwise sleep its
     idle time, an hour): the observer, on the row it finds, stops the worker. The
-    pass is timed without an error."""
+    pass is timed (its duration within the thread's) without an error."""
     worker: list[Worker] = []
 
     class StopsTheWorker(Recording):
@@ -373,15 +373,21 @@ def test_a_scanner_thread_begins_with_a_pass(
     worker.append(Worker(cluster, [observer], threads=1, idle_max=3600.0))
     worker[0].register()
     notified(cluster, b"r")
+    timed = ("percolator_notification_scan_duration_seconds", ())
+    counts, total = metrics.snapshot()[1].get(timed, ([], 0.0))
     thread = threading.Thread(target=worker[0]._scanner.scanner_thread, daemon=True)
+    began = time.perf_counter()
     thread.start()
     thread.join(timeout=60)
+    elapsed = time.perf_counter() - began
     if thread.is_alive():  # asleep without a first pass: wake it to end
         worker[0]._stop.set()
         worker[0]._scanner.bell.set()
         thread.join()
     assert observer.rows == [b"r"] and worker[0].stats["passes"] == 1
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+    counts_after, total_after = metrics.snapshot()[1][timed]
+    assert sum(counts_after) == sum(counts) + 1 and 0 <= total_after - total <= elapsed
 
 
 def test_a_scanner_thread_whose_pass_fails_sleeps_before_the_next(
