@@ -13,10 +13,11 @@ from types import SimpleNamespace
 import pytest
 
 import observers._backoff
+import observers._scanner
 import percolator
 from observers import Observer, Worker
 from observers._backoff import Backoff
-from percolator import TlsError, Transaction, TransactionBase, metrics
+from percolator import Snapshot, TlsError, Transaction, TransactionBase, metrics
 from percolator._notifications import (
     _NO_FAILURES,
     Quarantined,
@@ -25,7 +26,7 @@ from percolator._notifications import (
     pending_notifications,
     quarantined,
 )
-from percolator.ext import internals
+from percolator.ext import NOTIFY, Read, internals
 from tests._backends import backend_fixture
 
 backend = backend_fixture("sqlite")
@@ -227,4 +228,179 @@ def test_a_run_that_fails_before_its_read_counts_against_the_notifications_the_s
     assert failing.failed and observer.runs == 0
     [record] = quarantined(cluster)
     assert record.weak and record.error == "percolator.TlsError: the oracle's certificate expired"
+    assert list(pending_notifications(cluster, [T])) == []
+
+
+def test_a_handed_rows_run_that_fails_quarantines_its_weak_notification_as_weak(
+    cluster: percolator.Cluster,
+) -> None:
+    """A look hands over a row with a weak notification (``notify``); its one
+    observer's run reads the notification in its own first read (the run-noticed way,
+    no read of the notify cells before) and fails: the last failure allowed
+    quarantines the notification as weak, to be put back as weak (fails if the
+    failure is counted as for a strong one)."""
+    observer = Fails()
+    worker = Worker(cluster, [observer], threads=1, max_failures=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.notify(T, ROW, COL)
+    worker._scanner.look(frozenset())
+    handed = worker._scanner.bell.take()
+    assert handed is not None and handed[:2] == (T, ROW)
+    worker._scanner.serve_handed(*handed)
+    assert observer.runs == 1
+    [record] = quarantined(cluster)
+    assert record.weak is True and record.error == "ValueError: boom\nwhile copying"
+    assert list(pending_notifications(cluster, [T])) == []
+
+
+def test_a_family_pass_run_that_fails_before_its_read_counts_against_every_version_read(
+    cluster: percolator.Cluster,
+) -> None:
+    """As the test above, the row found by a pass over the notify family: its scan
+    reads every notify version (fails if it reads the newest only: the record says
+    not weak)."""
+    observer = Fails()
+    worker = Worker(cluster, [observer], threads=1, max_failures=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.notify(T, ROW, COL)
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, COL, b"v")
+    host = internals(cluster)
+    failing = FirstDrawFails(host.timestamps)
+    host.timestamps = failing  # type: ignore[assignment]
+    try:
+        worker._scanner._family_pass()
+    finally:
+        host.timestamps = failing._source  # type: ignore[assignment]
+    assert failing.failed and observer.runs == 0
+    [record] = quarantined(cluster)
+    assert record.weak
+
+
+def test_the_next_due_try_of_a_back_off_cleared_meanwhile_is_none() -> None:
+    """The last failing cell is cleared by another scanner thread between a look at the
+    back-off and the taking of its lock (played by a lock that clears it as it is
+    taken): no try is due (fails if the earliest of no tries is asked for)."""
+    backoff = Backoff(retry_delay=1.0, max_retry_delay=5.0)
+    backoff.failed(T, ROW, COL)
+
+    class ClearedMeanwhile:
+        def __enter__(self) -> None:
+            backoff._failures.clear()  # what the other thread's clear() did, holding the lock
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+    backoff._lock = ClearedMeanwhile()  # type: ignore[assignment]
+    assert backoff.next_due() is None
+
+
+def test_a_family_pass_passes_by_a_row_backing_off_without_trying_its_lock(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A row whose observer failed here waits an hour for its retry: a pass over the
+    notify family (from that row: the draw set by the test) passes it by without a
+    run and without a try of its advisory lock (held by the test, as another scanner
+    would hold it: no meeting is counted), and serves the next row of its batch."""
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        choice=lambda rows: rows[0], randint=lambda lo, hi: lo, shuffle=lambda tables: None))
+    observer = Fails()
+    worker = Worker(cluster, [observer], threads=1, retry_delay=3600.0,
+                    max_retry_delay=3600.0)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, COL, b"v")
+    worker._scanner._family_pass()
+    assert observer.runs == 1 and worker._runner.backoff.waiting(T, ROW, COL)
+    observer.failing = False
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW + b"s", COL, b"v")
+    coordination = internals(cluster).coordination
+    key = f"{T}/{ROW.hex()}"
+    assert coordination.try_advisory_lock(key)
+    try:
+        assert worker._scanner._family_pass()
+    finally:
+        coordination.release_advisory_lock(key)
+    assert observer.runs == 2 and worker.stats["meetings"] == 0
+    assert worker.stats["committed"] == 1 and worker._runner.backoff.waiting(T, ROW, COL)
+
+
+class CopiesW(Observer):
+    """Copies raw:w, the row's other observed column."""
+
+    table, column = T, "raw:w"
+
+    def process(self, txn: TransactionBase, row: bytes, column: str) -> None:
+        txn.set(T, row, "out:w", txn.get(T, row, column) or b"")
+
+
+def test_a_rows_cell_backing_off_leaves_its_other_cells_served(
+    cluster: percolator.Cluster,
+) -> None:
+    """raw:v's observer fails (its retry an hour away), raw:w's copies: each time the
+    row is served, raw:w runs while raw:v waits (fails if a cell backing off ends the
+    row's runs); so it does when the cells the runner is handed list raw:v without a
+    notify version, passed by."""
+    failing = Fails()
+    worker = Worker(cluster, [failing, CopiesW], threads=1, retry_delay=3600.0,
+                    max_retry_delay=3600.0)
+    worker.register()
+    for value in (b"1", b"2"):
+        with Transaction(cluster) as txn:
+            txn.set(T, ROW, COL, value)
+            txn.set(T, ROW, "raw:w", value)
+        worker._scanner.serve_row(T, ROW)
+        assert failing.runs == 1 and Snapshot(cluster).get(T, ROW, "out:w") == value
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, "raw:w", b"3")
+    cells = internals(cluster).store.read_rows(
+        T, [ROW], [Read(NOTIFY, ("raw:w",), versions=None)])[ROW]
+    assert worker._runner.run_cells(T, ROW, {f"{NOTIFY}:{COL}": [], **cells})
+    assert Snapshot(cluster).get(T, ROW, "out:w") == b"3"
+    assert failing.runs == 1 and worker.stats["committed"] == 3
+
+
+def test_a_run_that_fails_before_its_read_of_a_strong_notification_counts_it_strong(
+    cluster: percolator.Cluster,
+) -> None:
+    """As the run above, the scanner having read one strong notification only: the
+    failure counts against it as strong (the quarantine record says not weak)."""
+    worker = Worker(cluster, [Fails()], threads=1, max_failures=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, COL, b"v")
+    host = internals(cluster)
+    failing = FirstDrawFails(host.timestamps)
+    host.timestamps = failing  # type: ignore[assignment]
+    try:
+        worker._scanner.serve_row(T, ROW)
+    finally:
+        host.timestamps = failing._source  # type: ignore[assignment]
+    [record] = quarantined(cluster)
+    assert failing.failed and record.weak is False
+
+
+def test_a_run_that_fails_counts_against_the_notifications_of_its_own_read(
+    cluster: percolator.Cluster,
+) -> None:
+    """The scanner read a strong notification; a weak one came before the run's start:
+    the run reads both and fails, and its failure counts against what it read, the
+    newest version and weak (the quarantine record says weak), not against the
+    scanner's read."""
+    observer = Fails()
+    worker = Worker(cluster, [observer], threads=1, max_failures=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set(T, ROW, COL, b"v")
+    batch = internals(cluster).store.read_rows(
+        T, [ROW], [Read(NOTIFY, (COL,), versions=None)])[ROW]
+    with Transaction(cluster) as txn:
+        txn.notify(T, ROW, COL)
+    worker._runner.run_cells(T, ROW, batch)
+    assert observer.runs == 1
+    [record] = quarantined(cluster)
+    assert record.weak is True
     assert list(pending_notifications(cluster, [T])) == []

@@ -1205,3 +1205,50 @@ def test_a_row_that_failed_is_served_with_its_failures_cleared_once_its_retry_is
     assert _read_failures(cluster, _failures_key("docs", b"r"), "raw:v") == _NO_FAILURES
     assert entries(cluster) == {}
     assert Snapshot(cluster).get("docs", b"r", "out:v") == b"1"
+
+
+def test_an_index_pass_passes_by_a_row_its_worker_served_and_serves_the_rows_after_it(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first row of the index was served by another scanner of the worker, whose
+    batch has not settled its entry yet (``Served``): the pass passes it by without a
+    run and serves the rows after it in the same range (fails if it ends the range
+    there: they would wait for a later pass). The scanner's draws set by the test: the
+    pass begins at the first bucket, so its first range is the whole index."""
+    monkeypatch.setattr(observers._scanner, "random",
+                        SimpleNamespace(randrange=lambda n: 0, randint=lambda lo, hi: lo))
+    observer = Recording()
+    worker = Worker(cluster, [observer], threads=1)
+    worker.register()
+    rows = sorted([b"r1", b"r2", b"r3"], key=lambda row: index_key("docs", row))
+    for row in rows:
+        write(cluster, row, row)
+    first = rows[0]
+    entry = entries_at(cluster)[("docs", first)]
+    assert worker._runner.run_noticed(observer, "docs", first, "raw:v")  # the other scanner
+    worker._scanner._served.add("docs", first, entry)
+    observer.rows.clear()
+    assert worker._scanner.index_pass()
+    assert observer.rows == rows[1:]
+    assert entries(cluster) == {("docs", first): {"raw:v"}}  # the other scanner's to settle
+
+
+def test_a_row_served_by_reading_its_notify_cells_runs_its_workers_columns_only(
+    cluster: percolator.Cluster,
+) -> None:
+    """Two observers of raw:v, so that a pass reads the row's notify cells and runs
+    them (``Scanner.serve_row``), and a row notified on raw:v and on raw:w, which
+    another worker observes: the pass runs raw:v's observers and leaves raw:w's
+    notification and entry to the other worker (fails if the read asks for every
+    notify column: this worker has no observer of raw:w)."""
+    Worker(cluster, [CopyW]).register()
+    worker = Worker(cluster, [Copy, CopyToo], threads=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"v")
+        txn.set("docs", b"r", "raw:w", b"w")
+    assert worker._scanner.index_pass()
+    assert worker.stats["committed"] == 2
+    assert entries(cluster) == {("docs", b"r"): {"raw:w"}}
+    assert Snapshot(cluster).get("docs", b"r", "out:v") == b"v"
+    assert Snapshot(cluster).get("docs", b"r", "out:w") is None

@@ -1,8 +1,11 @@
 """The worker's parts asked directly, each question they answer on its own: what
-``load_observers`` accepts; which served cells :class:`observers._runner.Recent`
-vouches for, up to which version and for how long (the module's clock set by the
-test, so that an answer that depends on time is asked at exactly the time it
-depends on); how far a pass skips when it meets another scanner, and when it ends
+``load_observers`` accepts; how long ``wait_for_observers`` waits unless told;
+which served cells :class:`observers._runner.Recent` vouches for, up to which version
+and for how long (the module's clock set by the test, so that an answer that depends
+on time is asked at exactly the time it depends on), and which a runner keeping one
+remembers; where a family pass begins (the rows it samples and remembers) and what it
+reads; which index entries :class:`observers._scanner.Served` holds, and for
+how long; how far a pass skips when it meets another scanner, and when it ends
 (:class:`observers._scanner.Spread`, its random draw set by the test); what a look
 hands over; when a run lets go of the store turn (:class:`observers._store_turn.Waits`)."""
 
@@ -12,6 +15,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,14 +24,22 @@ import pytest
 import observers._runner
 import observers._scanner
 import percolator
-from observers import Worker, _store_turn, load_observers
-from observers._runner import Recent
-from observers._scanner import Spread
+from observers import WaitTimeout, Worker, _store_turn, load_observers, wait_for_observers
+from observers._runner import Ran, Recent, Runner
+from observers._scanner import Served, Spread, _first_rows
 from observers._store_turn import StoreTurn, Waits
-from percolator import InvalidArgument, Transaction
-from percolator.ext import NOTIFY, internals
-from tests._backends import backend_fixture
+from percolator import (
+    InvalidArgument,
+    OracleUnavailable,
+    Snapshot,
+    StoreUnavailable,
+    Transaction,
+    metrics,
+)
+from percolator.ext import NOTIFY, Read, RowCells, internals
+from tests._backends import backend_fixture, make_store_url
 from tests.observers import _app
+from tests.observers.test_trickle import CountingStore
 
 backend = backend_fixture("sqlite")
 
@@ -63,6 +75,31 @@ def test_load_observers_tells_a_malformed_spec_as_the_observers_spec() -> None:
         load_observers("tests.observers._app:NO_SUCH_NAME")
 
 
+# --- wait_for_observers -------------------------------------------------------------------
+
+
+def test_wait_for_observers_gives_up_after_a_minute_unless_told(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Left out, the timeout is 60 s. A notification no worker serves keeps the wait
+    busy; its clock (set by the test) moves 15 s at each pause between passes, so
+    that its passes look at 0, 15, 30, 45 and 60 s: it gives up at the one at 60 s,
+    naming its timeout."""
+    now = [1000.0]
+
+    def pause(seconds: float) -> None:
+        now[0] += 15.0
+
+    monkeypatch.setattr("percolator._notifications.time",
+                        SimpleNamespace(monotonic=lambda: now[0], sleep=pause))
+    Worker(cluster, [_app.Indexer]).register()
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"1")
+    with pytest.raises(WaitTimeout, match=r"^observers still busy after 60\.0s: 1 pending "):
+        wait_for_observers(cluster)
+    assert now[0] == 1060.0
+
+
 # --- Recent: the cells this worker process saw served lately -------------------------------
 
 
@@ -70,7 +107,8 @@ def test_load_observers_tells_a_malformed_spec_as_the_observers_spec() -> None:
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """``time.monotonic()`` as observers._runner sees it: the test moves it by hand."""
     now = [1000.0]
-    monkeypatch.setattr(observers._runner, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(observers._runner, "time", SimpleNamespace(
+        monotonic=lambda: now[0], perf_counter=time.perf_counter, sleep=time.sleep))
     return now
 
 
@@ -142,6 +180,327 @@ def test_recent_forgets_the_cells_served_longest_ago_beyond_its_limit(
     assert recent.holds("docs", b"a", notify(2)) and recent.holds("docs", b"c", notify(1))
 
 
+def notify_cells(cluster: percolator.Cluster, row: bytes) -> RowCells:
+    """*row*'s notify cells as a scanner's batch lists them (every version, newest first)."""
+    scan = internals(cluster).store.scan(
+        "docs", row, row + b"\x00", [Read(NOTIFY, ("raw:v",), versions=None)])
+    return dict(scan)[row]
+
+
+def runner_keeping_recent(cluster: percolator.Cluster) -> Runner:
+    """The runner of a worker whose scanner threads pass at once (a remote store's,
+    threads > 1), which keeps a :class:`Recent`: the embedded store's workers take
+    turns at the store and keep none, so the test hands the runner one."""
+    cluster.create_table("log")  # the Indexer's record of its runs
+    worker = Worker(cluster, [_app.Indexer], threads=1)
+    worker.register()
+    runner = worker._runner
+    runner._recent = Recent()
+    return runner
+
+
+def test_a_runner_keeping_recent_vouches_for_the_cells_its_runs_served(
+    cluster: percolator.Cluster,
+) -> None:
+    """A run that served a cell (its commit deleted the notification) leaves it
+    remembered up to the version served: a scanner whose batch, read before, still
+    lists it is behind (``served_lately``). Not a row it did not serve, nor the cell
+    once notified again."""
+    runner = runner_keeping_recent(cluster)
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"1")
+        txn.set("docs", b"q", "raw:v", b"1")
+    batch = notify_cells(cluster, b"r")
+    assert runner.served_lately("docs", b"r", batch) is False
+    assert runner.run_cells("docs", b"r", batch) is Ran.WORKED
+    assert runner.served_lately("docs", b"r", batch) is True
+    assert runner.served_lately("docs", b"q", notify_cells(cluster, b"q")) is False
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"2")
+    assert runner.served_lately("docs", b"r", notify_cells(cluster, b"r")) is False
+
+
+def test_a_runner_keeping_recent_vouches_for_a_cell_its_run_found_served(
+    cluster: percolator.Cluster,
+) -> None:
+    """A run that finds the notification its scanner read served already (by another
+    worker's run since the scan) meets that scanner, and remembers the cell as served
+    up to the version the scanner read."""
+    runner = runner_keeping_recent(cluster)
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"1")
+    batch = notify_cells(cluster, b"r")
+    other = Worker(cluster, [_app.Indexer], threads=1)._runner
+    assert other.run_cells("docs", b"r", batch) is Ran.WORKED
+    assert runner.run_cells("docs", b"r", batch) is Ran.MET
+    assert runner.served_lately("docs", b"r", batch) is True
+
+
+class AfterTheDraw:
+    """The cluster's timestamp source; its next draw is followed by *then* (called with
+    the timestamp drawn, which it may replace)."""
+
+    def __init__(self, source: Any, then: Callable[[int], int]) -> None:
+        self._source = source
+        self.then: Callable[[int], int] | None = then
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._source, name)
+
+    def get_timestamp(self) -> int:
+        drawn: int = self._source.get_timestamp()
+        then, self.then = self.then, None
+        return then(drawn) if then is not None else drawn
+
+
+def below_the_notification(
+    cluster: percolator.Cluster, runner: Runner, cells: RowCells, then: Callable[[int], int],
+    caplog: pytest.LogCaptureFixture,
+) -> list[str]:
+    """Run the cells of row r with *then* after the run's draw; the errors logged."""
+    host = internals(cluster)
+    source = host.timestamps
+    host.timestamps = AfterTheDraw(source, then)
+    try:
+        with caplog.at_level("ERROR", logger="observers"):
+            runner.run_cells("docs", b"r", cells)
+    finally:
+        host.timestamps = source
+    return [r.getMessage() for r in caplog.records if "is below the notification" in r.getMessage()]
+
+
+def test_a_run_whose_snapshot_is_below_the_notification_read_leaves_it_and_says_so(
+    cluster: percolator.Cluster, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every timestamp source draws above what was read before the draw
+    (docs/timestamps.md); one that drew a run's start below the notification its
+    scanner read (played by the test: one below it) leaves the notification for a
+    later pass, and an error is logged. Not for a run whose notification was served
+    meanwhile (a meeting), nor for one at the notification's own timestamp that finds
+    only a notification committed after its draw: those are no fault of the
+    timestamp source."""
+    runner = runner_keeping_recent(cluster)
+    notified(cluster, b"r")
+    batch = notify_cells(cluster, b"r")
+    handed = batch[f"{NOTIFY}:raw:v"][0][0]
+    errors = below_the_notification(cluster, runner, batch, lambda drawn: handed - 1, caplog)
+    assert errors == [f"Indexer on docs/r/raw:v: snapshot {handed - 1} is below the "
+                      f"notification {handed}; leaving it for a later pass"]
+    assert notify_cells(cluster, b"r") == batch
+    caplog.clear()
+    other = Worker(cluster, [_app.Indexer], threads=1)._runner
+    assert other.run_cells("docs", b"r", batch)  # served by another worker: a meeting
+    assert below_the_notification(cluster, runner, batch, lambda drawn: drawn, caplog) == []
+
+    def notified_after(drawn: int) -> int:
+        notified(cluster, b"r")
+        return handed
+
+    assert below_the_notification(cluster, runner, batch, notified_after, caplog) == []
+
+
+class IndexerToo(_app.Indexer):
+    """A second observer of raw:v."""
+
+
+def test_a_cell_is_left_notified_unless_every_observer_of_it_ran_on_the_notification(
+    cluster: percolator.Cluster,
+) -> None:
+    """Two observers of raw:v. The scanner's batch lists a notification that another
+    worker serves before the run; a new one is committed just after the first
+    observer's start is drawn (the test's timestamp source), so the first finds
+    nothing at or below its start and the second runs on the new one: the cell stays
+    notified, for the first observer's next run (fails if the second's run alone
+    deletes the notification: the first would never see that change)."""
+    cluster.create_table("log")
+    worker = Worker(cluster, [_app.Indexer, IndexerToo], threads=1)
+    worker.register()
+    notified(cluster, b"r")
+    batch = notify_cells(cluster, b"r")
+    other = Worker(cluster, [_app.Indexer, IndexerToo], threads=1)._runner
+    assert other.run_cells("docs", b"r", batch)
+    assert internals(cluster).store.read_rows(
+        "docs", [b"r"], [Read(NOTIFY, ("raw:v",), versions=None)]) == {}
+
+    def notified_after(drawn: int) -> int:
+        notified(cluster, b"r")
+        return drawn
+
+    host = internals(cluster)
+    source = host.timestamps
+    host.timestamps = AfterTheDraw(source, notified_after)
+    try:
+        worker._runner.run_cells("docs", b"r", batch)
+    finally:
+        host.timestamps = source
+    assert worker.stats["committed"] == 1
+    assert notify_cells(cluster, b"r")[f"{NOTIFY}:raw:v"][0][0] > batch[f"{NOTIFY}:raw:v"][0][0]
+
+
+def test_a_runner_keeping_recent_vouches_for_a_cell_all_its_observers_served(
+    cluster: percolator.Cluster,
+) -> None:
+    """Two observers of the column: their commits leave the notification, which the
+    runner deletes once both served it, and remembers as served."""
+    cluster.create_table("log")
+    worker = Worker(cluster, [_app.Indexer, IndexerToo], threads=1)
+    worker.register()
+    runner = worker._runner
+    runner._recent = Recent()
+    notified(cluster, b"r")
+    batch = notify_cells(cluster, b"r")
+    assert runner.run_cells("docs", b"r", batch) is Ran.WORKED
+    assert worker.stats["committed"] == 2
+    assert runner.served_lately("docs", b"r", batch) is True
+
+
+def test_a_scanner_thread_begins_with_a_pass(
+    cluster: percolator.Cluster, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A scanner thread passes over the notify family as soon as it starts, before any
+    ring or hand-over (there is no lookout here, and it would otherwise sleep its
+    idle time, an hour): the observer, on the row it finds, stops the worker. The
+    pass is timed (its duration within the thread's) without an error."""
+    worker: list[Worker] = []
+
+    class StopsTheWorker(Recording):
+        def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+            worker[0]._stop.set()
+            super().process(txn, row, column)
+
+    cluster.create_table("log")
+    observer = StopsTheWorker()
+    worker.append(Worker(cluster, [observer], threads=1, idle_max=3600.0))
+    worker[0].register()
+    notified(cluster, b"r")
+    timed = ("percolator_notification_scan_duration_seconds", ())
+    counts, total = metrics.snapshot()[1].get(timed, ([], 0.0))
+    thread = threading.Thread(target=worker[0]._scanner.scanner_thread, daemon=True)
+    began = time.perf_counter()
+    thread.start()
+    thread.join(timeout=60)
+    elapsed = time.perf_counter() - began
+    if thread.is_alive():  # asleep without a first pass: wake it to end
+        worker[0]._stop.set()
+        worker[0]._scanner.bell.set()
+        thread.join()
+    assert observer.rows == [b"r"] and worker[0].stats["passes"] == 1
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+    counts_after, total_after = metrics.snapshot()[1][timed]
+    assert sum(counts_after) == sum(counts) + 1 and 0 <= total_after - total <= elapsed
+
+
+def test_a_scanner_thread_whose_pass_fails_sleeps_before_the_next(
+    cluster: percolator.Cluster,
+) -> None:
+    """A pass that fails (the store unavailable) is not taken for work done: the scanner
+    sleeps (idle) before its next pass, rather than pass again at once. The failing
+    pass also stops the worker and rings its bell, so that the sleep ends at once."""
+    worker = Worker(cluster, [_app.Indexer], threads=1, idle_max=3600.0)
+    scanner = worker._scanner
+
+    def fails() -> bool:
+        worker._stop.set()
+        scanner.bell.set()
+        raise StoreUnavailable("the test's store is away")
+
+    scanner.scan_pass = fails  # type: ignore[method-assign]
+    thread = threading.Thread(target=scanner.scanner_thread, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert worker.stats["passes"] == 1 and worker.stats["idle"] == 1
+
+
+class FailsOnBad(_app.Indexer):
+    """The Indexer, failing on the value ``bad``."""
+
+    def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+        if txn.get(self.table, row, column) == b"bad":
+            raise ValueError("bad value")
+        super().process(txn, row, column)
+
+
+def test_a_failed_run_does_not_renew_what_recent_vouches_for(
+    cluster: percolator.Cluster, clock: list[float],
+) -> None:
+    """A cell served (remembered for ten seconds here, the module's clock set by the
+    test) and then notified again with a change its observer fails on: the failed run
+    served nothing, so the cell is vouched for up to the first version only until ten
+    seconds after that was served (fails if the failure renews the remembering)."""
+    cluster.create_table("log")
+    worker = Worker(cluster, [FailsOnBad], threads=1)
+    worker.register()
+    runner = worker._runner
+    runner._recent = Recent(seconds=10.0)
+    notified(cluster, b"r")
+    first = notify_cells(cluster, b"r")
+    assert runner.run_cells("docs", b"r", first)
+    clock[0] += 9.0
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"bad")
+    assert runner.run_cells("docs", b"r", notify_cells(cluster, b"r"))
+    assert worker.stats["failures"] == 1 and runner.served_lately("docs", b"r", first)
+    clock[0] += 2.0
+    assert runner.served_lately("docs", b"r", first) is False
+
+
+def test_a_scanner_thread_serves_a_handed_row_holding_the_store_turn(
+    cluster: percolator.Cluster,
+) -> None:
+    """Two scanner threads on the embedded store take turns at it (a store turn): a
+    row handed over by a look is served by a scanner thread that holds the turn (the
+    observer looks, then stops the worker)."""
+    worker: list[Worker] = []
+    held: list[bool] = []
+
+    class LooksAtTheTurn(Recording):
+        def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+            turn = worker[0]._scanner._store_turn
+            held.append(turn is not None and turn._holder == threading.get_ident())
+            worker[0]._stop.set()
+            super().process(txn, row, column)
+
+    cluster.create_table("log")
+    observer = LooksAtTheTurn()
+    worker.append(Worker(cluster, [observer], threads=2))
+    worker[0].register()
+    notified(cluster, b"r")
+    scanner = worker[0]._scanner
+    scanner.look(frozenset())
+    thread = threading.Thread(target=scanner.scanner_thread, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert observer.rows == [b"r"] and held == [True]
+    assert worker[0].stats["passes"] == 0  # the handed row, then stopped
+
+
+# --- Served: the index entries this worker's scanners ran -------------------------------
+
+
+def test_served_forgets_the_entries_noted_longest_ago_beyond_its_limit() -> None:
+    served = Served(limit=2)
+    served.add("docs", b"a", {"raw:v": 1})
+    served.add("docs", b"b", {"raw:v": 1})
+    assert served.holds("docs", b"a", {"raw:v": 1}) and served.holds("docs", b"b", {"raw:v": 1})
+    served.add("docs", b"c", {"raw:v": 1})
+    assert served.holds("docs", b"a", {"raw:v": 1}) is False  # the oldest went
+    assert served.holds("docs", b"b", {"raw:v": 1}) and served.holds("docs", b"c", {"raw:v": 1})
+
+
+def test_served_forgets_a_batch_whose_settling_failed_entry_by_entry() -> None:
+    """Each entry of the batch is forgotten (a later look settles them), one no longer
+    held (gone beyond the limit meanwhile) with them; the others stay."""
+    served = Served()
+    served.add("docs", b"a", {"raw:v": 1, "raw:w": 2})
+    served.add("docs", b"b", {"raw:v": 3})
+    served.forget([("docs", b"a", {"raw:v": 1, "raw:w": 2}), ("docs", b"gone", {"raw:v": 9})])
+    assert served.holds("docs", b"a", {"raw:v": 1}) is False
+    assert served.holds("docs", b"a", {"raw:w": 2}) is False
+    assert served.holds("docs", b"b", {"raw:v": 3}) is True
+
+
 # --- Spread: a pass's anti-clumping ---------------------------------------------------------
 
 
@@ -194,6 +553,493 @@ def test_a_row_handed_over_while_another_scanner_holds_it_is_a_meeting(
     finally:
         coordination.release_advisory_lock(key)
     assert worker.stats["meetings"] == 1 and worker.stats["committed"] == 0
+
+
+# --- a family pass: where it begins, what it reads ----------------------------------------
+
+
+class Recording(_app.Indexer):
+    """The Indexer, noting the rows it runs on, in order."""
+
+    def __init__(self) -> None:
+        self.rows: list[bytes] = []
+
+    def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+        self.rows.append(row)
+        super().process(txn, row, column)
+
+
+def recording_worker(cluster: percolator.Cluster) -> tuple[Worker, Recording]:
+    cluster.create_table("log")  # the Indexer's record of its runs
+    observer = Recording()
+    worker = Worker(cluster, [observer], threads=1)
+    worker.register()
+    return worker, observer
+
+
+def notified(cluster: percolator.Cluster, *rows: bytes, column: str = "raw:v") -> None:
+    with Transaction(cluster) as txn:
+        for row in rows:
+            txn.set("docs", row, column, row)
+
+
+@pytest.fixture
+def scanner_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """``time.monotonic()`` as observers._scanner sees it: the test moves it by hand."""
+    now = [1000.0]
+    monkeypatch.setattr(observers._scanner, "time", SimpleNamespace(
+        monotonic=lambda: now[0], perf_counter=time.perf_counter, sleep=time.sleep))
+    return now
+
+
+def test_first_rows_takes_count_rows_of_a_scan_and_closes_it() -> None:
+    """An HBase scanner is let go of at once, not when its iterator is collected; a
+    scan without ``close`` (a list's iterator) is taken as it is."""
+
+    class Scan:
+        def __init__(self, rows: list[tuple[bytes, dict[str, Any]]]) -> None:
+            self.rows = iter(rows)
+            self.closed = False
+
+        def __iter__(self) -> Scan:
+            return self
+
+        def __next__(self) -> tuple[bytes, dict[str, Any]]:
+            return next(self.rows)
+
+        def close(self) -> None:
+            self.closed = True
+
+    scan = Scan([(b"a", {}), (b"b", {}), (b"c", {})])
+    assert _first_rows(scan, 2) == [(b"a", {}), (b"b", {})]
+    assert scan.closed
+    assert _first_rows(iter([(b"a", {})]), 5) == [(b"a", {})]
+
+
+def test_a_scanner_remembers_sample_rows_then_replaces_one_at_random(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SAMPLE rows (two here) are kept as they come; then each new one replaces one
+    drawn from them (the draw set by the test: the second)."""
+    monkeypatch.setattr(observers._scanner, "SAMPLE", 2)
+    drawn: list[int] = []
+
+    def randrange(n: int) -> int:
+        drawn.append(n)
+        return 1
+
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(randrange=randrange))
+    scanner = Worker(cluster, [_app.Indexer], threads=1)._scanner
+    for row in (b"a", b"b", b"c"):
+        scanner.remember("docs", row)
+    assert scanner._sample["docs"] == [b"a", b"c"] and drawn == [2]
+
+
+def test_a_scanner_without_split_keys_samples_its_first_rows_at_most_once_a_minute(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch, scanner_clock: list[float],
+) -> None:
+    """On a store that tells no split keys (the embedded store), a scanner that has seen
+    no row of a table reads the first SAMPLE_READ (three here) rows of its notify
+    family to start passes at; again SPLITS_REFRESH seconds later, not before (the
+    module's clock set by the test)."""
+    monkeypatch.setattr(observers._scanner, "SAMPLE_READ", 3)
+    worker = Worker(cluster, [_app.Indexer], threads=1)
+    worker.register()
+    scanner = worker._scanner
+    notified(cluster, b"b", b"c", b"d", b"e")
+    reads = [Read(NOTIFY, ("raw:v",), versions=None)]
+    scanner._read_sample("docs", reads)
+    assert scanner._sample["docs"] == [b"b", b"c", b"d"]
+    notified(cluster, b"a")
+    scanner_clock[0] += 59.5
+    scanner._read_sample("docs", reads)
+    assert scanner._sample["docs"] == [b"b", b"c", b"d"]  # not read again
+    scanner_clock[0] += 0.5
+    scanner._read_sample("docs", reads)
+    assert scanner._sample["docs"] == [b"b", b"c", b"d", b"a", b"b", b"c"]
+
+
+def test_a_fresh_scanners_family_pass_begins_at_a_sampled_row_and_wraps_around(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a store without split keys, a scanner that has seen no row samples the notify
+    family first and begins its pass at a sampled row (the draw set by the test: the
+    third), serves the rows from there, then wraps around to the first row."""
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        choice=lambda rows: rows[2], randint=lambda lo, hi: lo, shuffle=lambda tables: None))
+    worker, observer = recording_worker(cluster)
+    notified(cluster, b"a", b"b", b"c", b"d")
+    assert worker._scanner._family_pass()
+    assert observer.rows == [b"c", b"d", b"a", b"b"]
+    assert worker.stats["meetings"] == 0
+
+
+def test_a_family_pass_with_no_row_to_begin_at_reads_the_table_once(
+    cluster: percolator.Cluster, scanner_clock: list[float],
+) -> None:
+    """A pass that found the table empty sampled nothing; rows notified before the
+    sample may be read again (SPLITS_REFRESH) are served by a pass from the first row,
+    over the table once: no row met twice (it would be, still held by the pass's
+    group: a meeting). The scanner remembers the rows it passed, to begin at later."""
+    worker, observer = recording_worker(cluster)
+    assert not worker._scanner._family_pass()
+    notified(cluster, b"a", b"b", b"c")
+    assert worker._scanner._family_pass()
+    assert observer.rows == [b"a", b"b", b"c"]
+    assert worker.stats["meetings"] == 0 and worker.stats["committed"] == 3
+    assert worker._scanner._sample["docs"] == [b"a", b"b", b"c"]  # the rows it passed
+
+
+def test_a_family_pass_reads_its_rows_a_batch_at_a_time_each_fresh(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SCAN_BATCH rows (three here) per scan, each scan from just past the previous
+    batch's last row and within the pass's range: the pass begins at a sampled row
+    (the draw set by the test: the third, c), serves the rows from there, then wraps
+    around to a and b. Row g is served by another worker while this one runs c: the
+    second batch, read after, no longer lists it, so this worker neither runs it nor
+    meets anyone (fails if a scan reads more than its batch, from the first row, from
+    past another row of the batch or further than just past its last, past its
+    range's end, or if a range ends after its first full batch)."""
+    monkeypatch.setattr(observers._scanner, "SCAN_BATCH", 3)
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        choice=lambda rows: rows[2], randint=lambda lo, hi: lo, shuffle=lambda tables: None))
+    other = Worker(cluster, [_app.Indexer], threads=1)._runner
+
+    class ServesGMeanwhile(Recording):
+        def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+            if row == b"c":
+                assert other.run_cells("docs", b"g", notify_cells(cluster, b"g")) is Ran.WORKED
+            super().process(txn, row, column)
+
+    cluster.create_table("log")
+    observer = ServesGMeanwhile()
+    worker = Worker(cluster, [observer], threads=1)
+    worker.register()
+    notified(cluster, b"a", b"b", b"c", b"d", b"e", b"e1", b"f", b"g", b"h")
+    assert worker._scanner._family_pass()
+    assert observer.rows == [b"c", b"d", b"e", b"e1", b"f", b"h", b"a", b"b"]
+    assert worker.stats["meetings"] == 0 and worker.stats["committed"] == 8
+
+
+def test_a_family_pass_ends_its_range_at_its_bound_without_another_scan(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pass begins at row ``b"b\\x00"`` (the draw set by the test), the row just
+    past b: its wrapped range ends there, and a full batch of that range ending at b
+    ends it, without a scan of the empty rest (four scans of the table: the sample,
+    two batches of the first range and one of the second). The pass served rows, and
+    says so."""
+    monkeypatch.setattr(observers._scanner, "SCAN_BATCH", 2)
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        choice=lambda rows: rows[2], randint=lambda lo, hi: lo, shuffle=lambda tables: None))
+    worker, observer = recording_worker(cluster)
+    notified(cluster, b"a", b"b", b"b\x00", b"c")
+    counting = CountingStore(internals(cluster).store)
+    internals(cluster).store = counting  # type: ignore[assignment]
+    try:
+        assert worker._scanner._family_pass() is True
+    finally:
+        internals(cluster).store = counting._store  # type: ignore[assignment]
+    assert observer.rows == [b"b\x00", b"c", b"a", b"b"]
+    assert counting.calls["scan"] == 4
+
+
+def test_a_family_pass_stops_mid_batch_when_its_worker_stops(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker stops while the pass runs its batch's first row (the pass begins at
+    the first row: the draw set by the test): the pass ends there, the rest of the
+    batch left for a later worker."""
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        choice=lambda rows: rows[0], randint=lambda lo, hi: lo, shuffle=lambda tables: None))
+
+    class StopsTheWorker(Recording):
+        def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+            worker._stop.set()
+            super().process(txn, row, column)
+
+    cluster.create_table("log")
+    observer = StopsTheWorker()
+    worker = Worker(cluster, [observer], threads=1)
+    worker.register()
+    notified(cluster, b"a", b"b", b"c")
+    assert worker._scanner._family_pass()
+    assert observer.rows == [b"a"] and worker.stats["committed"] == 1
+
+
+@pytest.mark.parametrize(("store", "drawn", "meetings", "answer"), [
+    ("sqlite", [(32, 48)], 1, False), ("cas-sqlite", [(1, 17)] * 3, 4, True)],
+    ids=["sqlite", "cas-sqlite"])
+def test_a_family_pass_that_meets_held_rows_skips_what_another_may_hold_and_ends_at_the_fourth(
+    store: str, drawn: list[tuple[int, int]], meetings: int, answer: bool,
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ten rows, each held by another scanner (their advisory locks taken). A meeting
+    skips a stretch drawn from [held, held + 16 per scanner thread] (the draw set by
+    the test: its lower end), where held is what another scanner may hold at once:
+    GROUP_MAX (32) rows where runs commit in groups (the embedded store), so one
+    meeting passes them all by and the pass found nothing; one where each commits
+    alone (``cas-sqlite``), so the pass meets every other row and ends at the fourth
+    meeting, a jump (the pass begins at the third row, the draw set by the test: it
+    does not go on to the rows before it): it answers True, for its scanner to pass
+    again at once."""
+    drew: list[tuple[int, int]] = []
+
+    def randint(lo: int, hi: int) -> int:
+        drew.append((lo, hi))
+        return lo
+
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        choice=lambda rows: rows[2], randint=randint, shuffle=lambda tables: None))
+    with percolator.connect(make_store_url(store, request, tmp_path)) as held_cluster:
+        held_cluster.create_table("docs")
+        worker, observer = recording_worker(held_cluster)
+        rows = [b"r%d" % i for i in range(10)]
+        notified(held_cluster, *rows)
+        coordination = internals(held_cluster).coordination
+        keys = [f"docs/{row.hex()}" for row in rows]
+        assert all(coordination.try_advisory_lock(key) for key in keys)
+        try:
+            assert worker._scanner._family_pass() is answer
+        finally:
+            for key in keys:
+                coordination.release_advisory_lock(key)
+        assert drew == drawn and worker.stats["meetings"] == meetings
+        assert observer.rows == []
+
+
+def test_a_scanner_on_a_store_that_tells_split_keys_begins_at_one_without_sampling(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store that tells its split keys (HBase's regions, Bigtable's tablets; the
+    embedded store's answer set by the test, ``split_keys`` of the table asked):
+    a fresh scanner begins its pass at one (the draw set by the test), reads no sample
+    of the table, and wraps around."""
+    splits = {"docs": [b"c"]}
+    splits_told(monkeypatch, lambda table: splits[table])
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        random=lambda: 0.0, choice=lambda keys: keys[0], randint=lambda lo, hi: lo,
+        shuffle=lambda tables: None))
+    worker, observer = recording_worker(cluster)
+    notified(cluster, b"a", b"b", b"c", b"d")
+    assert worker._scanner._family_pass()
+    assert observer.rows == [b"c", b"d", b"a", b"b"]
+    assert worker.stats["split_starts"] == 1
+
+
+def test_a_family_pass_passes_by_a_row_another_scanner_of_its_worker_served_since_its_scan(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker whose scanners pass at once keeps a :class:`Recent` (handed to the
+    runner here, as in ``runner_keeping_recent``). While the pass runs a, another
+    scanner thread of the worker serves c, which the pass's batch, read before,
+    still lists: the pass meets it there (``served_lately``), without a run of it,
+    not even one that finds its notification gone (an absent run: a timestamp and a
+    read)."""
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        choice=lambda rows: rows[0], randint=lambda lo, hi: lo, shuffle=lambda tables: None))
+    runner: list[Runner] = []
+
+    class ServesCMeanwhile(Recording):
+        def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+            if row == b"a":
+                assert runner[0].run_cells("docs", b"c", notify_cells(cluster, b"c"))
+            super().process(txn, row, column)
+
+    cluster.create_table("log")
+    observer = ServesCMeanwhile()
+    worker = Worker(cluster, [observer], threads=1)
+    worker.register()
+    worker._runner._recent = Recent()
+    runner.append(worker._runner)
+    notified(cluster, b"a", b"b", b"c")
+    absent = ("percolator_observer_runs_total", (observer.name, "absent"))
+    before = metrics.snapshot()[0].get(absent, 0)
+    assert worker._scanner._family_pass()
+    assert observer.rows == [b"c", b"a", b"b"]  # c by the other scanner, within a's run
+    assert worker.stats["meetings"] == 1
+    assert metrics.snapshot()[0].get(absent, 0) == before
+
+
+class DrawsFail:
+    """The cluster's timestamp source, unreachable: every draw fails."""
+
+    def __init__(self, source: object) -> None:
+        self._source = source
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._source, name)
+
+    def get_timestamp(self) -> int:
+        raise OracleUnavailable("no oracle answered (the test's)")
+
+
+def test_a_family_pass_whose_run_finds_no_timestamp_source_ends_with_its_error(
+    request: pytest.FixtureRequest, tmp_path: Path,
+) -> None:
+    """On a store whose runs commit alone (``cas-sqlite``), the timestamp source is
+    unreachable: the pass's first run fails for it, and the pass ends there with
+    that error (its scanner backs off), the row's advisory lock let go."""
+    with percolator.connect(make_store_url("cas-sqlite", request, tmp_path)) as cas:
+        cas.create_table("docs")
+        worker, observer = recording_worker(cas)
+        notified(cas, b"a")
+        host = internals(cas)
+        draws = host.timestamps
+        host.timestamps = DrawsFail(draws)  # type: ignore[assignment]
+        try:
+            with pytest.raises(OracleUnavailable, match="the test's"):
+                worker._scanner._family_pass()
+        finally:
+            host.timestamps = draws
+        key = f"docs/{b'a'.hex()}"
+        assert host.coordination.try_advisory_lock(key)
+        host.coordination.release_advisory_lock(key)
+        assert observer.rows == []
+
+
+def splits_told(monkeypatch: pytest.MonkeyPatch, split_keys: Callable[[str], list[bytes]],
+                ) -> None:
+    """The embedded store made to tell split keys (HBase's regions, Bigtable's tablets):
+    *split_keys* answers the scanner's question."""
+    real_offered = observers._scanner.offered
+
+    def offered(store: Any, capability: Any) -> Any:
+        if capability == observers._scanner.SPLIT_KEYS:
+            return SimpleNamespace(split_keys=split_keys)
+        return real_offered(store, capability)
+
+    monkeypatch.setattr(observers._scanner, "offered", offered)
+
+
+def test_a_pass_begins_at_a_split_key_until_rows_are_seen_then_half_the_time(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nothing seen yet: a split key, whatever the draw; rows seen: a split key when the
+    draw (set by the test) is below one half, else a row seen."""
+    splits_told(monkeypatch, lambda table: [b"m"])
+    draw = [0.7]
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        random=lambda: draw[0], choice=lambda seq: seq[-1]))
+    worker = Worker(cluster, [_app.Indexer], threads=1)
+    scanner = worker._scanner
+    assert scanner.random_start("docs") == b"m"
+    scanner.remember("docs", b"r")
+    assert scanner.random_start("docs") == b"r"
+    draw[0] = 0.5
+    assert scanner.random_start("docs") == b"r"
+    draw[0] = 0.49
+    assert scanner.random_start("docs") == b"m"
+    assert worker.stats["split_starts"] == 2
+
+
+def test_a_scanner_asks_the_store_for_split_keys_at_most_once_a_minute(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch, scanner_clock: list[float],
+) -> None:
+    """The split keys are asked again only more than SPLITS_REFRESH seconds after the
+    last question (the module's clock set by the test). Another scanner thread that
+    wants them while one asks goes on with what was known, without asking too
+    (played by the store's answer, which asks the scanner meanwhile)."""
+    asked: list[str] = []
+    answers = iter([[b"m"], [b"n"]])
+    scanner = Worker(cluster, [_app.Indexer], threads=1)._scanner
+
+    def split_keys(table: str) -> list[bytes]:
+        asked.append(table)
+        assert scanner._split_keys(table) == ([] if len(asked) == 1 else [b"m"])
+        return next(answers)
+
+    splits_told(monkeypatch, split_keys)
+    assert scanner._split_keys("docs") == [b"m"]
+    scanner_clock[0] += 60.0
+    assert scanner._split_keys("docs") == [b"m"] and asked == ["docs"]
+    scanner_clock[0] += 0.5
+    assert scanner._split_keys("docs") == [b"n"] and asked == ["docs", "docs"]
+
+
+def test_a_family_pass_holds_the_rows_of_its_groups_waiting_runs_until_their_commit(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Runs on the embedded store wait in a group of GROUP_MAX (two here) and commit
+    together: the advisory lock of a row whose run waits is held until then, that of
+    a row whose run failed (it waits for nothing) is let go at once. Each run looks at
+    the locks of a, c and d, as another scanner would, and at a's output: b's finds a
+    held; c's, after a and b committed, finds a free and its output; e's finds c held
+    (waiting in the next group) and d, which failed, free."""
+    monkeypatch.setattr(observers._scanner, "GROUP_MAX", 2)
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        choice=lambda rows: rows[0], randint=lambda lo, hi: lo, shuffle=lambda tables: None))
+    coordination = internals(cluster).coordination
+    seen: dict[bytes, tuple[bool, bool, bool, bytes | None]] = {}
+
+    def free(row: bytes) -> bool:
+        key = f"docs/{row.hex()}"
+        if not coordination.try_advisory_lock(key):
+            return False
+        coordination.release_advisory_lock(key)
+        return True
+
+    class Looks(Recording):
+        def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+            if row == b"d":
+                raise ValueError("d fails")
+            seen[row] = (free(b"a"), free(b"c"), free(b"d"),
+                         Snapshot(cluster).get("docs", b"a", "out:seen"))
+            super().process(txn, row, column)
+
+    cluster.create_table("log")
+    observer = Looks()
+    worker = Worker(cluster, [observer], threads=1)
+    worker.register()
+    notified(cluster, b"a", b"b", b"c", b"d", b"e")
+    assert worker._scanner._family_pass()
+    assert seen[b"b"] == (False, True, True, None)
+    assert seen[b"c"] == (True, False, True, b"a")
+    assert seen[b"e"] == (True, False, True, b"a")
+    assert worker.stats["committed"] == 4 and worker.stats["failures"] == 1
+
+
+def test_a_family_pass_runs_its_workers_columns_only(cluster: percolator.Cluster) -> None:
+    """A row notified on a column another worker observes is left to it, its
+    notification in place, as is the one the run on the other row made (fails if the
+    pass reads every notify column: this worker has no observer of it)."""
+    Worker(cluster, [_app.Stage2]).register()  # another worker's column: out:seen
+    worker, observer = recording_worker(cluster)
+    notified(cluster, b"a")
+    notified(cluster, b"b", column="out:seen")
+    assert worker._scanner._family_pass()
+    assert observer.rows == [b"a"]
+    pending = internals(cluster).store.read_rows(
+        "docs", [b"a", b"b"], [Read(NOTIFY, None, versions=None)])
+    assert {row: set(cells) for row, cells in pending.items()} == {
+        b"a": {f"{NOTIFY}:out:seen"}, b"b": {f"{NOTIFY}:out:seen"}}
+
+
+def test_observer_commits_share_a_store_write_on_a_one_phase_store_in_groups_of_two_or_more(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runner = Worker(cluster, [_app.Indexer], threads=1)._runner
+    assert runner.commits_in_groups() is True
+    monkeypatch.setattr(observers._runner, "GROUP_MAX", 2)
+    assert runner.commits_in_groups() is True
+    monkeypatch.setattr(observers._runner, "GROUP_MAX", 1)
+    assert runner.commits_in_groups() is False
+
+
+def test_a_family_pass_on_a_two_phase_store_commits_each_run_alone(
+    request: pytest.FixtureRequest, tmp_path: Path,
+) -> None:
+    """The embedded store taking HBase's path (``cas-sqlite``: no atomic step to share)
+    gathers no group: each run commits in two phases as it ends."""
+    with percolator.connect(make_store_url("cas-sqlite", request, tmp_path)) as cas:
+        cas.create_table("docs")
+        worker, observer = recording_worker(cas)
+        assert worker._runner.commits_in_groups() is False
+        notified(cas, b"a", b"b")
+        assert worker._scanner._family_pass()
+        assert sorted(observer.rows) == [b"a", b"b"] and worker.stats["committed"] == 2
+        assert Snapshot(cas).get("docs", b"a", "out:seen") == b"a"
 
 
 # --- the lookout's look, on the notify family (no index) ---------------------------------
