@@ -83,6 +83,36 @@ def test_reads_skip_locks_only_while_none_can_be_held(sqlite_cluster: Cluster) -
     assert _families_of_a_get(cluster, b"alice") == (b"2", ("w",))
 
 
+def test_a_read_that_skips_the_locks_still_refuses_a_start_below_the_safe_point(
+    tmp_path: Path,
+) -> None:
+    """The clean census's read (``get``'s own, in line) checks the safe point after
+    reading, as every read does: once a garbage-collection pass overtook a
+    transaction, its read raises SnapshotTooOldError, whether its client's cached
+    safe point is already above the start (the pass was this client's) or the client
+    never fetched it (another client's pass: a cache never fetched is stale)."""
+    url = f"sqlite:{tmp_path / 'repo.db'}"
+    with percolator.connect(url, safe_point_refresh=0.02) as mine, \
+            percolator.connect(url, safe_point_refresh=0.02) as other:
+        mine.create_table(T)
+        with Transaction(mine) as txn:
+            txn.set(T, b"alice", C, b"old")
+        old_here, old_there = Transaction(mine), Transaction(other)
+        with Transaction(mine) as txn:
+            txn.set(T, b"alice", C, b"new")
+        safe_point = mine.gc(retention=0, max_txn_age=1e-9).safe_point  # overtakes both
+        assert safe_point > max(old_here.start_ts, old_there.start_ts)
+        internals(mine).sweep_locks(force=True)  # the file is shared: other's too
+        for old in (old_here, old_there):
+            census = internals(old.cluster).lock_census
+            assert census is not None and census.clean()
+            with pytest.raises(percolator.SnapshotTooOldError) as too_old:
+                old.get(T, b"alice", C)
+            assert (too_old.value.start_ts, too_old.value.safe_point) == (
+                old.start_ts, safe_point)
+            old.close()
+
+
 def test_a_load_keeps_the_census_set_until_its_locks_are_released(
     sqlite_cluster: Cluster,
 ) -> None:
