@@ -88,28 +88,31 @@ def test_a_read_that_skips_the_locks_still_refuses_a_start_below_the_safe_point(
 ) -> None:
     """The clean census's read (``get``'s own, in line) checks the safe point after
     reading, as every read does: once a garbage-collection pass overtook a
-    transaction, its read raises SnapshotTooOldError, whether its client's cached
-    safe point is already above the start (the pass was this client's) or the client
-    never fetched it (another client's pass: a cache never fetched is stale)."""
+    transaction or a snapshot, its read raises SnapshotTooOldError naming it, whether
+    its client's cached safe point is already above the start (the pass was this
+    client's) or the client never fetched it (another client's pass: a cache never
+    fetched is stale)."""
     url = f"sqlite:{tmp_path / 'repo.db'}"
     with percolator.connect(url, safe_point_refresh=0.02) as mine, \
             percolator.connect(url, safe_point_refresh=0.02) as other:
         mine.create_table(T)
         with Transaction(mine) as txn:
             txn.set(T, b"alice", C, b"old")
-        old_here, old_there = Transaction(mine), Transaction(other)
+        readers = [(Transaction(mine), "transaction"), (Transaction(other), "transaction"),
+                   (percolator.Snapshot(other), "snapshot")]
         with Transaction(mine) as txn:
             txn.set(T, b"alice", C, b"new")
-        safe_point = mine.gc(retention=0, max_txn_age=1e-9).safe_point  # overtakes both
-        assert safe_point > max(old_here.start_ts, old_there.start_ts)
+        safe_point = mine.gc(retention=0, max_txn_age=1e-9).safe_point  # overtakes all
         internals(mine).sweep_locks(force=True)  # the file is shared: other's too
-        for old in (old_here, old_there):
+        for old, what in readers:
+            assert old.start_ts < safe_point
             census = internals(old.cluster).lock_census
             assert census is not None and census.clean()
             with pytest.raises(percolator.SnapshotTooOldError) as too_old:
                 old.get(T, b"alice", C)
             assert (too_old.value.start_ts, too_old.value.safe_point) == (
                 old.start_ts, safe_point)
+            assert str(too_old.value).startswith(f"{what} {old.start_ts} is too old: ")
             old.close()
 
 
