@@ -37,6 +37,7 @@ from percolator._encoding import (
 )
 from percolator._internals import internals
 from percolator._notifications import pending_notifications
+from percolator._one_phase import one_phase_steps
 from percolator._store import Read
 from percolator.testing import CrashPoint, Interleaving, Step, client_of, crash_commit
 
@@ -345,6 +346,28 @@ def test_a_one_phase_commit_takes_the_clusters_timestamp_source_as_it_is_now(
         txn.set(T, ROW, COL, b"1")
     assert counted.calls == 1
     assert value(embedded) == b"1"
+
+
+def test_the_one_phase_steps_are_looked_up_once_per_store_and_timestamp_source(
+    embedded: Cluster,
+) -> None:
+    """Commits after the first take the steps the first looked up (the very object),
+    not a lookup of their own each; a new lookup only once the timestamp source is
+    another object, which the commits after it take in turn."""
+    with Transaction(embedded) as txn:
+        txn.set(T, ROW, COL, b"1")
+    first = one_phase_steps(embedded)
+    assert first is not None and one_phase_steps(embedded) is first
+    with Transaction(embedded) as txn:
+        txn.set(T, ROW, COL, b"2")
+    assert one_phase_steps(embedded) is first
+    internals(embedded).timestamps = _CountedInFlight(internals(embedded).timestamps)
+    again = one_phase_steps(embedded)
+    assert again is not None and again is not first
+    with Transaction(embedded) as txn:
+        txn.set(T, ROW, COL, b"3")
+    assert one_phase_steps(embedded) is again
+    assert value(embedded) == b"3"
 
 
 def test_a_flat_commit_gives_way_to_a_live_lock_on_its_rows_second_cell(
