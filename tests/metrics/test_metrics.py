@@ -467,10 +467,19 @@ def test_a_read_of_a_row_that_holds_nothing_is_counted_and_timed_by_its_own_cloc
     assert 0 < total_after - total <= elapsed
 
 
-def test_the_read_one_past_each_read_sample_is_timed(cluster: percolator.Cluster) -> None:
+@pytest.mark.parametrize("lock_held", [False, True], ids=["census-clean", "lock-held"])
+def test_the_read_one_past_each_read_sample_is_timed(
+    cluster: percolator.Cluster, lock_held: bool,
+) -> None:
     """Reads are counted one by one; the one whose count is one past a multiple of
     READ_SAMPLE (the process's first read, then one in READ_SAMPLE) is timed into the
-    read-duration histogram, the next is not."""
+    read-duration histogram, the next is not: ``get``'s own read where no lock can be
+    held (the lock census clean), and a read that looks at the locks (one is held)."""
+    if lock_held:
+        holder = Transaction(client_of(cluster))
+        holder.set("docs", b"held", "raw:v", b"x")
+        with pytest.raises(SimulatedCrash):  # stopped after locking; its owner lives on
+            commit_transaction(holder, CrashPoint("prewrite", 0))
     name = "percolator_read_duration_seconds"
     snapshot = Snapshot(cluster)
     for untimed in range(metrics.READ_SAMPLE):  # each row's first read goes to the store

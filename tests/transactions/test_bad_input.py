@@ -139,8 +139,11 @@ def test_reserved_families_are_read_only_where_internal_columns_are_on(db: Clust
     writer = Transaction(db)
     internal_columns(writer, True)
     writer.set("t", b"r", "_ack:q", b"v")
+    writer.set("t", b"r", "c:v", b"user")
     writer.commit()
     reader = Transaction(db)
+    # A scan of every column shows the user's only.
+    assert list(reader.scan("t")) == [(b"r", {"c:v": b"user"})]
     reads = (
         lambda: reader.get("t", b"r", "_ack:q"),
         lambda: reader.get_row("t", b"r", ["_ack:q"]).get("_ack:q"),
@@ -152,6 +155,7 @@ def test_reserved_families_are_read_only_where_internal_columns_are_on(db: Clust
             read()
     internal_columns(reader, True)
     assert [read() for read in reads] == [b"v"] * len(reads)
+    assert list(reader.scan("t")) == [(b"r", {"_ack:q": b"v", "c:v": b"user"})]
 
 
 def test_bad_urls_and_options(tmp_path: Any) -> None:

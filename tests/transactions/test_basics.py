@@ -286,6 +286,25 @@ def test_a_read_whose_rollback_record_gc_removes_under_it_is_too_old(
         assert passes
 
 
+def test_a_row_read_goes_past_a_column_whose_only_record_is_a_rollback(
+    accounts: Cluster,
+) -> None:
+    """A dead writer's write, rolled back, is the only record of bal:amount (the row's
+    first column): a read of the row (``get_row``, ``scan``) leaves that column out and
+    goes on to the row's other columns."""
+    dead = Transaction(client_of(accounts))
+    dead.set("accounts", b"a", "bal:amount", b"lost")
+    assert crash_commit(dead, CrashPoint("prewrite", 0)) is False
+    assert Transaction(accounts).get("accounts", b"a", "bal:amount") is None  # rolled back
+    with Transaction(accounts) as txn:
+        txn.set("accounts", b"a", "bal:owner", b"ann")
+    snapshot = percolator.Snapshot(accounts)
+    assert snapshot.get_row("accounts", b"a", ["bal:amount", "bal:owner"]) == {
+        "bal:owner": b"ann"}
+    assert list(percolator.Snapshot(accounts).scan("accounts")) == [
+        (b"a", {"bal:owner": b"ann"})]
+
+
 def test_a_read_told_to_stop_waiting_gives_up_on_a_live_lock_at_once(
     accounts: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
