@@ -138,6 +138,23 @@ def test_scan_range_and_columns(accounts: Cluster) -> None:
     assert [r for r, _ in odd] == [b"r01", b"r03", b"r05", b"r07", b"r09"]
 
 
+def test_a_snapshot_reads_the_large_value_of_its_own_time_not_a_later_one(
+    accounts: Cluster,
+) -> None:
+    """As above with values too large to ride in their write records (each in a data
+    cell at its writer's start): the snapshot reads the data cell its write record
+    names, not the newer one a later commit wrote."""
+    old_value, new_value = b"1" * 2048, b"2" * 2048
+    with Transaction(accounts) as txn:
+        txn.set("accounts", b"a", "bal:amount", old_value)
+    old = Transaction(accounts)
+    assert old.start_ts  # the snapshot, taken now at the latest (at its first read else)
+    with Transaction(accounts) as txn:
+        txn.set("accounts", b"a", "bal:amount", new_value)
+    assert old.get("accounts", b"a", "bal:amount") == old_value
+    assert percolator.Snapshot(accounts).get("accounts", b"a", "bal:amount") == new_value
+
+
 def test_delete_then_reinsert_and_many_versions(accounts: Cluster) -> None:
     for value in (b"1", None, b"3", b"4"):
         with Transaction(accounts) as txn:
