@@ -11,7 +11,7 @@ import pytest
 import percolator
 from percolator import Cluster, Transaction, metrics
 from percolator._commit import SimulatedCrash, commit_transaction
-from percolator._encoding import META_TABLE, NOTIFY
+from percolator._encoding import DATA, META_TABLE, NOTIFY
 from percolator._internals import internals
 from percolator._observer_hooks import internal_columns
 from percolator._store import Read
@@ -141,9 +141,10 @@ def test_scan_range_and_columns(accounts: Cluster) -> None:
 def test_a_snapshot_reads_the_large_value_of_its_own_time_not_a_later_one(
     accounts: Cluster,
 ) -> None:
-    """As above with values too large to ride in their write records (each in a data
-    cell at its writer's start): the snapshot reads the data cell its write record
-    names, not the newer one a later commit wrote."""
+    """As above with values too large to ride in their write records (a two-phase
+    commit writes each in a data cell at its writer's start): the snapshot reads the
+    data cell its write record names, not the newer one a later commit wrote."""
+    accounts.one_phase_commit = False  # one phase keeps any value in its write record
     old_value, new_value = b"1" * 2048, b"2" * 2048
     with Transaction(accounts) as txn:
         txn.set("accounts", b"a", "bal:amount", old_value)
@@ -320,6 +321,38 @@ def test_a_row_read_goes_past_a_column_whose_only_record_is_a_rollback(
         "bal:owner": b"ann"}
     assert list(percolator.Snapshot(accounts).scan("accounts")) == [
         (b"a", {"bal:owner": b"ann"})]
+
+
+def test_a_read_whose_data_cell_gc_removes_under_it_is_too_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above with a large value: the snapshot's write record names a data cell, read
+    in a second store call; a GC pass that overtakes the snapshot runs in between and
+    removes it (a newer commit replaced the value). The read raises
+    SnapshotTooOldError, not an error of the data cell it no longer finds."""
+    with percolator.connect(f"sqlite:{tmp_path / 'repo.db'}", safe_point_refresh=0.02) as c:
+        c.create_table("accounts")
+        c.one_phase_commit = False  # one phase keeps any value in its write record
+        with Transaction(c) as txn:
+            txn.set("accounts", b"a", "bal:amount", b"1" * 2048)
+        snapshot = percolator.Snapshot(c)
+        with Transaction(c) as txn:
+            txn.set("accounts", b"a", "bal:amount", b"2" * 2048)
+        store = internals(c).store
+        read_rows = store.read_rows
+        passes: list[int] = []
+
+        def collected_first(table: str, rows: list[bytes], reads: list[Read]) -> object:
+            if not passes and any(read.family == DATA for read in reads):  # the data read
+                passes.append(snapshot.start_ts)  # once: the pass reads through here too
+                summary = c.gc(retention=0, max_txn_age=1e-9)
+                assert summary.safe_point > snapshot.start_ts
+            return read_rows(table, rows, reads)
+
+        monkeypatch.setattr(store, "read_rows", collected_first)
+        with pytest.raises(percolator.SnapshotTooOldError):
+            snapshot.get("accounts", b"a", "bal:amount")
+        assert passes
 
 
 def test_a_read_told_to_stop_waiting_gives_up_on_a_live_lock_at_once(
