@@ -11,11 +11,12 @@ import pytest
 import percolator
 from percolator import Cluster, Transaction, metrics
 from percolator._commit import SimulatedCrash, commit_transaction
-from percolator._encoding import DATA, META_TABLE, NOTIFY
+from percolator._encoding import DATA, FREE_TAG, LOCK, META_TABLE, NOTIFY
 from percolator._internals import internals
 from percolator._observer_hooks import internal_columns
 from percolator._store import Read
 from percolator.testing import CrashPoint, client_of, crash_commit
+from tests._backends import make_store_url
 
 
 @pytest.fixture
@@ -493,6 +494,31 @@ def test_rows_that_meet_a_lock_are_read_again_for_the_columns_asked_only(
                  else reader.get_rows("accounts", [b"a", b"b"], ["bal:amount"]))
         assert found == {b"a": {"bal:amount": value}, b"b": {"bal:amount": value}}, read
         assert len(asked) > 2 and set(asked) == {("bal:amount",)}, read  # b read again
+        reader.rollback()
+
+
+def test_a_free_lock_read_before_a_held_one_does_not_end_the_look_at_the_locks(
+    request: pytest.FixtureRequest, tmp_path: Path,
+) -> None:
+    """On the embedded store taking HBase's path (``CAS_SQLITE``) a transaction's row
+    read brings every lock cell, FREE ones too (what its prewrite would read): the
+    FREE lock an earlier commit left on a's bal:amount comes before the lock a commit
+    that crashed after its commit point left on a's bal:note. The read still meets
+    that lock, rolls the commit forward and returns its value."""
+    with percolator.connect(make_store_url("cas-sqlite", request, tmp_path)) as c:
+        c.create_table("accounts")
+        with Transaction(c) as txn:
+            txn.set("accounts", b"a", "bal:amount", b"1")
+            txn.set("accounts", b"a", "bal:note", b"old")
+        crashed = Transaction(client_of(c))
+        crashed.set("accounts", b"0", "bal:amount", b"2")
+        crashed.set("accounts", b"a", "bal:note", b"new")
+        assert crash_commit(crashed, CrashPoint("commit_point")) is True
+        locks = internals(c).store.read_rows("accounts", [b"a"], [Read(LOCK)])[b"a"]
+        assert [n for n, v in locks.items() if v[0][1][:1] == FREE_TAG] == ["l:bal:amount"]
+        reader = Transaction(c)
+        assert reader.get_row("accounts", b"a", ["bal:amount", "bal:note"]) == {
+            "bal:amount": b"1", "bal:note": b"new"}
         reader.rollback()
 
 
