@@ -84,6 +84,34 @@ def test_reads_skip_locks_only_while_none_can_be_held(sqlite_cluster: Cluster) -
     assert _families_of_a_get(cluster, b"alice") == (b"2", ("w",))
 
 
+def test_a_row_read_skips_the_lock_family_while_the_census_is_clean(
+    sqlite_cluster: Cluster,
+) -> None:
+    """As ``get``, a ``get_row`` (a row read through the store's read_rows) asks for
+    the write family alone while no lock can be held, and the lock family with it once
+    one may be."""
+    cluster = sqlite_cluster
+    census = internals(cluster).lock_census
+    assert census is not None
+    cluster.create_table(T)
+    with Transaction(cluster) as txn:
+        txn.set(T, b"alice", C, b"1")
+    for clean in (True, False):
+        if clean:
+            internals(cluster).sweep_locks(force=True)
+        else:
+            with internals(cluster).taking_locks():  # as a prewrite does: may hold one
+                pass
+        assert census.clean() is clean
+        proxy = _FamiliesRead(internals(cluster).store)
+        internals(cluster).store = proxy  # type: ignore[assignment]
+        try:
+            assert Transaction(cluster).get_row(T, b"alice", [C]) == {C: b"1"}
+        finally:
+            internals(cluster).store = proxy._store
+        assert proxy.families == [("w",) if clean else ("l", "w")]
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "cas-sqlite"])
 def test_a_read_that_skips_the_locks_still_refuses_a_start_below_the_safe_point(
     request: pytest.FixtureRequest, tmp_path: Path, backend: str,
