@@ -21,8 +21,10 @@ import percolator
 from percolator import Cluster, Transaction
 from percolator import _lock_census as lock_census_module
 from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
+from percolator._encoding import WRITE
 from percolator._internals import internals
 from percolator._lock_census import LockCensus
+from percolator._store import Read
 from percolator.testing import CrashPoint, client_of, crash_commit
 from tests._backends import make_store_url
 
@@ -110,6 +112,22 @@ def test_a_row_read_skips_the_lock_family_while_the_census_is_clean(
         finally:
             internals(cluster).store = proxy._store
         assert proxy.families == [("w",) if clean else ("l", "w")]
+
+
+def test_a_snapshots_reads_of_a_set_of_columns_are_made_once_for_up_to_64_sets(
+    sqlite_cluster: Cluster,
+) -> None:
+    """The store reads of a snapshot's row read depend on its columns and the census:
+    made once per set of columns, kept for the first 64 sets (a snapshot reading ever
+    new columns keeps no more), made afresh beyond."""
+    internals(sqlite_cluster).sweep_locks(force=True)  # clean, and stays so: one key
+    snapshot = percolator.Snapshot(sqlite_cluster)
+    sets = [(f"c:{i}",) for i in range(65)]
+    made = [snapshot._reads(columns) for columns in sets]
+    assert made[-1] == [Read(WRITE, sets[-1], max_ts=snapshot.start_ts)]
+    kept = [snapshot._reads(columns) is first for columns, first in zip(
+        sets, made, strict=True)]
+    assert kept == [True] * 64 + [False]
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "cas-sqlite"])
@@ -214,7 +232,9 @@ def test_a_taker_in_another_process_blocks_sweeps_until_it_is_killed(tmp_path: P
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys, time
             sys.path.insert(0, {str(ROOT)!r})
-            from percolator._lock_census import LockCensus
+            from percolator._encoding import WRITE
+from percolator._lock_census import LockCensus
+from percolator._store import Read
             with LockCensus({path!r}).taking():
                 print("taking", flush=True)
                 time.sleep(60)
