@@ -165,6 +165,10 @@ def test_a_read_that_skips_the_locks_still_refuses_a_start_below_the_safe_point(
                 old.start_ts, safe_point)
             assert str(too_old.value).startswith(f"{what} {old.start_ts} is too old: ")
             old.close()
+        # A snapshot asked for at a start the pass overtook is refused as it is made.
+        with pytest.raises(percolator.SnapshotTooOldError,
+                           match=f"^snapshot {starts[0]} is too old: "):
+            percolator.Snapshot(other, start_ts=starts[0])
 
 
 def test_a_load_keeps_the_census_set_until_its_locks_are_released(
