@@ -522,6 +522,42 @@ def test_a_free_lock_read_before_a_held_one_does_not_end_the_look_at_the_locks(
         reader.rollback()
 
 
+def test_a_transactions_reads_on_the_cas_path_ask_for_the_columns_asked_only(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the embedded store taking HBase's path (``CAS_SQLITE``) a transaction's read
+    brings what its prewrite would read (the lock whatever its state, the write
+    records after its start too), of the columns asked only: a live lock on another
+    column of the row (taken by a writer that started first) does not make it wait, and
+    no store read asks for another column (nor for every column)."""
+    with percolator.connect(make_store_url("cas-sqlite", request, tmp_path)) as c:
+        c.create_table("accounts")
+        with Transaction(c) as txn:
+            txn.set("accounts", b"a", "bal:amount", b"1")
+            txn.set("accounts", b"a", "bal:note", b"n")
+        holder = Transaction(client_of(c))
+        holder.set("accounts", b"a", "bal:note", b"held")
+        assert holder.start_ts
+        reader = Transaction(c)
+        assert reader.start_ts > holder.start_ts
+        with pytest.raises(SimulatedCrash):  # stopped after locking; its owner lives on
+            commit_transaction(holder, CrashPoint("prewrite", 0))
+        internals(c).lock_wait_policy = percolator.RetryPolicy(
+            max_tries=2, delay=0.01, max_delay=0.01, deadline=None)
+        store = internals(c).store
+        read_rows = store.read_rows
+        asked: list[tuple[str, ...] | None] = []
+
+        def noted(table: str, rows: list[bytes], reads: list[Read]) -> object:
+            asked.extend(read.qualifiers for read in reads)
+            return read_rows(table, rows, reads)
+
+        monkeypatch.setattr(store, "read_rows", noted)
+        assert reader.get("accounts", b"a", "bal:amount") == b"1"
+        assert asked and set(asked) == {("bal:amount",)}
+        reader.rollback()
+
+
 @pytest.mark.parametrize("one_phase", [True, False], ids=["one-phase", "two-phase"])
 def test_a_commit_that_makes_a_notification_wakes_this_processs_workers(
     accounts: Cluster, one_phase: bool
