@@ -558,6 +558,28 @@ def test_a_transactions_reads_on_the_cas_path_ask_for_the_columns_asked_only(
         reader.rollback()
 
 
+def test_a_commit_at_the_timestamp_just_above_a_readers_start_is_a_conflict_for_it(
+    request: pytest.FixtureRequest, tmp_path: Path,
+) -> None:
+    """On the embedded store taking HBase's path (``CAS_SQLITE``) a transaction's read
+    keeps, for its prewrite, the write records after its start: W, begun first, commits
+    at the very next timestamp after T's start; T reads the cell after that, writes it
+    and commits: a conflict (first committer wins), not a lost update."""
+    with percolator.connect(make_store_url("cas-sqlite", request, tmp_path)) as c:
+        c.create_table("accounts")
+        w = Transaction(c)
+        w.set("accounts", b"a", "bal:amount", b"w")
+        assert w.start_ts
+        t = Transaction(c)
+        assert t.start_ts > w.start_ts
+        assert w.commit() == t.start_ts + 1
+        assert t.get("accounts", b"a", "bal:amount") is None  # W committed after T began
+        t.set("accounts", b"a", "bal:amount", b"lost update")
+        with pytest.raises(percolator.ConflictError, match="after our start"):
+            t.commit()
+        assert percolator.Snapshot(c).get("accounts", b"a", "bal:amount") == b"w"
+
+
 @pytest.mark.parametrize("one_phase", [True, False], ids=["one-phase", "two-phase"])
 def test_a_commit_that_makes_a_notification_wakes_this_processs_workers(
     accounts: Cluster, one_phase: bool
