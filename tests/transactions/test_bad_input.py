@@ -108,8 +108,10 @@ def test_closed_transaction(db: Cluster) -> None:
     txn = Transaction(db)
     txn.set("t", b"r", "c:q", b"v")
     assert repr(txn) == f"<percolator.Transaction start_ts={txn.start_ts} open>"
+    assert txn.closed is False
     txn.commit()
     assert repr(txn) == f"<percolator.Transaction start_ts={txn.start_ts} closed>"
+    assert txn.closed is True
     for call in (
         lambda: txn.get("t", b"r", "c:q"),
         lambda: txn.set("t", b"r", "c:q", b"w"),
@@ -169,7 +171,8 @@ def test_bad_urls_and_options(tmp_path: Any) -> None:
         percolator.connect(f"sqlite:///{tmp_path}/no/such/dir/x.db")
     with pytest.raises(percolator.InvalidArgument, match="lock_ttl"):
         percolator.connect(f"sqlite:///{tmp_path}/x.db", lock_ttl=-1)
-    with pytest.raises(percolator.InvalidArgument, match=r"needs a percolator\.Cluster"):
+    with pytest.raises(percolator.InvalidArgument,
+                       match=r"^a transaction needs a percolator\.Cluster, got str$"):
         Transaction("sqlite:///x.db")  # type: ignore[arg-type]
 
 
