@@ -236,9 +236,7 @@ def test_a_taker_in_another_process_blocks_sweeps_until_it_is_killed(tmp_path: P
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys, time
             sys.path.insert(0, {str(ROOT)!r})
-            from percolator._encoding import WRITE
-from percolator._lock_census import LockCensus
-from percolator._store import Read
+            from percolator._lock_census import LockCensus
             with LockCensus({path!r}).taking():
                 print("taking", flush=True)
                 time.sleep(60)
