@@ -441,10 +441,45 @@ def test_rows_read_together_are_one_read_counted_and_sampled_as_any_other(
     assert 0 < total_after - total <= elapsed
 
 
-def test_the_read_one_past_each_read_sample_is_timed(cluster: percolator.Cluster) -> None:
+def test_a_read_of_a_row_that_holds_nothing_is_counted_and_timed_by_its_own_clock(
+    cluster: percolator.Cluster,
+) -> None:
+    """A read that looks at the locks (one is held somewhere: the lock census is not
+    clean) and finds the row empty returns early, and is counted and sampled as any
+    other read: timed, when it is one of the sampled reads, by its own clock."""
+    holder = Transaction(client_of(cluster))
+    holder.set("docs", b"held", "raw:v", b"x")
+    with pytest.raises(SimulatedCrash):  # stopped after locking; its owner lives on
+        commit_transaction(holder, CrashPoint("prewrite", 0))
+    name = "percolator_read_duration_seconds"
+    reads = local("percolator_reads_total")
+    counts, total = metrics.snapshot()[1].get((name, ()), ([0], 0.0))
+    began = time.perf_counter()
+    for i in range(2 * metrics.READ_SAMPLE):
+        assert Snapshot(cluster).get("docs", b"nothing%02d" % i, "raw:v") is None
+    elapsed = time.perf_counter() - began
+    reads_after = local("percolator_reads_total")
+    assert reads_after - reads == 2 * metrics.READ_SAMPLE
+    sampled = [n for n in range(int(reads) + 1, int(reads_after) + 1)
+               if n % metrics.READ_SAMPLE == 1]
+    counts_after, total_after = metrics.snapshot()[1][(name, ())]
+    assert sum(counts_after) - sum(counts) == len(sampled) >= 2
+    assert 0 < total_after - total <= elapsed
+
+
+@pytest.mark.parametrize("lock_held", [False, True], ids=["census-clean", "lock-held"])
+def test_the_read_one_past_each_read_sample_is_timed(
+    cluster: percolator.Cluster, lock_held: bool,
+) -> None:
     """Reads are counted one by one; the one whose count is one past a multiple of
     READ_SAMPLE (the process's first read, then one in READ_SAMPLE) is timed into the
-    read-duration histogram, the next is not."""
+    read-duration histogram, the next is not: ``get``'s own read where no lock can be
+    held (the lock census clean), and a read that looks at the locks (one is held)."""
+    if lock_held:
+        holder = Transaction(client_of(cluster))
+        holder.set("docs", b"held", "raw:v", b"x")
+        with pytest.raises(SimulatedCrash):  # stopped after locking; its owner lives on
+            commit_transaction(holder, CrashPoint("prewrite", 0))
     name = "percolator_read_duration_seconds"
     snapshot = Snapshot(cluster)
     for untimed in range(metrics.READ_SAMPLE):  # each row's first read goes to the store

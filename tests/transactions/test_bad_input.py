@@ -108,8 +108,10 @@ def test_closed_transaction(db: Cluster) -> None:
     txn = Transaction(db)
     txn.set("t", b"r", "c:q", b"v")
     assert repr(txn) == f"<percolator.Transaction start_ts={txn.start_ts} open>"
+    assert txn.closed is False
     txn.commit()
     assert repr(txn) == f"<percolator.Transaction start_ts={txn.start_ts} closed>"
+    assert txn.closed is True
     for call in (
         lambda: txn.get("t", b"r", "c:q"),
         lambda: txn.set("t", b"r", "c:q", b"w"),
@@ -139,8 +141,11 @@ def test_reserved_families_are_read_only_where_internal_columns_are_on(db: Clust
     writer = Transaction(db)
     internal_columns(writer, True)
     writer.set("t", b"r", "_ack:q", b"v")
+    writer.set("t", b"r", "c:v", b"user")
     writer.commit()
     reader = Transaction(db)
+    # A scan of every column shows the user's only.
+    assert list(reader.scan("t")) == [(b"r", {"c:v": b"user"})]
     reads = (
         lambda: reader.get("t", b"r", "_ack:q"),
         lambda: reader.get_row("t", b"r", ["_ack:q"]).get("_ack:q"),
@@ -152,6 +157,7 @@ def test_reserved_families_are_read_only_where_internal_columns_are_on(db: Clust
             read()
     internal_columns(reader, True)
     assert [read() for read in reads] == [b"v"] * len(reads)
+    assert list(reader.scan("t")) == [(b"r", {"_ack:q": b"v", "c:v": b"user"})]
 
 
 def test_bad_urls_and_options(tmp_path: Any) -> None:
@@ -165,7 +171,8 @@ def test_bad_urls_and_options(tmp_path: Any) -> None:
         percolator.connect(f"sqlite:///{tmp_path}/no/such/dir/x.db")
     with pytest.raises(percolator.InvalidArgument, match="lock_ttl"):
         percolator.connect(f"sqlite:///{tmp_path}/x.db", lock_ttl=-1)
-    with pytest.raises(percolator.InvalidArgument, match=r"needs a percolator\.Cluster"):
+    with pytest.raises(percolator.InvalidArgument,
+                       match=r"^a transaction needs a percolator\.Cluster, got str$"):
         Transaction("sqlite:///x.db")  # type: ignore[arg-type]
 
 

@@ -11,11 +11,12 @@ import pytest
 import percolator
 from percolator import Cluster, Transaction, metrics
 from percolator._commit import SimulatedCrash, commit_transaction
-from percolator._encoding import META_TABLE, NOTIFY
+from percolator._encoding import DATA, FREE_TAG, LOCK, META_TABLE, NOTIFY
 from percolator._internals import internals
 from percolator._observer_hooks import internal_columns
 from percolator._store import Read
 from percolator.testing import CrashPoint, client_of, crash_commit
+from tests._backends import make_store_url
 
 
 @pytest.fixture
@@ -136,6 +137,24 @@ def test_scan_range_and_columns(accounts: Cluster) -> None:
     assert rows[0][1] == {"bal:amount": b"3", "bal:odd": b"1"}
     odd = list(reader.scan("accounts", columns=["bal:odd"]))
     assert [r for r, _ in odd] == [b"r01", b"r03", b"r05", b"r07", b"r09"]
+
+
+def test_a_snapshot_reads_the_large_value_of_its_own_time_not_a_later_one(
+    accounts: Cluster,
+) -> None:
+    """As above with values too large to ride in their write records (a two-phase
+    commit writes each in a data cell at its writer's start): the snapshot reads the
+    data cell its write record names, not the newer one a later commit wrote."""
+    accounts.one_phase_commit = False  # one phase keeps any value in its write record
+    old_value, new_value = b"1" * 2048, b"2" * 2048
+    with Transaction(accounts) as txn:
+        txn.set("accounts", b"a", "bal:amount", old_value)
+    old = Transaction(accounts)
+    assert old.start_ts  # the snapshot, taken now at the latest (at its first read else)
+    with Transaction(accounts) as txn:
+        txn.set("accounts", b"a", "bal:amount", new_value)
+    assert old.get("accounts", b"a", "bal:amount") == old_value
+    assert percolator.Snapshot(accounts).get("accounts", b"a", "bal:amount") == new_value
 
 
 def test_delete_then_reinsert_and_many_versions(accounts: Cluster) -> None:
@@ -286,6 +305,57 @@ def test_a_read_whose_rollback_record_gc_removes_under_it_is_too_old(
         assert passes
 
 
+def test_a_row_read_goes_past_a_column_whose_only_record_is_a_rollback(
+    accounts: Cluster,
+) -> None:
+    """A dead writer's write, rolled back, is the only record of bal:amount (the row's
+    first column): a read of the row (``get_row``, ``scan``) leaves that column out and
+    goes on to the row's other columns."""
+    dead = Transaction(client_of(accounts))
+    dead.set("accounts", b"a", "bal:amount", b"lost")
+    assert crash_commit(dead, CrashPoint("prewrite", 0)) is False
+    assert Transaction(accounts).get("accounts", b"a", "bal:amount") is None  # rolled back
+    with Transaction(accounts) as txn:
+        txn.set("accounts", b"a", "bal:owner", b"ann")
+    snapshot = percolator.Snapshot(accounts)
+    assert snapshot.get_row("accounts", b"a", ["bal:amount", "bal:owner"]) == {
+        "bal:owner": b"ann"}
+    assert list(percolator.Snapshot(accounts).scan("accounts")) == [
+        (b"a", {"bal:owner": b"ann"})]
+
+
+def test_a_read_whose_data_cell_gc_removes_under_it_is_too_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above with a large value: the snapshot's write record names a data cell, read
+    in a second store call; a GC pass that overtakes the snapshot runs in between and
+    removes it (a newer commit replaced the value). The read raises
+    SnapshotTooOldError, not an error of the data cell it no longer finds."""
+    with percolator.connect(f"sqlite:{tmp_path / 'repo.db'}", safe_point_refresh=0.02) as c:
+        c.create_table("accounts")
+        c.one_phase_commit = False  # one phase keeps any value in its write record
+        with Transaction(c) as txn:
+            txn.set("accounts", b"a", "bal:amount", b"1" * 2048)
+        snapshot = percolator.Snapshot(c)
+        with Transaction(c) as txn:
+            txn.set("accounts", b"a", "bal:amount", b"2" * 2048)
+        store = internals(c).store
+        read_rows = store.read_rows
+        passes: list[int] = []
+
+        def collected_first(table: str, rows: list[bytes], reads: list[Read]) -> object:
+            if not passes and any(read.family == DATA for read in reads):  # the data read
+                passes.append(snapshot.start_ts)  # once: the pass reads through here too
+                summary = c.gc(retention=0, max_txn_age=1e-9)
+                assert summary.safe_point > snapshot.start_ts
+            return read_rows(table, rows, reads)
+
+        monkeypatch.setattr(store, "read_rows", collected_first)
+        with pytest.raises(percolator.SnapshotTooOldError):
+            snapshot.get("accounts", b"a", "bal:amount")
+        assert passes
+
+
 def test_a_read_told_to_stop_waiting_gives_up_on_a_live_lock_at_once(
     accounts: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -425,6 +495,89 @@ def test_rows_that_meet_a_lock_are_read_again_for_the_columns_asked_only(
         assert found == {b"a": {"bal:amount": value}, b"b": {"bal:amount": value}}, read
         assert len(asked) > 2 and set(asked) == {("bal:amount",)}, read  # b read again
         reader.rollback()
+
+
+def test_a_free_lock_read_before_a_held_one_does_not_end_the_look_at_the_locks(
+    request: pytest.FixtureRequest, tmp_path: Path,
+) -> None:
+    """On the embedded store taking HBase's path (``CAS_SQLITE``) a transaction's row
+    read brings every lock cell, FREE ones too (what its prewrite would read): the
+    FREE lock an earlier commit left on a's bal:amount comes before the lock a commit
+    that crashed after its commit point left on a's bal:note. The read still meets
+    that lock, rolls the commit forward and returns its value."""
+    with percolator.connect(make_store_url("cas-sqlite", request, tmp_path)) as c:
+        c.create_table("accounts")
+        with Transaction(c) as txn:
+            txn.set("accounts", b"a", "bal:amount", b"1")
+            txn.set("accounts", b"a", "bal:note", b"old")
+        crashed = Transaction(client_of(c))
+        crashed.set("accounts", b"0", "bal:amount", b"2")
+        crashed.set("accounts", b"a", "bal:note", b"new")
+        assert crash_commit(crashed, CrashPoint("commit_point")) is True
+        locks = internals(c).store.read_rows("accounts", [b"a"], [Read(LOCK)])[b"a"]
+        assert [n for n, v in locks.items() if v[0][1][:1] == FREE_TAG] == ["l:bal:amount"]
+        reader = Transaction(c)
+        assert reader.get_row("accounts", b"a", ["bal:amount", "bal:note"]) == {
+            "bal:amount": b"1", "bal:note": b"new"}
+        reader.rollback()
+
+
+def test_a_transactions_reads_on_the_cas_path_ask_for_the_columns_asked_only(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On the embedded store taking HBase's path (``CAS_SQLITE``) a transaction's read
+    brings what its prewrite would read (the lock whatever its state, the write
+    records after its start too), of the columns asked only: a live lock on another
+    column of the row (taken by a writer that started first) does not make it wait, and
+    no store read asks for another column (nor for every column)."""
+    with percolator.connect(make_store_url("cas-sqlite", request, tmp_path)) as c:
+        c.create_table("accounts")
+        with Transaction(c) as txn:
+            txn.set("accounts", b"a", "bal:amount", b"1")
+            txn.set("accounts", b"a", "bal:note", b"n")
+        holder = Transaction(client_of(c))
+        holder.set("accounts", b"a", "bal:note", b"held")
+        assert holder.start_ts
+        reader = Transaction(c)
+        assert reader.start_ts > holder.start_ts
+        with pytest.raises(SimulatedCrash):  # stopped after locking; its owner lives on
+            commit_transaction(holder, CrashPoint("prewrite", 0))
+        internals(c).lock_wait_policy = percolator.RetryPolicy(
+            max_tries=2, delay=0.01, max_delay=0.01, deadline=None)
+        store = internals(c).store
+        read_rows = store.read_rows
+        asked: list[tuple[str, ...] | None] = []
+
+        def noted(table: str, rows: list[bytes], reads: list[Read]) -> object:
+            asked.extend(read.qualifiers for read in reads)
+            return read_rows(table, rows, reads)
+
+        monkeypatch.setattr(store, "read_rows", noted)
+        assert reader.get("accounts", b"a", "bal:amount") == b"1"
+        assert asked and set(asked) == {("bal:amount",)}
+        reader.rollback()
+
+
+def test_a_commit_at_the_timestamp_just_above_a_readers_start_is_a_conflict_for_it(
+    request: pytest.FixtureRequest, tmp_path: Path,
+) -> None:
+    """On the embedded store taking HBase's path (``CAS_SQLITE``) a transaction's read
+    keeps, for its prewrite, the write records after its start: W, begun first, commits
+    at the very next timestamp after T's start; T reads the cell after that, writes it
+    and commits: a conflict (first committer wins), not a lost update."""
+    with percolator.connect(make_store_url("cas-sqlite", request, tmp_path)) as c:
+        c.create_table("accounts")
+        w = Transaction(c)
+        w.set("accounts", b"a", "bal:amount", b"w")
+        assert w.start_ts
+        t = Transaction(c)
+        assert t.start_ts > w.start_ts
+        assert w.commit() == t.start_ts + 1
+        assert t.get("accounts", b"a", "bal:amount") is None  # W committed after T began
+        t.set("accounts", b"a", "bal:amount", b"lost update")
+        with pytest.raises(percolator.ConflictError, match="after our start"):
+            t.commit()
+        assert percolator.Snapshot(c).get("accounts", b"a", "bal:amount") == b"w"
 
 
 @pytest.mark.parametrize("one_phase", [True, False], ids=["one-phase", "two-phase"])

@@ -21,9 +21,12 @@ import percolator
 from percolator import Cluster, Transaction
 from percolator import _lock_census as lock_census_module
 from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
+from percolator._encoding import WRITE
 from percolator._internals import internals
 from percolator._lock_census import LockCensus
+from percolator._store import Read
 from percolator.testing import CrashPoint, client_of, crash_commit
+from tests._backends import make_store_url
 
 T, C = "accounts", "bal:amount"
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,6 +84,91 @@ def test_reads_skip_locks_only_while_none_can_be_held(sqlite_cluster: Cluster) -
     internals(cluster).sweep_locks(force=True)
     assert census.clean()
     assert _families_of_a_get(cluster, b"alice") == (b"2", ("w",))
+
+
+def test_a_row_read_skips_the_lock_family_while_the_census_is_clean(
+    sqlite_cluster: Cluster,
+) -> None:
+    """As ``get``, a ``get_row`` (a row read through the store's read_rows) asks for
+    the write family alone while no lock can be held, and the lock family with it once
+    one may be."""
+    cluster = sqlite_cluster
+    census = internals(cluster).lock_census
+    assert census is not None
+    cluster.create_table(T)
+    with Transaction(cluster) as txn:
+        txn.set(T, b"alice", C, b"1")
+    for clean in (True, False):
+        if clean:
+            internals(cluster).sweep_locks(force=True)
+        else:
+            with internals(cluster).taking_locks():  # as a prewrite does: may hold one
+                pass
+        assert census.clean() is clean
+        proxy = _FamiliesRead(internals(cluster).store)
+        internals(cluster).store = proxy  # type: ignore[assignment]
+        try:
+            assert Transaction(cluster).get_row(T, b"alice", [C]) == {C: b"1"}
+        finally:
+            internals(cluster).store = proxy._store
+        assert proxy.families == [("w",) if clean else ("l", "w")]
+
+
+def test_a_snapshots_reads_of_a_set_of_columns_are_made_once_for_up_to_64_sets(
+    sqlite_cluster: Cluster,
+) -> None:
+    """The store reads of a snapshot's row read depend on its columns and the census:
+    made once per set of columns, kept for the first 64 sets (a snapshot reading ever
+    new columns keeps no more), made afresh beyond."""
+    internals(sqlite_cluster).sweep_locks(force=True)  # clean, and stays so: one key
+    snapshot = percolator.Snapshot(sqlite_cluster)
+    sets = [(f"c:{i}",) for i in range(65)]
+    made = [snapshot._reads(columns) for columns in sets]
+    assert made[-1] == [Read(WRITE, sets[-1], max_ts=snapshot.start_ts)]
+    kept = [snapshot._reads(columns) is first for columns, first in zip(
+        sets, made, strict=True)]
+    assert kept == [True] * 64 + [False]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "cas-sqlite"])
+def test_a_read_that_skips_the_locks_still_refuses_a_start_below_the_safe_point(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str,
+) -> None:
+    """The clean census's read (``get``'s own, in line) checks the safe point after
+    reading, as the read that looks at the locks does (``_check_safe_point``; the
+    embedded store taking HBase's path has no census): once a garbage-collection pass
+    overtook a transaction or a snapshot, its read raises SnapshotTooOldError naming
+    it, whether its client's cached safe point is already above the start (the pass
+    was this client's) or the client never fetched it (another client's pass: a cache
+    never fetched is stale)."""
+    url = make_store_url(backend, request, tmp_path)
+    with percolator.connect(url, safe_point_refresh=0.02) as mine, \
+            percolator.connect(url, safe_point_refresh=0.02) as other:
+        mine.create_table(T)
+        with Transaction(mine) as txn:
+            txn.set(T, b"alice", C, b"old")
+        readers = [(Transaction(mine), "transaction"), (Transaction(other), "transaction"),
+                   (percolator.Snapshot(other), "snapshot")]
+        starts = [old.start_ts for old, _ in readers]  # drawn now, not on first use
+        with Transaction(mine) as txn:
+            txn.set(T, b"alice", C, b"new")
+        safe_point = mine.gc(retention=0, max_txn_age=1e-9).safe_point  # overtakes all
+        internals(mine).sweep_locks(force=True)  # the file is shared: other's too
+        assert safe_point > max(starts)
+        for old, what in readers:
+            census = internals(old.cluster).lock_census
+            assert (census is not None and census.clean()) if backend == "sqlite" else (
+                census is None)
+            with pytest.raises(percolator.SnapshotTooOldError) as too_old:
+                old.get(T, b"alice", C)
+            assert (too_old.value.start_ts, too_old.value.safe_point) == (
+                old.start_ts, safe_point)
+            assert str(too_old.value).startswith(f"{what} {old.start_ts} is too old: ")
+            old.close()
+        # A snapshot asked for at a start the pass overtook is refused as it is made.
+        with pytest.raises(percolator.SnapshotTooOldError,
+                           match=f"^snapshot {starts[0]} is too old: "):
+            percolator.Snapshot(other, start_ts=starts[0])
 
 
 def test_a_load_keeps_the_census_set_until_its_locks_are_released(

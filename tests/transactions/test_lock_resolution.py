@@ -421,7 +421,7 @@ def _dies_after_its_prewrite(cluster: percolator.Cluster) -> Transaction:
     return x
 
 
-def _dies_after_its_commit_point(reader: percolator.Cluster) -> None:
+def _dies_after_its_commit_point(reader: percolator.Cluster) -> Transaction:
     """Y, a client of *reader*'s on a store without atomic row CAS, writes y to r1 (its
     primary) and r2 and dies right after its commit point: r1 left COMMITTED."""
     y_client = client_of(reader)
@@ -430,6 +430,7 @@ def _dies_after_its_commit_point(reader: percolator.Cluster) -> None:
     y.set("t", b"r1", "c:v", b"y")  # the primary
     y.set("t", b"r2", "c:v", b"y")
     assert crash_commit(y, CrashPoint("commit_point")) is True
+    return y
 
 
 def test_a_committed_primary_met_by_a_reader_is_rolled_forward(url: str) -> None:
@@ -441,6 +442,21 @@ def test_a_committed_primary_met_by_a_reader_is_rolled_forward(url: str) -> None
         primary = internals(reader).store.read_rows("t", [b"r1"], [Read(LOCK, ("c:v",))])
         assert isinstance(decode_lock(primary[b"r1"][f"{LOCK}:c:v"][0][1]), Free)
         assert Transaction(reader).get("t", b"r2", "c:v") == b"y"
+
+
+def test_a_snapshot_at_the_commit_timestamp_of_a_primary_left_committed_sees_it(
+    url: str,
+) -> None:
+    # Y's change is at its commit timestamp: a snapshot taken there
+    # (Snapshot(cluster, start_ts)) meets the COMMITTED primary at its very start and
+    # rolls it forward; one just below it reads past it.
+    with percolator.connect(url, lock_wait=10) as reader:
+        y = _dies_after_its_commit_point(reader)
+        assert y.commit_ts is not None
+        with percolator.Snapshot(reader, start_ts=y.commit_ts - 1) as before:
+            assert before.get("t", b"r1", "c:v") == b"old"
+        with percolator.Snapshot(reader, start_ts=y.commit_ts) as at:
+            assert at.get("t", b"r1", "c:v") == b"y"
 
 
 def test_a_reader_without_atomic_row_cas_records_what_it_rolls_forward(url: str) -> None:

@@ -25,7 +25,7 @@ import pytest
 import percolator
 from observers import Observer, Worker
 from percolator import Cluster, ConflictError, Snapshot, Transaction, TransactionBase
-from percolator._commit import commit_group
+from percolator._commit import commit_group, commits_in_one_phase
 from percolator._encoding import (
     LOCK,
     WRITE,
@@ -37,6 +37,7 @@ from percolator._encoding import (
 )
 from percolator._internals import internals
 from percolator._notifications import pending_notifications
+from percolator._one_phase import one_phase_steps
 from percolator._store import Read
 from percolator.testing import CrashPoint, Interleaving, Step, client_of, crash_commit
 
@@ -405,6 +406,75 @@ def test_a_one_phase_commit_failing_after_its_first_write_leaves_nothing(
     assert failing.rows_put == 2
     with Snapshot(embedded) as snap:
         assert (snap.get(T, b"first", COL), snap.get(T, b"second", COL)) == (None, None)
+def test_the_one_phase_steps_are_looked_up_once_per_store_and_timestamp_source(
+    embedded: Cluster,
+) -> None:
+    """Commits after the first take the steps the first looked up (the very object),
+    not a lookup of their own each; a new lookup once the timestamp source is another
+    object, or the store (another client's of the same file), which the commits after
+    it take in turn."""
+    with Transaction(embedded) as txn:
+        txn.set(T, ROW, COL, b"1")
+    first = one_phase_steps(embedded)
+    assert first is not None and one_phase_steps(embedded) is first
+    with Transaction(embedded) as txn:
+        txn.set(T, ROW, COL, b"2")
+    assert one_phase_steps(embedded) is first
+    internals(embedded).timestamps = _CountedInFlight(internals(embedded).timestamps)
+    again = one_phase_steps(embedded)
+    assert again is not None and again is not first
+    with Transaction(embedded) as txn:
+        txn.set(T, ROW, COL, b"3")
+    assert one_phase_steps(embedded) is again
+    own_store = internals(embedded).store
+    with percolator.connect(embedded.url) as twin:
+        internals(embedded).store = internals(twin).store
+        try:
+            third = one_phase_steps(embedded)
+            assert third is not None and third is not again
+            with Transaction(embedded) as txn:
+                txn.set(T, ROW, COL, b"4")
+            assert one_phase_steps(embedded) is third
+        finally:
+            internals(embedded).store = own_store
+    assert value(embedded) == b"4"
+
+
+class _NoInFlight:
+    """A timestamp source without ``in_flight`` (it cannot publish a commit timestamp
+    in flight from inside the store's atomic step)."""
+
+    def __init__(self, source: Any) -> None:
+        self._source = source
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "in_flight":
+            raise AttributeError(name)
+        return getattr(self._source, name)
+
+
+@pytest.mark.parametrize("lacking", ["ATOMICALLY", "NEWEST_OF_ROW", "in_flight", "PUT_ROW"])
+def test_a_commit_takes_one_phase_only_where_the_store_and_timestamps_offer_its_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lacking: str,
+) -> None:
+    """One phase needs the store's atomic step and its read of a row's newest cells,
+    and the timestamp source's publication in flight: without any one of them the
+    commit takes two phases. The store's row write (PUT_ROW) is not needed: without it
+    the one phase writes through ``mutate_rows``."""
+    if lacking != "in_flight":
+        from percolator import _store
+        from percolator.stores.sqlite import SqliteStore
+
+        monkeypatch.setattr(SqliteStore, "capabilities",
+                            SqliteStore.capabilities - {getattr(_store, lacking)})
+    with percolator.connect(f"sqlite:///{tmp_path}/steps.db") as cluster:
+        if lacking == "in_flight":
+            internals(cluster).timestamps = _NoInFlight(internals(cluster).timestamps)
+        cluster.create_table(T)
+        assert commits_in_one_phase(cluster) is (lacking == "PUT_ROW")
+        with Transaction(cluster) as txn:
+            txn.set(T, ROW, COL, b"1")
+        assert value(cluster) == b"1"
 
 
 def test_a_flat_commit_gives_way_to_a_live_lock_on_its_rows_second_cell(

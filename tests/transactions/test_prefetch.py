@@ -91,6 +91,28 @@ def test_a_lock_on_a_predicted_column_is_not_waited_for(rows: Cluster) -> None:
         snap.get(T, b"r1", "c:b")
 
 
+def test_a_predicted_column_left_out_for_its_lock_is_not_read_further(rows: Cluster) -> None:
+    """As above, with r1/c:b's value committed below the lock a large one (its write
+    record points to a data cell): the left-out column leaves the row read whole, so
+    reading r1/c:a makes the one row read, and fetches nothing of c:b's."""
+    with Transaction(rows) as txn:
+        txn.set(T, b"r1", "c:b", b"B" * 2048)
+    _reads_of(rows, b"r0")  # learn: c:b follows c:a
+    writer = client_of(rows)
+    writer.one_phase_commit = False
+    txn = Transaction(writer)
+    txn.set(T, b"r1", "c:b", b"new")
+    with pytest.raises(SimulatedCrash):  # stopped after locking; its owner lives on
+        commit_transaction(txn, CrashPoint("prewrite", 0))
+    counting = CountingReads(internals(rows).store)
+    internals(rows).store = counting  # type: ignore[assignment]
+    try:
+        assert percolator.Snapshot(rows).get(T, b"r1", "c:a") == b"a1"
+    finally:
+        internals(rows).store = counting._store
+    assert counting.reads == 1
+
+
 class AskedColumns(CountingReads):
     """A store that also notes the columns each row read asks for."""
 
