@@ -726,7 +726,11 @@ def _forget(txn: TransactionBase, p: JoinPipeline, table: str, rows: Sequence[by
         if (TIME not in cells and HELD not in cells) or _age(cells) >= boundary:
             continue  # since the scan: gone, a newer waiter's placeholder, or its primary
         removed += 1
-        for column in cells:
+        # Every column, not only those read: a joiner deciding (j:state, j:wait) or a
+        # waiter registering (j:waiters, j:held) meanwhile then conflicts with this
+        # deletion, instead of both committing and leaving its cell alone in a row
+        # whose event is gone, which no later pass would delete.
+        for column in columns:
             txn.delete(table, row, column)
         if table == p.foreign:
             txn.delete(p.joined_table, row, JOINED)

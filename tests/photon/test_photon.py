@@ -619,9 +619,9 @@ def test_verify_counts_only_its_own_tables_notifications_and_quarantine(
 def test_verify_counts_the_events_and_passes_over_a_row_left_without_its_event(
     sqlite_cluster: Cluster,
 ) -> None:
-    """A row left with a state and no event (what retention racing a joiner that gives
-    up leaves: retention deletes the event's cells, the joiner writes its state, no
-    cell in common), then, after it in row order, a joined event whose output is lost
+    """A row left with a state and no event (what retention racing a joiner that gave
+    up left before retention deleted every column of the row: a pipeline's rows from
+    then), then, after it in row order, a joined event whose output is lost
     and a waiting one, and an output of no event: verify counts the two events,
     reports the joined one's lost output and the output without its event by their
     ids, and passes over the leftover row rather than stop there. SQLite alone: the
@@ -647,6 +647,31 @@ def test_verify_counts_the_events_and_passes_over_a_row_left_without_its_event(
     report = p.verify()
     assert (report.events, report.by_state) == (2, {"joined": 1, "waiting": 1})
     assert report.orphans == [b"c", b"forged"] and not report.ok
+
+
+def test_retention_racing_a_joiner_that_gives_up_leaves_nothing_of_the_event(
+    sqlite_cluster: Cluster,
+) -> None:
+    """Retention reads an old event still undecided, then its joiner gives up on it
+    (``j:state`` U) and commits before retention does. Retention deletes the row's
+    every column, the state too, so the two conflict: retention's commit fails, and
+    its retry deletes the event and the decision. (It deleted only the cells it had
+    read, so both committed and left a row holding only ``j:state``, which no later
+    pass deleted: it has no event time.) SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    t = now_ms()
+    p = pipeline(cluster, now=lambda: t / 1000)
+    p.log_foreign(cluster, [{"click": "a", "query": "never", "t": t}])
+    row = photon.row_key(b"a")
+    retention = Transaction(cluster)
+    assert _pipeline._forget(retention, p, p.foreign, [row], t + 1) == 1
+    with Transaction(cluster) as joiner:
+        joiner.set(p.foreign, row, "j:state", b"U")
+    with pytest.raises(percolator.ConflictError):
+        retention.commit()
+    assert _pipeline._forget(cluster, p, p.foreign, [row], t + 1) == 1  # its retry
+    with Snapshot(cluster) as snap:
+        assert list(snap.scan(p.foreign)) == []
 
 
 def test_verify_counts_undecided_events_in_flight_and_reports_one_nobody_will_run(
