@@ -8,6 +8,7 @@ so that a retry is due exactly when the test says."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
@@ -202,15 +203,12 @@ class FirstDrawFails:
         return self._source.get_timestamp()  # type: ignore[attr-defined, no-any-return]
 
 
-def test_a_run_that_fails_before_its_read_counts_against_the_notifications_the_scanner_read(
-    cluster: percolator.Cluster,
-) -> None:
-    """The cell holds a weak notification and a newer strong one; the run fails before
-    its own read of them (its start timestamp's draw fails), so its failure counts
-    against what the scanner read: the newest version, and weak, since one of the
-    versions is (the run's own read would have said so). The last failure allowed
-    quarantines the notification as weak, to be put back as weak. Fails if the
-    scanner reads the newest version only (strong: the record says not weak)."""
+def _served_while_the_first_draw_fails(cluster: percolator.Cluster,
+                                       serve: Callable[[Worker], object]) -> None:
+    """The cell holds a weak notification and a newer strong one; a worker whose
+    observer fails (one failure allowed) serves it by *serve* while the first start
+    timestamp drawn fails: the run fails before its own read, and its observer never
+    runs."""
     observer = Fails()
     worker = Worker(cluster, [observer], threads=1, max_failures=1)
     worker.register()
@@ -222,10 +220,22 @@ def test_a_run_that_fails_before_its_read_counts_against_the_notifications_the_s
     failing = FirstDrawFails(host.timestamps)
     host.timestamps = failing  # type: ignore[assignment]
     try:
-        worker._scanner.serve_row(T, ROW)
+        serve(worker)
     finally:
         host.timestamps = failing._source  # type: ignore[assignment]
     assert failing.failed and observer.runs == 0
+
+
+def test_a_run_that_fails_before_its_read_counts_against_the_notifications_the_scanner_read(
+    cluster: percolator.Cluster,
+) -> None:
+    """The cell holds a weak notification and a newer strong one; the run fails before
+    its own read of them (its start timestamp's draw fails), so its failure counts
+    against what the scanner read: the newest version, and weak, since one of the
+    versions is (the run's own read would have said so). The last failure allowed
+    quarantines the notification as weak, to be put back as weak. Fails if the
+    scanner reads the newest version only (strong: the record says not weak)."""
+    _served_while_the_first_draw_fails(cluster, lambda w: w._scanner.serve_row(T, ROW))
     [record] = quarantined(cluster)
     assert record.weak and record.error == "percolator.TlsError: the oracle's certificate expired"
     assert list(pending_notifications(cluster, [T])) == []
@@ -260,21 +270,7 @@ def test_a_family_pass_run_that_fails_before_its_read_counts_against_every_versi
     """As the test above, the row found by a pass over the notify family: its scan
     reads every notify version (fails if it reads the newest only: the record says
     not weak)."""
-    observer = Fails()
-    worker = Worker(cluster, [observer], threads=1, max_failures=1)
-    worker.register()
-    with Transaction(cluster) as txn:
-        txn.notify(T, ROW, COL)
-    with Transaction(cluster) as txn:
-        txn.set(T, ROW, COL, b"v")
-    host = internals(cluster)
-    failing = FirstDrawFails(host.timestamps)
-    host.timestamps = failing  # type: ignore[assignment]
-    try:
-        worker._scanner._family_pass()
-    finally:
-        host.timestamps = failing._source  # type: ignore[assignment]
-    assert failing.failed and observer.runs == 0
+    _served_while_the_first_draw_fails(cluster, lambda w: w._scanner._family_pass())
     [record] = quarantined(cluster)
     assert record.weak
 

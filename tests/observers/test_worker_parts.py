@@ -39,6 +39,7 @@ from percolator import (
 from percolator.ext import NOTIFY, Read, RowCells, internals
 from tests._backends import backend_fixture, make_store_url
 from tests.observers import _app
+from tests.observers.test_notify_index import DrawsFail
 from tests.observers.test_trickle import CountingStore
 
 backend = backend_fixture("sqlite")
@@ -889,19 +890,6 @@ def test_a_family_pass_passes_by_a_row_another_scanner_of_its_worker_served_sinc
     assert observer.rows == [b"c", b"a", b"b"]  # c by the other scanner, within a's run
     assert worker.stats["meetings"] == 1
     assert metrics.snapshot()[0].get(absent, 0) == before
-
-
-class DrawsFail:
-    """The cluster's timestamp source, unreachable: every draw fails."""
-
-    def __init__(self, source: object) -> None:
-        self._source = source
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._source, name)
-
-    def get_timestamp(self) -> int:
-        raise OracleUnavailable("no oracle answered (the test's)")
 
 
 def test_a_family_pass_whose_run_finds_no_timestamp_source_ends_with_its_error(
