@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -410,6 +411,35 @@ def test_reads_are_counted_exactly_and_their_durations_sampled_fairly(
     assert 0 < _quantile(0.99, bounds, delta) <= min(b for b in bounds if b >= elapsed)
 
 
+def _hold_a_lock_elsewhere(cluster: percolator.Cluster) -> None:
+    """A lock held by another client's live transaction, stopped after its prewrite:
+    the lock census is not clean, so reads look at the locks."""
+    holder = Transaction(client_of(cluster))
+    holder.set("docs", b"held", "raw:v", b"x")
+    with pytest.raises(SimulatedCrash):  # stopped after locking; its owner lives on
+        commit_transaction(holder, CrashPoint("prewrite", 0))
+
+
+def _assert_each_read_counted_and_sampled(read: Callable[[int], None]) -> None:
+    """Calls *read*(i) 2 * READ_SAMPLE times: each call one read in
+    percolator_reads_total, and those one past a multiple of READ_SAMPLE timed into
+    the read-duration histogram, within the calls' own time."""
+    name = "percolator_read_duration_seconds"
+    reads = local("percolator_reads_total")
+    counts, total = metrics.snapshot()[1].get((name, ()), ([0], 0.0))
+    began = time.perf_counter()
+    for i in range(2 * metrics.READ_SAMPLE):
+        read(i)
+    elapsed = time.perf_counter() - began
+    reads_after = local("percolator_reads_total")
+    assert reads_after - reads == 2 * metrics.READ_SAMPLE
+    sampled = [n for n in range(int(reads) + 1, int(reads_after) + 1)
+               if n % metrics.READ_SAMPLE == 1]
+    counts_after, total_after = metrics.snapshot()[1][(name, ())]
+    assert sum(counts_after) - sum(counts) == len(sampled) >= 2
+    assert 0 < total_after - total <= elapsed
+
+
 def test_rows_read_together_are_one_read_counted_and_sampled_as_any_other(
     cluster: percolator.Cluster,
 ) -> None:
@@ -420,25 +450,13 @@ def test_rows_read_together_are_one_read_counted_and_sampled_as_any_other(
     with Transaction(cluster) as txn:
         for row in rows:
             txn.set("docs", row, "raw:v", b"1")
-    holder = Transaction(client_of(cluster))
-    holder.set("docs", b"held", "raw:v", b"x")
-    with pytest.raises(SimulatedCrash):  # stopped after locking; its owner lives on
-        commit_transaction(holder, CrashPoint("prewrite", 0))
-    name = "percolator_read_duration_seconds"
-    reads = local("percolator_reads_total")
-    counts, total = metrics.snapshot()[1].get((name, ()), ([0], 0.0))
-    began = time.perf_counter()
-    for _ in range(2 * metrics.READ_SAMPLE):
+    _hold_a_lock_elsewhere(cluster)
+
+    def read_rows(_: int) -> None:
         assert Snapshot(cluster).get_rows("docs", rows, ["raw:v"]) == {
             row: {"raw:v": b"1"} for row in rows}
-    elapsed = time.perf_counter() - began
-    reads_after = local("percolator_reads_total")
-    assert reads_after - reads == 2 * metrics.READ_SAMPLE
-    sampled = [n for n in range(int(reads) + 1, int(reads_after) + 1)
-               if n % metrics.READ_SAMPLE == 1]
-    counts_after, total_after = metrics.snapshot()[1][(name, ())]
-    assert sum(counts_after) - sum(counts) == len(sampled) >= 2
-    assert 0 < total_after - total <= elapsed
+
+    _assert_each_read_counted_and_sampled(read_rows)
 
 
 def test_a_read_of_a_row_that_holds_nothing_is_counted_and_timed_by_its_own_clock(
@@ -447,24 +465,12 @@ def test_a_read_of_a_row_that_holds_nothing_is_counted_and_timed_by_its_own_cloc
     """A read that looks at the locks (one is held somewhere: the lock census is not
     clean) and finds the row empty returns early, and is counted and sampled as any
     other read: timed, when it is one of the sampled reads, by its own clock."""
-    holder = Transaction(client_of(cluster))
-    holder.set("docs", b"held", "raw:v", b"x")
-    with pytest.raises(SimulatedCrash):  # stopped after locking; its owner lives on
-        commit_transaction(holder, CrashPoint("prewrite", 0))
-    name = "percolator_read_duration_seconds"
-    reads = local("percolator_reads_total")
-    counts, total = metrics.snapshot()[1].get((name, ()), ([0], 0.0))
-    began = time.perf_counter()
-    for i in range(2 * metrics.READ_SAMPLE):
+    _hold_a_lock_elsewhere(cluster)
+
+    def read_nothing(i: int) -> None:
         assert Snapshot(cluster).get("docs", b"nothing%02d" % i, "raw:v") is None
-    elapsed = time.perf_counter() - began
-    reads_after = local("percolator_reads_total")
-    assert reads_after - reads == 2 * metrics.READ_SAMPLE
-    sampled = [n for n in range(int(reads) + 1, int(reads_after) + 1)
-               if n % metrics.READ_SAMPLE == 1]
-    counts_after, total_after = metrics.snapshot()[1][(name, ())]
-    assert sum(counts_after) - sum(counts) == len(sampled) >= 2
-    assert 0 < total_after - total <= elapsed
+
+    _assert_each_read_counted_and_sampled(read_nothing)
 
 
 @pytest.mark.parametrize("lock_held", [False, True], ids=["census-clean", "lock-held"])
@@ -476,10 +482,7 @@ def test_the_read_one_past_each_read_sample_is_timed(
     read-duration histogram, the next is not: ``get``'s own read where no lock can be
     held (the lock census clean), and a read that looks at the locks (one is held)."""
     if lock_held:
-        holder = Transaction(client_of(cluster))
-        holder.set("docs", b"held", "raw:v", b"x")
-        with pytest.raises(SimulatedCrash):  # stopped after locking; its owner lives on
-            commit_transaction(holder, CrashPoint("prewrite", 0))
+        _hold_a_lock_elsewhere(cluster)
     name = "percolator_read_duration_seconds"
     snapshot = Snapshot(cluster)
     for untimed in range(metrics.READ_SAMPLE):  # each row's first read goes to the store
