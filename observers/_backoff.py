@@ -60,6 +60,14 @@ class Backoff:
                     return False
         return True
 
+    def failing(self, table: str, row: bytes, columns: Iterable[str]) -> bool:
+        """Whether any of *columns* of the row failed here and was not cleared since,
+        its next try due or not."""
+        if not self._failures:
+            return False
+        with self._lock:
+            return any((table, row, column) in self._failures for column in columns)
+
     def next_due(self) -> float | None:
         """The ``time.monotonic()`` of the earliest next try, if any cell failed."""
         if not self._failures:

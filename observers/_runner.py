@@ -148,15 +148,16 @@ class Recent:
 
 class Indexed(enum.Enum):
     """What became of a row an index pass named (:meth:`Runner.run_noticed`), and so
-    of its index entries. True only for WORKED (work was done)."""
+    of its index entries. True for WORKED and KEPT (work was done)."""
 
     WORKED = "worked"  # runs ran: the entries go with the scanner's batch
+    KEPT = "kept"  # runs ran, one failed: its notification stays, and the entries too
     SERVED = "served"  # absent, no notify version at all: with the batch too
     LATER = "later"  # absent, a notification above the run's snapshot: entries stay
     UNSETTLED = "unsettled"  # nothing ran, or not through the index path: settle alone
 
     def __bool__(self) -> bool:
-        return self is Indexed.WORKED
+        return self is Indexed.WORKED or self is Indexed.KEPT
 
 
 _UNAVAILABLE = (StoreUnavailable, OracleUnavailable, CoordinationError)

@@ -482,9 +482,9 @@ class Scanner:
         them yet); deleting first is safe as ever, the read after the deletion writing
         back the entry of a notification committed meanwhile. A row whose run met a
         notification above its snapshot keeps its entry untouched (the notification is
-        pending). An entry left a little longer, or left by a pass
-        that failed, only costs a later look (the index is a superset of the pending
-        notifications)."""
+        pending), and so does a row whose run failed (:attr:`Indexed.KEPT`). An entry
+        left a little longer, or left by a pass that failed, only costs a later look
+        (the index is a superset of the pending notifications)."""
         processed: list[tuple[str, bytes, dict[str, int]]] = []
         try:
             worked = self._index_scan(processed)
@@ -683,5 +683,12 @@ class Scanner:
         wanted = list(columns)
         observer = self.runner.sole_observer(table, wanted)
         if observer is None:
-            return Indexed.WORKED if self.serve_row(table, row) else Indexed.UNSETTLED
-        return self.runner.run_noticed(observer, table, row, wanted[0])
+            done = Indexed.WORKED if self.serve_row(table, row) else Indexed.UNSETTLED
+        else:
+            done = self.runner.run_noticed(observer, table, row, wanted[0])
+        if done is Indexed.WORKED and self.runner.backoff.failing(table, row, wanted):
+            # A run failed and left its notification. Settled with the batch (deleted,
+            # then written back), its entry would be missing for a moment, and a wait
+            # for idle observers (wait_until_idle) that looked then would return.
+            return Indexed.KEPT
+        return done

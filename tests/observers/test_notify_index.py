@@ -1183,6 +1183,32 @@ class FailsOnce(Copy):
         super().process(txn, row, column)
 
 
+def test_a_row_whose_run_failed_keeps_its_index_entry_as_written(
+    cluster: percolator.Cluster,
+) -> None:
+    """A failed run leaves its notification, so the row's entry stays as its committer
+    wrote it: not deleted with the pass's batch and written back, which left the index
+    without it for a moment, long enough for wait_for_observers to see no work and
+    return while the notification waited for its retry (seen under load on Bigtable).
+    Both ways a row is run: its first failure through the run that reads its own
+    notification, the next through the row's notify cells (a failure to clear)."""
+    observer = AlwaysFails()
+    worker = Worker(cluster, [observer], threads=1, retry_delay=0.0, max_failures=10)
+    worker.register()
+    write(cluster, b"r", b"1")
+    written = list(scan_index(internals(cluster), None, None))
+    counting = CountingIndexWrites(internals(cluster).store)
+    internals(cluster).store = counting  # type: ignore[assignment]
+    try:
+        assert worker._scanner.index_pass()
+        assert worker._scanner.index_pass()
+    finally:
+        internals(cluster).store = counting._store  # type: ignore[assignment]
+    assert observer.runs == 2 and worker.stats["failures"] == 2
+    assert counting.deletions == 0
+    assert list(scan_index(internals(cluster), None, None)) == written
+
+
 def test_a_row_that_failed_is_served_with_its_failures_cleared_once_its_retry_is_due(
     cluster: percolator.Cluster,
 ) -> None:
