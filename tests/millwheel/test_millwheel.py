@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 import percolator
 from observers import VerifyReport, Worker, wait_for_observers
 from observers import millwheel as mw
+from observers._changes import TableChanges
 from observers.millwheel import _pipeline
 from observers.millwheel.__main__ import main as mw_main
 from percolator import Cluster, Snapshot, Transaction
@@ -898,6 +899,36 @@ def test_late_records_are_counted_across_runs(sqlite_cluster: Cluster) -> None:
         assert snap.get(node.table, b"k", "m:late") == b"3"
     (status,) = pipeline.status()
     assert (status.late, status.pending) == (3, 0)
+
+
+def test_an_injection_with_nothing_new_commits_nothing_but_a_risen_watermark(
+    sqlite_cluster: Cluster,
+) -> None:
+    """An injector commits its position and watermark with what it injects. One that
+    reads no record, stays at its position and finds its source's watermark no higher
+    (an idle injector, at every interval) commits nothing: no new version of ``c:pos``
+    or ``w:low``; a watermark that rose alone is committed. SQLite alone: the
+    pipeline's logic."""
+    cluster = sqlite_cluster
+    source = _SteppedSource()  # one record at 1,000, then none; its watermark as set
+    pipeline = _quiet(cluster, source)
+    marks = TableChanges(cluster, pipeline.meta, ["c:pos", "w:low"])
+
+    def committed() -> list[tuple[bytes, str, bytes]]:
+        nonlocal position
+        changes, position = marks.read(position, 10)
+        return sorted((c.row, c.column, c.value) for c in changes)
+
+    position: dict[str, object] = {}
+    assert pipeline.inject("in") == 1
+    assert committed() == [(b"inj/in", "c:pos", b"1"), (b"inj/in", "w:low", b"1000")]
+    for mark in (1_000, 900):  # the same watermark, then one that went back
+        source.mark = mark
+        assert pipeline.inject("in") == 0
+        assert committed() == []
+    source.mark = 2_000
+    assert pipeline.inject("in") == 0
+    assert committed() == [(b"inj/in", "c:pos", b"1"), (b"inj/in", "w:low", b"2000")]
 
 
 def test_the_state_of_a_key_is_its_own_rows_only(sqlite_cluster: Cluster) -> None:
