@@ -8,6 +8,7 @@ waits for has reached it), late records, and bad topologies."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -929,6 +930,38 @@ def test_an_injection_with_nothing_new_commits_nothing_but_a_risen_watermark(
     source.mark = 2_000
     assert pipeline.inject("in") == 0
     assert committed() == [(b"inj/in", "c:pos", b"1"), (b"inj/in", "w:low", b"2000")]
+
+
+class _Positions:
+    """Records of value k, one batch per position: two from the start, then one each
+    from a short position, one of 16 bytes and one of 17 (then the end)."""
+
+    AFTER = {None: b"p", b"p": b"x" * 16, b"x" * 16: b"y" * 17, b"y" * 17: b"end"}
+
+    def read(self, position: bytes | None, limit: int) -> tuple[list[mw.Record], bytes, int]:
+        if position not in self.AFTER:
+            return [], b"end", END
+        n = 2 if position is None else 1
+        return [mw.Record(b"k", 1_000 + i) for i in range(n)], self.AFTER[position], 1_000
+
+
+def test_injected_record_ids_name_the_injector_the_position_read_from_and_the_place(
+    sqlite_cluster: Cluster,
+) -> None:
+    """An injected record's id is ``<injector>/<tag>/<n>``: *tag* the position its
+    batch was read from, in hex (empty for the source's start), or ``h`` and a digest
+    of a position longer than 16 bytes (ids go into column and row keys); *n* its place
+    in the batch. No two positions give one tag, so no record overwrites another's
+    ``in:`` cell. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    pipeline = _quiet(cluster, _Positions())
+    while pipeline.inject("in"):
+        pass
+    with Snapshot(cluster) as snap:
+        (cells,) = [cells for _, cells in snap.scan(pipeline.nodes["Quiet"].table)]
+    digest = hashlib.sha256(b"y" * 17).hexdigest()[:32]
+    ids = sorted(c[3:] for c in cells if c.startswith("in:"))
+    assert ids == sorted(["in//0", "in//1", "in/70/0", f"in/{'78' * 16}/0", f"in/h{digest}/0"])
 
 
 def test_the_state_of_a_key_is_its_own_rows_only(sqlite_cluster: Cluster) -> None:
