@@ -964,6 +964,32 @@ def test_injected_record_ids_name_the_injector_the_position_read_from_and_the_pl
     assert ids == sorted(["in//0", "in//1", "in/70/0", f"in/{'78' * 16}/0", f"in/h{digest}/0"])
 
 
+def test_verify_counts_each_index_row_and_cell_that_disagree(sqlite_cluster: Cluster) -> None:
+    """``verify`` matches the pending index with the keys' ``in:`` cells and the timers
+    index with their ``t:`` cells. With three records pending and two timers armed (all
+    matching: no problem), a record left without its index row, an index row without
+    its record and a timer's cell gone with its index row left are three disagreements:
+    two of the pending kind, one of the timers, each kind counted in its own problem.
+    SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    pipeline = _quiet(cluster, mw.IterableSource([(b"k", 1_000), (b"j", 2_000), (b"k", 3_000)]))
+    node = pipeline.nodes["Quiet"]
+    assert pipeline.inject("in") == 3
+    with Transaction(cluster) as txn:
+        for key in (b"k", b"j"):
+            _context(txn, pipeline, key).set_timer("t", 5_000)
+    assert pipeline.verify().problems == []
+    with Snapshot(cluster) as snap:
+        first = next(row for row, _ in snap.scan(node.pending, *node.index_range(), ["p:x"]))
+    with Transaction(cluster) as txn:
+        txn.delete(node.pending, first, "p:x")
+        txn.set(node.pending, _pipeline._index_row(node, 4_000, b"k", b"in/gone"), "p:x", b"")
+        txn.delete(node.table, b"j", "t:t")
+    assert pipeline.verify().problems == [
+        "Quiet: 2 pending record(s) and index rows disagree",
+        "Quiet: 1 timer(s) and index rows disagree"]
+
+
 def test_the_state_of_a_key_is_its_own_rows_only(sqlite_cluster: Cluster) -> None:
     """``state`` of a key without a row is empty, whatever the keys after it hold (k1's
     row follows k's, and starts as k does). SQLite alone: the pipeline's logic."""
