@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -466,6 +467,61 @@ def test_bad_topologies_and_productions_are_refused(cluster: Cluster) -> None:
     txn = Transaction(cluster)
     with pytest.raises(percolator.InvalidArgument, match="not among its outputs"):
         _pipeline._KeyRun(txn, stray, stray.nodes["Stray"], b"k").run()
+
+
+class _Spaced(mw.Computation):
+    name = "a b"
+
+
+class _BadOutput(mw.Computation):
+    outputs = ("o/p",)
+
+
+def test_bad_names_sources_and_inputs_are_refused_saying_what_and_whose(
+    sqlite_cluster: Cluster,
+) -> None:
+    """Each bad argument of a pipeline's set-up is an InvalidArgument that names it
+    (pipeline, injector, computation or stream name; the source, the computation, the
+    inputs) and what it got, and a second injector or computation of one name is
+    refused as such. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    names = "must be letters, digits, '_', '-' or '.', got"
+    p = _quiet(cluster, mw.IterableSource([]))  # injector "in", computation Quiet
+
+    def extract(record: mw.Record) -> bytes:
+        return record.value
+
+    refused: list[tuple[Callable[[], object], str]] = [
+        (lambda: mw.Pipeline("repo.db", "p"),  # type: ignore[arg-type]
+         "Pipeline needs a percolator.Cluster, got 'repo.db'"),
+        (lambda: mw.Pipeline(cluster, "a b"),
+         "pipeline name must be letters, digits, '_' or '-', got 'a b'"),
+        (lambda: p.injector("a b", mw.IterableSource([]), stream="s"),
+         f"injector name {names} 'a b'"),
+        (lambda: p.injector("i", mw.IterableSource([]), stream="s/t"),
+         f"stream name {names} 's/t'"),
+        (lambda: p.injector("i", "repo.db", stream="s"),  # type: ignore[arg-type]
+         "source must have read(position, limit), got 'repo.db'"),
+        (lambda: p.injector("in", mw.IterableSource([]), stream="s"),
+         "injector 'in' is defined twice"),
+        (lambda: p.computation("Quiet", {"in": extract}),  # type: ignore[arg-type]
+         "computation must be a millwheel.Computation, got 'Quiet'"),
+        (lambda: p.computation(_Spaced(), {"in": extract}),
+         f"computation name {names} 'a b'"),
+        (lambda: p.computation(_Quiet(), {"in": extract}),
+         "computation 'Quiet' is added twice"),
+        (lambda: p.computation(_Alarm(), {}),
+         "Alarm: inputs must map stream names to key extractors"),
+        (lambda: p.computation(_Alarm(), {"in": extract, "x": b"k"}),  # type: ignore[dict-item]
+         "Alarm: inputs must map stream names to key extractors"),
+        (lambda: p.computation(_Alarm(), {"in": extract, "s t": extract}),
+         f"stream name {names} 's t'"),
+        (lambda: p.computation(_BadOutput(), {"in": extract}),
+         f"stream name {names} 'o/p'")]
+    for setup, message in refused:
+        with pytest.raises(percolator.InvalidArgument, match="^" + re.escape(message) + "$"):
+            setup()
+    assert (list(p.injectors), list(p.nodes), list(p.subscribers)) == (["in"], ["Quiet"], ["in"])
 
 
 def test_the_cli_shows_status_and_verifies(
