@@ -524,6 +524,32 @@ def test_bad_names_sources_and_inputs_are_refused_saying_what_and_whose(
     assert (list(p.injectors), list(p.nodes), list(p.subscribers)) == (["in"], ["Quiet"], ["in"])
 
 
+def test_the_order_is_topological_whatever_the_names_and_the_order_of_inputs(
+    sqlite_cluster: Cluster,
+) -> None:
+    """Zed reads the injected stream, Mid reads Zed's output, Alpha reads Mid's and
+    the injected stream (in that order): computations come after everything they read,
+    whichever of their inputs names them, so Zed, Mid, Alpha, not by name; ``status``
+    and the advancers' tasks take that order. SQLite alone: the pipeline's logic."""
+    def stage(name: str, outputs: tuple[str, ...]) -> mw.Computation:
+        return type(name, (mw.Computation,), {"outputs": outputs})()  # type: ignore[no-any-return]
+
+    def key(record: mw.Record) -> bytes:
+        return record.value
+
+    pipeline = mw.Pipeline(sqlite_cluster, "ranks")
+    pipeline.injector("in", mw.IterableSource([]), stream="i")
+    pipeline.computation(stage("Zed", ("z",)), inputs={"i": key})
+    pipeline.computation(stage("Mid", ("m",)), inputs={"z": key})
+    pipeline.computation(stage("Alpha", ()), inputs={"m": key, "i": key})
+    pipeline.create()
+    assert pipeline.order() == ["Zed", "Mid", "Alpha"]
+    assert [s.name for s in pipeline.status()] == ["Zed", "Mid", "Alpha"]
+    assert [t.name for t in pipeline.tasks()] == [
+        "mw.ranks.inject.in", "mw.ranks.advance.Zed", "mw.ranks.advance.Mid",
+        "mw.ranks.advance.Alpha"]
+
+
 def test_the_cli_shows_status_and_verifies(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
