@@ -556,14 +556,17 @@ def test_a_pipeline_whose_create_was_cut_short_opens_but_ingests_nothing_until_c
 def test_create_records_the_first_releases_configuration_once_and_leaves_the_pipeline_created(
     sqlite_cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``create`` records the configuration as the first release did (JSON with sorted
-    keys: a pipeline made by either opens with the other), and only when it changed: a
-    second ``create`` of the same pipeline commits no new version of it, one with
-    another retention does. The object that created the pipeline ingests without asking
-    again whether the joiner's column is observed: with ZooKeeper a client's view of
-    that registry comes by a watch, and right after ``create`` may not show it yet."""
+    """``create`` makes the first release's tables and records the configuration as it
+    did (JSON with sorted keys: a pipeline made by either opens with the other), and
+    only when it changed: a second ``create`` of the same pipeline commits no new
+    version of it, one with another retention does. The object that created the
+    pipeline ingests without asking again whether the joiner's column is observed: with
+    ZooKeeper a client's view of that registry comes by a watch, and right after
+    ``create`` may not show it yet."""
     cluster = sqlite_cluster
     p = pipeline(cluster, retention=DAY)
+    assert sorted(t for t in cluster.tables() if t.startswith("photon.")) == [
+        f"photon.clicks.{part}" for part in ("deadlines", "foreign", "joined", "meta", "primary")]
     configs = TableChanges(cluster, p.meta, ["m:config"])
     changes, mark = configs.read({}, 10)
     assert [c.value for c in changes] == [
