@@ -483,7 +483,8 @@ def test_bad_names_sources_and_inputs_are_refused_saying_what_and_whose(
     """Each bad argument of a pipeline's set-up is an InvalidArgument that names it
     (pipeline, injector, computation or stream name; the source, the computation, the
     inputs) and what it got, and a second injector or computation of one name is
-    refused as such. SQLite alone: the pipeline's logic."""
+    refused as such; so is an injection by an injector never defined. SQLite alone: the
+    pipeline's logic."""
     cluster = sqlite_cluster
     names = "must be letters, digits, '_', '-' or '.', got"
     p = _quiet(cluster, mw.IterableSource([]))  # injector "in", computation Quiet
@@ -517,7 +518,8 @@ def test_bad_names_sources_and_inputs_are_refused_saying_what_and_whose(
         (lambda: p.computation(_Alarm(), {"in": extract, "s t": extract}),
          f"stream name {names} 's t'"),
         (lambda: p.computation(_BadOutput(), {"in": extract}),
-         f"stream name {names} 'o/p'")]
+         f"stream name {names} 'o/p'"),
+        (lambda: p.inject("nope"), "no injector 'nope'")]
     for setup, message in refused:
         with pytest.raises(percolator.InvalidArgument, match="^" + re.escape(message) + "$"):
             setup()
@@ -530,7 +532,8 @@ def test_the_order_is_topological_whatever_the_names_and_the_order_of_inputs(
     """Zed reads the injected stream, Mid reads Zed's output, Alpha reads Mid's and
     the injected stream (in that order): computations come after everything they read,
     whichever of their inputs names them, so Zed, Mid, Alpha, not by name; ``status``
-    and the advancers' tasks take that order. SQLite alone: the pipeline's logic."""
+    and the advancers' tasks take that order (every task at the default interval, a
+    tenth of a second). SQLite alone: the pipeline's logic."""
     def stage(name: str, outputs: tuple[str, ...]) -> mw.Computation:
         return type(name, (mw.Computation,), {"outputs": outputs})()  # type: ignore[no-any-return]
 
@@ -545,9 +548,11 @@ def test_the_order_is_topological_whatever_the_names_and_the_order_of_inputs(
     pipeline.create()
     assert pipeline.order() == ["Zed", "Mid", "Alpha"]
     assert [s.name for s in pipeline.status()] == ["Zed", "Mid", "Alpha"]
-    assert [t.name for t in pipeline.tasks()] == [
+    tasks = pipeline.tasks()
+    assert [t.name for t in tasks] == [
         "mw.ranks.inject.in", "mw.ranks.advance.Zed", "mw.ranks.advance.Mid",
         "mw.ranks.advance.Alpha"]
+    assert {t.interval for t in tasks} == {0.1}  # the default interval
 
 
 def test_the_cli_shows_status_and_verifies(
@@ -1070,6 +1075,39 @@ def test_verify_counts_each_index_row_and_cell_that_disagree(sqlite_cluster: Clu
     assert pipeline.verify().problems == [
         "Quiet: 2 pending record(s) and index rows disagree",
         "Quiet: 1 timer(s) and index rows disagree"]
+
+
+def test_a_record_at_time_zero_holds_the_low_watermark_at_zero(sqlite_cluster: Cluster) -> None:
+    """A pending record of time 0 (the first instant the index can hold) keeps its
+    computation's low watermark at 0 while the input watermark moves on: the index row
+    is at its time, not rounded up. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    pipeline = _quiet(cluster, mw.IterableSource([(b"k", 0), (b"k", 5_000)]))
+    assert pipeline.inject("in") == 2
+    assert pipeline.advance()["Quiet"] == (END, 0)
+
+
+def test_computations_whose_names_start_alike_count_their_own_index_rows_only(
+    sqlite_cluster: Cluster,
+) -> None:
+    """Alarm and AlarmB share the pending and timers indexes, where AlarmB's rows follow
+    Alarm's: each computation's status counts its own pending records and timers, and
+    its low watermark is held by its own only. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    pipeline = mw.Pipeline(cluster, "alike")
+    pipeline.injector("in", mw.IterableSource([(b"k", 1_000), (b"j", 2_000)]), stream="in")
+    pipeline.computation(_Alarm(), inputs={"in": lambda r: r.value})
+    pipeline.computation(type("AlarmB", (_Alarm,), {"name": "AlarmB"})(),
+                         inputs={"in": lambda r: b"k"})
+    pipeline.create()
+    assert pipeline.inject("in") == 2
+    node = pipeline.nodes["AlarmB"]
+    with Transaction(cluster) as txn:
+        mw.Context(_pipeline._KeyRun(txn, pipeline, node, b"k")).set_timer("t", 500)
+    assert {s.name: (s.pending, s.timers) for s in pipeline.status()} == {
+        "Alarm": (2, 0), "AlarmB": (2, 1)}
+    assert pipeline.advance() == {"Alarm": (END, 1_000), "AlarmB": (END, 500)}
+    assert pipeline.verify().problems == []
 
 
 def test_the_state_of_a_key_is_its_own_rows_only(sqlite_cluster: Cluster) -> None:
