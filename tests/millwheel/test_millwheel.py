@@ -500,6 +500,9 @@ def test_bad_names_sources_and_inputs_are_refused_saying_what_and_whose(
          "pipeline name must be letters, digits, '_' or '-', got 'a b'"),
         (lambda: p.injector("a b", mw.IterableSource([]), stream="s"),
          f"injector name {names} 'a b'"),
+        (lambda: p.injector("", mw.IterableSource([]), stream="s"), f"injector name {names} ''"),
+        (lambda: p.injector(5, mw.IterableSource([]), stream="s"),  # type: ignore[arg-type]
+         f"injector name {names} 5"),
         (lambda: p.injector("i", mw.IterableSource([]), stream="s/t"),
          f"stream name {names} 's/t'"),
         (lambda: p.injector("i", "repo.db", stream="s"),  # type: ignore[arg-type]
