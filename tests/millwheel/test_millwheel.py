@@ -1081,7 +1081,9 @@ def test_verify_counts_each_index_row_and_cell_that_disagree(sqlite_cluster: Clu
         "Quiet: 1 timer(s) and index rows disagree"]
 
 
-def test_a_record_and_a_timer_at_time_zero_are_taken_and_hold_the_low_watermark_at_zero(sqlite_cluster: Cluster) -> None:
+def test_a_record_and_a_timer_at_time_zero_are_taken_and_hold_the_low_watermark_at_zero(
+    sqlite_cluster: Cluster,
+) -> None:
     """A pending record of time 0 (the first instant the index can hold) keeps its
     computation's low watermark at 0 while the input watermark moves on: the index row
     is at its time, not rounded up. A timer may be armed at 0 too. SQLite alone: the
