@@ -8,6 +8,7 @@ waits for has reached it), late records, and bad topologies."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -15,6 +16,7 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ from hypothesis import strategies as st
 import percolator
 from observers import VerifyReport, Worker, wait_for_observers
 from observers import millwheel as mw
+from observers._changes import TableChanges
 from observers.millwheel import _pipeline
 from observers.millwheel.__main__ import main as mw_main
 from percolator import Cluster, Snapshot, Transaction
@@ -441,7 +444,8 @@ def test_bad_topologies_and_productions_are_refused(cluster: Cluster) -> None:
     cyclic.injector("src", mw.IterableSource([]), stream="a")
     cyclic.computation(A(), inputs={"a": lambda r: r.value})
     cyclic.computation(B(), inputs={"b": lambda r: r.value})
-    with pytest.raises(percolator.InvalidArgument, match="cycle"):
+    with pytest.raises(percolator.InvalidArgument, match=re.escape(
+            "the pipeline's graph has a cycle through ['A', 'B']")):
         cyclic.create()
     orphan = mw.Pipeline(cluster, "orphan")
     orphan.computation(A(), inputs={"nobody": lambda r: r.value})
@@ -464,6 +468,95 @@ def test_bad_topologies_and_productions_are_refused(cluster: Cluster) -> None:
     txn = Transaction(cluster)
     with pytest.raises(percolator.InvalidArgument, match="not among its outputs"):
         _pipeline._KeyRun(txn, stray, stray.nodes["Stray"], b"k").run()
+
+
+class _Spaced(mw.Computation):
+    name = "a b"
+
+
+class _BadOutput(mw.Computation):
+    outputs = ("o/p",)
+
+
+def test_bad_names_sources_and_inputs_are_refused_saying_what_and_whose(
+    sqlite_cluster: Cluster,
+) -> None:
+    """Each bad argument of a pipeline's set-up is an InvalidArgument that names it
+    (pipeline, injector, computation or stream name; the source, the computation, the
+    inputs) and what it got, and a second injector or computation of one name is
+    refused as such; so is an injection by an injector never defined. SQLite alone: the
+    pipeline's logic."""
+    cluster = sqlite_cluster
+    names = "must be letters, digits, '_', '-' or '.', got"
+    p = _quiet(cluster, mw.IterableSource([]))  # injector "in", computation Quiet
+
+    def extract(record: mw.Record) -> bytes:
+        return record.value
+
+    refused: list[tuple[Callable[[], object], str]] = [
+        (lambda: mw.Pipeline("repo.db", "p"),  # type: ignore[arg-type]
+         "Pipeline needs a percolator.Cluster, got 'repo.db'"),
+        (lambda: mw.Pipeline(cluster, "a b"),
+         "pipeline name must be letters, digits, '_' or '-', got 'a b'"),
+        (lambda: p.injector("a b", mw.IterableSource([]), stream="s"),
+         f"injector name {names} 'a b'"),
+        (lambda: p.injector("", mw.IterableSource([]), stream="s"), f"injector name {names} ''"),
+        (lambda: p.injector(5, mw.IterableSource([]), stream="s"),  # type: ignore[arg-type]
+         f"injector name {names} 5"),
+        (lambda: p.injector("i", mw.IterableSource([]), stream="s/t"),
+         f"stream name {names} 's/t'"),
+        (lambda: p.injector("i", "repo.db", stream="s"),  # type: ignore[arg-type]
+         "source must have read(position, limit), got 'repo.db'"),
+        (lambda: p.injector("in", mw.IterableSource([]), stream="s"),
+         "injector 'in' is defined twice"),
+        (lambda: p.computation("Quiet", {"in": extract}),  # type: ignore[arg-type]
+         "computation must be a millwheel.Computation, got 'Quiet'"),
+        (lambda: p.computation(_Spaced(), {"in": extract}),
+         f"computation name {names} 'a b'"),
+        (lambda: p.computation(_Quiet(), {"in": extract}),
+         "computation 'Quiet' is added twice"),
+        (lambda: p.computation(_Alarm(), {}),
+         "Alarm: inputs must map stream names to key extractors"),
+        (lambda: p.computation(_Alarm(), {"in": extract, "x": b"k"}),  # type: ignore[dict-item]
+         "Alarm: inputs must map stream names to key extractors"),
+        (lambda: p.computation(_Alarm(), {"in": extract, "s t": extract}),
+         f"stream name {names} 's t'"),
+        (lambda: p.computation(_BadOutput(), {"in": extract}),
+         f"stream name {names} 'o/p'"),
+        (lambda: p.inject("nope"), "no injector 'nope'")]
+    for setup, message in refused:
+        with pytest.raises(percolator.InvalidArgument, match="^" + re.escape(message) + "$"):
+            setup()
+    assert (list(p.injectors), list(p.nodes), list(p.subscribers)) == (["in"], ["Quiet"], ["in"])
+
+
+def test_the_order_is_topological_whatever_the_names_and_the_order_of_inputs(
+    sqlite_cluster: Cluster,
+) -> None:
+    """Zed reads the injected stream, Mid reads Zed's output, Alpha reads Mid's and
+    the injected stream (in that order): computations come after everything they read,
+    whichever of their inputs names them, so Zed, Mid, Alpha, not by name; ``status``
+    and the advancers' tasks take that order (every task at the default interval, a
+    tenth of a second). SQLite alone: the pipeline's logic."""
+    def stage(name: str, outputs: tuple[str, ...]) -> mw.Computation:
+        return type(name, (mw.Computation,), {"outputs": outputs})()  # type: ignore[no-any-return]
+
+    def key(record: mw.Record) -> bytes:
+        return record.value
+
+    pipeline = mw.Pipeline(sqlite_cluster, "ranks")
+    pipeline.injector("in", mw.IterableSource([]), stream="i")
+    pipeline.computation(stage("Zed", ("z",)), inputs={"i": key})
+    pipeline.computation(stage("Mid", ("m",)), inputs={"z": key})
+    pipeline.computation(stage("Alpha", ()), inputs={"m": key, "i": key})
+    pipeline.create()
+    assert pipeline.order() == ["Zed", "Mid", "Alpha"]
+    assert [s.name for s in pipeline.status()] == ["Zed", "Mid", "Alpha"]
+    tasks = pipeline.tasks()
+    assert [t.name for t in tasks] == [
+        "mw.ranks.inject.in", "mw.ranks.advance.Zed", "mw.ranks.advance.Mid",
+        "mw.ranks.advance.Alpha"]
+    assert {t.interval for t in tasks} == {0.1}  # the default interval
 
 
 def test_the_cli_shows_status_and_verifies(
@@ -898,6 +991,134 @@ def test_late_records_are_counted_across_runs(sqlite_cluster: Cluster) -> None:
         assert snap.get(node.table, b"k", "m:late") == b"3"
     (status,) = pipeline.status()
     assert (status.late, status.pending) == (3, 0)
+
+
+def test_an_injection_with_nothing_new_commits_nothing_but_a_risen_watermark(
+    sqlite_cluster: Cluster,
+) -> None:
+    """An injector commits its position and watermark with what it injects. One that
+    reads no record, stays at its position and finds its source's watermark no higher
+    (an idle injector, at every interval) commits nothing: no new version of ``c:pos``
+    or ``w:low``; a watermark that rose alone is committed. SQLite alone: the
+    pipeline's logic."""
+    cluster = sqlite_cluster
+    source = _SteppedSource()  # one record at 1,000, then none; its watermark as set
+    pipeline = _quiet(cluster, source)
+    marks = TableChanges(cluster, pipeline.meta, ["c:pos", "w:low"])
+
+    def committed() -> list[tuple[bytes, str, bytes]]:
+        nonlocal position
+        changes, position = marks.read(position, 10)
+        return sorted((c.row, c.column, c.value) for c in changes)
+
+    position: dict[str, object] = {}
+    assert pipeline.inject("in") == 1
+    assert committed() == [(b"inj/in", "c:pos", b"1"), (b"inj/in", "w:low", b"1000")]
+    for mark in (1_000, 900):  # the same watermark, then one that went back
+        source.mark = mark
+        assert pipeline.inject("in") == 0
+        assert committed() == []
+    source.mark = 2_000
+    assert pipeline.inject("in") == 0
+    assert committed() == [(b"inj/in", "c:pos", b"1"), (b"inj/in", "w:low", b"2000")]
+
+
+class _Positions:
+    """Records of value k, one batch per position: two from the start, then one each
+    from a short position, one of 16 bytes and one of 17 (then the end)."""
+
+    AFTER = {None: b"p", b"p": b"x" * 16, b"x" * 16: b"y" * 17, b"y" * 17: b"end"}
+
+    def read(self, position: bytes | None, limit: int) -> tuple[list[mw.Record], bytes, int]:
+        if position not in self.AFTER:
+            return [], b"end", END
+        n = 2 if position is None else 1
+        return [mw.Record(b"k", 1_000 + i) for i in range(n)], self.AFTER[position], 1_000
+
+
+def test_injected_record_ids_name_the_injector_the_position_read_from_and_the_place(
+    sqlite_cluster: Cluster,
+) -> None:
+    """An injected record's id is ``<injector>/<tag>/<n>``: *tag* the position its
+    batch was read from, in hex (empty for the source's start), or ``h`` and a digest
+    of a position longer than 16 bytes (ids go into column and row keys); *n* its place
+    in the batch. No two positions give one tag, so no record overwrites another's
+    ``in:`` cell. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    pipeline = _quiet(cluster, _Positions())
+    while pipeline.inject("in"):
+        pass
+    with Snapshot(cluster) as snap:
+        (cells,) = [cells for _, cells in snap.scan(pipeline.nodes["Quiet"].table)]
+    digest = hashlib.sha256(b"y" * 17).hexdigest()[:32]
+    ids = sorted(c[3:] for c in cells if c.startswith("in:"))
+    assert ids == sorted(["in//0", "in//1", "in/70/0", f"in/{'78' * 16}/0", f"in/h{digest}/0"])
+
+
+def test_verify_counts_each_index_row_and_cell_that_disagree(sqlite_cluster: Cluster) -> None:
+    """``verify`` matches the pending index with the keys' ``in:`` cells and the timers
+    index with their ``t:`` cells. With three records pending and two timers armed (all
+    matching: no problem), a record left without its index row, an index row without
+    its record and a timer's cell gone with its index row left are three disagreements:
+    two of the pending kind, one of the timers, each kind counted in its own problem.
+    SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    pipeline = _quiet(cluster, mw.IterableSource([(b"k", 1_000), (b"j", 2_000), (b"k", 3_000)]))
+    node = pipeline.nodes["Quiet"]
+    assert pipeline.inject("in") == 3
+    with Transaction(cluster) as txn:
+        for key in (b"k", b"j"):
+            _context(txn, pipeline, key).set_timer("t", 5_000)
+    assert pipeline.verify().problems == []
+    with Snapshot(cluster) as snap:
+        first = next(row for row, _ in snap.scan(node.pending, *node.index_range(), ["p:x"]))
+    with Transaction(cluster) as txn:
+        txn.delete(node.pending, first, "p:x")
+        txn.set(node.pending, _pipeline._index_row(node, 4_000, b"k", b"in/gone"), "p:x", b"")
+        txn.delete(node.table, b"j", "t:t")
+    assert pipeline.verify().problems == [
+        "Quiet: 2 pending record(s) and index rows disagree",
+        "Quiet: 1 timer(s) and index rows disagree"]
+
+
+def test_a_record_and_a_timer_at_time_zero_are_taken_and_hold_the_low_watermark_at_zero(
+    sqlite_cluster: Cluster,
+) -> None:
+    """A pending record of time 0 (the first instant the index can hold) keeps its
+    computation's low watermark at 0 while the input watermark moves on: the index row
+    is at its time, not rounded up. A timer may be armed at 0 too. SQLite alone: the
+    pipeline's logic."""
+    cluster = sqlite_cluster
+    pipeline = _quiet(cluster, mw.IterableSource([(b"k", 0), (b"k", 5_000)]))
+    assert pipeline.inject("in") == 2
+    with Transaction(cluster) as txn:
+        _context(txn, pipeline, b"j").set_timer("t", 0)
+    (status,) = pipeline.status()
+    assert (status.pending, status.timers) == (2, 1)
+    assert pipeline.advance()["Quiet"] == (END, 0)
+
+
+def test_computations_whose_names_start_alike_count_their_own_index_rows_only(
+    sqlite_cluster: Cluster,
+) -> None:
+    """Alarm and AlarmB share the pending and timers indexes, where AlarmB's rows follow
+    Alarm's: each computation's status counts its own pending records and timers, and
+    its low watermark is held by its own only. SQLite alone: the pipeline's logic."""
+    cluster = sqlite_cluster
+    pipeline = mw.Pipeline(cluster, "alike")
+    pipeline.injector("in", mw.IterableSource([(b"k", 1_000), (b"j", 2_000)]), stream="in")
+    pipeline.computation(_Alarm(), inputs={"in": lambda r: r.value})
+    pipeline.computation(type("AlarmB", (_Alarm,), {"name": "AlarmB"})(),
+                         inputs={"in": lambda r: b"k"})
+    pipeline.create()
+    assert pipeline.inject("in") == 2
+    node = pipeline.nodes["AlarmB"]
+    with Transaction(cluster) as txn:
+        mw.Context(_pipeline._KeyRun(txn, pipeline, node, b"k")).set_timer("t", 500)
+    assert {s.name: (s.pending, s.timers) for s in pipeline.status()} == {
+        "Alarm": (2, 0), "AlarmB": (2, 1)}
+    assert pipeline.advance() == {"Alarm": (END, 1_000), "AlarmB": (END, 500)}
+    assert pipeline.verify().problems == []
 
 
 def test_the_state_of_a_key_is_its_own_rows_only(sqlite_cluster: Cluster) -> None:

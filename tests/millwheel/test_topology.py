@@ -182,8 +182,9 @@ def test_a_held_record_keeps_the_key_its_producer_gave(cluster: Cluster) -> None
 def test_an_advancer_moves_held_records_a_batch_at_a_time(sqlite_cluster: Cluster) -> None:
     """20 records held for Second (injected by a process of the old topology, which
     has no Second); the new topology's advancer, with a batch of 5, moves the 5
-    oldest into Second's rows per pass, so that one pass's transaction stays bounded,
-    and Second then counts each once. SQLite alone: the pipeline's logic."""
+    oldest into Second's rows per pass, so that one pass's transaction stays bounded
+    (``status`` counts all 20 pending meanwhile, held or moved), and Second then counts
+    each once. SQLite alone: the pipeline's logic."""
     cluster = sqlite_cluster
     records = _app.relay_input(20)
     old = _app.build_fanout(cluster, mw.IterableSource(records), second=False)
@@ -195,6 +196,8 @@ def test_an_advancer_moves_held_records_a_batch_at_a_time(sqlite_cluster: Cluste
     for left in (15, 10):
         new.advance()
         assert _held(new) == left
+        # status counts Second's held records as pending, with those moved into its rows
+        assert {s.name: s.pending for s in new.status()}["Second"] == 20
     while _held(new):
         new.advance()
     _drain(new)
