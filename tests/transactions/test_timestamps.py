@@ -284,20 +284,46 @@ def test_a_commit_finds_the_room_another_process_persisted(tmp_path: Path) -> No
         store.close()
 
 
-@pytest.mark.parametrize("count", [1, 2 * HostTimestamps.GAP])
+@pytest.mark.parametrize("count", [1, 2 * HostTimestamps.GAP,
+                                   pytest.param(None, id="fits-leaving-less-than-REFILL")])
 def test_a_refill_leaves_room_for_the_draw_and_a_commits_gap_above_it(
-    tmp_path: Path, count: int,
+    tmp_path: Path, count: int | None,
 ) -> None:
     """A draw that persists a new ceiling (here a block of 6 past what it needs) makes
     room for what it takes and, above that, for a one-phase commit's draw ``GAP`` up,
-    which must find room without writing the store (else it goes two-phase)."""
+    which must find room without writing the store (else it goes two-phase). A draw
+    that fits below the ceiling but leaves less than ``REFILL`` above it (*count*
+    None) persists one too."""
     store = SqliteStore(str(tmp_path / "db"))
     source = HostTimestamps(store, str(tmp_path / "db-ts"))
     source.BLOCK, source.REFILL = 6, 3
     try:
+        if count is None:
+            source.get_timestamp()
+            with source._locked():
+                nxt = max(source._counters())
+            count = source._ceiling.read()[0] - nxt - source.REFILL + 1
         taken = source.get_timestamps(count)
         with source.in_flight(contextlib.nullcontext) as draw:
             assert draw(1) == range(taken[-1] + 1 + source.GAP, taken[-1] + 2 + source.GAP)
+    finally:
+        source.close()
+        store.close()
+
+
+def test_a_draw_leaving_refill_room_below_the_ceiling_persists_none(tmp_path: Path) -> None:
+    """A draw writes the store only once the room left below the persisted ceiling is
+    under ``REFILL`` (above: a store write per draw for nothing); one that leaves
+    exactly ``REFILL`` persists no new ceiling."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    source.BLOCK, source.REFILL = 6, 3
+    try:
+        nxt = source.get_timestamp() + 1
+        ceiling = source._ceiling.read()[0]
+        taken = source.get_timestamps(ceiling - nxt - source.REFILL)
+        assert taken.stop == ceiling - source.REFILL
+        assert source._ceiling.read()[0] == ceiling
     finally:
         source.close()
         store.close()
@@ -319,6 +345,29 @@ def test_a_commits_second_draw_follows_its_first_above_the_slot(tmp_path: Path) 
                 assert source._slot() == (first[0], os.getpid())
         with source._locked():
             assert source._slot() == (0, 0)
+    finally:
+        source.close()
+        store.close()
+
+
+def test_a_draw_of_a_commits_whole_gap_is_handed_out_at_once_and_the_next_waits(
+    tmp_path: Path,
+) -> None:
+    """The ``GAP`` timestamps below a commit in flight are handed out without waiting
+    for it, the last of them too (one below the commit's); the next draw is above the
+    commit and waits until it is visible (here, as this commit never ends, until
+    ``IN_FLIGHT_DEADLINE``: StoreUnavailable)."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    source.IN_FLIGHT_DEADLINE = 0.05
+    try:
+        start = source.get_timestamp()
+        with source.in_flight(contextlib.nullcontext) as draw:
+            first = draw(1)
+            assert first is not None and first[0] == start + 1 + source.GAP
+            assert source.get_timestamps(source.GAP) == range(start + 1, first[0])
+            with pytest.raises(percolator.StoreUnavailable, match=f"timestamp {first[0]} "):
+                source.get_timestamp()
     finally:
         source.close()
         store.close()
