@@ -109,6 +109,22 @@ def test_the_default_thread_count_follows_the_store(cluster: percolator.Cluster)
         Worker(cluster, [_app.Indexer], threads=0)
 
 
+def test_a_worker_runs_named_daemon_threads_and_refuses_a_second_start(
+    cluster: percolator.Cluster,
+) -> None:
+    """Its scanner threads and its lookout are daemons (a process that ends without
+    stop() is not held by them), named for thread dumps; starting it again while it
+    runs is refused, saying so."""
+    worker = Worker(cluster, [_app.Indexer], threads=2)
+    with worker:
+        assert {t.name: t.daemon for t in worker._threads} == {
+            "observers-scanner-0": True, "observers-scanner-1": True,
+            "observers-lookout": True}
+        with pytest.raises(percolator.InvalidArgument) as twice:
+            worker.start()
+        assert str(twice.value) == "this worker is already started"
+
+
 class _Copier(Observer):
     """One class, many bound instances: table, column and name set per instance,
     as a stream recipe binds its observers to a pipeline's tables at run time."""
