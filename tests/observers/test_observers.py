@@ -168,15 +168,25 @@ def test_a_worker_runs_named_daemon_threads_and_refuses_a_second_start(
 ) -> None:
     """Its scanner threads and its lookout are daemons (a process that ends without
     stop() is not held by them), named for thread dumps; starting it again while it
-    runs is refused, saying so."""
+    runs is refused, saying so. Its bell is rung by the cluster's commits while it runs,
+    not once it stopped; a stopped worker starts again."""
     worker = Worker(cluster, [_app.Indexer], threads=2)
+    wakeups = internals(cluster).wakeups
     with worker:
         assert {t.name: t.daemon for t in worker._threads} == {
             "observers-scanner-0": True, "observers-scanner-1": True,
             "observers-lookout": True}
+        assert worker._scanner.bell.set in wakeups
         with pytest.raises(percolator.InvalidArgument) as twice:
             worker.start()
         assert str(twice.value) == "this worker is already started"
+    assert worker._threads == [] and worker._scanner.bell.set not in wakeups
+    with worker:
+        assert len(worker._threads) == 3
+        for row in (b"again", b"and again"):  # counted one run at a time
+            write(cluster, row, b"1")
+            wait_for_observers(cluster, timeout=60)
+    assert worker.stats["committed"] == 2
 
 
 class _Copier(Observer):

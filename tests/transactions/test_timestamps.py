@@ -245,6 +245,19 @@ def test_a_write_of_the_sidecar_stopped_midway_leaves_the_state_in_use_whole(
         store.close()
 
 
+def test_a_fresh_store_hands_out_timestamps_from_1(tmp_path: Path) -> None:
+    """No ceiling persisted yet counts as 1, the first timestamp, in both sources."""
+    store, other = SqliteStore(str(tmp_path / "db")), SqliteStore(str(tmp_path / "other"))
+    source = HostTimestamps(other, str(tmp_path / "other-ts"))
+    try:
+        assert StoreTimestamps(store).get_timestamps(3) == range(1, 4)
+        assert source.get_timestamp() == 1
+    finally:
+        source.close()
+        other.close()
+        store.close()
+
+
 def test_a_commit_never_draws_above_the_persisted_ceiling(tmp_path: Path) -> None:
     """A one-phase commit draws inside its write transaction, where it must not write
     the store: when the persisted block has no room for all it asks, it gets None (and
