@@ -217,6 +217,48 @@ def test_observers_bound_at_run_time_are_checked_and_run(cluster: percolator.Clu
         "out:a": b"1", "out:b": b"2"}
 
 
+class _Stuck(Observer):
+    """Runs until the test lets it go, as an observer waiting on a slow service."""
+
+    table, column = "docs", "raw:v"
+
+    def __init__(self, entered: threading.Event, release: threading.Event) -> None:
+        self.entered, self.release = entered, release
+
+    def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+        self.entered.set()
+        self.release.wait(60)
+
+
+def test_stop_waits_for_a_stuck_scanner_and_a_stuck_task_at_most_its_timeout(
+    cluster: percolator.Cluster,
+) -> None:
+    """stop(timeout) waits at most *timeout* seconds for each thread and task: it
+    returns while a scanner is still in its observer and a task still in its run."""
+    entered, task_entered, release = threading.Event(), threading.Event(), threading.Event()
+
+    def stuck_task() -> None:
+        task_entered.set()
+        release.wait(60)
+
+    task = observers.Periodic(cluster, "stuck", stuck_task, interval=0.01)
+    worker = Worker(cluster, [_Stuck(entered, release)], threads=1, tasks=[task])
+    worker.start()
+    threads = [*worker._threads, task._thread]
+    try:
+        write(cluster, b"r", b"1")
+        assert entered.wait(60) and task_entered.wait(60)
+        stopping = threading.Thread(target=worker.stop, args=(0.01,))
+        stopping.start()
+        stopping.join(30)
+        assert not stopping.is_alive(), "stop waited for a stuck thread beyond its timeout"
+    finally:
+        release.set()
+        for thread in threads:
+            assert thread is not None
+            thread.join(60)
+
+
 # --- processes killed mid-transaction -----------------------------------------------------
 
 
