@@ -129,7 +129,9 @@ def test_the_default_thread_count_follows_the_store(cluster: percolator.Cluster)
     ({"max_retry_delay": "60"}, "max_retry_delay must be a number of seconds >= 0, got '60'"),
     ({"idle_max": -1}, "idle_max must be a number of seconds >= 0, got -1"),
     ({"poll_interval": None}, "poll_interval must be a number of seconds >= 0, got None"),
-])
+], ids=["cluster", "no-observer", "not-an-observer", "same-names", "threads-0",
+        "threads-float", "max_failures-0", "max_failures-float", "retry_delay",
+        "max_retry_delay", "idle_max", "poll_interval"])
 def test_a_worker_refuses_a_bad_argument_naming_it(
     cluster: percolator.Cluster, given: dict[str, Any], message: str,
 ) -> None:
