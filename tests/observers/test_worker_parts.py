@@ -36,7 +36,7 @@ from percolator import (
     Transaction,
     metrics,
 )
-from percolator.ext import NOTIFY, Read, RowCells, internals
+from percolator.ext import NOTIFY, SINGLE_WRITER, Read, RowCells, internals
 from tests._backends import backend_fixture, make_store_url
 from tests.observers import _app
 from tests.observers.test_notify_index import DrawsFail
@@ -99,6 +99,45 @@ def test_wait_for_observers_gives_up_after_a_minute_unless_told(
     with pytest.raises(WaitTimeout, match=r"^observers still busy after 60\.0s: 1 pending "):
         wait_for_observers(cluster)
     assert now[0] == 1060.0
+
+
+# --- Worker: the parts it makes and what it gives them -------------------------------------
+
+
+@pytest.mark.parametrize(("threads", "single_writer", "turn", "recent"), [
+    (1, True, False, False), (2, True, True, False),
+    (1, False, False, False), (2, False, False, True),
+])
+def test_a_worker_gives_its_parts_one_store_turn_or_one_recent_as_its_threads_need(
+    cluster: percolator.Cluster, threads: int, single_writer: bool, turn: bool, recent: bool,
+) -> None:
+    """Several scanners take turns at a single-writer store (one StoreTurn for the
+    runner and the scanner); elsewhere they pass at once, and the runner keeps Recent.
+    Both parts share the worker's stop event, counts, cluster and observed columns;
+    the runner has a Waits per observer and the worker's commit hook."""
+    store = internals(cluster).store
+    if not single_writer:
+        store.capabilities = store.capabilities - {SINGLE_WRITER}  # type: ignore[misc]
+
+    def on_commit(*args: object) -> None:
+        pass
+
+    chosen = [_app.Indexer, _app.Copier, _app.Stage2]
+    worker = Worker(cluster, chosen, threads=threads, on_commit=on_commit)
+    runner, scanner = worker._runner, worker._scanner
+    assert isinstance(runner._store_turn, StoreTurn) is turn
+    assert scanner._store_turn is runner._store_turn
+    assert isinstance(runner._recent, Recent) is recent
+    assert scanner.runner is runner and scanner.cluster is runner.cluster is cluster
+    assert scanner._stop is runner._stop is worker._stop
+    assert scanner._count == runner._count == worker._count
+    assert worker.on_commit is runner.on_commit is on_commit
+    indexer, copier, stage2 = worker.observers
+    assert runner.by_column is worker._by_column == {
+        ("docs", "raw:v"): [indexer, copier], ("docs", "out:seen"): [stage2]}
+    assert scanner.columns is worker._columns == {"docs": ("raw:v", "out:seen")}
+    assert sorted(runner._waits) == sorted(o.name for o in worker.observers)
+    assert all(isinstance(w, Waits) for w in runner._waits.values())
 
 
 # --- Recent: the cells this worker process saw served lately -------------------------------
