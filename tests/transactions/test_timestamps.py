@@ -974,25 +974,39 @@ os.close(0)  # as a daemon's standard input
 source = HostTimestamps(store, sys.argv[1] + "-ts")
 opened_as = source._fd
 source.get_timestamp()
+
+def sidecar_descriptors():  # the source's and its map's
+    sidecar = os.path.realpath(sys.argv[1] + "-ts")
+    return sum(os.path.realpath(f"/proc/self/fd/{fd}") == sidecar
+               for fd in os.listdir("/proc/self/fd"))
+
+held = sidecar_descriptors()
+child = os.fork()
+if child == 0:  # its first section opens the sidecar again, closing what it inherited
+    source.get_timestamp()
+    os._exit(sidecar_descriptors() - held)
+_, status = os.waitpid(child, 0)
 source.close()
 source.close()  # again: closes nothing (not this process's standard output)
 try:
     os.fstat(0)
-    print(opened_as, "open")
+    print(opened_as, "open", os.waitstatus_to_exitcode(status))
 except OSError:
-    print(opened_as, "closed")
+    print(opened_as, "closed", os.waitstatus_to_exitcode(status))
 """
 
 
 def test_a_sidecar_opened_as_descriptor_0_is_closed_too(tmp_path: Path) -> None:
     """A process with its standard input closed (a daemon) opens the sidecar as
     descriptor 0, which its close closes as any other (its lock and presence go); a
-    second close closes nothing. (In a process of its own: closing this one's
-    descriptor 0 could hand it to a file another thread opens meanwhile.)"""
+    second close closes nothing. A forked child opening the sidecar again closes the
+    descriptor 0 it inherited: it holds as many of the sidecar as its parent. (In a
+    process of its own: closing this one's descriptor 0 could hand it to a file
+    another thread opens meanwhile.)"""
     done = subprocess.run([sys.executable, "-c", _STDIN_CLOSED, str(tmp_path / "db")],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["0", "closed"]
+    assert done.stdout.split() == ["0", "closed", "0"]
 
 
 def test_the_sidecar_is_made_readable_by_all_and_writable_by_its_owner(tmp_path: Path) -> None:
