@@ -1009,6 +1009,38 @@ def test_a_sidecar_opened_as_descriptor_0_is_closed_too(tmp_path: Path) -> None:
     assert done.stdout.split() == ["0", "closed", "0"]
 
 
+_REOPEN_FAILS = """
+import os, sys
+from percolator._errors import StoreUnavailable
+from percolator._timestamps import HostTimestamps
+from percolator.stores.sqlite import SqliteStore
+store = SqliteStore(sys.argv[1])
+source = HostTimestamps(store, sys.argv[1] + "-ts")
+os.remove(sys.argv[1] + "-ts")
+os.mkdir(sys.argv[1] + "-ts")  # no file can be opened there now
+try:
+    source._open()  # again, as a forked child's first section does
+except StoreUnavailable:
+    print("refused")
+source.close()  # the source is closed: nothing more to close
+os.fstat(1)
+print("closed nothing else")
+"""
+
+
+def test_a_sidecar_that_cannot_be_opened_again_leaves_the_source_closed(
+    tmp_path: Path,
+) -> None:
+    """Opening the sidecar again (a forked child does, at its first section) closes
+    what the source held first; when the opening then fails, the source is left
+    closed, and its close closes nothing (not some other file now at a number it
+    held). (In a process of its own: what it could close is this process's output.)"""
+    done = subprocess.run([sys.executable, "-c", _REOPEN_FAILS, str(tmp_path / "db")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["refused", "closed nothing else"]
+
+
 def test_the_sidecar_is_made_readable_by_all_and_writable_by_its_owner(tmp_path: Path) -> None:
     """Mode 0o644 (less the umask): other users' processes of the host may look, and
     nobody may run it."""
