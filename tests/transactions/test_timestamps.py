@@ -953,13 +953,19 @@ def test_a_boot_id_that_cannot_be_read_is_sixteen_zero_bytes(
     assert boot_id() == b"\0" * 16
 
 
-def test_a_sidecar_that_cannot_be_opened_is_a_clear_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["no such directory", "/dev/null"],
+                         ids=["no-directory", "dev-null"])
+def test_a_sidecar_that_cannot_be_opened_is_a_clear_error(tmp_path: Path, where: str) -> None:
+    """A path in no directory cannot be opened; /dev/null opens but cannot be sized:
+    StoreUnavailable either way, naming the path, and no descriptor left open."""
     store = SqliteStore(str(tmp_path / "db"))
-    path = str(tmp_path / "no such directory" / "db-ts")
+    path = str(tmp_path / where / "db-ts") if where[0] != "/" else where
     try:
+        descriptors = sorted(os.listdir("/proc/self/fd"))
         with pytest.raises(percolator.StoreUnavailable) as failed:
             HostTimestamps(store, path)
         assert str(failed.value).startswith(f"cannot open timestamp file {path!r}: ")
+        assert sorted(os.listdir("/proc/self/fd")) == descriptors
     finally:
         store.close()
 
