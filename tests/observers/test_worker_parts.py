@@ -36,7 +36,7 @@ from percolator import (
     Transaction,
     metrics,
 )
-from percolator.ext import NOTIFY, SINGLE_WRITER, Read, RowCells, internals
+from percolator.ext import NOTIFY, SINGLE_WRITER, Mutation, Read, RowCells, internals
 from tests._backends import backend_fixture, make_store_url
 from tests.observers import _app
 from tests.observers.test_notify_index import DrawsFail
@@ -274,6 +274,47 @@ def test_a_runner_keeping_recent_vouches_for_a_cell_its_run_found_served(
     assert other.run_cells("docs", b"r", batch) is Ran.WORKED
     assert runner.run_cells("docs", b"r", batch) is Ran.MET
     assert runner.served_lately("docs", b"r", batch) is True
+
+
+def test_a_run_of_a_change_acknowledged_already_deletes_its_notification(
+    cluster: percolator.Cluster,
+) -> None:
+    """A notification whose change the observer acknowledged already (a run that
+    committed, then crashed before its notification was deleted) is skipped, and
+    served: deleted, not left for every later pass to skip again."""
+    runner = runner_keeping_recent(cluster)
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"1")
+    batch = notify_cells(cluster, b"r")
+    assert runner.run_cells("docs", b"r", batch) is Ran.WORKED
+    store = internals(cluster).store
+    store.mutate_rows("docs", [Mutation(b"r", [
+        (name, ts, value) for name, versions in batch.items() for ts, value in versions])])
+    assert notify_cells(cluster, b"r") == batch  # the notification back, acknowledged
+    assert runner.run_cells("docs", b"r", batch) is Ran.WORKED
+    assert dict(store.scan("docs", b"r", b"r\x00", [Read(NOTIFY, versions=None)])) == {}
+
+
+class WritesItsAck(_app.Indexer):
+    """Writes its own acknowledgement, a column of the worker's."""
+
+    def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+        txn.set(self.table, row, f"_ack:{self.name}@{column}", b"1")
+
+
+def test_an_observer_is_refused_the_workers_own_columns(cluster: percolator.Cluster) -> None:
+    """The acknowledgements (``_`` families) are the worker's alone, read and written
+    around the observer's code: an observer that writes one fails its run (a failure
+    counted, nothing committed), and its notification stays."""
+    cluster.create_table("log")
+    worker = Worker(cluster, [WritesItsAck], threads=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"1")
+    batch = notify_cells(cluster, b"r")
+    worker._runner.run_cells("docs", b"r", batch)
+    assert (worker.stats["failures"], worker.stats["committed"]) == (1, 0)
+    assert notify_cells(cluster, b"r") == batch
 
 
 class AfterTheDraw:
