@@ -522,6 +522,84 @@ def test_a_scanner_thread_waiting_for_the_store_turn_ends_when_its_worker_stops(
     assert worker.stats["passes"] == 0  # ended waiting, before its pass
 
 
+class WaitsForTheTest(_app.Indexer):
+    """The Indexer, once the test lets it go (an observer waiting on a service)."""
+
+    def __init__(self) -> None:
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+        self.entered.set()
+        assert self.go.wait(60)
+        super().process(txn, row, column)
+
+
+def test_a_run_that_let_go_of_the_store_turn_commits_without_it_once_its_worker_stops(
+    cluster: percolator.Cluster,
+) -> None:
+    """A run whose observer waits lets go of the store turn; when another thread holds
+    the turn as the observer returns, the run waits for it watching its worker's stop,
+    and once the worker stops goes on without it: it commits (a wait that did not
+    watch the stop failed the run)."""
+    cluster.create_table("log")
+    observer = WaitsForTheTest()
+    worker = Worker(cluster, [observer], threads=2)
+    worker.register()
+    runner, turn = worker._runner, worker._runner._store_turn
+    assert turn is not None
+    runner._waits[observer.name].mean = 1.0  # measured waiting: its runs let go of the turn
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"1")
+    batch = notify_cells(cluster, b"r")
+    ran: list[Ran] = []
+
+    def scanner() -> None:
+        assert turn.take(worker._stop)
+        ran.append(runner.run_cells("docs", b"r", batch))
+
+    thread = threading.Thread(target=scanner)
+    thread.start()
+    try:
+        assert observer.entered.wait(60)
+        assert turn.take(threading.Event())  # the test takes the turn the run let go of
+        worker._stop.set()
+    finally:
+        observer.go.set()
+        thread.join(60)
+    turn.give()
+    assert ran == [Ran.WORKED]
+    assert (worker.stats["committed"], worker.stats["failures"]) == (1, 0)
+
+
+class ConflictsOnce(_app.Indexer):
+    """The Indexer, whose first run meets a conflict in its own code (a read of a
+    cell another transaction wrote meanwhile, say)."""
+
+    def __init__(self) -> None:
+        self.conflicted = False
+
+    def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+        if not self.conflicted:
+            self.conflicted = True
+            raise percolator.ConflictError("a conflict in the observer (test)",
+                                           start_ts=txn.start_ts)
+        super().process(txn, row, column)
+
+
+def test_a_conflict_in_an_observers_code_is_run_again_not_counted_as_its_failure(
+    cluster: percolator.Cluster,
+) -> None:
+    """A retryable error raised in the observer's code is a conflict: the run is tried
+    again at once (and commits), not failed towards quarantine."""
+    cluster.create_table("log")
+    worker = Worker(cluster, [ConflictsOnce()], threads=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"1")
+    assert worker._runner.run_cells("docs", b"r", notify_cells(cluster, b"r")) is Ran.WORKED
+    assert [worker.stats[k] for k in ("conflicts", "committed", "failures")] == [1, 1, 0]
+
+
 class FailsOnBad(_app.Indexer):
     """The Indexer, failing on the value ``bad``."""
 
