@@ -317,6 +317,26 @@ def test_an_observer_is_refused_the_workers_own_columns(cluster: percolator.Clus
     assert notify_cells(cluster, b"r") == batch
 
 
+def test_a_run_committed_alone_tells_the_commit_hook_what_it_served(
+    cluster: percolator.Cluster,
+) -> None:
+    """A run committed on its own (not in a group) calls ``on_commit`` with its
+    observer, the cell, the change it served and its own commit timestamp."""
+    cluster.create_table("log")
+    told: list[tuple[object, ...]] = []
+    worker = Worker(cluster, [_app.Indexer], threads=1,
+                    on_commit=lambda *args: told.append(args))
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"1")
+    assert worker._runner.run_cells("docs", b"r", notify_cells(cluster, b"r")) is Ran.WORKED
+    assert len(told) == 1
+    observer, table, row, column, change, commit_ts = told[0]
+    assert (observer, table, row, column, change) == (
+        worker.observers[0], "docs", b"r", "raw:v", txn.commit_ts)
+    assert isinstance(commit_ts, int) and commit_ts > change
+
+
 class AfterTheDraw:
     """The cluster's timestamp source; its next draw is followed by *then* (called with
     the timestamp drawn, which it may replace)."""
