@@ -291,7 +291,10 @@ def test_a_run_of_a_change_acknowledged_already_deletes_its_notification(
     store.mutate_rows("docs", [Mutation(b"r", [
         (name, ts, value) for name, versions in batch.items() for ts, value in versions])])
     assert notify_cells(cluster, b"r") == batch  # the notification back, acknowledged
+    skipped = ("percolator_observer_runs_total", ("Indexer", "acked_already"))
+    before = metrics.snapshot()[0].get(skipped, 0)
     assert runner.run_cells("docs", b"r", batch) is Ran.WORKED
+    assert metrics.snapshot()[0].get(skipped, 0) == before + 1
     assert dict(store.scan("docs", b"r", b"r\x00", [Read(NOTIFY, versions=None)])) == {}
 
 
@@ -329,7 +332,13 @@ def test_a_run_committed_alone_tells_the_commit_hook_what_it_served(
     worker.register()
     with Transaction(cluster) as txn:
         txn.set("docs", b"r", "raw:v", b"1")
+    timed = ("percolator_observer_run_duration_seconds", ("Indexer",))
+    counts, total = metrics.snapshot()[1].get(timed, ([], 0.0))
+    began = time.perf_counter()
     assert worker._runner.run_cells("docs", b"r", notify_cells(cluster, b"r")) is Ran.WORKED
+    elapsed = time.perf_counter() - began
+    counts_after, total_after = metrics.snapshot()[1][timed]
+    assert sum(counts_after) == sum(counts) + 1 and 0 <= total_after - total <= elapsed
     assert len(told) == 1
     observer, table, row, column, change, commit_ts = told[0]
     assert (observer, table, row, column, change) == (
@@ -591,33 +600,61 @@ def test_a_run_that_let_go_of_the_store_turn_commits_without_it_once_its_worker_
     assert (worker.stats["committed"], worker.stats["failures"]) == (1, 0)
 
 
-class ConflictsOnce(_app.Indexer):
-    """The Indexer, whose first run meets a conflict in its own code (a read of a
-    cell another transaction wrote meanwhile, say)."""
+class Conflicts(_app.Indexer):
+    """The Indexer, whose first *times* runs meet a conflict in its own code (a read
+    of a cell another transaction wrote meanwhile, say)."""
 
-    def __init__(self) -> None:
-        self.conflicted = False
+    def __init__(self, times: int) -> None:
+        self.times = times
 
     def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
-        if not self.conflicted:
-            self.conflicted = True
+        if self.times:
+            self.times -= 1
             raise percolator.ConflictError("a conflict in the observer (test)",
                                            start_ts=txn.start_ts)
         super().process(txn, row, column)
 
 
+@pytest.mark.parametrize(("times", "committed"), [(1, 1), (4, 0)])
 def test_a_conflict_in_an_observers_code_is_run_again_not_counted_as_its_failure(
-    cluster: percolator.Cluster,
+    cluster: percolator.Cluster, times: int, committed: int,
 ) -> None:
     """A retryable error raised in the observer's code is a conflict: the run is tried
-    again at once (and commits), not failed towards quarantine."""
+    again (and commits), not failed towards quarantine; after four tries it is left,
+    its notification kept for a later pass."""
     cluster.create_table("log")
-    worker = Worker(cluster, [ConflictsOnce()], threads=1)
+    worker = Worker(cluster, [Conflicts(times)], threads=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"1")
+    batch = notify_cells(cluster, b"r")
+    assert worker._runner.run_cells("docs", b"r", batch) is Ran.WORKED
+    assert [worker.stats[k] for k in ("conflicts", "committed", "failures")] == [
+        times, committed, 0]
+    assert dict(internals(cluster).store.scan(
+        "docs", b"r", b"r\x00", [Read(NOTIFY, versions=None)])) == (
+            {} if committed else {b"r": batch})
+
+
+class Unavailable(_app.Indexer):
+    """The Indexer, whose own code finds a store of its unavailable."""
+
+    def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+        raise StoreUnavailable("the observer's other store is down (test)")
+
+
+def test_an_observer_whose_own_code_finds_a_store_unavailable_fails_its_run(
+    cluster: percolator.Cluster,
+) -> None:
+    """StoreUnavailable from the observer's code is the observer's failure (counted
+    towards quarantine), not the worker's store failing: the pass goes on."""
+    cluster.create_table("log")
+    worker = Worker(cluster, [Unavailable()], threads=1)
     worker.register()
     with Transaction(cluster) as txn:
         txn.set("docs", b"r", "raw:v", b"1")
     assert worker._runner.run_cells("docs", b"r", notify_cells(cluster, b"r")) is Ran.WORKED
-    assert [worker.stats[k] for k in ("conflicts", "committed", "failures")] == [1, 1, 0]
+    assert (worker.stats["failures"], worker.stats["committed"]) == (1, 0)
 
 
 class FailsOnBad(_app.Indexer):
