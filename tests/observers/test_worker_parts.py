@@ -346,6 +346,27 @@ def test_a_run_committed_alone_tells_the_commit_hook_what_it_served(
     assert isinstance(commit_ts, int) and commit_ts > change
 
 
+def test_a_family_pass_run_draws_its_start_after_the_scan_that_read_its_notification(
+    request: pytest.FixtureRequest, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run of a scanner's batch begins at a fresh start timestamp, drawn after the
+    scan read the notification: not at the spare one its thread's previous (two-phase:
+    ``cas-sqlite``) commit drew before that, which only runs that read the
+    notification themselves may take, and whose snapshot would hold none of the
+    change."""
+    with percolator.connect(make_store_url("cas-sqlite", request, tmp_path)) as cas:
+        cas.create_table("docs")
+        cas.create_table("log")
+        worker = Worker(cas, [_app.Indexer], threads=1)
+        worker.register()
+        for row in (b"r", b"q"):  # the second change comes after the first run's commit
+            with Transaction(cas) as txn:
+                txn.set("docs", row, "raw:v", b"1")
+            assert worker._runner.run_cells("docs", row, notify_cells(cas, row)) is Ran.WORKED
+        assert worker.stats["committed"] == 2
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+
+
 class AfterTheDraw:
     """The cluster's timestamp source; its next draw is followed by *then* (called with
     the timestamp drawn, which it may replace)."""
