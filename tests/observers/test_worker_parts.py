@@ -372,6 +372,31 @@ def test_a_family_pass_run_draws_its_start_after_the_scan_that_read_its_notifica
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
 
 
+def test_a_run_that_fails_before_reading_its_notification_counts_against_the_scans(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run that fails before its first read (which reads the notification) counts
+    its failure against the notification the scanner read: quarantined (here at the
+    first failure), that one leaves circulation."""
+    from percolator._observer_hooks import ObserverRun
+
+    cluster.create_table("log")
+    worker = Worker(cluster, [_app.Indexer], threads=1, max_failures=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"1")
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise InvalidArgument("the run's first read refused (test)")
+
+    monkeypatch.setattr(ObserverRun, "get_row_notified", refused)
+    worker._runner.run_cells("docs", b"r", notify_cells(cluster, b"r"))
+    monkeypatch.undo()
+    assert (worker.stats["failures"], worker.stats["quarantined"]) == (1, 1)
+    assert dict(internals(cluster).store.scan(
+        "docs", b"r", b"r\x00", [Read(NOTIFY, versions=None)])) == {}
+
+
 class AfterTheDraw:
     """The cluster's timestamp source; its next draw is followed by *then* (called with
     the timestamp drawn, which it may replace)."""
