@@ -573,17 +573,21 @@ def test_a_scanner_thread_whose_pass_fails_sleeps_before_the_next(
     assert worker.stats["passes"] == 1 and worker.stats["idle"] == 1
 
 
+@pytest.mark.parametrize("handed", [False, True], ids=["pass", "handed-row"])
 def test_a_scanner_thread_waiting_for_the_store_turn_ends_when_its_worker_stops(
-    cluster: percolator.Cluster, caplog: pytest.LogCaptureFixture,
+    cluster: percolator.Cluster, caplog: pytest.LogCaptureFixture, handed: bool,
 ) -> None:
-    """A scanner thread about to pass while another thread holds the store turn waits
-    for the turn watching its worker's stop: once the worker stops, it ends without
-    the pass and without an error (a wait that did not watch the stop failed at
-    once, a scanner error, where the turn was held)."""
+    """A scanner thread about to pass (or to serve a row the lookout handed over)
+    while another thread holds the store turn waits for the turn watching its
+    worker's stop: once the worker stops, it ends without the pass and without an
+    error (a wait that did not watch the stop failed at once, a scanner error, where
+    the turn was held)."""
     worker = Worker(cluster, [_app.Indexer], threads=2, idle_max=3600.0)
     scanner = worker._scanner
     turn = scanner._store_turn
     assert turn is not None and turn.take(threading.Event())  # the test holds the turn
+    if handed:
+        scanner.bell.hand([("docs", b"r", {"raw:v": 1}, time.monotonic())])
 
     def errors() -> list[str]:
         return [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
@@ -591,8 +595,10 @@ def test_a_scanner_thread_waiting_for_the_store_turn_ends_when_its_worker_stops(
     thread = threading.Thread(target=scanner.scanner_thread, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60  # bounds a hang only
-    while turn._watcher != thread.ident and not errors() and time.monotonic() < deadline:
+    while (turn._watcher != thread.ident and thread.is_alive() and not errors()
+           and time.monotonic() < deadline):
         time.sleep(0.001)
+    waited = turn._watcher == thread.ident
     worker._stop.set()
     scanner.bell.set()
     thread.join(timeout=60)
@@ -600,6 +606,7 @@ def test_a_scanner_thread_waiting_for_the_store_turn_ends_when_its_worker_stops(
     assert not thread.is_alive()
     assert errors() == []
     assert worker.stats["passes"] == 0  # ended waiting, before its pass
+    assert waited, "the scanner thread did not wait for the turn"
 
 
 class WaitsForTheTest(_app.Indexer):
