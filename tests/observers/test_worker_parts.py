@@ -715,6 +715,42 @@ def test_an_observer_whose_own_code_finds_a_store_unavailable_fails_its_run(
     assert (worker.stats["failures"], worker.stats["committed"]) == (1, 0)
 
 
+def test_a_scanner_with_nothing_to_do_sleeps_between_half_and_all_of_idle_max(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a pass that found nothing, a scanner sleeps a time drawn between half of
+    ``idle_max`` and all of it (scanners started together spread out), unless woken,
+    or until a failed notification is due again if that comes sooner."""
+    worker = Worker(cluster, [_app.Indexer], threads=1, idle_max=8.0)
+    scanner = worker._scanner
+    drawn: list[tuple[float, float]] = []
+    real = observers._scanner.random
+
+    def uniform(low: float, high: float) -> float:
+        drawn.append((low, high))
+        return high
+
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        uniform=uniform, choice=real.choice, randint=real.randint, random=real.random,
+        randrange=real.randrange, shuffle=real.shuffle))
+    slept: list[float] = []
+
+    def wait(seen: int, timeout: float) -> bool:
+        slept.append(timeout)
+        worker._stop.set()
+        return False
+
+    monkeypatch.setattr(scanner.bell, "wait", wait)
+    scanner.scanner_thread()  # here: a pass with nothing to do, then the sleep
+    assert (drawn, slept) == ([(4.0, 8.0)], [8.0])
+    assert (worker.stats["passes"], worker.stats["idle"]) == (1, 1)
+    # A failed notification due again sooner (after retry_delay): awake by then.
+    delay = worker._runner.backoff.failed("docs", b"r", "raw:v")
+    worker._stop.clear()
+    scanner.scanner_thread()
+    assert len(slept) == 2 and 0 < slept[1] <= delay + 0.001
+
+
 class FailsOnBad(_app.Indexer):
     """The Indexer, failing on the value ``bad``."""
 
