@@ -749,6 +749,12 @@ def test_a_scanner_with_nothing_to_do_sleeps_between_half_and_all_of_idle_max(
     worker._stop.clear()
     scanner.scanner_thread()
     assert len(slept) == 2 and 0 < slept[1] <= delay + 0.001
+    # One due already: a millisecond's nap, not none (nor a negative one).
+    worker._runner.backoff.retry_delay = 0
+    worker._runner.backoff.failed("docs", b"q", "raw:v")
+    worker._stop.clear()
+    scanner.scanner_thread()
+    assert slept[2:] == [0.001]
 
 
 class FailsOnBad(_app.Indexer):
