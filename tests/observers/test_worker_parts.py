@@ -734,10 +734,16 @@ def test_a_scanner_with_nothing_to_do_sleeps_between_half_and_all_of_idle_max(
         uniform=uniform, choice=real.choice, randint=real.randint, random=real.random,
         randrange=real.randrange, shuffle=real.shuffle))
     slept: list[float] = []
+    asleep: list[tuple[bool, int]] = []  # (waits for the rings since its own, sleepers)
+    naps = [0]  # sleeps to end by their timeout before the one that stops the worker
 
     def wait(seen: int, timeout: float) -> bool:
         slept.append(timeout)
-        worker._stop.set()
+        asleep.append((seen == scanner.bell.rung, scanner._sleeping))
+        if naps[0]:
+            naps[0] -= 1
+        else:
+            worker._stop.set()
         return False
 
     monkeypatch.setattr(scanner.bell, "wait", wait)
@@ -748,13 +754,18 @@ def test_a_scanner_with_nothing_to_do_sleeps_between_half_and_all_of_idle_max(
     delay = worker._runner.backoff.failed("docs", b"r", "raw:v")
     worker._stop.clear()
     scanner.scanner_thread()
-    assert len(slept) == 2 and 0 < slept[1] <= delay + 0.001
-    # One due already: a millisecond's nap, not none (nor a negative one).
+    assert len(slept) == 2 and 0 < slept[1] <= 1.2 * delay + 0.001  # jittered by 1.2 at most
+    # One due already: a millisecond's nap, not none (nor a negative one), and a pass
+    # once it ends, though this scanner passed just now. Another scanner sleeps too.
     worker._runner.backoff.retry_delay = 0
     worker._runner.backoff.failed("docs", b"q", "raw:v")
     worker._stop.clear()
+    naps[0], scanner._sleeping = 1, 1
     scanner.scanner_thread()
-    assert slept[2:] == [0.001]
+    assert slept[2:] == [0.001, 0.001]
+    assert worker.stats["passes"] == 4  # a pass after the nap, then the last sleep
+    assert asleep == [(True, 1), (True, 1), (True, 2), (True, 2)]
+    assert scanner._sleeping == 1  # the other one
 
 
 class FailsOnBad(_app.Indexer):
