@@ -736,10 +736,13 @@ def test_a_scanner_with_nothing_to_do_sleeps_between_half_and_all_of_idle_max(
     slept: list[float] = []
     asleep: list[tuple[bool, int]] = []  # (waits for the rings since its own, sleepers)
     naps = [0]  # sleeps to end by their timeout before the one that stops the worker
+    passed_ago: list[float] = []
 
     def wait(seen: int, timeout: float) -> bool:
         slept.append(timeout)
         asleep.append((seen == scanner.bell.rung, scanner._sleeping))
+        if passed_ago:  # when a scanner of the worker last began a pass, as the test sets
+            scanner._passed_at = time.monotonic() - passed_ago[0]
         if naps[0]:
             naps[0] -= 1
         else:
@@ -766,6 +769,16 @@ def test_a_scanner_with_nothing_to_do_sleeps_between_half_and_all_of_idle_max(
     assert worker.stats["passes"] == 4  # a pass after the nap, then the last sleep
     assert asleep == [(True, 1), (True, 1), (True, 2), (True, 2)]
     assert scanner._sleeping == 1  # the other one
+    # No failure due: after a nap that ended by itself, a pass only if no scanner of the
+    # worker began one for half of idle_max (3 s ago: none; 5 s ago: one).
+    worker._runner.backoff.clear("docs", b"r", "raw:v")
+    worker._runner.backoff.clear("docs", b"q", "raw:v")
+    for ago, passes in ((3.0, 1), (5.0, 2)):
+        before = worker.stats["passes"]
+        worker._stop.clear()
+        naps[0], passed_ago[:] = 1, [ago]
+        scanner.scanner_thread()
+        assert worker.stats["passes"] - before == passes, ago
 
 
 class FailsOnBad(_app.Indexer):
