@@ -14,6 +14,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,7 @@ from percolator.__main__ import main as percolator_main
 from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._internals import internals
 from percolator._notifications import held_locks, pending_notifications, quarantined
+from percolator.ext import SINGLE_WRITER
 from percolator.testing import client_of, crash_commit
 from tests._backends import SQLITE_AND_BIGTABLE, backend_fixture
 from tests.observers import _app
@@ -107,6 +109,86 @@ def test_the_default_thread_count_follows_the_store(cluster: percolator.Cluster)
     assert Worker(cluster, [_app.Indexer], threads=3).threads == 3
     with pytest.raises(percolator.InvalidArgument, match="threads"):
         Worker(cluster, [_app.Indexer], threads=0)
+    store = internals(cluster).store
+    store.capabilities = store.capabilities - {SINGLE_WRITER}  # type: ignore[misc]
+    assert Worker(cluster, [_app.Indexer]).threads == 4
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({"cluster": "no cluster"}, "Worker needs a percolator.Cluster, got 'no cluster'"),
+    ({"observers": []}, "a Worker needs at least one observer"),
+    ({"observers": ["Indexer"]},
+     "observers must be Observer subclasses or instances, got 'Indexer'"),
+    ({"observers": [_app.Indexer, _app.Indexer]},
+     "observer names must be unique, got ['Indexer', 'Indexer']"),
+    ({"threads": 0}, "threads must be an int >= 1 or None, got 0"),
+    ({"threads": 2.0}, "threads must be an int >= 1 or None, got 2.0"),
+    ({"max_failures": 0}, "max_failures must be an int >= 1, got 0"),
+    ({"max_failures": 2.0}, "max_failures must be an int >= 1, got 2.0"),
+    ({"retry_delay": -0.5}, "retry_delay must be a number of seconds >= 0, got -0.5"),
+    ({"max_retry_delay": "60"}, "max_retry_delay must be a number of seconds >= 0, got '60'"),
+    ({"idle_max": -1}, "idle_max must be a number of seconds >= 0, got -1"),
+    ({"poll_interval": None}, "poll_interval must be a number of seconds >= 0, got None"),
+], ids=["cluster", "no-observer", "not-an-observer", "same-names", "threads-0",
+        "threads-float", "max_failures-0", "max_failures-float", "retry_delay",
+        "max_retry_delay", "idle_max", "poll_interval"])
+def test_a_worker_refuses_a_bad_argument_naming_it(
+    cluster: percolator.Cluster, given: dict[str, Any], message: str,
+) -> None:
+    kwargs = {"cluster": cluster, "observers": [_app.Indexer], **given}
+    with pytest.raises(percolator.InvalidArgument) as refused:
+        Worker(kwargs.pop("cluster"), kwargs.pop("observers"), **kwargs)
+    assert str(refused.value) == message
+
+
+def test_a_worker_takes_the_documented_defaults_and_the_least_values_allowed(
+    cluster: percolator.Cluster,
+) -> None:
+    """5 failures before quarantine, retried after 0.5 s doubling up to 60 s, scanners
+    idle for 2 s while the lookout looks every 0.08 s; one thread, one failure and no
+    seconds at all are allowed. The worker's parts (its runner, scanner and their
+    back-off) are given the same."""
+    def settings(worker: Worker) -> tuple[object, ...]:
+        runner, scanner = worker._runner, worker._scanner
+        assert (runner.backoff.retry_delay, runner.backoff.max_retry_delay) == (
+            worker.retry_delay, worker.max_retry_delay)
+        assert (scanner.threads, scanner.idle_max, scanner.poll_interval) == (
+            worker.threads, worker.idle_max, worker.poll_interval)
+        assert runner.max_failures == worker.max_failures
+        return (worker.max_failures, worker.retry_delay, worker.max_retry_delay,
+                worker.idle_max, worker.poll_interval, worker.on_commit, worker.tasks)
+
+    assert settings(Worker(cluster, [_app.Indexer])) == (5, 0.5, 60.0, 2.0, 0.08, None, [])
+    least = Worker(cluster, [_app.Indexer], threads=1, max_failures=1, retry_delay=0,
+                   max_retry_delay=0, idle_max=0, poll_interval=0)
+    assert least.threads == 1
+    assert settings(least) == (1, 0, 0, 0, 0, None, [])
+
+
+def test_a_worker_runs_named_daemon_threads_and_refuses_a_second_start(
+    cluster: percolator.Cluster,
+) -> None:
+    """Its scanner threads and its lookout are daemons (a process that ends without
+    stop() is not held by them), named for thread dumps; starting it again while it
+    runs is refused, saying so. Its bell is rung by the cluster's commits while it runs,
+    not once it stopped; a stopped worker starts again."""
+    worker = Worker(cluster, [_app.Indexer], threads=2)
+    wakeups = internals(cluster).wakeups
+    with worker:
+        assert {t.name: t.daemon for t in worker._threads} == {
+            "observers-scanner-0": True, "observers-scanner-1": True,
+            "observers-lookout": True}
+        assert worker._scanner.bell.set in wakeups
+        with pytest.raises(percolator.InvalidArgument) as twice:
+            worker.start()
+        assert str(twice.value) == "this worker is already started"
+    assert worker._threads == [] and worker._scanner.bell.set not in wakeups
+    with worker:
+        assert len(worker._threads) == 3
+        for row in (b"again", b"and again"):  # counted one run at a time
+            write(cluster, row, b"1")
+            wait_for_observers(cluster, timeout=60)
+    assert worker.stats["committed"] == 2
 
 
 class _Copier(Observer):
@@ -135,6 +217,48 @@ def test_observers_bound_at_run_time_are_checked_and_run(cluster: percolator.Clu
         wait_for_observers(cluster, timeout=60)
     assert Snapshot(cluster).get_row("docs", b"r", ["out:a", "out:b"]) == {
         "out:a": b"1", "out:b": b"2"}
+
+
+class _Stuck(Observer):
+    """Runs until the test lets it go, as an observer waiting on a slow service."""
+
+    table, column = "docs", "raw:v"
+
+    def __init__(self, entered: threading.Event, release: threading.Event) -> None:
+        self.entered, self.release = entered, release
+
+    def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+        self.entered.set()
+        self.release.wait(60)
+
+
+def test_stop_waits_for_a_stuck_scanner_and_a_stuck_task_at_most_its_timeout(
+    cluster: percolator.Cluster,
+) -> None:
+    """stop(timeout) waits at most *timeout* seconds for each thread and task: it
+    returns while a scanner is still in its observer and a task still in its run."""
+    entered, task_entered, release = threading.Event(), threading.Event(), threading.Event()
+
+    def stuck_task() -> None:
+        task_entered.set()
+        release.wait(60)
+
+    task = observers.Periodic(cluster, "stuck", stuck_task, interval=0.01)
+    worker = Worker(cluster, [_Stuck(entered, release)], threads=1, tasks=[task])
+    worker.start()
+    threads = [*worker._threads, task._thread]
+    try:
+        write(cluster, b"r", b"1")
+        assert entered.wait(60) and task_entered.wait(60)
+        stopping = threading.Thread(target=worker.stop, args=(0.01,))
+        stopping.start()
+        stopping.join(30)
+        assert not stopping.is_alive(), "stop waited for a stuck thread beyond its timeout"
+    finally:
+        release.set()
+        for thread in threads:
+            assert thread is not None
+            thread.join(60)
 
 
 # --- processes killed mid-transaction -----------------------------------------------------

@@ -36,7 +36,7 @@ from percolator import (
     Transaction,
     metrics,
 )
-from percolator.ext import NOTIFY, Read, RowCells, internals
+from percolator.ext import NOTIFY, SINGLE_WRITER, Mutation, Read, RowCells, internals
 from tests._backends import backend_fixture, make_store_url
 from tests.observers import _app
 from tests.observers.test_notify_index import DrawsFail
@@ -99,6 +99,45 @@ def test_wait_for_observers_gives_up_after_a_minute_unless_told(
     with pytest.raises(WaitTimeout, match=r"^observers still busy after 60\.0s: 1 pending "):
         wait_for_observers(cluster)
     assert now[0] == 1060.0
+
+
+# --- Worker: the parts it makes and what it gives them -------------------------------------
+
+
+@pytest.mark.parametrize(("threads", "single_writer", "turn", "recent"), [
+    (1, True, False, False), (2, True, True, False),
+    (1, False, False, False), (2, False, False, True),
+])
+def test_a_worker_gives_its_parts_one_store_turn_or_one_recent_as_its_threads_need(
+    cluster: percolator.Cluster, threads: int, single_writer: bool, turn: bool, recent: bool,
+) -> None:
+    """Several scanners take turns at a single-writer store (one StoreTurn for the
+    runner and the scanner); elsewhere they pass at once, and the runner keeps Recent.
+    Both parts share the worker's stop event, counts, cluster and observed columns;
+    the runner has a Waits per observer and the worker's commit hook."""
+    store = internals(cluster).store
+    if not single_writer:
+        store.capabilities = store.capabilities - {SINGLE_WRITER}  # type: ignore[misc]
+
+    def on_commit(*args: object) -> None:
+        pass
+
+    chosen = [_app.Indexer, _app.Copier, _app.Stage2]
+    worker = Worker(cluster, chosen, threads=threads, on_commit=on_commit)
+    runner, scanner = worker._runner, worker._scanner
+    assert isinstance(runner._store_turn, StoreTurn) is turn
+    assert scanner._store_turn is runner._store_turn
+    assert isinstance(runner._recent, Recent) is recent
+    assert scanner.runner is runner and scanner.cluster is runner.cluster is cluster
+    assert scanner._stop is runner._stop is worker._stop
+    assert scanner._count == runner._count == worker._count
+    assert worker.on_commit is runner.on_commit is on_commit
+    indexer, copier, stage2 = worker.observers
+    assert runner.by_column is worker._by_column == {
+        ("docs", "raw:v"): [indexer, copier], ("docs", "out:seen"): [stage2]}
+    assert scanner.columns is worker._columns == {"docs": ("raw:v", "out:seen")}
+    assert sorted(runner._waits) == sorted(o.name for o in worker.observers)
+    assert all(isinstance(w, Waits) for w in runner._waits.values())
 
 
 # --- Recent: the cells this worker process saw served lately -------------------------------
@@ -235,6 +274,127 @@ def test_a_runner_keeping_recent_vouches_for_a_cell_its_run_found_served(
     assert other.run_cells("docs", b"r", batch) is Ran.WORKED
     assert runner.run_cells("docs", b"r", batch) is Ran.MET
     assert runner.served_lately("docs", b"r", batch) is True
+
+
+def test_a_run_of_a_change_acknowledged_already_deletes_its_notification(
+    cluster: percolator.Cluster,
+) -> None:
+    """A notification whose change the observer acknowledged already (a run that
+    committed, then crashed before its notification was deleted) is skipped, and
+    served: deleted, not left for every later pass to skip again."""
+    cluster.create_table("log")
+    worker = Worker(cluster, [_app.Indexer], threads=1)
+    worker.register()
+    runner = worker._runner
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"1")
+    batch = notify_cells(cluster, b"r")
+    assert runner.run_cells("docs", b"r", batch) is Ran.WORKED
+    assert runner.run_cells("docs", b"r", batch) is Ran.MET  # served: an absent run
+    store = internals(cluster).store
+    store.mutate_rows("docs", [Mutation(b"r", [
+        (name, ts, value) for name, versions in batch.items() for ts, value in versions])])
+    assert notify_cells(cluster, b"r") == batch  # the notification back, acknowledged
+    skipped = ("percolator_observer_runs_total", ("Indexer", "acked_already"))
+    before = metrics.snapshot()[0].get(skipped, 0)
+    assert runner.run_cells("docs", b"r", batch) is Ran.WORKED
+    assert metrics.snapshot()[0].get(skipped, 0) == before + 1
+    assert dict(worker.stats) == {"committed": 1, "skipped": 1}  # no absent run counted
+    assert dict(store.scan("docs", b"r", b"r\x00", [Read(NOTIFY, versions=None)])) == {}
+
+
+class WritesItsAck(_app.Indexer):
+    """Writes its own acknowledgement, a column of the worker's."""
+
+    def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+        txn.set(self.table, row, f"_ack:{self.name}@{column}", b"1")
+
+
+def test_an_observer_is_refused_the_workers_own_columns(cluster: percolator.Cluster) -> None:
+    """The acknowledgements (``_`` families) are the worker's alone, read and written
+    around the observer's code: an observer that writes one fails its run (a failure
+    counted, nothing committed), and its notification stays."""
+    cluster.create_table("log")
+    worker = Worker(cluster, [WritesItsAck], threads=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"1")
+    batch = notify_cells(cluster, b"r")
+    worker._runner.run_cells("docs", b"r", batch)
+    assert (worker.stats["failures"], worker.stats["committed"]) == (1, 0)
+    assert notify_cells(cluster, b"r") == batch
+
+
+def test_a_run_committed_alone_tells_the_commit_hook_what_it_served(
+    cluster: percolator.Cluster,
+) -> None:
+    """A run committed on its own (not in a group) calls ``on_commit`` with its
+    observer, the cell, the change it served and its own commit timestamp."""
+    cluster.create_table("log")
+    told: list[tuple[object, ...]] = []
+    worker = Worker(cluster, [_app.Indexer], threads=1,
+                    on_commit=lambda *args: told.append(args))
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"1")
+    timed = ("percolator_observer_run_duration_seconds", ("Indexer",))
+    counts, total = metrics.snapshot()[1].get(timed, ([], 0.0))
+    began = time.perf_counter()
+    assert worker._runner.run_cells("docs", b"r", notify_cells(cluster, b"r")) is Ran.WORKED
+    elapsed = time.perf_counter() - began
+    counts_after, total_after = metrics.snapshot()[1][timed]
+    assert sum(counts_after) == sum(counts) + 1 and 0 <= total_after - total <= elapsed
+    assert len(told) == 1
+    observer, table, row, column, change, commit_ts = told[0]
+    assert (observer, table, row, column, change) == (
+        worker.observers[0], "docs", b"r", "raw:v", txn.commit_ts)
+    assert isinstance(commit_ts, int) and commit_ts > change
+
+
+def test_a_family_pass_run_draws_its_start_after_the_scan_that_read_its_notification(
+    request: pytest.FixtureRequest, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run of a scanner's batch begins at a fresh start timestamp, drawn after the
+    scan read the notification: not at the spare one its thread's previous (two-phase:
+    ``cas-sqlite``) commit drew before that, which only runs that read the
+    notification themselves may take, and whose snapshot would hold none of the
+    change."""
+    with percolator.connect(make_store_url("cas-sqlite", request, tmp_path)) as cas:
+        cas.create_table("docs")
+        cas.create_table("log")
+        worker = Worker(cas, [_app.Indexer], threads=1)
+        worker.register()
+        for row in (b"r", b"q"):  # the second change comes after the first run's commit
+            with Transaction(cas) as txn:
+                txn.set("docs", row, "raw:v", b"1")
+            assert worker._runner.run_cells("docs", row, notify_cells(cas, row)) is Ran.WORKED
+        assert worker.stats["committed"] == 2
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []
+
+
+def test_a_run_that_fails_before_reading_its_notification_counts_against_the_scans(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run that fails before its first read (which reads the notification) counts
+    its failure against the notification the scanner read: quarantined (here at the
+    first failure), that one leaves circulation."""
+    from percolator._observer_hooks import ObserverRun
+
+    cluster.create_table("log")
+    worker = Worker(cluster, [_app.Indexer], threads=1, max_failures=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"1")
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise InvalidArgument("the run's first read refused (test)")
+
+    monkeypatch.setattr(ObserverRun, "get_row_notified", refused)
+    worker._runner.run_cells("docs", b"r", notify_cells(cluster, b"r"))
+    monkeypatch.undo()
+    assert (worker.stats["failures"], worker.stats["quarantined"]) == (1, 1)
+    assert dict(internals(cluster).store.scan(
+        "docs", b"r", b"r\x00", [Read(NOTIFY, versions=None)])) == {}
 
 
 class AfterTheDraw:
@@ -413,17 +573,21 @@ def test_a_scanner_thread_whose_pass_fails_sleeps_before_the_next(
     assert worker.stats["passes"] == 1 and worker.stats["idle"] == 1
 
 
+@pytest.mark.parametrize("handed", [False, True], ids=["pass", "handed-row"])
 def test_a_scanner_thread_waiting_for_the_store_turn_ends_when_its_worker_stops(
-    cluster: percolator.Cluster, caplog: pytest.LogCaptureFixture,
+    cluster: percolator.Cluster, caplog: pytest.LogCaptureFixture, handed: bool,
 ) -> None:
-    """A scanner thread about to pass while another thread holds the store turn waits
-    for the turn watching its worker's stop: once the worker stops, it ends without
-    the pass and without an error (a wait that did not watch the stop failed at
-    once, a scanner error, where the turn was held)."""
+    """A scanner thread about to pass (or to serve a row the lookout handed over)
+    while another thread holds the store turn waits for the turn watching its
+    worker's stop: once the worker stops, it ends without the pass and without an
+    error (a wait that did not watch the stop failed at once, a scanner error, where
+    the turn was held)."""
     worker = Worker(cluster, [_app.Indexer], threads=2, idle_max=3600.0)
     scanner = worker._scanner
     turn = scanner._store_turn
     assert turn is not None and turn.take(threading.Event())  # the test holds the turn
+    if handed:
+        scanner.bell.hand([("docs", b"r", {"raw:v": 1}, time.monotonic())])
 
     def errors() -> list[str]:
         return [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
@@ -431,8 +595,10 @@ def test_a_scanner_thread_waiting_for_the_store_turn_ends_when_its_worker_stops(
     thread = threading.Thread(target=scanner.scanner_thread, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60  # bounds a hang only
-    while turn._watcher != thread.ident and not errors() and time.monotonic() < deadline:
+    while (turn._watcher != thread.ident and thread.is_alive() and not errors()
+           and time.monotonic() < deadline):
         time.sleep(0.001)
+    waited = turn._watcher == thread.ident
     worker._stop.set()
     scanner.bell.set()
     thread.join(timeout=60)
@@ -440,6 +606,179 @@ def test_a_scanner_thread_waiting_for_the_store_turn_ends_when_its_worker_stops(
     assert not thread.is_alive()
     assert errors() == []
     assert worker.stats["passes"] == 0  # ended waiting, before its pass
+    assert waited, "the scanner thread did not wait for the turn"
+
+
+class WaitsForTheTest(_app.Indexer):
+    """The Indexer, once the test lets it go (an observer waiting on a service)."""
+
+    def __init__(self) -> None:
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+        self.entered.set()
+        assert self.go.wait(60)
+        super().process(txn, row, column)
+
+
+def test_a_run_that_let_go_of_the_store_turn_commits_without_it_once_its_worker_stops(
+    cluster: percolator.Cluster,
+) -> None:
+    """A run whose observer waits lets go of the store turn; when another thread holds
+    the turn as the observer returns, the run waits for it watching its worker's stop,
+    and once the worker stops goes on without it: it commits (a wait that did not
+    watch the stop failed the run)."""
+    cluster.create_table("log")
+    observer = WaitsForTheTest()
+    worker = Worker(cluster, [observer], threads=2)
+    worker.register()
+    runner, turn = worker._runner, worker._runner._store_turn
+    assert turn is not None
+    runner._waits[observer.name].mean = 1.0  # measured waiting: its runs let go of the turn
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"1")
+    batch = notify_cells(cluster, b"r")
+    ran: list[Ran] = []
+
+    def scanner() -> None:
+        assert turn.take(worker._stop)
+        ran.append(runner.run_cells("docs", b"r", batch))
+
+    thread = threading.Thread(target=scanner)
+    thread.start()
+    try:
+        assert observer.entered.wait(60)
+        assert turn.take(threading.Event())  # the test takes the turn the run let go of
+        worker._stop.set()
+    finally:
+        observer.go.set()
+        thread.join(60)
+    turn.give()
+    assert ran == [Ran.WORKED]
+    assert (worker.stats["committed"], worker.stats["failures"]) == (1, 0)
+
+
+class Conflicts(_app.Indexer):
+    """The Indexer, whose first *times* runs meet a conflict in its own code (a read
+    of a cell another transaction wrote meanwhile, say)."""
+
+    def __init__(self, times: int) -> None:
+        self.times = times
+
+    def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+        if self.times:
+            self.times -= 1
+            raise percolator.ConflictError("a conflict in the observer (test)",
+                                           start_ts=txn.start_ts)
+        super().process(txn, row, column)
+
+
+@pytest.mark.parametrize(("times", "committed"), [(1, 1), (4, 0)])
+def test_a_conflict_in_an_observers_code_is_run_again_not_counted_as_its_failure(
+    cluster: percolator.Cluster, times: int, committed: int,
+) -> None:
+    """A retryable error raised in the observer's code is a conflict: the run is tried
+    again (and commits), not failed towards quarantine; after four tries it is left,
+    its notification kept for a later pass."""
+    cluster.create_table("log")
+    worker = Worker(cluster, [Conflicts(times)], threads=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"1")
+    batch = notify_cells(cluster, b"r")
+    assert worker._runner.run_cells("docs", b"r", batch) is Ran.WORKED
+    assert [worker.stats[k] for k in ("conflicts", "committed", "failures")] == [
+        times, committed, 0]
+    assert dict(internals(cluster).store.scan(
+        "docs", b"r", b"r\x00", [Read(NOTIFY, versions=None)])) == (
+            {} if committed else {b"r": batch})
+
+
+class Unavailable(_app.Indexer):
+    """The Indexer, whose own code finds a store of its unavailable."""
+
+    def process(self, txn: percolator.TransactionBase, row: bytes, column: str) -> None:
+        raise StoreUnavailable("the observer's other store is down (test)")
+
+
+def test_an_observer_whose_own_code_finds_a_store_unavailable_fails_its_run(
+    cluster: percolator.Cluster,
+) -> None:
+    """StoreUnavailable from the observer's code is the observer's failure (counted
+    towards quarantine), not the worker's store failing: the pass goes on."""
+    cluster.create_table("log")
+    worker = Worker(cluster, [Unavailable()], threads=1)
+    worker.register()
+    with Transaction(cluster) as txn:
+        txn.set("docs", b"r", "raw:v", b"1")
+    assert worker._runner.run_cells("docs", b"r", notify_cells(cluster, b"r")) is Ran.WORKED
+    assert (worker.stats["failures"], worker.stats["committed"]) == (1, 0)
+
+
+def test_a_scanner_with_nothing_to_do_sleeps_between_half_and_all_of_idle_max(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a pass that found nothing, a scanner sleeps a time drawn between half of
+    ``idle_max`` and all of it (scanners started together spread out), unless woken,
+    or until a failed notification is due again if that comes sooner."""
+    worker = Worker(cluster, [_app.Indexer], threads=1, idle_max=8.0)
+    scanner = worker._scanner
+    drawn: list[tuple[float, float]] = []
+    real = observers._scanner.random
+
+    def uniform(low: float, high: float) -> float:
+        drawn.append((low, high))
+        return high
+
+    monkeypatch.setattr(observers._scanner, "random", SimpleNamespace(
+        uniform=uniform, choice=real.choice, randint=real.randint, random=real.random,
+        randrange=real.randrange, shuffle=real.shuffle))
+    slept: list[float] = []
+    asleep: list[tuple[bool, int]] = []  # (waits for the rings since its own, sleepers)
+    naps = [0]  # sleeps to end by their timeout before the one that stops the worker
+    passed_ago: list[float] = []
+
+    def wait(seen: int, timeout: float) -> bool:
+        slept.append(timeout)
+        asleep.append((seen == scanner.bell.rung, scanner._sleeping))
+        if passed_ago:  # when a scanner of the worker last began a pass, as the test sets
+            scanner._passed_at = time.monotonic() - passed_ago[0]
+        if naps[0]:
+            naps[0] -= 1
+        else:
+            worker._stop.set()
+        return False
+
+    monkeypatch.setattr(scanner.bell, "wait", wait)
+    scanner.scanner_thread()  # here: a pass with nothing to do, then the sleep
+    assert (drawn, slept) == ([(4.0, 8.0)], [8.0])
+    assert (worker.stats["passes"], worker.stats["idle"]) == (1, 1)
+    # A failed notification due again sooner (after retry_delay): awake by then.
+    delay = worker._runner.backoff.failed("docs", b"r", "raw:v")
+    worker._stop.clear()
+    scanner.scanner_thread()
+    assert len(slept) == 2 and 0 < slept[1] <= 1.2 * delay + 0.001  # jittered by 1.2 at most
+    # One due already: a millisecond's nap, not none (nor a negative one), and a pass
+    # once it ends, though this scanner passed just now. Another scanner sleeps too.
+    worker._runner.backoff.retry_delay = 0
+    worker._runner.backoff.failed("docs", b"q", "raw:v")
+    worker._stop.clear()
+    naps[0], scanner._sleeping = 1, 1
+    scanner.scanner_thread()
+    assert slept[2:] == [0.001, 0.001]
+    assert worker.stats["passes"] == 4  # a pass after the nap, then the last sleep
+    assert asleep == [(True, 1), (True, 1), (True, 2), (True, 2)]
+    assert scanner._sleeping == 1  # the other one
+    # No failure due: after a nap that ended by itself, a pass only if no scanner of the
+    # worker began one for half of idle_max (3 s ago: none; 5 s ago: one).
+    worker._runner.backoff.clear("docs", b"r", "raw:v")
+    worker._runner.backoff.clear("docs", b"q", "raw:v")
+    for ago, passes in ((3.0, 1), (5.0, 2)):
+        before = worker.stats["passes"]
+        worker._stop.clear()
+        naps[0], passed_ago[:] = 1, [ago]
+        scanner.scanner_thread()
+        assert worker.stats["passes"] - before == passes, ago
 
 
 class FailsOnBad(_app.Indexer):

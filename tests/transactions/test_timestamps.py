@@ -245,6 +245,19 @@ def test_a_write_of_the_sidecar_stopped_midway_leaves_the_state_in_use_whole(
         store.close()
 
 
+def test_a_fresh_store_hands_out_timestamps_from_1(tmp_path: Path) -> None:
+    """No ceiling persisted yet counts as 1, the first timestamp, in both sources."""
+    store, other = SqliteStore(str(tmp_path / "db")), SqliteStore(str(tmp_path / "other"))
+    source = HostTimestamps(other, str(tmp_path / "other-ts"))
+    try:
+        assert StoreTimestamps(store).get_timestamps(3) == range(1, 4)
+        assert source.get_timestamp() == 1
+    finally:
+        source.close()
+        other.close()
+        store.close()
+
+
 def test_a_commit_never_draws_above_the_persisted_ceiling(tmp_path: Path) -> None:
     """A one-phase commit draws inside its write transaction, where it must not write
     the store: when the persisted block has no room for all it asks, it gets None (and
@@ -284,20 +297,46 @@ def test_a_commit_finds_the_room_another_process_persisted(tmp_path: Path) -> No
         store.close()
 
 
-@pytest.mark.parametrize("count", [1, 2 * HostTimestamps.GAP])
+@pytest.mark.parametrize("count", [1, 2 * HostTimestamps.GAP,
+                                   pytest.param(None, id="fits-leaving-less-than-REFILL")])
 def test_a_refill_leaves_room_for_the_draw_and_a_commits_gap_above_it(
-    tmp_path: Path, count: int,
+    tmp_path: Path, count: int | None,
 ) -> None:
     """A draw that persists a new ceiling (here a block of 6 past what it needs) makes
     room for what it takes and, above that, for a one-phase commit's draw ``GAP`` up,
-    which must find room without writing the store (else it goes two-phase)."""
+    which must find room without writing the store (else it goes two-phase). A draw
+    that fits below the ceiling but leaves less than ``REFILL`` above it (*count*
+    None) persists one too."""
     store = SqliteStore(str(tmp_path / "db"))
     source = HostTimestamps(store, str(tmp_path / "db-ts"))
     source.BLOCK, source.REFILL = 6, 3
     try:
+        if count is None:
+            source.get_timestamp()
+            with source._locked():
+                nxt = max(source._counters())
+            count = source._ceiling.read()[0] - nxt - source.REFILL + 1
         taken = source.get_timestamps(count)
         with source.in_flight(contextlib.nullcontext) as draw:
             assert draw(1) == range(taken[-1] + 1 + source.GAP, taken[-1] + 2 + source.GAP)
+    finally:
+        source.close()
+        store.close()
+
+
+def test_a_draw_leaving_refill_room_below_the_ceiling_persists_none(tmp_path: Path) -> None:
+    """A draw writes the store only once the room left below the persisted ceiling is
+    under ``REFILL`` (above: a store write per draw for nothing); one that leaves
+    exactly ``REFILL`` persists no new ceiling."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    source.BLOCK, source.REFILL = 6, 3
+    try:
+        nxt = source.get_timestamp() + 1
+        ceiling = source._ceiling.read()[0]
+        taken = source.get_timestamps(ceiling - nxt - source.REFILL)
+        assert taken.stop == ceiling - source.REFILL
+        assert source._ceiling.read()[0] == ceiling
     finally:
         source.close()
         store.close()
@@ -319,6 +358,29 @@ def test_a_commits_second_draw_follows_its_first_above_the_slot(tmp_path: Path) 
                 assert source._slot() == (first[0], os.getpid())
         with source._locked():
             assert source._slot() == (0, 0)
+    finally:
+        source.close()
+        store.close()
+
+
+def test_a_draw_of_a_commits_whole_gap_is_handed_out_at_once_and_the_next_waits(
+    tmp_path: Path,
+) -> None:
+    """The ``GAP`` timestamps below a commit in flight are handed out without waiting
+    for it, the last of them too (one below the commit's); the next draw is above the
+    commit and waits until it is visible (here, as this commit never ends, until
+    ``IN_FLIGHT_DEADLINE``: StoreUnavailable)."""
+    store = SqliteStore(str(tmp_path / "db"))
+    source = HostTimestamps(store, str(tmp_path / "db-ts"))
+    source.IN_FLIGHT_DEADLINE = 0.05
+    try:
+        start = source.get_timestamp()
+        with source.in_flight(contextlib.nullcontext) as draw:
+            first = draw(1)
+            assert first is not None and first[0] == start + 1 + source.GAP
+            assert source.get_timestamps(source.GAP) == range(start + 1, first[0])
+            with pytest.raises(percolator.StoreUnavailable, match=f"timestamp {first[0]} "):
+                source.get_timestamp()
     finally:
         source.close()
         store.close()
@@ -891,13 +953,19 @@ def test_a_boot_id_that_cannot_be_read_is_sixteen_zero_bytes(
     assert boot_id() == b"\0" * 16
 
 
-def test_a_sidecar_that_cannot_be_opened_is_a_clear_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["no such directory", "/dev/null"],
+                         ids=["no-directory", "dev-null"])
+def test_a_sidecar_that_cannot_be_opened_is_a_clear_error(tmp_path: Path, where: str) -> None:
+    """A path in no directory cannot be opened; /dev/null opens but cannot be sized:
+    StoreUnavailable either way, naming the path, and no descriptor left open."""
     store = SqliteStore(str(tmp_path / "db"))
-    path = str(tmp_path / "no such directory" / "db-ts")
+    path = str(tmp_path / where / "db-ts") if where[0] != "/" else where
     try:
+        descriptors = sorted(os.listdir("/proc/self/fd"))
         with pytest.raises(percolator.StoreUnavailable) as failed:
             HostTimestamps(store, path)
         assert str(failed.value).startswith(f"cannot open timestamp file {path!r}: ")
+        assert sorted(os.listdir("/proc/self/fd")) == descriptors
     finally:
         store.close()
 
@@ -912,25 +980,71 @@ os.close(0)  # as a daemon's standard input
 source = HostTimestamps(store, sys.argv[1] + "-ts")
 opened_as = source._fd
 source.get_timestamp()
+
+def sidecar_descriptors():  # the source's and its map's
+    sidecar = os.path.realpath(sys.argv[1] + "-ts")
+    return sum(os.path.realpath(f"/proc/self/fd/{fd}") == sidecar
+               for fd in os.listdir("/proc/self/fd"))
+
+held = sidecar_descriptors()
+child = os.fork()
+if child == 0:  # its first section opens the sidecar again, closing what it inherited
+    source.get_timestamp()
+    os._exit(sidecar_descriptors() - held)
+_, status = os.waitpid(child, 0)
 source.close()
 source.close()  # again: closes nothing (not this process's standard output)
 try:
     os.fstat(0)
-    print(opened_as, "open")
+    print(opened_as, "open", os.waitstatus_to_exitcode(status))
 except OSError:
-    print(opened_as, "closed")
+    print(opened_as, "closed", os.waitstatus_to_exitcode(status))
 """
 
 
 def test_a_sidecar_opened_as_descriptor_0_is_closed_too(tmp_path: Path) -> None:
     """A process with its standard input closed (a daemon) opens the sidecar as
     descriptor 0, which its close closes as any other (its lock and presence go); a
-    second close closes nothing. (In a process of its own: closing this one's
-    descriptor 0 could hand it to a file another thread opens meanwhile.)"""
+    second close closes nothing. A forked child opening the sidecar again closes the
+    descriptor 0 it inherited: it holds as many of the sidecar as its parent. (In a
+    process of its own: closing this one's descriptor 0 could hand it to a file
+    another thread opens meanwhile.)"""
     done = subprocess.run([sys.executable, "-c", _STDIN_CLOSED, str(tmp_path / "db")],
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["0", "closed"]
+    assert done.stdout.split() == ["0", "closed", "0"]
+
+
+_REOPEN_FAILS = """
+import os, sys
+from percolator._errors import StoreUnavailable
+from percolator._timestamps import HostTimestamps
+from percolator.stores.sqlite import SqliteStore
+store = SqliteStore(sys.argv[1])
+source = HostTimestamps(store, sys.argv[1] + "-ts")
+os.remove(sys.argv[1] + "-ts")
+os.mkdir(sys.argv[1] + "-ts")  # no file can be opened there now
+try:
+    source._open()  # again, as a forked child's first section does
+except StoreUnavailable:
+    print("refused")
+source.close()  # the source is closed: nothing more to close
+os.fstat(1)
+print("closed nothing else")
+"""
+
+
+def test_a_sidecar_that_cannot_be_opened_again_leaves_the_source_closed(
+    tmp_path: Path,
+) -> None:
+    """Opening the sidecar again (a forked child does, at its first section) closes
+    what the source held first; when the opening then fails, the source is left
+    closed, and its close closes nothing (not some other file now at a number it
+    held). (In a process of its own: what it could close is this process's output.)"""
+    done = subprocess.run([sys.executable, "-c", _REOPEN_FAILS, str(tmp_path / "db")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["refused", "closed nothing else"]
 
 
 def test_the_sidecar_is_made_readable_by_all_and_writable_by_its_owner(tmp_path: Path) -> None:
