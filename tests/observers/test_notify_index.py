@@ -23,7 +23,14 @@ import pytest
 import observers._scanner
 import percolator
 from observers import Observer, Worker, wait_for_observers
-from percolator import OracleUnavailable, Snapshot, Transaction, TransactionBase, metrics
+from percolator import (
+    OracleUnavailable,
+    Snapshot,
+    StoreUnavailable,
+    Transaction,
+    TransactionBase,
+    metrics,
+)
 from percolator._bulk import BulkLoad, LoadTxn, finish_rows, prewrite_rows
 from percolator._commit_checks import _write_notifications
 from percolator._encoding import FREE_TAG
@@ -696,8 +703,11 @@ def test_rows_served_from_hand_offs_settle_their_entries_together_when_due(
         scanner.serve_handed(*sixth)  # an absent run: its entry waits with the other
         assert absent_runs() == absent + 1
         assert {r for _, r in entries(cluster)} == {rows[3], b"elsewhere"}
+        reads = counting.docs_reads
         worker.stop()  # settles what waits
         assert entries(cluster) == {} and counting.deletions == 2
+        # no look before the deletion (the rows were just served): one read, after it
+        assert counting.docs_reads - reads == 1
 
         monkeypatch.setattr(observers._scanner, "SETTLE_DELAY", 0.0)
         write(cluster, rows[4], rows[4])
@@ -710,6 +720,44 @@ def test_rows_served_from_hand_offs_settle_their_entries_together_when_due(
         internals(cluster).store = counting._store  # type: ignore[assignment]
     with Snapshot(cluster) as snap:
         assert [snap.get("docs", row, "out:v") for row in rows] == rows
+
+
+class IndexDeletionsFail(CountingIndexWrites):
+    """The cluster's store, whose deletions of index entries fail (store unavailable)."""
+
+    def mutate_rows(self, table: str, mutations: list[Mutation]) -> None:
+        if table == INDEX_TABLE and any(m.deletes for m in mutations):
+            raise StoreUnavailable("index deletions fail here")
+        super().mutate_rows(table, mutations)
+
+
+def test_hand_offs_whose_settling_fails_are_forgotten_as_served_and_settled_later(
+    cluster: percolator.Cluster,
+) -> None:
+    """A batch of served hand-offs whose settling fails raises the store's error and
+    is no longer known as served: a later pass runs its rows (finding them served, an
+    absent run) and settles their entries, which would otherwise stay for good (a pass
+    skips the entries it knows as served)."""
+    worker = Worker(cluster, [Copy], threads=1)
+    worker.register()
+    scanner = worker._scanner
+    write(cluster, b"r", b"1")
+    scanner.look(frozenset())
+    handoff = scanner.bell.take()
+    assert handoff is not None
+    failing = IndexDeletionsFail(internals(cluster).store)
+    internals(cluster).store = failing  # type: ignore[assignment]
+    try:
+        scanner.serve_handed(*handoff)
+        with pytest.raises(StoreUnavailable, match="index deletions fail here"):
+            scanner.settle_deferred(force=True)
+    finally:
+        internals(cluster).store = failing._store  # type: ignore[assignment]
+    [(table, row, written)] = scan_index(internals(cluster), None, None)
+    assert not scanner._served.holds(table, row, written)
+    assert worker.stats["committed"] == 1
+    scanner.index_pass()
+    assert entries(cluster) == {}
 
 
 class CopyToo(Copy):

@@ -1401,6 +1401,40 @@ def test_a_family_pass_on_a_two_phase_store_commits_each_run_alone(
 # --- the lookout's look, on the notify family (no index) ---------------------------------
 
 
+def test_the_lookout_looks_only_while_a_scanner_sleeps(
+    cluster: percolator.Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Busy scanners need no lookout (their passes find the work): a lookout whose
+    scanners all work reads nothing, poll after poll; once one sleeps, it looks."""
+    worker = Worker(cluster, [_app.Indexer], threads=1, poll_interval=0.001)
+    scanner = worker._scanner
+    polls = threading.Semaphore(0)
+    looks: list[frozenset[tuple[str, bytes, str, int]]] = []
+
+    def looked(seen: frozenset[tuple[str, bytes, str, int]]) -> frozenset[
+            tuple[str, bytes, str, int]]:
+        looks.append(seen)
+        return seen
+
+    monkeypatch.setattr(scanner, "settle_deferred", lambda force=False: polls.release())
+    monkeypatch.setattr(scanner, "look", looked)
+    lookout = threading.Thread(target=scanner.lookout_thread, daemon=True)
+    lookout.start()
+    try:
+        for _ in range(3):
+            assert polls.acquire(timeout=60)
+        assert looks == []
+        with scanner._sleeping_lock:
+            scanner._sleeping += 1  # as a scanner thread going to sleep does
+        for _ in range(3):
+            assert polls.acquire(timeout=60)
+        assert looks
+    finally:
+        scanner._stop.set()
+        lookout.join(60)
+    assert not lookout.is_alive()
+
+
 def test_a_look_hands_over_rows_of_observed_columns_and_again_once_notified_again(
     cluster: percolator.Cluster,
 ) -> None:
