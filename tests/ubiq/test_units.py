@@ -994,3 +994,44 @@ def test_the_packer_packs_due_tails_oldest_first_into_units_of_up_to_unit_bytes(
         cut = name in ("t1", "t2", "t3", "t4", "t7")
         assert _cells(p, f"{name}.jsonl").get("f:cut") == (b"%d" % size if cut else None)
         assert ("f:since" in _cells(p, f"{name}.jsonl")) is not cut
+
+
+def test_the_collector_forgets_no_file_a_pending_unit_a_refusal_or_a_gap_still_holds(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Two files' tails packed into one unit, old enough to forget and cut to their
+    ends: while the unit is pending neither is forgotten (the second file's row is a
+    part of the first's unit: its state is that unit's). Once the unit committed, the
+    first file is truncated and refused, and the second's part row is lost (as an
+    operator's hand might): the collector's transaction, which checks again what the
+    pass's scan found, keeps the refused file, and the file its units no longer
+    cover to its end."""
+    for name in ("f1.jsonl", "f2.jsonl"):
+        _write(tmp_path, name, 2)
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=0,
+                      forget_after=3600.0)
+    p.create()
+    p.track("a")
+    with Transaction(cluster) as txn:
+        assert _pipeline.pack_tails(txn, p, _pipeline._now_ms()) == 1
+    row, part = _pipeline.unit_row("f1.jsonl", 0), _pipeline.unit_row("f2.jsonl", 0)
+    assert _units(p)[part]["u:unit"] == row
+    later = _pipeline._now_ms() + 3_601_000
+    assert p.collect_garbage(later) == 0
+    assert not _pipeline._forget_file(cluster, p, b"f2.jsonl", later)
+    assert _pipeline.process_unit(p, "a", row, _owner(p))
+    path = tmp_path / "a" / "f1.jsonl"
+    path.write_bytes(path.read_bytes()[:5])
+    p.track("a")
+    with Transaction(cluster) as txn:
+        for column in ("u:range", "u:unit"):
+            txn.delete(p.units, part, column)
+    assert not _pipeline._forget_file(cluster, p, b"f1.jsonl", later)
+    assert not _pipeline._forget_file(cluster, p, b"f2.jsonl", later)
+    assert p.collect_garbage(later) == 0
+    with Snapshot(cluster) as snap:
+        kept = {row: cells for row, cells in snap.scan(p.files, None, None, [
+            "f:size", "f:refused", "f:forgotten"])}
+    assert sorted(kept) == [b"f1.jsonl", b"f2.jsonl"]
+    assert "f:refused" in kept[b"f1.jsonl"]
+    assert all("f:size" in cells and "f:forgotten" not in cells for cells in kept.values())
