@@ -1035,3 +1035,60 @@ def test_the_collector_forgets_no_file_a_pending_unit_a_refusal_or_a_gap_still_h
     assert sorted(kept) == [b"f1.jsonl", b"f2.jsonl"]
     assert "f:refused" in kept[b"f1.jsonl"]
     assert all("f:size" in cells and "f:forgotten" not in cells for cells in kept.values())
+
+
+def test_coverage_names_each_files_gaps_overlaps_pending_units_and_uncovered_end(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """``coverage`` per file, from rows written by hand: committed and quarantined
+    units partitioning ``[0, f:size)`` with ``f:cut`` there are well; otherwise the
+    first byte of each gap or overlap, how far the units cover against the cut and
+    the size, or, while units are pending, how many (and how many of them have
+    neither a lease nor a notification). A further part of a packed unit has its
+    unit's state, or, its unit row gone (a forgotten file's), a committed one's; a row
+    with neither state nor unit is no unit's."""
+    p = _app.pipeline(cluster, tmp_path)
+    p.create()
+    files = {"whole": (30, 30), "gap": (30, 30), "overlap": (30, 30), "short": (30, 20),
+             "uncut": (30, None), "gapshort": (40, 40), "pending": (30, 30),
+             "p1": (10, 10), "p2": (10, 10), "p3": (10, 10), "nostate": (30, 30)}
+    units = {"whole": [(0, 10, b"C"), (10, 30, b"Q")],
+             "gap": [(0, 10, b"C"), (20, 30, b"C")],
+             "overlap": [(0, 20, b"C"), (5, 10, b"C"), (20, 30, b"C")],
+             "short": [(0, 20, b"C")],
+             "gapshort": [(0, 10, b"C"), (20, 30, b"C")],
+             "pending": [(0, 10, b"C"), (10, 20, b"P"), (20, 30, b"P")],
+             "p1": [(0, 10, b"P")], "nostate": [(0, 30, None)]}
+    leased = _pipeline.unit_row("pending.jsonl", 10)
+    with Transaction(cluster) as txn:
+        for name, (size, cut) in files.items():
+            txn.set(p.files, f"{name}.jsonl".encode(), "f:size", b"%d" % size)
+            if cut is not None:
+                txn.set(p.files, f"{name}.jsonl".encode(), "f:cut", b"%d" % cut)
+        for name, found in units.items():
+            for begin, end, state in found:
+                row = _pipeline.unit_row(f"{name}.jsonl", begin)
+                txn.set(p.units, row, "u:range", b"%d" % end)
+                if state is not None:
+                    txn.set(p.units, row, "u:state", state)
+                if state == b"P":
+                    txn.set(p.pending, row, "p:u", b"1")
+        txn.set(p.units, leased, "u:lease", json.dumps(
+            {"owner": "another-host/worker", "expires": 1}).encode())
+        for name, unit in (("p2", "p1"), ("p3", "gone")):
+            row = _pipeline.unit_row(f"{name}.jsonl", 0)
+            txn.set(p.units, row, "u:range", b"10")
+            txn.set(p.units, row, "u:unit", _pipeline.unit_row(f"{unit}.jsonl", 0))
+    assert p.coverage() == {
+        "whole.jsonl": [],
+        "gap.jsonl": ["gap at 10"],
+        "overlap.jsonl": ["overlap at 5"],
+        "short.jsonl": ["covered up to 20, cut at 20, tracked 30"],
+        "uncut.jsonl": ["covered up to 0, cut at 0, tracked 30"],
+        "gapshort.jsonl": ["gap at 10", "covered up to 30, cut at 40, tracked 40"],
+        "pending.jsonl": ["2 unit(s) pending, 1 with neither a lease nor a notification"],
+        "p1.jsonl": ["1 unit(s) pending, 1 with neither a lease nor a notification"],
+        "p2.jsonl": ["1 unit(s) pending, 1 with neither a lease nor a notification"],
+        "p3.jsonl": [],
+        "nostate.jsonl": ["covered up to 0, cut at 30, tracked 30"],
+    }
