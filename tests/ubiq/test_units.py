@@ -59,6 +59,7 @@ def test_a_tail_that_stopped_growing_is_cut_alone_when_files_are_not_packed(
         assert p.track("a") == 1
         wait_for_observers(cluster, 60)
     assert _units(p) == {}  # a young tail waits
+    assert p.track("a") == 0 and list(pending_notifications(cluster)) == []  # nor woken
     with Transaction(cluster) as txn:  # max_unit_delay has passed since its report
         txn.set(p.files, b"one.jsonl", "f:since", b"0")
     assert p.track("a") == 0
@@ -71,6 +72,8 @@ def test_a_tail_that_stopped_growing_is_cut_alone_when_files_are_not_packed(
             time.sleep(0.02)
     assert {row: cells["u:range"] for row, cells in _units(p).items()} == {
         _pipeline.unit_row("one.jsonl", 0): b"%d" % size}
+    assert p.track("a") == 0  # cut to its end: nothing to wake
+    assert list(pending_notifications(cluster, [p.files, p.packer])) == []
 
 
 def test_an_application_deletes_cells_in_its_units_commit(cluster: Cluster,
@@ -631,9 +634,11 @@ def test_a_unit_whose_bytes_no_replica_holds_is_quarantined_with_why(
 
 def test_a_refused_file_is_never_cut_again(cluster: Cluster, tmp_path: Path) -> None:
     """A file whose tail waits to be cut is truncated: the tracker refuses it, and a
-    cutter or packer run after that, however late, cuts nothing of it."""
+    cutter or packer run after that, however late, cuts nothing of it; nor does the
+    tracker wake the packer for it, even once its old bytes are back and long due."""
     _write(tmp_path, "one.jsonl", 10)
     path = tmp_path / "a" / "one.jsonl"
+    data = path.read_bytes()
     p = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=600.0,
                       pack_files=False)
     p.create()
@@ -649,6 +654,12 @@ def test_a_refused_file_is_never_cut_again(cluster: Cluster, tmp_path: Path) -> 
     with Transaction(cluster) as txn:  # nor packed
         assert _pipeline.pack_tails(txn, p, _pipeline._now_ms() + 10**9) == 0
     assert _units(p) == {}
+    path.write_bytes(data)
+    with Transaction(cluster) as txn:
+        txn.set(p.files, b"one.jsonl", "f:since", b"0")
+    packing = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=600.0)
+    assert packing.track("a") == 0
+    assert list(pending_notifications(cluster, [p.packer])) == []
 
 
 def test_a_tail_that_grew_while_the_cutter_cut_is_cut_at_its_next_run(
