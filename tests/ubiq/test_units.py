@@ -1103,3 +1103,49 @@ def test_coverage_names_each_files_gaps_overlaps_pending_units_and_uncovered_end
         "p3.jsonl": [],
         "nostate.jsonl": ["covered up to 0, cut at 30, tracked 30"],
     }
+
+
+def test_a_tracker_pass_wakes_each_due_tails_cutter_or_the_packer_once(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tracker pass counts the files that grew; for a tail that did not grow and
+    is due (max_unit_delay after its ``f:since``, not a millisecond before; at once
+    without one) it wakes the file's cutter, or, with packing and a tail shorter than
+    a unit, the packer, once for all of them. It skips a refused file and a file gone
+    between the listing and its reading, and goes on with the next."""
+    for site in "ab":
+        (tmp_path / site).mkdir()
+    a = tmp_path / "a"
+    (a / "0refused.jsonl").write_bytes(b"w" * 9 + b"\n")
+    (a / "exact.jsonl").write_bytes(b"x" * 19 + b"\n")  # a whole unit
+    (a / "short.jsonl").write_bytes(b"y" * 9 + b"\n")
+    (a / "tail.jsonl").write_bytes((b"z" * 9 + b"\n") * 3)  # a unit cut, then 10 bytes
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=20, max_unit_delay=5.0)
+    p.create()
+    assert p.track("a") == 4
+    with Transaction(cluster) as txn:
+        for name in ("0refused", "exact", "short"):
+            txn.set(p.files, f"{name}.jsonl".encode(), "f:since", b"1000")
+        txn.set(p.files, b"0refused.jsonl", "f:refused", b"test")
+        txn.set(p.files, b"tail.jsonl", "f:cut", b"20")
+        txn.delete(p.files, b"tail.jsonl", "f:since")  # grew while cut: due at once
+    woken: list[tuple[object, ...]] = []
+    monkeypatch.setattr(_pipeline, "_nudge", lambda *args: woken.append(args))
+    monkeypatch.setattr(_pipeline, "_nudge_packer", lambda *args: woken.append(args))
+    listing = _pipeline.matching_files
+    monkeypatch.setattr(_pipeline, "matching_files",
+                        lambda directory, pattern: ["0gone.jsonl", *listing(directory, pattern)])
+    clock = [5_999]
+    monkeypatch.setattr(_pipeline, "_now_ms", lambda: clock[0])
+    assert p.track("a") == 0
+    assert woken == [(cluster, p)]  # the tail without f:since
+    woken.clear()
+    clock[0] = 6_000
+    assert p.track("a") == 0
+    assert woken == [(cluster, p, "exact.jsonl"), (cluster, p)]
+    woken.clear()
+    alone = _app.pipeline(cluster, tmp_path, unit_bytes=20, max_unit_delay=5.0,
+                          pack_files=False)
+    assert alone.track("a") == 0
+    assert woken == [(cluster, alone, name) for name in ("exact.jsonl", "short.jsonl",
+                                                         "tail.jsonl")]
