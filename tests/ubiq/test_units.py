@@ -313,8 +313,15 @@ def test_the_collector_clears_the_acknowledgements_of_every_sites_processors(
     assert p.collect_garbage(_pipeline._now_ms() + 3_601_000) == 1
     with Worker(cluster, p.observers("b"), threads=1):
         wait_for_observers(cluster, 60)
-    p.collect_garbage()
+    # While a notification of the file's row or of a unit's is pending, nothing is
+    # cleared (its observer's run is still to acknowledge it).
+    unit = _pipeline.unit_row("one.jsonl", 0)
+    for pending in ({(p.files, b"one.jsonl")}, {(p.units, unit)}):
+        assert not _pipeline._clear_forgotten(cluster, p, b"one.jsonl", pending)
+    assert _stored(p)[p.units] != []
+    assert _pipeline._clear_forgotten(cluster, p, b"one.jsonl", set())
     assert _stored(p) == {p.files: [], p.units: [], p.pending: []}
+    assert p.collect_garbage() == 0
 
 
 def test_the_collector_leaves_a_forgotten_file_cut_anew_to_be_tracked(
@@ -329,7 +336,10 @@ def test_the_collector_leaves_a_forgotten_file_cut_anew_to_be_tracked(
     with Worker(cluster, [*p.observers("a"), _app.RollUp], threads=1):
         p.track("a")
         settle(p)
-    assert p.collect_garbage(_pipeline._now_ms() + 3_601_000) == 1
+    with Snapshot(cluster) as snap:
+        grown = int(snap.get(p.files, b"one.jsonl", "f:grown") or b"")
+    assert p.collect_garbage(grown + 3_599_999) == 0
+    assert p.collect_garbage(grown + 3_600_000) == 1  # not grown for forget_after
     # Forgetting deleted its f:size, which notifies the cutter: a run on a file row
     # without one cuts nothing.
     assert _app.cut(p, "one.jsonl") == 0
