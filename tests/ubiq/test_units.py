@@ -1159,3 +1159,24 @@ def test_a_tracker_pass_wakes_each_due_tails_cutter_or_the_packer_once(
     assert alone.track("a") == 0
     assert woken == [(cluster, alone, name) for name in ("exact.jsonl", "short.jsonl",
                                                          "tail.jsonl")]
+
+
+def test_the_collector_takes_a_files_units_not_those_of_a_file_named_after_it(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A file's unit rows are its name, a NUL and an offset: a file whose name begins
+    with another's (``one.jsonl-2.jsonl``) has units of its own, which the other's
+    forgetting neither counts nor deletes. Both, committed and old, are forgotten."""
+    names = ("one.jsonl", "one.jsonl-2.jsonl")
+    for name in names:
+        _write(tmp_path, name, 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, forget_after=3600.0,
+                      pack_files=False)
+    p.create()
+    p.track("a")
+    for name in names:
+        with Transaction(cluster) as txn:
+            assert _pipeline.cut_file(txn, p, name, _pipeline._now_ms()) == 1
+        assert _pipeline.process_unit(p, "a", _pipeline.unit_row(name, 0), _owner(p))
+    assert p.collect_garbage(_pipeline._now_ms() + 3_601_000) == 2
+    assert _units(p) == {}
