@@ -329,7 +329,8 @@ def test_the_collector_leaves_a_forgotten_file_cut_anew_to_be_tracked(
 ) -> None:
     """A forgotten file that grows again is tracked anew and cut from its first
     byte. Clearing what its forgetting left (``f:forgotten``, acknowledgements) then
-    finds units in their rows, and does nothing: they are the file's new units."""
+    finds units in their rows, and does nothing: they are the file's new units. Once
+    those are committed and old, the collector forgets the file again."""
     _write(tmp_path, "one.jsonl", 10)
     p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, forget_after=3600.0)
     p.create()
@@ -351,6 +352,9 @@ def test_the_collector_leaves_a_forgotten_file_cut_anew_to_be_tracked(
     with Snapshot(cluster) as snap:
         assert snap.get(p.files, row, "f:forgotten") is not None
     assert _units(p)[_pipeline.unit_row("one.jsonl", 0)]["u:state"] == b"P"
+    assert _pipeline.process_unit(p, "a", _pipeline.unit_row("one.jsonl", 0), _owner(p))
+    assert p.collect_garbage(_pipeline._now_ms() + 3_601_000) == 1
+    assert _units(p) == {}
 
 
 def test_a_committed_unit_keeps_its_range_state_and_commit_record_only(
@@ -1180,3 +1184,26 @@ def test_the_collector_takes_a_files_units_not_those_of_a_file_named_after_it(
         assert _pipeline.process_unit(p, "a", _pipeline.unit_row(name, 0), _owner(p))
     assert p.collect_garbage(_pipeline._now_ms() + 3_601_000) == 2
     assert _units(p) == {}
+
+
+def test_the_tasks_are_each_sites_tracker_the_lease_sweep_and_the_collector(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """``tasks(site)``: that site's tracker (every site's without one), the lease sweep
+    every track_interval but at most twice a second, and the collector every quarter
+    of forget_after, between half a second and a minute (none without forget_after)."""
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "one.jsonl").write_bytes(b"x" * 9 + b"\n")
+    for track, forget, leases, gc in ((0.1, 3600.0, 0.5, 60.0), (2.0, 1.0, 2.0, 0.5),
+                                      (0.5, 100.0, 0.5, 25.0), (0.7, 240.0, 0.7, 60.0),
+                                      (0.1, 2.0, 0.5, 0.5)):
+        p = _app.pipeline(cluster, tmp_path, track_interval=track, forget_after=forget)
+        found = p.tasks("b")
+        assert [(t.name, t.interval) for t in found] == [
+            ("ubiq.logs.track.b", track), ("ubiq.logs.leases", leases), ("ubiq.logs.gc", gc)]
+        assert (found[1].task, found[2].task) == (p.sweep_leases, p.collect_garbage)
+        assert [t.name for t in p.tasks()][:2] == ["ubiq.logs.track.a", "ubiq.logs.track.b"]
+    p.create()
+    assert p.tasks("b")[0].task() == 1  # site b's tracker
+    with Snapshot(cluster) as snap:
+        assert snap.get(p.files, b"one.jsonl", "f:site.b") == b"10"
