@@ -1207,3 +1207,55 @@ def test_the_tasks_are_each_sites_tracker_the_lease_sweep_and_the_collector(
     assert p.tasks("b")[0].task() == 1  # site b's tracker
     with Snapshot(cluster) as snap:
         assert snap.get(p.files, b"one.jsonl", "f:site.b") == b"10"
+
+
+def test_a_pipelines_arguments_are_checked_and_kept(cluster: Cluster, tmp_path: Path) -> None:
+    """Each argument of ``LogPipeline`` is refused, with what was given, when it is
+    not what it must be, and kept (durations in ms) when it is; the defaults."""
+    app, sites = _app.Counts(), {"a": tmp_path / "a", "b": str(tmp_path / "b")}
+
+    def refused(message: str, **options: object) -> None:
+        arguments: dict[str, object] = {"app": app, "sites": sites, **options}
+        with pytest.raises(percolator.InvalidArgument) as refusal:
+            LogPipeline(cluster, "logs", **arguments)  # type: ignore[arg-type]
+        assert str(refusal.value) == message
+
+    with pytest.raises(percolator.InvalidArgument) as refusal:
+        LogPipeline(None, "logs", app=app, sites=sites)  # type: ignore[arg-type]
+    assert str(refusal.value) == "LogPipeline needs a percolator.Cluster, got None"
+    long = "x" * 100
+    refused(f"app must be a ubiq.Application, got {long!r:.80}", app=long)
+    for bad in ({}, {"a-1": "d"}, {1: "d"}, {"a": "d", "b_": "d"}, {"-" + long: "d"}):
+        refused(f"sites must map alphanumeric names to directories, got {bad!r:.80}",
+                sites=bad)
+    for bad in (0, -1, 1.5, "1"):
+        refused(f"unit_bytes must be a positive int, got {bad!r}", unit_bytes=bad)
+    for name in ("forget_after", "site_eta"):
+        for bad in (0, -1.0, True, "7d"):
+            refused(f"{name} must be a positive number of seconds or None, got {bad!r}",
+                    **{name: bad})
+    p = LogPipeline(cluster, "logs", app=app, sites=sites)
+    assert (p.cluster, p.name, p.app, p.on_commit) == (cluster, "logs", app, None)
+    assert p.sites == {"a": tmp_path / "a", "b": tmp_path / "b"}
+    assert (p.pattern, p.unit_bytes, p.max_unit_delay_ms, p.local_eta_ms, p.track_interval,
+            p.forget_after_ms, p.site_eta_ms, p.pack_files) == (
+        "*.jsonl", 1 << 20, 5_000, 60_000, 1.0, 7 * 86_400_000, None, True)
+    assert (p.sink, p.staging) == (tmp_path / "logs.out", tmp_path / "logs.out" / ".staging")
+    assert (p.files, p.units, p.quarantine, p.pending, p.packer) == (
+        "ubiq.logs.files", "ubiq.logs.units", "ubiq.logs.quarantine", "ubiq.logs.pending",
+        "ubiq.logs.packer")
+
+    def on_commit(unit: WorkUnit) -> None:
+        pass
+
+    p = LogPipeline(cluster, "other", app=app, sites={"b": tmp_path / "b"}, pattern="*.log",
+                    unit_bytes=1, max_unit_delay=0.25, local_eta=1.5, track_interval=0.2,
+                    sink=str(tmp_path / "out"), forget_after=1, site_eta=2.5,
+                    pack_files=0, on_commit=on_commit)  # type: ignore[arg-type]
+    assert (p.pattern, p.unit_bytes, p.max_unit_delay_ms, p.local_eta_ms, p.track_interval,
+            p.forget_after_ms, p.site_eta_ms, p.pack_files, p.on_commit) == (
+        "*.log", 1, 250, 1_500, 0.2, 1_000, 2_500, False, on_commit)
+    assert (p.sink, p.staging, p.files) == (tmp_path / "out", tmp_path / "out" / ".staging",
+                                            "ubiq.other.files")
+    assert LogPipeline(cluster, "logs", app=app, sites=sites,
+                       forget_after=None).forget_after_ms is None
