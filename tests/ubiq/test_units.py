@@ -17,7 +17,7 @@ import pytest
 
 import percolator
 from observers import Worker, wait_for_observers
-from observers._logs import head_digest
+from observers._logs import HEAD_BYTES, head_digest
 from observers.ubiq import LogPipeline, Output, WorkUnit, _pipeline
 from percolator import Cluster, Snapshot, Transaction
 from percolator._internals import internals
@@ -660,7 +660,7 @@ def test_a_refused_file_is_never_cut_again(cluster: Cluster, tmp_path: Path) -> 
     with Transaction(cluster) as txn:
         assert _pipeline.cut_file(txn, p, "one.jsonl", _pipeline._now_ms()) == 0  # young
     path.write_bytes(path.read_bytes()[:20])
-    p.track("a")
+    assert p.track("a") == 0  # refused: no growth
     with Snapshot(cluster) as snap:
         assert snap.get(p.files, b"one.jsonl", "f:refused") is not None
     with Transaction(cluster) as txn:
@@ -1259,3 +1259,64 @@ def test_a_pipelines_arguments_are_checked_and_kept(cluster: Cluster, tmp_path: 
                                             "ubiq.other.files")
     assert LogPipeline(cluster, "logs", app=app, sites=sites,
                        forget_after=None).forget_after_ms is None
+
+
+def test_a_report_writes_only_growth_of_a_file_still_followed(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A report decides from what its own transaction reads (the tracker's pass read
+    the row in an earlier snapshot; another tracker of the site, or a refusal, may
+    have committed since): a report of no growth past the site's size, or of a
+    refused file, writes and counts nothing. An empty file is followed from its first
+    report (``f:size`` 0). A file first seen forget_after after its mtime (exactly
+    then) is too old to follow; a file followed already is reported whatever its
+    mtime."""
+    for site in "ab":
+        (tmp_path / site).mkdir()
+    a = tmp_path / "a"
+    (a / "one.jsonl").write_bytes(b"x" * 9 + b"\n")
+    p = _app.pipeline(cluster, tmp_path, forget_after=3600.0)
+    p.create()
+    assert p.track("a") == 1
+
+    def cells(name: str = "one.jsonl") -> dict[str, bytes]:
+        with Snapshot(cluster) as snap:
+            return snap.get_row(p.files, name.encode(), [
+                "f:size", "f:site.a", "f:site.b", "f:head", "f:since", "f:grown", "f:refused"])
+
+    before, head, now = cells(), head_digest(a / "one.jsonl"), _pipeline._now_ms()
+    # Reported already by another tracker of the site.
+    assert not _pipeline._report(cluster, p, "one.jsonl", "a", 10, head, now + 9, now + 9)
+    assert cells() == before
+    with Transaction(cluster) as txn:
+        txn.set(p.files, b"one.jsonl", "f:refused", b"test")
+    assert not _pipeline._report(cluster, p, "one.jsonl", "a", 20, head, now, now)
+    assert cells() == {**before, "f:refused": b"test"}
+    with Transaction(cluster) as txn:
+        txn.delete(p.files, b"one.jsonl", "f:refused")
+    with Transaction(cluster) as txn:
+        assert _pipeline.pack_tails(txn, p, now + 10**6) == 1
+    assert "f:since" not in cells()
+    (tmp_path / "b" / "one.jsonl").write_bytes((a / "one.jsonl").read_bytes())
+    assert p.track("b") == 1  # site b caught up: no byte new, none waits to be cut
+    assert "f:since" not in cells() and cells()["f:site.b"] == b"10"
+    kib = a / "kib.jsonl"  # grows to exactly its first KiB, then past it
+    for record in (10, HEAD_BYTES - 10, 10):
+        with open(kib, "ab") as f:
+            f.write(b"z" * (record - 1) + b"\n")
+        assert p.track("a") == 1
+    assert "f:refused" not in cells("kib.jsonl")
+    assert cells("kib.jsonl")["f:head"] == head_digest(kib)
+    t = now + 10 * 3_600_000
+    monkeypatch.setattr(_pipeline, "_now_ms", lambda: t)
+    (a / "empty.jsonl").write_bytes(b"")
+    for name, age in (("old.jsonl", 3_600_000), ("young.jsonl", 3_599_999),
+                      ("empty.jsonl", 0), ("one.jsonl", 5 * 3_600_000)):
+        if name != "empty.jsonl":
+            with open(a / name, "ab") as f:
+                f.write(b"y" * 9 + b"\n")
+        os.utime(a / name, ns=((t - age) * 1_000_000,) * 2)
+    assert p.track("a") == 3
+    assert {name: cells(name).get("f:size") for name in (
+        "old.jsonl", "young.jsonl", "empty.jsonl", "one.jsonl")} == {
+        "old.jsonl": None, "young.jsonl": b"10", "empty.jsonl": b"0", "one.jsonl": b"20"}
