@@ -568,6 +568,16 @@ def test_a_unit_is_given_to_a_site_that_holds_its_bytes(cluster: Cluster,
     p.track("a")
     assert _app.cut(p, name) == 1
     assert _units(p)[_pipeline.unit_row(name, 0)]["u:home"] == b"a"
+    # Tails packed from a file only site a holds and one only b holds: no site holds
+    # the unit whole, so it goes to any site (spread by its row).
+    (tmp_path / "a" / "p1.jsonl").write_bytes(b"y\n")
+    (tmp_path / "b" / "p2.jsonl").write_bytes(b"z\n")
+    p.track("a")
+    p.track("b")
+    with Transaction(cluster) as txn:
+        assert _pipeline.pack_tails(txn, p, _pipeline._now_ms()) == 1
+    assert _units(p)[_pipeline.unit_row("p1.jsonl", 0)]["u:home"] == _pipeline._home(
+        "p1.jsonl", 0, ["a", "b"]).encode()
 
 
 def test_a_worker_whose_lease_was_taken_over_commits_nothing(
@@ -734,6 +744,15 @@ def test_with_packing_a_cutter_cuts_whole_units_and_leaves_a_due_tail_to_the_pac
     with Transaction(cluster) as txn:
         assert _pipeline.cut_file(txn, p, "one.jsonl", since) == 1
     assert _cells(p, "one.jsonl")["f:cut"] == b"20"
+    # The packer packs both tails, from each file's f:cut, into one unit, the older
+    # (two's) first.
+    with open(tmp_path / "a" / "one.jsonl", "ab") as f:
+        f.write(b"x" * 4 + b"\n")
+    p.track("a")
+    with Transaction(cluster) as txn:
+        assert _pipeline.pack_tails(txn, p, _pipeline._now_ms() + 600_000) == 1
+    assert json.loads(_units(p)[_pipeline.unit_row("two.jsonl", 40)]["u:parts"]) == [
+        ["two.jsonl", 40, 50], ["one.jsonl", 20, 25]]
 
 
 def test_a_unit_stranded_before_its_sites_time_is_up_is_woken_at_its_site(
@@ -1019,6 +1038,19 @@ def test_the_packer_packs_due_tails_oldest_first_into_units_of_up_to_unit_bytes(
         cut = name in ("t1", "t2", "t3", "t4", "t7")
         assert _cells(p, f"{name}.jsonl").get("f:cut") == (b"%d" % size if cut else None)
         assert ("f:since" in _cells(p, f"{name}.jsonl")) is not cut
+    # A one-byte tail, oldest, and a due tail that fits with it make a unit; t5, the
+    # next (not due) and too long for what is left of it, waits.
+    (tmp_path / "a" / "t8.jsonl").write_bytes(b"\n")
+    (tmp_path / "a" / "t9.jsonl").write_bytes(b"x" * 11 + b"\n")
+    p.track("a")
+    with Transaction(cluster) as txn:
+        txn.set(p.files, b"t8.jsonl", "f:since", b"100")
+        txn.set(p.files, b"t9.jsonl", "f:since", b"200")
+    with Transaction(cluster) as txn:
+        assert _pipeline.pack_tails(txn, p, 8_000) == 1
+    assert json.loads(_units(p)[_pipeline.unit_row("t8.jsonl", 0)]["u:parts"]) == [
+        ["t8.jsonl", 0, 1], ["t9.jsonl", 0, 12]]
+    assert "f:cut" not in _cells(p, "t5.jsonl")
 
 
 def test_the_collector_forgets_no_file_a_pending_unit_a_refusal_or_a_gap_still_holds(
