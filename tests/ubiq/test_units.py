@@ -313,6 +313,7 @@ def test_the_collector_clears_the_acknowledgements_of_every_sites_processors(
     assert p.collect_garbage(_pipeline._now_ms() + 3_601_000) == 1
     with Worker(cluster, p.observers("b"), threads=1):
         wait_for_observers(cluster, 60)
+    assert p.coverage() == {}  # its unit rows hold acknowledgements only
     # While a notification of the file's row or of a unit's is pending, nothing is
     # cleared (its observer's run is still to acknowledge it).
     unit = _pipeline.unit_row("one.jsonl", 0)
@@ -1352,3 +1353,25 @@ def test_a_report_writes_only_growth_of_a_file_still_followed(
     assert {name: cells(name).get("f:size") for name in (
         "old.jsonl", "young.jsonl", "empty.jsonl", "one.jsonl")} == {
         "old.jsonl": None, "young.jsonl": b"10", "empty.jsonl": b"0", "one.jsonl": b"20"}
+
+
+def test_coverage_after_a_file_cut_before_a_site_eta_was_set_is_forgotten(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A file cut and committed before the pipeline had a site ETA, forgotten after:
+    coverage reads units by their range, state and unit, so whatever cells their rows
+    keep (``u:ready``, no longer one of the pipeline's ready columns, is not deleted
+    with the others) make no unit of any file."""
+    _write(tmp_path, "one.jsonl", 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, forget_after=3600.0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    row = _pipeline.unit_row("one.jsonl", 0)
+    assert _pipeline.process_unit(p, "a", row, _owner(p))
+    later = _app.pipeline(cluster, tmp_path, max_unit_delay=0, forget_after=3600.0,
+                          site_eta=600.0)
+    later.create()
+    assert later.collect_garbage(_pipeline._now_ms() + 3_601_000) == 1
+    assert _units(later) != {}
+    assert later.coverage() == {}
