@@ -1375,3 +1375,28 @@ def test_coverage_after_a_file_cut_before_a_site_eta_was_set_is_forgotten(
     assert later.collect_garbage(_pipeline._now_ms() + 3_601_000) == 1
     assert _units(later) != {}
     assert later.coverage() == {}
+
+
+def test_the_observers_of_a_site_and_what_each_observes(cluster: Cluster,
+                                                        tmp_path: Path) -> None:
+    """``observers(site)``: the cutter, the packer, the site's processor (at most two
+    units in flight) and the dispatcher, each named after the pipeline (their names
+    make their acknowledgement columns); without a site, the first site's; an unknown
+    site is refused. With a site ETA the processor observes its site's column."""
+    p = _app.pipeline(cluster, tmp_path)
+    with pytest.raises(percolator.InvalidArgument) as refusal:
+        p.observers("c")
+    assert str(refusal.value) == "unknown site 'c'; sites: ['a', 'b']"
+    for pipeline, site, column in ((p, None, "u:ready"), (p, "b", "u:ready"), (
+            _app.pipeline(cluster, tmp_path, site_eta=600.0), "b", "u:ready.b")):
+        found = pipeline.observers(site)
+        assert [(o.name, o.table, o.column) for o in found] == [
+            ("ubiq.logs.cutter", p.files, "f:size"), ("ubiq.logs.packer", p.packer, "k:due"),
+            ("ubiq.logs.processor", p.units, column),
+            ("ubiq.logs.dispatcher", p.units, "u:commit")]
+        processor = found[2]
+        assert isinstance(processor, _pipeline._Processor)
+        assert processor.site == (site or "a") and processor.pipeline is pipeline
+        assert all(o.pipeline is pipeline for o in found)  # type: ignore[attr-defined]
+        assert [processor._slots.acquire(blocking=False) for _ in range(3)] == [
+            True, True, False]
