@@ -612,27 +612,45 @@ def test_a_worker_whose_lease_was_taken_over_commits_nothing(
 def test_the_dispatcher_publishes_what_a_committer_that_died_did_not(
     cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A unit committed by a process that died before publishing its files (its
-    ``u:commit`` names the attempt and files): the dispatcher, woken by that commit,
-    publishes them from the attempt's staging directory."""
-    _write(tmp_path, "one.jsonl", 10)
+    """Units committed by a process that died before publishing their files (each
+    ``u:commit`` names the attempt and files): the dispatcher's run on a unit's row
+    publishes them from the attempt's staging directory, which it then removes with
+    its unit's, and leaves a file published already alone, or taken away since (a
+    row without a commit: nothing); the dispatcher is woken by the commit."""
     p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, app=_app.Counts(files=True))
     p.create()
-    p.track("a")
-    assert _app.cut(p, "one.jsonl") == 1
+    names = ("one.jsonl", "two.jsonl")
+    for name in names:
+        _write(tmp_path, name, 10)
+        p.track("a")
+        assert _app.cut(p, name) == 1
+        with monkeypatch.context() as dying:
+            dying.setattr(_pipeline, "publish", lambda *args: None)
+            assert _pipeline.process_unit(p, "a", _pipeline.unit_row(name, 0), _owner(p))
+    final = {name: p.sink / f"{name}@0.counts.json" for name in names}
+    assert not any(path.exists() for path in final.values())
+    assert len(list(p.staging.rglob("counts.json"))) == 2
+    [dispatcher] = [o for o in p.observers("a") if o.column == "u:commit"]
     row = _pipeline.unit_row("one.jsonl", 0)
-    with monkeypatch.context() as dying:
-        dying.setattr(_pipeline, "publish", lambda *args: None)
-        assert _pipeline.process_unit(p, "a", row, _owner(p))
-    final = p.sink / "one.jsonl@0.counts.json"
-    assert not final.exists() and list(p.staging.rglob("counts.json"))
-    dispatchers = [o for o in p.observers("a") if o.column == "u:commit"]
-    with Worker(cluster, dispatchers, threads=1):
+    for run in (_pipeline.unit_row("none.jsonl", 0), row):
+        with Transaction(cluster) as txn:
+            dispatcher.process(txn, run, "u:commit")
+    assert json.loads(final["one.jsonl"].read_bytes()) == {"k0": 4, "k1": 3, "k2": 3}
+    assert not final["two.jsonl"].exists() and not (p.staging / row.hex()).exists()
+    final["one.jsonl"].write_bytes(b"kept")
+    with Transaction(cluster) as txn:
+        dispatcher.process(txn, row, "u:commit")
+    assert final["one.jsonl"].read_bytes() == b"kept"
+    final["one.jsonl"].unlink()  # taken away downstream: a run again publishes nothing
+    with Transaction(cluster) as txn:
+        dispatcher.process(txn, row, "u:commit")
+    assert not final["one.jsonl"].exists()
+    with Worker(cluster, [dispatcher], threads=1):
         deadline = time.monotonic() + 60
-        while not final.exists():
+        while not final["two.jsonl"].exists():
             assert time.monotonic() < deadline, "not published"
             time.sleep(0.02)
-    assert json.loads(final.read_bytes()) == {"k0": 4, "k1": 3, "k2": 3}
+    assert json.loads(final["two.jsonl"].read_bytes()) == {"k0": 4, "k1": 3, "k2": 3}
     assert not list(p.staging.rglob("counts.json"))
 
 
