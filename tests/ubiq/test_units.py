@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -1418,3 +1419,67 @@ def test_the_observers_of_a_site_and_what_each_observes(cluster: Cluster,
         assert all(o.pipeline is pipeline for o in found)  # type: ignore[attr-defined]
         assert [processor._slots.acquire(blocking=False) for _ in range(3)] == [
             True, True, False]
+
+
+def test_a_processor_run_holds_a_slot_only_while_its_unit_is_in_hand(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The processor's run takes one of its two slots and leases the unit for this
+    process, handing it to a thread; it gives the slot back at once when it takes no
+    lease (its own live lease: a thread holds the unit) or its lease fails (raised).
+    The thread gives it back once done, whether the unit committed or failed."""
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, local_eta=30.0)
+    row, _ = _one_unit(p, tmp_path)
+    [processor] = [o for o in p.observers("a") if isinstance(o, _pipeline._Processor)]
+    started: list[tuple[bytes, str]] = []
+    monkeypatch.setattr(_pipeline._Processor, "_start",
+                        lambda self, row, owner: started.append((row, owner)))
+
+    def free() -> int:
+        n = 0
+        while processor._slots.acquire(blocking=False):
+            n += 1
+        for _ in range(n):
+            processor._slots.release()
+        return n
+
+    for _ in range(2):  # the second run finds this process's live lease
+        with Transaction(cluster) as txn:
+            processor.process(txn, row, "u:ready")
+        assert started == [(row, _owner(p))] and free() == 1
+    assert _lease(p, row) is not None and _lease(p, row)[0] == _owner(p)  # type: ignore[index]
+    with monkeypatch.context() as down:
+        down.setattr(_pipeline, "_lease_unit", lambda *args, **kwargs: 1 / 0)
+        with pytest.raises(ZeroDivisionError), Transaction(cluster) as txn:
+            processor.process(txn, row, "u:ready")
+    assert free() == 1
+    with monkeypatch.context() as failing:
+        failing.setattr(_pipeline, "process_unit", lambda *args: 1 / 0)
+        processor._slots.acquire()
+        processor._run(row, _owner(p))  # logged; the lease expires, the sweep wakes it
+    assert free() == 1
+    processor._run(row, _owner(p))  # the first run's thread
+    assert free() == 2 and _units(p)[row]["u:state"] == b"C"
+
+
+def test_a_units_thread_is_a_daemon_named_after_its_row(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The processor hands a unit to a thread of its own that runs the unit with its
+    row and owner: a daemon (a worker's exit does not wait for a unit in hand: its
+    lease expires and the sweep hands it on), named after the row's first 40 bytes."""
+    p = _app.pipeline(cluster, tmp_path)
+    [processor] = [o for o in p.observers("a") if isinstance(o, _pipeline._Processor)]
+    seen: list[tuple[bytes, str, bool, str]] = []
+    done = threading.Event()
+
+    def run(self: _pipeline._Processor, row: bytes, owner: str) -> None:
+        thread = threading.current_thread()
+        seen.append((row, owner, thread.daemon, thread.name))
+        done.set()
+
+    monkeypatch.setattr(_pipeline._Processor, "_run", run)
+    row = b"x" * 50
+    processor._start(row, "me")
+    assert done.wait(60)
+    assert seen == [(row, "me", True, f"ubiq-unit-{row[:40]!r}")]
