@@ -278,6 +278,7 @@ def test_the_lease_sweep_renotifies_a_unit_once_its_lease_expired_or_its_owner_d
     assert notified() == []
     lease = _lease(p, row)
     assert lease is not None and lease[0] == _owner(p)
+    assert p.stranded() == []  # leased: in hand, not stranded
     assert p.sweep_leases(lease[1] - 1) == 0
     assert notified() == []
     assert p.sweep_leases(lease[1]) == 1
@@ -407,6 +408,7 @@ def test_processing_a_unit_commits_its_output_or_nothing(cluster: Cluster,
             step = self.plan.pop(0)
             calls.append(step)
             assert b"".join(r.data + b"\n" for r in unit.records()) == data
+            assert {r.file for r in unit.records()} == {unit.file}
             assert unit.parts == []  # one range: no parts
             super().process(unit, out)
             if step == "fail":
@@ -1483,3 +1485,27 @@ def test_a_units_thread_is_a_daemon_named_after_its_row(
     processor._start(row, "me")
     assert done.wait(60)
     assert seen == [(row, "me", True, f"ubiq-unit-{row[:40]!r}")]
+
+
+def test_a_unit_is_read_from_the_workers_own_replica_when_it_holds_the_bytes(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A worker reads a unit from its own site's replica when that holds the unit's
+    bytes, exactly up to its end too: another site's, even a longer one, only when its
+    own lags."""
+    _write(tmp_path, "one.jsonl", 10)
+    data = (tmp_path / "a" / "one.jsonl").read_bytes()
+    (tmp_path / "b" / "one.jsonl").write_bytes(data + b'{"k": "k0"}\n')  # b is ahead
+    read: list[tuple[str, Path]] = []
+
+    class Where(_app.Counts):
+        def process(self, unit: WorkUnit, out: Output) -> None:
+            read.append((unit.site, unit.path))
+            super().process(unit, out)
+
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, app=Where())
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    assert _pipeline.process_unit(p, "a", _pipeline.unit_row("one.jsonl", 0), _owner(p))
+    assert read == [("a", tmp_path / "a" / "one.jsonl")]
