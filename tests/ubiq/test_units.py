@@ -1313,6 +1313,8 @@ def test_a_pipelines_arguments_are_checked_and_kept(cluster: Cluster, tmp_path: 
                                             "ubiq.other.files")
     assert LogPipeline(cluster, "logs", app=app, sites=sites,
                        forget_after=None).forget_after_ms is None
+    assert LogPipeline(cluster, "logs", app=app, sites=sites,
+                       site_eta=0.5).site_eta_ms == 500  # any positive ETA
 
 
 def test_a_report_writes_only_growth_of_a_file_still_followed(
