@@ -120,12 +120,14 @@ def test_the_pending_index_holds_exactly_the_pending_units_and_the_sweep_finds_t
 
 
 def test_create_fills_the_index_of_a_pipeline_made_before_it(tmp_path: Path) -> None:
-    _write(tmp_path, "one.jsonl", 100)
+    """``create`` fills the index in transactions of 200 units: 401 pending units,
+    one a record, fill three, the last of one unit."""
+    _write(tmp_path, "one.jsonl", 401)
     with percolator.connect(f"sqlite:///{tmp_path}/repo.db") as cluster:
-        p = _app.pipeline(cluster, tmp_path, unit_bytes=1024, max_unit_delay=0)
+        p = _app.pipeline(cluster, tmp_path, unit_bytes=1, max_unit_delay=0)
         p.create()
         p.track("a")
-        assert _app.cut(p, "one.jsonl") > 1
+        assert _app.cut(p, "one.jsonl") == 401
         units = _index(p)
         cluster.drop_table(p.pending)  # as an older version left it
         p.create()

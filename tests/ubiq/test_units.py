@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 
 import percolator
 from observers import Worker, wait_for_observers
-from observers._logs import head_digest
+from observers._logs import HEAD_BYTES, head_digest
 from observers.ubiq import LogPipeline, Output, WorkUnit, _pipeline
 from percolator import Cluster, Snapshot, Transaction
 from percolator._internals import internals
@@ -59,6 +60,7 @@ def test_a_tail_that_stopped_growing_is_cut_alone_when_files_are_not_packed(
         assert p.track("a") == 1
         wait_for_observers(cluster, 60)
     assert _units(p) == {}  # a young tail waits
+    assert p.track("a") == 0 and list(pending_notifications(cluster)) == []  # nor woken
     with Transaction(cluster) as txn:  # max_unit_delay has passed since its report
         txn.set(p.files, b"one.jsonl", "f:since", b"0")
     assert p.track("a") == 0
@@ -71,6 +73,8 @@ def test_a_tail_that_stopped_growing_is_cut_alone_when_files_are_not_packed(
             time.sleep(0.02)
     assert {row: cells["u:range"] for row, cells in _units(p).items()} == {
         _pipeline.unit_row("one.jsonl", 0): b"%d" % size}
+    assert p.track("a") == 0  # cut to its end: nothing to wake
+    assert list(pending_notifications(cluster, [p.files, p.packer])) == []
 
 
 def test_an_application_deletes_cells_in_its_units_commit(cluster: Cluster,
@@ -274,6 +278,7 @@ def test_the_lease_sweep_renotifies_a_unit_once_its_lease_expired_or_its_owner_d
     assert notified() == []
     lease = _lease(p, row)
     assert lease is not None and lease[0] == _owner(p)
+    assert p.stranded() == []  # leased: in hand, not stranded
     assert p.sweep_leases(lease[1] - 1) == 0
     assert notified() == []
     assert p.sweep_leases(lease[1]) == 1
@@ -310,8 +315,16 @@ def test_the_collector_clears_the_acknowledgements_of_every_sites_processors(
     assert p.collect_garbage(_pipeline._now_ms() + 3_601_000) == 1
     with Worker(cluster, p.observers("b"), threads=1):
         wait_for_observers(cluster, 60)
-    p.collect_garbage()
+    assert p.coverage() == {}  # its unit rows hold acknowledgements only
+    # While a notification of the file's row or of a unit's is pending, nothing is
+    # cleared (its observer's run is still to acknowledge it).
+    unit = _pipeline.unit_row("one.jsonl", 0)
+    for pending in ({(p.files, b"one.jsonl")}, {(p.units, unit)}):
+        assert not _pipeline._clear_forgotten(cluster, p, b"one.jsonl", pending)
+    assert _stored(p)[p.units] != []
+    assert _pipeline._clear_forgotten(cluster, p, b"one.jsonl", set())
     assert _stored(p) == {p.files: [], p.units: [], p.pending: []}
+    assert p.collect_garbage() == 0
 
 
 def test_the_collector_leaves_a_forgotten_file_cut_anew_to_be_tracked(
@@ -319,14 +332,18 @@ def test_the_collector_leaves_a_forgotten_file_cut_anew_to_be_tracked(
 ) -> None:
     """A forgotten file that grows again is tracked anew and cut from its first
     byte. Clearing what its forgetting left (``f:forgotten``, acknowledgements) then
-    finds units in their rows, and does nothing: they are the file's new units."""
+    finds units in their rows, and does nothing: they are the file's new units. Once
+    those are committed and old, the collector forgets the file again."""
     _write(tmp_path, "one.jsonl", 10)
     p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, forget_after=3600.0)
     p.create()
     with Worker(cluster, [*p.observers("a"), _app.RollUp], threads=1):
         p.track("a")
         settle(p)
-    assert p.collect_garbage(_pipeline._now_ms() + 3_601_000) == 1
+    with Snapshot(cluster) as snap:
+        grown = int(snap.get(p.files, b"one.jsonl", "f:grown") or b"")
+    assert p.collect_garbage(grown + 3_599_999) == 0
+    assert p.collect_garbage(grown + 3_600_000) == 1  # not grown for forget_after
     # Forgetting deleted its f:size, which notifies the cutter: a run on a file row
     # without one cuts nothing.
     assert _app.cut(p, "one.jsonl") == 0
@@ -338,6 +355,9 @@ def test_the_collector_leaves_a_forgotten_file_cut_anew_to_be_tracked(
     with Snapshot(cluster) as snap:
         assert snap.get(p.files, row, "f:forgotten") is not None
     assert _units(p)[_pipeline.unit_row("one.jsonl", 0)]["u:state"] == b"P"
+    assert _pipeline.process_unit(p, "a", _pipeline.unit_row("one.jsonl", 0), _owner(p))
+    assert p.collect_garbage(_pipeline._now_ms() + 3_601_000) == 1
+    assert _units(p) == {}
 
 
 def test_a_committed_unit_keeps_its_range_state_and_commit_record_only(
@@ -388,6 +408,7 @@ def test_processing_a_unit_commits_its_output_or_nothing(cluster: Cluster,
             step = self.plan.pop(0)
             calls.append(step)
             assert b"".join(r.data + b"\n" for r in unit.records()) == data
+            assert {r.file for r in unit.records()} == {unit.file}
             assert unit.parts == []  # one range: no parts
             super().process(unit, out)
             if step == "fail":
@@ -551,6 +572,16 @@ def test_a_unit_is_given_to_a_site_that_holds_its_bytes(cluster: Cluster,
     p.track("a")
     assert _app.cut(p, name) == 1
     assert _units(p)[_pipeline.unit_row(name, 0)]["u:home"] == b"a"
+    # Tails packed from a file only site a holds and one only b holds: no site holds
+    # the unit whole, so it goes to any site (spread by its row).
+    (tmp_path / "a" / "p1.jsonl").write_bytes(b"y\n")
+    (tmp_path / "b" / "p2.jsonl").write_bytes(b"z\n")
+    p.track("a")
+    p.track("b")
+    with Transaction(cluster) as txn:
+        assert _pipeline.pack_tails(txn, p, _pipeline._now_ms()) == 1
+    assert _units(p)[_pipeline.unit_row("p1.jsonl", 0)]["u:home"] == _pipeline._home(
+        "p1.jsonl", 0, ["a", "b"]).encode()
 
 
 def test_a_worker_whose_lease_was_taken_over_commits_nothing(
@@ -584,27 +615,45 @@ def test_a_worker_whose_lease_was_taken_over_commits_nothing(
 def test_the_dispatcher_publishes_what_a_committer_that_died_did_not(
     cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A unit committed by a process that died before publishing its files (its
-    ``u:commit`` names the attempt and files): the dispatcher, woken by that commit,
-    publishes them from the attempt's staging directory."""
-    _write(tmp_path, "one.jsonl", 10)
+    """Units committed by a process that died before publishing their files (each
+    ``u:commit`` names the attempt and files): the dispatcher's run on a unit's row
+    publishes them from the attempt's staging directory, which it then removes with
+    its unit's, and leaves a file published already alone, or taken away since (a
+    row without a commit: nothing); the dispatcher is woken by the commit."""
     p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, app=_app.Counts(files=True))
     p.create()
-    p.track("a")
-    assert _app.cut(p, "one.jsonl") == 1
+    names = ("one.jsonl", "two.jsonl")
+    for name in names:
+        _write(tmp_path, name, 10)
+        p.track("a")
+        assert _app.cut(p, name) == 1
+        with monkeypatch.context() as dying:
+            dying.setattr(_pipeline, "publish", lambda *args: None)
+            assert _pipeline.process_unit(p, "a", _pipeline.unit_row(name, 0), _owner(p))
+    final = {name: p.sink / f"{name}@0.counts.json" for name in names}
+    assert not any(path.exists() for path in final.values())
+    assert len(list(p.staging.rglob("counts.json"))) == 2
+    [dispatcher] = [o for o in p.observers("a") if o.column == "u:commit"]
     row = _pipeline.unit_row("one.jsonl", 0)
-    with monkeypatch.context() as dying:
-        dying.setattr(_pipeline, "publish", lambda *args: None)
-        assert _pipeline.process_unit(p, "a", row, _owner(p))
-    final = p.sink / "one.jsonl@0.counts.json"
-    assert not final.exists() and list(p.staging.rglob("counts.json"))
-    dispatchers = [o for o in p.observers("a") if o.column == "u:commit"]
-    with Worker(cluster, dispatchers, threads=1):
+    for run in (_pipeline.unit_row("none.jsonl", 0), row):
+        with Transaction(cluster) as txn:
+            dispatcher.process(txn, run, "u:commit")
+    assert json.loads(final["one.jsonl"].read_bytes()) == {"k0": 4, "k1": 3, "k2": 3}
+    assert not final["two.jsonl"].exists() and not (p.staging / row.hex()).exists()
+    final["one.jsonl"].write_bytes(b"kept")
+    with Transaction(cluster) as txn:
+        dispatcher.process(txn, row, "u:commit")
+    assert final["one.jsonl"].read_bytes() == b"kept"
+    final["one.jsonl"].unlink()  # taken away downstream: a run again publishes nothing
+    with Transaction(cluster) as txn:
+        dispatcher.process(txn, row, "u:commit")
+    assert not final["one.jsonl"].exists()
+    with Worker(cluster, [dispatcher], threads=1):
         deadline = time.monotonic() + 60
-        while not final.exists():
+        while not final["two.jsonl"].exists():
             assert time.monotonic() < deadline, "not published"
             time.sleep(0.02)
-    assert json.loads(final.read_bytes()) == {"k0": 4, "k1": 3, "k2": 3}
+    assert json.loads(final["two.jsonl"].read_bytes()) == {"k0": 4, "k1": 3, "k2": 3}
     assert not list(p.staging.rglob("counts.json"))
 
 
@@ -631,9 +680,11 @@ def test_a_unit_whose_bytes_no_replica_holds_is_quarantined_with_why(
 
 def test_a_refused_file_is_never_cut_again(cluster: Cluster, tmp_path: Path) -> None:
     """A file whose tail waits to be cut is truncated: the tracker refuses it, and a
-    cutter or packer run after that, however late, cuts nothing of it."""
+    cutter or packer run after that, however late, cuts nothing of it; nor does the
+    tracker wake the packer for it, even once its old bytes are back and long due."""
     _write(tmp_path, "one.jsonl", 10)
     path = tmp_path / "a" / "one.jsonl"
+    data = path.read_bytes()
     p = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=600.0,
                       pack_files=False)
     p.create()
@@ -641,7 +692,7 @@ def test_a_refused_file_is_never_cut_again(cluster: Cluster, tmp_path: Path) -> 
     with Transaction(cluster) as txn:
         assert _pipeline.cut_file(txn, p, "one.jsonl", _pipeline._now_ms()) == 0  # young
     path.write_bytes(path.read_bytes()[:20])
-    p.track("a")
+    assert p.track("a") == 0  # refused: no growth
     with Snapshot(cluster) as snap:
         assert snap.get(p.files, b"one.jsonl", "f:refused") is not None
     with Transaction(cluster) as txn:
@@ -649,6 +700,12 @@ def test_a_refused_file_is_never_cut_again(cluster: Cluster, tmp_path: Path) -> 
     with Transaction(cluster) as txn:  # nor packed
         assert _pipeline.pack_tails(txn, p, _pipeline._now_ms() + 10**9) == 0
     assert _units(p) == {}
+    path.write_bytes(data)
+    with Transaction(cluster) as txn:
+        txn.set(p.files, b"one.jsonl", "f:since", b"0")
+    packing = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=600.0)
+    assert packing.track("a") == 0
+    assert list(pending_notifications(cluster, [p.packer])) == []
 
 
 def test_a_tail_that_grew_while_the_cutter_cut_is_cut_at_its_next_run(
@@ -709,6 +766,15 @@ def test_with_packing_a_cutter_cuts_whole_units_and_leaves_a_due_tail_to_the_pac
     with Transaction(cluster) as txn:
         assert _pipeline.cut_file(txn, p, "one.jsonl", since) == 1
     assert _cells(p, "one.jsonl")["f:cut"] == b"20"
+    # The packer packs both tails, from each file's f:cut, into one unit, the older
+    # (two's) first.
+    with open(tmp_path / "a" / "one.jsonl", "ab") as f:
+        f.write(b"x" * 4 + b"\n")
+    p.track("a")
+    with Transaction(cluster) as txn:
+        assert _pipeline.pack_tails(txn, p, _pipeline._now_ms() + 600_000) == 1
+    assert json.loads(_units(p)[_pipeline.unit_row("two.jsonl", 40)]["u:parts"]) == [
+        ["two.jsonl", 40, 50], ["one.jsonl", 20, 25]]
 
 
 def test_a_unit_stranded_before_its_sites_time_is_up_is_woken_at_its_site(
@@ -994,3 +1060,454 @@ def test_the_packer_packs_due_tails_oldest_first_into_units_of_up_to_unit_bytes(
         cut = name in ("t1", "t2", "t3", "t4", "t7")
         assert _cells(p, f"{name}.jsonl").get("f:cut") == (b"%d" % size if cut else None)
         assert ("f:since" in _cells(p, f"{name}.jsonl")) is not cut
+    # A one-byte tail, oldest, and a due tail that fits with it make a unit; t5, the
+    # next (not due) and too long for what is left of it, waits.
+    (tmp_path / "a" / "t8.jsonl").write_bytes(b"\n")
+    (tmp_path / "a" / "t9.jsonl").write_bytes(b"x" * 11 + b"\n")
+    p.track("a")
+    with Transaction(cluster) as txn:
+        txn.set(p.files, b"t8.jsonl", "f:since", b"100")
+        txn.set(p.files, b"t9.jsonl", "f:since", b"200")
+    with Transaction(cluster) as txn:
+        assert _pipeline.pack_tails(txn, p, 8_000) == 1
+    assert json.loads(_units(p)[_pipeline.unit_row("t8.jsonl", 0)]["u:parts"]) == [
+        ["t8.jsonl", 0, 1], ["t9.jsonl", 0, 12]]
+    assert "f:cut" not in _cells(p, "t5.jsonl")
+
+
+def test_the_collector_forgets_no_file_a_pending_unit_a_refusal_or_a_gap_still_holds(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Two files' tails packed into one unit, old enough to forget and cut to their
+    ends: while the unit is pending neither is forgotten (the second file's row is a
+    part of the first's unit: its state is that unit's). Once the unit committed, the
+    first file is truncated and refused, and the second's part row is lost (as an
+    operator's hand might): the collector's transaction, which checks again what the
+    pass's scan found, keeps the refused file, and the file its units no longer
+    cover to its end."""
+    for name in ("f1.jsonl", "f2.jsonl"):
+        _write(tmp_path, name, 2)
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=4096, max_unit_delay=0,
+                      forget_after=3600.0)
+    p.create()
+    p.track("a")
+    with Transaction(cluster) as txn:
+        assert _pipeline.pack_tails(txn, p, _pipeline._now_ms()) == 1
+    row, part = _pipeline.unit_row("f1.jsonl", 0), _pipeline.unit_row("f2.jsonl", 0)
+    assert _units(p)[part]["u:unit"] == row
+    later = _pipeline._now_ms() + 3_601_000
+    assert p.collect_garbage(later) == 0
+    assert not _pipeline._forget_file(cluster, p, b"f2.jsonl", later)
+    assert _pipeline.process_unit(p, "a", row, _owner(p))
+    path = tmp_path / "a" / "f1.jsonl"
+    path.write_bytes(path.read_bytes()[:5])
+    p.track("a")
+    with Transaction(cluster) as txn:
+        for column in ("u:range", "u:unit"):
+            txn.delete(p.units, part, column)
+    assert not _pipeline._forget_file(cluster, p, b"f1.jsonl", later)
+    assert not _pipeline._forget_file(cluster, p, b"f2.jsonl", later)
+    assert p.collect_garbage(later) == 0
+    with Snapshot(cluster) as snap:
+        kept = {row: cells for row, cells in snap.scan(p.files, None, None, [
+            "f:size", "f:refused", "f:forgotten"])}
+    assert sorted(kept) == [b"f1.jsonl", b"f2.jsonl"]
+    assert "f:refused" in kept[b"f1.jsonl"]
+    assert all("f:size" in cells and "f:forgotten" not in cells for cells in kept.values())
+
+
+def test_coverage_names_each_files_gaps_overlaps_pending_units_and_uncovered_end(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """``coverage`` per file, from rows written by hand: committed and quarantined
+    units partitioning ``[0, f:size)`` with ``f:cut`` there are well; otherwise the
+    first byte of each gap or overlap, how far the units cover against the cut and
+    the size, or, while units are pending, how many (and how many of them have
+    neither a lease nor a notification). A further part of a packed unit has its
+    unit's state, or, its unit row gone (a forgotten file's), a committed one's; a row
+    with neither state nor unit is no unit's."""
+    p = _app.pipeline(cluster, tmp_path)
+    p.create()
+    files = {"whole": (30, 30), "gap": (30, 30), "overlap": (30, 30), "short": (30, 20),
+             "uncut": (30, None), "gapshort": (40, 40), "pending": (30, 30),
+             "p1": (10, 10), "p2": (10, 10), "p3": (10, 10), "nostate": (30, 30)}
+    units = {"whole": [(0, 10, b"C"), (10, 30, b"Q")],
+             "gap": [(0, 10, b"C"), (20, 30, b"C")],
+             "overlap": [(0, 20, b"C"), (5, 10, b"C"), (20, 30, b"C")],
+             "short": [(0, 20, b"C")],
+             "gapshort": [(0, 10, b"C"), (20, 30, b"C")],
+             "pending": [(0, 10, b"C"), (10, 20, b"P"), (20, 30, b"P")],
+             "p1": [(0, 10, b"P")], "nostate": [(0, 30, None)]}
+    leased = _pipeline.unit_row("pending.jsonl", 10)
+    with Transaction(cluster) as txn:
+        for name, (size, cut) in files.items():
+            txn.set(p.files, f"{name}.jsonl".encode(), "f:size", b"%d" % size)
+            if cut is not None:
+                txn.set(p.files, f"{name}.jsonl".encode(), "f:cut", b"%d" % cut)
+        for name, found in units.items():
+            for begin, end, state in found:
+                row = _pipeline.unit_row(f"{name}.jsonl", begin)
+                txn.set(p.units, row, "u:range", b"%d" % end)
+                if state is not None:
+                    txn.set(p.units, row, "u:state", state)
+                if state == b"P":
+                    txn.set(p.pending, row, "p:u", b"1")
+        txn.set(p.units, leased, "u:lease", json.dumps(
+            {"owner": "another-host/worker", "expires": 1}).encode())
+        for name, unit in (("p2", "p1"), ("p3", "gone")):
+            row = _pipeline.unit_row(f"{name}.jsonl", 0)
+            txn.set(p.units, row, "u:range", b"10")
+            txn.set(p.units, row, "u:unit", _pipeline.unit_row(f"{unit}.jsonl", 0))
+    assert p.coverage() == {
+        "whole.jsonl": [],
+        "gap.jsonl": ["gap at 10"],
+        "overlap.jsonl": ["overlap at 5"],
+        "short.jsonl": ["covered up to 20, cut at 20, tracked 30"],
+        "uncut.jsonl": ["covered up to 0, cut at 0, tracked 30"],
+        "gapshort.jsonl": ["gap at 10", "covered up to 30, cut at 40, tracked 40"],
+        "pending.jsonl": ["2 unit(s) pending, 1 with neither a lease nor a notification"],
+        "p1.jsonl": ["1 unit(s) pending, 1 with neither a lease nor a notification"],
+        "p2.jsonl": ["1 unit(s) pending, 1 with neither a lease nor a notification"],
+        "p3.jsonl": [],
+        "nostate.jsonl": ["covered up to 0, cut at 30, tracked 30"],
+    }
+
+
+def test_a_tracker_pass_wakes_each_due_tails_cutter_or_the_packer_once(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tracker pass counts the files that grew; for a tail that did not grow and
+    is due (max_unit_delay after its ``f:since``, not a millisecond before; at once
+    without one) it wakes the file's cutter, or, with packing and a tail shorter than
+    a unit, the packer, once for all of them. It skips a refused file and a file gone
+    between the listing and its reading, and goes on with the next."""
+    for site in "ab":
+        (tmp_path / site).mkdir()
+    a = tmp_path / "a"
+    (a / "0refused.jsonl").write_bytes(b"w" * 9 + b"\n")
+    (a / "exact.jsonl").write_bytes(b"x" * 19 + b"\n")  # a whole unit
+    (a / "short.jsonl").write_bytes(b"y" * 9 + b"\n")
+    (a / "tail.jsonl").write_bytes((b"z" * 9 + b"\n") * 3)  # a unit cut, then 10 bytes
+    p = _app.pipeline(cluster, tmp_path, unit_bytes=20, max_unit_delay=5.0)
+    p.create()
+    assert p.track("a") == 4
+    with Transaction(cluster) as txn:
+        for name in ("0refused", "exact", "short"):
+            txn.set(p.files, f"{name}.jsonl".encode(), "f:since", b"1000")
+        txn.set(p.files, b"0refused.jsonl", "f:refused", b"test")
+        txn.set(p.files, b"tail.jsonl", "f:cut", b"20")
+        txn.delete(p.files, b"tail.jsonl", "f:since")  # grew while cut: due at once
+    woken: list[tuple[object, ...]] = []
+    monkeypatch.setattr(_pipeline, "_nudge", lambda *args: woken.append(args))
+    monkeypatch.setattr(_pipeline, "_nudge_packer", lambda *args: woken.append(args))
+    listing = _pipeline.matching_files
+    monkeypatch.setattr(_pipeline, "matching_files",
+                        lambda directory, pattern: ["0gone.jsonl", *listing(directory, pattern)])
+    clock = [5_999]
+    monkeypatch.setattr(_pipeline, "_now_ms", lambda: clock[0])
+    assert p.track("a") == 0
+    assert woken == [(cluster, p)]  # the tail without f:since
+    woken.clear()
+    clock[0] = 6_000
+    assert p.track("a") == 0
+    assert woken == [(cluster, p, "exact.jsonl"), (cluster, p)]
+    woken.clear()
+    alone = _app.pipeline(cluster, tmp_path, unit_bytes=20, max_unit_delay=5.0,
+                          pack_files=False)
+    assert alone.track("a") == 0
+    assert woken == [(cluster, alone, name) for name in ("exact.jsonl", "short.jsonl",
+                                                         "tail.jsonl")]
+
+
+def test_the_collector_takes_a_files_units_not_those_of_a_file_named_after_it(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A file's unit rows are its name, a NUL and an offset: a file whose name begins
+    with another's (``one.jsonl-2.jsonl``) has units of its own, which the other's
+    forgetting neither counts nor deletes. Both, committed and old, are forgotten."""
+    names = ("one.jsonl", "one.jsonl-2.jsonl")
+    for name in names:
+        _write(tmp_path, name, 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, forget_after=3600.0,
+                      pack_files=False)
+    p.create()
+    p.track("a")
+    for name in names:
+        with Transaction(cluster) as txn:
+            assert _pipeline.cut_file(txn, p, name, _pipeline._now_ms()) == 1
+        assert _pipeline.process_unit(p, "a", _pipeline.unit_row(name, 0), _owner(p))
+    assert p.collect_garbage(_pipeline._now_ms() + 3_601_000) == 2
+    assert _units(p) == {}
+
+
+def test_the_tasks_are_each_sites_tracker_the_lease_sweep_and_the_collector(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """``tasks(site)``: that site's tracker (every site's without one), the lease sweep
+    every track_interval but at most twice a second, and the collector every quarter
+    of forget_after, between half a second and a minute (none without forget_after)."""
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "one.jsonl").write_bytes(b"x" * 9 + b"\n")
+    for track, forget, leases, gc in ((0.1, 3600.0, 0.5, 60.0), (2.0, 1.0, 2.0, 0.5),
+                                      (0.5, 100.0, 0.5, 25.0), (0.7, 240.0, 0.7, 60.0),
+                                      (0.1, 2.0, 0.5, 0.5)):
+        p = _app.pipeline(cluster, tmp_path, track_interval=track, forget_after=forget)
+        found = p.tasks("b")
+        assert [(t.name, t.interval) for t in found] == [
+            ("ubiq.logs.track.b", track), ("ubiq.logs.leases", leases), ("ubiq.logs.gc", gc)]
+        assert (found[1].task, found[2].task) == (p.sweep_leases, p.collect_garbage)
+        assert [t.name for t in p.tasks()][:2] == ["ubiq.logs.track.a", "ubiq.logs.track.b"]
+    p.create()
+    assert p.tasks("b")[0].task() == 1  # site b's tracker
+    with Snapshot(cluster) as snap:
+        assert snap.get(p.files, b"one.jsonl", "f:site.b") == b"10"
+
+
+def test_a_pipelines_arguments_are_checked_and_kept(cluster: Cluster, tmp_path: Path) -> None:
+    """Each argument of ``LogPipeline`` is refused, with what was given, when it is
+    not what it must be, and kept (durations in ms) when it is; the defaults."""
+    app, sites = _app.Counts(), {"a": tmp_path / "a", "b": str(tmp_path / "b")}
+
+    def refused(message: str, **options: object) -> None:
+        arguments: dict[str, object] = {"app": app, "sites": sites, **options}
+        with pytest.raises(percolator.InvalidArgument) as refusal:
+            LogPipeline(cluster, "logs", **arguments)  # type: ignore[arg-type]
+        assert str(refusal.value) == message
+
+    with pytest.raises(percolator.InvalidArgument) as refusal:
+        LogPipeline(None, "logs", app=app, sites=sites)  # type: ignore[arg-type]
+    assert str(refusal.value) == "LogPipeline needs a percolator.Cluster, got None"
+    long = "x" * 100
+    refused(f"app must be a ubiq.Application, got {long!r:.80}", app=long)
+    for bad in ({}, {"a-1": "d"}, {1: "d"}, {"a": "d", "b_": "d"}, {"-" + long: "d"}):
+        refused(f"sites must map alphanumeric names to directories, got {bad!r:.80}",
+                sites=bad)
+    for bad in (0, -1, 1.5, "1"):
+        refused(f"unit_bytes must be a positive int, got {bad!r}", unit_bytes=bad)
+    for name in ("forget_after", "site_eta"):
+        for bad in (0, -1.0, True, "7d"):
+            refused(f"{name} must be a positive number of seconds or None, got {bad!r}",
+                    **{name: bad})
+    p = LogPipeline(cluster, "logs", app=app, sites=sites)
+    assert (p.cluster, p.name, p.app, p.on_commit) == (cluster, "logs", app, None)
+    assert p.sites == {"a": tmp_path / "a", "b": tmp_path / "b"}
+    assert (p.pattern, p.unit_bytes, p.max_unit_delay_ms, p.local_eta_ms, p.track_interval,
+            p.forget_after_ms, p.site_eta_ms, p.pack_files) == (
+        "*.jsonl", 1 << 20, 5_000, 60_000, 1.0, 7 * 86_400_000, None, True)
+    assert (p.sink, p.staging) == (tmp_path / "logs.out", tmp_path / "logs.out" / ".staging")
+    assert (p.files, p.units, p.quarantine, p.pending, p.packer) == (
+        "ubiq.logs.files", "ubiq.logs.units", "ubiq.logs.quarantine", "ubiq.logs.pending",
+        "ubiq.logs.packer")
+
+    def on_commit(unit: WorkUnit) -> None:
+        pass
+
+    p = LogPipeline(cluster, "other", app=app, sites={"b": tmp_path / "b"}, pattern="*.log",
+                    unit_bytes=1, max_unit_delay=0.25, local_eta=1.5, track_interval=0.2,
+                    sink=str(tmp_path / "out"), forget_after=1, site_eta=2.5,
+                    pack_files=0, on_commit=on_commit)  # type: ignore[arg-type]
+    assert (p.pattern, p.unit_bytes, p.max_unit_delay_ms, p.local_eta_ms, p.track_interval,
+            p.forget_after_ms, p.site_eta_ms, p.pack_files, p.on_commit) == (
+        "*.log", 1, 250, 1_500, 0.2, 1_000, 2_500, False, on_commit)
+    assert (p.sink, p.staging, p.files) == (tmp_path / "out", tmp_path / "out" / ".staging",
+                                            "ubiq.other.files")
+    assert LogPipeline(cluster, "logs", app=app, sites=sites,
+                       forget_after=None).forget_after_ms is None
+    assert LogPipeline(cluster, "logs", app=app, sites=sites,
+                       site_eta=0.5).site_eta_ms == 500  # any positive ETA
+
+
+def test_a_report_writes_only_growth_of_a_file_still_followed(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A report decides from what its own transaction reads (the tracker's pass read
+    the row in an earlier snapshot; another tracker of the site, or a refusal, may
+    have committed since): a report of no growth past the site's size, or of a
+    refused file, writes and counts nothing. An empty file is followed from its first
+    report (``f:size`` 0). A file first seen forget_after after its mtime (exactly
+    then) is too old to follow; a file followed already is reported whatever its
+    mtime."""
+    for site in "ab":
+        (tmp_path / site).mkdir()
+    a = tmp_path / "a"
+    (a / "one.jsonl").write_bytes(b"x" * 9 + b"\n")
+    p = _app.pipeline(cluster, tmp_path, forget_after=3600.0)
+    p.create()
+    assert p.track("a") == 1
+
+    def cells(name: str = "one.jsonl") -> dict[str, bytes]:
+        with Snapshot(cluster) as snap:
+            return snap.get_row(p.files, name.encode(), [
+                "f:size", "f:site.a", "f:site.b", "f:head", "f:since", "f:grown", "f:refused"])
+
+    before, head, now = cells(), head_digest(a / "one.jsonl"), _pipeline._now_ms()
+    # Reported already by another tracker of the site.
+    assert not _pipeline._report(cluster, p, "one.jsonl", "a", 10, head, now + 9, now + 9)
+    assert cells() == before
+    with Transaction(cluster) as txn:
+        txn.set(p.files, b"one.jsonl", "f:refused", b"test")
+    assert not _pipeline._report(cluster, p, "one.jsonl", "a", 20, head, now, now)
+    assert cells() == {**before, "f:refused": b"test"}
+    with Transaction(cluster) as txn:
+        txn.delete(p.files, b"one.jsonl", "f:refused")
+    with Transaction(cluster) as txn:
+        assert _pipeline.pack_tails(txn, p, now + 10**6) == 1
+    assert "f:since" not in cells()
+    (tmp_path / "b" / "one.jsonl").write_bytes((a / "one.jsonl").read_bytes())
+    assert p.track("b") == 1  # site b caught up: no byte new, none waits to be cut
+    assert "f:since" not in cells() and cells()["f:site.b"] == b"10"
+    kib = a / "kib.jsonl"  # grows to exactly its first KiB, then past it
+    for record in (10, HEAD_BYTES - 10, 10):
+        with open(kib, "ab") as f:
+            f.write(b"z" * (record - 1) + b"\n")
+        assert p.track("a") == 1
+    assert "f:refused" not in cells("kib.jsonl")
+    assert cells("kib.jsonl")["f:head"] == head_digest(kib)
+    t = now + 10 * 3_600_000
+    monkeypatch.setattr(_pipeline, "_now_ms", lambda: t)
+    (a / "empty.jsonl").write_bytes(b"")
+    for name, age in (("old.jsonl", 3_600_000), ("young.jsonl", 3_599_999),
+                      ("empty.jsonl", 0), ("one.jsonl", 5 * 3_600_000)):
+        if name != "empty.jsonl":
+            with open(a / name, "ab") as f:
+                f.write(b"y" * 9 + b"\n")
+        os.utime(a / name, ns=((t - age) * 1_000_000,) * 2)
+    assert p.track("a") == 3
+    assert {name: cells(name).get("f:size") for name in (
+        "old.jsonl", "young.jsonl", "empty.jsonl", "one.jsonl")} == {
+        "old.jsonl": None, "young.jsonl": b"10", "empty.jsonl": b"0", "one.jsonl": b"20"}
+
+
+def test_coverage_after_a_file_cut_before_a_site_eta_was_set_is_forgotten(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A file cut and committed before the pipeline had a site ETA, forgotten after:
+    coverage reads units by their range, state and unit, so whatever cells their rows
+    keep (``u:ready``, no longer one of the pipeline's ready columns, is not deleted
+    with the others) make no unit of any file."""
+    _write(tmp_path, "one.jsonl", 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, forget_after=3600.0)
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    row = _pipeline.unit_row("one.jsonl", 0)
+    assert _pipeline.process_unit(p, "a", row, _owner(p))
+    later = _app.pipeline(cluster, tmp_path, max_unit_delay=0, forget_after=3600.0,
+                          site_eta=600.0)
+    later.create()
+    assert later.collect_garbage(_pipeline._now_ms() + 3_601_000) == 1
+    assert _units(later) != {}
+    assert later.coverage() == {}
+
+
+def test_the_observers_of_a_site_and_what_each_observes(cluster: Cluster,
+                                                        tmp_path: Path) -> None:
+    """``observers(site)``: the cutter, the packer, the site's processor (at most two
+    units in flight) and the dispatcher, each named after the pipeline (their names
+    make their acknowledgement columns); without a site, the first site's; an unknown
+    site is refused. With a site ETA the processor observes its site's column."""
+    p = _app.pipeline(cluster, tmp_path)
+    with pytest.raises(percolator.InvalidArgument) as refusal:
+        p.observers("c")
+    assert str(refusal.value) == "unknown site 'c'; sites: ['a', 'b']"
+    for pipeline, site, column in ((p, None, "u:ready"), (p, "b", "u:ready"), (
+            _app.pipeline(cluster, tmp_path, site_eta=600.0), "b", "u:ready.b")):
+        found = pipeline.observers(site)
+        assert [(o.name, o.table, o.column) for o in found] == [
+            ("ubiq.logs.cutter", p.files, "f:size"), ("ubiq.logs.packer", p.packer, "k:due"),
+            ("ubiq.logs.processor", p.units, column),
+            ("ubiq.logs.dispatcher", p.units, "u:commit")]
+        processor = found[2]
+        assert isinstance(processor, _pipeline._Processor)
+        assert processor.site == (site or "a") and processor.pipeline is pipeline
+        assert all(o.pipeline is pipeline for o in found)  # type: ignore[attr-defined]
+        assert [processor._slots.acquire(blocking=False) for _ in range(3)] == [
+            True, True, False]
+
+
+def test_a_processor_run_holds_a_slot_only_while_its_unit_is_in_hand(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The processor's run takes one of its two slots and leases the unit for this
+    process, handing it to a thread; it gives the slot back at once when it takes no
+    lease (its own live lease: a thread holds the unit) or its lease fails (raised).
+    The thread gives it back once done, whether the unit committed or failed."""
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, local_eta=30.0)
+    row, _ = _one_unit(p, tmp_path)
+    [processor] = [o for o in p.observers("a") if isinstance(o, _pipeline._Processor)]
+    started: list[tuple[bytes, str]] = []
+    monkeypatch.setattr(_pipeline._Processor, "_start",
+                        lambda self, row, owner: started.append((row, owner)))
+
+    def free() -> int:
+        n = 0
+        while processor._slots.acquire(blocking=False):
+            n += 1
+        for _ in range(n):
+            processor._slots.release()
+        return n
+
+    for _ in range(2):  # the second run finds this process's live lease
+        with Transaction(cluster) as txn:
+            processor.process(txn, row, "u:ready")
+        assert started == [(row, _owner(p))] and free() == 1
+    assert _lease(p, row) is not None and _lease(p, row)[0] == _owner(p)  # type: ignore[index]
+    with monkeypatch.context() as down:
+        down.setattr(_pipeline, "_lease_unit", lambda *args, **kwargs: 1 / 0)
+        with pytest.raises(ZeroDivisionError), Transaction(cluster) as txn:
+            processor.process(txn, row, "u:ready")
+    assert free() == 1
+    with monkeypatch.context() as failing:
+        failing.setattr(_pipeline, "process_unit", lambda *args: 1 / 0)
+        processor._slots.acquire()
+        processor._run(row, _owner(p))  # logged; the lease expires, the sweep wakes it
+    assert free() == 1
+    processor._run(row, _owner(p))  # the first run's thread
+    assert free() == 2 and _units(p)[row]["u:state"] == b"C"
+
+
+def test_a_units_thread_is_a_daemon_named_after_its_row(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The processor hands a unit to a thread of its own that runs the unit with its
+    row and owner: a daemon (a worker's exit does not wait for a unit in hand: its
+    lease expires and the sweep hands it on), named after the row's first 40 bytes."""
+    p = _app.pipeline(cluster, tmp_path)
+    [processor] = [o for o in p.observers("a") if isinstance(o, _pipeline._Processor)]
+    seen: list[tuple[bytes, str, bool, str]] = []
+    done = threading.Event()
+
+    def run(self: _pipeline._Processor, row: bytes, owner: str) -> None:
+        thread = threading.current_thread()
+        seen.append((row, owner, thread.daemon, thread.name))
+        done.set()
+
+    monkeypatch.setattr(_pipeline._Processor, "_run", run)
+    row = b"x" * 50
+    processor._start(row, "me")
+    assert done.wait(60)
+    assert seen == [(row, "me", True, f"ubiq-unit-{row[:40]!r}")]
+
+
+def test_a_unit_is_read_from_the_workers_own_replica_when_it_holds_the_bytes(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A worker reads a unit from its own site's replica when that holds the unit's
+    bytes, exactly up to its end too: another site's, even a longer one, only when its
+    own lags."""
+    _write(tmp_path, "one.jsonl", 10)
+    data = (tmp_path / "a" / "one.jsonl").read_bytes()
+    (tmp_path / "b" / "one.jsonl").write_bytes(data + b'{"k": "k0"}\n')  # b is ahead
+    read: list[tuple[str, Path]] = []
+
+    class Where(_app.Counts):
+        def process(self, unit: WorkUnit, out: Output) -> None:
+            read.append((unit.site, unit.path))
+            super().process(unit, out)
+
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, app=Where())
+    p.create()
+    p.track("a")
+    assert _app.cut(p, "one.jsonl") == 1
+    assert _pipeline.process_unit(p, "a", _pipeline.unit_row("one.jsonl", 0), _owner(p))
+    assert read == [("a", tmp_path / "a" / "one.jsonl")]
