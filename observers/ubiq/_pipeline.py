@@ -428,9 +428,17 @@ class LogPipeline:
         return forgotten
 
     def _acks(self, table: str) -> list[str]:
-        """The acknowledgement columns of this pipeline's observers on *table*."""
-        return sorted({ack_column(o.name, o.column) for site in self.sites
-                       for o in self.observers(site) if o.table == table})
+        """The acknowledgement columns of this pipeline's observers on *table*: a
+        processor's of every ready column (:meth:`_every_ready_column`)."""
+        return sorted({ack_column(o.name, column) for site in self.sites
+                       for o in self.observers(site) if o.table == table
+                       for column in (self._every_ready_column()
+                                      if isinstance(o, _Processor) else [o.column])})
+
+    def _every_ready_column(self) -> list[str]:
+        """Every ready column a unit of this pipeline may hold, whatever the site ETA
+        was when the unit was made (a pipeline given one, or rid of it, since)."""
+        return ["u:ready", *(f"u:ready.{s}" for s in self.sites)]
 
     def _unnotified(self, rows: list[bytes]) -> list[bytes]:
         """Those of *rows* with no pending ``u:ready`` notification (of any site). Read after the
@@ -585,7 +593,7 @@ def _forget_file(txn: TransactionBase, p: LogPipeline, row: bytes, now: int) -> 
     cells = txn.get_row(p.files, row, ["f:size", "f:cut", "f:grown", "f:since", "f:refused"])
     if not _forgettable(p, cells, now):
         return False
-    ready = p.ready_columns()
+    ready = p._every_ready_column()
     units = _units_of(txn, p, row.decode(),
                       ["u:range", "u:state", "u:unit", "u:commit", *ready])
     at = 0

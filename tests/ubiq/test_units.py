@@ -1378,26 +1378,29 @@ def test_a_report_writes_only_growth_of_a_file_still_followed(
         "old.jsonl": None, "young.jsonl": b"10", "empty.jsonl": b"0", "one.jsonl": b"20"}
 
 
-def test_coverage_after_a_file_cut_before_a_site_eta_was_set_is_forgotten(
+def test_a_file_processed_before_a_site_eta_was_set_is_forgotten_whole(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    """A file cut and committed before the pipeline had a site ETA, forgotten after:
-    coverage reads units by their range, state and unit, so whatever cells their rows
-    keep (``u:ready``, no longer one of the pipeline's ready columns, is not deleted
-    with the others) make no unit of any file."""
+    """A file cut and processed while the pipeline had no site ETA (its units' ready
+    column ``u:ready``, acknowledged by the processor of that column), forgotten once
+    the pipeline has one (whose processors observe ``u:ready.<site>``): coverage names
+    no unit of it, and once cleared nothing of it is left, neither the old ready cells
+    nor their acknowledgements."""
     _write(tmp_path, "one.jsonl", 10)
     p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, forget_after=3600.0)
     p.create()
-    p.track("a")
-    assert _app.cut(p, "one.jsonl") == 1
-    row = _pipeline.unit_row("one.jsonl", 0)
-    assert _pipeline.process_unit(p, "a", row, _owner(p))
+    with Worker(cluster, [*p.observers("a"), _app.RollUp], threads=1):
+        p.track("a")
+        settle(p)
     later = _app.pipeline(cluster, tmp_path, max_unit_delay=0, forget_after=3600.0,
                           site_eta=600.0)
     later.create()
     assert later.collect_garbage(_pipeline._now_ms() + 3_601_000) == 1
-    assert _units(later) != {}
     assert later.coverage() == {}
+    assert _pipeline._clear_forgotten(cluster, later, b"one.jsonl", set())
+    # the deletions' notifications aside (no worker of this test runs them)
+    left = {t: [c for c in cells if "/n:" not in c] for t, cells in _stored(later).items()}
+    assert left == {later.files: [], later.units: [], later.pending: []}
 
 
 def test_the_observers_of_a_site_and_what_each_observes(cluster: Cluster,
