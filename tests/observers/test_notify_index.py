@@ -722,6 +722,19 @@ def test_rows_served_from_hand_offs_settle_their_entries_together_when_due(
         assert [snap.get("docs", row, "out:v") for row in rows] == rows
 
 
+def _one_row_handed_over(
+    cluster: percolator.Cluster,
+) -> tuple[Worker, tuple[str, bytes, dict[str, int], float]]:
+    """A worker (not started) whose lookout has handed over the one row written."""
+    worker = Worker(cluster, [Copy], threads=1)
+    worker.register()
+    write(cluster, b"r", b"1")
+    worker._scanner.look(frozenset())
+    handoff = worker._scanner.bell.take()
+    assert handoff is not None
+    return worker, handoff
+
+
 class IndexDeletionsFail(CountingIndexWrites):
     """The cluster's store, whose deletions of index entries fail (store unavailable)."""
 
@@ -738,13 +751,8 @@ def test_hand_offs_whose_settling_fails_are_forgotten_as_served_and_settled_late
     is no longer known as served: a later pass runs its rows (finding them served, an
     absent run) and settles their entries, which would otherwise stay for good (a pass
     skips the entries it knows as served)."""
-    worker = Worker(cluster, [Copy], threads=1)
-    worker.register()
+    worker, handoff = _one_row_handed_over(cluster)
     scanner = worker._scanner
-    write(cluster, b"r", b"1")
-    scanner.look(frozenset())
-    handoff = scanner.bell.take()
-    assert handoff is not None
     failing = IndexDeletionsFail(internals(cluster).store)
     internals(cluster).store = failing  # type: ignore[assignment]
     try:
@@ -1090,13 +1098,8 @@ def test_an_index_pass_settles_the_entries_of_hand_offs_waiting_to_be_settled(
     index pass settles it anyway, whatever the bounds (fails if the pass's last
     settling is not forced: the entry stays for the hour)."""
     monkeypatch.setattr(observers._scanner, "SETTLE_DELAY", 3600.0)
-    worker = Worker(cluster, [Copy], threads=1)
-    worker.register()
+    worker, handed = _one_row_handed_over(cluster)
     scanner = worker._scanner
-    write(cluster, b"r", b"1")
-    scanner.look(frozenset())
-    handed = scanner.bell.take()
-    assert handed is not None
     scanner.serve_handed(*handed)
     assert worker.stats["committed"] == 1
     assert entries(cluster) == {("docs", b"r"): {"raw:v"}}  # waiting

@@ -327,6 +327,18 @@ def test_the_collector_clears_the_acknowledgements_of_every_sites_processors(
     assert p.collect_garbage() == 0
 
 
+def _one_file_processed(cluster: Cluster, tmp_path: Path) -> LogPipeline:
+    """A pipeline (no site ETA, files forgotten an hour after they last grew) whose
+    one file of site a is cut, processed and committed."""
+    _write(tmp_path, "one.jsonl", 10)
+    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, forget_after=3600.0)
+    p.create()
+    with Worker(cluster, [*p.observers("a"), _app.RollUp], threads=1):
+        p.track("a")
+        settle(p)
+    return p
+
+
 def test_the_collector_leaves_a_forgotten_file_cut_anew_to_be_tracked(
     cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -334,12 +346,7 @@ def test_the_collector_leaves_a_forgotten_file_cut_anew_to_be_tracked(
     byte. Clearing what its forgetting left (``f:forgotten``, acknowledgements) then
     finds units in their rows, and does nothing: they are the file's new units. Once
     those are committed and old, the collector forgets the file again."""
-    _write(tmp_path, "one.jsonl", 10)
-    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, forget_after=3600.0)
-    p.create()
-    with Worker(cluster, [*p.observers("a"), _app.RollUp], threads=1):
-        p.track("a")
-        settle(p)
+    p = _one_file_processed(cluster, tmp_path)
     with Snapshot(cluster) as snap:
         grown = int(snap.get(p.files, b"one.jsonl", "f:grown") or b"")
     assert p.collect_garbage(grown + 3_599_999) == 0
@@ -1386,12 +1393,7 @@ def test_a_file_processed_before_a_site_eta_was_set_is_forgotten_whole(
     the pipeline has one (whose processors observe ``u:ready.<site>``): coverage names
     no unit of it, and once cleared nothing of it is left, neither the old ready cells
     nor their acknowledgements."""
-    _write(tmp_path, "one.jsonl", 10)
-    p = _app.pipeline(cluster, tmp_path, max_unit_delay=0, forget_after=3600.0)
-    p.create()
-    with Worker(cluster, [*p.observers("a"), _app.RollUp], threads=1):
-        p.track("a")
-        settle(p)
+    _one_file_processed(cluster, tmp_path)
     later = _app.pipeline(cluster, tmp_path, max_unit_delay=0, forget_after=3600.0,
                           site_eta=600.0)
     later.create()
