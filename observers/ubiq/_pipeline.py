@@ -429,9 +429,10 @@ class LogPipeline:
 
     def _acks(self, table: str) -> list[str]:
         """The acknowledgement columns of this pipeline's observers on *table*: a
-        processor's of every ready column (:meth:`_every_ready_column`)."""
-        return sorted({ack_column(o.name, column) for site in self.sites
-                       for o in self.observers(site) if o.table == table
+        processor's of every ready column (:meth:`_every_ready_column`), which covers
+        every site's processors (one name, a ready column of their own each)."""
+        return sorted({ack_column(o.name, column) for o in self.observers()
+                       if o.table == table
                        for column in (self._every_ready_column()
                                       if isinstance(o, _Processor) else [o.column])})
 
