@@ -164,6 +164,14 @@ def test_a_process_the_launcher_starts_dies_with_its_starter_even_by_kill_9() ->
         assert starter.stdout is not None
         child = int(starter.stdout.readline())
         assert os.getsid(child) == child
+        # Popen returns once setpriv runs, which sets the death signal and then runs the
+        # command: a starter killed in between leaves an orphan (seen once, on a loaded
+        # machine), so the kill waits until the command runs. A JVM takes seconds to
+        # start; a starter dying in setpriv's first milliseconds is not what this asks.
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{child}/comm").read_text().strip() != "sleep":
+            assert time.monotonic() < deadline, "the command never ran"
+            time.sleep(0.01)
         starter.send_signal(signal.SIGKILL)
         starter.wait(timeout=30)
 
