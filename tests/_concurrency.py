@@ -1,4 +1,5 @@
-"""Running test code in several threads at once, or as processes."""
+"""Running test code in several threads at once, or as processes, and actors stopped
+at a step of their commit."""
 
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import pytest
+
+from percolator import TransactionBase
+from percolator._commit import SimulatedCrash, commit_transaction
+from percolator.testing import CrashPoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,3 +73,10 @@ class ParkedAfterCommit:
         if threading.current_thread() is self.thread:
             self.committed.set()
             self.proceed.wait(10)
+
+
+def hold_locks(txn: TransactionBase) -> None:
+    """Commit *txn* through its prewrite and stop there, as a client paused after
+    locking: its locks stay, and its owner (this process's client) lives on."""
+    with pytest.raises(SimulatedCrash):
+        commit_transaction(txn, CrashPoint("prewrite", 0))

@@ -10,8 +10,8 @@ import time
 import pytest
 
 import percolator
-from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._internals import internals
+from tests._concurrency import hold_locks
 from tests._zookeeper import ZooKeeperServer
 from tests.coordination._helpers import child, lock_of, read_line
 
@@ -37,8 +37,7 @@ def test_expired_session_drops_the_identity_and_registers_a_new_one(
         # A transaction of the old identity is stranded mid-commit.
         txn = worker.transaction()
         txn.set("t", b"r1", "c:v", b"stranded")
-        with pytest.raises(SimulatedCrash):
-            commit_transaction(txn, CrashPoint("prewrite", 0))
+        hold_locks(txn)
         assert lock_of(worker, "t", b"r1", "c:v") is not None
 
         live_zookeeper.expire_session(internals(worker).coordination.client)

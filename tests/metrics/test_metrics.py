@@ -22,10 +22,11 @@ import percolator
 from observers import Worker, wait_for_observers
 from oracle import OracleClient
 from percolator import ConflictError, Snapshot, Transaction, metrics
-from percolator._commit import CrashPoint, SimulatedCrash, commit_group, commit_transaction
+from percolator._commit import CrashPoint, commit_group
 from percolator._notifications import watch_pending_notifications
 from percolator.testing import client_of, crash_commit
 from tests._backends import backend_fixture
+from tests._concurrency import hold_locks
 from tests._services import free_port
 from tests._zookeeper import DIE_WITH_PARENT
 from tests.observers import _app
@@ -416,8 +417,7 @@ def _hold_a_lock_elsewhere(cluster: percolator.Cluster) -> None:
     the lock census is not clean, so reads look at the locks."""
     holder = Transaction(client_of(cluster))
     holder.set("docs", b"held", "raw:v", b"x")
-    with pytest.raises(SimulatedCrash):  # stopped after locking; its owner lives on
-        commit_transaction(holder, CrashPoint("prewrite", 0))
+    hold_locks(holder)
 
 
 def _assert_each_read_counted_and_sampled(read: Callable[[int], None]) -> None:

@@ -18,12 +18,12 @@ import pytest
 
 import percolator
 from percolator._bulk import LOADS_TABLE, BulkLoad, LoadTxn, prewrite_rows
-from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._encoding import MAX_VALUE_BYTES, Free, Lock, decode_lock, decode_write
 from percolator._internals import internals
 from percolator._store import Read
 from spark_loader import LoadError, load_dataframe, load_files
 from tests._backends import backend_fixture
+from tests._concurrency import hold_locks
 from tests._services import free_port
 
 pytestmark = [
@@ -260,8 +260,7 @@ def test_newer_write_fails_the_load_and_live_lock_is_waited_for(tmp_path: Path) 
 
         live = percolator.Transaction(cluster)
         live.set("docs", b"r2", "raw:html", b"live")
-        with pytest.raises(SimulatedCrash):
-            commit_transaction(live, CrashPoint("prewrite", 0))  # its owner (us) is alive
+        hold_locks(live)
         load2 = BulkLoad(cluster, "docs", "locked-test")
         txn2 = load2.begin({})
         assert isinstance(txn2, LoadTxn)

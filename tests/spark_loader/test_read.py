@@ -17,7 +17,6 @@ import pytest
 
 import percolator
 import spark_loader._spark
-from percolator._commit import CrashPoint, SimulatedCrash, commit_transaction
 from percolator._encoding import Free, decode_lock
 from percolator._internals import internals
 from percolator._store import SPLIT_KEYS, Read, offered
@@ -31,6 +30,7 @@ from spark_loader import (
 )
 from spark_loader.__main__ import main
 from tests._backends import BACKENDS, make_store_url, reports_split_keys
+from tests._concurrency import hold_locks
 
 pytestmark = [
     pytest.mark.spark,
@@ -305,8 +305,7 @@ def test_a_partition_error_names_table_timestamp_and_range(spark: Any, tmp_path:
             txn.set("t", b"z", "f:v", b"1")
         live = percolator.Transaction(cluster)  # its owner (this process) stays alive
         live.set("t", b"z", "f:v", b"2")
-        with pytest.raises(SimulatedCrash):
-            commit_transaction(live, CrashPoint("prewrite", 0))
+        hold_locks(live)
         df = read_table(spark, url, "t", ["f:v"], splits=[b"m"],
                         connect_options={"lock_wait": 0.2})
         ts = start_ts_of(df)

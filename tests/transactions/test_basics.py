@@ -10,13 +10,13 @@ import pytest
 
 import percolator
 from percolator import Cluster, Transaction, metrics
-from percolator._commit import SimulatedCrash, commit_transaction
 from percolator._encoding import DATA, FREE_TAG, LOCK, META_TABLE, NOTIFY
 from percolator._internals import internals
 from percolator._observer_hooks import internal_columns
 from percolator._store import Read
 from percolator.testing import CrashPoint, client_of, crash_commit
 from tests._backends import make_store_url
+from tests._concurrency import hold_locks
 
 
 @pytest.fixture
@@ -367,8 +367,7 @@ def test_a_read_told_to_stop_waiting_gives_up_on_a_live_lock_at_once(
     writer.one_phase_commit = False
     held = Transaction(writer)
     held.set("accounts", b"a", "bal:amount", b"new")
-    with pytest.raises(SimulatedCrash):  # stopped after locking; its owner lives on
-        commit_transaction(held, CrashPoint("prewrite", 0))
+    hold_locks(held)
     internals(accounts).lock_wait_policy = percolator.RetryPolicy(
         max_tries=3, delay=0.01, max_delay=0.01, deadline=None)
     store = internals(accounts).store
@@ -540,8 +539,7 @@ def test_a_transactions_reads_on_the_cas_path_ask_for_the_columns_asked_only(
         assert holder.start_ts
         reader = Transaction(c)
         assert reader.start_ts > holder.start_ts
-        with pytest.raises(SimulatedCrash):  # stopped after locking; its owner lives on
-            commit_transaction(holder, CrashPoint("prewrite", 0))
+        hold_locks(holder)
         internals(c).lock_wait_policy = percolator.RetryPolicy(
             max_tries=2, delay=0.01, max_delay=0.01, deadline=None)
         store = internals(c).store

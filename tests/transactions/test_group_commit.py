@@ -26,9 +26,7 @@ from percolator import (
     TransactionClosedError,
 )
 from percolator._commit import (
-    SimulatedCrash,
     commit_group,
-    commit_transaction,
     commits_in_one_phase,
 )
 from percolator._encoding import LOCK, Free, decode_lock
@@ -36,7 +34,8 @@ from percolator._internals import internals
 from percolator._safe_point import SafePoint
 from percolator._store import ATOMICALLY, Read, declares
 from percolator._timestamps import HostTimestamps
-from percolator.testing import CrashPoint, client_of
+from percolator.testing import client_of
+from tests._concurrency import hold_locks
 
 T, COL = "g", "c:v"
 CELLS = [b"a", b"b", b"c", b"d"]
@@ -274,8 +273,7 @@ def test_a_member_that_meets_a_lock_commits_on_its_own(table: Cluster) -> None:
     writer.one_phase_commit = False
     held = Transaction(writer)
     held.set(T, b"a", COL, b"held")
-    with pytest.raises(SimulatedCrash):
-        commit_transaction(held, CrashPoint("prewrite", 0))
+    hold_locks(held)
     blocked, free = Transaction(table), Transaction(table)
     blocked.set(T, b"a", COL, b"x")
     free.set(T, b"b", COL, b"y")

@@ -12,10 +12,10 @@ import pytest
 
 import percolator
 from percolator import Cluster, LockedError, RetryPolicy, Transaction
-from percolator._commit import SimulatedCrash, commit_transaction
 from percolator._internals import internals
 from percolator._transaction import PREDICTED_MAX
-from percolator.testing import CrashPoint, client_of
+from percolator.testing import client_of
+from tests._concurrency import hold_locks
 
 T = "t"
 
@@ -81,8 +81,7 @@ def test_a_lock_on_a_predicted_column_is_not_waited_for(rows: Cluster) -> None:
     writer.one_phase_commit = False
     txn = Transaction(writer)
     txn.set(T, b"r1", "c:b", b"new")
-    with pytest.raises(SimulatedCrash):  # stopped after locking; its owner lives on
-        commit_transaction(txn, CrashPoint("prewrite", 0))
+    hold_locks(txn)
     internals(rows).lock_wait_policy = RetryPolicy(max_tries=2, delay=0.01, max_delay=0.01,
                                         deadline=None)
     snap = percolator.Snapshot(rows)
@@ -102,8 +101,7 @@ def test_a_predicted_column_left_out_for_its_lock_is_not_read_further(rows: Clus
     writer.one_phase_commit = False
     txn = Transaction(writer)
     txn.set(T, b"r1", "c:b", b"new")
-    with pytest.raises(SimulatedCrash):  # stopped after locking; its owner lives on
-        commit_transaction(txn, CrashPoint("prewrite", 0))
+    hold_locks(txn)
     counting = CountingReads(internals(rows).store)
     internals(rows).store = counting  # type: ignore[assignment]
     try:

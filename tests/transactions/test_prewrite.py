@@ -48,6 +48,7 @@ from percolator.testing import (
     crash_commit,
 )
 from tests._backends import BIGTABLE, CAS_SQLITE, SQLITE, WITH_THRIFT1, backend_fixture
+from tests._concurrency import hold_locks
 
 # And the embedded store taking HBase's path (CAS_SQLITE): the prewrite locks from what
 # the transaction's reads kept.
@@ -348,8 +349,7 @@ def test_a_live_lock_is_a_conflict(accounts: Cluster, backend: str) -> None:
     Bigtable locks bob by its conditional mutation first."""
     holder = Transaction(accounts)
     holder.set(T, b"alice", C, b"held")
-    with pytest.raises(SimulatedCrash):  # stops after its prewrite; its owner lives on
-        commit_transaction(holder, CrashPoint("prewrite", 0))
+    hold_locks(holder)
     mine = Transaction(accounts)
     mine.set(T, b"bob", C, b"mine")  # the primary
     mine.set(T, b"alice", C, b"mine")
@@ -404,8 +404,7 @@ def test_a_live_lock_taken_between_our_read_and_our_lock_is_a_conflict(
         actor = _locking(world, mine, b"alice")
         holder = Transaction(accounts)  # the test's thread: runs straight through
         holder.set(T, b"alice", C, b"held")
-        with pytest.raises(SimulatedCrash):  # stops after its prewrite; its owner lives on
-            commit_transaction(holder, CrashPoint("prewrite", 0))
+        hold_locks(holder)
         with pytest.raises(percolator.ConflictError) as info:
             actor.finish()
     assert str(info.value) == (f"write-write conflict on {T}/b'alice'/{C}: locked by live "
