@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -273,6 +274,29 @@ def test_a_rollback_record_does_not_hide_a_conflicting_commit(
     assert Transaction(accounts).get("accounts", b"alice", "bal:amount") == b"winner"
 
 
+def _gc_overtakes_the_read(
+    c: Cluster, snapshot: percolator.Snapshot, monkeypatch: pytest.MonkeyPatch,
+    at: Callable[[list[Read]], bool],
+) -> None:
+    """*snapshot* reads accounts/a/bal:amount; just before the first store read that
+    *at* picks, a GC pass overtakes it. The read raises SnapshotTooOldError."""
+    store = internals(c).store
+    read_rows = store.read_rows
+    passes: list[int] = []
+
+    def collected_first(table: str, rows: list[bytes], reads: list[Read]) -> object:
+        if not passes and at(reads):
+            passes.append(snapshot.start_ts)  # once: the pass reads through here too
+            summary = c.gc(retention=0, max_txn_age=1e-9)
+            assert summary.safe_point > snapshot.start_ts
+        return read_rows(table, rows, reads)
+
+    monkeypatch.setattr(store, "read_rows", collected_first)
+    with pytest.raises(percolator.SnapshotTooOldError):
+        snapshot.get("accounts", b"a", "bal:amount")
+    assert passes
+
+
 def test_a_read_whose_rollback_record_gc_removes_under_it_is_too_old(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -288,21 +312,8 @@ def test_a_read_whose_rollback_record_gc_removes_under_it_is_too_old(
         assert crash_commit(dead, CrashPoint("prewrite", 0)) is False
         assert Transaction(c).get("accounts", b"a", "bal:amount") is None  # rolled back
         snapshot = percolator.Snapshot(c)
-        store = internals(c).store
-        read_rows = store.read_rows
-        passes: list[int] = []
-
-        def collected_first(table: str, rows: list[bytes], reads: list[Read]) -> object:
-            if not passes and any(read.versions is None for read in reads):  # the look below
-                passes.append(snapshot.start_ts)  # once: the pass reads through here too
-                summary = c.gc(retention=0, max_txn_age=1e-9)
-                assert summary.safe_point > snapshot.start_ts
-            return read_rows(table, rows, reads)
-
-        monkeypatch.setattr(store, "read_rows", collected_first)
-        with pytest.raises(percolator.SnapshotTooOldError):
-            snapshot.get("accounts", b"a", "bal:amount")
-        assert passes
+        _gc_overtakes_the_read(c, snapshot, monkeypatch,  # before the look below
+                               lambda reads: any(read.versions is None for read in reads))
 
 
 def test_a_row_read_goes_past_a_column_whose_only_record_is_a_rollback(
@@ -339,21 +350,8 @@ def test_a_read_whose_data_cell_gc_removes_under_it_is_too_old(
         snapshot = percolator.Snapshot(c)
         with Transaction(c) as txn:
             txn.set("accounts", b"a", "bal:amount", b"2" * 2048)
-        store = internals(c).store
-        read_rows = store.read_rows
-        passes: list[int] = []
-
-        def collected_first(table: str, rows: list[bytes], reads: list[Read]) -> object:
-            if not passes and any(read.family == DATA for read in reads):  # the data read
-                passes.append(snapshot.start_ts)  # once: the pass reads through here too
-                summary = c.gc(retention=0, max_txn_age=1e-9)
-                assert summary.safe_point > snapshot.start_ts
-            return read_rows(table, rows, reads)
-
-        monkeypatch.setattr(store, "read_rows", collected_first)
-        with pytest.raises(percolator.SnapshotTooOldError):
-            snapshot.get("accounts", b"a", "bal:amount")
-        assert passes
+        _gc_overtakes_the_read(c, snapshot, monkeypatch,  # before the data read
+                               lambda reads: any(read.family == DATA for read in reads))
 
 
 def test_a_read_told_to_stop_waiting_gives_up_on_a_live_lock_at_once(
@@ -496,86 +494,88 @@ def test_rows_that_meet_a_lock_are_read_again_for_the_columns_asked_only(
         reader.rollback()
 
 
+@pytest.fixture
+def cas_accounts(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+    """The embedded store taking HBase's path (``CAS_SQLITE``), with the accounts table."""
+    with percolator.connect(make_store_url("cas-sqlite", request, tmp_path)) as c:
+        c.create_table("accounts")
+        yield c
+
+
 def test_a_free_lock_read_before_a_held_one_does_not_end_the_look_at_the_locks(
-    request: pytest.FixtureRequest, tmp_path: Path,
+    cas_accounts: Cluster,
 ) -> None:
     """On the embedded store taking HBase's path (``CAS_SQLITE``) a transaction's row
     read brings every lock cell, FREE ones too (what its prewrite would read): the
     FREE lock an earlier commit left on a's bal:amount comes before the lock a commit
     that crashed after its commit point left on a's bal:note. The read still meets
     that lock, rolls the commit forward and returns its value."""
-    with percolator.connect(make_store_url("cas-sqlite", request, tmp_path)) as c:
-        c.create_table("accounts")
-        with Transaction(c) as txn:
-            txn.set("accounts", b"a", "bal:amount", b"1")
-            txn.set("accounts", b"a", "bal:note", b"old")
-        crashed = Transaction(client_of(c))
-        crashed.set("accounts", b"0", "bal:amount", b"2")
-        crashed.set("accounts", b"a", "bal:note", b"new")
-        assert crash_commit(crashed, CrashPoint("commit_point")) is True
-        locks = internals(c).store.read_rows("accounts", [b"a"], [Read(LOCK)])[b"a"]
-        assert [n for n, v in locks.items() if v[0][1][:1] == FREE_TAG] == ["l:bal:amount"]
-        reader = Transaction(c)
-        assert reader.get_row("accounts", b"a", ["bal:amount", "bal:note"]) == {
-            "bal:amount": b"1", "bal:note": b"new"}
-        reader.rollback()
+    with Transaction(cas_accounts) as txn:
+        txn.set("accounts", b"a", "bal:amount", b"1")
+        txn.set("accounts", b"a", "bal:note", b"old")
+    crashed = Transaction(client_of(cas_accounts))
+    crashed.set("accounts", b"0", "bal:amount", b"2")
+    crashed.set("accounts", b"a", "bal:note", b"new")
+    assert crash_commit(crashed, CrashPoint("commit_point")) is True
+    locks = internals(cas_accounts).store.read_rows("accounts", [b"a"], [Read(LOCK)])[b"a"]
+    assert [n for n, v in locks.items() if v[0][1][:1] == FREE_TAG] == ["l:bal:amount"]
+    reader = Transaction(cas_accounts)
+    assert reader.get_row("accounts", b"a", ["bal:amount", "bal:note"]) == {
+        "bal:amount": b"1", "bal:note": b"new"}
+    reader.rollback()
 
 
 def test_a_transactions_reads_on_the_cas_path_ask_for_the_columns_asked_only(
-    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    cas_accounts: Cluster, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """On the embedded store taking HBase's path (``CAS_SQLITE``) a transaction's read
     brings what its prewrite would read (the lock whatever its state, the write
     records after its start too), of the columns asked only: a live lock on another
     column of the row (taken by a writer that started first) does not make it wait, and
     no store read asks for another column (nor for every column)."""
-    with percolator.connect(make_store_url("cas-sqlite", request, tmp_path)) as c:
-        c.create_table("accounts")
-        with Transaction(c) as txn:
-            txn.set("accounts", b"a", "bal:amount", b"1")
-            txn.set("accounts", b"a", "bal:note", b"n")
-        holder = Transaction(client_of(c))
-        holder.set("accounts", b"a", "bal:note", b"held")
-        assert holder.start_ts
-        reader = Transaction(c)
-        assert reader.start_ts > holder.start_ts
-        hold_locks(holder)
-        internals(c).lock_wait_policy = percolator.RetryPolicy(
-            max_tries=2, delay=0.01, max_delay=0.01, deadline=None)
-        store = internals(c).store
-        read_rows = store.read_rows
-        asked: list[tuple[str, ...] | None] = []
+    with Transaction(cas_accounts) as txn:
+        txn.set("accounts", b"a", "bal:amount", b"1")
+        txn.set("accounts", b"a", "bal:note", b"n")
+    holder = Transaction(client_of(cas_accounts))
+    holder.set("accounts", b"a", "bal:note", b"held")
+    assert holder.start_ts
+    reader = Transaction(cas_accounts)
+    assert reader.start_ts > holder.start_ts
+    hold_locks(holder)
+    internals(cas_accounts).lock_wait_policy = percolator.RetryPolicy(
+        max_tries=2, delay=0.01, max_delay=0.01, deadline=None)
+    store = internals(cas_accounts).store
+    read_rows = store.read_rows
+    asked: list[tuple[str, ...] | None] = []
 
-        def noted(table: str, rows: list[bytes], reads: list[Read]) -> object:
-            asked.extend(read.qualifiers for read in reads)
-            return read_rows(table, rows, reads)
+    def noted(table: str, rows: list[bytes], reads: list[Read]) -> object:
+        asked.extend(read.qualifiers for read in reads)
+        return read_rows(table, rows, reads)
 
-        monkeypatch.setattr(store, "read_rows", noted)
-        assert reader.get("accounts", b"a", "bal:amount") == b"1"
-        assert asked and set(asked) == {("bal:amount",)}
-        reader.rollback()
+    monkeypatch.setattr(store, "read_rows", noted)
+    assert reader.get("accounts", b"a", "bal:amount") == b"1"
+    assert asked and set(asked) == {("bal:amount",)}
+    reader.rollback()
 
 
 def test_a_commit_at_the_timestamp_just_above_a_readers_start_is_a_conflict_for_it(
-    request: pytest.FixtureRequest, tmp_path: Path,
+    cas_accounts: Cluster,
 ) -> None:
     """On the embedded store taking HBase's path (``CAS_SQLITE``) a transaction's read
     keeps, for its prewrite, the write records after its start: W, begun first, commits
     at the very next timestamp after T's start; T reads the cell after that, writes it
     and commits: a conflict (first committer wins), not a lost update."""
-    with percolator.connect(make_store_url("cas-sqlite", request, tmp_path)) as c:
-        c.create_table("accounts")
-        w = Transaction(c)
-        w.set("accounts", b"a", "bal:amount", b"w")
-        assert w.start_ts
-        t = Transaction(c)
-        assert t.start_ts > w.start_ts
-        assert w.commit() == t.start_ts + 1
-        assert t.get("accounts", b"a", "bal:amount") is None  # W committed after T began
-        t.set("accounts", b"a", "bal:amount", b"lost update")
-        with pytest.raises(percolator.ConflictError, match="after our start"):
-            t.commit()
-        assert percolator.Snapshot(c).get("accounts", b"a", "bal:amount") == b"w"
+    w = Transaction(cas_accounts)
+    w.set("accounts", b"a", "bal:amount", b"w")
+    assert w.start_ts
+    t = Transaction(cas_accounts)
+    assert t.start_ts > w.start_ts
+    assert w.commit() == t.start_ts + 1
+    assert t.get("accounts", b"a", "bal:amount") is None  # W committed after T began
+    t.set("accounts", b"a", "bal:amount", b"lost update")
+    with pytest.raises(percolator.ConflictError, match="after our start"):
+        t.commit()
+    assert percolator.Snapshot(cas_accounts).get("accounts", b"a", "bal:amount") == b"w"
 
 
 @pytest.mark.parametrize("one_phase", [True, False], ids=["one-phase", "two-phase"])

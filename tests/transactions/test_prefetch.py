@@ -72,16 +72,22 @@ def test_a_column_read_after_another_comes_with_it_next_time(rows: Cluster) -> N
         assert (txn.get(T, b"r2", "c:a"), txn.get(T, b"r2", "c:b")) == (b"a2", b"mine")
 
 
-def test_a_lock_on_a_predicted_column_is_not_waited_for(rows: Cluster) -> None:
-    """A live writer holds r1/c:b. Reading r1/c:a returns at once (the prediction
-    leaves c:b out); reading r1/c:b itself waits and, the writer being alive, fails
-    with LockedError. (Caching the left-out c:b would return b1 without waiting.)"""
-    _reads_of(rows, b"r0")  # learn: c:b follows c:a
+def _learn_then_hold_r1_cb(rows: Cluster) -> None:
+    """The prediction learns from r0 that c:b follows c:a; then a live writer (a
+    two-phase commit stopped after its prewrite) holds r1/c:b."""
+    _reads_of(rows, b"r0")
     writer = client_of(rows)
     writer.one_phase_commit = False
     txn = Transaction(writer)
     txn.set(T, b"r1", "c:b", b"new")
     hold_locks(txn)
+
+
+def test_a_lock_on_a_predicted_column_is_not_waited_for(rows: Cluster) -> None:
+    """A live writer holds r1/c:b. Reading r1/c:a returns at once (the prediction
+    leaves c:b out); reading r1/c:b itself waits and, the writer being alive, fails
+    with LockedError. (Caching the left-out c:b would return b1 without waiting.)"""
+    _learn_then_hold_r1_cb(rows)
     internals(rows).lock_wait_policy = RetryPolicy(max_tries=2, delay=0.01, max_delay=0.01,
                                         deadline=None)
     snap = percolator.Snapshot(rows)
@@ -96,12 +102,7 @@ def test_a_predicted_column_left_out_for_its_lock_is_not_read_further(rows: Clus
     reading r1/c:a makes the one row read, and fetches nothing of c:b's."""
     with Transaction(rows) as txn:
         txn.set(T, b"r1", "c:b", b"B" * 2048)
-    _reads_of(rows, b"r0")  # learn: c:b follows c:a
-    writer = client_of(rows)
-    writer.one_phase_commit = False
-    txn = Transaction(writer)
-    txn.set(T, b"r1", "c:b", b"new")
-    hold_locks(txn)
+    _learn_then_hold_r1_cb(rows)
     counting = CountingReads(internals(rows).store)
     internals(rows).store = counting  # type: ignore[assignment]
     try:
